@@ -1,0 +1,51 @@
+//! `foqsd`: the foqs host. Parses flags, sets up logging, and runs [`foqs::daemon`] until
+//! SIGTERM or SIGINT, then shuts down gracefully and exits 0.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use foqs::clock::SystemClock;
+use foqs::config::Config;
+
+#[derive(Parser)]
+#[command(version, about = "foqsd: the foqs priority-queue host (FOQS over sharded MySQL)")]
+struct Args {
+    /// The TOML configuration file (every key overridable as FOQS__SECTION__KEY).
+    #[arg(long, default_value = "conf/foqsd.toml")]
+    config: PathBuf,
+    /// HOST:PORT to listen on, overriding server.listen.
+    #[arg(long)]
+    listen: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = Args::parse();
+    let mut cfg = Config::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
+    if let Some(listen) = args.listen {
+        cfg.server.listen = listen;
+        cfg.validate()?;
+    }
+    let running = foqs::daemon::start(&cfg, Arc::new(SystemClock)).await?;
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    tracing::info!("bye");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

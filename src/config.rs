@@ -1,0 +1,386 @@
+//! The configuration: a TOML file read through the `config` crate, every key overridable
+//! from the environment as `FOQS__SECTION__KEY`, then validated as a whole so that an
+//! operator sees every problem at once. Defaults and limits are named constants.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::model::{Policy, ShardId};
+
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:9090";
+pub const MAX_FRAME_BYTES_DEFAULT: usize = 16 * 1024 * 1024;
+/// Below this, a maximal enqueue request (1000 items of 10 KiB) could not be framed at all.
+pub const MAX_FRAME_BYTES_MIN: usize = 1024;
+pub const MAX_CONNECTIONS_DEFAULT: usize = 1024;
+pub const LEASE_MS_DEFAULT: i64 = 30_000;
+pub const MAX_ATTEMPTS_DEFAULT: i32 = 5;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub shards: Vec<ShardConfig>,
+    #[serde(default)]
+    pub engine: EngineConfig,
+    /// Settings for namespaces that `namespaces` does not list.
+    #[serde(default)]
+    pub defaults: NamespaceDefaults,
+    /// When non-empty, only these namespaces are accepted (others: `UNKNOWN_NAMESPACE`).
+    #[serde(default)]
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: String,
+    /// Reported by `getHostInfo`; defaults to the listen address.
+    pub host_id: Option<String>,
+    pub max_frame_bytes: usize,
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: LISTEN_DEFAULT.to_string(),
+            host_id: None,
+            max_frame_bytes: MAX_FRAME_BYTES_DEFAULT,
+            max_connections: MAX_CONNECTIONS_DEFAULT,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    pub id: ShardId,
+    /// `mysql://user:password@host:port/database`; the database is created when missing.
+    pub url: String,
+    #[serde(default = "pool_connections_max_default")]
+    pub pool_connections_max: usize,
+}
+
+fn pool_connections_max_default() -> usize {
+    4
+}
+
+/// Bounds and intervals of the engine; every one has a unit in its name.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Most rows one multi-row INSERT writes.
+    pub enqueue_batch_rows_max: usize,
+    /// Commands a shard worker's channel holds before callers get `UNAVAILABLE`.
+    pub worker_queue_max: usize,
+    /// Keys of ready items one shard keeps in memory per topic (must be >= 1000, the
+    /// largest dequeue count, so a single shard can answer any one request).
+    pub index_keys_per_topic_max: usize,
+    /// How often each shard promotes due items, expires leases and purges TTLs.
+    pub scan_interval_ms: u64,
+    /// Most rows one background scan step reads.
+    pub scan_rows_max: usize,
+    /// How often scan checkpoints are written to MySQL.
+    pub checkpoint_interval_ms: u64,
+    /// Consecutive MySQL failures that open a shard's circuit breaker.
+    pub breaker_failures_max: u32,
+    /// How long an open breaker waits before probing the shard again.
+    pub breaker_open_ms: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            enqueue_batch_rows_max: 500,
+            worker_queue_max: 4096,
+            index_keys_per_topic_max: 2048,
+            scan_interval_ms: 100,
+            scan_rows_max: 1000,
+            checkpoint_interval_ms: 1000,
+            breaker_failures_max: 3,
+            breaker_open_ms: 2000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyName {
+    AtLeastOnce,
+    AtMostOnce,
+}
+
+impl From<PolicyName> for Policy {
+    fn from(p: PolicyName) -> Policy {
+        match p {
+            PolicyName::AtLeastOnce => Policy::AtLeastOnce,
+            PolicyName::AtMostOnce => Policy::AtMostOnce,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespaceDefaults {
+    pub lease_ms: i64,
+    /// Absent: items live until acked.
+    pub ttl_ms: Option<i64>,
+    pub policy: PolicyName,
+    pub max_attempts: i32,
+}
+
+impl Default for NamespaceDefaults {
+    fn default() -> Self {
+        NamespaceDefaults {
+            lease_ms: LEASE_MS_DEFAULT,
+            ttl_ms: None,
+            policy: PolicyName::AtLeastOnce,
+            max_attempts: MAX_ATTEMPTS_DEFAULT,
+        }
+    }
+}
+
+/// A listed namespace; absent settings come from `[defaults]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    pub name: String,
+    pub lease_ms: Option<i64>,
+    pub ttl_ms: Option<i64>,
+    pub policy: Option<PolicyName>,
+    pub max_attempts: Option<i32>,
+}
+
+/// The effective settings of one namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamespacePolicy {
+    pub lease_ms: i64,
+    pub ttl_ms: Option<i64>,
+    pub policy: Policy,
+    pub max_attempts: i32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the configuration: {0}")]
+    Read(#[from] config::ConfigError),
+    #[error("invalid configuration:\n  {}", .0.join("\n  "))]
+    Invalid(Vec<String>),
+}
+
+impl Config {
+    /// Reads `path` (TOML), then `FOQS__SECTION__KEY` environment overrides, then validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let raw = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix("FOQS")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()?;
+        let cfg: Config = raw.try_deserialize()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses TOML text without environment overrides (tests build configs this way).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let raw = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()?;
+        let cfg: Config = raw.try_deserialize()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reports every problem at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
+            problems.push(format!("server.listen {:?} is not HOST:PORT", self.server.listen));
+        }
+        if self.server.max_frame_bytes < MAX_FRAME_BYTES_MIN || self.server.max_frame_bytes > i32::MAX as usize {
+            problems.push(format!(
+                "server.max_frame_bytes must be in {MAX_FRAME_BYTES_MIN}..={}",
+                i32::MAX
+            ));
+        }
+        if self.server.max_connections == 0 {
+            problems.push("server.max_connections must be > 0".into());
+        }
+        if self.shards.is_empty() {
+            problems.push("no [[shards]]: at least one shard is needed".into());
+        }
+        let mut seen = HashMap::new();
+        for s in &self.shards {
+            if let Some(prev) = seen.insert(s.id, &s.url) {
+                problems.push(format!("shard id {} is listed twice ({prev} and {})", s.id, s.url));
+            }
+            if let Err(e) = mysql_async::Opts::from_url(&s.url) {
+                problems.push(format!("shard {}: url {:?}: {e}", s.id, s.url));
+            }
+            if s.pool_connections_max == 0 {
+                problems.push(format!("shard {}: pool_connections_max must be > 0", s.id));
+            }
+        }
+        let e = &self.engine;
+        let positive = [
+            ("engine.enqueue_batch_rows_max", e.enqueue_batch_rows_max as u64),
+            ("engine.worker_queue_max", e.worker_queue_max as u64),
+            ("engine.scan_interval_ms", e.scan_interval_ms),
+            ("engine.scan_rows_max", e.scan_rows_max as u64),
+            ("engine.checkpoint_interval_ms", e.checkpoint_interval_ms),
+            ("engine.breaker_failures_max", e.breaker_failures_max as u64),
+            ("engine.breaker_open_ms", e.breaker_open_ms),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                problems.push(format!("{name} must be > 0"));
+            }
+        }
+        if e.enqueue_batch_rows_max > 2000 {
+            // 15 placeholders a row; MySQL allows 65535 in one statement.
+            problems.push("engine.enqueue_batch_rows_max must be <= 2000".into());
+        }
+        if e.index_keys_per_topic_max < 1000 {
+            problems.push("engine.index_keys_per_topic_max must be >= 1000 (the largest dequeue count)".into());
+        }
+        check_policy("defaults", Some(self.defaults.lease_ms), self.defaults.ttl_ms, Some(self.defaults.max_attempts), &mut problems);
+        let mut names = HashMap::new();
+        for ns in &self.namespaces {
+            if ns.name.is_empty() || ns.name.len() > 255 {
+                problems.push(format!("namespace {:?}: name must be 1..=255 bytes", ns.name));
+            }
+            if names.insert(ns.name.as_str(), ()).is_some() {
+                problems.push(format!("namespace {:?} is listed twice", ns.name));
+            }
+            check_policy(&format!("namespace {:?}", ns.name), ns.lease_ms, ns.ttl_ms, ns.max_attempts, &mut problems);
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    pub fn host_id(&self) -> String {
+        self.server.host_id.clone().unwrap_or_else(|| self.server.listen.clone())
+    }
+}
+
+fn check_policy(what: &str, lease_ms: Option<i64>, ttl_ms: Option<i64>, max_attempts: Option<i32>, problems: &mut Vec<String>) {
+    if lease_ms.is_some_and(|v| v <= 0) {
+        problems.push(format!("{what}: lease_ms must be > 0"));
+    }
+    if ttl_ms.is_some_and(|v| v <= 0) {
+        problems.push(format!("{what}: ttl_ms must be > 0 (leave it out for no TTL)"));
+    }
+    if max_attempts.is_some_and(|v| v <= 0) {
+        problems.push(format!("{what}: max_attempts must be > 0"));
+    }
+}
+
+/// Namespace lookup: listed namespaces with their overrides, or any name with the defaults
+/// when none are listed.
+#[derive(Debug, Clone)]
+pub struct Namespaces {
+    defaults: NamespacePolicy,
+    listed: HashMap<String, NamespacePolicy>,
+}
+
+impl Namespaces {
+    pub fn from_config(cfg: &Config) -> Namespaces {
+        let d = &cfg.defaults;
+        let defaults = NamespacePolicy {
+            lease_ms: d.lease_ms,
+            ttl_ms: d.ttl_ms,
+            policy: d.policy.into(),
+            max_attempts: d.max_attempts,
+        };
+        let listed = cfg
+            .namespaces
+            .iter()
+            .map(|n| {
+                let p = NamespacePolicy {
+                    lease_ms: n.lease_ms.unwrap_or(defaults.lease_ms),
+                    ttl_ms: n.ttl_ms.or(defaults.ttl_ms),
+                    policy: n.policy.map(Policy::from).unwrap_or(defaults.policy),
+                    max_attempts: n.max_attempts.unwrap_or(defaults.max_attempts),
+                };
+                (n.name.clone(), p)
+            })
+            .collect();
+        Namespaces { defaults, listed }
+    }
+
+    /// `None` when namespaces are listed and `ns` is not one of them.
+    pub fn get(&self, ns: &str) -> Option<NamespacePolicy> {
+        if self.listed.is_empty() {
+            Some(self.defaults)
+        } else {
+            self.listed.get(ns).copied()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let err = Config::from_toml(
+            r#"
+            [server]
+            listen = "nowhere"
+            [engine]
+            scan_interval_ms = 0
+            index_keys_per_topic_max = 10
+            [[namespaces]]
+            name = ""
+            lease_ms = -1
+            "#,
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        for want in ["server.listen", "no [[shards]]", "scan_interval_ms", "index_keys_per_topic_max", "lease_ms must be > 0", "1..=255"] {
+            assert!(text.contains(want), "{want} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn listed_namespaces_are_case_sensitive_and_exclusive() {
+        let cfg = Config::from_toml(
+            r#"
+            [[shards]]
+            id = 0
+            url = "mysql://root@127.0.0.1:3306/x"
+            [defaults]
+            lease_ms = 1000
+            [[namespaces]]
+            name = "Orders"
+            max_attempts = 2
+            "#,
+        )
+        .unwrap();
+        let ns = Namespaces::from_config(&cfg);
+        let p = ns.get("Orders").unwrap();
+        assert_eq!((p.lease_ms, p.max_attempts, p.policy), (1000, 2, Policy::AtLeastOnce));
+        assert!(ns.get("orders").is_none());
+    }
+
+    #[test]
+    fn no_listed_namespaces_accepts_any_name() {
+        let cfg = Config::from_toml("[[shards]]\nid = 0\nurl = \"mysql://root@127.0.0.1/x\"\n").unwrap();
+        let p = Namespaces::from_config(&cfg).get("anything").unwrap();
+        assert_eq!(p.lease_ms, LEASE_MS_DEFAULT);
+        assert_eq!(p.max_attempts, MAX_ATTEMPTS_DEFAULT);
+        assert_eq!(p.ttl_ms, None);
+    }
+}

@@ -1,0 +1,341 @@
+//! [`Host`]: one `foqsd`'s engine over the shards it owns.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use futures::future::join_all;
+use tokio::task::JoinHandle;
+
+use super::validate::{check_duration, check_name, limits, validate_item, EnqueueRequestItem};
+use super::{kway_merge, ActiveTopicsPage, NackRequestItem, TopicRequest};
+use crate::clock::SharedClock;
+use crate::config::{NamespacePolicy, Namespaces};
+use crate::error::{Error, ErrorCode, Result};
+use crate::model::{Item, ItemId, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName};
+use crate::shard::{Settled, ShardHandle};
+
+/// Merge-and-claim rounds per topic in one dequeue. A round comes up short only when a
+/// concurrent dequeue claimed some of the same keys, so a few rounds are plenty.
+const DEQUEUE_ROUNDS_MAX: usize = 4;
+
+pub struct Host {
+    host_id: String,
+    shards: BTreeMap<ShardId, ShardHandle>,
+    namespaces: Namespaces,
+    clock: SharedClock,
+    next_shard: AtomicUsize,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Host {
+    /// A host over started shard workers (see [`crate::shard::ShardWorker::start`]).
+    pub fn new(host_id: String, shards: Vec<(ShardHandle, JoinHandle<()>)>, namespaces: Namespaces, clock: SharedClock) -> Host {
+        let mut handles = BTreeMap::new();
+        let mut workers = Vec::new();
+        for (h, j) in shards {
+            handles.insert(h.id(), h);
+            workers.push(j);
+        }
+        Host {
+            host_id,
+            shards: handles,
+            namespaces,
+            clock,
+            next_shard: AtomicUsize::new(0),
+            workers: Mutex::new(workers),
+        }
+    }
+
+    pub fn host_id(&self) -> &str {
+        &self.host_id
+    }
+
+    fn namespace(&self, ns: &str) -> Result<NamespacePolicy> {
+        check_name("ns", ns)?;
+        self.namespaces
+            .get(ns)
+            .ok_or_else(|| Error::new(ErrorCode::UnknownNamespace, format!("unknown namespace {ns:?}")))
+    }
+
+    /// Enqueues a batch; each item succeeds or fails alone. Replies only after commit.
+    pub async fn enqueue(&self, items: Vec<EnqueueRequestItem>) -> Result<Vec<Result<ItemId>>> {
+        if items.len() > limits::ITEMS_PER_REQUEST_MAX {
+            return Err(Error::invalid(format!(
+                "{} items in one request; at most {}",
+                items.len(),
+                limits::ITEMS_PER_REQUEST_MAX
+            )));
+        }
+        let now = self.clock.now_ms();
+        let mut results: Vec<Option<Result<ItemId>>> = Vec::with_capacity(items.len());
+        let mut valid: Vec<(usize, NewItem)> = Vec::new();
+        for (i, it) in items.into_iter().enumerate() {
+            let policy = self.namespaces.get(&it.ns);
+            match validate_item(it, policy, now) {
+                Ok(n) => {
+                    valid.push((i, n));
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        if !valid.is_empty() {
+            let (positions, new_items): (Vec<usize>, Vec<NewItem>) = valid.into_iter().unzip();
+            let outcome = self.enqueue_on_some_shard(new_items).await;
+            for (n, pos) in positions.into_iter().enumerate() {
+                results[pos] = Some(match &outcome {
+                    Ok((shard, keys)) => Ok(ItemId { shard: *shard, key: keys[n] }),
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        }
+        Ok(results.into_iter().map(|r| r.expect("every position is filled")).collect())
+    }
+
+    /// Writes the whole batch to one healthy shard, round-robin, so it is one INSERT.
+    async fn enqueue_on_some_shard(&self, items: Vec<NewItem>) -> Result<(ShardId, Vec<u64>)> {
+        let healthy: Vec<&ShardHandle> = self.shards.values().filter(|s| s.is_healthy()).collect();
+        if healthy.is_empty() {
+            return Err(Error::unavailable("no healthy shard: every shard's circuit breaker is open"));
+        }
+        let start = self.next_shard.fetch_add(1, Ordering::Relaxed);
+        let mut last_err = None;
+        // A full channel fails before anything is written, so trying the next shard cannot
+        // duplicate an item. A storage error may have committed, so it is not retried.
+        for i in 0..healthy.len() {
+            let shard = healthy[(start + i) % healthy.len()];
+            match shard.enqueue(items.clone()).await {
+                Ok(keys) => return Ok((shard.id(), keys)),
+                Err(e) if e.message.ends_with("is busy") => last_err = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| Error::unavailable("no shard could take the batch")))
+    }
+
+    /// Dequeues from each requested topic, most urgent first across every shard.
+    pub async fn dequeue(&self, topics: Vec<TopicRequest>) -> Result<Vec<Item>> {
+        if topics.len() > limits::TOPICS_PER_DEQUEUE_MAX {
+            return Err(Error::invalid(format!(
+                "{} topics in one request; at most {}",
+                topics.len(),
+                limits::TOPICS_PER_DEQUEUE_MAX
+            )));
+        }
+        for t in &topics {
+            self.namespace(&t.ns)?;
+            check_name("topic", &t.topic)?;
+            if !(1..=limits::DEQUEUE_COUNT_MAX).contains(&t.count) {
+                return Err(Error::invalid(format!("count must be in 1..={}, got {}", limits::DEQUEUE_COUNT_MAX, t.count)));
+            }
+        }
+        let mut out = Vec::new();
+        for t in topics {
+            let name = TopicName { ns: t.ns, topic: t.topic };
+            out.extend(self.dequeue_topic(&name, t.count as usize).await?);
+        }
+        Ok(out)
+    }
+
+    /// The prefetch step: merge the shards' index heads, claim the winners on each shard
+    /// (one statement per shard), and hand them out in order.
+    async fn dequeue_topic(&self, topic: &TopicName, count: usize) -> Result<Vec<Item>> {
+        let mut got: Vec<Item> = Vec::with_capacity(count);
+        let mut last_err = None;
+        for _ in 0..DEQUEUE_ROUNDS_MAX {
+            let need = count - got.len();
+            if need == 0 {
+                break;
+            }
+            let peeks = join_all(self.shards.values().map(|s| async move { (s.id(), s.peek(topic.clone(), need).await) })).await;
+            let mut heads: Vec<(ShardId, Vec<ReadyKey>)> = Vec::with_capacity(peeks.len());
+            for (id, r) in peeks {
+                match r {
+                    Ok(keys) => heads.push((id, keys)),
+                    // A sick shard delays its items; it does not fail the others'.
+                    Err(e) => {
+                        tracing::debug!(shard = id, error = %e, "peek failed");
+                        last_err = Some(e);
+                    }
+                }
+            }
+            let winners = kway_merge(&heads, need);
+            if winners.is_empty() {
+                break;
+            }
+            let mut by_shard: HashMap<ShardId, Vec<ReadyKey>> = HashMap::new();
+            for g in &winners {
+                by_shard.entry(g.shard).or_default().push(ReadyKey {
+                    priority: g.priority,
+                    deliver_after_ms: g.deliver_after_ms,
+                    key: g.key,
+                });
+            }
+            let claims = join_all(by_shard.into_iter().map(|(id, keys)| {
+                let shard = &self.shards[&id];
+                async move { shard.claim(topic.clone(), keys).await }
+            }))
+            .await;
+            let before = got.len();
+            for r in claims {
+                match r {
+                    Ok(items) => got.extend(items),
+                    Err(e) => last_err = Some(e),
+                }
+            }
+            let claimed = got.len() - before;
+            if claimed == winners.len() && winners.len() < need {
+                break; // every shard was drained of ready items
+            }
+        }
+        if got.is_empty() {
+            if let Some(e) = last_err {
+                return Err(e);
+            }
+        }
+        got.sort_by_key(Item::global_key);
+        Ok(got)
+    }
+
+    fn route(&self, id: &str) -> Result<(ItemId, &ShardHandle)> {
+        let parsed: ItemId = id.parse()?;
+        let shard = self
+            .shards
+            .get(&parsed.shard)
+            .ok_or_else(|| Error::not_found(format!("item {id}: shard {} is not served by this host", parsed.shard)))?;
+        Ok((parsed, shard))
+    }
+
+    /// Routes per-item operations to their shards and reassembles replies in request order.
+    async fn settle<T: Clone, F, Fut>(&self, ids: Vec<(String, T)>, op: F) -> Vec<Result<()>>
+    where
+        F: Fn(ShardHandle, Vec<(u64, T)>) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<Settled>>>,
+    {
+        let mut results: Vec<Option<Result<()>>> = vec![None; ids.len()];
+        // Per shard: the positions in `ids` and the keys with their extras.
+        type Group<T> = (Vec<usize>, Vec<(u64, T)>);
+        let mut groups: BTreeMap<ShardId, Group<T>> = BTreeMap::new();
+        for (i, (id, extra)) in ids.iter().enumerate() {
+            match self.route(id) {
+                Ok((parsed, _)) => {
+                    let g = groups.entry(parsed.shard).or_default();
+                    g.0.push(i);
+                    g.1.push((parsed.key, extra.clone()));
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let calls = groups.into_iter().map(|(shard, (positions, keys))| {
+            let fut = op(self.shards[&shard].clone(), keys);
+            async move { (positions, fut.await) }
+        });
+        for (positions, r) in join_all(calls).await {
+            for (n, pos) in positions.into_iter().enumerate() {
+                results[pos] = Some(match &r {
+                    Ok(settled) => match settled[n] {
+                        Settled::Done => Ok(()),
+                        Settled::NotFound => Err(Error::not_found(format!("item {} not found", ids[pos].0))),
+                    },
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        }
+        results.into_iter().map(|r| r.expect("every position is filled")).collect()
+    }
+
+    /// Deletes each item. Unknown or already-deleted ids: `NOT_FOUND`.
+    pub async fn ack(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
+        if ids.len() > limits::ITEMS_PER_REQUEST_MAX {
+            return Err(Error::invalid(format!("{} ids in one request; at most {}", ids.len(), limits::ITEMS_PER_REQUEST_MAX)));
+        }
+        let ids = ids.into_iter().map(|id| (id, ())).collect();
+        Ok(self
+            .settle(ids, |shard, keys| async move { shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await })
+            .await)
+    }
+
+    /// Makes each leased item ready again after its delay, with new metadata when given.
+    pub async fn nack(&self, items: Vec<NackRequestItem>) -> Result<Vec<Result<()>>> {
+        if items.len() > limits::ITEMS_PER_REQUEST_MAX {
+            return Err(Error::invalid(format!("{} items in one request; at most {}", items.len(), limits::ITEMS_PER_REQUEST_MAX)));
+        }
+        // Invalid items fail alone and never reach a shard; the rest keep their positions.
+        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(items.len());
+        let mut valid = Vec::new();
+        for it in items {
+            let delay = it.delay_ms.unwrap_or(0);
+            let err = check_duration("delay_ms", delay).err().or_else(|| {
+                let m = it.metadata.as_ref()?;
+                (m.len() > limits::METADATA_BYTES_MAX).then(|| {
+                    Error::new(
+                        ErrorCode::PayloadTooLarge,
+                        format!("metadata is {} bytes; at most {}", m.len(), limits::METADATA_BYTES_MAX),
+                    )
+                })
+            });
+            match err {
+                Some(e) => results.push(Some(Err(e))),
+                None => {
+                    results.push(None);
+                    valid.push((it.id, (delay, it.metadata)));
+                }
+            }
+        }
+        let mut settled = self
+            .settle(valid, |shard, nacks| async move {
+                shard.nack(nacks.into_iter().map(|(k, (d, m))| (k, d, m)).collect()).await
+            })
+            .await
+            .into_iter();
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| settled.next().expect("one result per valid item")))
+            .collect())
+    }
+
+    /// The namespace's topics holding ready, deferred or leased items, sorted by name.
+    pub async fn active_topics(&self, ns: &str, limit: Option<i32>, after: Option<String>) -> Result<ActiveTopicsPage> {
+        self.namespace(ns)?;
+        let limit = limit.unwrap_or(limits::ACTIVE_TOPICS_LIMIT_DEFAULT);
+        if !(1..=limits::ACTIVE_TOPICS_LIMIT_MAX).contains(&limit) {
+            return Err(Error::invalid(format!("limit must be in 1..={}, got {limit}", limits::ACTIVE_TOPICS_LIMIT_MAX)));
+        }
+        let limit = limit as usize;
+        // Each shard returns its first limit + 1 topics after the cursor; every topic among
+        // the first limit + 1 overall is then in the list of every shard that holds it, so
+        // its summed counts are complete.
+        let pages = join_all(self.shards.values().map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1))).await;
+        let mut merged: BTreeMap<String, TopicCounts> = BTreeMap::new();
+        for page in pages {
+            for t in page? {
+                let m = merged.entry(t.topic.clone()).or_insert_with(|| TopicCounts {
+                    topic: t.topic.clone(),
+                    ..Default::default()
+                });
+                m.ready += t.ready;
+                m.deferred += t.deferred;
+                m.leased += t.leased;
+            }
+        }
+        let more = merged.len() > limit;
+        let topics: Vec<TopicCounts> = merged.into_values().take(limit).collect();
+        let next_after = if more { topics.last().map(|t| t.topic.clone()) } else { None };
+        Ok(ActiveTopicsPage { topics, next_after })
+    }
+
+    pub fn shard_status(&self) -> Vec<ShardStatus> {
+        self.shards.values().map(|s| s.status()).collect()
+    }
+
+    /// Flushes every shard's buffers, saves checkpoints and stops the workers. Call after
+    /// the server has stopped taking requests.
+    pub async fn shutdown(&self) {
+        join_all(self.shards.values().map(|s| s.shutdown())).await;
+        let workers = std::mem::take(&mut *self.workers.lock().expect("not poisoned"));
+        for w in workers {
+            let _ = w.await;
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! The queue engine without transport: [`Host`] takes domain requests and returns domain
+//! replies. It validates, applies namespace policy, picks shards and merges their heads;
+//! it never sees a socket, Thrift or SQL, so it is testable on its own.
+
+mod host;
+mod merge;
+mod validate;
+
+pub use host::Host;
+pub use merge::kway_merge;
+pub use validate::{limits, validate_item, EnqueueRequestItem};
+
+/// One topic of a dequeue request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicRequest {
+    pub ns: String,
+    pub topic: String,
+    pub count: i32,
+}
+
+/// One nack as the client sent it (the id not yet parsed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NackRequestItem {
+    pub id: String,
+    pub delay_ms: Option<i64>,
+    pub metadata: Option<Vec<u8>>,
+}
+
+/// One page of `getActiveTopics`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ActiveTopicsPage {
+    pub topics: Vec<crate::model::TopicCounts>,
+    pub next_after: Option<String>,
+}

@@ -1,0 +1,49 @@
+//! The domain error: a stable [`ErrorCode`] (the same numbers as the IDL's `ErrorCode`), a
+//! message for humans and whether retrying may help. Converted to Thrift once, in `rpc`.
+
+/// Stable error codes; the numbers are part of the wire contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    InvalidArgument = 1,
+    PayloadTooLarge = 2,
+    RateLimited = 3,
+    Unavailable = 4,
+    NotFound = 5,
+    WrongHost = 6,
+    UnknownNamespace = 7,
+    Internal = 8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct Error {
+    pub code: ErrorCode,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl Error {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        // Only transient conditions are worth retrying unchanged.
+        let retryable = matches!(code, ErrorCode::Unavailable | ErrorCode::RateLimited);
+        Error {
+            code,
+            message: message.into(),
+            retryable,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::new(ErrorCode::InvalidArgument, message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Error::new(ErrorCode::Unavailable, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Error::new(ErrorCode::NotFound, message)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

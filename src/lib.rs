@@ -1,0 +1,37 @@
+//! foqs: a Thrift-compatible implementation of FOQS, Meta's distributed priority queue,
+//! storing items in sharded MySQL (MariaDB works).
+//!
+//! # Layout
+//! One request flows top to bottom (see `DESIGN.md` in the team's shared notes):
+//! - [`server`]: tokio accept loop, connection cap, Thrift framing, graceful shutdown.
+//! - [`rpc`]: the only module that sees generated Thrift types: decode → [`core`] → encode.
+//! - [`core`]: [`core::Host`], the transport-free queue engine: validation, namespace
+//!   policy, shard choice, the prefetch k-way merge over shard heads, ack/nack routing.
+//! - [`shard`]: one [`shard::ShardWorker`] per shard, the only writer of that shard: batched
+//!   writes, the bounded in-memory ready index, background scans, circuit breaker.
+//! - [`store`]: the narrow [`store::ShardStore`] trait and [`store::MySqlStore`].
+//! - [`model`]: domain types shared by the layers (item ids, keys, items, policies).
+//! - [`error`]: the domain error with its stable [`error::ErrorCode`].
+//! - [`config`]: the configuration file, environment overrides and validation.
+//! - [`clock`]: time as an injectable [`clock::Clock`], so leases and TTLs are testable.
+//! - [`thrift_gen`]: code generated from `thrift/foqs.thrift` (do not edit; see
+//!   `scripts/gen-thrift.sh`). Public so that Rust clients and tests can use its client.
+
+pub mod clock;
+pub mod config;
+pub mod core;
+pub mod daemon;
+pub mod error;
+pub mod model;
+pub mod rpc;
+pub mod server;
+pub mod shard;
+pub mod store;
+
+#[path = "../gen/rs/foqs.rs"]
+#[allow(clippy::all, dead_code, unused_imports, unused_mut)]
+#[rustfmt::skip]
+pub mod thrift_gen;
+
+/// The version reported by `getHostInfo`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,213 @@
+//! Domain types shared by every layer: item ids, delivery policies, the ready-order key,
+//! items as enqueued and as delivered. Nothing here knows Thrift or MySQL.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::Error;
+
+/// Index of a shard; the part of an item id before the colon.
+pub type ShardId = u32;
+
+/// `"<shard_id>:<primary_key>"`: names the shard an item lives on, so any host can route
+/// an ack or nack to the shard's owner without a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ItemId {
+    pub shard: ShardId,
+    pub key: u64,
+}
+
+impl fmt::Display for ItemId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.shard, self.key)
+    }
+}
+
+impl FromStr for ItemId {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || Error::invalid(format!("malformed item id {s:?}: want \"<shard_id>:<key>\""));
+        let (shard, key) = s.split_once(':').ok_or_else(bad)?;
+        // Plain decimal only: `parse` would also take a leading '+', which no id we hand
+        // out contains.
+        let decimal = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
+        if !decimal(shard) || !decimal(key) {
+            return Err(bad());
+        }
+        Ok(ItemId {
+            shard: shard.parse().map_err(|_| bad())?,
+            key: key.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// Lease expiry makes the item ready again, until `max_attempts` is reached.
+    AtLeastOnce = 1,
+    /// Lease expiry deletes the item: it is never delivered twice.
+    AtMostOnce = 2,
+}
+
+impl Policy {
+    pub fn from_i32(v: i32) -> Option<Policy> {
+        match v {
+            1 => Some(Policy::AtLeastOnce),
+            2 => Some(Policy::AtMostOnce),
+            _ => None,
+        }
+    }
+}
+
+/// Where an item is in its life. Deferred is `Ready` with `deliver_after_ms` in the future.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ItemState {
+    Ready = 0,
+    Leased = 1,
+    /// Attempts exhausted: kept, never delivered again (the dead-letter API comes later).
+    Dead = 2,
+}
+
+impl ItemState {
+    pub fn from_i8(v: i8) -> Option<ItemState> {
+        match v {
+            0 => Some(ItemState::Ready),
+            1 => Some(ItemState::Leased),
+            2 => Some(ItemState::Dead),
+            _ => None,
+        }
+    }
+}
+
+/// The delivery order within a topic: lower priority first, then older `deliver_after_ms`,
+/// then lower key. Field order matters: the derived `Ord` is that order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReadyKey {
+    pub priority: i32,
+    pub deliver_after_ms: i64,
+    pub key: u64,
+}
+
+/// The order across shards: the key, and the shard id to make ties total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GlobalKey {
+    pub priority: i32,
+    pub deliver_after_ms: i64,
+    pub key: u64,
+    pub shard: ShardId,
+}
+
+impl GlobalKey {
+    pub fn new(shard: ShardId, k: ReadyKey) -> Self {
+        GlobalKey {
+            priority: k.priority,
+            deliver_after_ms: k.deliver_after_ms,
+            key: k.key,
+            shard,
+        }
+    }
+}
+
+/// A (namespace, topic) pair; both are exact byte strings.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicName {
+    pub ns: String,
+    pub topic: String,
+}
+
+/// An item that passed validation, with every default applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewItem {
+    pub ns: String,
+    pub topic: String,
+    pub priority: i32,
+    pub payload: Vec<u8>,
+    pub metadata: Vec<u8>,
+    pub deliver_after_ms: i64,
+    pub enqueued_at_ms: i64,
+    pub lease_ms: i64,
+    /// `enqueued_at_ms + ttl_ms`, or `None` for no TTL.
+    pub expires_at_ms: Option<i64>,
+    pub policy: Policy,
+    pub max_attempts: i32,
+}
+
+/// An item as handed to a consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub id: ItemId,
+    pub ns: String,
+    pub topic: String,
+    pub priority: i32,
+    pub payload: Vec<u8>,
+    pub metadata: Vec<u8>,
+    pub deliver_after_ms: i64,
+    pub enqueued_at_ms: i64,
+    pub delivery_count: i32,
+    pub lease_expires_ms: i64,
+    pub policy: Policy,
+}
+
+impl Item {
+    pub fn global_key(&self) -> GlobalKey {
+        GlobalKey {
+            priority: self.priority,
+            deliver_after_ms: self.deliver_after_ms,
+            key: self.id.key,
+            shard: self.id.shard,
+        }
+    }
+}
+
+/// One nack: the item becomes ready at now + `delay_ms`, with new metadata when given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nack {
+    pub id: ItemId,
+    pub delay_ms: i64,
+    pub metadata: Option<Vec<u8>>,
+}
+
+/// Per-topic counts for `getActiveTopics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicCounts {
+    pub topic: String,
+    pub ready: i64,
+    pub deferred: i64,
+    pub leased: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardStatus {
+    pub shard: ShardId,
+    pub healthy: bool,
+    pub items: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_id_round_trips() {
+        let id = ItemId { shard: 3, key: 18446744073709551615 };
+        assert_eq!(id.to_string(), "3:18446744073709551615");
+        assert_eq!(id.to_string().parse::<ItemId>().unwrap(), id);
+    }
+
+    #[test]
+    fn malformed_item_ids_are_invalid_argument() {
+        for bad in ["", ":", "1:", ":1", "1", "a:1", "1:b", "+1:2", "1:-2", "1:2:3", " 1:2", "1:18446744073709551616", "4294967296:1"] {
+            let err = bad.parse::<ItemId>().unwrap_err();
+            assert_eq!(err.code, crate::error::ErrorCode::InvalidArgument, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ready_key_orders_by_priority_then_age_then_key() {
+        let k = |priority, deliver_after_ms, key| ReadyKey { priority, deliver_after_ms, key };
+        let mut keys = vec![k(5, 1, 1), k(-3, 9, 9), k(5, 0, 7), k(5, 0, 2), k(i32::MIN, 100, 100)];
+        keys.sort();
+        assert_eq!(keys, vec![k(i32::MIN, 100, 100), k(-3, 9, 9), k(5, 0, 2), k(5, 0, 7), k(5, 1, 1)]);
+    }
+}

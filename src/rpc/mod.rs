@@ -1,0 +1,226 @@
+//! The Thrift edge, and the only code that sees generated types: decode one message from a
+//! frame, call [`crate::core::Host`], encode the reply. Decoding and encoding are
+//! synchronous over byte slices, so no protocol object lives across an `.await`.
+//!
+//! Errors on the wire: an unknown method gets `TApplicationException(UNKNOWN_METHOD)`,
+//! undecodable arguments `TApplicationException(PROTOCOL_ERROR)` with the decoder's message,
+//! a domain failure the method's declared `FoqsError`. The connection stays usable after
+//! each; only a frame whose message header cannot be read at all closes it.
+
+mod convert;
+
+use thrift::protocol::{
+    TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol, TInputProtocol, TMessageIdentifier,
+    TMessageType, TOutputProtocol, TType,
+};
+use thrift::{ApplicationError, ApplicationErrorKind, TConfiguration};
+
+use crate::core::Host;
+use crate::thrift_gen as t;
+
+/// Most elements a list in a request may declare. Requests carry at most 1000 items, and
+/// the generated decoder reserves a list's declared length up front, so this bounds what a
+/// hostile length can make it allocate.
+const CONTAINER_ELEMENTS_MAX: usize = 10_000;
+
+/// The protocol of a message, told by its first byte: 0x80 starts a strict binary message
+/// header (version 0x8001), 0x82 a compact one (protocol id 0x82).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Binary,
+    Compact,
+}
+
+impl Protocol {
+    pub fn detect(frame: &[u8]) -> Option<Protocol> {
+        match frame.first() {
+            Some(0x80) => Some(Protocol::Binary),
+            Some(0x82) => Some(Protocol::Compact),
+            _ => None,
+        }
+    }
+}
+
+/// What to do with a frame.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Send this message (without the frame length).
+    Reply(Vec<u8>),
+    /// The frame is not a Thrift message we can answer: close the connection.
+    Close(String),
+}
+
+enum Call {
+    Enqueue(t::EnqueueRequest),
+    Dequeue(t::DequeueRequest),
+    Ack(t::AckRequest),
+    Nack(t::NackRequest),
+    GetActiveTopics(t::GetActiveTopicsRequest),
+    GetHostInfo,
+}
+
+enum Reply {
+    Enqueue(t::FoqsEnqueueResult),
+    Dequeue(t::FoqsDequeueResult),
+    Ack(t::FoqsAckResult),
+    Nack(t::FoqsNackResult),
+    GetActiveTopics(t::FoqsGetActiveTopicsResult),
+    GetHostInfo(t::FoqsGetHostInfoResult),
+    Exception(ApplicationError),
+}
+
+/// Formats a Thrift error with its message: the crate's `Display` drops it for some kinds.
+fn describe(e: &thrift::Error) -> String {
+    match e {
+        thrift::Error::Protocol(p) => format!("protocol error ({:?}): {}", p.kind, p.message),
+        thrift::Error::Transport(t) => format!("transport error ({:?}): {}", t.kind, t.message),
+        thrift::Error::Application(a) => format!("application error ({:?}): {}", a.kind, a.message),
+        thrift::Error::User(u) => format!("error: {u}"),
+    }
+}
+
+fn config_for(frame_len: usize) -> TConfiguration {
+    TConfiguration::builder()
+        .max_message_size(Some(frame_len))
+        .max_frame_size(Some(frame_len))
+        .max_string_size(Some(frame_len))
+        .max_container_size(Some(CONTAINER_ELEMENTS_MAX))
+        .build()
+        .expect("frame size equals message size")
+}
+
+/// Answers one framed message.
+pub async fn handle(frame: &[u8], host: &Host) -> Outcome {
+    let Some(protocol) = Protocol::detect(frame) else {
+        return Outcome::Close(format!(
+            "frame starts with 0x{:02x}: neither binary (0x80) nor compact (0x82) protocol",
+            frame.first().copied().unwrap_or(0)
+        ));
+    };
+    let cfg = config_for(frame.len());
+    let decoded = match protocol {
+        Protocol::Binary => decode(&mut TBinaryInputProtocol::with_config(frame, true, cfg)),
+        Protocol::Compact => decode(&mut TCompactInputProtocol::with_config(frame, cfg)),
+    };
+    let (ident, call) = match decoded {
+        Ok(d) => d,
+        Err(why) => return Outcome::Close(why),
+    };
+    let reply = match call {
+        Ok(call) => execute(call, host).await,
+        Err(e) => Reply::Exception(e),
+    };
+    let mut out = Vec::with_capacity(256);
+    let written = match protocol {
+        Protocol::Binary => encode(&mut TBinaryOutputProtocol::new(&mut out, true), &ident, &reply),
+        Protocol::Compact => encode(&mut TCompactOutputProtocol::new(&mut out), &ident, &reply),
+    };
+    match written {
+        Ok(()) => Outcome::Reply(out),
+        Err(e) => Outcome::Close(format!("cannot encode the reply to {}: {}", ident.name, describe(&e))),
+    }
+}
+
+/// Reads the message header and the arguments. `Err` only when not even the header could
+/// be read; argument and method problems become an `ApplicationError` to send back.
+#[allow(clippy::type_complexity)]
+fn decode(i: &mut dyn TInputProtocol) -> Result<(TMessageIdentifier, Result<Call, ApplicationError>), String> {
+    let ident = i.read_message_begin().map_err(|e| format!("unreadable message header: {}", describe(&e)))?;
+    if ident.message_type != TMessageType::Call {
+        let e = ApplicationError::new(
+            ApplicationErrorKind::InvalidMessageType,
+            format!("expected a call, got {:?}", ident.message_type),
+        );
+        return Ok((ident, Err(e)));
+    }
+    let protocol_error = |e: thrift::Error| ApplicationError::new(ApplicationErrorKind::ProtocolError, describe(&e));
+    let call = match ident.name.as_str() {
+        "enqueue" => t::FoqsEnqueueArgs::read_from_in_protocol(i).map(|a| Call::Enqueue(a.req)),
+        "dequeue" => t::FoqsDequeueArgs::read_from_in_protocol(i).map(|a| Call::Dequeue(a.req)),
+        "ack" => t::FoqsAckArgs::read_from_in_protocol(i).map(|a| Call::Ack(a.req)),
+        "nack" => t::FoqsNackArgs::read_from_in_protocol(i).map(|a| Call::Nack(a.req)),
+        "getActiveTopics" => t::FoqsGetActiveTopicsArgs::read_from_in_protocol(i).map(|a| Call::GetActiveTopics(a.req)),
+        "getHostInfo" => t::FoqsGetHostInfoArgs::read_from_in_protocol(i).map(|_| Call::GetHostInfo),
+        other => {
+            let _ = i.skip(TType::Struct);
+            let e = ApplicationError::new(ApplicationErrorKind::UnknownMethod, format!("unknown method {other}"));
+            return Ok((ident, Err(e)));
+        }
+    };
+    let call = call.and_then(|c| i.read_message_end().map(|_| c)).map_err(protocol_error);
+    Ok((ident, call))
+}
+
+fn encode(o: &mut dyn TOutputProtocol, ident: &TMessageIdentifier, reply: &Reply) -> thrift::Result<()> {
+    let kind = match reply {
+        Reply::Exception(_) => TMessageType::Exception,
+        _ => TMessageType::Reply,
+    };
+    o.write_message_begin(&TMessageIdentifier::new(ident.name.clone(), kind, ident.sequence_number))?;
+    match reply {
+        Reply::Enqueue(r) => r.write_to_out_protocol(o)?,
+        Reply::Dequeue(r) => r.write_to_out_protocol(o)?,
+        Reply::Ack(r) => r.write_to_out_protocol(o)?,
+        Reply::Nack(r) => r.write_to_out_protocol(o)?,
+        Reply::GetActiveTopics(r) => r.write_to_out_protocol(o)?,
+        Reply::GetHostInfo(r) => r.write_to_out_protocol(o)?,
+        Reply::Exception(e) => thrift::Error::write_application_error_to_out_protocol(e, o)?,
+    }
+    o.write_message_end()?;
+    o.flush()
+}
+
+/// Splits a domain result into the generated result struct's two fields.
+fn split<T>(r: crate::error::Result<T>) -> (Option<T>, Option<t::FoqsError>) {
+    match r {
+        Ok(v) => (Some(v), None),
+        Err(e) => (None, Some(convert::foqs_error(e))),
+    }
+}
+
+async fn execute(call: Call, host: &Host) -> Reply {
+    match call {
+        Call::Enqueue(req) => {
+            let r = host.enqueue(convert::enqueue_items(req)).await.map(convert::enqueue_response);
+            let (result_value, err) = split(r);
+            Reply::Enqueue(t::FoqsEnqueueResult { result_value, err })
+        }
+        Call::Dequeue(req) => {
+            let r = host.dequeue(convert::topic_requests(req)).await.map(|items| t::DequeueResponse {
+                items: Some(items.into_iter().map(convert::item).collect()),
+            });
+            let (result_value, err) = split(r);
+            Reply::Dequeue(t::FoqsDequeueResult { result_value, err })
+        }
+        Call::Ack(req) => {
+            let ids = req.ids.unwrap_or_default();
+            let r = host.ack(ids.clone()).await.map(|res| t::AckResponse {
+                results: Some(convert::item_results(ids, res)),
+            });
+            let (result_value, err) = split(r);
+            Reply::Ack(t::FoqsAckResult { result_value, err })
+        }
+        Call::Nack(req) => {
+            let items = convert::nack_items(req);
+            let ids = items.iter().map(|n| n.id.clone()).collect();
+            let r = host.nack(items).await.map(|res| t::NackResponse {
+                results: Some(convert::item_results(ids, res)),
+            });
+            let (result_value, err) = split(r);
+            Reply::Nack(t::FoqsNackResult { result_value, err })
+        }
+        Call::GetActiveTopics(req) => {
+            let ns = req.ns.unwrap_or_default();
+            let r = host.active_topics(&ns, req.limit, req.after).await.map(convert::active_topics);
+            let (result_value, err) = split(r);
+            Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
+        }
+        Call::GetHostInfo => {
+            let info = convert::host_info(host.host_id(), host.shard_status());
+            Reply::GetHostInfo(t::FoqsGetHostInfoResult {
+                result_value: Some(info),
+                err: None,
+            })
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Shards: one [`ShardWorker`] task per shard owns everything about it (its buffers, its
+//! ready index, its scans, its breaker) and is the only writer of its database. Everyone
+//! else talks to it through a [`ShardHandle`], a bounded channel: a full channel is
+//! backpressure, answered with a retryable `UNAVAILABLE`, never an unbounded queue.
+
+mod breaker;
+mod index;
+mod worker;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+pub use breaker::Breaker;
+pub use index::{ReadyIndex, TopicIndex};
+pub use worker::{ShardWorker, WorkerConfig};
+
+use crate::error::{Error, Result};
+use crate::model::{Item, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName};
+
+/// The outcome of one ack or nack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    Done,
+    /// No such item (never existed, already acked, purged) or, for a nack, not leased.
+    NotFound,
+}
+
+/// Where a worker sends one command's outcome.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
+
+/// One nack for a worker: the key, the delay and the replacement metadata.
+pub type NackOp = (u64, i64, Option<Vec<u8>>);
+
+pub(crate) enum Command {
+    Enqueue {
+        items: Vec<NewItem>,
+        reply: Reply<Vec<u64>>,
+    },
+    Peek {
+        topic: TopicName,
+        n: usize,
+        reply: oneshot::Sender<Result<Vec<ReadyKey>>>,
+    },
+    Claim {
+        topic: TopicName,
+        keys: Vec<ReadyKey>,
+        reply: oneshot::Sender<Result<Vec<Item>>>,
+    },
+    Ack {
+        keys: Vec<u64>,
+        reply: oneshot::Sender<Result<Vec<Settled>>>,
+    },
+    Nack {
+        nacks: Vec<NackOp>,
+        reply: Reply<Vec<Settled>>,
+    },
+    TopicCounts {
+        ns: String,
+        after: Option<String>,
+        limit: usize,
+        reply: oneshot::Sender<Result<Vec<TopicCounts>>>,
+    },
+    Shutdown {
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// State a worker publishes for cheap reads by the host.
+#[derive(Debug)]
+pub(crate) struct ShardShared {
+    pub healthy: AtomicBool,
+    pub items: AtomicI64,
+}
+
+/// The cloneable sender that talks to one shard's worker.
+#[derive(Clone)]
+pub struct ShardHandle {
+    id: ShardId,
+    tx: mpsc::Sender<Command>,
+    shared: Arc<ShardShared>,
+}
+
+fn gone(id: ShardId) -> Error {
+    Error::unavailable(format!("shard {id} is shutting down"))
+}
+
+impl ShardHandle {
+    pub fn id(&self) -> ShardId {
+        self.id
+    }
+
+    /// False while the shard's circuit breaker is open.
+    pub fn is_healthy(&self) -> bool {
+        self.shared.healthy.load(Ordering::Relaxed)
+    }
+
+    pub fn status(&self) -> ShardStatus {
+        ShardStatus {
+            shard: self.id,
+            healthy: self.is_healthy(),
+            items: self.shared.items.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).await.map_err(|_| gone(self.id))?;
+        rx.await.map_err(|_| gone(self.id))?
+    }
+
+    /// Buffers `items` for the shard's next batched INSERT; resolves to their keys once the
+    /// batch has committed. A full channel fails at once: the caller may try another shard.
+    pub async fn enqueue(&self, items: Vec<NewItem>) -> Result<Vec<u64>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.try_send(Command::Enqueue { items, reply }).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => Error::unavailable(format!("shard {} is busy", self.id)),
+            mpsc::error::TrySendError::Closed(_) => gone(self.id),
+        })?;
+        rx.await.map_err(|_| gone(self.id))?
+    }
+
+    /// Up to `n` keys of the topic's most urgent ready items, without leasing them.
+    pub async fn peek(&self, topic: TopicName, n: usize) -> Result<Vec<ReadyKey>> {
+        self.call(|reply| Command::Peek { topic, n, reply }).await
+    }
+
+    /// Leases those of `keys` that are still ready and returns them.
+    pub async fn claim(&self, topic: TopicName, keys: Vec<ReadyKey>) -> Result<Vec<Item>> {
+        self.call(|reply| Command::Claim { topic, keys, reply }).await
+    }
+
+    pub async fn ack(&self, keys: Vec<u64>) -> Result<Vec<Settled>> {
+        self.call(|reply| Command::Ack { keys, reply }).await
+    }
+
+    pub async fn nack(&self, nacks: Vec<NackOp>) -> Result<Vec<Settled>> {
+        self.call(|reply| Command::Nack { nacks, reply }).await
+    }
+
+    pub async fn topic_counts(&self, ns: String, after: Option<String>, limit: usize) -> Result<Vec<TopicCounts>> {
+        self.call(|reply| Command::TopicCounts { ns, after, limit, reply }).await
+    }
+
+    /// Asks the worker to flush what it holds, save its checkpoints and stop.
+    pub async fn shutdown(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.tx.send(Command::Shutdown { done }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}

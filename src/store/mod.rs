@@ -1,0 +1,161 @@
+//! Storage behind a narrow interface: [`ShardStore`] is everything a shard worker asks of
+//! its database, one method per operation, each taking `now_ms` explicitly so tests
+//! control time inside SQL. [`MySqlStore`] is the implementation.
+//!
+//! The store trusts its single caller: one [`crate::shard::ShardWorker`] per shard is the
+//! only writer, so no method needs locking reads; guards in `WHERE` clauses are safety
+//! nets, not concurrency control.
+
+mod mysql;
+
+use std::future::Future;
+
+pub use mysql::MySqlStore;
+
+use crate::model::{Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("mysql: {0}")]
+    MySql(#[from] mysql_async::Error),
+    #[error("storage schema: {0}")]
+    Schema(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// What a worker needs of an item to decide its next state (ack, nack, expiry, purge).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemMeta {
+    pub key: u64,
+    pub ns: String,
+    pub topic: String,
+    pub priority: i32,
+    pub deliver_after_ms: i64,
+    pub state: ItemState,
+    pub delivery_count: i32,
+    pub max_attempts: i32,
+    pub policy: Policy,
+    pub lease_expires_ms: i64,
+    pub expires_at_ms: Option<i64>,
+}
+
+impl ItemMeta {
+    pub fn ready_key(&self) -> ReadyKey {
+        ReadyKey {
+            priority: self.priority,
+            deliver_after_ms: self.deliver_after_ms,
+            key: self.key,
+        }
+    }
+}
+
+/// One row's change, applied with others in one transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Back to ready (or deferred) at `deliver_after_ms`; new metadata when given.
+    Ready {
+        key: u64,
+        deliver_after_ms: i64,
+        metadata: Option<Vec<u8>>,
+    },
+    /// Attempts exhausted: kept, never delivered.
+    Dead { key: u64 },
+    Delete { key: u64 },
+}
+
+/// The background scans; each reads a timestamp index from a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scan {
+    /// Ready rows whose `deliver_after_ms` came due (deferred → ready).
+    Due,
+    /// Leased rows whose `lease_expires_ms` passed.
+    Lease,
+    /// Rows of any state whose `expires_at_ms` passed.
+    Ttl,
+}
+
+impl Scan {
+    pub const ALL: [Scan; 3] = [Scan::Due, Scan::Lease, Scan::Ttl];
+
+    /// The timestamp of `m` that this scan orders by.
+    pub fn time_of(self, m: &ItemMeta) -> i64 {
+        match self {
+            Scan::Due => m.deliver_after_ms,
+            Scan::Lease => m.lease_expires_ms,
+            Scan::Ttl => m.expires_at_ms.unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// Where each scan resumes: the last timestamp fully processed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Checkpoints {
+    pub due_ms: i64,
+    pub lease_ms: i64,
+    pub ttl_ms: i64,
+}
+
+impl Checkpoints {
+    pub fn get(&self, scan: Scan) -> i64 {
+        match scan {
+            Scan::Due => self.due_ms,
+            Scan::Lease => self.lease_ms,
+            Scan::Ttl => self.ttl_ms,
+        }
+    }
+
+    pub fn set(&mut self, scan: Scan, ms: i64) {
+        match scan {
+            Scan::Due => self.due_ms = ms,
+            Scan::Lease => self.lease_ms = ms,
+            Scan::Ttl => self.ttl_ms = ms,
+        }
+    }
+}
+
+/// What a shard's store holds at start-up.
+#[derive(Debug, Clone, Default)]
+pub struct Recovered {
+    /// Keys below this were handed out before (perhaps to rows since deleted): never reuse.
+    pub key_high_water: u64,
+    pub checkpoints: Checkpoints,
+    pub items: i64,
+}
+
+/// Everything a shard worker asks of its database.
+pub trait ShardStore: Send + Sync + 'static {
+    /// Creates the schema when missing and reads what the worker needs to resume.
+    fn open(&self) -> impl Future<Output = StoreResult<Recovered>> + Send;
+
+    /// Inserts `rows` (their keys chosen by the worker) in one transaction; when
+    /// `key_high_water` is given, persists it in the same transaction.
+    fn insert(&self, rows: &[(u64, NewItem)], key_high_water: Option<u64>) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Up to `limit` keys of ready items of a topic (`deliver_after_ms <= now_ms`), in
+    /// ready order, strictly after `after` when given.
+    fn ready_keys(&self, ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> impl Future<Output = StoreResult<Vec<ReadyKey>>> + Send;
+
+    /// Leases those of `keys` that are still ready, due and not expired, marking them with
+    /// `token`, and returns the items leased.
+    fn claim(&self, keys: &[u64], now_ms: i64, token: i64) -> impl Future<Output = StoreResult<Vec<Item>>> + Send;
+
+    /// The current state of those of `keys` that exist.
+    fn lookup(&self, keys: &[u64]) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
+
+    /// Applies all `changes` in one transaction.
+    fn apply(&self, changes: &[Change]) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Up to `limit` rows for `scan` whose (timestamp, key) is after `after` and whose
+    /// timestamp is at most `now_ms`, in (timestamp, key) order.
+    fn scan(&self, scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
+
+    fn save_checkpoints(&self, cp: Checkpoints) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Topics of `ns` after `after` (bytewise) holding ready, deferred or leased items,
+    /// sorted by name, at most `limit`.
+    fn topic_counts(&self, ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> impl Future<Output = StoreResult<Vec<TopicCounts>>> + Send;
+
+    /// A cheap round trip, used to probe a shard whose breaker is open.
+    fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+}

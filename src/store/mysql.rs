@@ -1,0 +1,399 @@
+//! [`MySqlStore`]: a shard as one MySQL/MariaDB database, through a `mysql_async` pool.
+//!
+//! Schema facts that matter:
+//! - `ns` and `topic` are `VARBINARY`, so they compare as exact bytes (`Orders`, `orders`
+//!   and `ordérs` are three topics) whatever the server's default collation.
+//! - Keys are chosen by the shard worker, not `AUTO_INCREMENT`: the worker must know a
+//!   batch's keys to index it, and a persisted high-water mark guarantees that a key is
+//!   never reused, even after its row was deleted and the host restarted.
+//! - Every time is a `BIGINT` of milliseconds passed in by the caller.
+//! - Lists of keys are spliced into the SQL text as integers: they are `u64`s, so there is
+//!   nothing to escape, and a prepared statement per list length would churn the cache.
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, TxOpts, Value};
+
+use super::{Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StoreError, StoreResult};
+use crate::model::{Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts};
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS items (
+        id BIGINT UNSIGNED NOT NULL PRIMARY KEY,
+        ns VARBINARY(255) NOT NULL,
+        topic VARBINARY(255) NOT NULL,
+        priority INT NOT NULL,
+        state TINYINT NOT NULL,
+        deliver_after_ms BIGINT NOT NULL,
+        enqueued_at_ms BIGINT NOT NULL,
+        lease_ms BIGINT NOT NULL,
+        lease_expires_ms BIGINT NOT NULL DEFAULT 0,
+        lease_token BIGINT NOT NULL DEFAULT 0,
+        expires_at_ms BIGINT NULL,
+        policy TINYINT NOT NULL,
+        max_attempts INT NOT NULL,
+        delivery_count INT NOT NULL DEFAULT 0,
+        payload BLOB NOT NULL,
+        metadata BLOB NOT NULL,
+        KEY ready_order (ns, topic, state, priority, deliver_after_ms, id),
+        KEY due (state, deliver_after_ms),
+        KEY lease (state, lease_expires_ms),
+        KEY ttl (expires_at_ms)
+    ) ENGINE=InnoDB",
+    "CREATE TABLE IF NOT EXISTS foqs_meta (
+        name VARBINARY(64) NOT NULL PRIMARY KEY,
+        value BIGINT NOT NULL
+    ) ENGINE=InnoDB",
+];
+
+const ITEM_COLUMNS: &str = "id, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy";
+const META_COLUMNS: &str = "id, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms";
+const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)";
+const INSERT_ROW: &str = "(?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+pub struct MySqlStore {
+    shard: ShardId,
+    pool: Pool,
+    /// The same server without a database selected, to create the database.
+    server_opts: Opts,
+    database: String,
+}
+
+impl MySqlStore {
+    pub fn new(shard: ShardId, url: &str, pool_connections_max: usize) -> StoreResult<MySqlStore> {
+        let opts = Opts::from_url(url).map_err(|e| StoreError::Schema(format!("bad url {url:?}: {e}")))?;
+        let database = opts
+            .db_name()
+            .map(str::to_string)
+            .ok_or_else(|| StoreError::Schema(format!("url {url:?} names no database")))?;
+        let constraints = PoolConstraints::new(1, pool_connections_max.max(1)).expect("1 <= max");
+        let pool_opts = PoolOpts::default().with_constraints(constraints);
+        let shard_opts: Opts = OptsBuilder::from_opts(opts.clone()).pool_opts(pool_opts).into();
+        let server_opts: Opts = OptsBuilder::from_opts(opts).db_name(None::<String>).into();
+        Ok(MySqlStore {
+            shard,
+            pool: Pool::new(shard_opts),
+            server_opts,
+            database,
+        })
+    }
+
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// Closes the pool's connections.
+    pub async fn close(self) {
+        let _ = self.pool.disconnect().await;
+    }
+
+    async fn conn(&self) -> StoreResult<Conn> {
+        Ok(self.pool.get_conn().await?)
+    }
+
+    fn item_from_row(&self, row: mysql_async::Row) -> StoreResult<Item> {
+        type R = (u64, String, String, i32, Vec<u8>, Vec<u8>, i64, i64, i32, i64, i8);
+        let (key, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy): R =
+            mysql_async::from_row_opt(row).map_err(|e| StoreError::Schema(format!("item row: {e}")))?;
+        Ok(Item {
+            id: ItemId { shard: self.shard, key },
+            ns,
+            topic,
+            priority,
+            payload,
+            metadata,
+            deliver_after_ms,
+            enqueued_at_ms,
+            delivery_count,
+            lease_expires_ms,
+            policy: policy_from_db(policy)?,
+        })
+    }
+}
+
+fn policy_from_db(v: i8) -> StoreResult<Policy> {
+    Policy::from_i32(v as i32).ok_or_else(|| StoreError::Schema(format!("unknown policy {v}")))
+}
+
+fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
+    type R = (u64, String, String, i32, i64, i8, i32, i32, i8, i64, Option<i64>);
+    let (key, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms): R =
+        mysql_async::from_row_opt(row).map_err(|e| StoreError::Schema(format!("meta row: {e}")))?;
+    Ok(ItemMeta {
+        key,
+        ns,
+        topic,
+        priority,
+        deliver_after_ms,
+        state: ItemState::from_i8(state).ok_or_else(|| StoreError::Schema(format!("unknown state {state}")))?,
+        delivery_count,
+        max_attempts,
+        policy: policy_from_db(policy)?,
+        lease_expires_ms,
+        expires_at_ms,
+    })
+}
+
+/// `1,2,3` for an `IN (...)` list; callers never pass an empty slice.
+fn key_list(keys: &[u64]) -> String {
+    let mut s = String::with_capacity(keys.len() * 8);
+    for (i, k) in keys.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&k.to_string());
+    }
+    s
+}
+
+async fn meta_get(conn: &mut Conn, name: &str) -> StoreResult<Option<i64>> {
+    Ok(conn.exec_first("SELECT value FROM foqs_meta WHERE name = ?", (name,)).await?)
+}
+
+impl ShardStore for MySqlStore {
+    async fn open(&self) -> StoreResult<Recovered> {
+        let mut server = Conn::new(self.server_opts.clone()).await?;
+        let create = format!("CREATE DATABASE IF NOT EXISTS `{}`", self.database.replace('`', "``"));
+        server.query_drop(create).await?;
+        let _ = server.disconnect().await;
+
+        let mut conn = self.conn().await?;
+        for stmt in SCHEMA {
+            conn.query_drop(*stmt).await?;
+        }
+        conn.exec_drop("INSERT IGNORE INTO foqs_meta (name, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+            .await?;
+        let version = meta_get(&mut conn, "schema_version").await?.unwrap_or(0);
+        if version != SCHEMA_VERSION {
+            return Err(StoreError::Schema(format!(
+                "database {} has schema version {version}; this foqsd knows {SCHEMA_VERSION}",
+                self.database
+            )));
+        }
+        let hwm = meta_get(&mut conn, "key_high_water").await?.unwrap_or(0).max(0) as u64;
+        let max_key: Option<u64> = conn.query_first("SELECT MAX(id) FROM items").await?.flatten();
+        let items: i64 = conn.query_first("SELECT COUNT(*) FROM items").await?.unwrap_or(0);
+        let checkpoints = Checkpoints {
+            due_ms: meta_get(&mut conn, "checkpoint_due_ms").await?.unwrap_or(0),
+            lease_ms: meta_get(&mut conn, "checkpoint_lease_ms").await?.unwrap_or(0),
+            ttl_ms: meta_get(&mut conn, "checkpoint_ttl_ms").await?.unwrap_or(0),
+        };
+        Ok(Recovered {
+            key_high_water: hwm.max(max_key.map_or(1, |k| k + 1)),
+            checkpoints,
+            items,
+        })
+    }
+
+    async fn insert(&self, rows: &[(u64, NewItem)], key_high_water: Option<u64>) -> StoreResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut sql = String::with_capacity(64 + rows.len() * (INSERT_ROW.len() + 2));
+        sql.push_str("INSERT INTO items ");
+        sql.push_str(INSERT_COLUMNS);
+        sql.push_str(" VALUES ");
+        let mut params: Vec<Value> = Vec::with_capacity(rows.len() * 12);
+        for (i, (key, it)) in rows.iter().enumerate() {
+            if i > 0 {
+                sql.push(',');
+            }
+            sql.push_str(INSERT_ROW);
+            params.extend([
+                Value::from(*key),
+                Value::from(it.ns.as_bytes()),
+                Value::from(it.topic.as_bytes()),
+                Value::from(it.priority),
+                Value::from(it.deliver_after_ms),
+                Value::from(it.enqueued_at_ms),
+                Value::from(it.lease_ms),
+                Value::from(it.expires_at_ms),
+                Value::from(it.policy as i8),
+                Value::from(it.max_attempts),
+                Value::from(it.payload.as_slice()),
+                Value::from(it.metadata.as_slice()),
+            ]);
+        }
+        let mut conn = self.conn().await?;
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        if let Some(hwm) = key_high_water {
+            tx.exec_drop(
+                "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', ?) ON DUPLICATE KEY UPDATE value = VALUES(value)",
+                (hwm,),
+            )
+            .await?;
+        }
+        tx.exec_drop(sql, Params::Positional(params)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn ready_keys(&self, ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> StoreResult<Vec<ReadyKey>> {
+        let mut conn = self.conn().await?;
+        // The row comparison is spelled out so that the optimizer reads it as a range of the
+        // ready_order index.
+        let (cond, mut params): (&str, Vec<Value>) = match after {
+            None => ("", vec![]),
+            Some(k) => (
+                " AND (priority > ? OR (priority = ? AND (deliver_after_ms > ? OR (deliver_after_ms = ? AND id > ?))))",
+                vec![
+                    k.priority.into(),
+                    k.priority.into(),
+                    k.deliver_after_ms.into(),
+                    k.deliver_after_ms.into(),
+                    k.key.into(),
+                ],
+            ),
+        };
+        let sql = format!(
+            "SELECT priority, deliver_after_ms, id FROM items FORCE INDEX (ready_order)
+             WHERE ns = ? AND topic = ? AND state = 0{cond} AND deliver_after_ms <= ?
+             ORDER BY priority, deliver_after_ms, id LIMIT {limit}"
+        );
+        let mut all: Vec<Value> = vec![ns.as_bytes().into(), topic.as_bytes().into()];
+        all.append(&mut params);
+        all.push(now_ms.into());
+        let keys = conn
+            .exec_map(sql, Params::Positional(all), |(priority, deliver_after_ms, key)| ReadyKey {
+                priority,
+                deliver_after_ms,
+                key,
+            })
+            .await?;
+        Ok(keys)
+    }
+
+    async fn claim(&self, keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let list = key_list(keys);
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!(
+                "UPDATE items SET state = 1, lease_token = ?, delivery_count = delivery_count + 1,
+                   lease_expires_ms = ? + lease_ms
+                 WHERE id IN ({list}) AND state = 0 AND deliver_after_ms <= ?
+                   AND (expires_at_ms IS NULL OR expires_at_ms > ?)"
+            ),
+            (token, now_ms, now_ms, now_ms),
+        )
+        .await?;
+        let rows: Vec<mysql_async::Row> = conn
+            .exec(
+                format!("SELECT {ITEM_COLUMNS} FROM items WHERE id IN ({list}) AND state = 1 AND lease_token = ?"),
+                (token,),
+            )
+            .await?;
+        rows.into_iter().map(|r| self.item_from_row(r)).collect()
+    }
+
+    async fn lookup(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut conn = self.conn().await?;
+        let rows: Vec<mysql_async::Row> = conn
+            .query(format!("SELECT {META_COLUMNS} FROM items WHERE id IN ({})", key_list(keys)))
+            .await?;
+        rows.into_iter().map(meta_from_row).collect()
+    }
+
+    async fn apply(&self, changes: &[Change]) -> StoreResult<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut deletes = Vec::new();
+        let mut dead = Vec::new();
+        let mut conn = self.conn().await?;
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        for c in changes {
+            match c {
+                Change::Delete { key } => deletes.push(*key),
+                Change::Dead { key } => dead.push(*key),
+                Change::Ready { key, deliver_after_ms, metadata: None } => {
+                    tx.exec_drop(
+                        "UPDATE items SET state = 0, deliver_after_ms = ?, lease_token = 0 WHERE id = ?",
+                        (deliver_after_ms, key),
+                    )
+                    .await?
+                }
+                Change::Ready { key, deliver_after_ms, metadata: Some(m) } => {
+                    tx.exec_drop(
+                        "UPDATE items SET state = 0, deliver_after_ms = ?, lease_token = 0, metadata = ? WHERE id = ?",
+                        (deliver_after_ms, m.as_slice(), key),
+                    )
+                    .await?
+                }
+            }
+        }
+        if !dead.is_empty() {
+            tx.query_drop(format!("UPDATE items SET state = 2, lease_token = 0 WHERE id IN ({})", key_list(&dead)))
+                .await?;
+        }
+        if !deletes.is_empty() {
+            tx.query_drop(format!("DELETE FROM items WHERE id IN ({})", key_list(&deletes))).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn scan(&self, scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> StoreResult<Vec<ItemMeta>> {
+        // InnoDB appends the primary key to every secondary index, so (ts, id) order is
+        // the index's own order and the cursor is a plain range start.
+        let (state, ts) = match scan {
+            Scan::Due => ("state = 0 AND ", "deliver_after_ms"),
+            Scan::Lease => ("state = 1 AND ", "lease_expires_ms"),
+            Scan::Ttl => ("", "expires_at_ms"),
+        };
+        let sql = format!(
+            "SELECT {META_COLUMNS} FROM items
+             WHERE {state}({ts} > ? OR ({ts} = ? AND id > ?)) AND {ts} <= ?
+             ORDER BY {ts}, id LIMIT {limit}"
+        );
+        let mut conn = self.conn().await?;
+        let rows: Vec<mysql_async::Row> = conn.exec(sql, (after.0, after.0, after.1, now_ms)).await?;
+        rows.into_iter().map(meta_from_row).collect()
+    }
+
+    async fn save_checkpoints(&self, cp: Checkpoints) -> StoreResult<()> {
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            "INSERT INTO foqs_meta (name, value) VALUES ('checkpoint_due_ms', ?), ('checkpoint_lease_ms', ?), ('checkpoint_ttl_ms', ?)
+             ON DUPLICATE KEY UPDATE value = VALUES(value)",
+            (cp.due_ms, cp.lease_ms, cp.ttl_ms),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn topic_counts(&self, ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> StoreResult<Vec<TopicCounts>> {
+        let mut conn = self.conn().await?;
+        let rows: Vec<(String, i64, i64, i64)> = conn
+            .exec(
+                format!(
+                    "SELECT topic,
+                        CAST(SUM(state = 0 AND deliver_after_ms <= ?) AS SIGNED),
+                        CAST(SUM(state = 0 AND deliver_after_ms > ?) AS SIGNED),
+                        CAST(SUM(state = 1) AS SIGNED)
+                     FROM items
+                     WHERE ns = ? AND topic > ? AND state IN (0, 1)
+                       AND (expires_at_ms IS NULL OR expires_at_ms > ?)
+                     GROUP BY topic ORDER BY topic LIMIT {limit}"
+                ),
+                (now_ms, now_ms, ns.as_bytes(), after.unwrap_or("").as_bytes(), now_ms),
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(topic, ready, deferred, leased)| TopicCounts { topic, ready, deferred, leased })
+            .collect())
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        let mut conn = self.conn().await?;
+        conn.query_drop("SELECT 1").await?;
+        Ok(())
+    }
+}

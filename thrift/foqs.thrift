@@ -1,0 +1,182 @@
+// foqs: the FOQS Thrift API.
+//
+// Clients in other languages are written against these names and field ids:
+// never renumber or rename a field; add new ones with new ids.
+// Times are milliseconds since the Unix epoch (i64); durations are milliseconds (i64).
+// The server applies every default itself (the Rust generator ignores IDL defaults).
+
+namespace rs foqs
+namespace py foqs
+
+enum DeliveryPolicy {
+  AT_LEAST_ONCE = 1,
+  AT_MOST_ONCE = 2,
+}
+
+enum ErrorCode {
+  INVALID_ARGUMENT = 1,
+  PAYLOAD_TOO_LARGE = 2,
+  RATE_LIMITED = 3,
+  UNAVAILABLE = 4,
+  NOT_FOUND = 5,
+  WRONG_HOST = 6,
+  UNKNOWN_NAMESPACE = 7,
+  INTERNAL = 8,
+}
+
+exception FoqsError {
+  1: ErrorCode code,
+  2: string message,
+  // "host:port" of the host that can serve the request (WRONG_HOST).
+  3: optional string redirect_host,
+  // True when the same request may succeed later (UNAVAILABLE, RATE_LIMITED).
+  4: optional bool retryable,
+}
+
+struct ItemError {
+  1: ErrorCode code,
+  2: string message,
+  3: optional string redirect_host,
+}
+
+struct EnqueueItem {
+  // The namespace (tenant). `namespace` is reserved in Thrift IDL.
+  1: string ns,
+  2: string topic,
+  // Lower = more urgent; the whole i32 range is allowed.
+  3: i32 priority,
+  // At most 10240 bytes; immutable.
+  4: binary payload,
+  // At most 4096 bytes; replaced by nack.
+  5: optional binary metadata,
+  // Absent = now.
+  6: optional i64 deliver_after_ms,
+  // Absent = the namespace default (30000 unless configured).
+  7: optional i64 lease_ms,
+  // Absent = the namespace default (none unless configured).
+  8: optional i64 ttl_ms,
+  // Absent = the namespace default (AT_LEAST_ONCE unless configured).
+  9: optional DeliveryPolicy policy,
+  // Absent = the namespace default (5 unless configured).
+  10: optional i32 max_attempts,
+}
+
+struct EnqueueRequest {
+  1: list<EnqueueItem> items,
+}
+
+struct EnqueueResult {
+  // "<shard_id>:<primary_key>", set when the item was committed.
+  1: optional string id,
+  2: optional ItemError error,
+}
+
+struct EnqueueResponse {
+  // Same order as the request's items.
+  1: list<EnqueueResult> results,
+}
+
+struct TopicRequest {
+  1: string ns,
+  2: string topic,
+  // 1..1000
+  3: i32 count,
+}
+
+struct DequeueRequest {
+  1: list<TopicRequest> topics,
+  // Field 2 is reserved for a later long-poll `wait_ms`.
+}
+
+struct Item {
+  1: string id,
+  2: string ns,
+  3: string topic,
+  4: i32 priority,
+  5: binary payload,
+  // Empty when none.
+  6: binary metadata,
+  7: i64 deliver_after_ms,
+  8: i64 enqueued_at_ms,
+  // 1 on the first delivery.
+  9: i32 delivery_count,
+  10: i64 lease_expires_ms,
+  11: DeliveryPolicy policy,
+}
+
+struct DequeueResponse {
+  // Each topic's items in delivery order.
+  1: list<Item> items,
+}
+
+struct AckRequest {
+  1: list<string> ids,
+}
+
+struct NackItem {
+  1: string id,
+  // Ready again at now + delay_ms (absent = 0).
+  2: optional i64 delay_ms,
+  // Replaces the item's metadata when given.
+  3: optional binary metadata,
+}
+
+struct NackRequest {
+  1: list<NackItem> items,
+}
+
+struct ItemResult {
+  1: string id,
+  2: optional ItemError error,
+}
+
+struct AckResponse {
+  1: list<ItemResult> results,
+}
+
+struct NackResponse {
+  1: list<ItemResult> results,
+}
+
+struct GetActiveTopicsRequest {
+  1: string ns,
+  // Absent = 1000; at most 10000.
+  2: optional i32 limit,
+  // Cursor: return topics whose name sorts after this one (bytewise).
+  3: optional string after,
+}
+
+struct ActiveTopic {
+  1: string topic,
+  2: i64 ready,
+  3: i64 deferred,
+  4: i64 leased,
+}
+
+struct GetActiveTopicsResponse {
+  // Sorted by name (bytewise).
+  1: list<ActiveTopic> topics,
+  // Absent on the last page.
+  2: optional string next_after,
+}
+
+struct ShardInfo {
+  1: i32 shard_id,
+  2: bool healthy,
+  3: i64 items,
+}
+
+struct HostInfo {
+  1: string host_id,
+  2: string version,
+  3: list<ShardInfo> shards,
+}
+
+service Foqs {
+  EnqueueResponse enqueue(1: EnqueueRequest req) throws (1: FoqsError err),
+  DequeueResponse dequeue(1: DequeueRequest req) throws (1: FoqsError err),
+  AckResponse ack(1: AckRequest req) throws (1: FoqsError err),
+  NackResponse nack(1: NackRequest req) throws (1: FoqsError err),
+  GetActiveTopicsResponse getActiveTopics(1: GetActiveTopicsRequest req) throws (1: FoqsError err),
+  HostInfo getHostInfo() throws (1: FoqsError err),
+}
