@@ -53,6 +53,14 @@ pub fn check_duration(what: &str, ms: i64) -> Result<()> {
     Ok(())
 }
 
+fn check_positive_duration(what: &str, ms: i64) -> Result<()> {
+    check_duration(what, ms)?;
+    if ms == 0 {
+        return Err(Error::invalid(format!("{what} must be > 0 (leave it out for the namespace default)")));
+    }
+    Ok(())
+}
+
 /// Checks one item and applies its namespace's defaults. `ns_policy` is `None` when the
 /// namespace is not configured.
 pub fn validate_item(it: EnqueueRequestItem, ns_policy: Option<NamespacePolicy>, now_ms: i64) -> Result<NewItem> {
@@ -71,11 +79,14 @@ pub fn validate_item(it: EnqueueRequestItem, ns_policy: Option<NamespacePolicy>,
             format!("metadata is {} bytes; at most {}", metadata.len(), limits::METADATA_BYTES_MAX),
         ));
     }
+    // Zero is refused too: a zero lease or TTL would expire the item the moment it is
+    // delivered or enqueued, and Thrift clients whose generated defaults fill optional
+    // numbers with 0 (the Rust generator's `Default` does) would lose items silently.
     if let Some(l) = it.lease_ms {
-        check_duration("lease_ms", l)?;
+        check_positive_duration("lease_ms", l)?;
     }
     if let Some(t) = it.ttl_ms {
-        check_duration("ttl_ms", t)?;
+        check_positive_duration("ttl_ms", t)?;
     }
     let policy = match it.policy {
         None => None,
@@ -142,14 +153,14 @@ mod tests {
                 ttl_ms: Some(50),
                 policy: Some(2),
                 max_attempts: Some(1),
-                lease_ms: Some(0),
+                lease_ms: Some(1),
                 ..item()
             },
             Some(NS),
             1000,
         )
         .unwrap();
-        assert_eq!((n.expires_at_ms, n.policy, n.max_attempts, n.lease_ms), (Some(1050), Policy::AtMostOnce, 1, 0));
+        assert_eq!((n.expires_at_ms, n.policy, n.max_attempts, n.lease_ms), (Some(1050), Policy::AtMostOnce, 1, 1));
     }
 
     #[test]
@@ -159,6 +170,8 @@ mod tests {
         assert_eq!(code(EnqueueRequestItem { topic: "x".repeat(256), ..item() }), InvalidArgument);
         assert_eq!(code(EnqueueRequestItem { lease_ms: Some(-1), ..item() }), InvalidArgument);
         assert_eq!(code(EnqueueRequestItem { ttl_ms: Some(-1), ..item() }), InvalidArgument);
+        assert_eq!(code(EnqueueRequestItem { ttl_ms: Some(0), ..item() }), InvalidArgument);
+        assert_eq!(code(EnqueueRequestItem { lease_ms: Some(0), ..item() }), InvalidArgument);
         assert_eq!(code(EnqueueRequestItem { policy: Some(3), ..item() }), InvalidArgument);
         assert_eq!(code(EnqueueRequestItem { max_attempts: Some(0), ..item() }), InvalidArgument);
         assert_eq!(code(EnqueueRequestItem { payload: vec![0; 10_241], ..item() }), PayloadTooLarge);

@@ -1,0 +1,280 @@
+//! Test harness shared by the Rust integration tests: private databases on the real
+//! MariaDB/MySQL, an in-process `foqsd` on 127.0.0.1:0 or the real binary, and a real
+//! Thrift client (the generated one, over framed binary or compact protocol).
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use foqs::clock::SystemClock;
+use foqs::config::Config;
+use foqs::daemon::Running;
+use foqs::thrift_gen::*;
+use mysql_async::prelude::*;
+use thrift::protocol::{TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol, TInputProtocol, TOutputProtocol};
+use thrift::transport::{TFramedReadTransport, TFramedWriteTransport, TIoChannel, TTcpChannel};
+
+/// The MySQL server tests use: `FOQS_TEST_MYSQL_URL`, else the local one.
+pub fn mysql_base() -> String {
+    std::env::var("FOQS_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_string())
+}
+
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+/// Databases of one test, dropped when it ends (even when it fails).
+pub struct TestDb {
+    pub base: String,
+    pub names: Vec<String>,
+}
+
+impl TestDb {
+    pub fn new(shards: usize) -> TestDb {
+        let n = NEXT_DB.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let names = (0..shards).map(|i| format!("foqs_t{pid}_{n}_s{i}")).collect();
+        TestDb { base: mysql_base(), names }
+    }
+
+    pub fn url(&self, shard: usize) -> String {
+        format!("{}/{}", self.base, self.names[shard])
+    }
+
+    pub fn shards_toml(&self) -> String {
+        (0..self.names.len())
+            .map(|i| format!("[[shards]]\nid = {i}\nurl = \"{}\"\n", self.url(i)))
+            .collect()
+    }
+
+    /// Runs a query on one shard's database and returns the first column of every row.
+    pub async fn column(&self, shard: usize, sql: &str) -> Vec<i64> {
+        let mut conn = mysql_async::Conn::from_url(self.url(shard)).await.expect("connect");
+        let v: Vec<i64> = conn.query(sql).await.expect("query");
+        let _ = conn.disconnect().await;
+        v
+    }
+
+    /// `SELECT COUNT(*) ... WHERE <cond>` summed over all shards.
+    pub async fn count(&self, cond: &str) -> i64 {
+        let mut total = 0;
+        for s in 0..self.names.len() {
+            total += self.column(s, &format!("SELECT COUNT(*) FROM items WHERE {cond}")).await[0];
+        }
+        total
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let base = self.base.clone();
+        let names = self.names.clone();
+        // Drop runs outside async code: use a private runtime on a plain thread.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                if let Ok(mut conn) = mysql_async::Conn::from_url(base).await {
+                    for n in names {
+                        let _ = conn.query_drop(format!("DROP DATABASE IF EXISTS `{n}`")).await;
+                    }
+                    let _ = conn.disconnect().await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+/// Engine settings that make background work visible within a test's patience.
+pub const FAST_ENGINE: &str = "[engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\n";
+
+/// A config over `db`; `server_extra` lines go into `[server]`, `extra` after the shards.
+pub fn config_toml(db: &TestDb, server_extra: &str, extra: &str) -> String {
+    format!("[server]\nlisten = \"127.0.0.1:0\"\n{server_extra}\n{}\n{}", db.shards_toml(), extra)
+}
+
+/// An in-process foqsd over its own databases.
+pub struct TestServer {
+    pub running: Option<Running>,
+    pub addr: SocketAddr,
+    pub db: TestDb,
+}
+
+impl TestServer {
+    pub async fn start(shards: usize, extra: &str) -> TestServer {
+        Self::start_on(TestDb::new(shards), extra).await
+    }
+
+    pub async fn start_on(db: TestDb, extra: &str) -> TestServer {
+        Self::start_full(db, "", extra).await
+    }
+
+    pub async fn start_full(db: TestDb, server_extra: &str, extra: &str) -> TestServer {
+        let extra = if extra.contains("[engine]") { extra.to_string() } else { format!("{FAST_ENGINE}{extra}") };
+        let cfg = Config::from_toml(&config_toml(&db, server_extra, &extra)).expect("test config");
+        let running = foqs::daemon::start(&cfg, Arc::new(SystemClock)).await.expect("foqsd starts");
+        TestServer {
+            addr: running.addr,
+            running: Some(running),
+            db,
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr, Proto::Binary)
+    }
+
+    pub async fn stop(mut self) -> TestDb {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+        self.db
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Binary,
+    Compact,
+}
+
+type In = Box<dyn TInputProtocol + Send>;
+type Out = Box<dyn TOutputProtocol + Send>;
+
+/// The generated synchronous client; every call runs in `block_in_place`, so tests need
+/// the multi-threaded runtime.
+pub struct Client(FoqsSyncClient<In, Out>);
+
+impl Client {
+    pub fn connect(addr: SocketAddr, proto: Proto) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let (r, w) = TTcpChannel::with_stream(stream).split().expect("split");
+        let (r, w) = (TFramedReadTransport::new(r), TFramedWriteTransport::new(w));
+        let (i, o): (In, Out) = match proto {
+            Proto::Binary => (Box::new(TBinaryInputProtocol::new(r, true)), Box::new(TBinaryOutputProtocol::new(w, true))),
+            Proto::Compact => (Box::new(TCompactInputProtocol::new(r)), Box::new(TCompactOutputProtocol::new(w))),
+        };
+        Client(FoqsSyncClient::new(i, o))
+    }
+
+    fn call<T>(&mut self, f: impl FnOnce(&mut FoqsSyncClient<In, Out>) -> thrift::Result<T>) -> thrift::Result<T> {
+        tokio::task::block_in_place(|| f(&mut self.0))
+    }
+
+    pub fn try_enqueue(&mut self, items: Vec<EnqueueItem>) -> thrift::Result<Vec<EnqueueResult>> {
+        self.call(|c| c.enqueue(EnqueueRequest { items: Some(items) })).map(|r| r.results.unwrap())
+    }
+
+    /// Enqueues and insists that every item succeeded; returns the ids.
+    pub fn enqueue(&mut self, items: Vec<EnqueueItem>) -> Vec<String> {
+        self.try_enqueue(items)
+            .expect("enqueue")
+            .into_iter()
+            .map(|r| {
+                assert!(r.error.is_none(), "item failed: {:?}", r.error);
+                r.id.expect("id")
+            })
+            .collect()
+    }
+
+    pub fn try_dequeue(&mut self, topics: Vec<TopicRequest>) -> thrift::Result<Vec<Item>> {
+        self.call(|c| c.dequeue(DequeueRequest { topics: Some(topics) })).map(|r| r.items.unwrap())
+    }
+
+    pub fn dequeue(&mut self, ns: &str, topic: &str, count: i32) -> Vec<Item> {
+        self.try_dequeue(vec![topic_req(ns, topic, count)]).expect("dequeue")
+    }
+
+    pub fn ack(&mut self, ids: &[String]) -> Vec<ItemResult> {
+        self.call(|c| c.ack(AckRequest { ids: Some(ids.to_vec()) })).expect("ack").results.unwrap()
+    }
+
+    pub fn nack(&mut self, items: Vec<NackItem>) -> Vec<ItemResult> {
+        self.call(|c| c.nack(NackRequest { items: Some(items) })).expect("nack").results.unwrap()
+    }
+
+    pub fn try_topics(&mut self, ns: &str, limit: Option<i32>, after: Option<&str>) -> thrift::Result<GetActiveTopicsResponse> {
+        let req = GetActiveTopicsRequest {
+            ns: Some(ns.into()),
+            limit,
+            after: after.map(str::to_string),
+        };
+        self.call(|c| c.get_active_topics(req))
+    }
+
+    /// (topic, ready, deferred, leased) of every active topic of `ns`.
+    pub fn topics(&mut self, ns: &str) -> Vec<(String, i64, i64, i64)> {
+        self.try_topics(ns, None, None)
+            .expect("getActiveTopics")
+            .topics
+            .unwrap()
+            .into_iter()
+            .map(|t| (t.topic.unwrap(), t.ready.unwrap(), t.deferred.unwrap(), t.leased.unwrap()))
+            .collect()
+    }
+
+    pub fn host_info(&mut self) -> HostInfo {
+        self.call(|c| c.get_host_info()).expect("getHostInfo")
+    }
+}
+
+pub fn item(ns: &str, topic: &str, priority: i32, payload: &[u8]) -> EnqueueItem {
+    EnqueueItem {
+        ns: Some(ns.into()),
+        topic: Some(topic.into()),
+        priority: Some(priority),
+        payload: Some(payload.to_vec()),
+        // Not `..Default::default()`: the generated Default sets optional numbers to Some(0).
+        metadata: None,
+        deliver_after_ms: None,
+        lease_ms: None,
+        ttl_ms: None,
+        policy: None,
+        max_attempts: None,
+    }
+}
+
+pub fn topic_req(ns: &str, topic: &str, count: i32) -> TopicRequest {
+    TopicRequest {
+        ns: Some(ns.into()),
+        topic: Some(topic.into()),
+        count: Some(count),
+    }
+}
+
+pub fn nack(id: &str, delay_ms: Option<i64>, metadata: Option<&[u8]>) -> NackItem {
+    NackItem {
+        id: Some(id.into()),
+        delay_ms,
+        metadata: metadata.map(<[u8]>::to_vec),
+    }
+}
+
+/// The declared FoqsError inside a failed call.
+pub fn foqs_error(e: thrift::Error) -> FoqsError {
+    match e {
+        thrift::Error::User(u) => *u.downcast::<FoqsError>().expect("a FoqsError"),
+        other => panic!("expected a declared FoqsError, got {other:?}"),
+    }
+}
+
+pub fn code_of(e: &Option<ItemError>) -> Option<ErrorCode> {
+    e.as_ref().and_then(|e| e.code)
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Polls `f` until it returns `Some`, or panics after `within`.
+pub async fn eventually<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
