@@ -203,9 +203,14 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
-            problems.push(format!("server.listen {:?} is not HOST:PORT", self.server.listen));
+            problems.push(format!(
+                "server.listen {:?} is not HOST:PORT",
+                self.server.listen
+            ));
         }
-        if self.server.max_frame_bytes < MAX_FRAME_BYTES_MIN || self.server.max_frame_bytes > i32::MAX as usize {
+        if self.server.max_frame_bytes < MAX_FRAME_BYTES_MIN
+            || self.server.max_frame_bytes > i32::MAX as usize
+        {
             problems.push(format!(
                 "server.max_frame_bytes must be in {MAX_FRAME_BYTES_MIN}..={}",
                 i32::MAX
@@ -220,7 +225,10 @@ impl Config {
         let mut seen = HashMap::new();
         for s in &self.shards {
             if let Some(prev) = seen.insert(s.id, &s.url) {
-                problems.push(format!("shard id {} is listed twice ({prev} and {})", s.id, s.url));
+                problems.push(format!(
+                    "shard id {} is listed twice ({prev} and {})",
+                    s.id, s.url
+                ));
             }
             if let Err(e) = mysql_async::Opts::from_url(&s.url) {
                 problems.push(format!("shard {}: url {:?}: {e}", s.id, s.url));
@@ -231,7 +239,10 @@ impl Config {
         }
         let e = &self.engine;
         let positive = [
-            ("engine.enqueue_batch_rows_max", e.enqueue_batch_rows_max as u64),
+            (
+                "engine.enqueue_batch_rows_max",
+                e.enqueue_batch_rows_max as u64,
+            ),
             ("engine.worker_queue_max", e.worker_queue_max as u64),
             ("engine.scan_interval_ms", e.scan_interval_ms),
             ("engine.scan_rows_max", e.scan_rows_max as u64),
@@ -249,18 +260,36 @@ impl Config {
             problems.push("engine.enqueue_batch_rows_max must be <= 2000".into());
         }
         if e.index_keys_per_topic_max < 1000 {
-            problems.push("engine.index_keys_per_topic_max must be >= 1000 (the largest dequeue count)".into());
+            problems.push(
+                "engine.index_keys_per_topic_max must be >= 1000 (the largest dequeue count)"
+                    .into(),
+            );
         }
-        check_policy("defaults", Some(self.defaults.lease_ms), self.defaults.ttl_ms, Some(self.defaults.max_attempts), &mut problems);
+        check_policy(
+            "defaults",
+            Some(self.defaults.lease_ms),
+            self.defaults.ttl_ms,
+            Some(self.defaults.max_attempts),
+            &mut problems,
+        );
         let mut names = HashMap::new();
         for ns in &self.namespaces {
             if ns.name.is_empty() || ns.name.len() > 255 {
-                problems.push(format!("namespace {:?}: name must be 1..=255 bytes", ns.name));
+                problems.push(format!(
+                    "namespace {:?}: name must be 1..=255 bytes",
+                    ns.name
+                ));
             }
             if names.insert(ns.name.as_str(), ()).is_some() {
                 problems.push(format!("namespace {:?} is listed twice", ns.name));
             }
-            check_policy(&format!("namespace {:?}", ns.name), ns.lease_ms, ns.ttl_ms, ns.max_attempts, &mut problems);
+            check_policy(
+                &format!("namespace {:?}", ns.name),
+                ns.lease_ms,
+                ns.ttl_ms,
+                ns.max_attempts,
+                &mut problems,
+            );
         }
         if problems.is_empty() {
             Ok(())
@@ -270,16 +299,27 @@ impl Config {
     }
 
     pub fn host_id(&self) -> String {
-        self.server.host_id.clone().unwrap_or_else(|| self.server.listen.clone())
+        self.server
+            .host_id
+            .clone()
+            .unwrap_or_else(|| self.server.listen.clone())
     }
 }
 
-fn check_policy(what: &str, lease_ms: Option<i64>, ttl_ms: Option<i64>, max_attempts: Option<i32>, problems: &mut Vec<String>) {
+fn check_policy(
+    what: &str,
+    lease_ms: Option<i64>,
+    ttl_ms: Option<i64>,
+    max_attempts: Option<i32>,
+    problems: &mut Vec<String>,
+) {
     if lease_ms.is_some_and(|v| v <= 0) {
         problems.push(format!("{what}: lease_ms must be > 0"));
     }
     if ttl_ms.is_some_and(|v| v <= 0) {
-        problems.push(format!("{what}: ttl_ms must be > 0 (leave it out for no TTL)"));
+        problems.push(format!(
+            "{what}: ttl_ms must be > 0 (leave it out for no TTL)"
+        ));
     }
     if max_attempts.is_some_and(|v| v <= 0) {
         problems.push(format!("{what}: max_attempts must be > 0"));
@@ -349,7 +389,14 @@ mod tests {
         )
         .unwrap_err();
         let text = err.to_string();
-        for want in ["server.listen", "no [[shards]]", "scan_interval_ms", "index_keys_per_topic_max", "lease_ms must be > 0", "1..=255"] {
+        for want in [
+            "server.listen",
+            "no [[shards]]",
+            "scan_interval_ms",
+            "index_keys_per_topic_max",
+            "lease_ms must be > 0",
+            "1..=255",
+        ] {
             assert!(text.contains(want), "{want} missing from {text}");
         }
     }
@@ -371,13 +418,17 @@ mod tests {
         .unwrap();
         let ns = Namespaces::from_config(&cfg);
         let p = ns.get("Orders").unwrap();
-        assert_eq!((p.lease_ms, p.max_attempts, p.policy), (1000, 2, Policy::AtLeastOnce));
+        assert_eq!(
+            (p.lease_ms, p.max_attempts, p.policy),
+            (1000, 2, Policy::AtLeastOnce)
+        );
         assert!(ns.get("orders").is_none());
     }
 
     #[test]
     fn no_listed_namespaces_accepts_any_name() {
-        let cfg = Config::from_toml("[[shards]]\nid = 0\nurl = \"mysql://root@127.0.0.1/x\"\n").unwrap();
+        let cfg =
+            Config::from_toml("[[shards]]\nid = 0\nurl = \"mysql://root@127.0.0.1/x\"\n").unwrap();
         let p = Namespaces::from_config(&cfg).get("anything").unwrap();
         assert_eq!(p.lease_ms, LEASE_MS_DEFAULT);
         assert_eq!(p.max_attempts, MAX_ATTEMPTS_DEFAULT);

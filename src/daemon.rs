@@ -22,7 +22,10 @@ pub enum StartError {
     #[error("shard {shard}: {source}")]
     Shard { shard: u32, source: StoreError },
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: String, source: std::io::Error },
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 /// A started `foqsd`.
@@ -48,19 +51,35 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
     let shards = try_join_all(cfg.shards.iter().map(|s| {
         let (clock, workers) = (clock.clone(), workers.clone());
         async move {
-            let store = MySqlStore::new(s.id, &s.url, s.pool_connections_max).map_err(|source| StartError::Shard { shard: s.id, source })?;
+            let store =
+                MySqlStore::new(s.id, &s.url, s.pool_connections_max).map_err(|source| {
+                    StartError::Shard {
+                        shard: s.id,
+                        source,
+                    }
+                })?;
             tracing::info!(shard = s.id, database = store.database(), "opening shard");
             ShardWorker::start(s.id, store, clock, workers)
                 .await
-                .map_err(|source| StartError::Shard { shard: s.id, source })
+                .map_err(|source| StartError::Shard {
+                    shard: s.id,
+                    source,
+                })
         }
     }))
     .await?;
-    let host = Arc::new(Host::new(cfg.host_id(), shards, Namespaces::from_config(cfg), clock));
-    let listener = TcpListener::bind(&cfg.server.listen).await.map_err(|source| StartError::Listen {
-        addr: cfg.server.listen.clone(),
-        source,
-    })?;
+    let host = Arc::new(Host::new(
+        cfg.host_id(),
+        shards,
+        Namespaces::from_config(cfg),
+        clock,
+    ));
+    let listener = TcpListener::bind(&cfg.server.listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: cfg.server.listen.clone(),
+            source,
+        })?;
     let addr = listener.local_addr().map_err(|source| StartError::Listen {
         addr: cfg.server.listen.clone(),
         source,
@@ -72,5 +91,10 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         max_connections: cfg.server.max_connections,
     };
     let server = tokio::spawn(serve(listener, host.clone(), limits, stop_rx));
-    Ok(Running { addr, host, stop, server })
+    Ok(Running {
+        addr,
+        host,
+        stop,
+        server,
+    })
 }

@@ -27,11 +27,16 @@ impl FromStr for ItemId {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Error> {
-        let bad = || Error::invalid(format!("malformed item id {s:?}: want \"<shard_id>:<key>\""));
+        let bad = || {
+            Error::invalid(format!(
+                "malformed item id {s:?}: want \"<shard_id>:<key>\""
+            ))
+        };
         let (shard, key) = s.split_once(':').ok_or_else(bad)?;
         // Plain decimal only: `parse` would also take a leading '+', which no id we hand
         // out contains.
-        let decimal = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
+        let decimal =
+            |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
         if !decimal(shard) || !decimal(key) {
             return Err(bad());
         }
@@ -190,24 +195,64 @@ mod tests {
 
     #[test]
     fn item_id_round_trips() {
-        let id = ItemId { shard: 3, key: 18446744073709551615 };
+        let id = ItemId {
+            shard: 3,
+            key: 18446744073709551615,
+        };
         assert_eq!(id.to_string(), "3:18446744073709551615");
         assert_eq!(id.to_string().parse::<ItemId>().unwrap(), id);
     }
 
     #[test]
     fn malformed_item_ids_are_invalid_argument() {
-        for bad in ["", ":", "1:", ":1", "1", "a:1", "1:b", "+1:2", "1:-2", "1:2:3", " 1:2", "1:18446744073709551616", "4294967296:1"] {
+        for bad in [
+            "",
+            ":",
+            "1:",
+            ":1",
+            "1",
+            "a:1",
+            "1:b",
+            "+1:2",
+            "1:-2",
+            "1:2:3",
+            " 1:2",
+            "1:18446744073709551616",
+            "4294967296:1",
+        ] {
             let err = bad.parse::<ItemId>().unwrap_err();
-            assert_eq!(err.code, crate::error::ErrorCode::InvalidArgument, "{bad:?}");
+            assert_eq!(
+                err.code,
+                crate::error::ErrorCode::InvalidArgument,
+                "{bad:?}"
+            );
         }
     }
 
     #[test]
     fn ready_key_orders_by_priority_then_age_then_key() {
-        let k = |priority, deliver_after_ms, key| ReadyKey { priority, deliver_after_ms, key };
-        let mut keys = vec![k(5, 1, 1), k(-3, 9, 9), k(5, 0, 7), k(5, 0, 2), k(i32::MIN, 100, 100)];
+        let k = |priority, deliver_after_ms, key| ReadyKey {
+            priority,
+            deliver_after_ms,
+            key,
+        };
+        let mut keys = vec![
+            k(5, 1, 1),
+            k(-3, 9, 9),
+            k(5, 0, 7),
+            k(5, 0, 2),
+            k(i32::MIN, 100, 100),
+        ];
         keys.sort();
-        assert_eq!(keys, vec![k(i32::MIN, 100, 100), k(-3, 9, 9), k(5, 0, 2), k(5, 0, 7), k(5, 1, 1)]);
+        assert_eq!(
+            keys,
+            vec![
+                k(i32::MIN, 100, 100),
+                k(-3, 9, 9),
+                k(5, 0, 2),
+                k(5, 0, 7),
+                k(5, 1, 1)
+            ]
+        );
     }
 }

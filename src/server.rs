@@ -21,7 +21,12 @@ pub struct ServerLimits {
 
 /// Serves until `shutdown` turns true, then waits for open connections to finish their
 /// current request and close.
-pub async fn serve(listener: TcpListener, host: Arc<Host>, limits: ServerLimits, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    host: Arc<Host>,
+    limits: ServerLimits,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         // Waiting for a permit before accepting leaves excess clients in the kernel's
@@ -57,7 +62,13 @@ pub async fn serve(listener: TcpListener, host: Arc<Host>, limits: ServerLimits,
     let _ = permits.acquire_many(limits.max_connections as u32).await;
 }
 
-async fn connection(mut stream: TcpStream, peer: SocketAddr, host: &Host, limits: &ServerLimits, mut shutdown: watch::Receiver<bool>) -> std::io::Result<()> {
+async fn connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    host: &Host,
+    limits: &ServerLimits,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut frame = Vec::new();
     loop {

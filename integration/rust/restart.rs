@@ -1,1 +1,273 @@
+//! `foqsd` as a real process: SIGKILL or SIGTERM it with items in every state and under
+//! enqueue load, start it again, and check that nothing an enqueue acknowledged is lost
+//! and that every state comes back as it should.
 
+mod common;
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use foqs::thrift_gen::EnqueueItem;
+
+const NS: &str = "restart";
+
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_config(db: &TestDb) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "foqs-restart-{}-{}",
+        std::process::id(),
+        db.names[0]
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("foqsd.toml");
+    std::fs::write(&path, config_toml(db, "", FAST_ENGINE)).unwrap();
+    path
+}
+
+fn spawn(config: &PathBuf) -> Proc {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_foqsd"))
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            &addr.to_string(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn foqsd");
+    let start = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "foqsd did not start listening"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Proc { child, addr }
+}
+
+fn sigterm(p: &mut Proc) -> ExitStatus {
+    let ok = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    p.child.wait().unwrap()
+}
+
+fn sigkill(p: &mut Proc) {
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+}
+
+/// Every item id stored in the test's databases.
+async fn stored_ids(db: &TestDb) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    for s in 0..db.names.len() {
+        for k in db.column(s, "SELECT CAST(id AS SIGNED) FROM items").await {
+            ids.insert(format!("{s}:{k}"));
+        }
+    }
+    ids
+}
+
+/// Producers that keep enqueueing until stopped, recording every acknowledged id.
+fn start_producers(
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<String>>>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..3)
+        .map(|p| {
+            let (stop, acked) = (stop.clone(), acked.clone());
+            std::thread::spawn(move || {
+                // A plain thread: the harness client's block_in_place is fine outside tokio.
+                let mut c = Client::connect(addr, Proto::Binary);
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let items = (0..20)
+                        .map(|i| item(NS, "load", (n + i) % 10, format!("p{p}-{n}-{i}").as_bytes()))
+                        .collect();
+                    match c.try_enqueue(items) {
+                        Ok(results) => {
+                            let mut a = acked.lock().unwrap();
+                            a.extend(results.into_iter().filter_map(|r| r.id));
+                        }
+                        Err(_) => return, // the server went away mid-call: not acknowledged
+                    }
+                    n += 20;
+                }
+            })
+        })
+        .collect()
+}
+
+/// Puts items in every state; returns (ready, deferred, leased) ids.
+fn fill_every_state(c: &mut Client) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let ready = c.enqueue((0..10).map(|i| item(NS, "states", i, b"ready")).collect());
+    let deferred = c.enqueue(
+        (0..3)
+            .map(|i| EnqueueItem {
+                deliver_after_ms: Some(now_ms() + 2_500),
+                ..item(NS, "states", -10 - i, b"deferred")
+            })
+            .collect(),
+    );
+    let leased_ids = c.enqueue(
+        (0..5)
+            .map(|i| EnqueueItem {
+                lease_ms: Some(2_500),
+                ..item(NS, "states", -100 - i, b"leased")
+            })
+            .collect(),
+    );
+    let got = c.dequeue(NS, "states", 5);
+    let mut leased: Vec<String> = got.into_iter().map(|i| i.id.unwrap()).collect();
+    leased.sort();
+    let mut want = leased_ids.clone();
+    want.sort();
+    assert_eq!(
+        leased, want,
+        "the most urgent ready items were the leased ones"
+    );
+    (ready, deferred, leased)
+}
+
+async fn check_every_state_survived(
+    c: &mut Client,
+    ready: &[String],
+    deferred: &[String],
+    leased: &[String],
+) {
+    assert_eq!(
+        c.topics(NS).into_iter().find(|t| t.0 == "states"),
+        Some(("states".to_string(), 10, 3, 5))
+    );
+    let got: HashSet<String> = c
+        .dequeue(NS, "states", 100)
+        .into_iter()
+        .map(|i| i.id.unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        ready.iter().cloned().collect(),
+        "ready items after restart"
+    );
+    // Deferred items come due and leased ones expire back to ready, with a higher count.
+    let mut back: Vec<foqs::thrift_gen::Item> = Vec::new();
+    let start = Instant::now();
+    while back.len() < 8 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "only {} of 8 came back",
+            back.len()
+        );
+        back.extend(c.dequeue(NS, "states", 100));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in &back {
+        let id = i.id.clone().unwrap();
+        if leased.contains(&id) {
+            assert_eq!(i.delivery_count, Some(2), "{id}");
+        } else {
+            assert!(deferred.contains(&id), "{id}");
+            assert_eq!(i.delivery_count, Some(1), "{id}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_no_acknowledged_item_in_any_state() {
+    let db = TestDb::new(3);
+    let config = write_config(&db);
+    let mut p = spawn(&config);
+    let mut c = Client::connect(p.addr, Proto::Binary);
+    let (ready, deferred, leased) = fill_every_state(&mut c);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let producers = start_producers(p.addr, stop.clone(), acked.clone());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    sigkill(&mut p);
+    stop.store(true, Ordering::SeqCst);
+    for t in producers {
+        t.join().unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > 100,
+        "the load ran: {} acknowledged",
+        acked.len()
+    );
+
+    let stored = stored_ids(&db).await;
+    let lost: Vec<&String> = acked.iter().filter(|id| !stored.contains(*id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged items lost, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+
+    let mut p = spawn(&config);
+    let mut c = Client::connect(p.addr, Proto::Binary);
+    check_every_state_survived(&mut c, &ready, &deferred, &leased).await;
+    // Keys are never reused after a crash: a new item gets a fresh id.
+    let fresh = c.enqueue(vec![item(NS, "fresh", 0, b"x")]).remove(0);
+    assert!(!stored.contains(&fresh), "{fresh} reused");
+    assert_eq!(sigterm(&mut p).code(), Some(0));
+    drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_requests_and_exits_0() {
+    let db = TestDb::new(3);
+    let config = write_config(&db);
+    let mut p = spawn(&config);
+    let mut c = Client::connect(p.addr, Proto::Binary);
+    let (ready, deferred, leased) = fill_every_state(&mut c);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let producers = start_producers(p.addr, stop.clone(), acked.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = sigterm(&mut p);
+    assert_eq!(status.code(), Some(0), "foqsd exits 0 on SIGTERM");
+    stop.store(true, Ordering::SeqCst);
+    for t in producers {
+        t.join().unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    let stored = stored_ids(&db).await;
+    assert!(
+        acked.iter().all(|id| stored.contains(id)),
+        "an acknowledged item was lost"
+    );
+
+    let mut p = spawn(&config);
+    let mut c = Client::connect(p.addr, Proto::Binary);
+    check_every_state_survived(&mut c, &ready, &deferred, &leased).await;
+    assert_eq!(sigterm(&mut p).code(), Some(0));
+    let _ = std::fs::remove_dir_all(config.parent().unwrap());
+}

@@ -10,7 +10,10 @@ use foqs::clock::SystemClock;
 use foqs::config::Config;
 
 #[derive(Parser)]
-#[command(version, about = "foqsd: the foqs priority-queue host (FOQS over sharded MySQL)")]
+#[command(
+    version,
+    about = "foqsd: the foqs priority-queue host (FOQS over sharded MySQL)"
+)]
 struct Args {
     /// The TOML configuration file (every key overridable as FOQS__SECTION__KEY).
     #[arg(long, default_value = "conf/foqsd.toml")]
@@ -23,10 +26,13 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let args = Args::parse();
-    let mut cfg = Config::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
+    let mut cfg =
+        Config::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
     if let Some(listen) = args.listen {
         cfg.server.listen = listen;
         cfg.validate()?;

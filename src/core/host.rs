@@ -30,7 +30,12 @@ pub struct Host {
 
 impl Host {
     /// A host over started shard workers (see [`crate::shard::ShardWorker::start`]).
-    pub fn new(host_id: String, shards: Vec<(ShardHandle, JoinHandle<()>)>, namespaces: Namespaces, clock: SharedClock) -> Host {
+    pub fn new(
+        host_id: String,
+        shards: Vec<(ShardHandle, JoinHandle<()>)>,
+        namespaces: Namespaces,
+        clock: SharedClock,
+    ) -> Host {
         let mut handles = BTreeMap::new();
         let mut workers = Vec::new();
         for (h, j) in shards {
@@ -53,9 +58,12 @@ impl Host {
 
     fn namespace(&self, ns: &str) -> Result<NamespacePolicy> {
         check_name("ns", ns)?;
-        self.namespaces
-            .get(ns)
-            .ok_or_else(|| Error::new(ErrorCode::UnknownNamespace, format!("unknown namespace {ns:?}")))
+        self.namespaces.get(ns).ok_or_else(|| {
+            Error::new(
+                ErrorCode::UnknownNamespace,
+                format!("unknown namespace {ns:?}"),
+            )
+        })
     }
 
     /// Enqueues a batch; each item succeeds or fails alone. Replies only after commit.
@@ -85,19 +93,27 @@ impl Host {
             let outcome = self.enqueue_on_some_shard(new_items).await;
             for (n, pos) in positions.into_iter().enumerate() {
                 results[pos] = Some(match &outcome {
-                    Ok((shard, keys)) => Ok(ItemId { shard: *shard, key: keys[n] }),
+                    Ok((shard, keys)) => Ok(ItemId {
+                        shard: *shard,
+                        key: keys[n],
+                    }),
                     Err(e) => Err(e.clone()),
                 });
             }
         }
-        Ok(results.into_iter().map(|r| r.expect("every position is filled")).collect())
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every position is filled"))
+            .collect())
     }
 
     /// Writes the whole batch to one healthy shard, round-robin, so it is one INSERT.
     async fn enqueue_on_some_shard(&self, items: Vec<NewItem>) -> Result<(ShardId, Vec<u64>)> {
         let healthy: Vec<&ShardHandle> = self.shards.values().filter(|s| s.is_healthy()).collect();
         if healthy.is_empty() {
-            return Err(Error::unavailable("no healthy shard: every shard's circuit breaker is open"));
+            return Err(Error::unavailable(
+                "no healthy shard: every shard's circuit breaker is open",
+            ));
         }
         let start = self.next_shard.fetch_add(1, Ordering::Relaxed);
         let mut last_err = None;
@@ -127,12 +143,19 @@ impl Host {
             self.namespace(&t.ns)?;
             check_name("topic", &t.topic)?;
             if !(1..=limits::DEQUEUE_COUNT_MAX).contains(&t.count) {
-                return Err(Error::invalid(format!("count must be in 1..={}, got {}", limits::DEQUEUE_COUNT_MAX, t.count)));
+                return Err(Error::invalid(format!(
+                    "count must be in 1..={}, got {}",
+                    limits::DEQUEUE_COUNT_MAX,
+                    t.count
+                )));
             }
         }
         let mut out = Vec::new();
         for t in topics {
-            let name = TopicName { ns: t.ns, topic: t.topic };
+            let name = TopicName {
+                ns: t.ns,
+                topic: t.topic,
+            };
             out.extend(self.dequeue_topic(&name, t.count as usize).await?);
         }
         Ok(out)
@@ -148,7 +171,12 @@ impl Host {
             if need == 0 {
                 break;
             }
-            let peeks = join_all(self.shards.values().map(|s| async move { (s.id(), s.peek(topic.clone(), need).await) })).await;
+            let peeks = join_all(
+                self.shards
+                    .values()
+                    .map(|s| async move { (s.id(), s.peek(topic.clone(), need).await) }),
+            )
+            .await;
             let mut heads: Vec<(ShardId, Vec<ReadyKey>)> = Vec::with_capacity(peeks.len());
             for (id, r) in peeks {
                 match r {
@@ -200,10 +228,12 @@ impl Host {
 
     fn route(&self, id: &str) -> Result<(ItemId, &ShardHandle)> {
         let parsed: ItemId = id.parse()?;
-        let shard = self
-            .shards
-            .get(&parsed.shard)
-            .ok_or_else(|| Error::not_found(format!("item {id}: shard {} is not served by this host", parsed.shard)))?;
+        let shard = self.shards.get(&parsed.shard).ok_or_else(|| {
+            Error::not_found(format!(
+                "item {id}: shard {} is not served by this host",
+                parsed.shard
+            ))
+        })?;
         Ok((parsed, shard))
     }
 
@@ -236,30 +266,45 @@ impl Host {
                 results[pos] = Some(match &r {
                     Ok(settled) => match settled[n] {
                         Settled::Done => Ok(()),
-                        Settled::NotFound => Err(Error::not_found(format!("item {} not found", ids[pos].0))),
+                        Settled::NotFound => {
+                            Err(Error::not_found(format!("item {} not found", ids[pos].0)))
+                        }
                     },
                     Err(e) => Err(e.clone()),
                 });
             }
         }
-        results.into_iter().map(|r| r.expect("every position is filled")).collect()
+        results
+            .into_iter()
+            .map(|r| r.expect("every position is filled"))
+            .collect()
     }
 
     /// Deletes each item. Unknown or already-deleted ids: `NOT_FOUND`.
     pub async fn ack(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
         if ids.len() > limits::ITEMS_PER_REQUEST_MAX {
-            return Err(Error::invalid(format!("{} ids in one request; at most {}", ids.len(), limits::ITEMS_PER_REQUEST_MAX)));
+            return Err(Error::invalid(format!(
+                "{} ids in one request; at most {}",
+                ids.len(),
+                limits::ITEMS_PER_REQUEST_MAX
+            )));
         }
         let ids = ids.into_iter().map(|id| (id, ())).collect();
         Ok(self
-            .settle(ids, |shard, keys| async move { shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await })
+            .settle(ids, |shard, keys| async move {
+                shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await
+            })
             .await)
     }
 
     /// Makes each leased item ready again after its delay, with new metadata when given.
     pub async fn nack(&self, items: Vec<NackRequestItem>) -> Result<Vec<Result<()>>> {
         if items.len() > limits::ITEMS_PER_REQUEST_MAX {
-            return Err(Error::invalid(format!("{} items in one request; at most {}", items.len(), limits::ITEMS_PER_REQUEST_MAX)));
+            return Err(Error::invalid(format!(
+                "{} items in one request; at most {}",
+                items.len(),
+                limits::ITEMS_PER_REQUEST_MAX
+            )));
         }
         // Invalid items fail alone and never reach a shard; the rest keep their positions.
         let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(items.len());
@@ -271,7 +316,11 @@ impl Host {
                 (m.len() > limits::METADATA_BYTES_MAX).then(|| {
                     Error::new(
                         ErrorCode::PayloadTooLarge,
-                        format!("metadata is {} bytes; at most {}", m.len(), limits::METADATA_BYTES_MAX),
+                        format!(
+                            "metadata is {} bytes; at most {}",
+                            m.len(),
+                            limits::METADATA_BYTES_MAX
+                        ),
                     )
                 })
             });
@@ -285,7 +334,9 @@ impl Host {
         }
         let mut settled = self
             .settle(valid, |shard, nacks| async move {
-                shard.nack(nacks.into_iter().map(|(k, (d, m))| (k, d, m)).collect()).await
+                shard
+                    .nack(nacks.into_iter().map(|(k, (d, m))| (k, d, m)).collect())
+                    .await
             })
             .await
             .into_iter();
@@ -296,24 +347,39 @@ impl Host {
     }
 
     /// The namespace's topics holding ready, deferred or leased items, sorted by name.
-    pub async fn active_topics(&self, ns: &str, limit: Option<i32>, after: Option<String>) -> Result<ActiveTopicsPage> {
+    pub async fn active_topics(
+        &self,
+        ns: &str,
+        limit: Option<i32>,
+        after: Option<String>,
+    ) -> Result<ActiveTopicsPage> {
         self.namespace(ns)?;
         let limit = limit.unwrap_or(limits::ACTIVE_TOPICS_LIMIT_DEFAULT);
         if !(1..=limits::ACTIVE_TOPICS_LIMIT_MAX).contains(&limit) {
-            return Err(Error::invalid(format!("limit must be in 1..={}, got {limit}", limits::ACTIVE_TOPICS_LIMIT_MAX)));
+            return Err(Error::invalid(format!(
+                "limit must be in 1..={}, got {limit}",
+                limits::ACTIVE_TOPICS_LIMIT_MAX
+            )));
         }
         let limit = limit as usize;
         // Each shard returns its first limit + 1 topics after the cursor; every topic among
         // the first limit + 1 overall is then in the list of every shard that holds it, so
         // its summed counts are complete.
-        let pages = join_all(self.shards.values().map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1))).await;
+        let pages = join_all(
+            self.shards
+                .values()
+                .map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1)),
+        )
+        .await;
         let mut merged: BTreeMap<String, TopicCounts> = BTreeMap::new();
         for page in pages {
             for t in page? {
-                let m = merged.entry(t.topic.clone()).or_insert_with(|| TopicCounts {
-                    topic: t.topic.clone(),
-                    ..Default::default()
-                });
+                let m = merged
+                    .entry(t.topic.clone())
+                    .or_insert_with(|| TopicCounts {
+                        topic: t.topic.clone(),
+                        ..Default::default()
+                    });
                 m.ready += t.ready;
                 m.deferred += t.deferred;
                 m.leased += t.leased;
@@ -321,7 +387,11 @@ impl Host {
         }
         let more = merged.len() > limit;
         let topics: Vec<TopicCounts> = merged.into_values().take(limit).collect();
-        let next_after = if more { topics.last().map(|t| t.topic.clone()) } else { None };
+        let next_after = if more {
+            topics.last().map(|t| t.topic.clone())
+        } else {
+            None
+        };
         Ok(ActiveTopicsPage { topics, next_after })
     }
 

@@ -16,7 +16,9 @@ pub fn kway_merge(heads: &[(ShardId, Vec<ReadyKey>)], n: usize) -> Vec<GlobalKey
     }
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        let Some(Reverse((g, i, pos))) = heap.pop() else { break };
+        let Some(Reverse((g, i, pos))) = heap.pop() else {
+            break;
+        };
         out.push(g);
         let (shard, keys) = &heads[i];
         if let Some(k) = keys.get(pos + 1) {
@@ -31,7 +33,11 @@ mod tests {
     use super::*;
 
     fn k(priority: i32, deliver_after_ms: i64, key: u64) -> ReadyKey {
-        ReadyKey { priority, deliver_after_ms, key }
+        ReadyKey {
+            priority,
+            deliver_after_ms,
+            key,
+        }
     }
 
     #[test]
@@ -42,7 +48,10 @@ mod tests {
             (2, vec![]),
             (3, vec![k(1, 5, 3)]),
         ];
-        let got: Vec<(ShardId, u64)> = kway_merge(&heads, 10).iter().map(|g| (g.shard, g.key)).collect();
+        let got: Vec<(ShardId, u64)> = kway_merge(&heads, 10)
+            .iter()
+            .map(|g| (g.shard, g.key))
+            .collect();
         assert_eq!(got, vec![(1, 99), (3, 3), (0, 10), (1, 1), (0, 11)]);
     }
 
@@ -70,7 +79,9 @@ mod tests {
             let mut heads = Vec::new();
             let mut all = Vec::new();
             for s in 0..shards {
-                let mut keys: Vec<ReadyKey> = (0..next() % 20).map(|_| k((next() % 5) as i32 - 2, (next() % 3) as i64, next() % 1000)).collect();
+                let mut keys: Vec<ReadyKey> = (0..next() % 20)
+                    .map(|_| k((next() % 5) as i32 - 2, (next() % 3) as i64, next() % 1000))
+                    .collect();
                 keys.sort();
                 keys.dedup();
                 all.extend(keys.iter().map(|kk| GlobalKey::new(s as ShardId, *kk)));

@@ -48,7 +48,10 @@ pub fn check_name(what: &str, name: &str) -> Result<()> {
 
 pub fn check_duration(what: &str, ms: i64) -> Result<()> {
     if !(0..=limits::DURATION_MS_MAX).contains(&ms) {
-        return Err(Error::invalid(format!("{what} must be in 0..={} ms, got {ms}", limits::DURATION_MS_MAX)));
+        return Err(Error::invalid(format!(
+            "{what} must be in 0..={} ms, got {ms}",
+            limits::DURATION_MS_MAX
+        )));
     }
     Ok(())
 }
@@ -56,27 +59,41 @@ pub fn check_duration(what: &str, ms: i64) -> Result<()> {
 fn check_positive_duration(what: &str, ms: i64) -> Result<()> {
     check_duration(what, ms)?;
     if ms == 0 {
-        return Err(Error::invalid(format!("{what} must be > 0 (leave it out for the namespace default)")));
+        return Err(Error::invalid(format!(
+            "{what} must be > 0 (leave it out for the namespace default)"
+        )));
     }
     Ok(())
 }
 
 /// Checks one item and applies its namespace's defaults. `ns_policy` is `None` when the
 /// namespace is not configured.
-pub fn validate_item(it: EnqueueRequestItem, ns_policy: Option<NamespacePolicy>, now_ms: i64) -> Result<NewItem> {
+pub fn validate_item(
+    it: EnqueueRequestItem,
+    ns_policy: Option<NamespacePolicy>,
+    now_ms: i64,
+) -> Result<NewItem> {
     check_name("ns", &it.ns)?;
     check_name("topic", &it.topic)?;
     if it.payload.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(Error::new(
             ErrorCode::PayloadTooLarge,
-            format!("payload is {} bytes; at most {}", it.payload.len(), limits::PAYLOAD_BYTES_MAX),
+            format!(
+                "payload is {} bytes; at most {}",
+                it.payload.len(),
+                limits::PAYLOAD_BYTES_MAX
+            ),
         ));
     }
     let metadata = it.metadata.unwrap_or_default();
     if metadata.len() > limits::METADATA_BYTES_MAX {
         return Err(Error::new(
             ErrorCode::PayloadTooLarge,
-            format!("metadata is {} bytes; at most {}", metadata.len(), limits::METADATA_BYTES_MAX),
+            format!(
+                "metadata is {} bytes; at most {}",
+                metadata.len(),
+                limits::METADATA_BYTES_MAX
+            ),
         ));
     }
     // Zero is refused too: a zero lease or TTL would expire the item the moment it is
@@ -90,7 +107,10 @@ pub fn validate_item(it: EnqueueRequestItem, ns_policy: Option<NamespacePolicy>,
     }
     let policy = match it.policy {
         None => None,
-        Some(p) => Some(Policy::from_i32(p).ok_or_else(|| Error::invalid(format!("unknown delivery policy {p}")))?),
+        Some(p) => Some(
+            Policy::from_i32(p)
+                .ok_or_else(|| Error::invalid(format!("unknown delivery policy {p}")))?,
+        ),
     };
     if let Some(m) = it.max_attempts {
         if m <= 0 {
@@ -99,9 +119,16 @@ pub fn validate_item(it: EnqueueRequestItem, ns_policy: Option<NamespacePolicy>,
     }
     let deliver_after_ms = it.deliver_after_ms.unwrap_or(now_ms);
     if !(0..=i64::MAX / 2).contains(&deliver_after_ms) {
-        return Err(Error::invalid(format!("deliver_after_ms {deliver_after_ms} is not a plausible time")));
+        return Err(Error::invalid(format!(
+            "deliver_after_ms {deliver_after_ms} is not a plausible time"
+        )));
     }
-    let ns = ns_policy.ok_or_else(|| Error::new(ErrorCode::UnknownNamespace, format!("unknown namespace {:?}", it.ns)))?;
+    let ns = ns_policy.ok_or_else(|| {
+        Error::new(
+            ErrorCode::UnknownNamespace,
+            format!("unknown namespace {:?}", it.ns),
+        )
+    })?;
     let ttl_ms = it.ttl_ms.or(ns.ttl_ms);
     Ok(NewItem {
         ns: it.ns,
@@ -145,8 +172,14 @@ mod tests {
     #[test]
     fn defaults_come_from_the_namespace() {
         let n = validate_item(item(), Some(NS), 1000).unwrap();
-        assert_eq!((n.deliver_after_ms, n.enqueued_at_ms, n.lease_ms), (1000, 1000, 30_000));
-        assert_eq!((n.expires_at_ms, n.policy, n.max_attempts), (None, Policy::AtLeastOnce, 5));
+        assert_eq!(
+            (n.deliver_after_ms, n.enqueued_at_ms, n.lease_ms),
+            (1000, 1000, 30_000)
+        );
+        assert_eq!(
+            (n.expires_at_ms, n.policy, n.max_attempts),
+            (None, Policy::AtLeastOnce, 5)
+        );
         assert!(n.metadata.is_empty());
         let n = validate_item(
             EnqueueRequestItem {
@@ -160,23 +193,89 @@ mod tests {
             1000,
         )
         .unwrap();
-        assert_eq!((n.expires_at_ms, n.policy, n.max_attempts, n.lease_ms), (Some(1050), Policy::AtMostOnce, 1, 1));
+        assert_eq!(
+            (n.expires_at_ms, n.policy, n.max_attempts, n.lease_ms),
+            (Some(1050), Policy::AtMostOnce, 1, 1)
+        );
     }
 
     #[test]
     fn bad_fields_are_rejected_with_the_right_code() {
         use ErrorCode::*;
-        assert_eq!(code(EnqueueRequestItem { ns: "".into(), ..item() }), InvalidArgument);
-        assert_eq!(code(EnqueueRequestItem { topic: "x".repeat(256), ..item() }), InvalidArgument);
-        assert_eq!(code(EnqueueRequestItem { lease_ms: Some(-1), ..item() }), InvalidArgument);
-        assert_eq!(code(EnqueueRequestItem { ttl_ms: Some(-1), ..item() }), InvalidArgument);
-        assert_eq!(code(EnqueueRequestItem { ttl_ms: Some(0), ..item() }), InvalidArgument);
-        assert_eq!(code(EnqueueRequestItem { lease_ms: Some(0), ..item() }), InvalidArgument);
-        assert_eq!(code(EnqueueRequestItem { policy: Some(3), ..item() }), InvalidArgument);
-        assert_eq!(code(EnqueueRequestItem { max_attempts: Some(0), ..item() }), InvalidArgument);
-        assert_eq!(code(EnqueueRequestItem { payload: vec![0; 10_241], ..item() }), PayloadTooLarge);
-        assert_eq!(code(EnqueueRequestItem { metadata: Some(vec![0; 4_097]), ..item() }), PayloadTooLarge);
-        assert_eq!(validate_item(item(), None, 0).unwrap_err().code, UnknownNamespace);
+        assert_eq!(
+            code(EnqueueRequestItem {
+                ns: "".into(),
+                ..item()
+            }),
+            InvalidArgument
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                topic: "x".repeat(256),
+                ..item()
+            }),
+            InvalidArgument
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                lease_ms: Some(-1),
+                ..item()
+            }),
+            InvalidArgument
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                ttl_ms: Some(-1),
+                ..item()
+            }),
+            InvalidArgument
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                ttl_ms: Some(0),
+                ..item()
+            }),
+            InvalidArgument
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                lease_ms: Some(0),
+                ..item()
+            }),
+            InvalidArgument
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                policy: Some(3),
+                ..item()
+            }),
+            InvalidArgument
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                max_attempts: Some(0),
+                ..item()
+            }),
+            InvalidArgument
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                payload: vec![0; 10_241],
+                ..item()
+            }),
+            PayloadTooLarge
+        );
+        assert_eq!(
+            code(EnqueueRequestItem {
+                metadata: Some(vec![0; 4_097]),
+                ..item()
+            }),
+            PayloadTooLarge
+        );
+        assert_eq!(
+            validate_item(item(), None, 0).unwrap_err().code,
+            UnknownNamespace
+        );
     }
 
     #[test]

@@ -111,7 +111,10 @@ pub fn item(i: Item) -> t::Item {
     }
 }
 
-pub fn item_results(ids: Vec<String>, results: Vec<crate::error::Result<()>>) -> Vec<t::ItemResult> {
+pub fn item_results(
+    ids: Vec<String>,
+    results: Vec<crate::error::Result<()>>,
+) -> Vec<t::ItemResult> {
     ids.into_iter()
         .zip(results)
         .map(|(id, r)| t::ItemResult {

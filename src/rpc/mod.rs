@@ -10,8 +10,8 @@
 mod convert;
 
 use thrift::protocol::{
-    TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol, TInputProtocol, TMessageIdentifier,
-    TMessageType, TOutputProtocol, TType,
+    TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol,
+    TInputProtocol, TMessageIdentifier, TMessageType, TOutputProtocol, TType,
 };
 use thrift::{ApplicationError, ApplicationErrorKind, TConfiguration};
 
@@ -112,20 +112,32 @@ pub async fn handle(frame: &[u8], host: &Host) -> Outcome {
     };
     let mut out = Vec::with_capacity(256);
     let written = match protocol {
-        Protocol::Binary => encode(&mut TBinaryOutputProtocol::new(&mut out, true), &ident, &reply),
+        Protocol::Binary => encode(
+            &mut TBinaryOutputProtocol::new(&mut out, true),
+            &ident,
+            &reply,
+        ),
         Protocol::Compact => encode(&mut TCompactOutputProtocol::new(&mut out), &ident, &reply),
     };
     match written {
         Ok(()) => Outcome::Reply(out),
-        Err(e) => Outcome::Close(format!("cannot encode the reply to {}: {}", ident.name, describe(&e))),
+        Err(e) => Outcome::Close(format!(
+            "cannot encode the reply to {}: {}",
+            ident.name,
+            describe(&e)
+        )),
     }
 }
 
 /// Reads the message header and the arguments. `Err` only when not even the header could
 /// be read; argument and method problems become an `ApplicationError` to send back.
 #[allow(clippy::type_complexity)]
-fn decode(i: &mut dyn TInputProtocol) -> Result<(TMessageIdentifier, Result<Call, ApplicationError>), String> {
-    let ident = i.read_message_begin().map_err(|e| format!("unreadable message header: {}", describe(&e)))?;
+fn decode(
+    i: &mut dyn TInputProtocol,
+) -> Result<(TMessageIdentifier, Result<Call, ApplicationError>), String> {
+    let ident = i
+        .read_message_begin()
+        .map_err(|e| format!("unreadable message header: {}", describe(&e)))?;
     if ident.message_type != TMessageType::Call {
         let e = ApplicationError::new(
             ApplicationErrorKind::InvalidMessageType,
@@ -133,30 +145,47 @@ fn decode(i: &mut dyn TInputProtocol) -> Result<(TMessageIdentifier, Result<Call
         );
         return Ok((ident, Err(e)));
     }
-    let protocol_error = |e: thrift::Error| ApplicationError::new(ApplicationErrorKind::ProtocolError, describe(&e));
+    let protocol_error =
+        |e: thrift::Error| ApplicationError::new(ApplicationErrorKind::ProtocolError, describe(&e));
     let call = match ident.name.as_str() {
         "enqueue" => t::FoqsEnqueueArgs::read_from_in_protocol(i).map(|a| Call::Enqueue(a.req)),
         "dequeue" => t::FoqsDequeueArgs::read_from_in_protocol(i).map(|a| Call::Dequeue(a.req)),
         "ack" => t::FoqsAckArgs::read_from_in_protocol(i).map(|a| Call::Ack(a.req)),
         "nack" => t::FoqsNackArgs::read_from_in_protocol(i).map(|a| Call::Nack(a.req)),
-        "getActiveTopics" => t::FoqsGetActiveTopicsArgs::read_from_in_protocol(i).map(|a| Call::GetActiveTopics(a.req)),
-        "getHostInfo" => t::FoqsGetHostInfoArgs::read_from_in_protocol(i).map(|_| Call::GetHostInfo),
+        "getActiveTopics" => t::FoqsGetActiveTopicsArgs::read_from_in_protocol(i)
+            .map(|a| Call::GetActiveTopics(a.req)),
+        "getHostInfo" => {
+            t::FoqsGetHostInfoArgs::read_from_in_protocol(i).map(|_| Call::GetHostInfo)
+        }
         other => {
             let _ = i.skip(TType::Struct);
-            let e = ApplicationError::new(ApplicationErrorKind::UnknownMethod, format!("unknown method {other}"));
+            let e = ApplicationError::new(
+                ApplicationErrorKind::UnknownMethod,
+                format!("unknown method {other}"),
+            );
             return Ok((ident, Err(e)));
         }
     };
-    let call = call.and_then(|c| i.read_message_end().map(|_| c)).map_err(protocol_error);
+    let call = call
+        .and_then(|c| i.read_message_end().map(|_| c))
+        .map_err(protocol_error);
     Ok((ident, call))
 }
 
-fn encode(o: &mut dyn TOutputProtocol, ident: &TMessageIdentifier, reply: &Reply) -> thrift::Result<()> {
+fn encode(
+    o: &mut dyn TOutputProtocol,
+    ident: &TMessageIdentifier,
+    reply: &Reply,
+) -> thrift::Result<()> {
     let kind = match reply {
         Reply::Exception(_) => TMessageType::Exception,
         _ => TMessageType::Reply,
     };
-    o.write_message_begin(&TMessageIdentifier::new(ident.name.clone(), kind, ident.sequence_number))?;
+    o.write_message_begin(&TMessageIdentifier::new(
+        ident.name.clone(),
+        kind,
+        ident.sequence_number,
+    ))?;
     match reply {
         Reply::Enqueue(r) => r.write_to_out_protocol(o)?,
         Reply::Dequeue(r) => r.write_to_out_protocol(o)?,
@@ -181,14 +210,20 @@ fn split<T>(r: crate::error::Result<T>) -> (Option<T>, Option<t::FoqsError>) {
 async fn execute(call: Call, host: &Host) -> Reply {
     match call {
         Call::Enqueue(req) => {
-            let r = host.enqueue(convert::enqueue_items(req)).await.map(convert::enqueue_response);
+            let r = host
+                .enqueue(convert::enqueue_items(req))
+                .await
+                .map(convert::enqueue_response);
             let (result_value, err) = split(r);
             Reply::Enqueue(t::FoqsEnqueueResult { result_value, err })
         }
         Call::Dequeue(req) => {
-            let r = host.dequeue(convert::topic_requests(req)).await.map(|items| t::DequeueResponse {
-                items: Some(items.into_iter().map(convert::item).collect()),
-            });
+            let r = host
+                .dequeue(convert::topic_requests(req))
+                .await
+                .map(|items| t::DequeueResponse {
+                    items: Some(items.into_iter().map(convert::item).collect()),
+                });
             let (result_value, err) = split(r);
             Reply::Dequeue(t::FoqsDequeueResult { result_value, err })
         }
@@ -211,7 +246,10 @@ async fn execute(call: Call, host: &Host) -> Reply {
         }
         Call::GetActiveTopics(req) => {
             let ns = req.ns.unwrap_or_default();
-            let r = host.active_topics(&ns, req.limit, req.after).await.map(convert::active_topics);
+            let r = host
+                .active_topics(&ns, req.limit, req.after)
+                .await
+                .map(convert::active_topics);
             let (result_value, err) = split(r);
             Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
         }

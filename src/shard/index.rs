@@ -185,7 +185,10 @@ mod tests {
         assert!(t.is_partial());
         assert_eq!(t.refill_after(), None);
         t.apply_refill(&[k(1, 1), k(2, 2)], 10, 10);
-        assert!(!t.is_partial(), "fewer than asked: the index holds everything");
+        assert!(
+            !t.is_partial(),
+            "fewer than asked: the index holds everything"
+        );
         t.offer(k(9, 3), 10);
         assert_eq!(t.head(5), vec![k(1, 1), k(2, 2), k(9, 3)]);
     }

@@ -114,10 +114,14 @@ impl ShardHandle {
     /// batch has committed. A full channel fails at once: the caller may try another shard.
     pub async fn enqueue(&self, items: Vec<NewItem>) -> Result<Vec<u64>> {
         let (reply, rx) = oneshot::channel();
-        self.tx.try_send(Command::Enqueue { items, reply }).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => Error::unavailable(format!("shard {} is busy", self.id)),
-            mpsc::error::TrySendError::Closed(_) => gone(self.id),
-        })?;
+        self.tx
+            .try_send(Command::Enqueue { items, reply })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => {
+                    Error::unavailable(format!("shard {} is busy", self.id))
+                }
+                mpsc::error::TrySendError::Closed(_) => gone(self.id),
+            })?;
         rx.await.map_err(|_| gone(self.id))?
     }
 
@@ -128,7 +132,8 @@ impl ShardHandle {
 
     /// Leases those of `keys` that are still ready and returns them.
     pub async fn claim(&self, topic: TopicName, keys: Vec<ReadyKey>) -> Result<Vec<Item>> {
-        self.call(|reply| Command::Claim { topic, keys, reply }).await
+        self.call(|reply| Command::Claim { topic, keys, reply })
+            .await
     }
 
     pub async fn ack(&self, keys: Vec<u64>) -> Result<Vec<Settled>> {
@@ -139,8 +144,19 @@ impl ShardHandle {
         self.call(|reply| Command::Nack { nacks, reply }).await
     }
 
-    pub async fn topic_counts(&self, ns: String, after: Option<String>, limit: usize) -> Result<Vec<TopicCounts>> {
-        self.call(|reply| Command::TopicCounts { ns, after, limit, reply }).await
+    pub async fn topic_counts(
+        &self,
+        ns: String,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<TopicCounts>> {
+        self.call(|reply| Command::TopicCounts {
+            ns,
+            after,
+            limit,
+            reply,
+        })
+        .await
     }
 
     /// Asks the worker to flush what it holds, save its checkpoints and stop.

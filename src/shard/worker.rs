@@ -101,7 +101,12 @@ fn storage_error(id: ShardId, e: &StoreError) -> Error {
 
 impl<S: ShardStore> ShardWorker<S> {
     /// Opens the shard's store (creating its schema when missing) and starts its worker.
-    pub async fn start(id: ShardId, store: S, clock: SharedClock, cfg: WorkerConfig) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
+    pub async fn start(
+        id: ShardId,
+        store: S,
+        clock: SharedClock,
+        cfg: WorkerConfig,
+    ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
         let recovered = store.open().await?;
         let shared = Arc::new(ShardShared {
             healthy: AtomicBool::new(true),
@@ -130,7 +135,12 @@ impl<S: ShardStore> ShardWorker<S> {
             clock,
             cfg,
         };
-        tracing::info!(shard = id, items = recovered.items, next_key = recovered.key_high_water, "shard opened");
+        tracing::info!(
+            shard = id,
+            items = recovered.items,
+            next_key = recovered.key_high_water,
+            "shard opened"
+        );
         let join = tokio::spawn(worker.run(rx));
         Ok((ShardHandle { id, tx, shared }, join))
     }
@@ -210,7 +220,12 @@ impl<S: ShardStore> ShardWorker<S> {
                     let r = self.claim(&topic, keys).await;
                     let _ = reply.send(r);
                 }
-                Command::TopicCounts { ns, after, limit, reply } => {
+                Command::TopicCounts {
+                    ns,
+                    after,
+                    limit,
+                    reply,
+                } => {
                     // A GROUP BY over a namespace can be slow: run it beside the loop.
                     let store = self.store.clone();
                     let (id, now) = (self.id, self.clock.now_ms());
@@ -219,7 +234,10 @@ impl<S: ShardStore> ShardWorker<S> {
                         let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
                     });
                 }
-                Command::Enqueue { .. } | Command::Ack { .. } | Command::Nack { .. } | Command::Shutdown { .. } => {
+                Command::Enqueue { .. }
+                | Command::Ack { .. }
+                | Command::Nack { .. }
+                | Command::Shutdown { .. } => {
                     unreachable!("sorted out above")
                 }
             }
@@ -231,7 +249,10 @@ impl<S: ShardStore> ShardWorker<S> {
         match r {
             Ok(_) => {
                 if self.breaker.is_open() {
-                    tracing::info!(shard = self.id, "shard healthy again: circuit breaker closed");
+                    tracing::info!(
+                        shard = self.id,
+                        "shard healthy again: circuit breaker closed"
+                    );
                 }
                 self.breaker.success();
             }
@@ -245,7 +266,9 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
             }
         }
-        self.shared.healthy.store(!self.breaker.is_open(), Ordering::Relaxed);
+        self.shared
+            .healthy
+            .store(!self.breaker.is_open(), Ordering::Relaxed);
     }
 
     async fn enqueue(&mut self, batches: Vec<(Vec<NewItem>, Reply<Vec<u64>>)>) {
@@ -270,7 +293,8 @@ impl<S: ShardStore> ShardWorker<S> {
         let total: u64 = group.iter().map(|(items, _)| items.len() as u64).sum();
         let first = self.next_key;
         self.next_key += total;
-        let new_high_water = (self.next_key > self.key_high_water).then(|| self.next_key + KEY_BLOCK);
+        let new_high_water =
+            (self.next_key > self.key_high_water).then(|| self.next_key + KEY_BLOCK);
         let mut rows = Vec::with_capacity(total as usize);
         let mut key = first;
         for (items, _) in &group {
@@ -326,7 +350,10 @@ impl<S: ShardStore> ShardWorker<S> {
             let after = t.refill_after();
             let asked = cap - t.len();
             let now = self.clock.now_ms();
-            let r = self.store.ready_keys(&topic.ns, &topic.topic, after, now, asked).await;
+            let r = self
+                .store
+                .ready_keys(&topic.ns, &topic.topic, after, now, asked)
+                .await;
             self.record(&r);
             let loaded = r.map_err(|e| storage_error(self.id, &e))?;
             self.index.topic(topic).apply_refill(&loaded, asked, cap);
@@ -343,7 +370,10 @@ impl<S: ShardStore> ShardWorker<S> {
             return Ok(vec![]);
         }
         self.lease_token += 1;
-        let r = self.store.claim(&free, self.clock.now_ms(), self.lease_token).await;
+        let r = self
+            .store
+            .claim(&free, self.clock.now_ms(), self.lease_token)
+            .await;
         self.record(&r);
         r.map_err(|e| {
             self.index.invalidate(&topic.ns, &topic.topic);
@@ -352,7 +382,10 @@ impl<S: ShardStore> ShardWorker<S> {
     }
 
     async fn ack(&mut self, requests: Vec<(Vec<u64>, Reply<Vec<Settled>>)>) {
-        let keys: Vec<u64> = requests.iter().flat_map(|(k, _)| k.iter().copied()).collect();
+        let keys: Vec<u64> = requests
+            .iter()
+            .flat_map(|(k, _)| k.iter().copied())
+            .collect();
         let r = self.store.lookup(&keys).await;
         self.record(&r);
         let metas = match r {
@@ -371,25 +404,40 @@ impl<S: ShardStore> ShardWorker<S> {
                 self.index.remove(&m.ns, &m.topic, &m.ready_key());
             }
         }
-        self.shared.items.fetch_sub(found.len() as i64, Ordering::Relaxed);
+        self.shared
+            .items
+            .fetch_sub(found.len() as i64, Ordering::Relaxed);
         for (keys, reply) in requests {
             let out = keys
                 .iter()
-                .map(|k| if found.contains_key(k) { Settled::Done } else { Settled::NotFound })
+                .map(|k| {
+                    if found.contains_key(k) {
+                        Settled::Done
+                    } else {
+                        Settled::NotFound
+                    }
+                })
                 .collect();
             let _ = reply.send(Ok(out));
         }
     }
 
     async fn nack(&mut self, requests: Vec<(Vec<NackOp>, Reply<Vec<Settled>>)>) {
-        let keys: Vec<u64> = requests.iter().flat_map(|(n, _)| n.iter().map(|(k, _, _)| *k)).collect();
+        let keys: Vec<u64> = requests
+            .iter()
+            .flat_map(|(n, _)| n.iter().map(|(k, _, _)| *k))
+            .collect();
         let r = self.store.lookup(&keys).await;
         self.record(&r);
         let metas = match r {
             Ok(m) => m,
             Err(e) => return fail_all(requests, storage_error(self.id, &e)),
         };
-        let mut leased: HashMap<u64, ItemMeta> = metas.into_iter().filter(|m| m.state == ItemState::Leased).map(|m| (m.key, m)).collect();
+        let mut leased: HashMap<u64, ItemMeta> = metas
+            .into_iter()
+            .filter(|m| m.state == ItemState::Leased)
+            .map(|m| (m.key, m))
+            .collect();
         let now = self.clock.now_ms();
         let mut changes = Vec::new();
         let mut readied = Vec::new();
@@ -412,7 +460,14 @@ impl<S: ShardStore> ShardWorker<S> {
                         metadata: metadata.clone(),
                     });
                     if deliver_after_ms <= now {
-                        readied.push((m.ns.clone(), m.topic.clone(), ReadyKey { deliver_after_ms, ..m.ready_key() }));
+                        readied.push((
+                            m.ns.clone(),
+                            m.topic.clone(),
+                            ReadyKey {
+                                deliver_after_ms,
+                                ..m.ready_key()
+                            },
+                        ));
                     }
                 }
                 out.push(Settled::Done);
@@ -507,8 +562,13 @@ impl<S: ShardStore> ShardWorker<S> {
                 return Err(e);
             }
         }
-        let deleted = changes.iter().filter(|c| matches!(c, Change::Delete { .. })).count();
-        self.shared.items.fetch_sub(deleted as i64, Ordering::Relaxed);
+        let deleted = changes
+            .iter()
+            .filter(|c| matches!(c, Change::Delete { .. }))
+            .count();
+        self.shared
+            .items
+            .fetch_sub(deleted as i64, Ordering::Relaxed);
         for (ns, topic, k) in readied {
             self.index.offer(&ns, &topic, k);
         }

@@ -60,8 +60,12 @@ pub enum Change {
         metadata: Option<Vec<u8>>,
     },
     /// Attempts exhausted: kept, never delivered.
-    Dead { key: u64 },
-    Delete { key: u64 },
+    Dead {
+        key: u64,
+    },
+    Delete {
+        key: u64,
+    },
 }
 
 /// The background scans; each reads a timestamp index from a checkpoint.
@@ -130,15 +134,31 @@ pub trait ShardStore: Send + Sync + 'static {
 
     /// Inserts `rows` (their keys chosen by the worker) in one transaction; when
     /// `key_high_water` is given, persists it in the same transaction.
-    fn insert(&self, rows: &[(u64, NewItem)], key_high_water: Option<u64>) -> impl Future<Output = StoreResult<()>> + Send;
+    fn insert(
+        &self,
+        rows: &[(u64, NewItem)],
+        key_high_water: Option<u64>,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// Up to `limit` keys of ready items of a topic (`deliver_after_ms <= now_ms`), in
     /// ready order, strictly after `after` when given.
-    fn ready_keys(&self, ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> impl Future<Output = StoreResult<Vec<ReadyKey>>> + Send;
+    fn ready_keys(
+        &self,
+        ns: &str,
+        topic: &str,
+        after: Option<ReadyKey>,
+        now_ms: i64,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<ReadyKey>>> + Send;
 
     /// Leases those of `keys` that are still ready, due and not expired, marking them with
     /// `token`, and returns the items leased.
-    fn claim(&self, keys: &[u64], now_ms: i64, token: i64) -> impl Future<Output = StoreResult<Vec<Item>>> + Send;
+    fn claim(
+        &self,
+        keys: &[u64],
+        now_ms: i64,
+        token: i64,
+    ) -> impl Future<Output = StoreResult<Vec<Item>>> + Send;
 
     /// The current state of those of `keys` that exist.
     fn lookup(&self, keys: &[u64]) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
@@ -148,13 +168,25 @@ pub trait ShardStore: Send + Sync + 'static {
 
     /// Up to `limit` rows for `scan` whose (timestamp, key) is after `after` and whose
     /// timestamp is at most `now_ms`, in (timestamp, key) order.
-    fn scan(&self, scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
+    fn scan(
+        &self,
+        scan: Scan,
+        after: (i64, u64),
+        now_ms: i64,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
 
     fn save_checkpoints(&self, cp: Checkpoints) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// Topics of `ns` after `after` (bytewise) holding ready, deferred or leased items,
     /// sorted by name, at most `limit`.
-    fn topic_counts(&self, ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> impl Future<Output = StoreResult<Vec<TopicCounts>>> + Send;
+    fn topic_counts(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        now_ms: i64,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<TopicCounts>>> + Send;
 
     /// A cheap round trip, used to probe a shard whose breaker is open.
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;

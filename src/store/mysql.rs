@@ -11,7 +11,9 @@
 //!   nothing to escape, and a prepared statement per list length would churn the cache.
 
 use mysql_async::prelude::*;
-use mysql_async::{Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, TxOpts, Value};
+use mysql_async::{
+    Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, TxOpts, Value,
+};
 
 use super::{Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StoreError, StoreResult};
 use crate::model::{Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts};
@@ -62,14 +64,17 @@ pub struct MySqlStore {
 
 impl MySqlStore {
     pub fn new(shard: ShardId, url: &str, pool_connections_max: usize) -> StoreResult<MySqlStore> {
-        let opts = Opts::from_url(url).map_err(|e| StoreError::Schema(format!("bad url {url:?}: {e}")))?;
+        let opts =
+            Opts::from_url(url).map_err(|e| StoreError::Schema(format!("bad url {url:?}: {e}")))?;
         let database = opts
             .db_name()
             .map(str::to_string)
             .ok_or_else(|| StoreError::Schema(format!("url {url:?} names no database")))?;
         let constraints = PoolConstraints::new(1, pool_connections_max.max(1)).expect("1 <= max");
         let pool_opts = PoolOpts::default().with_constraints(constraints);
-        let shard_opts: Opts = OptsBuilder::from_opts(opts.clone()).pool_opts(pool_opts).into();
+        let shard_opts: Opts = OptsBuilder::from_opts(opts.clone())
+            .pool_opts(pool_opts)
+            .into();
         let server_opts: Opts = OptsBuilder::from_opts(opts).db_name(None::<String>).into();
         Ok(MySqlStore {
             shard,
@@ -93,11 +98,38 @@ impl MySqlStore {
     }
 
     fn item_from_row(&self, row: mysql_async::Row) -> StoreResult<Item> {
-        type R = (u64, String, String, i32, Vec<u8>, Vec<u8>, i64, i64, i32, i64, i8);
-        let (key, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy): R =
-            mysql_async::from_row_opt(row).map_err(|e| StoreError::Schema(format!("item row: {e}")))?;
+        type R = (
+            u64,
+            String,
+            String,
+            i32,
+            Vec<u8>,
+            Vec<u8>,
+            i64,
+            i64,
+            i32,
+            i64,
+            i8,
+        );
+        let (
+            key,
+            ns,
+            topic,
+            priority,
+            payload,
+            metadata,
+            deliver_after_ms,
+            enqueued_at_ms,
+            delivery_count,
+            lease_expires_ms,
+            policy,
+        ): R = mysql_async::from_row_opt(row)
+            .map_err(|e| StoreError::Schema(format!("item row: {e}")))?;
         Ok(Item {
-            id: ItemId { shard: self.shard, key },
+            id: ItemId {
+                shard: self.shard,
+                key,
+            },
             ns,
             topic,
             priority,
@@ -117,8 +149,32 @@ fn policy_from_db(v: i8) -> StoreResult<Policy> {
 }
 
 fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
-    type R = (u64, String, String, i32, i64, i8, i32, i32, i8, i64, Option<i64>);
-    let (key, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms): R =
+    type R = (
+        u64,
+        String,
+        String,
+        i32,
+        i64,
+        i8,
+        i32,
+        i32,
+        i8,
+        i64,
+        Option<i64>,
+    );
+    let (
+        key,
+        ns,
+        topic,
+        priority,
+        deliver_after_ms,
+        state,
+        delivery_count,
+        max_attempts,
+        policy,
+        lease_expires_ms,
+        expires_at_ms,
+    ): R =
         mysql_async::from_row_opt(row).map_err(|e| StoreError::Schema(format!("meta row: {e}")))?;
     Ok(ItemMeta {
         key,
@@ -126,7 +182,8 @@ fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
         topic,
         priority,
         deliver_after_ms,
-        state: ItemState::from_i8(state).ok_or_else(|| StoreError::Schema(format!("unknown state {state}")))?,
+        state: ItemState::from_i8(state)
+            .ok_or_else(|| StoreError::Schema(format!("unknown state {state}")))?,
         delivery_count,
         max_attempts,
         policy: policy_from_db(policy)?,
@@ -148,13 +205,18 @@ fn key_list(keys: &[u64]) -> String {
 }
 
 async fn meta_get(conn: &mut Conn, name: &str) -> StoreResult<Option<i64>> {
-    Ok(conn.exec_first("SELECT value FROM foqs_meta WHERE name = ?", (name,)).await?)
+    Ok(conn
+        .exec_first("SELECT value FROM foqs_meta WHERE name = ?", (name,))
+        .await?)
 }
 
 impl ShardStore for MySqlStore {
     async fn open(&self) -> StoreResult<Recovered> {
         let mut server = Conn::new(self.server_opts.clone()).await?;
-        let create = format!("CREATE DATABASE IF NOT EXISTS `{}`", self.database.replace('`', "``"));
+        let create = format!(
+            "CREATE DATABASE IF NOT EXISTS `{}`",
+            self.database.replace('`', "``")
+        );
         server.query_drop(create).await?;
         let _ = server.disconnect().await;
 
@@ -162,8 +224,11 @@ impl ShardStore for MySqlStore {
         for stmt in SCHEMA {
             conn.query_drop(*stmt).await?;
         }
-        conn.exec_drop("INSERT IGNORE INTO foqs_meta (name, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
-            .await?;
+        conn.exec_drop(
+            "INSERT IGNORE INTO foqs_meta (name, value) VALUES ('schema_version', ?)",
+            (SCHEMA_VERSION,),
+        )
+        .await?;
         let version = meta_get(&mut conn, "schema_version").await?.unwrap_or(0);
         if version != SCHEMA_VERSION {
             return Err(StoreError::Schema(format!(
@@ -171,12 +236,23 @@ impl ShardStore for MySqlStore {
                 self.database
             )));
         }
-        let hwm = meta_get(&mut conn, "key_high_water").await?.unwrap_or(0).max(0) as u64;
-        let max_key: Option<u64> = conn.query_first("SELECT MAX(id) FROM items").await?.flatten();
-        let items: i64 = conn.query_first("SELECT COUNT(*) FROM items").await?.unwrap_or(0);
+        let hwm = meta_get(&mut conn, "key_high_water")
+            .await?
+            .unwrap_or(0)
+            .max(0) as u64;
+        let max_key: Option<u64> = conn
+            .query_first("SELECT MAX(id) FROM items")
+            .await?
+            .flatten();
+        let items: i64 = conn
+            .query_first("SELECT COUNT(*) FROM items")
+            .await?
+            .unwrap_or(0);
         let checkpoints = Checkpoints {
             due_ms: meta_get(&mut conn, "checkpoint_due_ms").await?.unwrap_or(0),
-            lease_ms: meta_get(&mut conn, "checkpoint_lease_ms").await?.unwrap_or(0),
+            lease_ms: meta_get(&mut conn, "checkpoint_lease_ms")
+                .await?
+                .unwrap_or(0),
             ttl_ms: meta_get(&mut conn, "checkpoint_ttl_ms").await?.unwrap_or(0),
         };
         Ok(Recovered {
@@ -186,7 +262,11 @@ impl ShardStore for MySqlStore {
         })
     }
 
-    async fn insert(&self, rows: &[(u64, NewItem)], key_high_water: Option<u64>) -> StoreResult<()> {
+    async fn insert(
+        &self,
+        rows: &[(u64, NewItem)],
+        key_high_water: Option<u64>,
+    ) -> StoreResult<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -229,7 +309,14 @@ impl ShardStore for MySqlStore {
         Ok(())
     }
 
-    async fn ready_keys(&self, ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> StoreResult<Vec<ReadyKey>> {
+    async fn ready_keys(
+        &self,
+        ns: &str,
+        topic: &str,
+        after: Option<ReadyKey>,
+        now_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<ReadyKey>> {
         let mut conn = self.conn().await?;
         // The row comparison is spelled out so that the optimizer reads it as a range of the
         // ready_order index.
@@ -255,11 +342,15 @@ impl ShardStore for MySqlStore {
         all.append(&mut params);
         all.push(now_ms.into());
         let keys = conn
-            .exec_map(sql, Params::Positional(all), |(priority, deliver_after_ms, key)| ReadyKey {
-                priority,
-                deliver_after_ms,
-                key,
-            })
+            .exec_map(
+                sql,
+                Params::Positional(all),
+                |(priority, deliver_after_ms, key)| ReadyKey {
+                    priority,
+                    deliver_after_ms,
+                    key,
+                },
+            )
             .await?;
         Ok(keys)
     }
@@ -295,7 +386,10 @@ impl ShardStore for MySqlStore {
         }
         let mut conn = self.conn().await?;
         let rows: Vec<mysql_async::Row> = conn
-            .query(format!("SELECT {META_COLUMNS} FROM items WHERE id IN ({})", key_list(keys)))
+            .query(format!(
+                "SELECT {META_COLUMNS} FROM items WHERE id IN ({})",
+                key_list(keys)
+            ))
             .await?;
         rows.into_iter().map(meta_from_row).collect()
     }
@@ -329,17 +423,30 @@ impl ShardStore for MySqlStore {
             }
         }
         if !dead.is_empty() {
-            tx.query_drop(format!("UPDATE items SET state = 2, lease_token = 0 WHERE id IN ({})", key_list(&dead)))
-                .await?;
+            tx.query_drop(format!(
+                "UPDATE items SET state = 2, lease_token = 0 WHERE id IN ({})",
+                key_list(&dead)
+            ))
+            .await?;
         }
         if !deletes.is_empty() {
-            tx.query_drop(format!("DELETE FROM items WHERE id IN ({})", key_list(&deletes))).await?;
+            tx.query_drop(format!(
+                "DELETE FROM items WHERE id IN ({})",
+                key_list(&deletes)
+            ))
+            .await?;
         }
         tx.commit().await?;
         Ok(())
     }
 
-    async fn scan(&self, scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> StoreResult<Vec<ItemMeta>> {
+    async fn scan(
+        &self,
+        scan: Scan,
+        after: (i64, u64),
+        now_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<ItemMeta>> {
         // InnoDB appends the primary key to every secondary index, so (ts, id) order is
         // the index's own order and the cursor is a plain range start.
         let (state, ts) = match scan {
@@ -353,7 +460,8 @@ impl ShardStore for MySqlStore {
              ORDER BY {ts}, id LIMIT {limit}"
         );
         let mut conn = self.conn().await?;
-        let rows: Vec<mysql_async::Row> = conn.exec(sql, (after.0, after.0, after.1, now_ms)).await?;
+        let rows: Vec<mysql_async::Row> =
+            conn.exec(sql, (after.0, after.0, after.1, now_ms)).await?;
         rows.into_iter().map(meta_from_row).collect()
     }
 
@@ -368,7 +476,13 @@ impl ShardStore for MySqlStore {
         Ok(())
     }
 
-    async fn topic_counts(&self, ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> StoreResult<Vec<TopicCounts>> {
+    async fn topic_counts(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        now_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<TopicCounts>> {
         let mut conn = self.conn().await?;
         let rows: Vec<(String, i64, i64, i64)> = conn
             .exec(
@@ -382,12 +496,23 @@ impl ShardStore for MySqlStore {
                        AND (expires_at_ms IS NULL OR expires_at_ms > ?)
                      GROUP BY topic ORDER BY topic LIMIT {limit}"
                 ),
-                (now_ms, now_ms, ns.as_bytes(), after.unwrap_or("").as_bytes(), now_ms),
+                (
+                    now_ms,
+                    now_ms,
+                    ns.as_bytes(),
+                    after.unwrap_or("").as_bytes(),
+                    now_ms,
+                ),
             )
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(topic, ready, deferred, leased)| TopicCounts { topic, ready, deferred, leased })
+            .map(|(topic, ready, deferred, leased)| TopicCounts {
+                topic,
+                ready,
+                deferred,
+                leased,
+            })
             .collect())
     }
 

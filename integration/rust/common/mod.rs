@@ -13,12 +13,16 @@ use foqs::config::Config;
 use foqs::daemon::Running;
 use foqs::thrift_gen::*;
 use mysql_async::prelude::*;
-use thrift::protocol::{TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol, TInputProtocol, TOutputProtocol};
+use thrift::protocol::{
+    TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol,
+    TInputProtocol, TOutputProtocol,
+};
 use thrift::transport::{TFramedReadTransport, TFramedWriteTransport, TIoChannel, TTcpChannel};
 
 /// The MySQL server tests use: `FOQS_TEST_MYSQL_URL`, else the local one.
 pub fn mysql_base() -> String {
-    std::env::var("FOQS_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_string())
+    std::env::var("FOQS_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_string())
 }
 
 static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
@@ -33,8 +37,13 @@ impl TestDb {
     pub fn new(shards: usize) -> TestDb {
         let n = NEXT_DB.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
-        let names = (0..shards).map(|i| format!("foqs_t{pid}_{n}_s{i}")).collect();
-        TestDb { base: mysql_base(), names }
+        let names = (0..shards)
+            .map(|i| format!("foqs_t{pid}_{n}_s{i}"))
+            .collect();
+        TestDb {
+            base: mysql_base(),
+            names,
+        }
     }
 
     pub fn url(&self, shard: usize) -> String {
@@ -49,7 +58,9 @@ impl TestDb {
 
     /// Runs a query on one shard's database and returns the first column of every row.
     pub async fn column(&self, shard: usize, sql: &str) -> Vec<i64> {
-        let mut conn = mysql_async::Conn::from_url(self.url(shard)).await.expect("connect");
+        let mut conn = mysql_async::Conn::from_url(self.url(shard))
+            .await
+            .expect("connect");
         let v: Vec<i64> = conn.query(sql).await.expect("query");
         let _ = conn.disconnect().await;
         v
@@ -59,7 +70,9 @@ impl TestDb {
     pub async fn count(&self, cond: &str) -> i64 {
         let mut total = 0;
         for s in 0..self.names.len() {
-            total += self.column(s, &format!("SELECT COUNT(*) FROM items WHERE {cond}")).await[0];
+            total += self
+                .column(s, &format!("SELECT COUNT(*) FROM items WHERE {cond}"))
+                .await[0];
         }
         total
     }
@@ -71,11 +84,16 @@ impl Drop for TestDb {
         let names = self.names.clone();
         // Drop runs outside async code: use a private runtime on a plain thread.
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
                 if let Ok(mut conn) = mysql_async::Conn::from_url(base).await {
                     for n in names {
-                        let _ = conn.query_drop(format!("DROP DATABASE IF EXISTS `{n}`")).await;
+                        let _ = conn
+                            .query_drop(format!("DROP DATABASE IF EXISTS `{n}`"))
+                            .await;
                     }
                     let _ = conn.disconnect().await;
                 }
@@ -90,7 +108,11 @@ pub const FAST_ENGINE: &str = "[engine]\nscan_interval_ms = 20\ncheckpoint_inter
 
 /// A config over `db`; `server_extra` lines go into `[server]`, `extra` after the shards.
 pub fn config_toml(db: &TestDb, server_extra: &str, extra: &str) -> String {
-    format!("[server]\nlisten = \"127.0.0.1:0\"\n{server_extra}\n{}\n{}", db.shards_toml(), extra)
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n{server_extra}\n{}\n{}",
+        db.shards_toml(),
+        extra
+    )
 }
 
 /// An in-process foqsd over its own databases.
@@ -110,9 +132,15 @@ impl TestServer {
     }
 
     pub async fn start_full(db: TestDb, server_extra: &str, extra: &str) -> TestServer {
-        let extra = if extra.contains("[engine]") { extra.to_string() } else { format!("{FAST_ENGINE}{extra}") };
+        let extra = if extra.contains("[engine]") {
+            extra.to_string()
+        } else {
+            format!("{FAST_ENGINE}{extra}")
+        };
         let cfg = Config::from_toml(&config_toml(&db, server_extra, &extra)).expect("test config");
-        let running = foqs::daemon::start(&cfg, Arc::new(SystemClock)).await.expect("foqsd starts");
+        let running = foqs::daemon::start(&cfg, Arc::new(SystemClock))
+            .await
+            .expect("foqsd starts");
         TestServer {
             addr: running.addr,
             running: Some(running),
@@ -148,22 +176,34 @@ pub struct Client(FoqsSyncClient<In, Out>);
 impl Client {
     pub fn connect(addr: SocketAddr, proto: Proto) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         let (r, w) = TTcpChannel::with_stream(stream).split().expect("split");
         let (r, w) = (TFramedReadTransport::new(r), TFramedWriteTransport::new(w));
         let (i, o): (In, Out) = match proto {
-            Proto::Binary => (Box::new(TBinaryInputProtocol::new(r, true)), Box::new(TBinaryOutputProtocol::new(w, true))),
-            Proto::Compact => (Box::new(TCompactInputProtocol::new(r)), Box::new(TCompactOutputProtocol::new(w))),
+            Proto::Binary => (
+                Box::new(TBinaryInputProtocol::new(r, true)),
+                Box::new(TBinaryOutputProtocol::new(w, true)),
+            ),
+            Proto::Compact => (
+                Box::new(TCompactInputProtocol::new(r)),
+                Box::new(TCompactOutputProtocol::new(w)),
+            ),
         };
         Client(FoqsSyncClient::new(i, o))
     }
 
-    fn call<T>(&mut self, f: impl FnOnce(&mut FoqsSyncClient<In, Out>) -> thrift::Result<T>) -> thrift::Result<T> {
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&mut FoqsSyncClient<In, Out>) -> thrift::Result<T>,
+    ) -> thrift::Result<T> {
         tokio::task::block_in_place(|| f(&mut self.0))
     }
 
     pub fn try_enqueue(&mut self, items: Vec<EnqueueItem>) -> thrift::Result<Vec<EnqueueResult>> {
-        self.call(|c| c.enqueue(EnqueueRequest { items: Some(items) })).map(|r| r.results.unwrap())
+        self.call(|c| c.enqueue(EnqueueRequest { items: Some(items) }))
+            .map(|r| r.results.unwrap())
     }
 
     /// Enqueues and insists that every item succeeded; returns the ids.
@@ -179,22 +219,43 @@ impl Client {
     }
 
     pub fn try_dequeue(&mut self, topics: Vec<TopicRequest>) -> thrift::Result<Vec<Item>> {
-        self.call(|c| c.dequeue(DequeueRequest { topics: Some(topics) })).map(|r| r.items.unwrap())
+        self.call(|c| {
+            c.dequeue(DequeueRequest {
+                topics: Some(topics),
+            })
+        })
+        .map(|r| r.items.unwrap())
     }
 
     pub fn dequeue(&mut self, ns: &str, topic: &str, count: i32) -> Vec<Item> {
-        self.try_dequeue(vec![topic_req(ns, topic, count)]).expect("dequeue")
+        self.try_dequeue(vec![topic_req(ns, topic, count)])
+            .expect("dequeue")
     }
 
     pub fn ack(&mut self, ids: &[String]) -> Vec<ItemResult> {
-        self.call(|c| c.ack(AckRequest { ids: Some(ids.to_vec()) })).expect("ack").results.unwrap()
+        self.call(|c| {
+            c.ack(AckRequest {
+                ids: Some(ids.to_vec()),
+            })
+        })
+        .expect("ack")
+        .results
+        .unwrap()
     }
 
     pub fn nack(&mut self, items: Vec<NackItem>) -> Vec<ItemResult> {
-        self.call(|c| c.nack(NackRequest { items: Some(items) })).expect("nack").results.unwrap()
+        self.call(|c| c.nack(NackRequest { items: Some(items) }))
+            .expect("nack")
+            .results
+            .unwrap()
     }
 
-    pub fn try_topics(&mut self, ns: &str, limit: Option<i32>, after: Option<&str>) -> thrift::Result<GetActiveTopicsResponse> {
+    pub fn try_topics(
+        &mut self,
+        ns: &str,
+        limit: Option<i32>,
+        after: Option<&str>,
+    ) -> thrift::Result<GetActiveTopicsResponse> {
         let req = GetActiveTopicsRequest {
             ns: Some(ns.into()),
             limit,
@@ -210,7 +271,14 @@ impl Client {
             .topics
             .unwrap()
             .into_iter()
-            .map(|t| (t.topic.unwrap(), t.ready.unwrap(), t.deferred.unwrap(), t.leased.unwrap()))
+            .map(|t| {
+                (
+                    t.topic.unwrap(),
+                    t.ready.unwrap(),
+                    t.deferred.unwrap(),
+                    t.leased.unwrap(),
+                )
+            })
             .collect()
     }
 
@@ -264,7 +332,10 @@ pub fn code_of(e: &Option<ItemError>) -> Option<ErrorCode> {
 }
 
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// Polls `f` until it returns `Some`, or panics after `within`.
@@ -274,7 +345,10 @@ pub async fn eventually<T>(within: Duration, what: &str, mut f: impl FnMut() -> 
         if let Some(v) = f() {
             return v;
         }
-        assert!(start.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -1,0 +1,103 @@
+# Shared helpers for foqs scripts; source it: `. scripts/lib.sh`.
+#
+# MySQL for development and tests: foqs_mysql_ensure uses the server at FOQS_MYSQL_HOST:
+# FOQS_MYSQL_PORT (default 127.0.0.1:3306, user root, empty password) when one answers
+# there. Otherwise it starts a private MariaDB with its own datadir (.run/mariadb), its own
+# port (FOQS_PRIVATE_MYSQL_PORT, default 3407) and its own socket, installing Debian's
+# mariadb-server first when it is missing and we are root. foqs_mysql_stop stops only that
+# private instance, by its pid; a shared server is never touched.
+# Afterwards FOQS_MYSQL_URL is "mysql://root@HOST:PORT" (no database).
+
+FOQS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+FOQS_RUN="$FOQS_ROOT/.run"
+FOQS_MYSQL_HOST=${FOQS_MYSQL_HOST:-127.0.0.1}
+FOQS_MYSQL_PORT=${FOQS_MYSQL_PORT:-3306}
+FOQS_PRIVATE_MYSQL_PORT=${FOQS_PRIVATE_MYSQL_PORT:-3407}
+FOQS_PRIVATE_MYSQL_STARTED=""
+
+foqs_log() { echo "[foqs] $*" >&2; }
+
+foqs_apt_install() {
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    foqs_log "missing $*; install it with: sudo apt-get install $*"
+    return 1
+  fi
+  foqs_log "installing $* from Debian"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }
+}
+
+# True when a MySQL server answers a TCP connection at host $1 port $2.
+foqs_port_open() {
+  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+foqs_mysql_ensure() {
+  if foqs_port_open "$FOQS_MYSQL_HOST" "$FOQS_MYSQL_PORT"; then
+    FOQS_MYSQL_URL="mysql://root@$FOQS_MYSQL_HOST:$FOQS_MYSQL_PORT"
+    export FOQS_MYSQL_URL
+    return 0
+  fi
+  foqs_log "no MySQL at $FOQS_MYSQL_HOST:$FOQS_MYSQL_PORT; starting a private MariaDB on port $FOQS_PRIVATE_MYSQL_PORT"
+  command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || foqs_apt_install mariadb-server || return 1
+  local mariadbd=/usr/sbin/mariadbd
+  command -v mariadbd >/dev/null 2>&1 && mariadbd=$(command -v mariadbd)
+  local dir="$FOQS_RUN/mariadb"
+  mkdir -p "$dir"
+  if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null &&
+     foqs_port_open 127.0.0.1 "$FOQS_PRIVATE_MYSQL_PORT"; then
+    foqs_log "reusing the private MariaDB already running (pid $(cat "$dir/pid"))"
+  else
+    if [ ! -d "$dir/data/mysql" ]; then
+      mariadb-install-db --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+        --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1 ||
+        { foqs_log "mariadb-install-db failed; see $dir/install.log"; return 1; }
+    fi
+    "$mariadbd" --no-defaults --datadir="$dir/data" --port="$FOQS_PRIVATE_MYSQL_PORT" \
+      --bind-address=127.0.0.1 --socket="$dir/mysqld.sock" --pid-file="$dir/pid" \
+      --user="$(id -un)" --innodb-flush-log-at-trx-commit=1 --skip-name-resolve \
+      --log-error="$dir/error.log" >/dev/null 2>&1 &
+    local i
+    for i in $(seq 1 120); do
+      foqs_port_open 127.0.0.1 "$FOQS_PRIVATE_MYSQL_PORT" && break
+      sleep 0.5
+    done
+    foqs_port_open 127.0.0.1 "$FOQS_PRIVATE_MYSQL_PORT" ||
+      { foqs_log "private MariaDB did not start; see $dir/error.log"; return 1; }
+    FOQS_PRIVATE_MYSQL_STARTED=1
+  fi
+  FOQS_MYSQL_HOST=127.0.0.1
+  FOQS_MYSQL_PORT=$FOQS_PRIVATE_MYSQL_PORT
+  FOQS_MYSQL_URL="mysql://root@127.0.0.1:$FOQS_PRIVATE_MYSQL_PORT"
+  export FOQS_MYSQL_URL
+}
+
+# Stops the private MariaDB if this script started it.
+foqs_mysql_stop() {
+  local pidfile="$FOQS_RUN/mariadb/pid"
+  if [ -n "$FOQS_PRIVATE_MYSQL_STARTED" ] && [ -f "$pidfile" ]; then
+    local pid
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    foqs_log "stopped the private MariaDB (pid $pid)"
+  fi
+}
+
+foqs_cargo_check() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  command -v cargo >/dev/null 2>&1 ||
+    { foqs_log "cargo is missing: install a Rust toolchain (1.80 or newer), e.g. with rustup"; return 1; }
+}
+
+# Writes a copy of conf/foqsd.toml pointing at $FOQS_MYSQL_URL's server to $1, with the
+# shard databases renamed by prefix $2 (default foqs_shard_).
+foqs_config_for_mysql() {
+  local out=$1 prefix=${2:-foqs_shard_}
+  local hostport=${FOQS_MYSQL_URL#mysql://root@}
+  sed -e "s#mysql://root@127.0.0.1:3306/foqs_shard_#mysql://root@$hostport/$prefix#" \
+    "$FOQS_ROOT/conf/foqsd.toml" >"$out"
+}
