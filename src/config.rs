@@ -42,6 +42,8 @@ pub struct ServerConfig {
     pub host_id: Option<String>,
     pub max_frame_bytes: usize,
     pub max_connections: usize,
+    /// On SIGTERM, how long to wait for connections to finish the request they are serving.
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +53,7 @@ impl Default for ServerConfig {
             host_id: None,
             max_frame_bytes: MAX_FRAME_BYTES_DEFAULT,
             max_connections: MAX_CONNECTIONS_DEFAULT,
+            shutdown_grace_ms: 30_000,
         }
     }
 }

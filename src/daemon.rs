@@ -89,6 +89,7 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
     let limits = ServerLimits {
         max_frame_bytes: cfg.server.max_frame_bytes,
         max_connections: cfg.server.max_connections,
+        shutdown_grace_ms: cfg.server.shutdown_grace_ms,
     };
     let server = tokio::spawn(serve(listener, host.clone(), limits, stop_rx));
     Ok(Running {

@@ -17,6 +17,8 @@ use crate::rpc::{self, Outcome};
 pub struct ServerLimits {
     pub max_frame_bytes: usize,
     pub max_connections: usize,
+    /// How long shutdown waits for connections to finish their current request.
+    pub shutdown_grace_ms: u64,
 }
 
 /// Serves until `shutdown` turns true, then waits for open connections to finish their
@@ -59,7 +61,18 @@ pub async fn serve(
     }
     drop(listener);
     tracing::info!("stopped accepting; waiting for open connections to finish");
-    let _ = permits.acquire_many(limits.max_connections as u32).await;
+    let grace = std::time::Duration::from_millis(limits.shutdown_grace_ms);
+    if tokio::time::timeout(grace, permits.acquire_many(limits.max_connections as u32))
+        .await
+        .is_err()
+    {
+        // A client stuck mid-frame must not hold the host hostage; its request, if it
+        // ever completes, gets UNAVAILABLE from the stopped shards.
+        tracing::warn!(
+            grace_ms = limits.shutdown_grace_ms,
+            "connections still open after the shutdown grace period"
+        );
+    }
 }
 
 async fn connection(

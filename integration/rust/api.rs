@@ -315,7 +315,7 @@ async fn nack_reschedules_after_its_delay_with_new_metadata() {
     assert_eq!(code_of(&r[1].error), Some(ErrorCode::INVALID_ARGUMENT));
     assert_eq!(code_of(&r[2].error), Some(ErrorCode::INVALID_ARGUMENT));
     // Acked, then nacked: gone.
-    assert!(c.ack(&[id.clone()])[0].error.is_none());
+    assert!(c.ack(std::slice::from_ref(&id))[0].error.is_none());
     assert_eq!(
         code_of(&c.nack(vec![nack(&id, None, None)])[0].error),
         Some(ErrorCode::NOT_FOUND)

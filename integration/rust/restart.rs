@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,7 +42,7 @@ fn write_config(db: &TestDb) -> PathBuf {
     path
 }
 
-fn spawn(config: &PathBuf) -> Proc {
+fn spawn(config: &Path) -> Proc {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_foqsd"))
         .args([

@@ -117,14 +117,13 @@ impl Host {
         }
         let start = self.next_shard.fetch_add(1, Ordering::Relaxed);
         let mut last_err = None;
-        // A full channel fails before anything is written, so trying the next shard cannot
-        // duplicate an item. A storage error may have committed, so it is not retried.
+        // A refused submit wrote nothing, so trying the next shard cannot duplicate an
+        // item. Once accepted, the outcome is final: a storage error may have committed.
         for i in 0..healthy.len() {
             let shard = healthy[(start + i) % healthy.len()];
-            match shard.enqueue(items.clone()).await {
-                Ok(keys) => return Ok((shard.id(), keys)),
-                Err(e) if e.message.ends_with("is busy") => last_err = Some(e),
-                Err(e) => return Err(e),
+            match shard.submit_enqueue(items.clone()) {
+                Ok(pending) => return pending.wait().await.map(|keys| (shard.id(), keys)),
+                Err(e) => last_err = Some(e),
             }
         }
         Err(last_err.unwrap_or_else(|| Error::unavailable("no shard could take the batch")))

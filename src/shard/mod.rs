@@ -67,6 +67,18 @@ pub(crate) enum Command {
     },
 }
 
+/// An enqueue a shard worker has accepted; resolves when its batch commits or fails.
+pub struct PendingEnqueue {
+    id: ShardId,
+    rx: oneshot::Receiver<Result<Vec<u64>>>,
+}
+
+impl PendingEnqueue {
+    pub async fn wait(self) -> Result<Vec<u64>> {
+        self.rx.await.map_err(|_| gone(self.id))?
+    }
+}
+
 /// State a worker publishes for cheap reads by the host.
 #[derive(Debug)]
 pub(crate) struct ShardShared {
@@ -110,9 +122,10 @@ impl ShardHandle {
         rx.await.map_err(|_| gone(self.id))?
     }
 
-    /// Buffers `items` for the shard's next batched INSERT; resolves to their keys once the
-    /// batch has committed. A full channel fails at once: the caller may try another shard.
-    pub async fn enqueue(&self, items: Vec<NewItem>) -> Result<Vec<u64>> {
+    /// Hands `items` to the shard for its next batched INSERT without waiting for room:
+    /// an error here means nothing was written, so the caller may try another shard.
+    /// Awaiting the returned [`PendingEnqueue`] yields the keys once the batch committed.
+    pub fn submit_enqueue(&self, items: Vec<NewItem>) -> Result<PendingEnqueue> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .try_send(Command::Enqueue { items, reply })
@@ -122,7 +135,7 @@ impl ShardHandle {
                 }
                 mpsc::error::TrySendError::Closed(_) => gone(self.id),
             })?;
-        rx.await.map_err(|_| gone(self.id))?
+        Ok(PendingEnqueue { id: self.id, rx })
     }
 
     /// Up to `n` keys of the topic's most urgent ready items, without leasing them.
