@@ -13,10 +13,12 @@
 //! - [`model`]: domain types shared by the layers (item ids, keys, items, policies).
 //! - [`error`]: the domain error with its stable [`error::ErrorCode`].
 //! - [`config`]: the configuration file, environment overrides and validation.
+//! - [`client`]: a blocking Rust client (the generated one over TCP), for tools and tests.
 //! - [`clock`]: time as an injectable [`clock::Clock`], so leases and TTLs are testable.
 //! - [`thrift_gen`]: code generated from `thrift/foqs.thrift` (do not edit; see
 //!   `scripts/gen-thrift.sh`). Public so that Rust clients and tests can use its client.
 
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod core;

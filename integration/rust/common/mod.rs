@@ -3,7 +3,7 @@
 //! Thrift client (the generated one, over framed binary or compact protocol).
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,11 +13,6 @@ use foqs::config::Config;
 use foqs::daemon::Running;
 use foqs::thrift_gen::*;
 use mysql_async::prelude::*;
-use thrift::protocol::{
-    TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol,
-    TInputProtocol, TOutputProtocol,
-};
-use thrift::transport::{TFramedReadTransport, TFramedWriteTransport, TIoChannel, TTcpChannel};
 
 /// The MySQL server tests use: `FOQS_TEST_MYSQL_URL`, else the local one.
 pub fn mysql_base() -> String {
@@ -160,43 +155,21 @@ impl TestServer {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Proto {
-    Binary,
-    Compact,
-}
-
-type In = Box<dyn TInputProtocol + Send>;
-type Out = Box<dyn TOutputProtocol + Send>;
+pub use foqs::client::Protocol as Proto;
+use foqs::client::SyncClient;
 
 /// The generated synchronous client; every call runs in `block_in_place`, so tests need
 /// the multi-threaded runtime.
-pub struct Client(FoqsSyncClient<In, Out>);
+pub struct Client(SyncClient);
 
 impl Client {
     pub fn connect(addr: SocketAddr, proto: Proto) -> Client {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let (r, w) = TTcpChannel::with_stream(stream).split().expect("split");
-        let (r, w) = (TFramedReadTransport::new(r), TFramedWriteTransport::new(w));
-        let (i, o): (In, Out) = match proto {
-            Proto::Binary => (
-                Box::new(TBinaryInputProtocol::new(r, true)),
-                Box::new(TBinaryOutputProtocol::new(w, true)),
-            ),
-            Proto::Compact => (
-                Box::new(TCompactInputProtocol::new(r)),
-                Box::new(TCompactOutputProtocol::new(w)),
-            ),
-        };
-        Client(FoqsSyncClient::new(i, o))
+        Client(foqs::client::connect(addr, proto, Duration::from_secs(20)).expect("connect"))
     }
 
     fn call<T>(
         &mut self,
-        f: impl FnOnce(&mut FoqsSyncClient<In, Out>) -> thrift::Result<T>,
+        f: impl FnOnce(&mut SyncClient) -> thrift::Result<T>,
     ) -> thrift::Result<T> {
         tokio::task::block_in_place(|| f(&mut self.0))
     }

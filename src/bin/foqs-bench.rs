@@ -1,0 +1,273 @@
+//! `foqs-bench`: drives a running foqsd over Thrift with P producers and C consumers and
+//! prints one JSON line: enqueue, drain (dequeue + ack) and mixed throughput in items/s,
+//! and latency percentiles of enqueue calls and of dequeue+ack cycles.
+//!
+//! Phases (`--phases`, default all three, in this order):
+//! - `enqueue`: producers enqueue `--items` items, nobody consumes;
+//! - `drain`: consumers dequeue and ack until that many items are consumed;
+//! - `mixed`: producers enqueue `--items` more while consumers drain them; the figure is
+//!   items consumed per second.
+//! Every run is bounded: by `--items` and by `--max-seconds` per phase.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use foqs::client::{connect, Protocol};
+use foqs::thrift_gen::{AckRequest, DequeueRequest, EnqueueItem, EnqueueRequest, TFoqsSyncClient, TopicRequest};
+
+#[derive(Parser, Clone)]
+#[command(about = "Load generator for foqsd; prints one JSON line")]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    host: String,
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    #[arg(long, default_value_t = 4)]
+    consumers: usize,
+    /// Items per phase.
+    #[arg(long, default_value_t = 200_000)]
+    items: u64,
+    #[arg(long, default_value_t = 100)]
+    payload_bytes: usize,
+    /// Items per enqueue call and per dequeue call.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Priorities are drawn from 0..priorities.
+    #[arg(long, default_value_t = 10)]
+    priorities: i32,
+    #[arg(long, default_value = "bench")]
+    ns: String,
+    /// Default: a fresh topic per run.
+    #[arg(long)]
+    topic: Option<String>,
+    /// Comma-separated phases: enqueue, drain, mixed.
+    #[arg(long, default_value = "enqueue,drain,mixed")]
+    phases: String,
+    /// Total enqueue rate limit in items/s for the mixed phase (0: as fast as possible).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Upper bound on each phase's duration.
+    #[arg(long, default_value_t = 300)]
+    max_seconds: u64,
+    #[arg(long, value_parser = ["binary", "compact"], default_value = "binary")]
+    protocol: String,
+}
+
+/// Latencies in microseconds.
+#[derive(Default)]
+struct Latencies(Vec<u32>);
+
+impl Latencies {
+    fn summary(mut self) -> String {
+        if self.0.is_empty() {
+            return "null".into();
+        }
+        self.0.sort_unstable();
+        let at = |q: f64| self.0[((self.0.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
+        format!(
+            "{{\"count\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"max_ms\":{:.3}}}",
+            self.0.len(),
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        )
+    }
+}
+
+struct Run {
+    args: Args,
+    topic: String,
+    protocol: Protocol,
+}
+
+impl Run {
+    fn client(&self) -> anyhow::Result<foqs::client::SyncClient> {
+        connect(&self.args.host, self.protocol, Duration::from_secs(30)).with_context(|| format!("connecting to {}", self.args.host))
+    }
+
+    /// Producers enqueue `items` in total; returns (elapsed, latencies).
+    fn produce(&self, items: u64, deadline: Instant) -> anyhow::Result<(Duration, Latencies)> {
+        let next = Arc::new(AtomicU64::new(0));
+        let lat = Arc::new(Mutex::new(Latencies::default()));
+        let start = Instant::now();
+        std::thread::scope(|s| -> anyhow::Result<()> {
+            let mut handles = Vec::new();
+            for p in 0..self.args.producers {
+                let (next, lat) = (next.clone(), lat.clone());
+                handles.push(s.spawn(move || -> anyhow::Result<()> {
+                    let mut c = self.client()?;
+                    let mut mine = Vec::new();
+                    let payload = vec![b'x'; self.args.payload_bytes];
+                    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (p as u64 + 1);
+                    let per_producer_rate = (self.args.rate as f64) / self.args.producers as f64;
+                    let mut sent = 0u64;
+                    loop {
+                        let first = next.fetch_add(self.args.batch as u64, Ordering::SeqCst);
+                        if first >= items || Instant::now() > deadline {
+                            break;
+                        }
+                        let n = (items - first).min(self.args.batch as u64) as usize;
+                        let batch = (0..n)
+                            .map(|_| {
+                                seed ^= seed << 13;
+                                seed ^= seed >> 7;
+                                seed ^= seed << 17;
+                                EnqueueItem {
+                                    ns: Some(self.args.ns.clone()),
+                                    topic: Some(self.topic.clone()),
+                                    priority: Some((seed % self.args.priorities.max(1) as u64) as i32),
+                                    payload: Some(payload.clone()),
+                                    metadata: None,
+                                    deliver_after_ms: None,
+                                    lease_ms: None,
+                                    ttl_ms: None,
+                                    policy: None,
+                                    max_attempts: None,
+                                }
+                            })
+                            .collect();
+                        if per_producer_rate > 0.0 {
+                            let due = start + Duration::from_secs_f64(sent as f64 / per_producer_rate);
+                            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                                std::thread::sleep(wait);
+                            }
+                        }
+                        let t = Instant::now();
+                        let r = c.enqueue(EnqueueRequest { items: Some(batch) })?;
+                        mine.push(t.elapsed().as_micros() as u32);
+                        if let Some(e) = r.results.unwrap_or_default().into_iter().find_map(|r| r.error) {
+                            bail!("enqueue failed: {e:?}");
+                        }
+                        sent += n as u64;
+                    }
+                    lat.lock().unwrap().0.extend(mine);
+                    Ok(())
+                }));
+            }
+            for h in handles {
+                h.join().expect("producer panicked")?;
+            }
+            Ok(())
+        })?;
+        let elapsed = start.elapsed();
+        let lat = std::mem::take(&mut *lat.lock().unwrap());
+        Ok((elapsed, lat))
+    }
+
+    /// Consumers dequeue and ack until `items` are consumed; returns (elapsed, latencies).
+    fn consume(&self, items: u64, deadline: Instant, producing: &AtomicBool) -> anyhow::Result<(Duration, Latencies, u64)> {
+        let done = Arc::new(AtomicU64::new(0));
+        let lat = Arc::new(Mutex::new(Latencies::default()));
+        let start = Instant::now();
+        std::thread::scope(|s| -> anyhow::Result<()> {
+            let mut handles = Vec::new();
+            for _ in 0..self.args.consumers {
+                let (done, lat) = (done.clone(), lat.clone());
+                handles.push(s.spawn(move || -> anyhow::Result<()> {
+                    let mut c = self.client()?;
+                    let mut mine = Vec::new();
+                    let req = DequeueRequest {
+                        topics: Some(vec![TopicRequest {
+                            ns: Some(self.args.ns.clone()),
+                            topic: Some(self.topic.clone()),
+                            count: Some(self.args.batch as i32),
+                        }]),
+                    };
+                    while done.load(Ordering::SeqCst) < items && Instant::now() < deadline {
+                        let t = Instant::now();
+                        let got = c.dequeue(req.clone())?.items.unwrap_or_default();
+                        if got.is_empty() {
+                            if !producing.load(Ordering::SeqCst) && done.load(Ordering::SeqCst) >= items {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(1));
+                            continue;
+                        }
+                        let ids: Vec<String> = got.into_iter().filter_map(|i| i.id).collect();
+                        let n = ids.len() as u64;
+                        let r = c.ack(AckRequest { ids: Some(ids) })?;
+                        mine.push(t.elapsed().as_micros() as u32);
+                        if let Some(e) = r.results.unwrap_or_default().into_iter().find_map(|r| r.error) {
+                            bail!("ack failed: {e:?}");
+                        }
+                        done.fetch_add(n, Ordering::SeqCst);
+                    }
+                    lat.lock().unwrap().0.extend(mine);
+                    Ok(())
+                }));
+            }
+            for h in handles {
+                h.join().expect("consumer panicked")?;
+            }
+            Ok(())
+        })?;
+        let elapsed = start.elapsed();
+        let lat = std::mem::take(&mut *lat.lock().unwrap());
+        Ok((elapsed, lat, done.load(Ordering::SeqCst)))
+    }
+}
+
+fn rate(items: u64, d: Duration) -> f64 {
+    items as f64 / d.as_secs_f64().max(1e-9)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.batch == 0 || args.batch > 1000 || args.producers == 0 || args.consumers == 0 {
+        bail!("--batch must be 1..=1000, --producers and --consumers > 0");
+    }
+    let protocol = if args.protocol == "compact" { Protocol::Compact } else { Protocol::Binary };
+    let topic = args.topic.clone().unwrap_or_else(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+        format!("bench-{}-{t}", std::process::id())
+    });
+    let run = Run { args: args.clone(), topic, protocol };
+    let phases: Vec<&str> = args.phases.split(',').map(str::trim).collect();
+    let limit = Duration::from_secs(args.max_seconds);
+    let mut fields = vec![
+        format!("\"items\":{}", args.items),
+        format!("\"producers\":{}", args.producers),
+        format!("\"consumers\":{}", args.consumers),
+        format!("\"batch\":{}", args.batch),
+        format!("\"payload_bytes\":{}", args.payload_bytes),
+        format!("\"protocol\":\"{}\"", args.protocol),
+    ];
+    let idle = AtomicBool::new(false);
+    for phase in phases {
+        match phase {
+            "enqueue" => {
+                let (d, lat) = run.produce(args.items, Instant::now() + limit)?;
+                fields.push(format!("\"enqueue_items_per_s\":{:.0}", rate(args.items, d)));
+                fields.push(format!("\"enqueue_latency\":{}", lat.summary()));
+            }
+            "drain" => {
+                let (d, lat, n) = run.consume(args.items, Instant::now() + limit, &idle)?;
+                fields.push(format!("\"drain_items_per_s\":{:.0}", rate(n, d)));
+                fields.push(format!("\"drain_items\":{n}"));
+                fields.push(format!("\"dequeue_ack_latency\":{}", lat.summary()));
+            }
+            "mixed" => {
+                let producing = AtomicBool::new(true);
+                let deadline = Instant::now() + limit;
+                let (consumed, produced) = std::thread::scope(|s| {
+                    let c = s.spawn(|| run.consume(args.items, deadline, &producing));
+                    let p = run.produce(args.items, deadline);
+                    producing.store(false, Ordering::SeqCst);
+                    (c.join().expect("consumers panicked"), p)
+                });
+                let (d, lat, n) = consumed?;
+                let (_, plat) = produced?;
+                fields.push(format!("\"mixed_items_per_s\":{:.0}", rate(n, d)));
+                fields.push(format!("\"mixed_items\":{n}"));
+                fields.push(format!("\"mixed_enqueue_latency\":{}", plat.summary()));
+                fields.push(format!("\"mixed_dequeue_ack_latency\":{}", lat.summary()));
+            }
+            other => bail!("unknown phase {other:?}: want enqueue, drain or mixed"),
+        }
+    }
+    println!("{{{}}}", fields.join(","));
+    Ok(())
+}

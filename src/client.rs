@@ -1,0 +1,44 @@
+//! A blocking Thrift client for foqsd (the generated client over framed binary or compact
+//! protocol on a TCP socket), for tools, benchmarks and tests written in Rust.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use thrift::protocol::{
+    TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol,
+    TInputProtocol, TOutputProtocol,
+};
+use thrift::transport::{TFramedReadTransport, TFramedWriteTransport, TIoChannel, TTcpChannel};
+
+pub use crate::rpc::Protocol;
+use crate::thrift_gen::FoqsSyncClient;
+
+pub type InputProtocol = Box<dyn TInputProtocol + Send>;
+pub type OutputProtocol = Box<dyn TOutputProtocol + Send>;
+/// Use it through the generated `TFoqsSyncClient` trait.
+pub type SyncClient = FoqsSyncClient<InputProtocol, OutputProtocol>;
+
+/// Connects to foqsd at `addr`; every call then waits at most `timeout` for its reply.
+pub fn connect(
+    addr: impl ToSocketAddrs,
+    protocol: Protocol,
+    timeout: Duration,
+) -> thrift::Result<SyncClient> {
+    let stream = TcpStream::connect(addr)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let (r, w) = TTcpChannel::with_stream(stream).split()?;
+    let (r, w) = (TFramedReadTransport::new(r), TFramedWriteTransport::new(w));
+    let (i, o): (InputProtocol, OutputProtocol) = match protocol {
+        Protocol::Binary => (
+            Box::new(TBinaryInputProtocol::new(r, true)),
+            Box::new(TBinaryOutputProtocol::new(w, true)),
+        ),
+        Protocol::Compact => (
+            Box::new(TCompactInputProtocol::new(r)),
+            Box::new(TCompactOutputProtocol::new(w)),
+        ),
+    };
+    Ok(FoqsSyncClient::new(i, o))
+}
