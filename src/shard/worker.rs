@@ -210,14 +210,26 @@ impl<S: ShardStore> ShardWorker<S> {
         if !nacks.is_empty() {
             self.nack(nacks).await;
         }
+        // Claims first take their keys out of the index, so that this turn's peeks do not
+        // offer them again; then all claims of the turn are one UPDATE and one SELECT.
+        let mut claims = Vec::new();
+        let mut others = Vec::new();
         for c in rest {
+            match c {
+                Command::Claim { topic, keys, reply } => {
+                    let t = self.index.topic(&topic);
+                    // Only keys still indexed are free: another dequeue may have claimed
+                    // the rest since they were peeked.
+                    let free: Vec<u64> = keys.iter().filter(|k| t.remove(k)).map(|k| k.key).collect();
+                    claims.push((topic, free, reply));
+                }
+                other => others.push(other),
+            }
+        }
+        for c in others {
             match c {
                 Command::Peek { topic, n, reply } => {
                     let r = self.peek(&topic, n).await;
-                    let _ = reply.send(r);
-                }
-                Command::Claim { topic, keys, reply } => {
-                    let r = self.claim(&topic, keys).await;
                     let _ = reply.send(r);
                 }
                 Command::TopicCounts {
@@ -237,10 +249,14 @@ impl<S: ShardStore> ShardWorker<S> {
                 Command::Enqueue { .. }
                 | Command::Ack { .. }
                 | Command::Nack { .. }
+                | Command::Claim { .. }
                 | Command::Shutdown { .. } => {
                     unreachable!("sorted out above")
                 }
             }
+        }
+        if !claims.is_empty() {
+            self.claim(claims).await;
         }
         shutdown
     }
@@ -361,24 +377,35 @@ impl<S: ShardStore> ShardWorker<S> {
         Ok(self.index.topic(topic).head(n))
     }
 
-    async fn claim(&mut self, topic: &TopicName, keys: Vec<ReadyKey>) -> Result<Vec<Item>> {
-        let t = self.index.topic(topic);
-        // Only keys still indexed are free: another dequeue may have claimed the rest since
-        // they were peeked.
-        let free: Vec<u64> = keys.iter().filter(|k| t.remove(k)).map(|k| k.key).collect();
-        if free.is_empty() {
-            return Ok(vec![]);
+    /// Leases the free keys of every claim in one statement and answers each claim with
+    /// its own items.
+    async fn claim(&mut self, claims: Vec<(TopicName, Vec<u64>, Reply<Vec<Item>>)>) {
+        let all: Vec<u64> = claims.iter().flat_map(|(_, free, _)| free.iter().copied()).collect();
+        if all.is_empty() {
+            for (_, _, reply) in claims {
+                let _ = reply.send(Ok(vec![]));
+            }
+            return;
         }
         self.lease_token += 1;
-        let r = self
-            .store
-            .claim(&free, self.clock.now_ms(), self.lease_token)
-            .await;
+        let r = self.store.claim(&all, self.clock.now_ms(), self.lease_token).await;
         self.record(&r);
-        r.map_err(|e| {
-            self.index.invalidate(&topic.ns, &topic.topic);
-            storage_error(self.id, &e)
-        })
+        match r {
+            Ok(items) => {
+                let mut by_key: HashMap<u64, Item> = items.into_iter().map(|i| (i.id.key, i)).collect();
+                for (_, free, reply) in claims {
+                    let mine = free.iter().filter_map(|k| by_key.remove(k)).collect();
+                    let _ = reply.send(Ok(mine));
+                }
+            }
+            Err(e) => {
+                let err = storage_error(self.id, &e);
+                for (topic, _, reply) in claims {
+                    self.index.invalidate(&topic.ns, &topic.topic);
+                    let _ = reply.send(Err(err.clone()));
+                }
+            }
+        }
     }
 
     async fn ack(&mut self, requests: Vec<(Vec<u64>, Reply<Vec<Settled>>)>) {
@@ -456,7 +483,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     let deliver_after_ms = now.saturating_add(*delay_ms);
                     changes.push(Change::Ready {
                         key: *key,
-                        deliver_after_ms,
+                        deliver_after_ms: Some(deliver_after_ms),
                         metadata: metadata.clone(),
                     });
                     if deliver_after_ms <= now {
@@ -538,7 +565,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     } else {
                         changes.push(Change::Ready {
                             key: m.key,
-                            deliver_after_ms: m.deliver_after_ms,
+                            deliver_after_ms: None,
                             metadata: None,
                         });
                         readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));

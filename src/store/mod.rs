@@ -50,16 +50,19 @@ impl ItemMeta {
     }
 }
 
-/// One row's change, applied with others in one transaction.
+/// One row's change, applied with others in one transaction. `Ready` and `Dead` apply only
+/// to a row that is still leased: they settle a lease, and must not touch a row that
+/// something else settled first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    /// Back to ready (or deferred) at `deliver_after_ms`; new metadata when given.
+    /// A leased row back to ready (or deferred): at `deliver_after_ms` when given, else at
+    /// its old place in the order; new metadata when given.
     Ready {
         key: u64,
-        deliver_after_ms: i64,
+        deliver_after_ms: Option<i64>,
         metadata: Option<Vec<u8>>,
     },
-    /// Attempts exhausted: kept, never delivered.
+    /// A leased row whose attempts are exhausted: kept, never delivered.
     Dead {
         key: u64,
     },

@@ -7,6 +7,11 @@
 //!   batch's keys to index it, and a persisted high-water mark guarantees that a key is
 //!   never reused, even after its row was deleted and the host restarted.
 //! - Every time is a `BIGINT` of milliseconds passed in by the caller.
+//! - The timestamp indexes of the background scans leave `state` out, so that leasing a
+//!   row (the hottest write) changes only `ready_order` and `lease`; the scans read from a
+//!   checkpoint, so filtering state on the few rows past it is cheap.
+//! - A write that is one statement runs in autocommit: an explicit transaction would add
+//!   two round trips for nothing.
 //! - Lists of keys are spliced into the SQL text as integers: they are `u64`s, so there is
 //!   nothing to escape, and a prepared statement per list length would churn the cache.
 
@@ -39,8 +44,8 @@ const SCHEMA: &[&str] = &[
         payload BLOB NOT NULL,
         metadata BLOB NOT NULL,
         KEY ready_order (ns, topic, state, priority, deliver_after_ms, id),
-        KEY due (state, deliver_after_ms),
-        KEY lease (state, lease_expires_ms),
+        KEY due (deliver_after_ms),
+        KEY lease (lease_expires_ms),
         KEY ttl (expires_at_ms)
     ) ENGINE=InnoDB",
     "CREATE TABLE IF NOT EXISTS foqs_meta (
@@ -52,7 +57,6 @@ const SCHEMA: &[&str] = &[
 const ITEM_COLUMNS: &str = "id, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy";
 const META_COLUMNS: &str = "id, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms";
 const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)";
-const INSERT_ROW: &str = "(?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 pub struct MySqlStore {
     shard: ShardId,
@@ -204,6 +208,111 @@ fn key_list(keys: &[u64]) -> String {
     s
 }
 
+/// Runs one statement: a prepared one when it has parameters (a blob), else in the text
+/// protocol, which saves the prepare round trip for SQL that is different every time.
+async fn run<Q: Queryable>(q: &mut Q, sql: &str, params: Params) -> StoreResult<()> {
+    match params {
+        Params::Empty => q.query_drop(sql).await?,
+        p => q.exec_drop(sql, p).await?,
+    }
+    Ok(())
+}
+
+/// Appends `bytes` as a hex literal (`X'...'`): binary-safe in the text protocol, with
+/// nothing to escape.
+fn push_hex(sql: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    sql.push_str("X'");
+    for b in bytes {
+        sql.push(HEX[(b >> 4) as usize] as char);
+        sql.push(HEX[(b & 15) as usize] as char);
+    }
+    sql.push('\'');
+}
+
+/// One multi-row INSERT in the text protocol: a prepared statement would cost an extra
+/// round trip per batch, since batch sizes vary and each size is different SQL.
+fn insert_sql(rows: &[(u64, NewItem)]) -> String {
+    use std::fmt::Write;
+    let bytes: usize = rows.iter().map(|(_, it)| 2 * (it.payload.len() + it.metadata.len()) + 160).sum();
+    let mut sql = String::with_capacity(128 + bytes);
+    sql.push_str("INSERT INTO items ");
+    sql.push_str(INSERT_COLUMNS);
+    sql.push_str(" VALUES ");
+    for (i, (key, it)) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        let _ = write!(sql, "({key},");
+        push_hex(&mut sql, it.ns.as_bytes());
+        sql.push(',');
+        push_hex(&mut sql, it.topic.as_bytes());
+        let expires = it.expires_at_ms.map_or_else(|| "NULL".to_string(), |t| t.to_string());
+        let _ = write!(
+            sql,
+            ",{},0,{},{},{},{expires},{},{},",
+            it.priority, it.deliver_after_ms, it.enqueued_at_ms, it.lease_ms, it.policy as i8, it.max_attempts
+        );
+        push_hex(&mut sql, &it.payload);
+        sql.push(',');
+        push_hex(&mut sql, &it.metadata);
+        sql.push(')');
+    }
+    sql
+}
+
+/// The fewest statements that apply `changes`: one per kind of change (and per new
+/// `deliver_after_ms`), except that a change carrying metadata updates its row alone.
+fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
+    const READY: &str = "UPDATE items SET state = 0, lease_token = 0";
+    let mut deletes = Vec::new();
+    let mut dead = Vec::new();
+    let mut keep_place = Vec::new();
+    let mut at: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
+    let mut out: Vec<(String, Params)> = Vec::new();
+    for c in changes {
+        match c {
+            Change::Delete { key } => deletes.push(*key),
+            Change::Dead { key } => dead.push(*key),
+            Change::Ready { key, deliver_after_ms: None, metadata: None } => keep_place.push(*key),
+            Change::Ready { key, deliver_after_ms: Some(t), metadata: None } => {
+                at.entry(*t).or_default().push(*key)
+            }
+            Change::Ready { key, deliver_after_ms, metadata: Some(m) } => {
+                let (set_time, mut params): (&str, Vec<Value>) = match deliver_after_ms {
+                    Some(t) => (", deliver_after_ms = ?", vec![(*t).into()]),
+                    None => ("", vec![]),
+                };
+                params.push(m.as_slice().into());
+                params.push((*key).into());
+                out.push((
+                    format!("{READY}{set_time}, metadata = ? WHERE id = ? AND state = 1"),
+                    Params::Positional(params),
+                ));
+            }
+        }
+    }
+    if !keep_place.is_empty() {
+        out.push((format!("{READY} WHERE id IN ({}) AND state = 1", key_list(&keep_place)), Params::Empty));
+    }
+    for (t, keys) in at {
+        out.push((
+            format!("{READY}, deliver_after_ms = {t} WHERE id IN ({}) AND state = 1", key_list(&keys)),
+            Params::Empty,
+        ));
+    }
+    if !dead.is_empty() {
+        out.push((
+            format!("UPDATE items SET state = 2, lease_token = 0 WHERE id IN ({}) AND state = 1", key_list(&dead)),
+            Params::Empty,
+        ));
+    }
+    if !deletes.is_empty() {
+        out.push((format!("DELETE FROM items WHERE id IN ({})", key_list(&deletes)), Params::Empty));
+    }
+    out
+}
+
 async fn meta_get(conn: &mut Conn, name: &str) -> StoreResult<Option<i64>> {
     Ok(conn
         .exec_first("SELECT value FROM foqs_meta WHERE name = ?", (name,))
@@ -270,41 +379,19 @@ impl ShardStore for MySqlStore {
         if rows.is_empty() {
             return Ok(());
         }
-        let mut sql = String::with_capacity(64 + rows.len() * (INSERT_ROW.len() + 2));
-        sql.push_str("INSERT INTO items ");
-        sql.push_str(INSERT_COLUMNS);
-        sql.push_str(" VALUES ");
-        let mut params: Vec<Value> = Vec::with_capacity(rows.len() * 12);
-        for (i, (key, it)) in rows.iter().enumerate() {
-            if i > 0 {
-                sql.push(',');
-            }
-            sql.push_str(INSERT_ROW);
-            params.extend([
-                Value::from(*key),
-                Value::from(it.ns.as_bytes()),
-                Value::from(it.topic.as_bytes()),
-                Value::from(it.priority),
-                Value::from(it.deliver_after_ms),
-                Value::from(it.enqueued_at_ms),
-                Value::from(it.lease_ms),
-                Value::from(it.expires_at_ms),
-                Value::from(it.policy as i8),
-                Value::from(it.max_attempts),
-                Value::from(it.payload.as_slice()),
-                Value::from(it.metadata.as_slice()),
-            ]);
-        }
+        let sql = insert_sql(rows);
         let mut conn = self.conn().await?;
+        let Some(hwm) = key_high_water else {
+            conn.query_drop(sql).await?;
+            return Ok(());
+        };
         let mut tx = conn.start_transaction(TxOpts::default()).await?;
-        if let Some(hwm) = key_high_water {
-            tx.exec_drop(
-                "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', ?) ON DUPLICATE KEY UPDATE value = VALUES(value)",
-                (hwm,),
-            )
-            .await?;
-        }
-        tx.exec_drop(sql, Params::Positional(params)).await?;
+        tx.exec_drop(
+            "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', ?) ON DUPLICATE KEY UPDATE value = VALUES(value)",
+            (hwm,),
+        )
+        .await?;
+        tx.query_drop(sql).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -361,21 +448,17 @@ impl ShardStore for MySqlStore {
         }
         let list = key_list(keys);
         let mut conn = self.conn().await?;
-        conn.exec_drop(
-            format!(
-                "UPDATE items SET state = 1, lease_token = ?, delivery_count = delivery_count + 1,
-                   lease_expires_ms = ? + lease_ms
-                 WHERE id IN ({list}) AND state = 0 AND deliver_after_ms <= ?
-                   AND (expires_at_ms IS NULL OR expires_at_ms > ?)"
-            ),
-            (token, now_ms, now_ms, now_ms),
-        )
+        conn.query_drop(format!(
+            "UPDATE items SET state = 1, lease_token = {token}, delivery_count = delivery_count + 1,
+               lease_expires_ms = {now_ms} + lease_ms
+             WHERE id IN ({list}) AND state = 0 AND deliver_after_ms <= {now_ms}
+               AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
+        ))
         .await?;
         let rows: Vec<mysql_async::Row> = conn
-            .exec(
-                format!("SELECT {ITEM_COLUMNS} FROM items WHERE id IN ({list}) AND state = 1 AND lease_token = ?"),
-                (token,),
-            )
+            .query(format!(
+                "SELECT {ITEM_COLUMNS} FROM items WHERE id IN ({list}) AND state = 1 AND lease_token = {token}"
+            ))
             .await?;
         rows.into_iter().map(|r| self.item_from_row(r)).collect()
     }
@@ -395,46 +478,18 @@ impl ShardStore for MySqlStore {
     }
 
     async fn apply(&self, changes: &[Change]) -> StoreResult<()> {
-        if changes.is_empty() {
+        let statements = apply_statements(changes);
+        if statements.is_empty() {
             return Ok(());
         }
-        let mut deletes = Vec::new();
-        let mut dead = Vec::new();
         let mut conn = self.conn().await?;
+        if let [(sql, params)] = statements.as_slice() {
+            run(&mut conn, sql, params.clone()).await?;
+            return Ok(());
+        }
         let mut tx = conn.start_transaction(TxOpts::default()).await?;
-        for c in changes {
-            match c {
-                Change::Delete { key } => deletes.push(*key),
-                Change::Dead { key } => dead.push(*key),
-                Change::Ready { key, deliver_after_ms, metadata: None } => {
-                    tx.exec_drop(
-                        "UPDATE items SET state = 0, deliver_after_ms = ?, lease_token = 0 WHERE id = ?",
-                        (deliver_after_ms, key),
-                    )
-                    .await?
-                }
-                Change::Ready { key, deliver_after_ms, metadata: Some(m) } => {
-                    tx.exec_drop(
-                        "UPDATE items SET state = 0, deliver_after_ms = ?, lease_token = 0, metadata = ? WHERE id = ?",
-                        (deliver_after_ms, m.as_slice(), key),
-                    )
-                    .await?
-                }
-            }
-        }
-        if !dead.is_empty() {
-            tx.query_drop(format!(
-                "UPDATE items SET state = 2, lease_token = 0 WHERE id IN ({})",
-                key_list(&dead)
-            ))
-            .await?;
-        }
-        if !deletes.is_empty() {
-            tx.query_drop(format!(
-                "DELETE FROM items WHERE id IN ({})",
-                key_list(&deletes)
-            ))
-            .await?;
+        for (sql, params) in statements {
+            run(&mut tx, &sql, params).await?;
         }
         tx.commit().await?;
         Ok(())
