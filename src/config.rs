@@ -93,6 +93,14 @@ pub struct EngineConfig {
     pub breaker_failures_max: u32,
     /// How long an open breaker waits before probing the shard again.
     pub breaker_open_ms: u64,
+    /// A busy topic stages about this much of its dequeue rate in the prefetch buffer.
+    pub prefetch_window_ms: u64,
+    /// Most items staged per topic.
+    pub prefetch_items_max: usize,
+    /// Staged items not handed out within this long are released back to their shards.
+    pub prefetch_stage_max_ms: u64,
+    /// How often busy topics are restocked and aged staged items released.
+    pub prefetch_tick_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -106,6 +114,10 @@ impl Default for EngineConfig {
             checkpoint_interval_ms: 1000,
             breaker_failures_max: 3,
             breaker_open_ms: 2000,
+            prefetch_window_ms: 100,
+            prefetch_items_max: 1000,
+            prefetch_stage_max_ms: 1000,
+            prefetch_tick_ms: 10,
         }
     }
 }
@@ -252,6 +264,8 @@ impl Config {
             ("engine.checkpoint_interval_ms", e.checkpoint_interval_ms),
             ("engine.breaker_failures_max", e.breaker_failures_max as u64),
             ("engine.breaker_open_ms", e.breaker_open_ms),
+            ("engine.prefetch_stage_max_ms", e.prefetch_stage_max_ms),
+            ("engine.prefetch_tick_ms", e.prefetch_tick_ms),
         ];
         for (name, v) in positive {
             if v == 0 {

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::clock::SharedClock;
 use crate::config::{Config, Namespaces};
-use crate::core::Host;
+use crate::core::{Host, PrefetchConfig};
 use crate::server::{serve, ServerLimits};
 use crate::shard::{ShardWorker, WorkerConfig};
 use crate::store::{MySqlStore, StoreError};
@@ -34,6 +34,7 @@ pub struct Running {
     pub host: Arc<Host>,
     stop: watch::Sender<bool>,
     server: JoinHandle<()>,
+    prefetcher: JoinHandle<()>,
 }
 
 impl Running {
@@ -42,6 +43,7 @@ impl Running {
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         let _ = self.server.await;
+        let _ = self.prefetcher.await;
         self.host.shutdown().await;
     }
 }
@@ -68,10 +70,16 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         }
     }))
     .await?;
+    let prefetch = PrefetchConfig {
+        window_ms: cfg.engine.prefetch_window_ms,
+        items_max: cfg.engine.prefetch_items_max,
+        stage_max_ms: cfg.engine.prefetch_stage_max_ms as i64,
+    };
     let host = Arc::new(Host::new(
         cfg.host_id(),
         shards,
         Namespaces::from_config(cfg),
+        prefetch,
         clock,
     ));
     let listener = TcpListener::bind(&cfg.server.listen)
@@ -91,10 +99,15 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         max_connections: cfg.server.max_connections,
         shutdown_grace_ms: cfg.server.shutdown_grace_ms,
     };
+    let prefetcher = tokio::spawn(
+        host.clone()
+            .run_prefetch(cfg.engine.prefetch_tick_ms, stop_rx.clone()),
+    );
     let server = tokio::spawn(serve(listener, host.clone(), limits, stop_rx));
     Ok(Running {
         addr,
         host,
+        prefetcher,
         stop,
         server,
     })

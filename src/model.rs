@@ -152,6 +152,10 @@ pub struct Item {
     pub delivery_count: i32,
     pub lease_expires_ms: i64,
     pub policy: Policy,
+    /// When the TTL deletes it, if ever (not sent to clients).
+    pub expires_at_ms: Option<i64>,
+    /// Names the claim that leased it, so that only that lease can be released.
+    pub lease_token: i64,
 }
 
 impl Item {

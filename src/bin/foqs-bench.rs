@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use foqs::client::{connect, Protocol};
-use foqs::thrift_gen::{AckRequest, DequeueRequest, EnqueueItem, EnqueueRequest, TFoqsSyncClient, TopicRequest};
+use foqs::thrift_gen::{
+    AckRequest, DequeueRequest, EnqueueItem, EnqueueRequest, TFoqsSyncClient, TopicRequest,
+};
 
 #[derive(Parser, Clone)]
 #[command(about = "Load generator for foqsd; prints one JSON line")]
@@ -85,7 +87,8 @@ struct Run {
 
 impl Run {
     fn client(&self) -> anyhow::Result<foqs::client::SyncClient> {
-        connect(&self.args.host, self.protocol, Duration::from_secs(30)).with_context(|| format!("connecting to {}", self.args.host))
+        connect(&self.args.host, self.protocol, Duration::from_secs(30))
+            .with_context(|| format!("connecting to {}", self.args.host))
     }
 
     /// Producers enqueue `items` in total; returns (elapsed, latencies).
@@ -118,7 +121,9 @@ impl Run {
                                 EnqueueItem {
                                     ns: Some(self.args.ns.clone()),
                                     topic: Some(self.topic.clone()),
-                                    priority: Some((seed % self.args.priorities.max(1) as u64) as i32),
+                                    priority: Some(
+                                        (seed % self.args.priorities.max(1) as u64) as i32,
+                                    ),
                                     payload: Some(payload.clone()),
                                     metadata: None,
                                     deliver_after_ms: None,
@@ -130,7 +135,8 @@ impl Run {
                             })
                             .collect();
                         if per_producer_rate > 0.0 {
-                            let due = start + Duration::from_secs_f64(sent as f64 / per_producer_rate);
+                            let due =
+                                start + Duration::from_secs_f64(sent as f64 / per_producer_rate);
                             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                                 std::thread::sleep(wait);
                             }
@@ -138,7 +144,12 @@ impl Run {
                         let t = Instant::now();
                         let r = c.enqueue(EnqueueRequest { items: Some(batch) })?;
                         mine.push(t.elapsed().as_micros() as u32);
-                        if let Some(e) = r.results.unwrap_or_default().into_iter().find_map(|r| r.error) {
+                        if let Some(e) = r
+                            .results
+                            .unwrap_or_default()
+                            .into_iter()
+                            .find_map(|r| r.error)
+                        {
                             bail!("enqueue failed: {e:?}");
                         }
                         sent += n as u64;
@@ -158,7 +169,12 @@ impl Run {
     }
 
     /// Consumers dequeue and ack until `items` are consumed; returns (elapsed, latencies).
-    fn consume(&self, items: u64, deadline: Instant, producing: &AtomicBool) -> anyhow::Result<(Duration, Latencies, u64)> {
+    fn consume(
+        &self,
+        items: u64,
+        deadline: Instant,
+        producing: &AtomicBool,
+    ) -> anyhow::Result<(Duration, Latencies, u64)> {
         let done = Arc::new(AtomicU64::new(0));
         let lat = Arc::new(Mutex::new(Latencies::default()));
         let start = Instant::now();
@@ -180,7 +196,9 @@ impl Run {
                         let t = Instant::now();
                         let got = c.dequeue(req.clone())?.items.unwrap_or_default();
                         if got.is_empty() {
-                            if !producing.load(Ordering::SeqCst) && done.load(Ordering::SeqCst) >= items {
+                            if !producing.load(Ordering::SeqCst)
+                                && done.load(Ordering::SeqCst) >= items
+                            {
                                 break;
                             }
                             std::thread::sleep(Duration::from_millis(1));
@@ -190,7 +208,12 @@ impl Run {
                         let n = ids.len() as u64;
                         let r = c.ack(AckRequest { ids: Some(ids) })?;
                         mine.push(t.elapsed().as_micros() as u32);
-                        if let Some(e) = r.results.unwrap_or_default().into_iter().find_map(|r| r.error) {
+                        if let Some(e) = r
+                            .results
+                            .unwrap_or_default()
+                            .into_iter()
+                            .find_map(|r| r.error)
+                        {
                             bail!("ack failed: {e:?}");
                         }
                         done.fetch_add(n, Ordering::SeqCst);
@@ -219,12 +242,23 @@ fn main() -> anyhow::Result<()> {
     if args.batch == 0 || args.batch > 1000 || args.producers == 0 || args.consumers == 0 {
         bail!("--batch must be 1..=1000, --producers and --consumers > 0");
     }
-    let protocol = if args.protocol == "compact" { Protocol::Compact } else { Protocol::Binary };
+    let protocol = if args.protocol == "compact" {
+        Protocol::Compact
+    } else {
+        Protocol::Binary
+    };
     let topic = args.topic.clone().unwrap_or_else(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
         format!("bench-{}-{t}", std::process::id())
     });
-    let run = Run { args: args.clone(), topic, protocol };
+    let run = Run {
+        args: args.clone(),
+        topic,
+        protocol,
+    };
     let phases: Vec<&str> = args.phases.split(',').map(str::trim).collect();
     let limit = Duration::from_secs(args.max_seconds);
     let mut fields = vec![
@@ -240,7 +274,10 @@ fn main() -> anyhow::Result<()> {
         match phase {
             "enqueue" => {
                 let (d, lat) = run.produce(args.items, Instant::now() + limit)?;
-                fields.push(format!("\"enqueue_items_per_s\":{:.0}", rate(args.items, d)));
+                fields.push(format!(
+                    "\"enqueue_items_per_s\":{:.0}",
+                    rate(args.items, d)
+                ));
                 fields.push(format!("\"enqueue_latency\":{}", lat.summary()));
             }
             "drain" => {

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use futures::future::join_all;
 use tokio::task::JoinHandle;
 
+use super::prefetch::{Prefetch, PrefetchConfig};
 use super::validate::{check_duration, check_name, limits, validate_item, EnqueueRequestItem};
 use super::{kway_merge, ActiveTopicsPage, NackRequestItem, TopicRequest};
 use crate::clock::SharedClock;
@@ -18,12 +19,15 @@ use crate::shard::{Settled, ShardHandle};
 /// Merge-and-claim rounds per topic in one dequeue. A round comes up short only when a
 /// concurrent dequeue claimed some of the same keys, so a few rounds are plenty.
 const DEQUEUE_ROUNDS_MAX: usize = 4;
+/// Most items one merge-and-claim asks for: the largest dequeue count.
+const CLAIM_ITEMS_MAX: usize = 1000;
 
 pub struct Host {
     host_id: String,
     shards: BTreeMap<ShardId, ShardHandle>,
     namespaces: Namespaces,
     clock: SharedClock,
+    prefetch: Prefetch,
     next_shard: AtomicUsize,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -34,6 +38,7 @@ impl Host {
         host_id: String,
         shards: Vec<(ShardHandle, JoinHandle<()>)>,
         namespaces: Namespaces,
+        prefetch: PrefetchConfig,
         clock: SharedClock,
     ) -> Host {
         let mut handles = BTreeMap::new();
@@ -47,6 +52,7 @@ impl Host {
             shards: handles,
             namespaces,
             clock,
+            prefetch: Prefetch::new(prefetch),
             next_shard: AtomicUsize::new(0),
             workers: Mutex::new(workers),
         }
@@ -160,9 +166,93 @@ impl Host {
         Ok(out)
     }
 
-    /// The prefetch step: merge the shards' index heads, claim the winners on each shard
-    /// (one statement per shard), and hand them out in order.
+    /// Serves a dequeue from the prefetch buffer's stage, and claims on demand what the
+    /// stage lacks, plus enough to restock it when the topic is busy.
     async fn dequeue_topic(&self, topic: &TopicName, count: usize) -> Result<Vec<Item>> {
+        let taken = self.prefetch.take(topic, count, self.clock.now_ms());
+        self.release(taken.release);
+        let mut got = taken.items;
+        if got.len() < count {
+            let lock = self.prefetch.claim_lock(topic);
+            let _claiming = lock.lock().await;
+            // Whatever a claim finished while we waited was staged: look again first.
+            let more = self
+                .prefetch
+                .take_more(topic, count - got.len(), self.clock.now_ms());
+            self.release(more.release);
+            got.extend(more.items);
+            if got.len() < count {
+                let want = (count - got.len() + taken.ahead).min(CLAIM_ITEMS_MAX);
+                match self.claim_best(topic, want).await {
+                    Ok(claimed) => got.extend(claimed),
+                    Err(e) if got.is_empty() => return Err(e),
+                    Err(_) => {} // serve what the stage had; the claim's items are delayed
+                }
+            }
+            got.sort_by_key(Item::global_key);
+            if got.len() > count {
+                let rest = got.split_off(count);
+                self.prefetch.stage(topic, rest, self.clock.now_ms());
+            }
+        }
+        Ok(got)
+    }
+
+    /// Gives staged items back to their shards, in the background: a release that fails
+    /// only delays those items until their leases expire.
+    fn release(&self, items: Vec<Item>) {
+        if items.is_empty() {
+            return;
+        }
+        let mut by_shard: HashMap<ShardId, Vec<Item>> = HashMap::new();
+        for i in items {
+            by_shard.entry(i.id.shard).or_default().push(i);
+        }
+        for (id, items) in by_shard {
+            if let Some(shard) = self.shards.get(&id).cloned() {
+                tokio::spawn(async move {
+                    if let Err(e) = shard.release(items).await {
+                        tracing::warn!(shard = id, error = %e, "release of staged items failed");
+                    }
+                });
+            }
+        }
+    }
+
+    /// Restocks busy topics' stages and releases aged staged items until `stop` turns
+    /// true, then releases everything staged.
+    pub async fn run_prefetch(
+        self: std::sync::Arc<Self>,
+        tick_ms: u64,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(tick_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => break,
+            }
+            let now = self.clock.now_ms();
+            let (restock, release) = self.prefetch.sweep(now);
+            self.release(release);
+            for (topic, n) in restock {
+                let lock = self.prefetch.claim_lock(&topic);
+                // A dequeue claiming for this topic restocks it already.
+                let Ok(_claiming) = lock.try_lock() else {
+                    continue;
+                };
+                if let Ok(items) = self.claim_best(&topic, n.min(CLAIM_ITEMS_MAX)).await {
+                    self.prefetch.stage(&topic, items, self.clock.now_ms());
+                }
+            }
+        }
+    }
+
+    /// Merges the shards' index heads, claims the `want` most urgent on their shards (one
+    /// statement per shard), and returns them in order.
+    async fn claim_best(&self, topic: &TopicName, want: usize) -> Result<Vec<Item>> {
+        let count = want;
         let mut got: Vec<Item> = Vec::with_capacity(count);
         let mut last_err = None;
         for _ in 0..DEQUEUE_ROUNDS_MAX {
@@ -384,6 +474,14 @@ impl Host {
                 m.leased += t.leased;
             }
         }
+        // Staged items are leased in MySQL but nobody holds them: they count as ready.
+        for (topic, n) in self.prefetch.staged_counts(ns) {
+            if let Some(m) = merged.get_mut(&topic) {
+                let n = n.min(m.leased);
+                m.leased -= n;
+                m.ready += n;
+            }
+        }
         let more = merged.len() > limit;
         let topics: Vec<TopicCounts> = merged.into_values().take(limit).collect();
         let next_after = if more {
@@ -401,6 +499,17 @@ impl Host {
     /// Flushes every shard's buffers, saves checkpoints and stops the workers. Call after
     /// the server has stopped taking requests.
     pub async fn shutdown(&self) {
+        // Staged items go back before the workers stop, so none waits for its lease.
+        let mut by_shard: HashMap<ShardId, Vec<Item>> = HashMap::new();
+        for i in self.prefetch.drain() {
+            by_shard.entry(i.id.shard).or_default().push(i);
+        }
+        join_all(by_shard.into_iter().map(|(id, items)| async move {
+            if let Err(e) = self.shards[&id].release(items).await {
+                tracing::warn!(shard = id, error = %e, "releasing staged items at shutdown failed");
+            }
+        }))
+        .await;
         join_all(self.shards.values().map(|s| s.shutdown())).await;
         let workers = std::mem::take(&mut *self.workers.lock().expect("not poisoned"));
         for w in workers {

@@ -4,10 +4,12 @@
 
 mod host;
 mod merge;
+mod prefetch;
 mod validate;
 
 pub use host::Host;
 pub use merge::kway_merge;
+pub use prefetch::PrefetchConfig;
 pub use validate::{limits, validate_item, EnqueueRequestItem};
 
 /// One topic of a dequeue request.

@@ -56,6 +56,10 @@ pub(crate) enum Command {
         nacks: Vec<NackOp>,
         reply: Reply<Vec<Settled>>,
     },
+    Release {
+        items: Vec<Item>,
+        reply: Reply<()>,
+    },
     TopicCounts {
         ns: String,
         after: Option<String>,
@@ -147,6 +151,11 @@ impl ShardHandle {
     pub async fn claim(&self, topic: TopicName, keys: Vec<ReadyKey>) -> Result<Vec<Item>> {
         self.call(|reply| Command::Claim { topic, keys, reply })
             .await
+    }
+
+    /// Gives back claimed items that were never handed out: ready again, uncounted.
+    pub async fn release(&self, items: Vec<Item>) -> Result<()> {
+        self.call(|reply| Command::Release { items, reply }).await
     }
 
     pub async fn ack(&self, keys: Vec<u64>) -> Result<Vec<Settled>> {

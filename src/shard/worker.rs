@@ -220,7 +220,8 @@ impl<S: ShardStore> ShardWorker<S> {
                     let t = self.index.topic(&topic);
                     // Only keys still indexed are free: another dequeue may have claimed
                     // the rest since they were peeked.
-                    let free: Vec<u64> = keys.iter().filter(|k| t.remove(k)).map(|k| k.key).collect();
+                    let free: Vec<u64> =
+                        keys.iter().filter(|k| t.remove(k)).map(|k| k.key).collect();
                     claims.push((topic, free, reply));
                 }
                 other => others.push(other),
@@ -228,6 +229,10 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         for c in others {
             match c {
+                Command::Release { items, reply } => {
+                    let r = self.release(items).await;
+                    let _ = reply.send(r);
+                }
                 Command::Peek { topic, n, reply } => {
                     let r = self.peek(&topic, n).await;
                     let _ = reply.send(r);
@@ -380,7 +385,10 @@ impl<S: ShardStore> ShardWorker<S> {
     /// Leases the free keys of every claim in one statement and answers each claim with
     /// its own items.
     async fn claim(&mut self, claims: Vec<(TopicName, Vec<u64>, Reply<Vec<Item>>)>) {
-        let all: Vec<u64> = claims.iter().flat_map(|(_, free, _)| free.iter().copied()).collect();
+        let all: Vec<u64> = claims
+            .iter()
+            .flat_map(|(_, free, _)| free.iter().copied())
+            .collect();
         if all.is_empty() {
             for (_, _, reply) in claims {
                 let _ = reply.send(Ok(vec![]));
@@ -388,11 +396,15 @@ impl<S: ShardStore> ShardWorker<S> {
             return;
         }
         self.lease_token += 1;
-        let r = self.store.claim(&all, self.clock.now_ms(), self.lease_token).await;
+        let r = self
+            .store
+            .claim(&all, self.clock.now_ms(), self.lease_token)
+            .await;
         self.record(&r);
         match r {
             Ok(items) => {
-                let mut by_key: HashMap<u64, Item> = items.into_iter().map(|i| (i.id.key, i)).collect();
+                let mut by_key: HashMap<u64, Item> =
+                    items.into_iter().map(|i| (i.id.key, i)).collect();
                 for (_, free, reply) in claims {
                     let mine = free.iter().filter_map(|k| by_key.remove(k)).collect();
                     let _ = reply.send(Ok(mine));
@@ -406,6 +418,33 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
             }
         }
+    }
+
+    async fn release(&mut self, items: Vec<Item>) -> Result<()> {
+        let changes: Vec<Change> = items
+            .iter()
+            .map(|i| Change::Release {
+                key: i.id.key,
+                token: i.lease_token,
+            })
+            .collect();
+        let r = self.store.apply(&changes).await;
+        self.record(&r);
+        if let Err(e) = r {
+            for i in &items {
+                self.index.invalidate(&i.ns, &i.topic);
+            }
+            return Err(storage_error(self.id, &e));
+        }
+        for i in items {
+            let k = ReadyKey {
+                priority: i.priority,
+                deliver_after_ms: i.deliver_after_ms,
+                key: i.id.key,
+            };
+            self.index.offer(&i.ns, &i.topic, k);
+        }
+        Ok(())
     }
 
     async fn ack(&mut self, requests: Vec<(Vec<u64>, Reply<Vec<Settled>>)>) {

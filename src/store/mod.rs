@@ -69,6 +69,13 @@ pub enum Change {
     Delete {
         key: u64,
     },
+    /// Undoes a claim whose items were never handed out (staged items let go): ready again
+    /// at their old place, the delivery nobody saw not counted. Only the claim that leased
+    /// the row (`token`) can release it.
+    Release {
+        key: u64,
+        token: i64,
+    },
 }
 
 /// The background scans; each reads a timestamp index from a checkpoint.

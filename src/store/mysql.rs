@@ -54,7 +54,7 @@ const SCHEMA: &[&str] = &[
     ) ENGINE=InnoDB",
 ];
 
-const ITEM_COLUMNS: &str = "id, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy";
+const ITEM_COLUMNS: &str = "id, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
 const META_COLUMNS: &str = "id, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms";
 const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)";
 
@@ -101,50 +101,34 @@ impl MySqlStore {
         Ok(self.pool.get_conn().await?)
     }
 
-    fn item_from_row(&self, row: mysql_async::Row) -> StoreResult<Item> {
-        type R = (
-            u64,
-            String,
-            String,
-            i32,
-            Vec<u8>,
-            Vec<u8>,
-            i64,
-            i64,
-            i32,
-            i64,
-            i8,
-        );
-        let (
-            key,
-            ns,
-            topic,
-            priority,
-            payload,
-            metadata,
-            deliver_after_ms,
-            enqueued_at_ms,
-            delivery_count,
-            lease_expires_ms,
-            policy,
-        ): R = mysql_async::from_row_opt(row)
-            .map_err(|e| StoreError::Schema(format!("item row: {e}")))?;
+    fn item_from_row(&self, mut row: mysql_async::Row) -> StoreResult<Item> {
         Ok(Item {
             id: ItemId {
                 shard: self.shard,
-                key,
+                key: column(&mut row, 0)?,
             },
-            ns,
-            topic,
-            priority,
-            payload,
-            metadata,
-            deliver_after_ms,
-            enqueued_at_ms,
-            delivery_count,
-            lease_expires_ms,
-            policy: policy_from_db(policy)?,
+            ns: column(&mut row, 1)?,
+            topic: column(&mut row, 2)?,
+            priority: column(&mut row, 3)?,
+            payload: column(&mut row, 4)?,
+            metadata: column(&mut row, 5)?,
+            deliver_after_ms: column(&mut row, 6)?,
+            enqueued_at_ms: column(&mut row, 7)?,
+            delivery_count: column(&mut row, 8)?,
+            lease_expires_ms: column(&mut row, 9)?,
+            policy: policy_from_db(column(&mut row, 10)?)?,
+            expires_at_ms: column(&mut row, 11)?,
+            lease_token: column(&mut row, 12)?,
         })
+    }
+}
+
+/// Column `i` of `row` as `T`.
+fn column<T: FromValue>(row: &mut mysql_async::Row, i: usize) -> StoreResult<T> {
+    match row.take_opt::<T, usize>(i) {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(e)) => Err(StoreError::Schema(format!("column {i}: {e}"))),
+        None => Err(StoreError::Schema(format!("column {i} missing"))),
     }
 }
 
@@ -234,7 +218,10 @@ fn push_hex(sql: &mut String, bytes: &[u8]) {
 /// round trip per batch, since batch sizes vary and each size is different SQL.
 fn insert_sql(rows: &[(u64, NewItem)]) -> String {
     use std::fmt::Write;
-    let bytes: usize = rows.iter().map(|(_, it)| 2 * (it.payload.len() + it.metadata.len()) + 160).sum();
+    let bytes: usize = rows
+        .iter()
+        .map(|(_, it)| 2 * (it.payload.len() + it.metadata.len()) + 160)
+        .sum();
     let mut sql = String::with_capacity(128 + bytes);
     sql.push_str("INSERT INTO items ");
     sql.push_str(INSERT_COLUMNS);
@@ -247,11 +234,18 @@ fn insert_sql(rows: &[(u64, NewItem)]) -> String {
         push_hex(&mut sql, it.ns.as_bytes());
         sql.push(',');
         push_hex(&mut sql, it.topic.as_bytes());
-        let expires = it.expires_at_ms.map_or_else(|| "NULL".to_string(), |t| t.to_string());
+        let expires = it
+            .expires_at_ms
+            .map_or_else(|| "NULL".to_string(), |t| t.to_string());
         let _ = write!(
             sql,
             ",{},0,{},{},{},{expires},{},{},",
-            it.priority, it.deliver_after_ms, it.enqueued_at_ms, it.lease_ms, it.policy as i8, it.max_attempts
+            it.priority,
+            it.deliver_after_ms,
+            it.enqueued_at_ms,
+            it.lease_ms,
+            it.policy as i8,
+            it.max_attempts
         );
         push_hex(&mut sql, &it.payload);
         sql.push(',');
@@ -269,16 +263,28 @@ fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
     let mut dead = Vec::new();
     let mut keep_place = Vec::new();
     let mut at: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
+    let mut released: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
     let mut out: Vec<(String, Params)> = Vec::new();
     for c in changes {
         match c {
             Change::Delete { key } => deletes.push(*key),
             Change::Dead { key } => dead.push(*key),
-            Change::Ready { key, deliver_after_ms: None, metadata: None } => keep_place.push(*key),
-            Change::Ready { key, deliver_after_ms: Some(t), metadata: None } => {
-                at.entry(*t).or_default().push(*key)
-            }
-            Change::Ready { key, deliver_after_ms, metadata: Some(m) } => {
+            Change::Release { key, token } => released.entry(*token).or_default().push(*key),
+            Change::Ready {
+                key,
+                deliver_after_ms: None,
+                metadata: None,
+            } => keep_place.push(*key),
+            Change::Ready {
+                key,
+                deliver_after_ms: Some(t),
+                metadata: None,
+            } => at.entry(*t).or_default().push(*key),
+            Change::Ready {
+                key,
+                deliver_after_ms,
+                metadata: Some(m),
+            } => {
                 let (set_time, mut params): (&str, Vec<Value>) = match deliver_after_ms {
                     Some(t) => (", deliver_after_ms = ?", vec![(*t).into()]),
                     None => ("", vec![]),
@@ -293,22 +299,46 @@ fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
         }
     }
     if !keep_place.is_empty() {
-        out.push((format!("{READY} WHERE id IN ({}) AND state = 1", key_list(&keep_place)), Params::Empty));
+        out.push((
+            format!(
+                "{READY} WHERE id IN ({}) AND state = 1",
+                key_list(&keep_place)
+            ),
+            Params::Empty,
+        ));
     }
     for (t, keys) in at {
         out.push((
-            format!("{READY}, deliver_after_ms = {t} WHERE id IN ({}) AND state = 1", key_list(&keys)),
+            format!(
+                "{READY}, deliver_after_ms = {t} WHERE id IN ({}) AND state = 1",
+                key_list(&keys)
+            ),
+            Params::Empty,
+        ));
+    }
+    for (token, keys) in released {
+        out.push((
+            format!(
+                "{READY}, delivery_count = delivery_count - 1 WHERE id IN ({}) AND state = 1 AND lease_token = {token}",
+                key_list(&keys)
+            ),
             Params::Empty,
         ));
     }
     if !dead.is_empty() {
         out.push((
-            format!("UPDATE items SET state = 2, lease_token = 0 WHERE id IN ({}) AND state = 1", key_list(&dead)),
+            format!(
+                "UPDATE items SET state = 2, lease_token = 0 WHERE id IN ({}) AND state = 1",
+                key_list(&dead)
+            ),
             Params::Empty,
         ));
     }
     if !deletes.is_empty() {
-        out.push((format!("DELETE FROM items WHERE id IN ({})", key_list(&deletes)), Params::Empty));
+        out.push((
+            format!("DELETE FROM items WHERE id IN ({})", key_list(&deletes)),
+            Params::Empty,
+        ));
     }
     out
 }

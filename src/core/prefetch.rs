@@ -1,0 +1,312 @@
+//! The prefetch buffer: per (namespace, topic), items already claimed (leased in MySQL)
+//! and staged in memory, so that a dequeue on a busy topic is served from memory and the
+//! claims happen in large batches, off the consumer's path.
+//!
+//! How much is staged follows each topic's recent dequeue rate: about
+//! `prefetch_window_ms` worth of it, at most `prefetch_items_max`. An idle topic stages
+//! nothing, so a dequeue there merges and claims on demand, exactly what was asked.
+//!
+//! A staged item's lease runs from its claim, so it is handed out only while at least half
+//! of that lease is left, its TTL has not passed and it has been staged no longer than
+//! `prefetch_stage_max_ms`; otherwise it is released: made ready again in MySQL with the
+//! unseen delivery uncounted. On shutdown every staged item is released. After a crash,
+//! staged items are leased rows and come back when their leases expire (with that one
+//! unseen delivery counted).
+//!
+//! The price of staging: an item enqueued after a batch was staged, even a more urgent
+//! one, waits until the staged items ahead of it are handed out (at most one window).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use crate::model::{GlobalKey, Item, TopicName};
+
+/// Half-life of the dequeue-rate estimate.
+const RATE_HALF_LIFE_MS: f64 = 1000.0;
+
+#[derive(Debug, Clone, Copy)]
+pub struct PrefetchConfig {
+    pub window_ms: u64,
+    pub items_max: usize,
+    pub stage_max_ms: i64,
+}
+
+struct Staged {
+    item: Item,
+    staged_at_ms: i64,
+}
+
+#[derive(Default)]
+struct Stage {
+    items: BTreeMap<GlobalKey, Staged>,
+    /// Held while claiming for this topic: a dequeue that finds the stage short waits for
+    /// a claim in flight and then looks again, so items in transit between the index and
+    /// the stage are never missed (a dequeue returns min(count, ready)).
+    claim_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Items dequeued, decayed with RATE_HALF_LIFE_MS: c = r * H / ln 2 at a steady rate r.
+    recent: f64,
+    recent_at_ms: i64,
+}
+
+impl Stage {
+    fn decay(&mut self, now_ms: i64) {
+        let dt = (now_ms - self.recent_at_ms).max(0) as f64;
+        self.recent *= 0.5f64.powf(dt / RATE_HALF_LIFE_MS);
+        self.recent_at_ms = now_ms;
+    }
+
+    /// Dequeued items per second, recently.
+    fn rate(&self) -> f64 {
+        self.recent * std::f64::consts::LN_2 / (RATE_HALF_LIFE_MS / 1000.0)
+    }
+}
+
+fn fit(s: &Staged, now_ms: i64, stage_max_ms: i64) -> bool {
+    let lease_total = s.item.lease_expires_ms - s.staged_at_ms;
+    let held = now_ms - s.staged_at_ms;
+    held <= stage_max_ms
+        && held * 2 <= lease_total
+        && s.item.expires_at_ms.is_none_or(|t| t > now_ms)
+}
+
+/// What a dequeue got from the stage.
+pub struct Taken {
+    pub items: Vec<Item>,
+    /// Items that may no longer be handed out: the caller releases them.
+    pub release: Vec<Item>,
+    /// How many to claim beyond the shortfall, to restock the stage.
+    pub ahead: usize,
+}
+
+pub struct Prefetch {
+    cfg: PrefetchConfig,
+    topics: Mutex<HashMap<TopicName, Stage>>,
+}
+
+impl Prefetch {
+    pub fn new(cfg: PrefetchConfig) -> Self {
+        Prefetch {
+            cfg,
+            topics: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn target(&self, stage: &Stage) -> usize {
+        let t = stage.rate() * self.cfg.window_ms as f64 / 1000.0;
+        (t as usize).min(self.cfg.items_max)
+    }
+
+    /// Takes up to `count` staged items for a dequeue and records the demand.
+    pub fn take(&self, topic: &TopicName, count: usize, now_ms: i64) -> Taken {
+        self.take_inner(topic, count, now_ms, true)
+    }
+
+    /// Takes more staged items for the same dequeue, without counting its demand again.
+    pub fn take_more(&self, topic: &TopicName, count: usize, now_ms: i64) -> Taken {
+        self.take_inner(topic, count, now_ms, false)
+    }
+
+    /// The topic's claim lock (see `Stage::claim_lock`).
+    pub fn claim_lock(&self, topic: &TopicName) -> Arc<tokio::sync::Mutex<()>> {
+        let mut topics = self.topics.lock().expect("not poisoned");
+        topics.entry(topic.clone()).or_default().claim_lock.clone()
+    }
+
+    fn take_inner(&self, topic: &TopicName, count: usize, now_ms: i64, demand: bool) -> Taken {
+        let mut topics = self.topics.lock().expect("not poisoned");
+        let stage = topics.entry(topic.clone()).or_default();
+        stage.decay(now_ms);
+        if demand {
+            stage.recent += count as f64;
+        }
+        let mut items = Vec::new();
+        let mut release = Vec::new();
+        while items.len() < count {
+            let Some((_, s)) = stage.items.pop_first() else {
+                break;
+            };
+            if fit(&s, now_ms, self.cfg.stage_max_ms) {
+                items.push(s.item);
+            } else {
+                release.push(s.item);
+            }
+        }
+        let ahead = self.target(stage).saturating_sub(stage.items.len());
+        Taken {
+            items,
+            release,
+            ahead,
+        }
+    }
+
+    /// Stages claimed items that were not handed out.
+    pub fn stage(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) {
+        if items.is_empty() {
+            return;
+        }
+        let mut topics = self.topics.lock().expect("not poisoned");
+        let stage = topics.entry(topic.clone()).or_default();
+        for item in items {
+            stage.items.insert(
+                item.global_key(),
+                Staged {
+                    item,
+                    staged_at_ms: now_ms,
+                },
+            );
+        }
+    }
+
+    /// Topics whose stage is below half its target, with how many to claim; and the items
+    /// that aged out (to release). Forgets topics that are idle and empty.
+    pub fn sweep(&self, now_ms: i64) -> (Vec<(TopicName, usize)>, Vec<Item>) {
+        let mut topics = self.topics.lock().expect("not poisoned");
+        let mut restock = Vec::new();
+        let mut release = Vec::new();
+        topics.retain(|name, stage| {
+            stage.decay(now_ms);
+            let stale: Vec<GlobalKey> = stage
+                .items
+                .iter()
+                .filter(|(_, s)| !fit(s, now_ms, self.cfg.stage_max_ms))
+                .map(|(k, _)| *k)
+                .collect();
+            for k in stale {
+                release.extend(stage.items.remove(&k).map(|s| s.item));
+            }
+            let target = self.target(stage);
+            if target > 0 && stage.items.len() * 2 < target {
+                restock.push((name.clone(), target - stage.items.len()));
+            }
+            // Forget idle topics, unless a claim holds their lock right now.
+            !(stage.items.is_empty()
+                && stage.recent < 0.01
+                && Arc::strong_count(&stage.claim_lock) == 1)
+        });
+        (restock, release)
+    }
+
+    /// Everything staged, for release at shutdown.
+    pub fn drain(&self) -> Vec<Item> {
+        let mut topics = self.topics.lock().expect("not poisoned");
+        topics
+            .drain()
+            .flat_map(|(_, s)| s.items.into_values().map(|s| s.item))
+            .collect()
+    }
+
+    /// Staged items per topic of `ns`: leased in MySQL, but ready as far as clients go.
+    pub fn staged_counts(&self, ns: &str) -> HashMap<String, i64> {
+        let topics = self.topics.lock().expect("not poisoned");
+        topics
+            .iter()
+            .filter(|(t, s)| t.ns == ns && !s.items.is_empty())
+            .map(|(t, s)| (t.topic.clone(), s.items.len() as i64))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ItemId, Policy};
+
+    const CFG: PrefetchConfig = PrefetchConfig {
+        window_ms: 100,
+        items_max: 1000,
+        stage_max_ms: 1000,
+    };
+
+    fn topic() -> TopicName {
+        TopicName {
+            ns: "n".into(),
+            topic: "t".into(),
+        }
+    }
+
+    fn item(key: u64, priority: i32, lease_expires_ms: i64) -> Item {
+        Item {
+            id: ItemId { shard: 0, key },
+            ns: "n".into(),
+            topic: "t".into(),
+            priority,
+            payload: vec![],
+            metadata: vec![],
+            deliver_after_ms: 0,
+            enqueued_at_ms: 0,
+            delivery_count: 1,
+            lease_expires_ms,
+            policy: Policy::AtLeastOnce,
+            expires_at_ms: None,
+            lease_token: 1,
+        }
+    }
+
+    #[test]
+    fn an_idle_topic_stages_nothing_ahead() {
+        let p = Prefetch::new(CFG);
+        let t = p.take(&topic(), 10, 0);
+        assert!(t.items.is_empty());
+        assert_eq!(t.ahead, 0, "10 items/s * 100 ms rounds down to nothing");
+    }
+
+    #[test]
+    fn a_busy_topic_stages_about_one_window_of_its_rate() {
+        let p = Prefetch::new(CFG);
+        // 100 items every 10 ms for 3 s: 10k items/s.
+        let mut ahead = 0;
+        for i in 0..300 {
+            ahead = p.take(&topic(), 100, i * 10).ahead;
+        }
+        assert!(
+            (800..=1000).contains(&ahead),
+            "about 10k/s * 100 ms, got {ahead}"
+        );
+    }
+
+    #[test]
+    fn staged_items_come_out_in_order_and_unfit_ones_are_released() {
+        let p = Prefetch::new(CFG);
+        // Staged at t=0 with a 30 s lease; one with a 100 ms lease.
+        p.stage(
+            &topic(),
+            vec![item(3, 5, 30_000), item(1, 9, 30_000), item(2, 1, 100)],
+            0,
+        );
+        let t = p.take(&topic(), 2, 60);
+        let keys: Vec<u64> = t.items.iter().map(|i| i.id.key).collect();
+        assert_eq!(keys, vec![3, 1], "key 2 has less than half its lease left");
+        assert_eq!(
+            t.release.iter().map(|i| i.id.key).collect::<Vec<_>>(),
+            vec![2]
+        );
+        // Aged out: released by the sweep.
+        p.stage(&topic(), vec![item(4, 0, 30_000)], 100);
+        let (_, release) = p.sweep(1_101);
+        assert_eq!(
+            release.iter().map(|i| i.id.key).collect::<Vec<_>>(),
+            vec![4]
+        );
+    }
+
+    #[test]
+    fn expired_ttl_is_never_handed_out() {
+        let p = Prefetch::new(CFG);
+        let mut i = item(1, 0, 30_000);
+        i.expires_at_ms = Some(50);
+        p.stage(&topic(), vec![i], 0);
+        let t = p.take(&topic(), 1, 50);
+        assert!(t.items.is_empty());
+        assert_eq!(t.release.len(), 1);
+    }
+
+    #[test]
+    fn counts_and_drain_cover_every_staged_item() {
+        let p = Prefetch::new(CFG);
+        p.stage(&topic(), vec![item(1, 0, 30_000), item(2, 0, 30_000)], 0);
+        assert_eq!(p.staged_counts("n").get("t"), Some(&2));
+        assert!(p.staged_counts("other").is_empty());
+        assert_eq!(p.drain().len(), 2);
+        assert!(p.staged_counts("n").is_empty());
+    }
+}
