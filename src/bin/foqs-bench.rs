@@ -7,6 +7,7 @@
 //! - `drain`: consumers dequeue and ack until that many items are consumed;
 //! - `mixed`: producers enqueue `--items` more while consumers drain them; the figure is
 //!   items consumed per second.
+//!
 //! Every run is bounded: by `--items` and by `--max-seconds` per phase.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
