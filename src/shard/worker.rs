@@ -452,19 +452,13 @@ impl<S: ShardStore> ShardWorker<S> {
             .iter()
             .flat_map(|(k, _)| k.iter().copied())
             .collect();
-        let r = self.store.lookup(&keys).await;
+        let r = self.store.delete(&keys).await;
         self.record(&r);
         let metas = match r {
             Ok(m) => m,
             Err(e) => return fail_all(requests, storage_error(self.id, &e)),
         };
         let found: HashMap<u64, ItemMeta> = metas.into_iter().map(|m| (m.key, m)).collect();
-        let changes: Vec<Change> = found.keys().map(|k| Change::Delete { key: *k }).collect();
-        let r = self.store.apply(&changes).await;
-        self.record(&r);
-        if let Err(e) = r {
-            return fail_all(requests, storage_error(self.id, &e));
-        }
         for m in found.values() {
             if m.state == ItemState::Ready {
                 self.index.remove(&m.ns, &m.topic, &m.ready_key());

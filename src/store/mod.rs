@@ -173,6 +173,9 @@ pub trait ShardStore: Send + Sync + 'static {
     /// The current state of those of `keys` that exist.
     fn lookup(&self, keys: &[u64]) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
 
+    /// Deletes those of `keys` that exist and returns what they were.
+    fn delete(&self, keys: &[u64]) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
+
     /// Applies all `changes` in one transaction.
     fn apply(&self, changes: &[Change]) -> impl Future<Output = StoreResult<()>> + Send;
 

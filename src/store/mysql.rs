@@ -64,6 +64,9 @@ pub struct MySqlStore {
     /// The same server without a database selected, to create the database.
     server_opts: Opts,
     database: String,
+    /// MariaDB has `DELETE ... RETURNING`, which makes an ack one statement; MySQL needs
+    /// a lookup first. Known after `open`.
+    returning: std::sync::atomic::AtomicBool,
 }
 
 impl MySqlStore {
@@ -85,6 +88,7 @@ impl MySqlStore {
             pool: Pool::new(shard_opts),
             server_opts,
             database,
+            returning: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -360,6 +364,14 @@ impl ShardStore for MySqlStore {
         let _ = server.disconnect().await;
 
         let mut conn = self.conn().await?;
+        let version: String = conn
+            .query_first("SELECT VERSION()")
+            .await?
+            .unwrap_or_default();
+        self.returning.store(
+            version.contains("MariaDB"),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         for stmt in SCHEMA {
             conn.query_drop(*stmt).await?;
         }
@@ -505,6 +517,33 @@ impl ShardStore for MySqlStore {
             ))
             .await?;
         rows.into_iter().map(meta_from_row).collect()
+    }
+
+    async fn delete(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let list = key_list(keys);
+        if self.returning.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut conn = self.conn().await?;
+            let rows: Vec<mysql_async::Row> = conn
+                .query(format!(
+                    "DELETE FROM items WHERE id IN ({list}) RETURNING {META_COLUMNS}"
+                ))
+                .await?;
+            return rows.into_iter().map(meta_from_row).collect();
+        }
+        // The worker is the only writer, so nothing changes between the two statements.
+        let found = self.lookup(keys).await?;
+        if !found.is_empty() {
+            let mut conn = self.conn().await?;
+            conn.query_drop(format!(
+                "DELETE FROM items WHERE id IN ({})",
+                key_list(&found.iter().map(|m| m.key).collect::<Vec<_>>())
+            ))
+            .await?;
+        }
+        Ok(found)
     }
 
     async fn apply(&self, changes: &[Change]) -> StoreResult<()> {
