@@ -5,6 +5,8 @@
 
 mod breaker;
 mod index;
+mod ops;
+mod scans;
 mod worker;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

@@ -1,13 +1,18 @@
 //! [`ShardWorker`]: the loop that owns one shard.
 //!
 //! Each turn takes every command already queued (so batches form by themselves under load
-//! and a lone request waits for nobody), then applies them grouped by kind: all enqueues
-//! as multi-row INSERTs, all acks as one DELETE, all nacks in one transaction, then peeks
-//! and claims in arrival order. Between turns, a ticker runs the background scans.
+//! and a lone request waits for nobody) and applies them grouped by kind: peeks first
+//! (in memory, refilling from MySQL when short), then every write of the turn at once, on
+//! separate pooled connections so that their commits share fsyncs: the enqueues as
+//! multi-row INSERTs, all claims as one UPDATE, all acks as one DELETE, all nacks and
+//! releases in one transaction each. Between turns, a ticker runs the background scans
+//! (`scans.rs`).
 //!
-//! Because this task is the shard's only writer and runs one step at a time, its ready
-//! index is exact: no other process can change a row behind its back, which is why a claim
-//! needs no `SELECT ... FOR UPDATE SKIP LOCKED`.
+//! The writes of one turn never touch the same rows: claims take ready rows that the turn
+//! removed from the index, acks and nacks settle leased rows, releases return staged ones,
+//! inserts add new ones. And because this task is the shard's only writer, its ready index
+//! is exact: no other process changes a row behind its back, which is why a claim needs
+//! no `SELECT ... FOR UPDATE SKIP LOCKED`; the state guards in the SQL are safety nets.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -17,19 +22,18 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::{Breaker, Command, NackOp, ReadyIndex, Reply, Settled, ShardHandle, ShardShared};
+use super::ops::{self, nack_exec};
+use super::{Breaker, Command, ReadyIndex, ShardHandle, ShardShared};
 use crate::clock::SharedClock;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::model::{Item, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicName};
-use crate::store::{Change, Checkpoints, ItemMeta, Scan, ShardStore, StoreError};
+use crate::model::{ReadyKey, ShardId, TopicName};
+use crate::store::{Checkpoints, Scan, ShardStore, StoreError};
 
-/// Keys are reserved in blocks so that the high-water mark is written once per block.
-const KEY_BLOCK: u64 = 100_000;
 /// Commands taken in one turn.
 const TURN_COMMANDS_MAX: usize = 1024;
 /// Scan steps per scan kind per tick, so a huge backlog of due work cannot starve requests.
-const SCAN_STEPS_PER_TICK_MAX: usize = 8;
+pub(super) const SCAN_STEPS_PER_TICK_MAX: usize = 8;
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -62,24 +66,25 @@ impl From<&EngineConfig> for WorkerConfig {
 type Cursor = (i64, u64);
 
 pub struct ShardWorker<S: ShardStore> {
-    id: ShardId,
-    store: Arc<S>,
-    clock: SharedClock,
-    cfg: WorkerConfig,
-    index: ReadyIndex,
-    breaker: Breaker,
-    shared: Arc<ShardShared>,
-    next_key: u64,
-    key_high_water: u64,
-    cursors: HashMap<ScanKind, Cursor>,
-    saved: Checkpoints,
-    last_checkpoint_ms: i64,
-    lease_token: i64,
+    pub(super) id: ShardId,
+    pub(super) store: Arc<S>,
+    pub(super) clock: SharedClock,
+    pub(super) cfg: WorkerConfig,
+    pub(super) index: ReadyIndex,
+    pub(super) breaker: Breaker,
+    pub(super) shared: Arc<ShardShared>,
+    pub(super) next_key: u64,
+    /// The key high-water mark persisted in the shard: keys below it may have been used.
+    pub(super) key_high_water: u64,
+    pub(super) cursors: HashMap<ScanKind, Cursor>,
+    pub(super) saved: Checkpoints,
+    pub(super) last_checkpoint_ms: i64,
+    pub(super) lease_token: i64,
 }
 
 /// `Scan` as a map key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum ScanKind {
+pub(super) enum ScanKind {
     Due,
     Lease,
     Ttl,
@@ -95,7 +100,7 @@ impl From<Scan> for ScanKind {
     }
 }
 
-fn storage_error(id: ShardId, e: &StoreError) -> Error {
+pub(super) fn storage_error(id: ShardId, e: &StoreError) -> Error {
     Error::unavailable(format!("shard {id}: storage error: {e}"))
 }
 
@@ -190,53 +195,27 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut enqueues = Vec::new();
         let mut acks = Vec::new();
         let mut nacks = Vec::new();
-        let mut rest = Vec::new();
+        let mut claims = Vec::new();
+        let mut releases = Vec::new();
         let mut shutdown = None;
+        let mut peeks = Vec::new();
         for c in commands {
             match c {
                 Command::Enqueue { items, reply } => enqueues.push((items, reply)),
                 Command::Ack { keys, reply } => acks.push((keys, reply)),
                 Command::Nack { nacks: n, reply } => nacks.push((n, reply)),
+                Command::Release { items, reply } => releases.push((items, reply)),
                 Command::Shutdown { done } => shutdown = Some(done),
-                other => rest.push(other),
-            }
-        }
-        if !enqueues.is_empty() {
-            self.enqueue(enqueues).await;
-        }
-        if !acks.is_empty() {
-            self.ack(acks).await;
-        }
-        if !nacks.is_empty() {
-            self.nack(nacks).await;
-        }
-        // Claims first take their keys out of the index, so that this turn's peeks do not
-        // offer them again; then all claims of the turn are one UPDATE and one SELECT.
-        let mut claims = Vec::new();
-        let mut others = Vec::new();
-        for c in rest {
-            match c {
                 Command::Claim { topic, keys, reply } => {
+                    // Claims take their keys out of the index first, so that this turn's
+                    // peeks do not offer them again. Only keys still indexed are free:
+                    // another dequeue may have claimed the rest since they were peeked.
                     let t = self.index.topic(&topic);
-                    // Only keys still indexed are free: another dequeue may have claimed
-                    // the rest since they were peeked.
                     let free: Vec<u64> =
                         keys.iter().filter(|k| t.remove(k)).map(|k| k.key).collect();
                     claims.push((topic, free, reply));
                 }
-                other => others.push(other),
-            }
-        }
-        for c in others {
-            match c {
-                Command::Release { items, reply } => {
-                    let r = self.release(items).await;
-                    let _ = reply.send(r);
-                }
-                Command::Peek { topic, n, reply } => {
-                    let r = self.peek(&topic, n).await;
-                    let _ = reply.send(r);
-                }
+                Command::Peek { topic, n, reply } => peeks.push((topic, n, reply)),
                 Command::TopicCounts {
                     ns,
                     after,
@@ -251,22 +230,70 @@ impl<S: ShardStore> ShardWorker<S> {
                         let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
                     });
                 }
-                Command::Enqueue { .. }
-                | Command::Ack { .. }
-                | Command::Nack { .. }
-                | Command::Claim { .. }
-                | Command::Shutdown { .. } => {
-                    unreachable!("sorted out above")
-                }
             }
         }
-        if !claims.is_empty() {
-            self.claim(claims).await;
+        for (topic, n, reply) in peeks {
+            let r = self.peek(&topic, n).await;
+            let _ = reply.send(r);
+        }
+
+        // Every write of the turn at once; their outcomes are applied afterwards, in order.
+        let inserts = self.plan_inserts(enqueues);
+        let claim = self.plan_claim(claims);
+        let ack_keys: Vec<u64> = acks.iter().flat_map(|(k, _)| k.iter().copied()).collect();
+        let release_changes = ops::release_changes(&releases);
+        let now = self.clock.now_ms();
+        let store = self.store.clone();
+        let nack_ops: Vec<&[super::NackOp]> = nacks.iter().map(|(n, _)| n.as_slice()).collect();
+        let (inserted, claimed, acked, nacked, released) = tokio::join!(
+            futures::future::join_all(inserts.iter().map(|g| store.insert(&g.rows, g.key_high_water))),
+            async {
+                match &claim {
+                    Some(c) => Some(store.claim(&c.keys, now, c.token).await),
+                    None => None,
+                }
+            },
+            async {
+                if ack_keys.is_empty() {
+                    None
+                } else {
+                    Some(store.delete(&ack_keys).await)
+                }
+            },
+            async {
+                if nack_ops.is_empty() {
+                    None
+                } else {
+                    Some(nack_exec(&*store, &nack_ops, now).await)
+                }
+            },
+            async {
+                if release_changes.is_empty() {
+                    None
+                } else {
+                    Some(store.apply(&release_changes).await)
+                }
+            },
+        );
+        for (group, r) in inserts.into_iter().zip(inserted) {
+            self.finish_insert(group, r);
+        }
+        if let (Some(c), Some(r)) = (claim, claimed) {
+            self.finish_claim(c, r);
+        }
+        if let Some(r) = acked {
+            self.finish_ack(acks, r);
+        }
+        if let Some(r) = nacked {
+            self.finish_nack(nacks, r);
+        }
+        if let Some(r) = released {
+            self.finish_release(releases, r);
         }
         shutdown
     }
 
-    fn record<T>(&mut self, r: &std::result::Result<T, StoreError>) {
+    pub(super) fn record<T>(&mut self, r: &std::result::Result<T, StoreError>) {
         match r {
             Ok(_) => {
                 if self.breaker.is_open() {
@@ -292,78 +319,6 @@ impl<S: ShardStore> ShardWorker<S> {
             .store(!self.breaker.is_open(), Ordering::Relaxed);
     }
 
-    async fn enqueue(&mut self, batches: Vec<(Vec<NewItem>, Reply<Vec<u64>>)>) {
-        // Cut the requests into INSERTs of at most enqueue_batch_rows_max rows, never
-        // splitting one request across two transactions: its reply needs one outcome.
-        let mut group: Vec<(Vec<NewItem>, Reply<Vec<u64>>)> = Vec::new();
-        let mut rows = 0;
-        for (items, reply) in batches {
-            if rows > 0 && rows + items.len() > self.cfg.enqueue_batch_rows_max {
-                self.insert(std::mem::take(&mut group)).await;
-                rows = 0;
-            }
-            rows += items.len();
-            group.push((items, reply));
-        }
-        if !group.is_empty() {
-            self.insert(group).await;
-        }
-    }
-
-    async fn insert(&mut self, group: Vec<(Vec<NewItem>, Reply<Vec<u64>>)>) {
-        let total: u64 = group.iter().map(|(items, _)| items.len() as u64).sum();
-        let first = self.next_key;
-        self.next_key += total;
-        let new_high_water =
-            (self.next_key > self.key_high_water).then(|| self.next_key + KEY_BLOCK);
-        let mut rows = Vec::with_capacity(total as usize);
-        let mut key = first;
-        for (items, _) in &group {
-            for it in items {
-                rows.push((key, it.clone()));
-                key += 1;
-            }
-        }
-        let r = self.store.insert(&rows, new_high_water).await;
-        self.record(&r);
-        let now = self.clock.now_ms();
-        match r {
-            Ok(()) => {
-                if let Some(h) = new_high_water {
-                    self.key_high_water = h;
-                }
-                for (key, it) in &rows {
-                    if it.deliver_after_ms <= now {
-                        let k = ReadyKey {
-                            priority: it.priority,
-                            deliver_after_ms: it.deliver_after_ms,
-                            key: *key,
-                        };
-                        self.index.offer(&it.ns, &it.topic, k);
-                    }
-                }
-                self.shared.items.fetch_add(total as i64, Ordering::Relaxed);
-                let mut key = first;
-                for (items, reply) in group {
-                    let keys: Vec<u64> = (key..key + items.len() as u64).collect();
-                    key += items.len() as u64;
-                    let _ = reply.send(Ok(keys));
-                }
-            }
-            Err(e) => {
-                // The commit may or may not have happened: forget what the index knew of
-                // these topics so that it reloads from MySQL, the truth.
-                for (_, it) in &rows {
-                    self.index.invalidate(&it.ns, &it.topic);
-                }
-                let err = storage_error(self.id, &e);
-                for (_, reply) in group {
-                    let _ = reply.send(Err(err.clone()));
-                }
-            }
-        }
-    }
-
     async fn peek(&mut self, topic: &TopicName, n: usize) -> Result<Vec<ReadyKey>> {
         let cap = self.index.cap();
         let t = self.index.topic(topic);
@@ -380,297 +335,5 @@ impl<S: ShardStore> ShardWorker<S> {
             self.index.topic(topic).apply_refill(&loaded, asked, cap);
         }
         Ok(self.index.topic(topic).head(n))
-    }
-
-    /// Leases the free keys of every claim in one statement and answers each claim with
-    /// its own items.
-    async fn claim(&mut self, claims: Vec<(TopicName, Vec<u64>, Reply<Vec<Item>>)>) {
-        let all: Vec<u64> = claims
-            .iter()
-            .flat_map(|(_, free, _)| free.iter().copied())
-            .collect();
-        if all.is_empty() {
-            for (_, _, reply) in claims {
-                let _ = reply.send(Ok(vec![]));
-            }
-            return;
-        }
-        self.lease_token += 1;
-        let r = self
-            .store
-            .claim(&all, self.clock.now_ms(), self.lease_token)
-            .await;
-        self.record(&r);
-        match r {
-            Ok(items) => {
-                let mut by_key: HashMap<u64, Item> =
-                    items.into_iter().map(|i| (i.id.key, i)).collect();
-                for (_, free, reply) in claims {
-                    let mine = free.iter().filter_map(|k| by_key.remove(k)).collect();
-                    let _ = reply.send(Ok(mine));
-                }
-            }
-            Err(e) => {
-                let err = storage_error(self.id, &e);
-                for (topic, _, reply) in claims {
-                    self.index.invalidate(&topic.ns, &topic.topic);
-                    let _ = reply.send(Err(err.clone()));
-                }
-            }
-        }
-    }
-
-    async fn release(&mut self, items: Vec<Item>) -> Result<()> {
-        let changes: Vec<Change> = items
-            .iter()
-            .map(|i| Change::Release {
-                key: i.id.key,
-                token: i.lease_token,
-            })
-            .collect();
-        let r = self.store.apply(&changes).await;
-        self.record(&r);
-        if let Err(e) = r {
-            for i in &items {
-                self.index.invalidate(&i.ns, &i.topic);
-            }
-            return Err(storage_error(self.id, &e));
-        }
-        for i in items {
-            let k = ReadyKey {
-                priority: i.priority,
-                deliver_after_ms: i.deliver_after_ms,
-                key: i.id.key,
-            };
-            self.index.offer(&i.ns, &i.topic, k);
-        }
-        Ok(())
-    }
-
-    async fn ack(&mut self, requests: Vec<(Vec<u64>, Reply<Vec<Settled>>)>) {
-        let keys: Vec<u64> = requests
-            .iter()
-            .flat_map(|(k, _)| k.iter().copied())
-            .collect();
-        let r = self.store.delete(&keys).await;
-        self.record(&r);
-        let metas = match r {
-            Ok(m) => m,
-            Err(e) => return fail_all(requests, storage_error(self.id, &e)),
-        };
-        let found: HashMap<u64, ItemMeta> = metas.into_iter().map(|m| (m.key, m)).collect();
-        for m in found.values() {
-            if m.state == ItemState::Ready {
-                self.index.remove(&m.ns, &m.topic, &m.ready_key());
-            }
-        }
-        self.shared
-            .items
-            .fetch_sub(found.len() as i64, Ordering::Relaxed);
-        for (keys, reply) in requests {
-            let out = keys
-                .iter()
-                .map(|k| {
-                    if found.contains_key(k) {
-                        Settled::Done
-                    } else {
-                        Settled::NotFound
-                    }
-                })
-                .collect();
-            let _ = reply.send(Ok(out));
-        }
-    }
-
-    async fn nack(&mut self, requests: Vec<(Vec<NackOp>, Reply<Vec<Settled>>)>) {
-        let keys: Vec<u64> = requests
-            .iter()
-            .flat_map(|(n, _)| n.iter().map(|(k, _, _)| *k))
-            .collect();
-        let r = self.store.lookup(&keys).await;
-        self.record(&r);
-        let metas = match r {
-            Ok(m) => m,
-            Err(e) => return fail_all(requests, storage_error(self.id, &e)),
-        };
-        let mut leased: HashMap<u64, ItemMeta> = metas
-            .into_iter()
-            .filter(|m| m.state == ItemState::Leased)
-            .map(|m| (m.key, m))
-            .collect();
-        let now = self.clock.now_ms();
-        let mut changes = Vec::new();
-        let mut readied = Vec::new();
-        let mut outcomes = Vec::with_capacity(requests.len());
-        for (nacks, _) in &requests {
-            let mut out = Vec::with_capacity(nacks.len());
-            for (key, delay_ms, metadata) in nacks {
-                // `remove`: a second nack of the same key in this turn finds it settled.
-                let Some(m) = leased.remove(key) else {
-                    out.push(Settled::NotFound);
-                    continue;
-                };
-                if m.delivery_count >= m.max_attempts {
-                    changes.push(Change::Dead { key: *key });
-                } else {
-                    let deliver_after_ms = now.saturating_add(*delay_ms);
-                    changes.push(Change::Ready {
-                        key: *key,
-                        deliver_after_ms: Some(deliver_after_ms),
-                        metadata: metadata.clone(),
-                    });
-                    if deliver_after_ms <= now {
-                        readied.push((
-                            m.ns.clone(),
-                            m.topic.clone(),
-                            ReadyKey {
-                                deliver_after_ms,
-                                ..m.ready_key()
-                            },
-                        ));
-                    }
-                }
-                out.push(Settled::Done);
-            }
-            outcomes.push(out);
-        }
-        let r = self.store.apply(&changes).await;
-        self.record(&r);
-        if let Err(e) = r {
-            for (ns, topic, _) in &readied {
-                self.index.invalidate(ns, topic);
-            }
-            return fail_all(requests, storage_error(self.id, &e));
-        }
-        for (ns, topic, k) in readied {
-            self.index.offer(&ns, &topic, k);
-        }
-        for ((_, reply), out) in requests.into_iter().zip(outcomes) {
-            let _ = reply.send(Ok(out));
-        }
-    }
-
-    /// One tick: probe an open breaker, or run the scans and maybe save checkpoints.
-    async fn background(&mut self) {
-        let now = self.clock.now_ms();
-        if self.breaker.is_open() {
-            if self.breaker.probe_due(now) {
-                let r = self.store.ping().await;
-                self.record(&r);
-            }
-            return;
-        }
-        for scan in Scan::ALL {
-            for _ in 0..SCAN_STEPS_PER_TICK_MAX {
-                match self.scan_step(scan, now).await {
-                    Ok(true) => continue,
-                    Ok(false) => break,
-                    Err(e) => {
-                        tracing::warn!(shard = self.id, ?scan, error = %e, "background scan failed");
-                        return;
-                    }
-                }
-            }
-        }
-        self.save_checkpoints(false).await;
-    }
-
-    /// Processes the next rows of one scan; true when there may be more due right now.
-    async fn scan_step(&mut self, scan: Scan, now: i64) -> std::result::Result<bool, StoreError> {
-        let kind = ScanKind::from(scan);
-        let after = self.cursors[&kind];
-        let limit = self.cfg.scan_rows_max;
-        let r = self.store.scan(scan, after, now, limit).await;
-        self.record(&r);
-        let rows = r?;
-        let full = rows.len() == limit;
-        let mut changes = Vec::new();
-        let mut readied = Vec::new();
-        let mut removed = Vec::new();
-        for m in &rows {
-            match scan {
-                Scan::Due => readied.push((m.ns.clone(), m.topic.clone(), m.ready_key())),
-                Scan::Lease => {
-                    if m.policy == Policy::AtMostOnce {
-                        changes.push(Change::Delete { key: m.key });
-                    } else if m.delivery_count >= m.max_attempts {
-                        changes.push(Change::Dead { key: m.key });
-                    } else {
-                        changes.push(Change::Ready {
-                            key: m.key,
-                            deliver_after_ms: None,
-                            metadata: None,
-                        });
-                        readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
-                    }
-                }
-                Scan::Ttl => {
-                    changes.push(Change::Delete { key: m.key });
-                    if m.state == ItemState::Ready {
-                        removed.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
-                    }
-                }
-            }
-        }
-        if !changes.is_empty() {
-            let r = self.store.apply(&changes).await;
-            self.record(&r);
-            if let Err(e) = r {
-                for (ns, topic, _) in readied.iter().chain(&removed) {
-                    self.index.invalidate(ns, topic);
-                }
-                return Err(e);
-            }
-        }
-        let deleted = changes
-            .iter()
-            .filter(|c| matches!(c, Change::Delete { .. }))
-            .count();
-        self.shared
-            .items
-            .fetch_sub(deleted as i64, Ordering::Relaxed);
-        for (ns, topic, k) in readied {
-            self.index.offer(&ns, &topic, k);
-        }
-        for (ns, topic, k) in removed {
-            self.index.remove(&ns, &topic, &k);
-        }
-        let cursor = match rows.last() {
-            Some(last) if full => (scan.time_of(last), last.key),
-            // Everything up to now - 1 is done. Not `now`: a row may still get this very
-            // millisecond (a claim with lease_ms 0, a nack without delay).
-            _ => (now - 1, u64::MAX),
-        };
-        self.cursors.insert(kind, cursor);
-        Ok(full)
-    }
-
-    /// Persists the scans' checkpoints: each is the last millisecond fully processed.
-    async fn save_checkpoints(&mut self, force: bool) {
-        let now = self.clock.now_ms();
-        if !force && now - self.last_checkpoint_ms < self.cfg.checkpoint_interval_ms as i64 {
-            return;
-        }
-        let mut cp = Checkpoints::default();
-        for scan in Scan::ALL {
-            let (ms, key) = self.cursors[&ScanKind::from(scan)];
-            cp.set(scan, if key == u64::MAX { ms } else { ms - 1 });
-        }
-        if cp == self.saved {
-            self.last_checkpoint_ms = now;
-            return;
-        }
-        let r = self.store.save_checkpoints(cp).await;
-        self.record(&r);
-        if r.is_ok() {
-            self.saved = cp;
-            self.last_checkpoint_ms = now;
-        }
-    }
-}
-
-fn fail_all<T>(requests: Vec<(T, Reply<Vec<Settled>>)>, err: Error) {
-    for (_, reply) in requests {
-        let _ = reply.send(Err(err.clone()));
     }
 }

@@ -429,7 +429,7 @@ impl ShardStore for MySqlStore {
         };
         let mut tx = conn.start_transaction(TxOpts::default()).await?;
         tx.exec_drop(
-            "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', ?) ON DUPLICATE KEY UPDATE value = VALUES(value)",
+            "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', ?) ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value))",
             (hwm,),
         )
         .await?;

@@ -1,0 +1,300 @@
+//! The writes of a shard worker's turn, each in three steps: plan (assign keys, take keys
+//! out of the index; needs the worker), execute (SQL only; runs concurrently with the
+//! turn's other writes), finish (apply the outcome to the index and answer the callers).
+//!
+//! After a storage error the outcome of a write is unknown (the commit may have happened),
+//! so the index forgets the topics involved and reloads them from MySQL, the truth.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use super::worker::{storage_error, ShardWorker};
+use super::{NackOp, Reply, Settled};
+use crate::error::Error;
+use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
+use crate::store::{Change, ItemMeta, ShardStore, StoreError, StoreResult};
+
+/// Keys are reserved in blocks so that the high-water mark is written once per block.
+const KEY_BLOCK: u64 = 100_000;
+
+/// One multi-row INSERT and the enqueues it answers.
+pub(super) struct InsertGroup {
+    pub rows: Vec<(u64, NewItem)>,
+    /// Written with the rows when they reach past the persisted high-water mark.
+    pub key_high_water: Option<u64>,
+    replies: Vec<(Vec<u64>, Reply<Vec<u64>>)>,
+}
+
+/// All claims of a turn: one UPDATE under one token.
+pub(super) struct ClaimPlan {
+    pub keys: Vec<u64>,
+    pub token: i64,
+    parts: Vec<(TopicName, Vec<u64>, Reply<Vec<Item>>)>,
+}
+
+/// What the nacks of a turn did, per request, and which keys became ready now.
+pub(super) struct NackOutcome {
+    settled: Vec<Vec<Settled>>,
+    readied: Vec<(String, String, ReadyKey)>,
+}
+
+/// A failed nack transaction, with the topics whose rows it may have changed.
+pub(super) type NackFailure = (StoreError, Vec<(String, String)>);
+
+fn fail_all<T, U>(requests: Vec<(T, Reply<U>)>, err: &Error) {
+    for (_, reply) in requests {
+        let _ = reply.send(Err(err.clone()));
+    }
+}
+
+impl<S: ShardStore> ShardWorker<S> {
+    /// Cuts the turn's enqueues into INSERTs of at most `enqueue_batch_rows_max` rows,
+    /// never splitting one request (its reply needs one outcome), and assigns keys.
+    pub(super) fn plan_inserts(
+        &mut self,
+        batches: Vec<(Vec<NewItem>, Reply<Vec<u64>>)>,
+    ) -> Vec<InsertGroup> {
+        let mut groups: Vec<InsertGroup> = Vec::new();
+        for (items, reply) in batches {
+            let fits = groups.last().is_some_and(|g| {
+                g.rows.len() + items.len() <= self.cfg.enqueue_batch_rows_max
+            });
+            if !fits {
+                groups.push(InsertGroup {
+                    rows: Vec::new(),
+                    key_high_water: None,
+                    replies: Vec::new(),
+                });
+            }
+            let g = groups.last_mut().expect("just ensured");
+            let first = self.next_key;
+            self.next_key += items.len() as u64;
+            let keys: Vec<u64> = (first..self.next_key).collect();
+            g.rows.extend(keys.iter().copied().zip(items));
+            g.replies.push((keys, reply));
+        }
+        // The groups commit concurrently, in any order: each that reaches past the
+        // persisted mark carries the new one (the store keeps the greatest).
+        if self.next_key > self.key_high_water {
+            let mark = self.next_key + KEY_BLOCK;
+            for g in &mut groups {
+                if g.rows.last().is_some_and(|(k, _)| *k >= self.key_high_water) {
+                    g.key_high_water = Some(mark);
+                }
+            }
+        }
+        groups
+    }
+
+    pub(super) fn finish_insert(&mut self, g: InsertGroup, r: StoreResult<()>) {
+        self.record(&r);
+        if let Err(e) = r {
+            for (_, it) in &g.rows {
+                self.index.invalidate(&it.ns, &it.topic);
+            }
+            fail_all(g.replies, &storage_error(self.id, &e));
+            return;
+        }
+        if let Some(mark) = g.key_high_water {
+            self.key_high_water = self.key_high_water.max(mark);
+        }
+        let now = self.clock.now_ms();
+        for (key, it) in &g.rows {
+            if it.deliver_after_ms <= now {
+                let k = ReadyKey {
+                    priority: it.priority,
+                    deliver_after_ms: it.deliver_after_ms,
+                    key: *key,
+                };
+                self.index.offer(&it.ns, &it.topic, k);
+            }
+        }
+        self.shared
+            .items
+            .fetch_add(g.rows.len() as i64, Ordering::Relaxed);
+        for (keys, reply) in g.replies {
+            let _ = reply.send(Ok(keys));
+        }
+    }
+
+    /// `claims` already hold only free keys (taken out of the index).
+    pub(super) fn plan_claim(
+        &mut self,
+        claims: Vec<(TopicName, Vec<u64>, Reply<Vec<Item>>)>,
+    ) -> Option<ClaimPlan> {
+        if claims.is_empty() {
+            return None;
+        }
+        self.lease_token += 1;
+        Some(ClaimPlan {
+            keys: claims.iter().flat_map(|(_, k, _)| k.iter().copied()).collect(),
+            token: self.lease_token,
+            parts: claims,
+        })
+    }
+
+    pub(super) fn finish_claim(&mut self, plan: ClaimPlan, r: StoreResult<Vec<Item>>) {
+        self.record(&r);
+        match r {
+            Ok(items) => {
+                let mut by_key: HashMap<u64, Item> =
+                    items.into_iter().map(|i| (i.id.key, i)).collect();
+                for (_, free, reply) in plan.parts {
+                    let mine = free.iter().filter_map(|k| by_key.remove(k)).collect();
+                    let _ = reply.send(Ok(mine));
+                }
+            }
+            Err(e) => {
+                let err = storage_error(self.id, &e);
+                for (topic, _, reply) in plan.parts {
+                    self.index.invalidate(&topic.ns, &topic.topic);
+                    let _ = reply.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+
+    pub(super) fn finish_ack(
+        &mut self,
+        requests: Vec<(Vec<u64>, Reply<Vec<Settled>>)>,
+        r: StoreResult<Vec<ItemMeta>>,
+    ) {
+        self.record(&r);
+        let found: HashMap<u64, ItemMeta> = match r {
+            Ok(metas) => metas.into_iter().map(|m| (m.key, m)).collect(),
+            Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
+        };
+        for m in found.values() {
+            if m.state == ItemState::Ready {
+                self.index.remove(&m.ns, &m.topic, &m.ready_key());
+            }
+        }
+        self.shared
+            .items
+            .fetch_sub(found.len() as i64, Ordering::Relaxed);
+        for (keys, reply) in requests {
+            let out = keys
+                .iter()
+                .map(|k| {
+                    if found.contains_key(k) {
+                        Settled::Done
+                    } else {
+                        Settled::NotFound
+                    }
+                })
+                .collect();
+            let _ = reply.send(Ok(out));
+        }
+    }
+
+    pub(super) fn finish_nack(
+        &mut self,
+        requests: Vec<(Vec<NackOp>, Reply<Vec<Settled>>)>,
+        r: Result<NackOutcome, NackFailure>,
+    ) {
+        let r = r.map_err(|(e, topics)| {
+            for (ns, topic) in &topics {
+                self.index.invalidate(ns, topic);
+            }
+            e
+        });
+        self.record(&r);
+        let outcome = match r {
+            Ok(o) => o,
+            Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
+        };
+        for (ns, topic, k) in outcome.readied {
+            self.index.offer(&ns, &topic, k);
+        }
+        for ((_, reply), out) in requests.into_iter().zip(outcome.settled) {
+            let _ = reply.send(Ok(out));
+        }
+    }
+
+    pub(super) fn finish_release(&mut self, requests: Vec<(Vec<Item>, Reply<()>)>, r: StoreResult<()>) {
+        self.record(&r);
+        if let Err(e) = r {
+            for (items, _) in &requests {
+                for i in items {
+                    self.index.invalidate(&i.ns, &i.topic);
+                }
+            }
+            return fail_all(requests, &storage_error(self.id, &e));
+        }
+        for (items, reply) in requests {
+            for i in items {
+                let k = ReadyKey {
+                    priority: i.priority,
+                    deliver_after_ms: i.deliver_after_ms,
+                    key: i.id.key,
+                };
+                self.index.offer(&i.ns, &i.topic, k);
+            }
+            let _ = reply.send(Ok(()));
+        }
+    }
+}
+
+pub(super) fn release_changes(requests: &[(Vec<Item>, Reply<()>)]) -> Vec<Change> {
+    requests
+        .iter()
+        .flat_map(|(items, _)| items.iter())
+        .map(|i| Change::Release {
+            key: i.id.key,
+            token: i.lease_token,
+        })
+        .collect()
+}
+
+/// Looks the nacked items up, decides each one's fate and applies it in one transaction.
+/// A nack settles a lease: an item that is not leased (any more) is `NotFound`; one whose
+/// attempts are used up is dead; the rest are ready again at now + delay.
+pub(super) async fn nack_exec<S: ShardStore>(
+    store: &S,
+    requests: &[&[NackOp]],
+    now: i64,
+) -> Result<NackOutcome, NackFailure> {
+    let keys: Vec<u64> = requests.iter().flat_map(|n| n.iter().map(|(k, _, _)| *k)).collect();
+    let metas = store.lookup(&keys).await.map_err(|e| (e, vec![]))?;
+    let mut leased: HashMap<u64, ItemMeta> = metas
+        .into_iter()
+        .filter(|m| m.state == ItemState::Leased)
+        .map(|m| (m.key, m))
+        .collect();
+    let mut changes = Vec::new();
+    let mut readied = Vec::new();
+    let mut touched = Vec::new();
+    let mut settled = Vec::with_capacity(requests.len());
+    for nacks in requests {
+        let mut out = Vec::with_capacity(nacks.len());
+        for (key, delay_ms, metadata) in nacks.iter() {
+            // `remove`: a second nack of the same key in this turn finds it settled.
+            let Some(m) = leased.remove(key) else {
+                out.push(Settled::NotFound);
+                continue;
+            };
+            touched.push((m.ns.clone(), m.topic.clone()));
+            if m.delivery_count >= m.max_attempts {
+                changes.push(Change::Dead { key: *key });
+            } else {
+                let deliver_after_ms = now.saturating_add(*delay_ms);
+                changes.push(Change::Ready {
+                    key: *key,
+                    deliver_after_ms: Some(deliver_after_ms),
+                    metadata: metadata.clone(),
+                });
+                if deliver_after_ms <= now {
+                    let k = ReadyKey {
+                        deliver_after_ms,
+                        ..m.ready_key()
+                    };
+                    readied.push((m.ns, m.topic, k));
+                }
+            }
+            out.push(Settled::Done);
+        }
+        settled.push(out);
+    }
+    store.apply(&changes).await.map_err(|e| (e, touched))?;
+    Ok(NackOutcome { settled, readied })
+}

@@ -1,0 +1,129 @@
+//! The background scans of a shard: deferred items coming due, leases expiring, TTLs
+//! passing. Each reads its timestamp index from a cursor that starts at a checkpoint
+//! persisted in the shard, so a pass reads only new work, whatever the backlog.
+
+use std::sync::atomic::Ordering;
+
+use super::worker::{ScanKind, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
+use crate::model::{ItemState, Policy};
+use crate::store::{Change, Checkpoints, Scan, ShardStore, StoreError};
+
+impl<S: ShardStore> ShardWorker<S> {
+    /// One tick: probe an open breaker, or run the scans and maybe save checkpoints.
+    pub(super) async fn background(&mut self) {
+        let now = self.clock.now_ms();
+        if self.breaker.is_open() {
+            if self.breaker.probe_due(now) {
+                let r = self.store.ping().await;
+                self.record(&r);
+            }
+            return;
+        }
+        for scan in Scan::ALL {
+            for _ in 0..SCAN_STEPS_PER_TICK_MAX {
+                match self.scan_step(scan, now).await {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(shard = self.id, ?scan, error = %e, "background scan failed");
+                        return;
+                    }
+                }
+            }
+        }
+        self.save_checkpoints(false).await;
+    }
+
+    /// Processes the next rows of one scan; true when there may be more due right now.
+    async fn scan_step(&mut self, scan: Scan, now: i64) -> std::result::Result<bool, StoreError> {
+        let kind = ScanKind::from(scan);
+        let after = self.cursors[&kind];
+        let limit = self.cfg.scan_rows_max;
+        let r = self.store.scan(scan, after, now, limit).await;
+        self.record(&r);
+        let rows = r?;
+        let full = rows.len() == limit;
+        let mut changes = Vec::new();
+        let mut readied = Vec::new();
+        let mut removed = Vec::new();
+        for m in &rows {
+            match scan {
+                Scan::Due => readied.push((m.ns.clone(), m.topic.clone(), m.ready_key())),
+                Scan::Lease => {
+                    if m.policy == Policy::AtMostOnce {
+                        changes.push(Change::Delete { key: m.key });
+                    } else if m.delivery_count >= m.max_attempts {
+                        changes.push(Change::Dead { key: m.key });
+                    } else {
+                        changes.push(Change::Ready {
+                            key: m.key,
+                            deliver_after_ms: None,
+                            metadata: None,
+                        });
+                        readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
+                    }
+                }
+                Scan::Ttl => {
+                    changes.push(Change::Delete { key: m.key });
+                    if m.state == ItemState::Ready {
+                        removed.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
+                    }
+                }
+            }
+        }
+        if !changes.is_empty() {
+            let r = self.store.apply(&changes).await;
+            self.record(&r);
+            if let Err(e) = r {
+                for (ns, topic, _) in readied.iter().chain(&removed) {
+                    self.index.invalidate(ns, topic);
+                }
+                return Err(e);
+            }
+        }
+        let deleted = changes
+            .iter()
+            .filter(|c| matches!(c, Change::Delete { .. }))
+            .count();
+        self.shared
+            .items
+            .fetch_sub(deleted as i64, Ordering::Relaxed);
+        for (ns, topic, k) in readied {
+            self.index.offer(&ns, &topic, k);
+        }
+        for (ns, topic, k) in removed {
+            self.index.remove(&ns, &topic, &k);
+        }
+        let cursor = match rows.last() {
+            Some(last) if full => (scan.time_of(last), last.key),
+            // Everything up to now - 1 is done. Not `now`: a row may still get this very
+            // millisecond (a claim with lease_ms 0, a nack without delay).
+            _ => (now - 1, u64::MAX),
+        };
+        self.cursors.insert(kind, cursor);
+        Ok(full)
+    }
+
+    /// Persists the scans' checkpoints: each is the last millisecond fully processed.
+    pub(super) async fn save_checkpoints(&mut self, force: bool) {
+        let now = self.clock.now_ms();
+        if !force && now - self.last_checkpoint_ms < self.cfg.checkpoint_interval_ms as i64 {
+            return;
+        }
+        let mut cp = Checkpoints::default();
+        for scan in Scan::ALL {
+            let (ms, key) = self.cursors[&ScanKind::from(scan)];
+            cp.set(scan, if key == u64::MAX { ms } else { ms - 1 });
+        }
+        if cp == self.saved {
+            self.last_checkpoint_ms = now;
+            return;
+        }
+        let r = self.store.save_checkpoints(cp).await;
+        self.record(&r);
+        if r.is_ok() {
+            self.saved = cp;
+            self.last_checkpoint_ms = now;
+        }
+    }
+}
