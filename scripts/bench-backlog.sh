@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Drain throughput and foqsd memory at several backlog depths.
+#
+#   scripts/bench-backlog.sh [DEPTH ...]     (default: 10000 1000000 10000000)
+#
+# For each depth D it loads D + MEASURE ready items (100-byte payloads, priorities 0..9,
+# spread over the 4 shards of conf/foqsd.toml) straight into MySQL with the SEQUENCE
+# engine (a bulk loader: going through foqsd would take most of an hour at 10M), starts a
+# fresh foqsd, drains MEASURE items with foqs-bench (4 consumers, batches of 100), reads
+# foqsd's RSS, and prints one JSON line: {"depth", "drain_items_per_s", "rss_bytes"}; then
+# one line of ratios to the first depth. So "depth" is the backlog that stays behind the
+# items measured.
+#
+# It runs its own MariaDB (datadir .run/bench-mariadb, port FOQS_BENCH_PORT, default 3417)
+# with innodb_flush_log_at_trx_commit=1 and a buffer pool of FOQS_BENCH_BUFFER_POOL
+# (default 4G), and stops it by pid at the end; the shared server is never touched.
+# Environment: MEASURE (default 50000), CONSUMERS (4), BATCH (100).
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+cd "$FOQS_ROOT"
+foqs_cargo_check
+depths=("$@")
+[ ${#depths[@]} -gt 0 ] || depths=(10000 1000000 10000000)
+measure=${MEASURE:-50000}
+consumers=${CONSUMERS:-4}
+batch=${BATCH:-100}
+port=${FOQS_BENCH_PORT:-3417}
+pool=${FOQS_BENCH_BUFFER_POOL:-4G}
+shards=4
+dir="$FOQS_RUN/bench-mariadb"
+
+cargo build --release --bins >&2
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || foqs_apt_install mariadb-server
+mariadbd=/usr/sbin/mariadbd
+command -v mariadbd >/dev/null 2>&1 && mariadbd=$(command -v mariadbd)
+client=$(command -v mariadb || command -v mysql)
+
+foqsd_pid=""
+cleanup() {
+  [ -n "$foqsd_pid" ] && kill "$foqsd_pid" 2>/dev/null && wait "$foqsd_pid" 2>/dev/null
+  if [ -f "$dir/pid" ]; then
+    local pid
+    pid=$(cat "$dir/pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  fi
+}
+trap cleanup EXIT
+
+rm -rf "$dir" && mkdir -p "$dir"
+mariadb-install-db --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+  --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1
+"$mariadbd" --no-defaults --datadir="$dir/data" --port="$port" --bind-address=127.0.0.1 \
+  --socket="$dir/sock" --pid-file="$dir/pid" --user="$(id -un)" --skip-name-resolve \
+  --innodb-flush-log-at-trx-commit=1 --innodb-buffer-pool-size="$pool" \
+  --innodb-log-file-size=1G --max-connections=500 --log-error="$dir/error.log" >/dev/null 2>&1 &
+for _ in $(seq 1 120); do foqs_port_open 127.0.0.1 "$port" && break; sleep 0.5; done
+sql() { "$client" -h127.0.0.1 -P"$port" -uroot "$@"; }
+
+FOQS_MYSQL_URL="mysql://root@127.0.0.1:$port"
+config="$FOQS_RUN/bench-backlog.toml"
+foqs_config_for_mysql "$config" foqs_bench_
+listen="127.0.0.1:${FOQS_BENCH_LISTEN_PORT:-9191}"
+
+start_foqsd() {
+  RUST_LOG=warn ./target/release/foqsd --config "$config" --listen "$listen" >/dev/null 2>&1 &
+  foqsd_pid=$!
+  for _ in $(seq 1 600); do foqs_port_open 127.0.0.1 "${listen##*:}" && return 0; sleep 0.2; done
+  foqs_log "foqsd did not start"; return 1
+}
+stop_foqsd() { kill -TERM "$foqsd_pid"; wait "$foqsd_pid" || true; foqsd_pid=""; }
+
+results=()
+for depth in "${depths[@]}"; do
+  for s in $(seq 0 $((shards - 1))); do sql -e "DROP DATABASE IF EXISTS foqs_bench_$s"; done
+  start_foqsd && stop_foqsd   # creates the schema
+  total=$((depth + measure))
+  per_shard=$(( (total + shards - 1) / shards ))
+  now_ms=$(($(date +%s%3N) - 60000))
+  foqs_log "depth $depth: loading $total items ($per_shard per shard)"
+  t0=$(date +%s)
+  loaders=()
+  for s in $(seq 0 $((shards - 1))); do
+    from=1
+    while [ "$from" -le "$per_shard" ]; do
+      to=$((from + 499999)); [ "$to" -gt "$per_shard" ] && to=$per_shard
+      sql "foqs_bench_$s" -e "INSERT INTO items (id, ns, topic, priority, state, deliver_after_ms,
+          enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)
+        SELECT seq, 'bench', 'backlog', seq % 10, 0, $now_ms, $now_ms, 30000, NULL, 1, 5,
+          REPEAT('x', 100), '' FROM seq_${from}_to_${to}"
+      from=$((to + 1))
+    done &
+    loaders+=($!)
+  done
+  wait "${loaders[@]}"   # not a bare wait: that would wait for mariadbd too
+  foqs_log "loaded in $(( $(date +%s) - t0 )) s"
+  start_foqsd
+  json=$(./target/release/foqs-bench --host "$listen" --ns bench --topic backlog \
+    --phases drain --items "$measure" --consumers "$consumers" --batch "$batch" --max-seconds 600)
+  rss_kb=$(awk '/VmRSS/ {print $2}' "/proc/$foqsd_pid/status")
+  stop_foqsd
+  rate=$(echo "$json" | sed -E 's/.*"drain_items_per_s":([0-9]+).*/\1/')
+  line="{\"depth\":$depth,\"measured_items\":$measure,\"drain_items_per_s\":$rate,\"rss_bytes\":$((rss_kb * 1024))}"
+  echo "$line"
+  results+=("$depth $rate $((rss_kb * 1024))")
+done
+
+read -r d0 r0 m0 <<<"${results[0]}"
+ratios=""
+for r in "${results[@]}"; do
+  read -r d rate rss <<<"$r"
+  ratios+="$( [ -n "$ratios" ] && echo , )\"$d\":{\"drain\":$(awk "BEGIN{printf \"%.3f\", $rate/$r0}"),\"rss\":$(awk "BEGIN{printf \"%.3f\", $rss/$m0}")}"
+done
+echo "{\"ratios_to_depth_$d0\":{$ratios}}"
