@@ -3,13 +3,14 @@
 #
 #   scripts/bench-backlog.sh [DEPTH ...]     (default: 10000 1000000 10000000)
 #
-# For each depth D it loads D + MEASURE ready items (100-byte payloads, priorities 0..9,
-# spread over the 4 shards of conf/foqsd.toml) straight into MySQL with the SEQUENCE
-# engine (a bulk loader: going through foqsd would take most of an hour at 10M), starts a
-# fresh foqsd, drains MEASURE items with foqs-bench (4 consumers, batches of 100), reads
-# foqsd's RSS, and prints one JSON line: {"depth", "drain_items_per_s", "rss_bytes"}; then
-# one line of ratios to the first depth. So "depth" is the backlog that stays behind the
-# items measured.
+# For each depth D it loads D + MEASURE ready items (100-byte payloads) over the 4 shards
+# of conf/foqsd.toml straight into MySQL with the SEQUENCE engine (a bulk loader: through
+# foqsd, 10M items would take minutes), starts a fresh foqsd, drains MEASURE items with
+# foqs-bench (4 consumers, batches of 100), reads foqsd's RSS, and prints one JSON line:
+# {"depth", "drain_items_per_s", "rss_bytes"}; then one line of ratios to the first depth.
+# The MEASURE items are the most urgent (priority 0) and the oldest (lowest keys), as in a
+# queue whose consumers fell behind; the D items of the backlog (priorities 1..9) stay
+# behind them. So every depth drains the same rows and only the backlog differs.
 #
 # It runs its own MariaDB (datadir .run/bench-mariadb, port FOQS_BENCH_PORT, default 3417)
 # with innodb_flush_log_at_trx_commit=1 and a buffer pool of FOQS_BENCH_BUFFER_POOL
@@ -76,6 +77,7 @@ for depth in "${depths[@]}"; do
   start_foqsd && stop_foqsd   # creates the schema
   total=$((depth + measure))
   per_shard=$(( (total + shards - 1) / shards ))
+  measure_per_shard=$(( (measure + shards - 1) / shards ))
   now_ms=$(($(date +%s%3N) - 60000))
   foqs_log "depth $depth: loading $total items ($per_shard per shard)"
   t0=$(date +%s)
@@ -86,7 +88,7 @@ for depth in "${depths[@]}"; do
       to=$((from + 499999)); [ "$to" -gt "$per_shard" ] && to=$per_shard
       sql "foqs_bench_$s" -e "INSERT INTO items (id, ns, topic, priority, state, deliver_after_ms,
           enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)
-        SELECT seq, 'bench', 'backlog', seq % 10, 0, $now_ms, $now_ms, 30000, NULL, 1, 5,
+        SELECT seq, 'bench', 'backlog', IF(seq <= $measure_per_shard, 0, 1 + seq % 9), 0, $now_ms, $now_ms, 30000, NULL, 1, 5,
           REPEAT('x', 100), '' FROM seq_${from}_to_${to}"
       from=$((to + 1))
     done &

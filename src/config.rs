@@ -91,6 +91,11 @@ pub struct EngineConfig {
     pub checkpoint_interval_ms: u64,
     /// Consecutive MySQL failures that open a shard's circuit breaker.
     pub breaker_failures_max: u32,
+    /// A shard whose recent median operation latency exceeds this is isolated too.
+    pub breaker_slow_ms: u64,
+    /// A MySQL operation with no answer after this long fails (and counts against the
+    /// breaker), so a hung server cannot stall its shard's worker.
+    pub store_timeout_ms: u64,
     /// How long an open breaker waits before probing the shard again.
     pub breaker_open_ms: u64,
     /// A busy topic stages about this much of its dequeue rate in the prefetch buffer.
@@ -113,6 +118,8 @@ impl Default for EngineConfig {
             scan_rows_max: 1000,
             checkpoint_interval_ms: 1000,
             breaker_failures_max: 3,
+            breaker_slow_ms: 1000,
+            store_timeout_ms: 5000,
             breaker_open_ms: 2000,
             prefetch_window_ms: 100,
             prefetch_items_max: 1000,
@@ -264,6 +271,8 @@ impl Config {
             ("engine.checkpoint_interval_ms", e.checkpoint_interval_ms),
             ("engine.breaker_failures_max", e.breaker_failures_max as u64),
             ("engine.breaker_open_ms", e.breaker_open_ms),
+            ("engine.breaker_slow_ms", e.breaker_slow_ms),
+            ("engine.store_timeout_ms", e.store_timeout_ms),
             ("engine.prefetch_stage_max_ms", e.prefetch_stage_max_ms),
             ("engine.prefetch_tick_ms", e.prefetch_tick_ms),
         ];

@@ -260,9 +260,12 @@ impl Host {
             if need == 0 {
                 break;
             }
+            // A shard whose breaker is open is left out: its items wait there, and a
+            // dequeue does not wait for its storage timeout.
             let peeks = join_all(
                 self.shards
                     .values()
+                    .filter(|s| s.is_healthy())
                     .map(|s| async move { (s.id(), s.peek(topic.clone(), need).await) }),
             )
             .await;

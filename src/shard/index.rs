@@ -156,6 +156,11 @@ impl ReadyIndex {
         });
     }
 
+    /// Forgets every topic (after a write whose outcome and rows are both unknown).
+    pub fn clear(&mut self) {
+        self.topics.clear();
+    }
+
     fn get_mut(&mut self, ns: &str, topic: &str) -> Option<&mut TopicIndex> {
         // Topic names are short; building the key is cheaper than a second map layer.
         self.topics.get_mut(&TopicName {

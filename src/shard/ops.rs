@@ -38,8 +38,9 @@ pub(super) struct NackOutcome {
     readied: Vec<(String, String, ReadyKey)>,
 }
 
-/// A failed nack transaction, with the topics whose rows it may have changed.
-pub(super) type NackFailure = (StoreError, Vec<(String, String)>);
+/// A failed nack transaction, with the topics whose rows it may have changed (`None`:
+/// unknown, so the whole index is reloaded).
+pub(super) type NackFailure = (StoreError, Option<Vec<(String, String)>>);
 
 fn fail_all<T, U>(requests: Vec<(T, Reply<U>)>, err: &Error) {
     for (_, reply) in requests {
@@ -56,9 +57,9 @@ impl<S: ShardStore> ShardWorker<S> {
     ) -> Vec<InsertGroup> {
         let mut groups: Vec<InsertGroup> = Vec::new();
         for (items, reply) in batches {
-            let fits = groups.last().is_some_and(|g| {
-                g.rows.len() + items.len() <= self.cfg.enqueue_batch_rows_max
-            });
+            let fits = groups
+                .last()
+                .is_some_and(|g| g.rows.len() + items.len() <= self.cfg.enqueue_batch_rows_max);
             if !fits {
                 groups.push(InsertGroup {
                     rows: Vec::new(),
@@ -78,7 +79,10 @@ impl<S: ShardStore> ShardWorker<S> {
         if self.next_key > self.key_high_water {
             let mark = self.next_key + KEY_BLOCK;
             for g in &mut groups {
-                if g.rows.last().is_some_and(|(k, _)| *k >= self.key_high_water) {
+                if g.rows
+                    .last()
+                    .is_some_and(|(k, _)| *k >= self.key_high_water)
+                {
                     g.key_high_water = Some(mark);
                 }
             }
@@ -86,8 +90,8 @@ impl<S: ShardStore> ShardWorker<S> {
         groups
     }
 
-    pub(super) fn finish_insert(&mut self, g: InsertGroup, r: StoreResult<()>) {
-        self.record(&r);
+    pub(super) fn finish_insert(&mut self, g: InsertGroup, (r, took): (StoreResult<()>, u64)) {
+        self.record(&r, took);
         if let Err(e) = r {
             for (_, it) in &g.rows {
                 self.index.invalidate(&it.ns, &it.topic);
@@ -127,14 +131,21 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         self.lease_token += 1;
         Some(ClaimPlan {
-            keys: claims.iter().flat_map(|(_, k, _)| k.iter().copied()).collect(),
+            keys: claims
+                .iter()
+                .flat_map(|(_, k, _)| k.iter().copied())
+                .collect(),
             token: self.lease_token,
             parts: claims,
         })
     }
 
-    pub(super) fn finish_claim(&mut self, plan: ClaimPlan, r: StoreResult<Vec<Item>>) {
-        self.record(&r);
+    pub(super) fn finish_claim(
+        &mut self,
+        plan: ClaimPlan,
+        (r, took): (StoreResult<Vec<Item>>, u64),
+    ) {
+        self.record(&r, took);
         match r {
             Ok(items) => {
                 let mut by_key: HashMap<u64, Item> =
@@ -157,9 +168,9 @@ impl<S: ShardStore> ShardWorker<S> {
     pub(super) fn finish_ack(
         &mut self,
         requests: Vec<(Vec<u64>, Reply<Vec<Settled>>)>,
-        r: StoreResult<Vec<ItemMeta>>,
+        (r, took): (StoreResult<Vec<ItemMeta>>, u64),
     ) {
-        self.record(&r);
+        self.record(&r, took);
         let found: HashMap<u64, ItemMeta> = match r {
             Ok(metas) => metas.into_iter().map(|m| (m.key, m)).collect(),
             Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
@@ -190,15 +201,20 @@ impl<S: ShardStore> ShardWorker<S> {
     pub(super) fn finish_nack(
         &mut self,
         requests: Vec<(Vec<NackOp>, Reply<Vec<Settled>>)>,
-        r: Result<NackOutcome, NackFailure>,
+        (r, took): (Result<NackOutcome, NackFailure>, u64),
     ) {
         let r = r.map_err(|(e, topics)| {
-            for (ns, topic) in &topics {
-                self.index.invalidate(ns, topic);
+            match topics {
+                Some(topics) => {
+                    for (ns, topic) in &topics {
+                        self.index.invalidate(ns, topic);
+                    }
+                }
+                None => self.index.clear(),
             }
             e
         });
-        self.record(&r);
+        self.record(&r, took);
         let outcome = match r {
             Ok(o) => o,
             Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
@@ -211,8 +227,12 @@ impl<S: ShardStore> ShardWorker<S> {
         }
     }
 
-    pub(super) fn finish_release(&mut self, requests: Vec<(Vec<Item>, Reply<()>)>, r: StoreResult<()>) {
-        self.record(&r);
+    pub(super) fn finish_release(
+        &mut self,
+        requests: Vec<(Vec<Item>, Reply<()>)>,
+        (r, took): (StoreResult<()>, u64),
+    ) {
+        self.record(&r, took);
         if let Err(e) = r {
             for (items, _) in &requests {
                 for i in items {
@@ -254,8 +274,11 @@ pub(super) async fn nack_exec<S: ShardStore>(
     requests: &[&[NackOp]],
     now: i64,
 ) -> Result<NackOutcome, NackFailure> {
-    let keys: Vec<u64> = requests.iter().flat_map(|n| n.iter().map(|(k, _, _)| *k)).collect();
-    let metas = store.lookup(&keys).await.map_err(|e| (e, vec![]))?;
+    let keys: Vec<u64> = requests
+        .iter()
+        .flat_map(|n| n.iter().map(|(k, _, _)| *k))
+        .collect();
+    let metas = store.lookup(&keys).await.map_err(|e| (e, Some(vec![])))?;
     let mut leased: HashMap<u64, ItemMeta> = metas
         .into_iter()
         .filter(|m| m.state == ItemState::Leased)
@@ -295,6 +318,9 @@ pub(super) async fn nack_exec<S: ShardStore>(
         }
         settled.push(out);
     }
-    store.apply(&changes).await.map_err(|e| (e, touched))?;
+    store
+        .apply(&changes)
+        .await
+        .map_err(|e| (e, Some(touched)))?;
     Ok(NackOutcome { settled, readied })
 }

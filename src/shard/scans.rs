@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::worker::{ScanKind, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
+use super::worker::{timed, ScanKind, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
 use crate::model::{ItemState, Policy};
 use crate::store::{Change, Checkpoints, Scan, ShardStore, StoreError};
 
@@ -14,8 +14,15 @@ impl<S: ShardStore> ShardWorker<S> {
         let now = self.clock.now_ms();
         if self.breaker.is_open() {
             if self.breaker.probe_due(now) {
-                let r = self.store.ping().await;
-                self.record(&r);
+                let (r, took) = timed(self.timeout(), self.store.ping()).await;
+                if self.breaker.probe(r.is_ok(), took, self.clock.now_ms()) {
+                    tracing::info!(
+                        shard = self.id,
+                        took_ms = took,
+                        "shard healthy again: circuit breaker closed"
+                    );
+                    self.shared.healthy.store(true, Ordering::Relaxed);
+                }
             }
             return;
         }
@@ -39,8 +46,8 @@ impl<S: ShardStore> ShardWorker<S> {
         let kind = ScanKind::from(scan);
         let after = self.cursors[&kind];
         let limit = self.cfg.scan_rows_max;
-        let r = self.store.scan(scan, after, now, limit).await;
-        self.record(&r);
+        let (r, took) = timed(self.timeout(), self.store.scan(scan, after, now, limit)).await;
+        self.record(&r, took);
         let rows = r?;
         let full = rows.len() == limit;
         let mut changes = Vec::new();
@@ -72,8 +79,8 @@ impl<S: ShardStore> ShardWorker<S> {
             }
         }
         if !changes.is_empty() {
-            let r = self.store.apply(&changes).await;
-            self.record(&r);
+            let (r, took) = timed(self.timeout(), self.store.apply(&changes)).await;
+            self.record(&r, took);
             if let Err(e) = r {
                 for (ns, topic, _) in readied.iter().chain(&removed) {
                     self.index.invalidate(ns, topic);
@@ -119,8 +126,8 @@ impl<S: ShardStore> ShardWorker<S> {
             self.last_checkpoint_ms = now;
             return;
         }
-        let r = self.store.save_checkpoints(cp).await;
-        self.record(&r);
+        let (r, took) = timed(self.timeout(), self.store.save_checkpoints(cp)).await;
+        self.record(&r, took);
         if r.is_ok() {
             self.saved = cp;
             self.last_checkpoint_ms = now;

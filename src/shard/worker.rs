@@ -28,7 +28,7 @@ use crate::clock::SharedClock;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::model::{ReadyKey, ShardId, TopicName};
-use crate::store::{Checkpoints, Scan, ShardStore, StoreError};
+use crate::store::{Checkpoints, Scan, ShardStore, StoreError, StoreResult};
 
 /// Commands taken in one turn.
 const TURN_COMMANDS_MAX: usize = 1024;
@@ -44,7 +44,9 @@ pub struct WorkerConfig {
     pub scan_rows_max: usize,
     pub checkpoint_interval_ms: u64,
     pub breaker_failures_max: u32,
+    pub breaker_slow_ms: u64,
     pub breaker_open_ms: u64,
+    pub store_timeout_ms: u64,
 }
 
 impl From<&EngineConfig> for WorkerConfig {
@@ -57,7 +59,9 @@ impl From<&EngineConfig> for WorkerConfig {
             scan_rows_max: e.scan_rows_max,
             checkpoint_interval_ms: e.checkpoint_interval_ms,
             breaker_failures_max: e.breaker_failures_max,
+            breaker_slow_ms: e.breaker_slow_ms,
             breaker_open_ms: e.breaker_open_ms,
+            store_timeout_ms: e.store_timeout_ms,
         }
     }
 }
@@ -100,6 +104,21 @@ impl From<Scan> for ScanKind {
     }
 }
 
+/// Runs a storage operation under the shard's timeout; returns its outcome and how long it
+/// took. A timed-out operation is dropped (its connection with it), so a hung server
+/// cannot hold the worker forever.
+pub(super) async fn timed<T>(
+    timeout: Duration,
+    f: impl std::future::Future<Output = StoreResult<T>>,
+) -> (StoreResult<T>, u64) {
+    let started = std::time::Instant::now();
+    let r = match tokio::time::timeout(timeout, f).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Timeout(timeout.as_millis() as u64)),
+    };
+    (r, started.elapsed().as_millis() as u64)
+}
+
 pub(super) fn storage_error(id: ShardId, e: &StoreError) -> Error {
     Error::unavailable(format!("shard {id}: storage error: {e}"))
 }
@@ -128,7 +147,11 @@ impl<S: ShardStore> ShardWorker<S> {
             id,
             store: Arc::new(store),
             index: ReadyIndex::new(cfg.index_keys_per_topic_max),
-            breaker: Breaker::new(cfg.breaker_failures_max, cfg.breaker_open_ms),
+            breaker: Breaker::new(
+                cfg.breaker_failures_max,
+                cfg.breaker_slow_ms,
+                cfg.breaker_open_ms,
+            ),
             shared: shared.clone(),
             next_key: recovered.key_high_water,
             key_high_water: recovered.key_high_water,
@@ -224,9 +247,13 @@ impl<S: ShardStore> ShardWorker<S> {
                 } => {
                     // A GROUP BY over a namespace can be slow: run it beside the loop.
                     let store = self.store.clone();
-                    let (id, now) = (self.id, self.clock.now_ms());
+                    let (id, now, timeout) = (self.id, self.clock.now_ms(), self.timeout());
                     tokio::spawn(async move {
-                        let r = store.topic_counts(&ns, after.as_deref(), now, limit).await;
+                        let (r, _) = timed(
+                            timeout,
+                            store.topic_counts(&ns, after.as_deref(), now, limit),
+                        )
+                        .await;
                         let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
                     });
                 }
@@ -245,11 +272,16 @@ impl<S: ShardStore> ShardWorker<S> {
         let now = self.clock.now_ms();
         let store = self.store.clone();
         let nack_ops: Vec<&[super::NackOp]> = nacks.iter().map(|(n, _)| n.as_slice()).collect();
+        let t = self.timeout();
         let (inserted, claimed, acked, nacked, released) = tokio::join!(
-            futures::future::join_all(inserts.iter().map(|g| store.insert(&g.rows, g.key_high_water))),
+            futures::future::join_all(
+                inserts
+                    .iter()
+                    .map(|g| timed(t, store.insert(&g.rows, g.key_high_water)))
+            ),
             async {
                 match &claim {
-                    Some(c) => Some(store.claim(&c.keys, now, c.token).await),
+                    Some(c) => Some(timed(t, store.claim(&c.keys, now, c.token)).await),
                     None => None,
                 }
             },
@@ -257,21 +289,28 @@ impl<S: ShardStore> ShardWorker<S> {
                 if ack_keys.is_empty() {
                     None
                 } else {
-                    Some(store.delete(&ack_keys).await)
+                    Some(timed(t, store.delete(&ack_keys)).await)
                 }
             },
             async {
                 if nack_ops.is_empty() {
                     None
                 } else {
-                    Some(nack_exec(&*store, &nack_ops, now).await)
+                    let started = std::time::Instant::now();
+                    let r = match tokio::time::timeout(t, nack_exec(&*store, &nack_ops, now)).await
+                    {
+                        Ok(r) => r,
+                        // Cut off mid-transaction: which rows changed is unknown.
+                        Err(_) => Err((StoreError::Timeout(t.as_millis() as u64), None)),
+                    };
+                    Some((r, started.elapsed().as_millis() as u64))
                 }
             },
             async {
                 if release_changes.is_empty() {
                     None
                 } else {
-                    Some(store.apply(&release_changes).await)
+                    Some(timed(t, store.apply(&release_changes)).await)
                 }
             },
         );
@@ -293,30 +332,32 @@ impl<S: ShardStore> ShardWorker<S> {
         shutdown
     }
 
-    pub(super) fn record<T>(&mut self, r: &std::result::Result<T, StoreError>) {
-        match r {
-            Ok(_) => {
-                if self.breaker.is_open() {
-                    tracing::info!(
-                        shard = self.id,
-                        "shard healthy again: circuit breaker closed"
-                    );
-                }
-                self.breaker.success();
-            }
-            Err(e) => {
-                let was_open = self.breaker.is_open();
-                self.breaker.failure(self.clock.now_ms());
-                if self.breaker.is_open() && !was_open {
-                    tracing::warn!(shard = self.id, error = %e, "circuit breaker opened: no new enqueues go to this shard");
-                } else {
-                    tracing::warn!(shard = self.id, error = %e, "storage error");
-                }
-            }
+    /// Feeds an operation's outcome to the circuit breaker and publishes its state.
+    pub(super) fn record<T, E: std::fmt::Display>(
+        &mut self,
+        r: &std::result::Result<T, E>,
+        took_ms: u64,
+    ) {
+        if let Err(e) = r {
+            tracing::warn!(shard = self.id, error = %e, took_ms, "storage error");
+        }
+        if let Some(why) = self
+            .breaker
+            .observe(r.is_ok(), took_ms, self.clock.now_ms())
+        {
+            tracing::warn!(
+                shard = self.id,
+                why,
+                "circuit breaker opened: no new enqueues go to this shard"
+            );
         }
         self.shared
             .healthy
             .store(!self.breaker.is_open(), Ordering::Relaxed);
+    }
+
+    pub(super) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.store_timeout_ms)
     }
 
     async fn peek(&mut self, topic: &TopicName, n: usize) -> Result<Vec<ReadyKey>> {
@@ -326,11 +367,13 @@ impl<S: ShardStore> ShardWorker<S> {
             let after = t.refill_after();
             let asked = cap - t.len();
             let now = self.clock.now_ms();
-            let r = self
-                .store
-                .ready_keys(&topic.ns, &topic.topic, after, now, asked)
-                .await;
-            self.record(&r);
+            let (r, took) = timed(
+                self.timeout(),
+                self.store
+                    .ready_keys(&topic.ns, &topic.topic, after, now, asked),
+            )
+            .await;
+            self.record(&r, took);
             let loaded = r.map_err(|e| storage_error(self.id, &e))?;
             self.index.topic(topic).apply_refill(&loaded, asked, cap);
         }

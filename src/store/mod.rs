@@ -20,6 +20,8 @@ pub enum StoreError {
     MySql(#[from] mysql_async::Error),
     #[error("storage schema: {0}")]
     Schema(String),
+    #[error("no answer within {0} ms")]
+    Timeout(u64),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -81,7 +83,7 @@ pub enum Change {
 /// The background scans; each reads a timestamp index from a checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scan {
-    /// Ready rows whose `deliver_after_ms` came due (deferred → ready).
+    /// Rows written as deferred whose `deliver_after_ms` came due (deferred → ready).
     Due,
     /// Leased rows whose `lease_expires_ms` passed.
     Lease,

@@ -7,6 +7,9 @@
 //!   batch's keys to index it, and a persisted high-water mark guarantees that a key is
 //!   never reused, even after its row was deleted and the host restarted.
 //! - Every time is a `BIGINT` of milliseconds passed in by the caller.
+//! - `due_at_ms` is set only for items that were deferred when written (NULL otherwise,
+//!   and a range scan skips NULLs), so the due scan reads deferred items only, not every
+//!   item ever enqueued.
 //! - The timestamp indexes of the background scans leave `state` out, so that leasing a
 //!   row (the hottest write) changes only `ready_order` and `lease`; the scans read from a
 //!   checkpoint, so filtering state on the few rows past it is cheap.
@@ -33,6 +36,7 @@ const SCHEMA: &[&str] = &[
         priority INT NOT NULL,
         state TINYINT NOT NULL,
         deliver_after_ms BIGINT NOT NULL,
+        due_at_ms BIGINT NULL,
         enqueued_at_ms BIGINT NOT NULL,
         lease_ms BIGINT NOT NULL,
         lease_expires_ms BIGINT NOT NULL DEFAULT 0,
@@ -44,7 +48,7 @@ const SCHEMA: &[&str] = &[
         payload BLOB NOT NULL,
         metadata BLOB NOT NULL,
         KEY ready_order (ns, topic, state, priority, deliver_after_ms, id),
-        KEY due (deliver_after_ms),
+        KEY due (due_at_ms),
         KEY lease (lease_expires_ms),
         KEY ttl (expires_at_ms)
     ) ENGINE=InnoDB",
@@ -56,7 +60,7 @@ const SCHEMA: &[&str] = &[
 
 const ITEM_COLUMNS: &str = "id, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
 const META_COLUMNS: &str = "id, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms";
-const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)";
+const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, due_at_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)";
 
 pub struct MySqlStore {
     shard: ShardId,
@@ -241,9 +245,15 @@ fn insert_sql(rows: &[(u64, NewItem)]) -> String {
         let expires = it
             .expires_at_ms
             .map_or_else(|| "NULL".to_string(), |t| t.to_string());
+        // Only a deferred item needs the due scan; a ready one is indexed on commit.
+        let due_at = if it.deliver_after_ms > it.enqueued_at_ms {
+            it.deliver_after_ms.to_string()
+        } else {
+            "NULL".to_string()
+        };
         let _ = write!(
             sql,
-            ",{},0,{},{},{},{expires},{},{},",
+            ",{},0,{},{due_at},{},{},{expires},{},{},",
             it.priority,
             it.deliver_after_ms,
             it.enqueued_at_ms,
@@ -290,7 +300,10 @@ fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
                 metadata: Some(m),
             } => {
                 let (set_time, mut params): (&str, Vec<Value>) = match deliver_after_ms {
-                    Some(t) => (", deliver_after_ms = ?", vec![(*t).into()]),
+                    Some(t) => (
+                        ", deliver_after_ms = ?, due_at_ms = ?",
+                        vec![(*t).into(), (*t).into()],
+                    ),
                     None => ("", vec![]),
                 };
                 params.push(m.as_slice().into());
@@ -314,7 +327,7 @@ fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
     for (t, keys) in at {
         out.push((
             format!(
-                "{READY}, deliver_after_ms = {t} WHERE id IN ({}) AND state = 1",
+                "{READY}, deliver_after_ms = {t}, due_at_ms = {t} WHERE id IN ({}) AND state = 1",
                 key_list(&keys)
             ),
             Params::Empty,
@@ -574,7 +587,7 @@ impl ShardStore for MySqlStore {
         // InnoDB appends the primary key to every secondary index, so (ts, id) order is
         // the index's own order and the cursor is a plain range start.
         let (state, ts) = match scan {
-            Scan::Due => ("state = 0 AND ", "deliver_after_ms"),
+            Scan::Due => ("state = 0 AND ", "due_at_ms"),
             Scan::Lease => ("state = 1 AND ", "lease_expires_ms"),
             Scan::Ttl => ("", "expires_at_ms"),
         };
