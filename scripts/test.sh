@@ -21,6 +21,8 @@ scripts/gen-thrift.sh --check
 
 foqs_mysql_ensure
 export FOQS_TEST_MYSQL_URL="$FOQS_MYSQL_URL"
+# The fault tests run private MariaDB servers of their own, which they freeze and kill.
+command -v mariadb-install-db >/dev/null 2>&1 || foqs_apt_install mariadb-server
 foqs_log "MySQL for tests: $FOQS_TEST_MYSQL_URL"
 
 foqs_log "Rust unit and integration tests"

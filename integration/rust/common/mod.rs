@@ -3,6 +3,10 @@
 //! Thrift client (the generated one, over framed binary or compact protocol).
 #![allow(dead_code)]
 
+mod mariadb;
+#[allow(unused_imports)] // used by the fault tests only
+pub use mariadb::PrivateMariaDb;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
