@@ -83,6 +83,9 @@ pub struct EngineConfig {
     /// Keys of ready items one shard keeps in memory per topic (must be >= 1000, the
     /// largest dequeue count, so a single shard can answer any one request).
     pub index_keys_per_topic_max: usize,
+    /// Topics one shard keeps an index for; the least recently dequeued are forgotten
+    /// (and reloaded from MySQL when used again).
+    pub index_topics_max: usize,
     /// How often each shard promotes due items, expires leases and purges TTLs.
     pub scan_interval_ms: u64,
     /// Most rows one background scan step reads.
@@ -114,6 +117,7 @@ impl Default for EngineConfig {
             enqueue_batch_rows_max: 500,
             worker_queue_max: 4096,
             index_keys_per_topic_max: 2048,
+            index_topics_max: 10_000,
             scan_interval_ms: 100,
             scan_rows_max: 1000,
             checkpoint_interval_ms: 1000,
@@ -266,6 +270,7 @@ impl Config {
                 e.enqueue_batch_rows_max as u64,
             ),
             ("engine.worker_queue_max", e.worker_queue_max as u64),
+            ("engine.index_topics_max", e.index_topics_max as u64),
             ("engine.scan_interval_ms", e.scan_interval_ms),
             ("engine.scan_rows_max", e.scan_rows_max as u64),
             ("engine.checkpoint_interval_ms", e.checkpoint_interval_ms),

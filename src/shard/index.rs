@@ -29,6 +29,8 @@ enum Watermark {
 pub struct TopicIndex {
     keys: BTreeSet<ReadyKey>,
     watermark: Watermark,
+    /// When a dequeue last used this topic (a counter, not a time): for LRU eviction.
+    last_used: u64,
 }
 
 impl TopicIndex {
@@ -36,6 +38,7 @@ impl TopicIndex {
         TopicIndex {
             keys: BTreeSet::new(),
             watermark: Watermark::Unloaded,
+            last_used: 0,
         }
     }
 
@@ -107,18 +110,24 @@ impl TopicIndex {
     }
 }
 
-/// All topics of one shard.
+/// All topics of one shard, at most `topics_max` of them: past that, the least recently
+/// dequeued tenth is forgotten (unloaded), to be reloaded from MySQL when used again. So
+/// memory is bounded by topics_max * keys_per_topic_max keys, however many topics exist.
 #[derive(Debug)]
 pub struct ReadyIndex {
     topics: HashMap<TopicName, TopicIndex>,
     cap: usize,
+    topics_max: usize,
+    uses: u64,
 }
 
 impl ReadyIndex {
-    pub fn new(keys_per_topic_max: usize) -> Self {
+    pub fn new(keys_per_topic_max: usize, topics_max: usize) -> Self {
         ReadyIndex {
             topics: HashMap::new(),
             cap: keys_per_topic_max,
+            topics_max: topics_max.max(1),
+            uses: 0,
         }
     }
 
@@ -126,11 +135,39 @@ impl ReadyIndex {
         self.cap
     }
 
+    pub fn topics(&self) -> usize {
+        self.topics.len()
+    }
+
+    /// The topic's index, loaded or not, marked as just used.
     pub fn topic(&mut self, t: &TopicName) -> &mut TopicIndex {
         if !self.topics.contains_key(t) {
+            if self.topics.len() >= self.topics_max {
+                self.evict();
+            }
             self.topics.insert(t.clone(), TopicIndex::new());
         }
-        self.topics.get_mut(t).expect("just inserted")
+        self.uses += 1;
+        let entry = self.topics.get_mut(t).expect("just inserted");
+        entry.last_used = self.uses;
+        entry
+    }
+
+    /// Forgets the least recently used tenth of the topics.
+    fn evict(&mut self) {
+        let n = (self.topics.len() / 10).max(1);
+        let mut uses: Vec<u64> = self.topics.values().map(|t| t.last_used).collect();
+        let (_, cutoff, _) = uses.select_nth_unstable(n - 1);
+        let cutoff = *cutoff;
+        let mut left = n;
+        self.topics.retain(|_, t| {
+            if left > 0 && t.last_used <= cutoff {
+                left -= 1;
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Offers a key to a topic that is loaded; an unloaded topic will read it from MySQL.
@@ -221,6 +258,27 @@ mod tests {
         // (5,1) was dropped: an offer equal to it must now be refused, a refill finds it.
         t.offer(k(5, 1), 3);
         assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn the_least_recently_used_topics_are_forgotten_past_the_bound() {
+        let name = |i: usize| TopicName {
+            ns: "n".into(),
+            topic: format!("t{i}"),
+        };
+        let mut idx = ReadyIndex::new(10, 20);
+        for i in 0..20 {
+            idx.topic(&name(i)).apply_refill(&[k(1, i as u64)], 5, 10);
+        }
+        idx.topic(&name(0)); // t0 is used again: t1 is now the oldest
+        idx.topic(&name(20));
+        assert_eq!(idx.topics(), 19, "two forgotten (a tenth), one added");
+        assert!(idx.topics.contains_key(&name(0)));
+        assert!(!idx.topics.contains_key(&name(1)));
+        assert!(!idx.topics.contains_key(&name(2)));
+        // A forgotten topic comes back unloaded: offers are ignored until a refill.
+        assert!(idx.topic(&name(1)).is_partial());
+        assert_eq!(idx.topic(&name(1)).refill_after(), None);
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub struct WorkerConfig {
     pub enqueue_batch_rows_max: usize,
     pub worker_queue_max: usize,
     pub index_keys_per_topic_max: usize,
+    pub index_topics_max: usize,
     pub scan_interval_ms: u64,
     pub scan_rows_max: usize,
     pub checkpoint_interval_ms: u64,
@@ -55,6 +56,7 @@ impl From<&EngineConfig> for WorkerConfig {
             enqueue_batch_rows_max: e.enqueue_batch_rows_max,
             worker_queue_max: e.worker_queue_max,
             index_keys_per_topic_max: e.index_keys_per_topic_max,
+            index_topics_max: e.index_topics_max,
             scan_interval_ms: e.scan_interval_ms,
             scan_rows_max: e.scan_rows_max,
             checkpoint_interval_ms: e.checkpoint_interval_ms,
@@ -146,7 +148,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let worker = ShardWorker {
             id,
             store: Arc::new(store),
-            index: ReadyIndex::new(cfg.index_keys_per_topic_max),
+            index: ReadyIndex::new(cfg.index_keys_per_topic_max, cfg.index_topics_max),
             breaker: Breaker::new(
                 cfg.breaker_failures_max,
                 cfg.breaker_slow_ms,
