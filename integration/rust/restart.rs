@@ -237,6 +237,7 @@ async fn kill_9_loses_no_acknowledged_item_in_any_state() {
     let fresh = c.enqueue(vec![item(NS, "fresh", 0, b"x")]).remove(0);
     assert!(!stored.contains(&fresh), "{fresh} reused");
     assert_eq!(sigterm(&mut p).code(), Some(0));
+    let _ = std::fs::remove_dir_all(config.parent().unwrap());
     drop(db);
 }
 
@@ -268,6 +269,59 @@ async fn sigterm_finishes_in_flight_requests_and_exits_0() {
     let mut p = spawn(&config);
     let mut c = Client::connect(p.addr, Proto::Binary);
     check_every_state_survived(&mut c, &ready, &deferred, &leased).await;
+    assert_eq!(sigterm(&mut p).code(), Some(0));
+    let _ = std::fs::remove_dir_all(config.parent().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_staged_items_brings_them_back_after_their_lease() {
+    let db = TestDb::new(3);
+    let config = write_config(&db);
+    let mut p = spawn(&config);
+    let mut c = Client::connect(p.addr, Proto::Binary);
+    let all: HashSet<String> = c
+        .enqueue(
+            (0..1000)
+                .map(|i| EnqueueItem {
+                    lease_ms: Some(1_500),
+                    ..item(NS, "staged", i % 5, b"x")
+                })
+                .collect(),
+        )
+        .into_iter()
+        .collect();
+    let mut done = HashSet::new();
+    for _ in 0..40 {
+        let ids: Vec<String> = c
+            .dequeue(NS, "staged", 10)
+            .into_iter()
+            .map(|i| i.id.unwrap())
+            .collect();
+        c.ack(&ids);
+        done.extend(ids);
+    }
+    assert_eq!(done.len(), 400);
+    let staged = db.count("state = 1").await;
+    assert!(staged > 0, "the busy topic staged items ahead");
+    sigkill(&mut p);
+
+    let mut p = spawn(&config);
+    let mut c = Client::connect(p.addr, Proto::Binary);
+    let start = Instant::now();
+    let mut back = HashSet::new();
+    while back.len() < 600 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} of 600 came back ({staged} were staged)",
+            back.len()
+        );
+        for i in c.dequeue(NS, "staged", 100) {
+            assert!(back.insert(i.id.unwrap()), "delivered twice after restart");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rest: HashSet<String> = all.difference(&done).cloned().collect();
+    assert_eq!(back, rest, "exactly the items not acked came back");
     assert_eq!(sigterm(&mut p).code(), Some(0));
     let _ = std::fs::remove_dir_all(config.parent().unwrap());
 }
