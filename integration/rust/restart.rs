@@ -197,20 +197,31 @@ async fn check_every_state_survived(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_loses_no_acknowledged_item_in_any_state() {
+/// How a test stops foqsd.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Kill9,
+    Term,
+}
+
+/// Items in every state, then enqueue load for `load`, then `stop`; checks that nothing
+/// acknowledged is missing from MySQL, restarts foqsd and checks every state came back.
+async fn restart_under_load(stop: Stop, load: Duration) {
     let db = TestDb::new(3);
     let config = write_config(&db);
     let mut p = spawn(&config);
     let mut c = Client::connect(p.addr, Proto::Binary);
     let (ready, deferred, leased) = fill_every_state(&mut c);
 
-    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let producers = start_producers(p.addr, stop.clone(), acked.clone());
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    sigkill(&mut p);
-    stop.store(true, Ordering::SeqCst);
+    let producers = start_producers(p.addr, stopping.clone(), acked.clone());
+    tokio::time::sleep(load).await;
+    match stop {
+        Stop::Kill9 => sigkill(&mut p),
+        Stop::Term => assert_eq!(sigterm(&mut p).code(), Some(0), "foqsd exits 0 on SIGTERM"),
+    }
+    stopping.store(true, Ordering::SeqCst);
     for t in producers {
         t.join().unwrap();
     }
@@ -220,7 +231,6 @@ async fn kill_9_loses_no_acknowledged_item_in_any_state() {
         "the load ran: {} acknowledged",
         acked.len()
     );
-
     let stored = stored_ids(&db).await;
     let lost: Vec<&String> = acked.iter().filter(|id| !stored.contains(*id)).collect();
     assert!(
@@ -233,44 +243,21 @@ async fn kill_9_loses_no_acknowledged_item_in_any_state() {
     let mut p = spawn(&config);
     let mut c = Client::connect(p.addr, Proto::Binary);
     check_every_state_survived(&mut c, &ready, &deferred, &leased).await;
-    // Keys are never reused after a crash: a new item gets a fresh id.
+    // Keys are never reused after a restart: a new item gets a fresh id.
     let fresh = c.enqueue(vec![item(NS, "fresh", 0, b"x")]).remove(0);
     assert!(!stored.contains(&fresh), "{fresh} reused");
     assert_eq!(sigterm(&mut p).code(), Some(0));
     let _ = std::fs::remove_dir_all(config.parent().unwrap());
-    drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_no_acknowledged_item_in_any_state() {
+    restart_under_load(Stop::Kill9, Duration::from_millis(700)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_requests_and_exits_0() {
-    let db = TestDb::new(3);
-    let config = write_config(&db);
-    let mut p = spawn(&config);
-    let mut c = Client::connect(p.addr, Proto::Binary);
-    let (ready, deferred, leased) = fill_every_state(&mut c);
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let producers = start_producers(p.addr, stop.clone(), acked.clone());
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let status = sigterm(&mut p);
-    assert_eq!(status.code(), Some(0), "foqsd exits 0 on SIGTERM");
-    stop.store(true, Ordering::SeqCst);
-    for t in producers {
-        t.join().unwrap();
-    }
-    let acked = acked.lock().unwrap().clone();
-    let stored = stored_ids(&db).await;
-    assert!(
-        acked.iter().all(|id| stored.contains(id)),
-        "an acknowledged item was lost"
-    );
-
-    let mut p = spawn(&config);
-    let mut c = Client::connect(p.addr, Proto::Binary);
-    check_every_state_survived(&mut c, &ready, &deferred, &leased).await;
-    assert_eq!(sigterm(&mut p).code(), Some(0));
-    let _ = std::fs::remove_dir_all(config.parent().unwrap());
+    restart_under_load(Stop::Term, Duration::from_millis(500)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,12 +11,11 @@
 //! Every run is bounded: by `--items` and by `--max-seconds` per phase.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use foqs::client::{connect, Protocol};
+use foqs::client::{connect, Protocol, SyncClient};
 use foqs::thrift_gen::{
     AckRequest, DequeueRequest, EnqueueItem, EnqueueRequest, TFoqsSyncClient, TopicRequest,
 };
@@ -92,144 +91,134 @@ impl Run {
             .with_context(|| format!("connecting to {}", self.args.host))
     }
 
-    /// Producers enqueue `items` in total; returns (elapsed, latencies).
-    fn produce(&self, items: u64, deadline: Instant) -> anyhow::Result<(Duration, Latencies)> {
-        let next = Arc::new(AtomicU64::new(0));
-        let lat = Arc::new(Mutex::new(Latencies::default()));
+    /// Runs `body` on `n` threads, each with its own connection and latency list; returns
+    /// how long they took together and all their latencies.
+    fn on_threads(
+        &self,
+        n: usize,
+        body: impl Fn(usize, &mut SyncClient, &mut Vec<u32>) -> anyhow::Result<()> + Sync,
+    ) -> anyhow::Result<(Duration, Latencies)> {
         let start = Instant::now();
-        std::thread::scope(|s| -> anyhow::Result<()> {
-            let mut handles = Vec::new();
-            for p in 0..self.args.producers {
-                let (next, lat) = (next.clone(), lat.clone());
-                handles.push(s.spawn(move || -> anyhow::Result<()> {
-                    let mut c = self.client()?;
-                    let mut mine = Vec::new();
-                    let payload = vec![b'x'; self.args.payload_bytes];
-                    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (p as u64 + 1);
-                    let per_producer_rate = (self.args.rate as f64) / self.args.producers as f64;
-                    let mut sent = 0u64;
-                    loop {
-                        let first = next.fetch_add(self.args.batch as u64, Ordering::SeqCst);
-                        if first >= items || Instant::now() > deadline {
-                            break;
-                        }
-                        let n = (items - first).min(self.args.batch as u64) as usize;
-                        let batch = (0..n)
-                            .map(|_| {
-                                seed ^= seed << 13;
-                                seed ^= seed >> 7;
-                                seed ^= seed << 17;
-                                EnqueueItem {
-                                    ns: Some(self.args.ns.clone()),
-                                    topic: Some(self.topic.clone()),
-                                    priority: Some(
-                                        (seed % self.args.priorities.max(1) as u64) as i32,
-                                    ),
-                                    payload: Some(payload.clone()),
-                                    metadata: None,
-                                    deliver_after_ms: None,
-                                    lease_ms: None,
-                                    ttl_ms: None,
-                                    policy: None,
-                                    max_attempts: None,
-                                }
-                            })
-                            .collect();
-                        if per_producer_rate > 0.0 {
-                            let due =
-                                start + Duration::from_secs_f64(sent as f64 / per_producer_rate);
-                            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                                std::thread::sleep(wait);
-                            }
-                        }
-                        let t = Instant::now();
-                        let r = c.enqueue(EnqueueRequest { items: Some(batch) })?;
-                        mine.push(t.elapsed().as_micros() as u32);
-                        if let Some(e) = r
-                            .results
-                            .unwrap_or_default()
-                            .into_iter()
-                            .find_map(|r| r.error)
-                        {
-                            bail!("enqueue failed: {e:?}");
-                        }
-                        sent += n as u64;
-                    }
-                    lat.lock().unwrap().0.extend(mine);
-                    Ok(())
-                }));
-            }
+        let all = std::thread::scope(|s| {
+            let body = &body;
+            let handles: Vec<_> = (0..n)
+                .map(|i| {
+                    s.spawn(move || -> anyhow::Result<Vec<u32>> {
+                        let mut c = self.client()?;
+                        let mut mine = Vec::new();
+                        body(i, &mut c, &mut mine)?;
+                        Ok(mine)
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
             for h in handles {
-                h.join().expect("producer panicked")?;
+                all.extend(h.join().expect("load thread panicked")?);
             }
-            Ok(())
+            anyhow::Ok(all)
         })?;
-        let elapsed = start.elapsed();
-        let lat = std::mem::take(&mut *lat.lock().unwrap());
-        Ok((elapsed, lat))
+        Ok((start.elapsed(), Latencies(all)))
     }
 
-    /// Consumers dequeue and ack until `items` are consumed; returns (elapsed, latencies).
+    /// Producers enqueue `items` in total; returns (elapsed, latencies).
+    fn produce(&self, items: u64, deadline: Instant) -> anyhow::Result<(Duration, Latencies)> {
+        let next = AtomicU64::new(0);
+        let started = Instant::now();
+        let per_producer_rate = (self.args.rate as f64) / self.args.producers as f64;
+        self.on_threads(self.args.producers, |p, c, lat| {
+            let payload = vec![b'x'; self.args.payload_bytes];
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (p as u64 + 1);
+            let mut sent = 0u64;
+            loop {
+                let first = next.fetch_add(self.args.batch as u64, Ordering::SeqCst);
+                if first >= items || Instant::now() > deadline {
+                    return Ok(());
+                }
+                let n = (items - first).min(self.args.batch as u64) as usize;
+                let batch = (0..n)
+                    .map(|_| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        EnqueueItem {
+                            ns: Some(self.args.ns.clone()),
+                            topic: Some(self.topic.clone()),
+                            priority: Some((seed % self.args.priorities.max(1) as u64) as i32),
+                            payload: Some(payload.clone()),
+                            metadata: None,
+                            deliver_after_ms: None,
+                            lease_ms: None,
+                            ttl_ms: None,
+                            policy: None,
+                            max_attempts: None,
+                        }
+                    })
+                    .collect();
+                if per_producer_rate > 0.0 {
+                    let due = started + Duration::from_secs_f64(sent as f64 / per_producer_rate);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+                let t = Instant::now();
+                let r = c.enqueue(EnqueueRequest { items: Some(batch) })?;
+                lat.push(t.elapsed().as_micros() as u32);
+                if let Some(e) = r
+                    .results
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find_map(|r| r.error)
+                {
+                    bail!("enqueue failed: {e:?}");
+                }
+                sent += n as u64;
+            }
+        })
+    }
+
+    /// Consumers dequeue and ack until `items` are consumed; returns (elapsed, latencies,
+    /// items consumed).
     fn consume(
         &self,
         items: u64,
         deadline: Instant,
         producing: &AtomicBool,
     ) -> anyhow::Result<(Duration, Latencies, u64)> {
-        let done = Arc::new(AtomicU64::new(0));
-        let lat = Arc::new(Mutex::new(Latencies::default()));
-        let start = Instant::now();
-        std::thread::scope(|s| -> anyhow::Result<()> {
-            let mut handles = Vec::new();
-            for _ in 0..self.args.consumers {
-                let (done, lat) = (done.clone(), lat.clone());
-                handles.push(s.spawn(move || -> anyhow::Result<()> {
-                    let mut c = self.client()?;
-                    let mut mine = Vec::new();
-                    let req = DequeueRequest {
-                        topics: Some(vec![TopicRequest {
-                            ns: Some(self.args.ns.clone()),
-                            topic: Some(self.topic.clone()),
-                            count: Some(self.args.batch as i32),
-                        }]),
-                    };
-                    while done.load(Ordering::SeqCst) < items && Instant::now() < deadline {
-                        let t = Instant::now();
-                        let got = c.dequeue(req.clone())?.items.unwrap_or_default();
-                        if got.is_empty() {
-                            if !producing.load(Ordering::SeqCst)
-                                && done.load(Ordering::SeqCst) >= items
-                            {
-                                break;
-                            }
-                            std::thread::sleep(Duration::from_millis(1));
-                            continue;
-                        }
-                        let ids: Vec<String> = got.into_iter().filter_map(|i| i.id).collect();
-                        let n = ids.len() as u64;
-                        let r = c.ack(AckRequest { ids: Some(ids) })?;
-                        mine.push(t.elapsed().as_micros() as u32);
-                        if let Some(e) = r
-                            .results
-                            .unwrap_or_default()
-                            .into_iter()
-                            .find_map(|r| r.error)
-                        {
-                            bail!("ack failed: {e:?}");
-                        }
-                        done.fetch_add(n, Ordering::SeqCst);
+        let done = AtomicU64::new(0);
+        let req = DequeueRequest {
+            topics: Some(vec![TopicRequest {
+                ns: Some(self.args.ns.clone()),
+                topic: Some(self.topic.clone()),
+                count: Some(self.args.batch as i32),
+            }]),
+        };
+        let (elapsed, lat) = self.on_threads(self.args.consumers, |_, c, lat| {
+            while done.load(Ordering::SeqCst) < items && Instant::now() < deadline {
+                let t = Instant::now();
+                let got = c.dequeue(req.clone())?.items.unwrap_or_default();
+                if got.is_empty() {
+                    if !producing.load(Ordering::SeqCst) && done.load(Ordering::SeqCst) >= items {
+                        break;
                     }
-                    lat.lock().unwrap().0.extend(mine);
-                    Ok(())
-                }));
-            }
-            for h in handles {
-                h.join().expect("consumer panicked")?;
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                let ids: Vec<String> = got.into_iter().filter_map(|i| i.id).collect();
+                let n = ids.len() as u64;
+                let r = c.ack(AckRequest { ids: Some(ids) })?;
+                lat.push(t.elapsed().as_micros() as u32);
+                if let Some(e) = r
+                    .results
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find_map(|r| r.error)
+                {
+                    bail!("ack failed: {e:?}");
+                }
+                done.fetch_add(n, Ordering::SeqCst);
             }
             Ok(())
         })?;
-        let elapsed = start.elapsed();
-        let lat = std::mem::take(&mut *lat.lock().unwrap());
         Ok((elapsed, lat, done.load(Ordering::SeqCst)))
     }
 }
