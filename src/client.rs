@@ -42,3 +42,26 @@ pub fn connect(
     };
     Ok(FoqsSyncClient::new(i, o))
 }
+
+/// An item to enqueue with every optional field absent (so the namespace's defaults
+/// apply). Prefer it to `EnqueueItem::default()`: the generated `Default` sets optional
+/// numbers to `Some(0)`, and foqsd refuses a zero lease or TTL.
+pub fn new_item(
+    ns: &str,
+    topic: &str,
+    priority: i32,
+    payload: Vec<u8>,
+) -> crate::thrift_gen::EnqueueItem {
+    crate::thrift_gen::EnqueueItem {
+        ns: Some(ns.to_string()),
+        topic: Some(topic.to_string()),
+        priority: Some(priority),
+        payload: Some(payload),
+        metadata: None,
+        deliver_after_ms: None,
+        lease_ms: None,
+        ttl_ms: None,
+        policy: None,
+        max_attempts: None,
+    }
+}

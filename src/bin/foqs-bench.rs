@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use foqs::client::{connect, Protocol, SyncClient};
-use foqs::thrift_gen::{
-    AckRequest, DequeueRequest, EnqueueItem, EnqueueRequest, TFoqsSyncClient, TopicRequest,
-};
+use foqs::client::{connect, new_item, Protocol, SyncClient};
+use foqs::thrift_gen::{AckRequest, DequeueRequest, EnqueueRequest, TFoqsSyncClient, TopicRequest};
 
 #[derive(Parser, Clone)]
 #[command(about = "Load generator for foqsd; prints one JSON line")]
@@ -140,18 +138,8 @@ impl Run {
                         seed ^= seed << 13;
                         seed ^= seed >> 7;
                         seed ^= seed << 17;
-                        EnqueueItem {
-                            ns: Some(self.args.ns.clone()),
-                            topic: Some(self.topic.clone()),
-                            priority: Some((seed % self.args.priorities.max(1) as u64) as i32),
-                            payload: Some(payload.clone()),
-                            metadata: None,
-                            deliver_after_ms: None,
-                            lease_ms: None,
-                            ttl_ms: None,
-                            policy: None,
-                            max_attempts: None,
-                        }
+                        let priority = (seed % self.args.priorities.max(1) as u64) as i32;
+                        new_item(&self.args.ns, &self.topic, priority, payload.clone())
                     })
                     .collect();
                 if per_producer_rate > 0.0 {

@@ -265,19 +265,7 @@ impl Client {
 }
 
 pub fn item(ns: &str, topic: &str, priority: i32, payload: &[u8]) -> EnqueueItem {
-    EnqueueItem {
-        ns: Some(ns.into()),
-        topic: Some(topic.into()),
-        priority: Some(priority),
-        payload: Some(payload.to_vec()),
-        // Not `..Default::default()`: the generated Default sets optional numbers to Some(0).
-        metadata: None,
-        deliver_after_ms: None,
-        lease_ms: None,
-        ttl_ms: None,
-        policy: None,
-        max_attempts: None,
-    }
+    foqs::client::new_item(ns, topic, priority, payload.to_vec())
 }
 
 pub fn topic_req(ns: &str, topic: &str, count: i32) -> TopicRequest {
