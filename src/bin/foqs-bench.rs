@@ -8,6 +8,7 @@
 //! - `mixed`: producers enqueue `--items` more while consumers drain them; the figure is
 //!   items consumed per second.
 //!
+//! Latencies are per call: enqueue calls, dequeue+ack cycles, and the ack alone.
 //! Every run is bounded: by `--items` and by `--max-seconds` per phase.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -171,8 +172,9 @@ impl Run {
         items: u64,
         deadline: Instant,
         producing: &AtomicBool,
-    ) -> anyhow::Result<(Duration, Latencies, u64)> {
+    ) -> anyhow::Result<(Duration, Latencies, Latencies, u64)> {
         let done = AtomicU64::new(0);
+        let acks = std::sync::Mutex::new(Vec::new());
         let req = DequeueRequest {
             topics: Some(vec![TopicRequest {
                 ns: Some(self.args.ns.clone()),
@@ -193,8 +195,10 @@ impl Run {
                 }
                 let ids: Vec<String> = got.into_iter().filter_map(|i| i.id).collect();
                 let n = ids.len() as u64;
+                let a = Instant::now();
                 let r = c.ack(AckRequest { ids: Some(ids) })?;
                 lat.push(t.elapsed().as_micros() as u32);
+                acks.lock().expect("not poisoned").push(a.elapsed().as_micros() as u32);
                 if let Some(e) = r
                     .results
                     .unwrap_or_default()
@@ -207,7 +211,8 @@ impl Run {
             }
             Ok(())
         })?;
-        Ok((elapsed, lat, done.load(Ordering::SeqCst)))
+        let acks = Latencies(acks.into_inner().expect("not poisoned"));
+        Ok((elapsed, lat, acks, done.load(Ordering::SeqCst)))
     }
 }
 
@@ -259,10 +264,11 @@ fn main() -> anyhow::Result<()> {
                 fields.push(format!("\"enqueue_latency\":{}", lat.summary()));
             }
             "drain" => {
-                let (d, lat, n) = run.consume(args.items, Instant::now() + limit, &idle)?;
+                let (d, lat, acks, n) = run.consume(args.items, Instant::now() + limit, &idle)?;
                 fields.push(format!("\"drain_items_per_s\":{:.0}", rate(n, d)));
                 fields.push(format!("\"drain_items\":{n}"));
                 fields.push(format!("\"dequeue_ack_latency\":{}", lat.summary()));
+                fields.push(format!("\"ack_latency\":{}", acks.summary()));
             }
             "mixed" => {
                 let producing = AtomicBool::new(true);
@@ -273,12 +279,13 @@ fn main() -> anyhow::Result<()> {
                     producing.store(false, Ordering::SeqCst);
                     (c.join().expect("consumers panicked"), p)
                 });
-                let (d, lat, n) = consumed?;
+                let (d, lat, acks, n) = consumed?;
                 let (_, plat) = produced?;
                 fields.push(format!("\"mixed_items_per_s\":{:.0}", rate(n, d)));
                 fields.push(format!("\"mixed_items\":{n}"));
                 fields.push(format!("\"mixed_enqueue_latency\":{}", plat.summary()));
                 fields.push(format!("\"mixed_dequeue_ack_latency\":{}", lat.summary()));
+                fields.push(format!("\"mixed_ack_latency\":{}", acks.summary()));
             }
             other => bail!("unknown phase {other:?}: want enqueue, drain or mixed"),
         }

@@ -155,15 +155,24 @@ impl Host {
                 )));
             }
         }
+        // A topic whose shards fail is skipped (its items are delayed, not lost) rather
+        // than failing the request and stranding what other topics already leased.
         let mut out = Vec::new();
+        let mut failure = None;
         for t in topics {
             let name = TopicName {
                 ns: t.ns,
                 topic: t.topic,
             };
-            out.extend(self.dequeue_topic(&name, t.count as usize).await?);
+            match self.dequeue_topic(&name, t.count as usize).await {
+                Ok(items) => out.extend(items),
+                Err(e) => failure = Some(e),
+            }
         }
-        Ok(out)
+        match failure {
+            Some(e) if out.is_empty() => Err(e),
+            _ => Ok(out),
+        }
     }
 
     /// Serves a dequeue from the prefetch buffer's stage, and claims on demand what the
@@ -220,7 +229,7 @@ impl Host {
     }
 
     /// Restocks busy topics' stages and releases aged staged items until `stop` turns
-    /// true, then releases everything staged.
+    /// true. (`shutdown` then releases whatever is still staged.)
     pub async fn run_prefetch(
         self: std::sync::Arc<Self>,
         tick_ms: u64,
