@@ -198,7 +198,9 @@ impl Run {
                 let a = Instant::now();
                 let r = c.ack(AckRequest { ids: Some(ids) })?;
                 lat.push(t.elapsed().as_micros() as u32);
-                acks.lock().expect("not poisoned").push(a.elapsed().as_micros() as u32);
+                acks.lock()
+                    .expect("not poisoned")
+                    .push(a.elapsed().as_micros() as u32);
                 if let Some(e) = r
                     .results
                     .unwrap_or_default()

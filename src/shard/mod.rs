@@ -98,6 +98,9 @@ pub struct ShardHandle {
     id: ShardId,
     tx: mpsc::Sender<Command>,
     shared: Arc<ShardShared>,
+    /// The worker's ready index, read here so that a peek the index can answer costs no
+    /// trip through the worker's queue (only the worker writes to it, and reads MySQL).
+    index: Arc<std::sync::Mutex<ReadyIndex>>,
 }
 
 fn gone(id: ShardId) -> Error {
@@ -144,8 +147,16 @@ impl ShardHandle {
         Ok(PendingEnqueue { id: self.id, rx })
     }
 
-    /// Up to `n` keys of the topic's most urgent ready items, without leasing them.
+    /// Up to `n` keys of the topic's most urgent ready items, without leasing them: from
+    /// memory when the index holds enough (or everything), else the worker refills it.
     pub async fn peek(&self, topic: TopicName, n: usize) -> Result<Vec<ReadyKey>> {
+        {
+            let mut index = self.index.lock().expect("not poisoned");
+            let t = index.topic(&topic);
+            if t.len() >= n || !t.is_partial() {
+                return Ok(t.head(n));
+            }
+        }
         self.call(|reply| Command::Peek { topic, n, reply }).await
     }
 

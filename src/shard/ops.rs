@@ -94,7 +94,7 @@ impl<S: ShardStore> ShardWorker<S> {
         self.record(&r, took);
         if let Err(e) = r {
             for (_, it) in &g.rows {
-                self.index.invalidate(&it.ns, &it.topic);
+                self.index().invalidate(&it.ns, &it.topic);
             }
             fail_all(g.replies, &storage_error(self.id, &e));
             return;
@@ -110,7 +110,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     deliver_after_ms: it.deliver_after_ms,
                     key: *key,
                 };
-                self.index.offer(&it.ns, &it.topic, k);
+                self.index().offer(&it.ns, &it.topic, k);
             }
         }
         self.shared
@@ -158,7 +158,7 @@ impl<S: ShardStore> ShardWorker<S> {
             Err(e) => {
                 let err = storage_error(self.id, &e);
                 for (topic, _, reply) in plan.parts {
-                    self.index.invalidate(&topic.ns, &topic.topic);
+                    self.index().invalidate(&topic.ns, &topic.topic);
                     let _ = reply.send(Err(err.clone()));
                 }
             }
@@ -177,7 +177,7 @@ impl<S: ShardStore> ShardWorker<S> {
         };
         for m in found.values() {
             if m.state == ItemState::Ready {
-                self.index.remove(&m.ns, &m.topic, &m.ready_key());
+                self.index().remove(&m.ns, &m.topic, &m.ready_key());
             }
         }
         self.shared
@@ -207,10 +207,10 @@ impl<S: ShardStore> ShardWorker<S> {
             match topics {
                 Some(topics) => {
                     for (ns, topic) in &topics {
-                        self.index.invalidate(ns, topic);
+                        self.index().invalidate(ns, topic);
                     }
                 }
-                None => self.index.clear(),
+                None => self.index().clear(),
             }
             e
         });
@@ -220,7 +220,7 @@ impl<S: ShardStore> ShardWorker<S> {
             Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
         };
         for (ns, topic, k) in outcome.readied {
-            self.index.offer(&ns, &topic, k);
+            self.index().offer(&ns, &topic, k);
         }
         for ((_, reply), out) in requests.into_iter().zip(outcome.settled) {
             let _ = reply.send(Ok(out));
@@ -236,7 +236,7 @@ impl<S: ShardStore> ShardWorker<S> {
         if let Err(e) = r {
             for (items, _) in &requests {
                 for i in items {
-                    self.index.invalidate(&i.ns, &i.topic);
+                    self.index().invalidate(&i.ns, &i.topic);
                 }
             }
             return fail_all(requests, &storage_error(self.id, &e));
@@ -248,7 +248,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     deliver_after_ms: i.deliver_after_ms,
                     key: i.id.key,
                 };
-                self.index.offer(&i.ns, &i.topic, k);
+                self.index().offer(&i.ns, &i.topic, k);
             }
             let _ = reply.send(Ok(()));
         }

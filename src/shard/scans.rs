@@ -83,7 +83,7 @@ impl<S: ShardStore> ShardWorker<S> {
             self.record(&r, took);
             if let Err(e) = r {
                 for (ns, topic, _) in readied.iter().chain(&removed) {
-                    self.index.invalidate(ns, topic);
+                    self.index().invalidate(ns, topic);
                 }
                 return Err(e);
             }
@@ -96,10 +96,10 @@ impl<S: ShardStore> ShardWorker<S> {
             .items
             .fetch_sub(deleted as i64, Ordering::Relaxed);
         for (ns, topic, k) in readied {
-            self.index.offer(&ns, &topic, k);
+            self.index().offer(&ns, &topic, k);
         }
         for (ns, topic, k) in removed {
-            self.index.remove(&ns, &topic, &k);
+            self.index().remove(&ns, &topic, &k);
         }
         let cursor = match rows.last() {
             Some(last) if full => (scan.time_of(last), last.key),

@@ -76,7 +76,7 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) store: Arc<S>,
     pub(super) clock: SharedClock,
     pub(super) cfg: WorkerConfig,
-    pub(super) index: ReadyIndex,
+    pub(super) index: Arc<std::sync::Mutex<ReadyIndex>>,
     pub(super) breaker: Breaker,
     pub(super) shared: Arc<ShardShared>,
     pub(super) next_key: u64,
@@ -139,6 +139,10 @@ impl<S: ShardStore> ShardWorker<S> {
             items: AtomicI64::new(recovered.items),
         });
         let (tx, rx) = mpsc::channel(cfg.worker_queue_max);
+        let index = Arc::new(std::sync::Mutex::new(ReadyIndex::new(
+            cfg.index_keys_per_topic_max,
+            cfg.index_topics_max,
+        )));
         let cp = recovered.checkpoints;
         let cursors = Scan::ALL
             .iter()
@@ -148,7 +152,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let worker = ShardWorker {
             id,
             store: Arc::new(store),
-            index: ReadyIndex::new(cfg.index_keys_per_topic_max, cfg.index_topics_max),
+            index: index.clone(),
             breaker: Breaker::new(
                 cfg.breaker_failures_max,
                 cfg.breaker_slow_ms,
@@ -172,7 +176,15 @@ impl<S: ShardStore> ShardWorker<S> {
             "shard opened"
         );
         let join = tokio::spawn(worker.run(rx));
-        Ok((ShardHandle { id, tx, shared }, join))
+        Ok((
+            ShardHandle {
+                id,
+                tx,
+                shared,
+                index,
+            },
+            join,
+        ))
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
@@ -235,9 +247,11 @@ impl<S: ShardStore> ShardWorker<S> {
                     // Claims take their keys out of the index first, so that this turn's
                     // peeks do not offer them again. Only keys still indexed are free:
                     // another dequeue may have claimed the rest since they were peeked.
-                    let t = self.index.topic(&topic);
+                    let mut index = self.index();
+                    let t = index.topic(&topic);
                     let free: Vec<u64> =
                         keys.iter().filter(|k| t.remove(k)).map(|k| k.key).collect();
+                    drop(index);
                     claims.push((topic, free, reply));
                 }
                 Command::Peek { topic, n, reply } => peeks.push((topic, n, reply)),
@@ -363,22 +377,33 @@ impl<S: ShardStore> ShardWorker<S> {
     }
 
     async fn peek(&mut self, topic: &TopicName, n: usize) -> Result<Vec<ReadyKey>> {
-        let cap = self.index.cap();
-        let t = self.index.topic(topic);
-        if t.len() < n && t.is_partial() {
-            let after = t.refill_after();
-            let asked = cap - t.len();
-            let now = self.clock.now_ms();
-            let (r, took) = timed(
-                self.timeout(),
-                self.store
-                    .ready_keys(&topic.ns, &topic.topic, after, now, asked),
-            )
-            .await;
-            self.record(&r, took);
-            let loaded = r.map_err(|e| storage_error(self.id, &e))?;
-            self.index.topic(topic).apply_refill(&loaded, asked, cap);
-        }
-        Ok(self.index.topic(topic).head(n))
+        let (cap, after, asked) = {
+            let mut index = self.index();
+            let cap = index.cap();
+            let t = index.topic(topic);
+            if t.len() >= n || !t.is_partial() {
+                return Ok(t.head(n));
+            }
+            (cap, t.refill_after(), cap - t.len())
+        };
+        let now = self.clock.now_ms();
+        let (r, took) = timed(
+            self.timeout(),
+            self.store
+                .ready_keys(&topic.ns, &topic.topic, after, now, asked),
+        )
+        .await;
+        self.record(&r, took);
+        let loaded = r.map_err(|e| storage_error(self.id, &e))?;
+        let mut index = self.index();
+        let t = index.topic(topic);
+        t.apply_refill(&loaded, asked, cap);
+        Ok(t.head(n))
+    }
+
+    /// The ready index; shared with the shard's handle, which answers peeks from memory.
+    /// Never held across an `.await`.
+    pub(super) fn index(&self) -> std::sync::MutexGuard<'_, ReadyIndex> {
+        self.index.lock().expect("not poisoned")
     }
 }
