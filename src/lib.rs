@@ -6,7 +6,8 @@
 //! - [`server`]: tokio accept loop, connection cap, Thrift framing, graceful shutdown.
 //! - [`rpc`]: the only module that sees generated Thrift types: decode → [`core`] → encode.
 //! - [`core`]: [`core::Host`], the transport-free queue engine: validation, namespace
-//!   policy, shard choice, the prefetch k-way merge over shard heads, ack/nack routing.
+//!   policy, shard choice, the prefetch buffer and its k-way merge over shard heads,
+//!   ack/nack routing.
 //! - [`shard`]: one [`shard::ShardWorker`] per shard, the only writer of that shard: batched
 //!   writes, the bounded in-memory ready index, background scans, circuit breaker.
 //! - [`store`]: the narrow [`store::ShardStore`] trait and [`store::MySqlStore`].
@@ -14,6 +15,7 @@
 //! - [`error`]: the domain error with its stable [`error::ErrorCode`].
 //! - [`config`]: the configuration file, environment overrides and validation.
 //! - [`client`]: a blocking Rust client (the generated one over TCP), for tools and tests.
+//! - [`daemon`]: assembles a running foqsd from a [`config::Config`] (binary and tests).
 //! - [`clock`]: time as an injectable [`clock::Clock`], so leases and TTLs are testable.
 //! - [`thrift_gen`]: code generated from `thrift/foqs.thrift` (do not edit; see
 //!   `scripts/gen-thrift.sh`). Public so that Rust clients and tests can use its client.

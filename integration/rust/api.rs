@@ -604,3 +604,60 @@ async fn host_info_lists_shards_with_item_counts() {
     assert_eq!(shards.iter().map(|s| s.items.unwrap()).sum::<i64>(), 5);
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_deferral_and_ttl_follow_the_hosts_clock() {
+    // Hours pass in milliseconds: every time decision uses foqsd's clock, never MySQL's.
+    let clock = foqs::clock::ManualClock::new(1_000_000_000_000);
+    let srv =
+        TestServer::start_with_clock(TestDb::new(3), "", "", std::sync::Arc::new(clock.clone()))
+            .await;
+    let mut c = srv.client();
+    const HOUR: i64 = 3_600_000;
+    let leased = c.enqueue(vec![EnqueueItem {
+        lease_ms: Some(HOUR),
+        ..item(NS, "clock", 0, b"leased")
+    }]);
+    assert_eq!(c.dequeue(NS, "clock", 10).len(), 1);
+    c.enqueue(vec![EnqueueItem {
+        deliver_after_ms: Some(1_000_000_000_000 + 2 * HOUR),
+        ..item(NS, "clock", 1, b"deferred")
+    }]);
+    c.enqueue(vec![EnqueueItem {
+        ttl_ms: Some(3 * HOUR),
+        ..item(NS, "clock-ttl", 0, b"mortal")
+    }]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(c.dequeue(NS, "clock", 10).is_empty(), "nothing is due yet");
+
+    clock.advance(HOUR + 1);
+    let got = eventually(Duration::from_secs(5), "lease expiry after an hour", || {
+        c.dequeue(NS, "clock", 10).pop()
+    })
+    .await;
+    assert_eq!(got.id.as_deref(), Some(leased[0].as_str()));
+    assert_eq!(got.delivery_count, Some(2));
+    assert_eq!(got.lease_expires_ms, Some(1_000_000_000_000 + 2 * HOUR + 1));
+    assert!(c.ack(&leased)[0].error.is_none());
+
+    clock.advance(HOUR);
+    let got = eventually(Duration::from_secs(5), "the deferred item", || {
+        c.dequeue(NS, "clock", 10).pop()
+    })
+    .await;
+    assert_eq!(got.payload.as_deref(), Some(&b"deferred"[..]));
+
+    clock.advance(HOUR);
+    eventually(
+        Duration::from_secs(5),
+        "TTL purge after three hours",
+        || {
+            let n = tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(srv.db.count("topic = 'clock-ttl'"))
+            });
+            (n == 0).then_some(())
+        },
+    )
+    .await;
+    srv.stop().await;
+}

@@ -131,13 +131,22 @@ impl TestServer {
     }
 
     pub async fn start_full(db: TestDb, server_extra: &str, extra: &str) -> TestServer {
+        Self::start_with_clock(db, server_extra, extra, Arc::new(SystemClock)).await
+    }
+
+    pub async fn start_with_clock(
+        db: TestDb,
+        server_extra: &str,
+        extra: &str,
+        clock: foqs::clock::SharedClock,
+    ) -> TestServer {
         let extra = if extra.contains("[engine]") {
             extra.to_string()
         } else {
             format!("{FAST_ENGINE}{extra}")
         };
         let cfg = Config::from_toml(&config_toml(&db, server_extra, &extra)).expect("test config");
-        let running = foqs::daemon::start(&cfg, Arc::new(SystemClock))
+        let running = foqs::daemon::start(&cfg, clock)
             .await
             .expect("foqsd starts");
         TestServer {
