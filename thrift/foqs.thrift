@@ -138,6 +138,20 @@ struct NackResponse {
   1: list<ItemResult> results,
 }
 
+struct TouchItem {
+  1: string id,
+  // The lease is extended to now + extend_ms (> 0).
+  2: i64 extend_ms,
+}
+
+struct TouchRequest {
+  1: list<TouchItem> items,
+}
+
+struct TouchResponse {
+  1: list<ItemResult> results,
+}
+
 struct GetActiveTopicsRequest {
   1: string ns,
   // Absent = 1000; at most 10000.
@@ -179,4 +193,6 @@ service Foqs {
   NackResponse nack(1: NackRequest req) throws (1: FoqsError err),
   GetActiveTopicsResponse getActiveTopics(1: GetActiveTopicsRequest req) throws (1: FoqsError err),
   HostInfo getHostInfo() throws (1: FoqsError err),
+  // Extends the leases of items still leased; NOT_FOUND for an item that is not.
+  TouchResponse touch(1: TouchRequest req) throws (1: FoqsError err),
 }

@@ -1700,6 +1700,235 @@ impl Default for NackResponse {
 }
 
 //
+// TouchItem
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct TouchItem {
+  pub id: Option<String>,
+  pub extend_ms: Option<i64>,
+}
+
+impl TouchItem {
+  pub fn new<F1, F2>(id: F1, extend_ms: F2) -> TouchItem where F1: Into<Option<String>>, F2: Into<Option<i64>> {
+    TouchItem {
+      id: id.into(),
+      extend_ms: extend_ms.into(),
+    }
+  }
+}
+
+impl TSerializable for TouchItem {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<TouchItem> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<i64> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_i64()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = TouchItem {
+      id: f_1,
+      extend_ms: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("TouchItem");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("id", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.extend_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("extend_ms", TType::I64, 2))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for TouchItem {
+  fn default() -> Self {
+    TouchItem{
+      id: Some("".to_owned()),
+      extend_ms: Some(0),
+    }
+  }
+}
+
+//
+// TouchRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct TouchRequest {
+  pub items: Option<Vec<TouchItem>>,
+}
+
+impl TouchRequest {
+  pub fn new<F1>(items: F1) -> TouchRequest where F1: Into<Option<Vec<TouchItem>>> {
+    TouchRequest {
+      items: items.into(),
+    }
+  }
+}
+
+impl TSerializable for TouchRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<TouchRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<TouchItem>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<TouchItem> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_8 = TouchItem::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_8);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = TouchRequest {
+      items: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("TouchRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.items {
+      o_prot.write_field_begin(&TFieldIdentifier::new("items", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for TouchRequest {
+  fn default() -> Self {
+    TouchRequest{
+      items: Some(Vec::new()),
+    }
+  }
+}
+
+//
+// TouchResponse
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct TouchResponse {
+  pub results: Option<Vec<ItemResult>>,
+}
+
+impl TouchResponse {
+  pub fn new<F1>(results: F1) -> TouchResponse where F1: Into<Option<Vec<ItemResult>>> {
+    TouchResponse {
+      results: results.into(),
+    }
+  }
+}
+
+impl TSerializable for TouchResponse {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<TouchResponse> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<ItemResult>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<ItemResult> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_9 = ItemResult::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_9);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = TouchResponse {
+      results: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("TouchResponse");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.results {
+      o_prot.write_field_begin(&TFieldIdentifier::new("results", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for TouchResponse {
+  fn default() -> Self {
+    TouchResponse{
+      results: Some(Vec::new()),
+    }
+  }
+}
+
+//
 // GetActiveTopicsRequest
 //
 
@@ -1934,8 +2163,8 @@ impl TSerializable for GetActiveTopicsResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ActiveTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_8 = ActiveTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_8);
+            let list_elem_10 = ActiveTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_10);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2127,8 +2356,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_9 = ShardInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_9);
+            let list_elem_11 = ShardInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_11);
           }
           i_prot.read_list_end()?;
           f_3 = Some(val);
@@ -2195,6 +2424,7 @@ pub trait TFoqsSyncClient {
   fn nack(&mut self, req: NackRequest) -> thrift::Result<NackResponse>;
   fn get_active_topics(&mut self, req: GetActiveTopicsRequest) -> thrift::Result<GetActiveTopicsResponse>;
   fn get_host_info(&mut self) -> thrift::Result<HostInfo>;
+  fn touch(&mut self, req: TouchRequest) -> thrift::Result<TouchResponse>;
 }
 
 pub trait TFoqsSyncClientMarker {}
@@ -2383,6 +2613,33 @@ impl <C: TThriftClient + TFoqsSyncClientMarker> TFoqsSyncClient for C {
       result.ok_or()
     }
   }
+  fn touch(&mut self, req: TouchRequest) -> thrift::Result<TouchResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("touch", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsTouchArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("touch", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsTouchResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
 }
 
 //
@@ -2396,6 +2653,7 @@ pub trait FoqsSyncHandler {
   fn handle_nack(&self, req: NackRequest) -> thrift::Result<NackResponse>;
   fn handle_get_active_topics(&self, req: GetActiveTopicsRequest) -> thrift::Result<GetActiveTopicsResponse>;
   fn handle_get_host_info(&self) -> thrift::Result<HostInfo>;
+  fn handle_touch(&self, req: TouchRequest) -> thrift::Result<TouchResponse>;
 }
 
 pub struct FoqsSyncProcessor<H: FoqsSyncHandler> {
@@ -2425,6 +2683,9 @@ impl <H: FoqsSyncHandler> FoqsSyncProcessor<H> {
   }
   fn process_get_host_info(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_get_host_info(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_touch(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_touch(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
 }
 
@@ -2791,6 +3052,66 @@ impl TFoqsProcessFunctions {
       },
     }
   }
+  pub fn process_touch<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsTouchArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_touch(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("touch", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsTouchResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsTouchResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("touch", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("touch", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("touch", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("touch", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
 }
 
 impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
@@ -2814,6 +3135,9 @@ impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
       },
       "getHostInfo" => {
         self.process_get_host_info(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "touch" => {
+        self.process_touch(message_ident.sequence_number, i_prot, o_prot)
       },
       method => {
         Err(
@@ -3552,6 +3876,131 @@ impl FoqsGetHostInfoResult {
   }
   pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let struct_ident = TStructIdentifier::new("FoqsGetHostInfoResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsTouchArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsTouchArgs {
+  pub req: TouchRequest,
+}
+
+impl FoqsTouchArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsTouchArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<TouchRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = TouchRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsTouchArgs.req", &f_1)?;
+    let ret = FoqsTouchArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("touch_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsTouchResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsTouchResult {
+  pub result_value: Option<TouchResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsTouchResult {
+  pub fn ok_or(self) -> thrift::Result<TouchResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsTouch"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsTouchResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<TouchResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = TouchResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsTouchResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsTouchResult");
     o_prot.write_struct_begin(&struct_ident)?;
     if let Some(ref fld_var) = self.result_value {
       o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;

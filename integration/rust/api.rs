@@ -661,3 +661,63 @@ async fn leases_deferral_and_ttl_follow_the_hosts_clock() {
     .await;
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn touch_keeps_an_item_from_being_redelivered_past_its_original_lease() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let id = c
+        .enqueue(vec![EnqueueItem {
+            lease_ms: Some(300),
+            ..item(NS, "touch", 0, b"long job")
+        }])
+        .remove(0);
+    let first = c.dequeue(NS, "touch", 1);
+    let original = first[0].lease_expires_ms.unwrap();
+    // Keep extending well past the original lease, as a long-running worker would.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let r = c.touch(&[(&id, 400)]);
+        assert!(r[0].error.is_none(), "{:?}", r[0].error);
+        assert!(
+            c.dequeue(NS, "touch", 1).is_empty(),
+            "redelivered while touched"
+        );
+    }
+    assert!(
+        now_ms() > original + 500,
+        "the test ran past the original lease"
+    );
+    assert_eq!(c.topics(NS), vec![("touch".to_string(), 0, 0, 1)]);
+    // Without touches, the extended lease runs out and the item comes back.
+    let again = eventually(
+        Duration::from_secs(5),
+        "redelivery after the extended lease",
+        || c.dequeue(NS, "touch", 1).pop(),
+    )
+    .await;
+    assert_eq!(again.delivery_count, Some(2));
+
+    let ready = c.enqueue(vec![item(NS, "touch2", 0, b"x")]).remove(0);
+    let r = c.touch(&[
+        (&ready, 1000),
+        ("0:987654321", 1000),
+        ("junk", 1000),
+        (&id, 0),
+        (&id, -5),
+    ]);
+    let codes: Vec<Option<ErrorCode>> = r.iter().map(|r| code_of(&r.error)).collect();
+    use ErrorCode as E;
+    assert_eq!(
+        codes,
+        vec![
+            Some(E::NOT_FOUND),
+            Some(E::NOT_FOUND),
+            Some(E::INVALID_ARGUMENT),
+            Some(E::INVALID_ARGUMENT),
+            Some(E::INVALID_ARGUMENT)
+        ],
+        "a ready item is not leased; unknown ids are not found; bad input is invalid"
+    );
+    srv.stop().await;
+}

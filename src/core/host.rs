@@ -447,6 +447,43 @@ impl Host {
             .collect())
     }
 
+    /// Extends the leases of items still leased to now + `extend_ms`; an item that is not
+    /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
+    pub async fn touch(&self, items: Vec<(String, i64)>) -> Result<Vec<Result<()>>> {
+        if items.len() > limits::ITEMS_PER_REQUEST_MAX {
+            return Err(Error::invalid(format!(
+                "{} items in one request; at most {}",
+                items.len(),
+                limits::ITEMS_PER_REQUEST_MAX
+            )));
+        }
+        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(items.len());
+        let mut valid = Vec::new();
+        for (id, extend_ms) in items {
+            match check_duration("extend_ms", extend_ms).and_then(|()| {
+                if extend_ms == 0 {
+                    Err(Error::invalid("extend_ms must be > 0"))
+                } else {
+                    Ok(())
+                }
+            }) {
+                Err(e) => results.push(Some(Err(e))),
+                Ok(()) => {
+                    results.push(None);
+                    valid.push((id, extend_ms));
+                }
+            }
+        }
+        let mut settled = self
+            .settle(valid, |shard, ops| async move { shard.touch(ops).await })
+            .await
+            .into_iter();
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| settled.next().expect("one result per valid item")))
+            .collect())
+    }
+
     /// The namespace's topics holding ready, deferred or leased items, sorted by name.
     pub async fn active_topics(
         &self,

@@ -57,6 +57,7 @@ enum Call {
     Nack(t::NackRequest),
     GetActiveTopics(t::GetActiveTopicsRequest),
     GetHostInfo,
+    Touch(t::TouchRequest),
 }
 
 enum Reply {
@@ -66,6 +67,7 @@ enum Reply {
     Nack(t::FoqsNackResult),
     GetActiveTopics(t::FoqsGetActiveTopicsResult),
     GetHostInfo(t::FoqsGetHostInfoResult),
+    Touch(t::FoqsTouchResult),
     Exception(ApplicationError),
 }
 
@@ -157,6 +159,7 @@ fn decode(
         "getHostInfo" => {
             t::FoqsGetHostInfoArgs::read_from_in_protocol(i).map(|_| Call::GetHostInfo)
         }
+        "touch" => t::FoqsTouchArgs::read_from_in_protocol(i).map(|a| Call::Touch(a.req)),
         other => {
             let _ = i.skip(TType::Struct);
             let e = ApplicationError::new(
@@ -193,6 +196,7 @@ fn encode(
         Reply::Nack(r) => r.write_to_out_protocol(o)?,
         Reply::GetActiveTopics(r) => r.write_to_out_protocol(o)?,
         Reply::GetHostInfo(r) => r.write_to_out_protocol(o)?,
+        Reply::Touch(r) => r.write_to_out_protocol(o)?,
         Reply::Exception(e) => thrift::Error::write_application_error_to_out_protocol(e, o)?,
     }
     o.write_message_end()?;
@@ -252,6 +256,20 @@ async fn execute(call: Call, host: &Host) -> Reply {
                 .map(convert::active_topics);
             let (result_value, err) = split(r);
             Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
+        }
+        Call::Touch(req) => {
+            let items: Vec<(String, i64)> = req
+                .items
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (t.id.unwrap_or_default(), t.extend_ms.unwrap_or(0)))
+                .collect();
+            let ids = items.iter().map(|(id, _)| id.clone()).collect();
+            let r = host.touch(items).await.map(|res| t::TouchResponse {
+                results: Some(convert::item_results(ids, res)),
+            });
+            let (result_value, err) = split(r);
+            Reply::Touch(t::FoqsTouchResult { result_value, err })
         }
         Call::GetHostInfo => {
             let info = convert::host_info(host.host_id(), host.shard_status());

@@ -35,6 +35,9 @@ pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
 /// One nack for a worker: the key, the delay and the replacement metadata.
 pub type NackOp = (u64, i64, Option<Vec<u8>>);
 
+/// One touch for a worker: the key and by how long (from now) to extend its lease.
+pub type TouchOp = (u64, i64);
+
 pub(crate) enum Command {
     Enqueue {
         items: Vec<NewItem>,
@@ -61,6 +64,10 @@ pub(crate) enum Command {
     Release {
         items: Vec<Item>,
         reply: Reply<()>,
+    },
+    Touch {
+        ops: Vec<TouchOp>,
+        reply: Reply<Vec<Settled>>,
     },
     TopicCounts {
         ns: String,
@@ -169,6 +176,11 @@ impl ShardHandle {
     /// Gives back claimed items that were never handed out: ready again, uncounted.
     pub async fn release(&self, items: Vec<Item>) -> Result<()> {
         self.call(|reply| Command::Release { items, reply }).await
+    }
+
+    /// Extends the leases of those items that are still leased.
+    pub async fn touch(&self, ops: Vec<TouchOp>) -> Result<Vec<Settled>> {
+        self.call(|reply| Command::Touch { ops, reply }).await
     }
 
     pub async fn ack(&self, keys: Vec<u64>) -> Result<Vec<Settled>> {

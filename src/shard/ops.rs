@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use super::worker::{storage_error, ShardWorker};
-use super::{NackOp, Reply, Settled};
+use super::{NackOp, Reply, Settled, TouchOp};
 use crate::error::Error;
 use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
 use crate::store::{Change, ItemMeta, ShardStore, StoreError, StoreResult};
@@ -266,6 +266,68 @@ pub(super) fn release_changes(requests: &[(Vec<Item>, Reply<()>)]) -> Vec<Change
         .collect()
 }
 
+/// The items among `keys` that are leased right now.
+async fn leased<S: ShardStore>(store: &S, keys: &[u64]) -> StoreResult<HashMap<u64, ItemMeta>> {
+    Ok(store
+        .lookup(keys)
+        .await?
+        .into_iter()
+        .filter(|m| m.state == ItemState::Leased)
+        .map(|m| (m.key, m))
+        .collect())
+}
+
+/// Extends the leases of the touched items that are still leased, in one transaction.
+pub(super) async fn touch_exec<S: ShardStore>(
+    store: &S,
+    requests: &[&[TouchOp]],
+    now: i64,
+) -> StoreResult<Vec<Vec<Settled>>> {
+    let keys: Vec<u64> = requests
+        .iter()
+        .flat_map(|t| t.iter().map(|(k, _)| *k))
+        .collect();
+    let leased = leased(store, &keys).await?;
+    let mut changes = Vec::new();
+    let settled = requests
+        .iter()
+        .map(|ops| {
+            ops.iter()
+                .map(|(key, extend_ms)| {
+                    if !leased.contains_key(key) {
+                        return Settled::NotFound;
+                    }
+                    changes.push(Change::Extend {
+                        key: *key,
+                        lease_expires_ms: now.saturating_add(*extend_ms),
+                    });
+                    Settled::Done
+                })
+                .collect()
+        })
+        .collect();
+    store.apply(&changes).await?;
+    Ok(settled)
+}
+
+impl<S: ShardStore> ShardWorker<S> {
+    pub(super) fn finish_touch(
+        &mut self,
+        requests: Vec<(Vec<TouchOp>, Reply<Vec<Settled>>)>,
+        (r, took): (StoreResult<Vec<Vec<Settled>>>, u64),
+    ) {
+        self.record(&r, took);
+        match r {
+            Ok(settled) => {
+                for ((_, reply), out) in requests.into_iter().zip(settled) {
+                    let _ = reply.send(Ok(out));
+                }
+            }
+            Err(e) => fail_all(requests, &storage_error(self.id, &e)),
+        }
+    }
+}
+
 /// Looks the nacked items up, decides each one's fate and applies it in one transaction.
 /// A nack settles a lease: an item that is not leased (any more) is `NotFound`; one whose
 /// attempts are used up is dead; the rest are ready again at now + delay.
@@ -278,12 +340,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
         .iter()
         .flat_map(|n| n.iter().map(|(k, _, _)| *k))
         .collect();
-    let metas = store.lookup(&keys).await.map_err(|e| (e, Some(vec![])))?;
-    let mut leased: HashMap<u64, ItemMeta> = metas
-        .into_iter()
-        .filter(|m| m.state == ItemState::Leased)
-        .map(|m| (m.key, m))
-        .collect();
+    let mut leased = leased(store, &keys).await.map_err(|e| (e, Some(vec![])))?;
     let mut changes = Vec::new();
     let mut readied = Vec::new();
     let mut touched = Vec::new();

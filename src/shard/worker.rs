@@ -234,6 +234,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut nacks = Vec::new();
         let mut claims = Vec::new();
         let mut releases = Vec::new();
+        let mut touches = Vec::new();
         let mut shutdown = None;
         let mut peeks = Vec::new();
         for c in commands {
@@ -242,6 +243,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 Command::Ack { keys, reply } => acks.push((keys, reply)),
                 Command::Nack { nacks: n, reply } => nacks.push((n, reply)),
                 Command::Release { items, reply } => releases.push((items, reply)),
+                Command::Touch { ops, reply } => touches.push((ops, reply)),
                 Command::Shutdown { done } => shutdown = Some(done),
                 Command::Claim { topic, keys, reply } => {
                     // Claims take their keys out of the index first, so that this turn's
@@ -288,8 +290,9 @@ impl<S: ShardStore> ShardWorker<S> {
         let now = self.clock.now_ms();
         let store = self.store.clone();
         let nack_ops: Vec<&[super::NackOp]> = nacks.iter().map(|(n, _)| n.as_slice()).collect();
+        let touch_ops: Vec<&[super::TouchOp]> = touches.iter().map(|(t, _)| t.as_slice()).collect();
         let t = self.timeout();
-        let (inserted, claimed, acked, nacked, released) = tokio::join!(
+        let (inserted, claimed, acked, nacked, released, touched) = tokio::join!(
             futures::future::join_all(
                 inserts
                     .iter()
@@ -329,6 +332,13 @@ impl<S: ShardStore> ShardWorker<S> {
                     Some(timed(t, store.apply(&release_changes)).await)
                 }
             },
+            async {
+                if touch_ops.is_empty() {
+                    None
+                } else {
+                    Some(timed(t, ops::touch_exec(&*store, &touch_ops, now)).await)
+                }
+            },
         );
         for (group, r) in inserts.into_iter().zip(inserted) {
             self.finish_insert(group, r);
@@ -344,6 +354,9 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         if let Some(r) = released {
             self.finish_release(releases, r);
+        }
+        if let Some(r) = touched {
+            self.finish_touch(touches, r);
         }
         shutdown
     }

@@ -71,6 +71,11 @@ pub enum Change {
     Delete {
         key: u64,
     },
+    /// A leased row's lease now ends at `lease_expires_ms` (touch).
+    Extend {
+        key: u64,
+        lease_expires_ms: i64,
+    },
     /// Undoes a claim whose items were never handed out (staged items let go): ready again
     /// at their old place, the delivery nobody saw not counted. Only the claim that leased
     /// the row (`token`) can release it.

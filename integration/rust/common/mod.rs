@@ -268,6 +268,20 @@ impl Client {
             .collect()
     }
 
+    pub fn touch(&mut self, items: &[(&str, i64)]) -> Vec<ItemResult> {
+        let items = items
+            .iter()
+            .map(|(id, extend_ms)| TouchItem {
+                id: Some(id.to_string()),
+                extend_ms: Some(*extend_ms),
+            })
+            .collect();
+        self.call(|c| c.touch(TouchRequest { items: Some(items) }))
+            .expect("touch")
+            .results
+            .unwrap()
+    }
+
     pub fn host_info(&mut self) -> HostInfo {
         self.call(|c| c.get_host_info()).expect("getHostInfo")
     }

@@ -99,12 +99,17 @@ pub(super) fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
     let mut keep_place = Vec::new();
     let mut at: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
     let mut released: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
+    let mut extended: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
     let mut out: Vec<(String, Params)> = Vec::new();
     for c in changes {
         match c {
             Change::Delete { key } => deletes.push(*key),
             Change::Dead { key } => dead.push(*key),
             Change::Release { key, token } => released.entry(*token).or_default().push(*key),
+            Change::Extend {
+                key,
+                lease_expires_ms,
+            } => extended.entry(*lease_expires_ms).or_default().push(*key),
             Change::Ready {
                 key,
                 deliver_after_ms: None,
@@ -149,6 +154,15 @@ pub(super) fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
         out.push((
             format!(
                 "{READY}, deliver_after_ms = {t}, due_at_ms = {t} WHERE id IN ({}) AND state = 1",
+                key_list(&keys)
+            ),
+            Params::Empty,
+        ));
+    }
+    for (until, keys) in extended {
+        out.push((
+            format!(
+                "UPDATE items SET lease_expires_ms = {until} WHERE id IN ({}) AND state = 1",
                 key_list(&keys)
             ),
             Params::Empty,
