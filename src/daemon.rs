@@ -16,6 +16,7 @@ use crate::core::{Host, PrefetchConfig};
 use crate::server::{serve, ServerLimits};
 use crate::shard::{ShardWorker, WorkerConfig};
 use crate::store::{MySqlStore, StoreError};
+use crate::waiters::Waiters;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -42,6 +43,8 @@ impl Running {
     /// flushed and checkpoints saved.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        // Long polls in flight return (empty) now, so connections can finish.
+        self.host.stop_waiting();
         let _ = self.server.await;
         let _ = self.prefetcher.await;
         self.host.shutdown().await;
@@ -50,8 +53,9 @@ impl Running {
 
 pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartError> {
     let workers = WorkerConfig::from(&cfg.engine);
+    let waiters = Waiters::new();
     let shards = try_join_all(cfg.shards.iter().map(|s| {
-        let (clock, workers) = (clock.clone(), workers.clone());
+        let (clock, workers, waiters) = (clock.clone(), workers.clone(), waiters.clone());
         async move {
             let store =
                 MySqlStore::new(s.id, &s.url, s.pool_connections_max).map_err(|source| {
@@ -61,7 +65,7 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
                     }
                 })?;
             tracing::info!(shard = s.id, database = store.database(), "opening shard");
-            ShardWorker::start(s.id, store, clock, workers)
+            ShardWorker::start(s.id, store, clock, workers, waiters)
                 .await
                 .map_err(|source| StartError::Shard {
                     shard: s.id,
@@ -80,6 +84,7 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         shards,
         Namespaces::from_config(cfg),
         prefetch,
+        waiters,
         clock,
     ));
     let listener = TcpListener::bind(&cfg.server.listen)

@@ -17,6 +17,7 @@
 //! - [`client`]: a blocking Rust client (the generated one over TCP), for tools and tests.
 //! - [`daemon`]: assembles a running foqsd from a [`config::Config`] (binary and tests).
 //! - [`clock`]: time as an injectable [`clock::Clock`], so leases and TTLs are testable.
+//! - [`waiters`]: long-polling dequeues parked per topic, woken when an item gets ready.
 //! - [`thrift_gen`]: code generated from `thrift/foqs.thrift` (do not edit; see
 //!   `scripts/gen-thrift.sh`). Public so that Rust clients and tests can use its client.
 
@@ -31,6 +32,7 @@ pub mod rpc;
 pub mod server;
 pub mod shard;
 pub mod store;
+pub mod waiters;
 
 #[path = "../gen/rs/foqs.rs"]
 #[allow(clippy::all, dead_code, unused_imports, unused_mut)]

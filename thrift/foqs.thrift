@@ -85,7 +85,9 @@ struct TopicRequest {
 
 struct DequeueRequest {
   1: list<TopicRequest> topics,
-  // Field 2 is reserved for a later long-poll `wait_ms`.
+  // Long poll: when none of the topics has a ready item, wait up to this long (at most
+  // 30000) for one to become ready, and return as soon as one does. Absent or 0: no wait.
+  2: optional i64 wait_ms,
 }
 
 struct Item {

@@ -879,12 +879,14 @@ impl Default for TopicRequest {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 pub struct DequeueRequest {
   pub topics: Option<Vec<TopicRequest>>,
+  pub wait_ms: Option<i64>,
 }
 
 impl DequeueRequest {
-  pub fn new<F1>(topics: F1) -> DequeueRequest where F1: Into<Option<Vec<TopicRequest>>> {
+  pub fn new<F1, F2>(topics: F1, wait_ms: F2) -> DequeueRequest where F1: Into<Option<Vec<TopicRequest>>>, F2: Into<Option<i64>> {
     DequeueRequest {
       topics: topics.into(),
+      wait_ms: wait_ms.into(),
     }
   }
 }
@@ -893,6 +895,7 @@ impl TSerializable for DequeueRequest {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DequeueRequest> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<TopicRequest>> = Some(Vec::new());
+    let mut f_2: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -910,6 +913,10 @@ impl TSerializable for DequeueRequest {
           i_prot.read_list_end()?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_i64()?;
+          f_2 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -919,6 +926,7 @@ impl TSerializable for DequeueRequest {
     i_prot.read_struct_end()?;
     let ret = DequeueRequest {
       topics: f_1,
+      wait_ms: f_2,
     };
     Ok(ret)
   }
@@ -934,6 +942,11 @@ impl TSerializable for DequeueRequest {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.wait_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("wait_ms", TType::I64, 2))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -943,6 +956,7 @@ impl Default for DequeueRequest {
   fn default() -> Self {
     DequeueRequest{
       topics: Some(Vec::new()),
+      wait_ms: Some(0),
     }
   }
 }

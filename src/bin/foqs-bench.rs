@@ -181,6 +181,7 @@ impl Run {
                 topic: Some(self.topic.clone()),
                 count: Some(self.args.batch as i32),
             }]),
+            wait_ms: None,
         };
         let (elapsed, lat) = self.on_threads(self.args.consumers, |_, c, lat| {
             while done.load(Ordering::SeqCst) < items && Instant::now() < deadline {

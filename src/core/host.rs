@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
 use tokio::task::JoinHandle;
@@ -15,6 +15,7 @@ use crate::config::{NamespacePolicy, Namespaces};
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{Item, ItemId, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName};
 use crate::shard::{Settled, ShardHandle};
+use crate::waiters::Waiters;
 
 /// Merge-and-claim rounds per topic in one dequeue. A round comes up short only when a
 /// concurrent dequeue claimed some of the same keys, so a few rounds are plenty.
@@ -28,6 +29,7 @@ pub struct Host {
     namespaces: Namespaces,
     clock: SharedClock,
     prefetch: Prefetch,
+    waiters: Arc<Waiters>,
     next_shard: AtomicUsize,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -39,6 +41,7 @@ impl Host {
         shards: Vec<(ShardHandle, JoinHandle<()>)>,
         namespaces: Namespaces,
         prefetch: PrefetchConfig,
+        waiters: Arc<Waiters>,
         clock: SharedClock,
     ) -> Host {
         let mut handles = BTreeMap::new();
@@ -53,6 +56,7 @@ impl Host {
             namespaces,
             clock,
             prefetch: Prefetch::new(prefetch),
+            waiters,
             next_shard: AtomicUsize::new(0),
             workers: Mutex::new(workers),
         }
@@ -135,8 +139,14 @@ impl Host {
         Err(last_err.unwrap_or_else(|| Error::unavailable("no shard could take the batch")))
     }
 
-    /// Dequeues from each requested topic, most urgent first across every shard.
-    pub async fn dequeue(&self, topics: Vec<TopicRequest>) -> Result<Vec<Item>> {
+    /// Dequeues from each requested topic, most urgent first across every shard. With
+    /// `wait_ms`, when nothing is ready, waits up to that long for an item to become ready
+    /// in any of the topics (a long poll; waiting costs no MySQL query).
+    pub async fn dequeue(
+        &self,
+        topics: Vec<TopicRequest>,
+        wait_ms: Option<i64>,
+    ) -> Result<Vec<Item>> {
         if topics.len() > limits::TOPICS_PER_DEQUEUE_MAX {
             return Err(Error::invalid(format!(
                 "{} topics in one request; at most {}",
@@ -144,7 +154,15 @@ impl Host {
                 limits::TOPICS_PER_DEQUEUE_MAX
             )));
         }
-        for t in &topics {
+        let wait_ms = wait_ms.unwrap_or(0);
+        if !(0..=limits::WAIT_MS_MAX).contains(&wait_ms) {
+            return Err(Error::invalid(format!(
+                "wait_ms must be in 0..={}, got {wait_ms}",
+                limits::WAIT_MS_MAX
+            )));
+        }
+        let mut wanted = Vec::with_capacity(topics.len());
+        for t in topics {
             self.namespace(&t.ns)?;
             check_name("topic", &t.topic)?;
             if !(1..=limits::DEQUEUE_COUNT_MAX).contains(&t.count) {
@@ -154,17 +172,51 @@ impl Host {
                     t.count
                 )));
             }
-        }
-        // A topic whose shards fail is skipped (its items are delayed, not lost) rather
-        // than failing the request and stranding what other topics already leased.
-        let mut out = Vec::new();
-        let mut failure = None;
-        for t in topics {
             let name = TopicName {
                 ns: t.ns,
                 topic: t.topic,
             };
-            match self.dequeue_topic(&name, t.count as usize).await {
+            wanted.push((name, t.count as usize));
+        }
+        let deadline =
+            tokio::time::Instant::now() + std::time::Duration::from_millis(wait_ms as u64);
+        loop {
+            // Watch before looking, so that an item made ready between the look and the
+            // wait still wakes us.
+            let notifies: Vec<Arc<tokio::sync::Notify>> = if wait_ms > 0 {
+                wanted.iter().map(|(t, _)| self.waiters.watch(t)).collect()
+            } else {
+                Vec::new()
+            };
+            let mut notified: Vec<_> = notifies.iter().map(|n| Box::pin(n.notified())).collect();
+            for n in &mut notified {
+                n.as_mut().enable();
+            }
+            let out = self.dequeue_once(&wanted).await?;
+            if !out.is_empty() || notified.is_empty() || self.waiters.is_closing() {
+                return Ok(out);
+            }
+            tokio::select! {
+                _ = futures::future::select_all(notified) => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(out),
+                _ = self.waiters.closed() => return Ok(out),
+            }
+        }
+    }
+
+    /// Ends in-flight long polls (they return what they have: nothing) and makes new ones
+    /// return at once; called when shutting down.
+    pub fn stop_waiting(&self) {
+        self.waiters.close();
+    }
+
+    async fn dequeue_once(&self, wanted: &[(TopicName, usize)]) -> Result<Vec<Item>> {
+        // A topic whose shards fail is skipped (its items are delayed, not lost) rather
+        // than failing the request and stranding what other topics already leased.
+        let mut out = Vec::new();
+        let mut failure = None;
+        for (name, count) in wanted {
+            match self.dequeue_topic(name, *count).await {
                 Ok(items) => out.extend(items),
                 Err(e) => failure = Some(e),
             }
@@ -243,6 +295,7 @@ impl Host {
                 _ = stop.changed() => break,
             }
             let now = self.clock.now_ms();
+            self.waiters.forget_idle();
             let (restock, release) = self.prefetch.sweep(now);
             self.release(release);
             for (topic, n) in restock {

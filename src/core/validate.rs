@@ -13,6 +13,8 @@ pub mod limits {
     pub const ITEMS_PER_REQUEST_MAX: usize = 1_000;
     pub const DEQUEUE_COUNT_MAX: i32 = 1_000;
     pub const TOPICS_PER_DEQUEUE_MAX: usize = 100;
+    /// Longest long poll.
+    pub const WAIT_MS_MAX: i64 = 30_000;
     pub const ACTIVE_TOPICS_LIMIT_DEFAULT: i32 = 1_000;
     pub const ACTIVE_TOPICS_LIMIT_MAX: i32 = 10_000;
     /// Longest lease, TTL or nack delay: far beyond any real use, and small enough that

@@ -222,8 +222,9 @@ async fn execute(call: Call, host: &Host) -> Reply {
             Reply::Enqueue(t::FoqsEnqueueResult { result_value, err })
         }
         Call::Dequeue(req) => {
+            let wait_ms = req.wait_ms;
             let r = host
-                .dequeue(convert::topic_requests(req))
+                .dequeue(convert::topic_requests(req), wait_ms)
                 .await
                 .map(|items| t::DequeueResponse {
                     items: Some(items.into_iter().map(convert::item).collect()),

@@ -110,7 +110,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     deliver_after_ms: it.deliver_after_ms,
                     key: *key,
                 };
-                self.index().offer(&it.ns, &it.topic, k);
+                self.ready(&it.ns, &it.topic, k);
             }
         }
         self.shared
@@ -220,7 +220,7 @@ impl<S: ShardStore> ShardWorker<S> {
             Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
         };
         for (ns, topic, k) in outcome.readied {
-            self.index().offer(&ns, &topic, k);
+            self.ready(&ns, &topic, k);
         }
         for ((_, reply), out) in requests.into_iter().zip(outcome.settled) {
             let _ = reply.send(Ok(out));
@@ -248,7 +248,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     deliver_after_ms: i.deliver_after_ms,
                     key: i.id.key,
                 };
-                self.index().offer(&i.ns, &i.topic, k);
+                self.ready(&i.ns, &i.topic, k);
             }
             let _ = reply.send(Ok(()));
         }

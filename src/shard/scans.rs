@@ -96,7 +96,7 @@ impl<S: ShardStore> ShardWorker<S> {
             .items
             .fetch_sub(deleted as i64, Ordering::Relaxed);
         for (ns, topic, k) in readied {
-            self.index().offer(&ns, &topic, k);
+            self.ready(&ns, &topic, k);
         }
         for (ns, topic, k) in removed {
             self.index().remove(&ns, &topic, &k);

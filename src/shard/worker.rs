@@ -29,6 +29,7 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::model::{ReadyKey, ShardId, TopicName};
 use crate::store::{Checkpoints, Scan, ShardStore, StoreError, StoreResult};
+use crate::waiters::Waiters;
 
 /// Commands taken in one turn.
 const TURN_COMMANDS_MAX: usize = 1024;
@@ -86,6 +87,7 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) saved: Checkpoints,
     pub(super) last_checkpoint_ms: i64,
     pub(super) lease_token: i64,
+    pub(super) waiters: Arc<Waiters>,
 }
 
 /// `Scan` as a map key.
@@ -132,6 +134,7 @@ impl<S: ShardStore> ShardWorker<S> {
         store: S,
         clock: SharedClock,
         cfg: WorkerConfig,
+        waiters: Arc<Waiters>,
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
         let recovered = store.open().await?;
         let shared = Arc::new(ShardShared {
@@ -166,6 +169,7 @@ impl<S: ShardStore> ShardWorker<S> {
             last_checkpoint_ms: now,
             // Tokens only need to differ from every earlier claim's, across restarts too.
             lease_token: now.saturating_mul(1000),
+            waiters,
             clock,
             cfg,
         };
@@ -412,6 +416,12 @@ impl<S: ShardStore> ShardWorker<S> {
         let t = index.topic(topic);
         t.apply_refill(&loaded, asked, cap);
         Ok(t.head(n))
+    }
+
+    /// An item became ready: index it (when its topic is loaded) and wake long polls.
+    pub(super) fn ready(&self, ns: &str, topic: &str, k: ReadyKey) {
+        self.index().offer(ns, topic, k);
+        self.waiters.wake(ns, topic);
     }
 
     /// The ready index; shared with the shard's handle, which answers peeks from memory.

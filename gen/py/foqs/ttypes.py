@@ -695,12 +695,14 @@ class DequeueRequest(object):
     """
     Attributes:
      - topics
+     - wait_ms
 
     """
 
 
-    def __init__(self, topics=None,):
+    def __init__(self, topics=None, wait_ms=None,):
         self.topics = topics
+        self.wait_ms = wait_ms
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -722,6 +724,11 @@ class DequeueRequest(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.wait_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -738,6 +745,10 @@ class DequeueRequest(object):
             for iter20 in self.topics:
                 iter20.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.wait_ms is not None:
+            oprot.writeFieldBegin('wait_ms', TType.I64, 2)
+            oprot.writeI64(self.wait_ms)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2068,6 +2079,7 @@ all_structs.append(DequeueRequest)
 DequeueRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'topics', (TType.STRUCT, [TopicRequest, None], False), None, ),  # 1
+    (2, TType.I64, 'wait_ms', None, None, ),  # 2
 )
 all_structs.append(Item)
 Item.thrift_spec = (

@@ -205,9 +205,19 @@ impl Client {
     }
 
     pub fn try_dequeue(&mut self, topics: Vec<TopicRequest>) -> thrift::Result<Vec<Item>> {
+        self.try_dequeue_wait(topics, None)
+    }
+
+    /// A long poll when `wait_ms` is given.
+    pub fn try_dequeue_wait(
+        &mut self,
+        topics: Vec<TopicRequest>,
+        wait_ms: Option<i64>,
+    ) -> thrift::Result<Vec<Item>> {
         self.call(|c| {
             c.dequeue(DequeueRequest {
                 topics: Some(topics),
+                wait_ms,
             })
         })
         .map(|r| r.items.unwrap())

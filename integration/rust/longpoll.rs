@@ -1,0 +1,182 @@
+//! Long-poll dequeue (`wait_ms`): returns as soon as an item becomes ready in a requested
+//! topic, empty after `wait_ms`; many waiters at once; shutdown ends the waits.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use foqs::thrift_gen::{EnqueueItem, ErrorCode};
+
+const NS: &str = "longpoll";
+
+/// Starts a long poll on its own connection and thread; yields (items, elapsed).
+fn poll(
+    addr: std::net::SocketAddr,
+    topics: Vec<foqs::thrift_gen::TopicRequest>,
+    wait_ms: i64,
+) -> std::thread::JoinHandle<(Vec<foqs::thrift_gen::Item>, Duration)> {
+    std::thread::spawn(move || {
+        let mut c = Client::connect(addr, Proto::Binary);
+        let t = Instant::now();
+        let got = c
+            .try_dequeue_wait(topics, Some(wait_ms))
+            .expect("long poll");
+        (got, t.elapsed())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_returns_within_100_ms_of_an_enqueue() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let waiter = poll(
+        srv.addr,
+        vec![topic_req(NS, "quiet", 5), topic_req(NS, "wake", 5)],
+        10_000,
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let enqueued = Instant::now();
+    c.enqueue(vec![item(NS, "wake", 0, b"hello")]);
+    let (got, _) = tokio::task::spawn_blocking(move || waiter.join().unwrap())
+        .await
+        .unwrap();
+    let latency = enqueued.elapsed();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].payload.as_deref(), Some(&b"hello"[..]));
+    assert!(
+        latency < Duration::from_millis(100),
+        "woke {latency:?} after the enqueue"
+    );
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_returns_empty_after_wait_ms_and_bad_waits_are_refused() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let (got, took) = tokio::task::spawn_blocking({
+        let addr = srv.addr;
+        move || {
+            poll(addr, vec![topic_req(NS, "empty", 1)], 400)
+                .join()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(got.is_empty());
+    assert!(
+        took >= Duration::from_millis(390) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
+    for bad in [-1, 30_001] {
+        let e = foqs_error(
+            c.try_dequeue_wait(vec![topic_req(NS, "empty", 1)], Some(bad))
+                .unwrap_err(),
+        );
+        assert_eq!(e.code, Some(ErrorCode::INVALID_ARGUMENT), "wait_ms {bad}");
+    }
+    // With something ready, a long poll answers at once.
+    c.enqueue(vec![item(NS, "full", 0, b"x")]);
+    let t = Instant::now();
+    assert_eq!(
+        c.try_dequeue_wait(vec![topic_req(NS, "full", 1)], Some(5_000))
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(t.elapsed() < Duration::from_millis(500));
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacks_and_deferred_items_coming_due_wake_long_polls() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let id = c.enqueue(vec![item(NS, "nacked", 0, b"x")]).remove(0);
+    assert_eq!(c.dequeue(NS, "nacked", 1).len(), 1);
+    let waiter = poll(srv.addr, vec![topic_req(NS, "nacked", 1)], 10_000);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let nacked = Instant::now();
+    c.nack(vec![nack(&id, None, None)]);
+    let (got, _) = tokio::task::spawn_blocking(move || waiter.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(got[0].id.as_deref(), Some(id.as_str()));
+    assert!(
+        nacked.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        nacked.elapsed()
+    );
+
+    let due = now_ms() + 400;
+    c.enqueue(vec![EnqueueItem {
+        deliver_after_ms: Some(due),
+        ..item(NS, "deferred", 0, b"later")
+    }]);
+    let (got, _) = tokio::task::spawn_blocking({
+        let addr = srv.addr;
+        move || {
+            poll(addr, vec![topic_req(NS, "deferred", 1)], 10_000)
+                .join()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let late = now_ms() - due;
+    assert_eq!(got.len(), 1);
+    assert!(
+        (0..200).contains(&late),
+        "delivered {late} ms after it came due"
+    );
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_waiters_each_get_their_own_item() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let waiters: Vec<_> = (0..300)
+        .map(|_| poll(srv.addr, vec![topic_req(NS, "crowd", 1)], 20_000))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.enqueue((0..300).map(|i| item(NS, "crowd", i, b"x")).collect());
+    let results = tokio::task::spawn_blocking(move || {
+        waiters
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let ids: Vec<String> = results
+        .into_iter()
+        .flat_map(|(got, _)| got.into_iter().map(|i| i.id.unwrap()))
+        .collect();
+    let unique: HashSet<&String> = ids.iter().collect();
+    assert_eq!(ids.len(), 300, "every waiter got an item");
+    assert_eq!(unique.len(), 300, "no item went to two waiters");
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_long_polls_instead_of_waiting_for_them() {
+    let srv = TestServer::start(3, "").await;
+    let waiter = poll(srv.addr, vec![topic_req(NS, "never", 1)], 30_000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    srv.stop().await;
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
+    let (got, took) = tokio::task::spawn_blocking(move || waiter.join().unwrap())
+        .await
+        .unwrap();
+    assert!(got.is_empty());
+    assert!(took < Duration::from_secs(5));
+}
