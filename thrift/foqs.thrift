@@ -154,6 +154,19 @@ struct TouchResponse {
   1: list<ItemResult> results,
 }
 
+struct PeekRequest {
+  1: string ns,
+  2: string topic,
+  // 1..1000
+  3: i32 count,
+}
+
+struct PeekResponse {
+  // The next ready items in delivery order, not leased: lease_expires_ms is 0 and
+  // delivery_count counts past deliveries only.
+  1: list<Item> items,
+}
+
 struct GetActiveTopicsRequest {
   1: string ns,
   // Absent = 1000; at most 10000.
@@ -197,4 +210,6 @@ service Foqs {
   HostInfo getHostInfo() throws (1: FoqsError err),
   // Extends the leases of items still leased; NOT_FOUND for an item that is not.
   TouchResponse touch(1: TouchRequest req) throws (1: FoqsError err),
+  // The next ready items of a topic, in delivery order, without leasing them.
+  PeekResponse peek(1: PeekRequest req) throws (1: FoqsError err),
 }

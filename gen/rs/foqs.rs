@@ -1943,6 +1943,174 @@ impl Default for TouchResponse {
 }
 
 //
+// PeekRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct PeekRequest {
+  pub ns: Option<String>,
+  pub topic: Option<String>,
+  pub count: Option<i32>,
+}
+
+impl PeekRequest {
+  pub fn new<F1, F2, F3>(ns: F1, topic: F2, count: F3) -> PeekRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>> {
+    PeekRequest {
+      ns: ns.into(),
+      topic: topic.into(),
+      count: count.into(),
+    }
+  }
+}
+
+impl TSerializable for PeekRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<PeekRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<i32> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_i32()?;
+          f_3 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = PeekRequest {
+      ns: f_1,
+      topic: f_2,
+      count: f_3,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("PeekRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.ns {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ns", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.topic {
+      o_prot.write_field_begin(&TFieldIdentifier::new("topic", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.count {
+      o_prot.write_field_begin(&TFieldIdentifier::new("count", TType::I32, 3))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for PeekRequest {
+  fn default() -> Self {
+    PeekRequest{
+      ns: Some("".to_owned()),
+      topic: Some("".to_owned()),
+      count: Some(0),
+    }
+  }
+}
+
+//
+// PeekResponse
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct PeekResponse {
+  pub items: Option<Vec<Item>>,
+}
+
+impl PeekResponse {
+  pub fn new<F1>(items: F1) -> PeekResponse where F1: Into<Option<Vec<Item>>> {
+    PeekResponse {
+      items: items.into(),
+    }
+  }
+}
+
+impl TSerializable for PeekResponse {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<PeekResponse> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<Item>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<Item> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_10 = Item::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_10);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = PeekResponse {
+      items: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("PeekResponse");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.items {
+      o_prot.write_field_begin(&TFieldIdentifier::new("items", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for PeekResponse {
+  fn default() -> Self {
+    PeekResponse{
+      items: Some(Vec::new()),
+    }
+  }
+}
+
+//
 // GetActiveTopicsRequest
 //
 
@@ -2177,8 +2345,8 @@ impl TSerializable for GetActiveTopicsResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ActiveTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_10 = ActiveTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_10);
+            let list_elem_11 = ActiveTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_11);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2370,8 +2538,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_11 = ShardInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_11);
+            let list_elem_12 = ShardInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_12);
           }
           i_prot.read_list_end()?;
           f_3 = Some(val);
@@ -2439,6 +2607,7 @@ pub trait TFoqsSyncClient {
   fn get_active_topics(&mut self, req: GetActiveTopicsRequest) -> thrift::Result<GetActiveTopicsResponse>;
   fn get_host_info(&mut self) -> thrift::Result<HostInfo>;
   fn touch(&mut self, req: TouchRequest) -> thrift::Result<TouchResponse>;
+  fn peek(&mut self, req: PeekRequest) -> thrift::Result<PeekResponse>;
 }
 
 pub trait TFoqsSyncClientMarker {}
@@ -2654,6 +2823,33 @@ impl <C: TThriftClient + TFoqsSyncClientMarker> TFoqsSyncClient for C {
       result.ok_or()
     }
   }
+  fn peek(&mut self, req: PeekRequest) -> thrift::Result<PeekResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("peek", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsPeekArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("peek", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsPeekResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
 }
 
 //
@@ -2668,6 +2864,7 @@ pub trait FoqsSyncHandler {
   fn handle_get_active_topics(&self, req: GetActiveTopicsRequest) -> thrift::Result<GetActiveTopicsResponse>;
   fn handle_get_host_info(&self) -> thrift::Result<HostInfo>;
   fn handle_touch(&self, req: TouchRequest) -> thrift::Result<TouchResponse>;
+  fn handle_peek(&self, req: PeekRequest) -> thrift::Result<PeekResponse>;
 }
 
 pub struct FoqsSyncProcessor<H: FoqsSyncHandler> {
@@ -2700,6 +2897,9 @@ impl <H: FoqsSyncHandler> FoqsSyncProcessor<H> {
   }
   fn process_touch(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_touch(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_peek(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_peek(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
 }
 
@@ -3126,6 +3326,66 @@ impl TFoqsProcessFunctions {
       },
     }
   }
+  pub fn process_peek<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsPeekArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_peek(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("peek", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsPeekResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsPeekResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("peek", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("peek", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("peek", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("peek", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
 }
 
 impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
@@ -3152,6 +3412,9 @@ impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
       },
       "touch" => {
         self.process_touch(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "peek" => {
+        self.process_peek(message_ident.sequence_number, i_prot, o_prot)
       },
       method => {
         Err(
@@ -4015,6 +4278,131 @@ impl FoqsTouchResult {
   }
   pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let struct_ident = TStructIdentifier::new("FoqsTouchResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsPeekArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsPeekArgs {
+  pub req: PeekRequest,
+}
+
+impl FoqsPeekArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsPeekArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<PeekRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = PeekRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsPeekArgs.req", &f_1)?;
+    let ret = FoqsPeekArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("peek_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsPeekResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsPeekResult {
+  pub result_value: Option<PeekResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsPeekResult {
+  pub fn ok_or(self) -> thrift::Result<PeekResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsPeek"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsPeekResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<PeekResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = PeekResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsPeekResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsPeekResult");
     o_prot.write_struct_begin(&struct_ident)?;
     if let Some(ref fld_var) = self.result_value {
       o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;

@@ -721,3 +721,88 @@ async fn touch_keeps_an_item_from_being_redelivered_past_its_original_lease() {
     );
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_shows_the_next_ready_items_in_order_without_leasing_them() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    for p in [5, 1, 9, 3, 7] {
+        c.enqueue(vec![item(NS, "peek", p, format!("p{p}").as_bytes())]);
+    }
+    c.enqueue(vec![EnqueueItem {
+        deliver_after_ms: Some(now_ms() + 60_000),
+        ..item(NS, "peek", -1, b"deferred")
+    }]);
+    let peeked = c.try_peek(NS, "peek", 3).unwrap();
+    let prios: Vec<i32> = peeked.iter().map(|i| i.priority.unwrap()).collect();
+    assert_eq!(prios, vec![1, 3, 5], "ready items only, in delivery order");
+    assert!(peeked
+        .iter()
+        .all(|i| i.lease_expires_ms == Some(0) && i.delivery_count == Some(0)));
+    assert_eq!(
+        c.try_peek(NS, "peek", 3).unwrap().len(),
+        3,
+        "peeking leases nothing"
+    );
+    let got = c.dequeue(NS, "peek", 2);
+    assert_eq!(
+        got.iter().map(|i| i.priority.unwrap()).collect::<Vec<_>>(),
+        vec![1, 3]
+    );
+    let prios: Vec<i32> = c
+        .try_peek(NS, "peek", 10)
+        .unwrap()
+        .iter()
+        .map(|i| i.priority.unwrap())
+        .collect();
+    assert_eq!(prios, vec![5, 7, 9], "leased items are not shown");
+    assert!(c.try_peek(NS, "nothing", 10).unwrap().is_empty());
+    let e = foqs_error(c.try_peek(NS, "peek", 0).unwrap_err());
+    assert_eq!(e.code, Some(ErrorCode::INVALID_ARGUMENT));
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_on_a_busy_topic_shows_staged_items_as_ready() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    c.enqueue(
+        (0..600)
+            .map(|i| item(NS, "busy-peek", i % 10, b"x"))
+            .collect(),
+    );
+    let mut taken = HashSet::new();
+    for _ in 0..30 {
+        taken.extend(
+            c.dequeue(NS, "busy-peek", 10)
+                .into_iter()
+                .map(|i| i.id.unwrap()),
+        );
+    }
+    assert!(
+        srv.db.count("state = 1").await > 300,
+        "items were staged ahead"
+    );
+    let peeked = c.try_peek(NS, "busy-peek", 100).unwrap();
+    assert_eq!(peeked.len(), 100);
+    assert!(
+        peeked
+            .iter()
+            .all(|i| !taken.contains(i.id.as_ref().unwrap())),
+        "a leased item was shown"
+    );
+    let keys: Vec<_> = peeked.iter().map(spec_key).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    // What peek showed first is what the next dequeue hands out.
+    let next = c.dequeue(NS, "busy-peek", 10);
+    let next_ids: Vec<_> = next.iter().map(|i| i.id.clone().unwrap()).collect();
+    let peeked_ids: Vec<_> = peeked
+        .iter()
+        .take(10)
+        .map(|i| i.id.clone().unwrap())
+        .collect();
+    assert_eq!(next_ids, peeked_ids);
+    srv.stop().await;
+}

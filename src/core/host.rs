@@ -500,6 +500,54 @@ impl Host {
             .collect())
     }
 
+    /// The next `count` ready items of a topic in delivery order, without leasing them:
+    /// staged items and the shards' index heads, merged.
+    pub async fn peek(&self, ns: &str, topic: &str, count: i32) -> Result<Vec<Item>> {
+        self.namespace(ns)?;
+        check_name("topic", topic)?;
+        if !(1..=limits::DEQUEUE_COUNT_MAX).contains(&count) {
+            return Err(Error::invalid(format!(
+                "count must be in 1..={}, got {count}",
+                limits::DEQUEUE_COUNT_MAX
+            )));
+        }
+        let (topic, count) = (
+            TopicName {
+                ns: ns.to_string(),
+                topic: topic.to_string(),
+            },
+            count as usize,
+        );
+        let mut items = self.prefetch.peek(&topic, count, self.clock.now_ms());
+        let healthy: Vec<&ShardHandle> = self.shards.values().filter(|s| s.is_healthy()).collect();
+        let heads = join_all(
+            healthy
+                .iter()
+                .map(|s| async { (s.id(), s.peek(topic.clone(), count).await) }),
+        )
+        .await;
+        let heads: Vec<(ShardId, Vec<ReadyKey>)> = heads
+            .into_iter()
+            .filter_map(|(id, r)| r.ok().map(|k| (id, k)))
+            .collect();
+        let mut by_shard: HashMap<ShardId, Vec<u64>> = HashMap::new();
+        for g in kway_merge(&heads, count) {
+            by_shard.entry(g.shard).or_default().push(g.key);
+        }
+        let fetched = join_all(
+            by_shard
+                .into_iter()
+                .map(|(id, keys)| self.shards[&id].fetch_ready(keys)),
+        )
+        .await;
+        for r in fetched {
+            items.extend(r?);
+        }
+        items.sort_by_key(Item::global_key);
+        items.truncate(count);
+        Ok(items)
+    }
+
     /// Extends the leases of items still leased to now + `extend_ms`; an item that is not
     /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
     pub async fn touch(&self, items: Vec<(String, i64)>) -> Result<Vec<Result<()>>> {

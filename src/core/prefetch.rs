@@ -186,6 +186,26 @@ impl Prefetch {
         (restock, release)
     }
 
+    /// Copies of up to `count` staged items that could be handed out now, in order,
+    /// shown as not leased (for peek): they are ready as far as clients can tell.
+    pub fn peek(&self, topic: &TopicName, count: usize, now_ms: i64) -> Vec<Item> {
+        let topics = self.topics.lock().expect("not poisoned");
+        let Some(stage) = topics.get(topic) else {
+            return vec![];
+        };
+        stage
+            .items
+            .values()
+            .filter(|s| fit(s, now_ms, self.cfg.stage_max_ms))
+            .take(count)
+            .map(|s| Item {
+                lease_expires_ms: 0,
+                delivery_count: s.item.delivery_count - 1,
+                ..s.item.clone()
+            })
+            .collect()
+    }
+
     /// Everything staged, for release at shutdown.
     pub fn drain(&self) -> Vec<Item> {
         let mut topics = self.topics.lock().expect("not poisoned");

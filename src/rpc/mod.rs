@@ -58,6 +58,7 @@ enum Call {
     GetActiveTopics(t::GetActiveTopicsRequest),
     GetHostInfo,
     Touch(t::TouchRequest),
+    Peek(t::PeekRequest),
 }
 
 enum Reply {
@@ -68,6 +69,7 @@ enum Reply {
     GetActiveTopics(t::FoqsGetActiveTopicsResult),
     GetHostInfo(t::FoqsGetHostInfoResult),
     Touch(t::FoqsTouchResult),
+    Peek(t::FoqsPeekResult),
     Exception(ApplicationError),
 }
 
@@ -160,6 +162,7 @@ fn decode(
             t::FoqsGetHostInfoArgs::read_from_in_protocol(i).map(|_| Call::GetHostInfo)
         }
         "touch" => t::FoqsTouchArgs::read_from_in_protocol(i).map(|a| Call::Touch(a.req)),
+        "peek" => t::FoqsPeekArgs::read_from_in_protocol(i).map(|a| Call::Peek(a.req)),
         other => {
             let _ = i.skip(TType::Struct);
             let e = ApplicationError::new(
@@ -197,6 +200,7 @@ fn encode(
         Reply::GetActiveTopics(r) => r.write_to_out_protocol(o)?,
         Reply::GetHostInfo(r) => r.write_to_out_protocol(o)?,
         Reply::Touch(r) => r.write_to_out_protocol(o)?,
+        Reply::Peek(r) => r.write_to_out_protocol(o)?,
         Reply::Exception(e) => thrift::Error::write_application_error_to_out_protocol(e, o)?,
     }
     o.write_message_end()?;
@@ -257,6 +261,17 @@ async fn execute(call: Call, host: &Host) -> Reply {
                 .map(convert::active_topics);
             let (result_value, err) = split(r);
             Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
+        }
+        Call::Peek(req) => {
+            let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
+            let r = host
+                .peek(&ns, &topic, req.count.unwrap_or(0))
+                .await
+                .map(|items| t::PeekResponse {
+                    items: Some(items.into_iter().map(convert::item).collect()),
+                });
+            let (result_value, err) = split(r);
+            Reply::Peek(t::FoqsPeekResult { result_value, err })
         }
         Call::Touch(req) => {
             let items: Vec<(String, i64)> = req

@@ -69,6 +69,10 @@ pub(crate) enum Command {
         ops: Vec<TouchOp>,
         reply: Reply<Vec<Settled>>,
     },
+    FetchReady {
+        keys: Vec<u64>,
+        reply: Reply<Vec<Item>>,
+    },
     TopicCounts {
         ns: String,
         after: Option<String>,
@@ -176,6 +180,11 @@ impl ShardHandle {
     /// Gives back claimed items that were never handed out: ready again, uncounted.
     pub async fn release(&self, items: Vec<Item>) -> Result<()> {
         self.call(|reply| Command::Release { items, reply }).await
+    }
+
+    /// The items among `keys` that are ready, read without leasing them (for peek).
+    pub async fn fetch_ready(&self, keys: Vec<u64>) -> Result<Vec<Item>> {
+        self.call(|reply| Command::FetchReady { keys, reply }).await
     }
 
     /// Extends the leases of those items that are still leased.

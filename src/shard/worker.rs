@@ -261,6 +261,15 @@ impl<S: ShardStore> ShardWorker<S> {
                     claims.push((topic, free, reply));
                 }
                 Command::Peek { topic, n, reply } => peeks.push((topic, n, reply)),
+                Command::FetchReady { keys, reply } => {
+                    // A read: it runs beside the loop, like TopicCounts.
+                    let store = self.store.clone();
+                    let (id, now, timeout) = (self.id, self.clock.now_ms(), self.timeout());
+                    tokio::spawn(async move {
+                        let (r, _) = timed(timeout, store.fetch_ready(&keys, now)).await;
+                        let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
+                    });
+                }
                 Command::TopicCounts {
                     ns,
                     after,

@@ -177,6 +177,13 @@ pub trait ShardStore: Send + Sync + 'static {
         token: i64,
     ) -> impl Future<Output = StoreResult<Vec<Item>>> + Send;
 
+    /// The items among `keys` that are ready (and whose TTL has not passed), unleased.
+    fn fetch_ready(
+        &self,
+        keys: &[u64],
+        now_ms: i64,
+    ) -> impl Future<Output = StoreResult<Vec<Item>>> + Send;
+
     /// The current state of those of `keys` that exist.
     fn lookup(&self, keys: &[u64]) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
 

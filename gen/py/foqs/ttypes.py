@@ -1612,6 +1612,151 @@ class TouchResponse(object):
         return not (self == other)
 
 
+class PeekRequest(object):
+    """
+    Attributes:
+     - ns
+     - topic
+     - count
+
+    """
+
+
+    def __init__(self, ns=None, topic=None, count=None,):
+        self.ns = ns
+        self.topic = topic
+        self.count = count
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.ns = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.topic = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I32:
+                    self.count = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('PeekRequest')
+        if self.ns is not None:
+            oprot.writeFieldBegin('ns', TType.STRING, 1)
+            oprot.writeString(self.ns.encode('utf-8') if sys.version_info[0] == 2 else self.ns)
+            oprot.writeFieldEnd()
+        if self.topic is not None:
+            oprot.writeFieldBegin('topic', TType.STRING, 2)
+            oprot.writeString(self.topic.encode('utf-8') if sys.version_info[0] == 2 else self.topic)
+            oprot.writeFieldEnd()
+        if self.count is not None:
+            oprot.writeFieldBegin('count', TType.I32, 3)
+            oprot.writeI32(self.count)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class PeekResponse(object):
+    """
+    Attributes:
+     - items
+
+    """
+
+
+    def __init__(self, items=None,):
+        self.items = items
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.items = []
+                    (_etype73, _size70) = iprot.readListBegin()
+                    for _i74 in range(_size70):
+                        _elem75 = Item()
+                        _elem75.read(iprot)
+                        self.items.append(_elem75)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('PeekResponse')
+        if self.items is not None:
+            oprot.writeFieldBegin('items', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRUCT, len(self.items))
+            for iter76 in self.items:
+                iter76.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class GetActiveTopicsRequest(object):
     """
     Attributes:
@@ -1806,11 +1951,11 @@ class GetActiveTopicsResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.topics = []
-                    (_etype73, _size70) = iprot.readListBegin()
-                    for _i74 in range(_size70):
-                        _elem75 = ActiveTopic()
-                        _elem75.read(iprot)
-                        self.topics.append(_elem75)
+                    (_etype80, _size77) = iprot.readListBegin()
+                    for _i81 in range(_size77):
+                        _elem82 = ActiveTopic()
+                        _elem82.read(iprot)
+                        self.topics.append(_elem82)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1832,8 +1977,8 @@ class GetActiveTopicsResponse(object):
         if self.topics is not None:
             oprot.writeFieldBegin('topics', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.topics))
-            for iter76 in self.topics:
-                iter76.write(oprot)
+            for iter83 in self.topics:
+                iter83.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.next_after is not None:
@@ -1974,11 +2119,11 @@ class HostInfo(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype80, _size77) = iprot.readListBegin()
-                    for _i81 in range(_size77):
-                        _elem82 = ShardInfo()
-                        _elem82.read(iprot)
-                        self.shards.append(_elem82)
+                    (_etype87, _size84) = iprot.readListBegin()
+                    for _i88 in range(_size84):
+                        _elem89 = ShardInfo()
+                        _elem89.read(iprot)
+                        self.shards.append(_elem89)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2003,8 +2148,8 @@ class HostInfo(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter83 in self.shards:
-                iter83.write(oprot)
+            for iter90 in self.shards:
+                iter90.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2149,6 +2294,18 @@ all_structs.append(TouchResponse)
 TouchResponse.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'results', (TType.STRUCT, [ItemResult, None], False), None, ),  # 1
+)
+all_structs.append(PeekRequest)
+PeekRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
+    (3, TType.I32, 'count', None, None, ),  # 3
+)
+all_structs.append(PeekResponse)
+PeekResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'items', (TType.STRUCT, [Item, None], False), None, ),  # 1
 )
 all_structs.append(GetActiveTopicsRequest)
 GetActiveTopicsRequest.thrift_spec = (

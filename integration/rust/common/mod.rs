@@ -292,6 +292,15 @@ impl Client {
             .unwrap()
     }
 
+    pub fn try_peek(&mut self, ns: &str, topic: &str, count: i32) -> thrift::Result<Vec<Item>> {
+        let req = PeekRequest {
+            ns: Some(ns.into()),
+            topic: Some(topic.into()),
+            count: Some(count),
+        };
+        self.call(|c| c.peek(req)).map(|r| r.items.unwrap())
+    }
+
     pub fn host_info(&mut self) -> HostInfo {
         self.call(|c| c.get_host_info()).expect("getHostInfo")
     }

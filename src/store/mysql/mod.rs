@@ -350,6 +350,21 @@ impl ShardStore for MySqlStore {
         rows.into_iter().map(|r| self.item_from_row(r)).collect()
     }
 
+    async fn fetch_ready(&self, keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut conn = self.conn().await?;
+        let rows: Vec<mysql_async::Row> = conn
+            .query(format!(
+                "SELECT {ITEM_COLUMNS} FROM items WHERE id IN ({}) AND state = 0
+                   AND deliver_after_ms <= {now_ms} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})",
+                key_list(keys)
+            ))
+            .await?;
+        rows.into_iter().map(|r| self.item_from_row(r)).collect()
+    }
+
     async fn lookup(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
         if keys.is_empty() {
             return Ok(vec![]);
