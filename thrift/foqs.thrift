@@ -121,6 +121,8 @@ struct NackItem {
   2: optional i64 delay_ms,
   // Replaces the item's metadata when given.
   3: optional binary metadata,
+  // Straight to the dead letters, whatever attempts are left.
+  4: optional bool to_dlq,
 }
 
 struct NackRequest {
@@ -165,6 +167,52 @@ struct PeekResponse {
   // The next ready items in delivery order, not leased: lease_expires_ms is 0 and
   // delivery_count counts past deliveries only.
   1: list<Item> items,
+}
+
+struct DeadItem {
+  1: Item item,
+  2: i64 died_at_ms,
+}
+
+struct DlqListRequest {
+  1: string ns,
+  2: string topic,
+  // Absent = 100; at most 1000.
+  3: optional i32 limit,
+  // Opaque cursor from a previous page's next_after.
+  4: optional string after,
+}
+
+struct DlqListResponse {
+  // In delivery order (priority, deliver_after, id).
+  1: list<DeadItem> items,
+  // Absent on the last page.
+  2: optional string next_after,
+}
+
+struct DlqRequeueRequest {
+  1: list<string> ids,
+}
+
+struct DlqRequeueResponse {
+  // NOT_FOUND for an id that is not a dead item.
+  1: list<ItemResult> results,
+}
+
+struct DlqRequeueAllRequest {
+  1: string ns,
+  2: string topic,
+  // Absent: all of them.
+  3: optional i64 max,
+}
+
+struct DlqPurgeRequest {
+  1: string ns,
+  2: string topic,
+}
+
+struct DlqCountResponse {
+  1: i64 count,
 }
 
 struct GetActiveTopicsRequest {
@@ -212,4 +260,10 @@ service Foqs {
   TouchResponse touch(1: TouchRequest req) throws (1: FoqsError err),
   // The next ready items of a topic, in delivery order, without leasing them.
   PeekResponse peek(1: PeekRequest req) throws (1: FoqsError err),
+  // Dead letters: items whose attempts ran out, or nacked with to_dlq.
+  DlqListResponse dlqList(1: DlqListRequest req) throws (1: FoqsError err),
+  // Ready again with delivery_count reset.
+  DlqRequeueResponse dlqRequeue(1: DlqRequeueRequest req) throws (1: FoqsError err),
+  DlqCountResponse dlqRequeueAll(1: DlqRequeueAllRequest req) throws (1: FoqsError err),
+  DlqCountResponse dlqPurge(1: DlqPurgeRequest req) throws (1: FoqsError err),
 }

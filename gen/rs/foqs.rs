@@ -1325,14 +1325,16 @@ pub struct NackItem {
   pub id: Option<String>,
   pub delay_ms: Option<i64>,
   pub metadata: Option<Vec<u8>>,
+  pub to_dlq: Option<bool>,
 }
 
 impl NackItem {
-  pub fn new<F1, F2, F3>(id: F1, delay_ms: F2, metadata: F3) -> NackItem where F1: Into<Option<String>>, F2: Into<Option<i64>>, F3: Into<Option<Vec<u8>>> {
+  pub fn new<F1, F2, F3, F4>(id: F1, delay_ms: F2, metadata: F3, to_dlq: F4) -> NackItem where F1: Into<Option<String>>, F2: Into<Option<i64>>, F3: Into<Option<Vec<u8>>>, F4: Into<Option<bool>> {
     NackItem {
       id: id.into(),
       delay_ms: delay_ms.into(),
       metadata: metadata.into(),
+      to_dlq: to_dlq.into(),
     }
   }
 }
@@ -1343,6 +1345,7 @@ impl TSerializable for NackItem {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<i64> = None;
     let mut f_3: Option<Vec<u8>> = None;
+    let mut f_4: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1362,6 +1365,10 @@ impl TSerializable for NackItem {
           let val = i_prot.read_bytes()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_bool()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1373,6 +1380,7 @@ impl TSerializable for NackItem {
       id: f_1,
       delay_ms: f_2,
       metadata: f_3,
+      to_dlq: f_4,
     };
     Ok(ret)
   }
@@ -1394,6 +1402,11 @@ impl TSerializable for NackItem {
       o_prot.write_bytes(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.to_dlq {
+      o_prot.write_field_begin(&TFieldIdentifier::new("to_dlq", TType::Bool, 4))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1405,6 +1418,7 @@ impl Default for NackItem {
       id: Some("".to_owned()),
       delay_ms: Some(0),
       metadata: Some(Vec::new()),
+      to_dlq: Some(false),
     }
   }
 }
@@ -2111,6 +2125,668 @@ impl Default for PeekResponse {
 }
 
 //
+// DeadItem
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct DeadItem {
+  pub item: Option<Item>,
+  pub died_at_ms: Option<i64>,
+}
+
+impl DeadItem {
+  pub fn new<F1, F2>(item: F1, died_at_ms: F2) -> DeadItem where F1: Into<Option<Item>>, F2: Into<Option<i64>> {
+    DeadItem {
+      item: item.into(),
+      died_at_ms: died_at_ms.into(),
+    }
+  }
+}
+
+impl TSerializable for DeadItem {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DeadItem> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Item> = None;
+    let mut f_2: Option<i64> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = Item::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_i64()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = DeadItem {
+      item: f_1,
+      died_at_ms: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("DeadItem");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.item {
+      o_prot.write_field_begin(&TFieldIdentifier::new("item", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.died_at_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("died_at_ms", TType::I64, 2))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for DeadItem {
+  fn default() -> Self {
+    DeadItem{
+      item: None,
+      died_at_ms: Some(0),
+    }
+  }
+}
+
+//
+// DlqListRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct DlqListRequest {
+  pub ns: Option<String>,
+  pub topic: Option<String>,
+  pub limit: Option<i32>,
+  pub after: Option<String>,
+}
+
+impl DlqListRequest {
+  pub fn new<F1, F2, F3, F4>(ns: F1, topic: F2, limit: F3, after: F4) -> DlqListRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<String>> {
+    DlqListRequest {
+      ns: ns.into(),
+      topic: topic.into(),
+      limit: limit.into(),
+      after: after.into(),
+    }
+  }
+}
+
+impl TSerializable for DlqListRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqListRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<i32> = None;
+    let mut f_4: Option<String> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_i32()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = DlqListRequest {
+      ns: f_1,
+      topic: f_2,
+      limit: f_3,
+      after: f_4,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("DlqListRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.ns {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ns", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.topic {
+      o_prot.write_field_begin(&TFieldIdentifier::new("topic", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.limit {
+      o_prot.write_field_begin(&TFieldIdentifier::new("limit", TType::I32, 3))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.after {
+      o_prot.write_field_begin(&TFieldIdentifier::new("after", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for DlqListRequest {
+  fn default() -> Self {
+    DlqListRequest{
+      ns: Some("".to_owned()),
+      topic: Some("".to_owned()),
+      limit: Some(0),
+      after: Some("".to_owned()),
+    }
+  }
+}
+
+//
+// DlqListResponse
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct DlqListResponse {
+  pub items: Option<Vec<DeadItem>>,
+  pub next_after: Option<String>,
+}
+
+impl DlqListResponse {
+  pub fn new<F1, F2>(items: F1, next_after: F2) -> DlqListResponse where F1: Into<Option<Vec<DeadItem>>>, F2: Into<Option<String>> {
+    DlqListResponse {
+      items: items.into(),
+      next_after: next_after.into(),
+    }
+  }
+}
+
+impl TSerializable for DlqListResponse {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqListResponse> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<DeadItem>> = Some(Vec::new());
+    let mut f_2: Option<String> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<DeadItem> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_11 = DeadItem::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_11);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = DlqListResponse {
+      items: f_1,
+      next_after: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("DlqListResponse");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.items {
+      o_prot.write_field_begin(&TFieldIdentifier::new("items", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.next_after {
+      o_prot.write_field_begin(&TFieldIdentifier::new("next_after", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for DlqListResponse {
+  fn default() -> Self {
+    DlqListResponse{
+      items: Some(Vec::new()),
+      next_after: Some("".to_owned()),
+    }
+  }
+}
+
+//
+// DlqRequeueRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct DlqRequeueRequest {
+  pub ids: Option<Vec<String>>,
+}
+
+impl DlqRequeueRequest {
+  pub fn new<F1>(ids: F1) -> DlqRequeueRequest where F1: Into<Option<Vec<String>>> {
+    DlqRequeueRequest {
+      ids: ids.into(),
+    }
+  }
+}
+
+impl TSerializable for DlqRequeueRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqRequeueRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<String>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<String> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_12 = i_prot.read_string()?;
+            val.push(list_elem_12);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = DlqRequeueRequest {
+      ids: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("DlqRequeueRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.ids {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ids", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::String, fld_var.len() as i32))?;
+      for e in fld_var {
+        o_prot.write_string(e)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for DlqRequeueRequest {
+  fn default() -> Self {
+    DlqRequeueRequest{
+      ids: Some(Vec::new()),
+    }
+  }
+}
+
+//
+// DlqRequeueResponse
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct DlqRequeueResponse {
+  pub results: Option<Vec<ItemResult>>,
+}
+
+impl DlqRequeueResponse {
+  pub fn new<F1>(results: F1) -> DlqRequeueResponse where F1: Into<Option<Vec<ItemResult>>> {
+    DlqRequeueResponse {
+      results: results.into(),
+    }
+  }
+}
+
+impl TSerializable for DlqRequeueResponse {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqRequeueResponse> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<ItemResult>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<ItemResult> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_13 = ItemResult::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_13);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = DlqRequeueResponse {
+      results: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("DlqRequeueResponse");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.results {
+      o_prot.write_field_begin(&TFieldIdentifier::new("results", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for DlqRequeueResponse {
+  fn default() -> Self {
+    DlqRequeueResponse{
+      results: Some(Vec::new()),
+    }
+  }
+}
+
+//
+// DlqRequeueAllRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct DlqRequeueAllRequest {
+  pub ns: Option<String>,
+  pub topic: Option<String>,
+  pub max: Option<i64>,
+}
+
+impl DlqRequeueAllRequest {
+  pub fn new<F1, F2, F3>(ns: F1, topic: F2, max: F3) -> DlqRequeueAllRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>> {
+    DlqRequeueAllRequest {
+      ns: ns.into(),
+      topic: topic.into(),
+      max: max.into(),
+    }
+  }
+}
+
+impl TSerializable for DlqRequeueAllRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqRequeueAllRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<i64> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_i64()?;
+          f_3 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = DlqRequeueAllRequest {
+      ns: f_1,
+      topic: f_2,
+      max: f_3,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("DlqRequeueAllRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.ns {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ns", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.topic {
+      o_prot.write_field_begin(&TFieldIdentifier::new("topic", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.max {
+      o_prot.write_field_begin(&TFieldIdentifier::new("max", TType::I64, 3))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for DlqRequeueAllRequest {
+  fn default() -> Self {
+    DlqRequeueAllRequest{
+      ns: Some("".to_owned()),
+      topic: Some("".to_owned()),
+      max: Some(0),
+    }
+  }
+}
+
+//
+// DlqPurgeRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct DlqPurgeRequest {
+  pub ns: Option<String>,
+  pub topic: Option<String>,
+}
+
+impl DlqPurgeRequest {
+  pub fn new<F1, F2>(ns: F1, topic: F2) -> DlqPurgeRequest where F1: Into<Option<String>>, F2: Into<Option<String>> {
+    DlqPurgeRequest {
+      ns: ns.into(),
+      topic: topic.into(),
+    }
+  }
+}
+
+impl TSerializable for DlqPurgeRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqPurgeRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = Some("".to_owned());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = DlqPurgeRequest {
+      ns: f_1,
+      topic: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("DlqPurgeRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.ns {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ns", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.topic {
+      o_prot.write_field_begin(&TFieldIdentifier::new("topic", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for DlqPurgeRequest {
+  fn default() -> Self {
+    DlqPurgeRequest{
+      ns: Some("".to_owned()),
+      topic: Some("".to_owned()),
+    }
+  }
+}
+
+//
+// DlqCountResponse
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct DlqCountResponse {
+  pub count: Option<i64>,
+}
+
+impl DlqCountResponse {
+  pub fn new<F1>(count: F1) -> DlqCountResponse where F1: Into<Option<i64>> {
+    DlqCountResponse {
+      count: count.into(),
+    }
+  }
+}
+
+impl TSerializable for DlqCountResponse {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqCountResponse> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<i64> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_i64()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = DlqCountResponse {
+      count: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("DlqCountResponse");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(fld_var) = self.count {
+      o_prot.write_field_begin(&TFieldIdentifier::new("count", TType::I64, 1))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for DlqCountResponse {
+  fn default() -> Self {
+    DlqCountResponse{
+      count: Some(0),
+    }
+  }
+}
+
+//
 // GetActiveTopicsRequest
 //
 
@@ -2345,8 +3021,8 @@ impl TSerializable for GetActiveTopicsResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ActiveTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_11 = ActiveTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_11);
+            let list_elem_14 = ActiveTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_14);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2538,8 +3214,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_12 = ShardInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_12);
+            let list_elem_15 = ShardInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_15);
           }
           i_prot.read_list_end()?;
           f_3 = Some(val);
@@ -2608,6 +3284,10 @@ pub trait TFoqsSyncClient {
   fn get_host_info(&mut self) -> thrift::Result<HostInfo>;
   fn touch(&mut self, req: TouchRequest) -> thrift::Result<TouchResponse>;
   fn peek(&mut self, req: PeekRequest) -> thrift::Result<PeekResponse>;
+  fn dlq_list(&mut self, req: DlqListRequest) -> thrift::Result<DlqListResponse>;
+  fn dlq_requeue(&mut self, req: DlqRequeueRequest) -> thrift::Result<DlqRequeueResponse>;
+  fn dlq_requeue_all(&mut self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
+  fn dlq_purge(&mut self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
 }
 
 pub trait TFoqsSyncClientMarker {}
@@ -2850,6 +3530,114 @@ impl <C: TThriftClient + TFoqsSyncClientMarker> TFoqsSyncClient for C {
       result.ok_or()
     }
   }
+  fn dlq_list(&mut self, req: DlqListRequest) -> thrift::Result<DlqListResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("dlqList", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsDlqListArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("dlqList", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsDlqListResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
+  fn dlq_requeue(&mut self, req: DlqRequeueRequest) -> thrift::Result<DlqRequeueResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("dlqRequeue", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsDlqRequeueArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("dlqRequeue", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsDlqRequeueResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
+  fn dlq_requeue_all(&mut self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("dlqRequeueAll", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsDlqRequeueAllArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("dlqRequeueAll", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsDlqRequeueAllResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
+  fn dlq_purge(&mut self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("dlqPurge", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsDlqPurgeArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("dlqPurge", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsDlqPurgeResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
 }
 
 //
@@ -2865,6 +3653,10 @@ pub trait FoqsSyncHandler {
   fn handle_get_host_info(&self) -> thrift::Result<HostInfo>;
   fn handle_touch(&self, req: TouchRequest) -> thrift::Result<TouchResponse>;
   fn handle_peek(&self, req: PeekRequest) -> thrift::Result<PeekResponse>;
+  fn handle_dlq_list(&self, req: DlqListRequest) -> thrift::Result<DlqListResponse>;
+  fn handle_dlq_requeue(&self, req: DlqRequeueRequest) -> thrift::Result<DlqRequeueResponse>;
+  fn handle_dlq_requeue_all(&self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
+  fn handle_dlq_purge(&self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
 }
 
 pub struct FoqsSyncProcessor<H: FoqsSyncHandler> {
@@ -2900,6 +3692,18 @@ impl <H: FoqsSyncHandler> FoqsSyncProcessor<H> {
   }
   fn process_peek(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_peek(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_dlq_list(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_dlq_list(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_dlq_requeue(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_dlq_requeue(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_dlq_requeue_all(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_dlq_requeue_all(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_dlq_purge(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_dlq_purge(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
 }
 
@@ -3386,6 +4190,246 @@ impl TFoqsProcessFunctions {
       },
     }
   }
+  pub fn process_dlq_list<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsDlqListArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_dlq_list(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("dlqList", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsDlqListResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsDlqListResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("dlqList", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("dlqList", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("dlqList", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("dlqList", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
+  pub fn process_dlq_requeue<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsDlqRequeueArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_dlq_requeue(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("dlqRequeue", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsDlqRequeueResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsDlqRequeueResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("dlqRequeue", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("dlqRequeue", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("dlqRequeue", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("dlqRequeue", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
+  pub fn process_dlq_requeue_all<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsDlqRequeueAllArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_dlq_requeue_all(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("dlqRequeueAll", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsDlqRequeueAllResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsDlqRequeueAllResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("dlqRequeueAll", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("dlqRequeueAll", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("dlqRequeueAll", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("dlqRequeueAll", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
+  pub fn process_dlq_purge<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsDlqPurgeArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_dlq_purge(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("dlqPurge", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsDlqPurgeResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsDlqPurgeResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("dlqPurge", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("dlqPurge", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("dlqPurge", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("dlqPurge", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
 }
 
 impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
@@ -3415,6 +4459,18 @@ impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
       },
       "peek" => {
         self.process_peek(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "dlqList" => {
+        self.process_dlq_list(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "dlqRequeue" => {
+        self.process_dlq_requeue(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "dlqRequeueAll" => {
+        self.process_dlq_requeue_all(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "dlqPurge" => {
+        self.process_dlq_purge(message_ident.sequence_number, i_prot, o_prot)
       },
       method => {
         Err(
@@ -4403,6 +5459,506 @@ impl FoqsPeekResult {
   }
   pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let struct_ident = TStructIdentifier::new("FoqsPeekResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsDlqListArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsDlqListArgs {
+  pub req: DlqListRequest,
+}
+
+impl FoqsDlqListArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsDlqListArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<DlqListRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = DlqListRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsDlqListArgs.req", &f_1)?;
+    let ret = FoqsDlqListArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("dlqList_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsDlqListResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsDlqListResult {
+  pub result_value: Option<DlqListResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsDlqListResult {
+  pub fn ok_or(self) -> thrift::Result<DlqListResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsDlqList"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsDlqListResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<DlqListResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = DlqListResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsDlqListResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsDlqListResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsDlqRequeueArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsDlqRequeueArgs {
+  pub req: DlqRequeueRequest,
+}
+
+impl FoqsDlqRequeueArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsDlqRequeueArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<DlqRequeueRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = DlqRequeueRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsDlqRequeueArgs.req", &f_1)?;
+    let ret = FoqsDlqRequeueArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("dlqRequeue_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsDlqRequeueResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsDlqRequeueResult {
+  pub result_value: Option<DlqRequeueResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsDlqRequeueResult {
+  pub fn ok_or(self) -> thrift::Result<DlqRequeueResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsDlqRequeue"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsDlqRequeueResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<DlqRequeueResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = DlqRequeueResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsDlqRequeueResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsDlqRequeueResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsDlqRequeueAllArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsDlqRequeueAllArgs {
+  pub req: DlqRequeueAllRequest,
+}
+
+impl FoqsDlqRequeueAllArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsDlqRequeueAllArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<DlqRequeueAllRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = DlqRequeueAllRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsDlqRequeueAllArgs.req", &f_1)?;
+    let ret = FoqsDlqRequeueAllArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("dlqRequeueAll_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsDlqRequeueAllResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsDlqRequeueAllResult {
+  pub result_value: Option<DlqCountResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsDlqRequeueAllResult {
+  pub fn ok_or(self) -> thrift::Result<DlqCountResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsDlqRequeueAll"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsDlqRequeueAllResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<DlqCountResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = DlqCountResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsDlqRequeueAllResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsDlqRequeueAllResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsDlqPurgeArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsDlqPurgeArgs {
+  pub req: DlqPurgeRequest,
+}
+
+impl FoqsDlqPurgeArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsDlqPurgeArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<DlqPurgeRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = DlqPurgeRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsDlqPurgeArgs.req", &f_1)?;
+    let ret = FoqsDlqPurgeArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("dlqPurge_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsDlqPurgeResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsDlqPurgeResult {
+  pub result_value: Option<DlqCountResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsDlqPurgeResult {
+  pub fn ok_or(self) -> thrift::Result<DlqCountResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsDlqPurge"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsDlqPurgeResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<DlqCountResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = DlqCountResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsDlqPurgeResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsDlqPurgeResult");
     o_prot.write_struct_begin(&struct_ident)?;
     if let Some(ref fld_var) = self.result_value {
       o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;

@@ -13,9 +13,26 @@ use super::{kway_merge, ActiveTopicsPage, NackRequestItem, TopicRequest};
 use crate::clock::SharedClock;
 use crate::config::{NamespacePolicy, Namespaces};
 use crate::error::{Error, ErrorCode, Result};
-use crate::model::{Item, ItemId, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName};
-use crate::shard::{Settled, ShardHandle};
+use crate::model::{
+    GlobalKey, Item, ItemId, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName,
+};
+use crate::shard::{NackOp, Settled, ShardHandle};
 use crate::waiters::Waiters;
+
+/// A dead-letter page cursor: "priority:deliver_after:key:shard" of the last item shown.
+fn parse_cursor(s: &str) -> Result<GlobalKey> {
+    let bad = || Error::invalid(format!("malformed cursor {s:?}"));
+    let parts: Vec<&str> = s.split(':').collect();
+    let [p, d, k, sh] = parts.as_slice() else {
+        return Err(bad());
+    };
+    Ok(GlobalKey {
+        priority: p.parse().map_err(|_| bad())?,
+        deliver_after_ms: d.parse().map_err(|_| bad())?,
+        key: k.parse().map_err(|_| bad())?,
+        shard: sh.parse().map_err(|_| bad())?,
+    })
+}
 
 /// Merge-and-claim rounds per topic in one dequeue. A round comes up short only when a
 /// concurrent dequeue claimed some of the same keys, so a few rounds are plenty.
@@ -482,14 +499,24 @@ impl Host {
                 Some(e) => results.push(Some(Err(e))),
                 None => {
                     results.push(None);
-                    valid.push((it.id, (delay, it.metadata)));
+                    valid.push((it.id, (delay, it.metadata, it.to_dlq)));
                 }
             }
         }
         let mut settled = self
             .settle(valid, |shard, nacks| async move {
                 shard
-                    .nack(nacks.into_iter().map(|(k, (d, m))| (k, d, m)).collect())
+                    .nack(
+                        nacks
+                            .into_iter()
+                            .map(|(key, (delay_ms, metadata, to_dlq))| NackOp {
+                                key,
+                                delay_ms,
+                                metadata,
+                                to_dlq,
+                            })
+                            .collect(),
+                    )
                     .await
             })
             .await
@@ -498,6 +525,137 @@ impl Host {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| settled.next().expect("one result per valid item")))
             .collect())
+    }
+
+    fn topic_name(&self, ns: &str, topic: &str) -> Result<TopicName> {
+        self.namespace(ns)?;
+        check_name("topic", topic)?;
+        Ok(TopicName {
+            ns: ns.to_string(),
+            topic: topic.to_string(),
+        })
+    }
+
+    /// A page of a topic's dead items in delivery order, each with the time it died, and
+    /// the cursor of the next page (an opaque string; absent on the last page).
+    pub async fn dlq_list(
+        &self,
+        ns: &str,
+        topic: &str,
+        limit: Option<i32>,
+        after: Option<String>,
+    ) -> Result<(Vec<(Item, i64)>, Option<String>)> {
+        let topic = self.topic_name(ns, topic)?;
+        let limit = limit.unwrap_or(limits::DLQ_PAGE_DEFAULT);
+        if !(1..=limits::DLQ_PAGE_MAX).contains(&limit) {
+            return Err(Error::invalid(format!(
+                "limit must be in 1..={}, got {limit}",
+                limits::DLQ_PAGE_MAX
+            )));
+        }
+        let limit = limit as usize;
+        let cursor = after.as_deref().map(parse_cursor).transpose()?;
+        // Each shard's page starts right after the cursor in the global order (ties on
+        // (priority, deliver_after, key) go to the lower shard id).
+        let pages = join_all(self.shards.values().map(|s| {
+            let after = cursor.and_then(|c| {
+                if s.id() <= c.shard {
+                    Some(ReadyKey {
+                        priority: c.priority,
+                        deliver_after_ms: c.deliver_after_ms,
+                        key: c.key,
+                    })
+                } else {
+                    Some(ReadyKey {
+                        priority: c.priority,
+                        deliver_after_ms: c.deliver_after_ms,
+                        key: c.key.checked_sub(1)?,
+                    })
+                }
+            });
+            s.dead_items(topic.clone(), after, limit + 1)
+        }))
+        .await;
+        let mut all = Vec::new();
+        for p in pages {
+            all.extend(p?);
+        }
+        all.sort_by_key(|(i, _)| i.global_key());
+        let more = all.len() > limit;
+        all.truncate(limit);
+        let next = if more {
+            all.last().map(|(i, _)| {
+                let g = i.global_key();
+                format!(
+                    "{}:{}:{}:{}",
+                    g.priority, g.deliver_after_ms, g.key, g.shard
+                )
+            })
+        } else {
+            None
+        };
+        Ok((all, next))
+    }
+
+    /// Makes dead items ready again with their delivery count reset; an id that is not a
+    /// dead item gets `NOT_FOUND`.
+    pub async fn dlq_requeue(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
+        if ids.len() > limits::ITEMS_PER_REQUEST_MAX {
+            return Err(Error::invalid(format!(
+                "{} ids in one request; at most {}",
+                ids.len(),
+                limits::ITEMS_PER_REQUEST_MAX
+            )));
+        }
+        let ids = ids.into_iter().map(|id| (id, ())).collect();
+        Ok(self
+            .settle(ids, |shard, keys| async move {
+                shard
+                    .revive(keys.into_iter().map(|(k, _)| k).collect())
+                    .await
+            })
+            .await)
+    }
+
+    /// Makes up to `max` (default: all) of a topic's dead items ready again, in batches;
+    /// returns how many.
+    pub async fn dlq_requeue_all(&self, ns: &str, topic: &str, max: Option<i64>) -> Result<i64> {
+        let topic = self.topic_name(ns, topic)?;
+        let max = max.unwrap_or(i64::MAX);
+        if max < 0 {
+            return Err(Error::invalid(format!("max must be >= 0, got {max}")));
+        }
+        let mut done = 0i64;
+        for shard in self.shards.values() {
+            loop {
+                let n = (max - done).min(limits::DLQ_BATCH as i64) as usize;
+                if n == 0 {
+                    return Ok(done);
+                }
+                let got = shard.revive_some(topic.clone(), n).await?;
+                done += got as i64;
+                if (got as usize) < n {
+                    break;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Deletes all of a topic's dead items, in batches; returns how many.
+    pub async fn dlq_purge(&self, ns: &str, topic: &str) -> Result<i64> {
+        let topic = self.topic_name(ns, topic)?;
+        let mut done = 0i64;
+        for shard in self.shards.values() {
+            loop {
+                let got = shard.purge_some(topic.clone(), limits::DLQ_BATCH).await?;
+                done += got as i64;
+                if got < limits::DLQ_BATCH as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(done)
     }
 
     /// The next `count` ready items of a topic in delivery order, without leasing them:
@@ -518,6 +676,10 @@ impl Host {
             },
             count as usize,
         );
+        // Under the topic's claim lock no claim is in flight, so no item is between the
+        // shards' indexes and the stage, invisible to both.
+        let lock = self.prefetch.claim_lock(&topic);
+        let _claiming = lock.lock().await;
         let mut items = self.prefetch.peek(&topic, count, self.clock.now_ms());
         let healthy: Vec<&ShardHandle> = self.shards.values().filter(|s| s.is_healthy()).collect();
         let heads = join_all(

@@ -26,6 +26,7 @@ pub struct NackRequestItem {
     pub id: String,
     pub delay_ms: Option<i64>,
     pub metadata: Option<Vec<u8>>,
+    pub to_dlq: bool,
 }
 
 /// One page of `getActiveTopics`.

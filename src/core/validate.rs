@@ -13,6 +13,10 @@ pub mod limits {
     pub const ITEMS_PER_REQUEST_MAX: usize = 1_000;
     pub const DEQUEUE_COUNT_MAX: i32 = 1_000;
     pub const TOPICS_PER_DEQUEUE_MAX: usize = 100;
+    pub const DLQ_PAGE_DEFAULT: i32 = 100;
+    pub const DLQ_PAGE_MAX: i32 = 1_000;
+    /// Dead items requeued or purged per shard worker turn.
+    pub const DLQ_BATCH: usize = 1_000;
     /// Longest long poll.
     pub const WAIT_MS_MAX: i64 = 30_000;
     pub const ACTIVE_TOPICS_LIMIT_DEFAULT: i32 = 1_000;

@@ -46,6 +46,7 @@ pub fn nack_items(req: t::NackRequest) -> Vec<NackRequestItem> {
             id: n.id.unwrap_or_default(),
             delay_ms: n.delay_ms,
             metadata: n.metadata,
+            to_dlq: n.to_dlq.unwrap_or(false),
         })
         .collect()
 }

@@ -59,6 +59,10 @@ enum Call {
     GetHostInfo,
     Touch(t::TouchRequest),
     Peek(t::PeekRequest),
+    DlqList(t::DlqListRequest),
+    DlqRequeue(t::DlqRequeueRequest),
+    DlqRequeueAll(t::DlqRequeueAllRequest),
+    DlqPurge(t::DlqPurgeRequest),
 }
 
 enum Reply {
@@ -70,6 +74,10 @@ enum Reply {
     GetHostInfo(t::FoqsGetHostInfoResult),
     Touch(t::FoqsTouchResult),
     Peek(t::FoqsPeekResult),
+    DlqList(t::FoqsDlqListResult),
+    DlqRequeue(t::FoqsDlqRequeueResult),
+    DlqRequeueAll(t::FoqsDlqRequeueAllResult),
+    DlqPurge(t::FoqsDlqPurgeResult),
     Exception(ApplicationError),
 }
 
@@ -163,6 +171,14 @@ fn decode(
         }
         "touch" => t::FoqsTouchArgs::read_from_in_protocol(i).map(|a| Call::Touch(a.req)),
         "peek" => t::FoqsPeekArgs::read_from_in_protocol(i).map(|a| Call::Peek(a.req)),
+        "dlqList" => t::FoqsDlqListArgs::read_from_in_protocol(i).map(|a| Call::DlqList(a.req)),
+        "dlqRequeue" => {
+            t::FoqsDlqRequeueArgs::read_from_in_protocol(i).map(|a| Call::DlqRequeue(a.req))
+        }
+        "dlqRequeueAll" => {
+            t::FoqsDlqRequeueAllArgs::read_from_in_protocol(i).map(|a| Call::DlqRequeueAll(a.req))
+        }
+        "dlqPurge" => t::FoqsDlqPurgeArgs::read_from_in_protocol(i).map(|a| Call::DlqPurge(a.req)),
         other => {
             let _ = i.skip(TType::Struct);
             let e = ApplicationError::new(
@@ -201,6 +217,10 @@ fn encode(
         Reply::GetHostInfo(r) => r.write_to_out_protocol(o)?,
         Reply::Touch(r) => r.write_to_out_protocol(o)?,
         Reply::Peek(r) => r.write_to_out_protocol(o)?,
+        Reply::DlqList(r) => r.write_to_out_protocol(o)?,
+        Reply::DlqRequeue(r) => r.write_to_out_protocol(o)?,
+        Reply::DlqRequeueAll(r) => r.write_to_out_protocol(o)?,
+        Reply::DlqPurge(r) => r.write_to_out_protocol(o)?,
         Reply::Exception(e) => thrift::Error::write_application_error_to_out_protocol(e, o)?,
     }
     o.write_message_end()?;
@@ -261,6 +281,54 @@ async fn execute(call: Call, host: &Host) -> Reply {
                 .map(convert::active_topics);
             let (result_value, err) = split(r);
             Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
+        }
+        Call::DlqList(req) => {
+            let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
+            let r = host.dlq_list(&ns, &topic, req.limit, req.after).await.map(
+                |(items, next_after)| t::DlqListResponse {
+                    items: Some(
+                        items
+                            .into_iter()
+                            .map(|(i, died_at_ms)| t::DeadItem {
+                                item: Some(convert::item(i)),
+                                died_at_ms: Some(died_at_ms),
+                            })
+                            .collect(),
+                    ),
+                    next_after,
+                },
+            );
+            let (result_value, err) = split(r);
+            Reply::DlqList(t::FoqsDlqListResult { result_value, err })
+        }
+        Call::DlqRequeue(req) => {
+            let ids = req.ids.unwrap_or_default();
+            let r = host
+                .dlq_requeue(ids.clone())
+                .await
+                .map(|res| t::DlqRequeueResponse {
+                    results: Some(convert::item_results(ids, res)),
+                });
+            let (result_value, err) = split(r);
+            Reply::DlqRequeue(t::FoqsDlqRequeueResult { result_value, err })
+        }
+        Call::DlqRequeueAll(req) => {
+            let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
+            let r = host
+                .dlq_requeue_all(&ns, &topic, req.max)
+                .await
+                .map(|count| t::DlqCountResponse { count: Some(count) });
+            let (result_value, err) = split(r);
+            Reply::DlqRequeueAll(t::FoqsDlqRequeueAllResult { result_value, err })
+        }
+        Call::DlqPurge(req) => {
+            let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
+            let r = host
+                .dlq_purge(&ns, &topic)
+                .await
+                .map(|count| t::DlqCountResponse { count: Some(count) });
+            let (result_value, err) = split(r);
+            Reply::DlqPurge(t::FoqsDlqPurgeResult { result_value, err })
         }
         Call::Peek(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());

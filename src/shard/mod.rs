@@ -4,6 +4,7 @@
 //! backpressure, answered with a retryable `UNAVAILABLE`, never an unbounded queue.
 
 mod breaker;
+mod dlq;
 mod index;
 mod ops;
 mod scans;
@@ -32,8 +33,15 @@ pub enum Settled {
 /// Where a worker sends one command's outcome.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
 
-/// One nack for a worker: the key, the delay and the replacement metadata.
-pub type NackOp = (u64, i64, Option<Vec<u8>>);
+/// One nack for a worker.
+#[derive(Debug, Clone)]
+pub struct NackOp {
+    pub key: u64,
+    pub delay_ms: i64,
+    pub metadata: Option<Vec<u8>>,
+    /// Straight to the dead letters.
+    pub to_dlq: bool,
+}
 
 /// One touch for a worker: the key and by how long (from now) to extend its lease.
 pub type TouchOp = (u64, i64);
@@ -72,6 +80,29 @@ pub(crate) enum Command {
     FetchReady {
         keys: Vec<u64>,
         reply: Reply<Vec<Item>>,
+    },
+    DeadItems {
+        topic: TopicName,
+        after: Option<ReadyKey>,
+        limit: usize,
+        reply: Reply<Vec<(Item, i64)>>,
+    },
+    /// Dead items (by key) ready again.
+    Revive {
+        keys: Vec<u64>,
+        reply: Reply<Vec<Settled>>,
+    },
+    /// Up to `limit` of a topic's dead items ready again; replies how many.
+    ReviveSome {
+        topic: TopicName,
+        limit: usize,
+        reply: Reply<u64>,
+    },
+    /// Up to `limit` of a topic's dead items deleted; replies how many.
+    PurgeSome {
+        topic: TopicName,
+        limit: usize,
+        reply: Reply<u64>,
     },
     TopicCounts {
         ns: String,
@@ -185,6 +216,43 @@ impl ShardHandle {
     /// The items among `keys` that are ready, read without leasing them (for peek).
     pub async fn fetch_ready(&self, keys: Vec<u64>) -> Result<Vec<Item>> {
         self.call(|reply| Command::FetchReady { keys, reply }).await
+    }
+
+    pub async fn dead_items(
+        &self,
+        topic: TopicName,
+        after: Option<ReadyKey>,
+        limit: usize,
+    ) -> Result<Vec<(Item, i64)>> {
+        self.call(|reply| Command::DeadItems {
+            topic,
+            after,
+            limit,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn revive(&self, keys: Vec<u64>) -> Result<Vec<Settled>> {
+        self.call(|reply| Command::Revive { keys, reply }).await
+    }
+
+    pub async fn revive_some(&self, topic: TopicName, limit: usize) -> Result<u64> {
+        self.call(|reply| Command::ReviveSome {
+            topic,
+            limit,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn purge_some(&self, topic: TopicName, limit: usize) -> Result<u64> {
+        self.call(|reply| Command::PurgeSome {
+            topic,
+            limit,
+            reply,
+        })
+        .await
     }
 
     /// Extends the leases of those items that are still leased.

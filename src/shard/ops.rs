@@ -338,7 +338,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
 ) -> Result<NackOutcome, NackFailure> {
     let keys: Vec<u64> = requests
         .iter()
-        .flat_map(|n| n.iter().map(|(k, _, _)| *k))
+        .flat_map(|n| n.iter().map(|op| op.key))
         .collect();
     let mut leased = leased(store, &keys).await.map_err(|e| (e, Some(vec![])))?;
     let mut changes = Vec::new();
@@ -347,15 +347,24 @@ pub(super) async fn nack_exec<S: ShardStore>(
     let mut settled = Vec::with_capacity(requests.len());
     for nacks in requests {
         let mut out = Vec::with_capacity(nacks.len());
-        for (key, delay_ms, metadata) in nacks.iter() {
+        for NackOp {
+            key,
+            delay_ms,
+            metadata,
+            to_dlq,
+        } in nacks.iter()
+        {
             // `remove`: a second nack of the same key in this turn finds it settled.
             let Some(m) = leased.remove(key) else {
                 out.push(Settled::NotFound);
                 continue;
             };
             touched.push((m.ns.clone(), m.topic.clone()));
-            if m.delivery_count >= m.max_attempts {
-                changes.push(Change::Dead { key: *key });
+            if *to_dlq || m.delivery_count >= m.max_attempts {
+                changes.push(Change::Dead {
+                    key: *key,
+                    at_ms: now,
+                });
             } else {
                 let deliver_after_ms = now.saturating_add(*delay_ms);
                 changes.push(Change::Ready {

@@ -60,7 +60,10 @@ impl<S: ShardStore> ShardWorker<S> {
                     if m.policy == Policy::AtMostOnce {
                         changes.push(Change::Delete { key: m.key });
                     } else if m.delivery_count >= m.max_attempts {
-                        changes.push(Change::Dead { key: m.key });
+                        changes.push(Change::Dead {
+                            key: m.key,
+                            at_ms: now,
+                        });
                     } else {
                         changes.push(Change::Ready {
                             key: m.key,

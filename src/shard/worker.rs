@@ -241,6 +241,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut touches = Vec::new();
         let mut shutdown = None;
         let mut peeks = Vec::new();
+        let mut dead_letters = Vec::new();
         for c in commands {
             match c {
                 Command::Enqueue { items, reply } => enqueues.push((items, reply)),
@@ -261,6 +262,26 @@ impl<S: ShardStore> ShardWorker<S> {
                     claims.push((topic, free, reply));
                 }
                 Command::Peek { topic, n, reply } => peeks.push((topic, n, reply)),
+                c @ (Command::Revive { .. }
+                | Command::ReviveSome { .. }
+                | Command::PurgeSome { .. }) => dead_letters.push(c),
+                Command::DeadItems {
+                    topic,
+                    after,
+                    limit,
+                    reply,
+                } => {
+                    let store = self.store.clone();
+                    let (id, timeout) = (self.id, self.timeout());
+                    tokio::spawn(async move {
+                        let (r, _) = timed(
+                            timeout,
+                            store.dead_items(&topic.ns, &topic.topic, after, limit),
+                        )
+                        .await;
+                        let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
+                    });
+                }
                 Command::FetchReady { keys, reply } => {
                     // A read: it runs beside the loop, like TopicCounts.
                     let store = self.store.clone();
@@ -293,6 +314,32 @@ impl<S: ShardStore> ShardWorker<S> {
         for (topic, n, reply) in peeks {
             let r = self.peek(&topic, n).await;
             let _ = reply.send(r);
+        }
+        // Dead-letter work is rare and comes in bounded batches: one at a time.
+        for c in dead_letters {
+            match c {
+                Command::Revive { keys, reply } => {
+                    let r = self.revive(keys).await;
+                    let _ = reply.send(r);
+                }
+                Command::ReviveSome {
+                    topic,
+                    limit,
+                    reply,
+                } => {
+                    let r = self.revive_some(&topic, limit).await;
+                    let _ = reply.send(r);
+                }
+                Command::PurgeSome {
+                    topic,
+                    limit,
+                    reply,
+                } => {
+                    let r = self.purge_some(&topic, limit).await;
+                    let _ = reply.send(r);
+                }
+                _ => unreachable!("only dead-letter commands are collected here"),
+            }
         }
 
         // Every write of the turn at once; their outcomes are applied afterwards, in order.

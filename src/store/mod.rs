@@ -64,8 +64,14 @@ pub enum Change {
         deliver_after_ms: Option<i64>,
         metadata: Option<Vec<u8>>,
     },
-    /// A leased row whose attempts are exhausted: kept, never delivered.
+    /// A leased row whose attempts are exhausted (or nacked to the dead letters): kept,
+    /// never delivered, until requeued or purged.
     Dead {
+        key: u64,
+        at_ms: i64,
+    },
+    /// A dead row ready again at its old place, its delivery count reset.
+    Revive {
         key: u64,
     },
     Delete {
@@ -183,6 +189,24 @@ pub trait ShardStore: Send + Sync + 'static {
         keys: &[u64],
         now_ms: i64,
     ) -> impl Future<Output = StoreResult<Vec<Item>>> + Send;
+
+    /// Up to `limit` dead items of a topic, in ready order strictly after `after`, with
+    /// the time each died.
+    fn dead_items(
+        &self,
+        ns: &str,
+        topic: &str,
+        after: Option<ReadyKey>,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<(Item, i64)>>> + Send;
+
+    /// Deletes up to `limit` dead items of a topic; returns how many.
+    fn purge_dead(
+        &self,
+        ns: &str,
+        topic: &str,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<u64>> + Send;
 
     /// The current state of those of `keys` that exist.
     fn lookup(&self, keys: &[u64]) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;

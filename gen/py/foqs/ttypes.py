@@ -1072,14 +1072,16 @@ class NackItem(object):
      - id
      - delay_ms
      - metadata
+     - to_dlq
 
     """
 
 
-    def __init__(self, id=None, delay_ms=None, metadata=None,):
+    def __init__(self, id=None, delay_ms=None, metadata=None, to_dlq=None,):
         self.id = id
         self.delay_ms = delay_ms
         self.metadata = metadata
+        self.to_dlq = to_dlq
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1105,6 +1107,11 @@ class NackItem(object):
                     self.metadata = iprot.readBinary()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.BOOL:
+                    self.to_dlq = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1126,6 +1133,10 @@ class NackItem(object):
         if self.metadata is not None:
             oprot.writeFieldBegin('metadata', TType.STRING, 3)
             oprot.writeBinary(self.metadata)
+            oprot.writeFieldEnd()
+        if self.to_dlq is not None:
+            oprot.writeFieldBegin('to_dlq', TType.BOOL, 4)
+            oprot.writeBool(self.to_dlq)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1757,6 +1768,577 @@ class PeekResponse(object):
         return not (self == other)
 
 
+class DeadItem(object):
+    """
+    Attributes:
+     - item
+     - died_at_ms
+
+    """
+
+
+    def __init__(self, item=None, died_at_ms=None,):
+        self.item = item
+        self.died_at_ms = died_at_ms
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.item = Item()
+                    self.item.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.died_at_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('DeadItem')
+        if self.item is not None:
+            oprot.writeFieldBegin('item', TType.STRUCT, 1)
+            self.item.write(oprot)
+            oprot.writeFieldEnd()
+        if self.died_at_ms is not None:
+            oprot.writeFieldBegin('died_at_ms', TType.I64, 2)
+            oprot.writeI64(self.died_at_ms)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class DlqListRequest(object):
+    """
+    Attributes:
+     - ns
+     - topic
+     - limit
+     - after
+
+    """
+
+
+    def __init__(self, ns=None, topic=None, limit=None, after=None,):
+        self.ns = ns
+        self.topic = topic
+        self.limit = limit
+        self.after = after
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.ns = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.topic = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I32:
+                    self.limit = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.after = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('DlqListRequest')
+        if self.ns is not None:
+            oprot.writeFieldBegin('ns', TType.STRING, 1)
+            oprot.writeString(self.ns.encode('utf-8') if sys.version_info[0] == 2 else self.ns)
+            oprot.writeFieldEnd()
+        if self.topic is not None:
+            oprot.writeFieldBegin('topic', TType.STRING, 2)
+            oprot.writeString(self.topic.encode('utf-8') if sys.version_info[0] == 2 else self.topic)
+            oprot.writeFieldEnd()
+        if self.limit is not None:
+            oprot.writeFieldBegin('limit', TType.I32, 3)
+            oprot.writeI32(self.limit)
+            oprot.writeFieldEnd()
+        if self.after is not None:
+            oprot.writeFieldBegin('after', TType.STRING, 4)
+            oprot.writeString(self.after.encode('utf-8') if sys.version_info[0] == 2 else self.after)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class DlqListResponse(object):
+    """
+    Attributes:
+     - items
+     - next_after
+
+    """
+
+
+    def __init__(self, items=None, next_after=None,):
+        self.items = items
+        self.next_after = next_after
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.items = []
+                    (_etype80, _size77) = iprot.readListBegin()
+                    for _i81 in range(_size77):
+                        _elem82 = DeadItem()
+                        _elem82.read(iprot)
+                        self.items.append(_elem82)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.next_after = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('DlqListResponse')
+        if self.items is not None:
+            oprot.writeFieldBegin('items', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRUCT, len(self.items))
+            for iter83 in self.items:
+                iter83.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.next_after is not None:
+            oprot.writeFieldBegin('next_after', TType.STRING, 2)
+            oprot.writeString(self.next_after.encode('utf-8') if sys.version_info[0] == 2 else self.next_after)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class DlqRequeueRequest(object):
+    """
+    Attributes:
+     - ids
+
+    """
+
+
+    def __init__(self, ids=None,):
+        self.ids = ids
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.ids = []
+                    (_etype87, _size84) = iprot.readListBegin()
+                    for _i88 in range(_size84):
+                        _elem89 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.ids.append(_elem89)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('DlqRequeueRequest')
+        if self.ids is not None:
+            oprot.writeFieldBegin('ids', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRING, len(self.ids))
+            for iter90 in self.ids:
+                oprot.writeString(iter90.encode('utf-8') if sys.version_info[0] == 2 else iter90)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class DlqRequeueResponse(object):
+    """
+    Attributes:
+     - results
+
+    """
+
+
+    def __init__(self, results=None,):
+        self.results = results
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.results = []
+                    (_etype94, _size91) = iprot.readListBegin()
+                    for _i95 in range(_size91):
+                        _elem96 = ItemResult()
+                        _elem96.read(iprot)
+                        self.results.append(_elem96)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('DlqRequeueResponse')
+        if self.results is not None:
+            oprot.writeFieldBegin('results', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRUCT, len(self.results))
+            for iter97 in self.results:
+                iter97.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class DlqRequeueAllRequest(object):
+    """
+    Attributes:
+     - ns
+     - topic
+     - max
+
+    """
+
+
+    def __init__(self, ns=None, topic=None, max=None,):
+        self.ns = ns
+        self.topic = topic
+        self.max = max
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.ns = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.topic = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.max = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('DlqRequeueAllRequest')
+        if self.ns is not None:
+            oprot.writeFieldBegin('ns', TType.STRING, 1)
+            oprot.writeString(self.ns.encode('utf-8') if sys.version_info[0] == 2 else self.ns)
+            oprot.writeFieldEnd()
+        if self.topic is not None:
+            oprot.writeFieldBegin('topic', TType.STRING, 2)
+            oprot.writeString(self.topic.encode('utf-8') if sys.version_info[0] == 2 else self.topic)
+            oprot.writeFieldEnd()
+        if self.max is not None:
+            oprot.writeFieldBegin('max', TType.I64, 3)
+            oprot.writeI64(self.max)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class DlqPurgeRequest(object):
+    """
+    Attributes:
+     - ns
+     - topic
+
+    """
+
+
+    def __init__(self, ns=None, topic=None,):
+        self.ns = ns
+        self.topic = topic
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.ns = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.topic = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('DlqPurgeRequest')
+        if self.ns is not None:
+            oprot.writeFieldBegin('ns', TType.STRING, 1)
+            oprot.writeString(self.ns.encode('utf-8') if sys.version_info[0] == 2 else self.ns)
+            oprot.writeFieldEnd()
+        if self.topic is not None:
+            oprot.writeFieldBegin('topic', TType.STRING, 2)
+            oprot.writeString(self.topic.encode('utf-8') if sys.version_info[0] == 2 else self.topic)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class DlqCountResponse(object):
+    """
+    Attributes:
+     - count
+
+    """
+
+
+    def __init__(self, count=None,):
+        self.count = count
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I64:
+                    self.count = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('DlqCountResponse')
+        if self.count is not None:
+            oprot.writeFieldBegin('count', TType.I64, 1)
+            oprot.writeI64(self.count)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class GetActiveTopicsRequest(object):
     """
     Attributes:
@@ -1951,11 +2533,11 @@ class GetActiveTopicsResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.topics = []
-                    (_etype80, _size77) = iprot.readListBegin()
-                    for _i81 in range(_size77):
-                        _elem82 = ActiveTopic()
-                        _elem82.read(iprot)
-                        self.topics.append(_elem82)
+                    (_etype101, _size98) = iprot.readListBegin()
+                    for _i102 in range(_size98):
+                        _elem103 = ActiveTopic()
+                        _elem103.read(iprot)
+                        self.topics.append(_elem103)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1977,8 +2559,8 @@ class GetActiveTopicsResponse(object):
         if self.topics is not None:
             oprot.writeFieldBegin('topics', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.topics))
-            for iter83 in self.topics:
-                iter83.write(oprot)
+            for iter104 in self.topics:
+                iter104.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.next_after is not None:
@@ -2119,11 +2701,11 @@ class HostInfo(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype87, _size84) = iprot.readListBegin()
-                    for _i88 in range(_size84):
-                        _elem89 = ShardInfo()
-                        _elem89.read(iprot)
-                        self.shards.append(_elem89)
+                    (_etype108, _size105) = iprot.readListBegin()
+                    for _i109 in range(_size105):
+                        _elem110 = ShardInfo()
+                        _elem110.read(iprot)
+                        self.shards.append(_elem110)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2148,8 +2730,8 @@ class HostInfo(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter90 in self.shards:
-                iter90.write(oprot)
+            for iter111 in self.shards:
+                iter111.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2257,6 +2839,7 @@ NackItem.thrift_spec = (
     (1, TType.STRING, 'id', 'UTF8', None, ),  # 1
     (2, TType.I64, 'delay_ms', None, None, ),  # 2
     (3, TType.STRING, 'metadata', 'BINARY', None, ),  # 3
+    (4, TType.BOOL, 'to_dlq', None, None, ),  # 4
 )
 all_structs.append(NackRequest)
 NackRequest.thrift_spec = (
@@ -2306,6 +2889,54 @@ all_structs.append(PeekResponse)
 PeekResponse.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'items', (TType.STRUCT, [Item, None], False), None, ),  # 1
+)
+all_structs.append(DeadItem)
+DeadItem.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'item', [Item, None], None, ),  # 1
+    (2, TType.I64, 'died_at_ms', None, None, ),  # 2
+)
+all_structs.append(DlqListRequest)
+DlqListRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
+    (3, TType.I32, 'limit', None, None, ),  # 3
+    (4, TType.STRING, 'after', 'UTF8', None, ),  # 4
+)
+all_structs.append(DlqListResponse)
+DlqListResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'items', (TType.STRUCT, [DeadItem, None], False), None, ),  # 1
+    (2, TType.STRING, 'next_after', 'UTF8', None, ),  # 2
+)
+all_structs.append(DlqRequeueRequest)
+DlqRequeueRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'ids', (TType.STRING, 'UTF8', False), None, ),  # 1
+)
+all_structs.append(DlqRequeueResponse)
+DlqRequeueResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'results', (TType.STRUCT, [ItemResult, None], False), None, ),  # 1
+)
+all_structs.append(DlqRequeueAllRequest)
+DlqRequeueAllRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
+    (3, TType.I64, 'max', None, None, ),  # 3
+)
+all_structs.append(DlqPurgeRequest)
+DlqPurgeRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
+)
+all_structs.append(DlqCountResponse)
+DlqCountResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.I64, 'count', None, None, ),  # 1
 )
 all_structs.append(GetActiveTopicsRequest)
 GetActiveTopicsRequest.thrift_spec = (

@@ -180,7 +180,7 @@ impl Client {
         Client(foqs::client::connect(addr, proto, Duration::from_secs(20)).expect("connect"))
     }
 
-    fn call<T>(
+    pub fn call<T>(
         &mut self,
         f: impl FnOnce(&mut SyncClient) -> thrift::Result<T>,
     ) -> thrift::Result<T> {
@@ -323,6 +323,7 @@ pub fn nack(id: &str, delay_ms: Option<i64>, metadata: Option<&[u8]>) -> NackIte
         id: Some(id.into()),
         delay_ms,
         metadata: metadata.map(<[u8]>::to_vec),
+        to_dlq: None,
     }
 }
 

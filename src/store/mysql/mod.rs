@@ -41,6 +41,7 @@ const SCHEMA: &[&str] = &[
         state TINYINT NOT NULL,
         deliver_after_ms BIGINT NOT NULL,
         due_at_ms BIGINT NULL,
+        died_at_ms BIGINT NULL,
         enqueued_at_ms BIGINT NOT NULL,
         lease_ms BIGINT NOT NULL,
         lease_expires_ms BIGINT NOT NULL DEFAULT 0,
@@ -192,6 +193,24 @@ fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
     })
 }
 
+/// `(priority, deliver_after_ms, id) > after`, spelled out so that the optimizer reads it
+/// as a range of the ready_order index; empty without `after`.
+fn after_condition(after: Option<ReadyKey>) -> (&'static str, Vec<Value>) {
+    match after {
+        None => ("", vec![]),
+        Some(k) => (
+            " AND (priority > ? OR (priority = ? AND (deliver_after_ms > ? OR (deliver_after_ms = ? AND id > ?))))",
+            vec![
+                k.priority.into(),
+                k.priority.into(),
+                k.deliver_after_ms.into(),
+                k.deliver_after_ms.into(),
+                k.key.into(),
+            ],
+        ),
+    }
+}
+
 async fn meta_get(conn: &mut Conn, name: &str) -> StoreResult<Option<i64>> {
     Ok(conn
         .exec_first("SELECT value FROM foqs_meta WHERE name = ?", (name,))
@@ -292,21 +311,7 @@ impl ShardStore for MySqlStore {
         limit: usize,
     ) -> StoreResult<Vec<ReadyKey>> {
         let mut conn = self.conn().await?;
-        // The row comparison is spelled out so that the optimizer reads it as a range of the
-        // ready_order index.
-        let (cond, mut params): (&str, Vec<Value>) = match after {
-            None => ("", vec![]),
-            Some(k) => (
-                " AND (priority > ? OR (priority = ? AND (deliver_after_ms > ? OR (deliver_after_ms = ? AND id > ?))))",
-                vec![
-                    k.priority.into(),
-                    k.priority.into(),
-                    k.deliver_after_ms.into(),
-                    k.deliver_after_ms.into(),
-                    k.key.into(),
-                ],
-            ),
-        };
+        let (cond, mut params) = after_condition(after);
         let sql = format!(
             "SELECT priority, deliver_after_ms, id FROM items FORCE INDEX (ready_order)
              WHERE ns = ? AND topic = ? AND state = 0{cond} AND deliver_after_ms <= ?
@@ -363,6 +368,41 @@ impl ShardStore for MySqlStore {
             ))
             .await?;
         rows.into_iter().map(|r| self.item_from_row(r)).collect()
+    }
+
+    async fn dead_items(
+        &self,
+        ns: &str,
+        topic: &str,
+        after: Option<ReadyKey>,
+        limit: usize,
+    ) -> StoreResult<Vec<(Item, i64)>> {
+        let (cond, after_params) = after_condition(after);
+        let mut params: Vec<Value> = vec![ns.as_bytes().into(), topic.as_bytes().into()];
+        params.extend(after_params);
+        let sql = format!(
+            "SELECT {ITEM_COLUMNS}, died_at_ms FROM items FORCE INDEX (ready_order)
+             WHERE ns = ? AND topic = ? AND state = 2{cond}
+             ORDER BY priority, deliver_after_ms, id LIMIT {limit}"
+        );
+        let mut conn = self.conn().await?;
+        let rows: Vec<mysql_async::Row> = conn.exec(sql, Params::Positional(params)).await?;
+        rows.into_iter()
+            .map(|mut r| {
+                let died: Option<i64> = column(&mut r, 13)?;
+                Ok((self.item_from_row(r)?, died.unwrap_or(0)))
+            })
+            .collect()
+    }
+
+    async fn purge_dead(&self, ns: &str, topic: &str, limit: usize) -> StoreResult<u64> {
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!("DELETE FROM items WHERE ns = ? AND topic = ? AND state = 2 LIMIT {limit}"),
+            (ns.as_bytes(), topic.as_bytes()),
+        )
+        .await?;
+        Ok(conn.affected_rows())
     }
 
     async fn lookup(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {

@@ -95,7 +95,8 @@ pub(super) fn insert_sql(rows: &[(u64, NewItem)]) -> String {
 pub(super) fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
     const READY: &str = "UPDATE items SET state = 0, lease_token = 0";
     let mut deletes = Vec::new();
-    let mut dead = Vec::new();
+    let mut dead: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
+    let mut revived = Vec::new();
     let mut keep_place = Vec::new();
     let mut at: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
     let mut released: std::collections::BTreeMap<i64, Vec<u64>> = std::collections::BTreeMap::new();
@@ -104,7 +105,8 @@ pub(super) fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
     for c in changes {
         match c {
             Change::Delete { key } => deletes.push(*key),
-            Change::Dead { key } => dead.push(*key),
+            Change::Dead { key, at_ms } => dead.entry(*at_ms).or_default().push(*key),
+            Change::Revive { key } => revived.push(*key),
             Change::Release { key, token } => released.entry(*token).or_default().push(*key),
             Change::Extend {
                 key,
@@ -177,11 +179,20 @@ pub(super) fn apply_statements(changes: &[Change]) -> Vec<(String, Params)> {
             Params::Empty,
         ));
     }
-    if !dead.is_empty() {
+    for (at_ms, keys) in dead {
         out.push((
             format!(
-                "UPDATE items SET state = 2, lease_token = 0 WHERE id IN ({}) AND state = 1",
-                key_list(&dead)
+                "UPDATE items SET state = 2, lease_token = 0, died_at_ms = {at_ms} WHERE id IN ({}) AND state = 1",
+                key_list(&keys)
+            ),
+            Params::Empty,
+        ));
+    }
+    if !revived.is_empty() {
+        out.push((
+            format!(
+                "UPDATE items SET state = 0, delivery_count = 0, died_at_ms = NULL WHERE id IN ({}) AND state = 2",
+                key_list(&revived)
             ),
             Params::Empty,
         ));

@@ -1,0 +1,209 @@
+//! Dead letters: nack to the DLQ, list with paging across shards, requeue by id and in
+//! bulk (100k items in bounded batches), purge.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::*;
+use foqs::thrift_gen::*;
+
+const NS: &str = "dlq";
+
+fn list(c: &mut Client, topic: &str, limit: Option<i32>, after: Option<String>) -> DlqListResponse {
+    let req = DlqListRequest {
+        ns: Some(NS.into()),
+        topic: Some(topic.into()),
+        limit,
+        after,
+    };
+    c.call(|c| c.dlq_list(req)).expect("dlqList")
+}
+
+fn requeue_all(c: &mut Client, topic: &str, max: Option<i64>) -> i64 {
+    let req = DlqRequeueAllRequest {
+        ns: Some(NS.into()),
+        topic: Some(topic.into()),
+        max,
+    };
+    c.call(|c| c.dlq_requeue_all(req))
+        .expect("dlqRequeueAll")
+        .count
+        .unwrap()
+}
+
+fn to_dlq(id: &str) -> NackItem {
+    NackItem {
+        id: Some(id.into()),
+        delay_ms: None,
+        metadata: None,
+        to_dlq: Some(true),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nack_to_dlq_then_list_and_requeue_by_id() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let id = c.enqueue(vec![item(NS, "t", 3, b"poison")]).remove(0);
+    let got = c.dequeue(NS, "t", 1);
+    let before = now_ms();
+    assert!(c.nack(vec![to_dlq(&id)])[0].error.is_none());
+    assert!(
+        c.dequeue(NS, "t", 1).is_empty(),
+        "a dead item is not delivered"
+    );
+    let page = list(&mut c, "t", None, None);
+    let dead = page.items.unwrap();
+    assert_eq!(dead.len(), 1);
+    let item = dead[0].item.as_ref().unwrap();
+    assert_eq!(item.id.as_deref(), Some(id.as_str()));
+    assert_eq!(item.delivery_count, Some(1));
+    assert_eq!(item.payload.as_deref(), Some(&b"poison"[..]));
+    assert!((before..=now_ms()).contains(&dead[0].died_at_ms.unwrap()));
+    assert_eq!(page.next_after, None);
+
+    let req = DlqRequeueRequest {
+        ids: Some(vec![
+            id.clone(),
+            got[0].id.clone().unwrap(),
+            "9:1".into(),
+            "bad".into(),
+        ]),
+    };
+    let r = c.call(|c| c.dlq_requeue(req)).unwrap().results.unwrap();
+    assert!(r[0].error.is_none());
+    assert_eq!(
+        code_of(&r[1].error),
+        Some(ErrorCode::NOT_FOUND),
+        "already requeued: not dead any more"
+    );
+    assert_eq!(code_of(&r[2].error), Some(ErrorCode::NOT_FOUND));
+    assert_eq!(code_of(&r[3].error), Some(ErrorCode::INVALID_ARGUMENT));
+    let again = c.dequeue(NS, "t", 1);
+    assert_eq!(again[0].id.as_deref(), Some(id.as_str()));
+    assert_eq!(
+        again[0].delivery_count,
+        Some(1),
+        "delivery count reset by the requeue"
+    );
+    assert!(list(&mut c, "t", None, None).items.unwrap().is_empty());
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_page_across_shards_in_delivery_order() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let mut ids = HashSet::new();
+    for i in 0..25 {
+        ids.insert(c.enqueue(vec![item(NS, "pages", i % 4, b"x")]).remove(0));
+    }
+    let got: Vec<String> = c
+        .dequeue(NS, "pages", 100)
+        .into_iter()
+        .map(|i| i.id.unwrap())
+        .collect();
+    c.nack(got.iter().map(|id| to_dlq(id)).collect());
+    let mut seen = Vec::new();
+    let mut after = None;
+    let mut pages = 0;
+    loop {
+        let page = list(&mut c, "pages", Some(10), after);
+        pages += 1;
+        seen.extend(page.items.unwrap().into_iter().map(|d| d.item.unwrap()));
+        match page.next_after {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    let seen_ids: HashSet<String> = seen.iter().map(|i| i.id.clone().unwrap()).collect();
+    assert_eq!(seen_ids, ids, "every dead item exactly once");
+    assert_eq!(seen.len(), 25);
+    let prios: Vec<i32> = seen.iter().map(|i| i.priority.unwrap()).collect();
+    let mut sorted = prios.clone();
+    sorted.sort();
+    assert_eq!(prios, sorted);
+    let e = c
+        .call(|c| {
+            c.dlq_list(DlqListRequest {
+                ns: Some(NS.into()),
+                topic: Some("pages".into()),
+                limit: None,
+                after: Some("nonsense".into()),
+            })
+        })
+        .unwrap_err();
+    assert_eq!(foqs_error(e).code, Some(ErrorCode::INVALID_ARGUMENT));
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_all_brings_back_100k_dead_items_in_batches() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    // Touch the topic through foqsd once so every shard has its schema, then bulk-load
+    // 100k dead rows straight into the shards (SEQUENCE engine).
+    c.enqueue(vec![item(NS, "bulk", 0, b"x")]);
+    let now = now_ms();
+    for s in 0..3u64 {
+        let n = if s < 2 { 33_333 } else { 33_334 };
+        let first = 10_000_000 * (s + 1);
+        let sql = format!(
+            "INSERT INTO items (id, ns, topic, priority, state, deliver_after_ms, enqueued_at_ms, lease_ms,
+               policy, max_attempts, delivery_count, died_at_ms, payload, metadata)
+             SELECT seq, 'dlq', 'bulk', seq % 7, 2, {now}, {now}, 30000, 1, 5, 5, {now}, 'x', ''
+             FROM seq_{first}_to_{}",
+            first + n - 1
+        );
+        srv.db.column(s as usize, &format!("{sql}; SELECT 0")).await;
+    }
+    assert_eq!(srv.db.count("state = 2").await, 100_000);
+    assert_eq!(requeue_all(&mut c, "bulk", Some(10)), 10, "max is honoured");
+    assert_eq!(requeue_all(&mut c, "bulk", None), 99_990);
+    assert_eq!(srv.db.count("state = 2").await, 0);
+    assert_eq!(
+        srv.db
+            .count("state = 0 AND delivery_count = 0 AND topic = 'bulk'")
+            .await,
+        100_001
+    );
+    assert_eq!(c.topics(NS), vec![("bulk".to_string(), 100_001, 0, 0)]);
+    let got = c.dequeue(NS, "bulk", 1000);
+    assert_eq!(got.len(), 1000);
+    assert!(got.iter().all(|i| i.delivery_count == Some(1)));
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_deletes_a_topics_dead_letters_only() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let ids = c.enqueue((0..50).map(|i| item(NS, "purge", i, b"x")).collect());
+    c.enqueue(vec![item(NS, "purge", 100, b"alive")]);
+    let got: Vec<String> = c
+        .dequeue(NS, "purge", 50)
+        .into_iter()
+        .map(|i| i.id.unwrap())
+        .collect();
+    assert_eq!(got.len(), 50);
+    c.nack(ids.iter().map(|id| to_dlq(id)).collect());
+    let req = DlqPurgeRequest {
+        ns: Some(NS.into()),
+        topic: Some("purge".into()),
+    };
+    assert_eq!(c.call(|c| c.dlq_purge(req)).unwrap().count, Some(50));
+    assert!(list(&mut c, "purge", None, None).items.unwrap().is_empty());
+    assert_eq!(srv.db.count("1").await, 1, "the live item stays");
+    assert_eq!(
+        c.host_info()
+            .shards
+            .unwrap()
+            .iter()
+            .map(|s| s.items.unwrap())
+            .sum::<i64>(),
+        1
+    );
+    srv.stop().await;
+}
