@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the generated code's freshness, Rust unit and integration
-# tests (against real MariaDB/MySQL), and the Python client suite against a running foqsd.
+# tests (against real MariaDB/MySQL), then the Python client suite and the foqsctl shell
+# pipeline against a running foqsd.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
@@ -42,6 +43,9 @@ RUST_LOG=warn ./target/debug/foqsd --config "$py_config" --listen "127.0.0.1:$po
 foqsd_pid=$!
 for _ in $(seq 1 120); do foqs_port_open 127.0.0.1 "$port" && break; sleep 0.25; done
 FOQS_ADDR="127.0.0.1:$port" "$venv/bin/python" -m pytest -q integration/python
+foqs_log "foqsctl pipeline (bash) against the same foqsd"
+cargo build --bins
+FOQS_HOST="127.0.0.1:$port" bash integration/shell/pipeline.sh target/debug/foqsctl
 kill -TERM "$foqsd_pid"
 wait "$foqsd_pid" || { foqs_log "foqsd did not exit cleanly on SIGTERM"; exit 1; }
 foqsd_pid=""

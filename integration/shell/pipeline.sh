@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A producer/consumer pipeline using only foqsctl, against the foqsd at $FOQS_HOST, plus
+# foqsctl's contract: binary payloads round-trip, --json, exit codes 0/1/2/3.
+#   FOQS_HOST=127.0.0.1:9090 integration/shell/pipeline.sh [path/to/foqsctl]
+set -euo pipefail
+ctl=${1:-target/debug/foqsctl}
+ns=shell
+topic="sh-$$-$RANDOM"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+checks=0
+fail() { echo "pipeline: FAILED: $*" >&2; exit 1; }
+ok() { checks=$((checks + 1)); }
+status() { set +e; "$@" >/dev/null 2>&1; local rc=$?; set -e; echo "$rc"; }
+
+# Producer: 20 jobs.
+for i in $(seq 1 20); do
+  "$ctl" enqueue --ns "$ns" --topic "$topic" --priority $((i % 3)) --payload "job-$i" >/dev/null
+done
+ok
+
+# Consumer: the worker loop from the README.
+processed=0
+while true; do
+  set +e
+  line=$("$ctl" dequeue --ns "$ns" --topic "$topic" --wait 500)
+  rc=$?
+  set -e
+  [ "$rc" -eq 3 ] && break
+  [ "$rc" -eq 0 ] || fail "dequeue exited $rc"
+  id=${line%%$'\t'*}
+  payload=${line##*$'\t'}
+  [[ $payload == job-* ]] || fail "unexpected payload '$payload'"
+  "$ctl" ack "$id" >/dev/null
+  processed=$((processed + 1))
+done
+[ "$processed" -eq 20 ] || fail "processed $processed of 20 jobs"
+ok
+
+# Binary payload round trip through a file and --raw.
+head -c 4096 /dev/urandom >"$tmp/in.bin"
+"$ctl" enqueue --ns "$ns" --topic "$topic-bin" --payload-file "$tmp/in.bin" >/dev/null
+"$ctl" dequeue --ns "$ns" --topic "$topic-bin" --raw >"$tmp/out.bin"
+cmp -s "$tmp/in.bin" "$tmp/out.bin" || fail "binary payload changed"
+ok
+
+# Payload from standard input; --json output.
+printf 'from stdin' | "$ctl" enqueue --ns "$ns" --topic "$topic-json" >/dev/null
+json=$("$ctl" --json dequeue --ns "$ns" --topic "$topic-json")
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["payload"]=="from stdin" and d["delivery_count"]==1, d' "$json" ||
+  fail "bad --json output: $json"
+ok
+
+# Touch, nack to the dead letters, list them, requeue them all.
+id=$("$ctl" enqueue --ns "$ns" --topic "$topic-dlq" --payload poison)
+"$ctl" dequeue --ns "$ns" --topic "$topic-dlq" >/dev/null
+"$ctl" touch "$id" --extend-ms 60000 >/dev/null
+"$ctl" nack "$id" --to-dlq >/dev/null
+"$ctl" dlq list --ns "$ns" --topic "$topic-dlq" | grep -q "^$id" || fail "dead item not listed"
+[ "$("$ctl" dlq requeue-all --ns "$ns" --topic "$topic-dlq")" = "requeued 1" ] || fail "requeue-all"
+"$ctl" peek --ns "$ns" --topic "$topic-dlq" | grep -q "^$id" || fail "requeued item not ready"
+"$ctl" topics --ns "$ns" | grep -q "^$topic-dlq	ready=1" || fail "topics"
+ok
+
+# Exit codes.
+[ "$(status "$ctl" dequeue --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty dequeue should exit 3"
+[ "$(status "$ctl" peek --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty peek should exit 3"
+[ "$(status "$ctl" dequeue --ns "$ns")" = 2 ] || fail "usage error should exit 2"
+[ "$(status "$ctl" ack 0:999999999)" = 1 ] || fail "failed ack should exit 1"
+[ "$(status "$ctl" --host 127.0.0.1:1 host-info)" = 1 ] || fail "connection error should exit 1"
+[ "$(status "$ctl" host-info)" = 0 ] || fail "host-info should exit 0"
+ok
+
+echo "foqsctl pipeline: $checks passed, 0 failed"

@@ -1,0 +1,572 @@
+//! `foqsctl`: a command-line client of foqsd for shell scripts and operators.
+//!
+//! Output: readable lines by default, `--json` for one JSON object per line (payloads as
+//! `payload` when they are UTF-8, always as `payload_base64`), `--raw` on dequeue/peek
+//! for the payload bytes alone. Exit codes: 0 success, 1 server or connection error
+//! (message on stderr), 2 usage error, 3 nothing to return (empty dequeue or peek).
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use base64::Engine;
+use clap::{Parser, Subcommand};
+use foqs::client::{connect, new_item, Protocol, SyncClient};
+use foqs::thrift_gen::*;
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Command-line client of foqsd (the foqs priority queue)"
+)]
+struct Cli {
+    /// foqsd address (HOST:PORT); default from FOQS_HOST, else 127.0.0.1:9090.
+    #[arg(
+        long,
+        env = "FOQS_HOST",
+        default_value = "127.0.0.1:9090",
+        global = true
+    )]
+    host: String,
+    #[arg(long, value_parser = ["binary", "compact"], default_value = "binary", global = true)]
+    protocol: String,
+    /// One JSON object per line.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Enqueue one item; prints its id. The payload comes from --payload, --payload-file
+    /// or standard input.
+    Enqueue {
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        #[arg(long, conflicts_with = "payload_file")]
+        payload: Option<String>,
+        #[arg(long)]
+        payload_file: Option<std::path::PathBuf>,
+        #[arg(long)]
+        metadata: Option<String>,
+        /// Deliver no earlier than this many ms from now.
+        #[arg(long)]
+        delay_ms: Option<i64>,
+        #[arg(long)]
+        lease_ms: Option<i64>,
+        #[arg(long)]
+        ttl_ms: Option<i64>,
+        #[arg(long, value_parser = ["at-least-once", "at-most-once"])]
+        policy: Option<String>,
+        #[arg(long)]
+        max_attempts: Option<i32>,
+    },
+    /// Dequeue (lease) up to --count items; exit 3 when there is none.
+    Dequeue {
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long, default_value_t = 1)]
+        count: i32,
+        /// Long poll: wait up to this many ms for an item.
+        #[arg(long)]
+        wait: Option<i64>,
+        /// Write only the payload bytes (of every item, back to back).
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Ack (delete) items by id.
+    Ack { ids: Vec<String> },
+    /// Nack an item: ready again after --delay-ms, or dead with --to-dlq.
+    Nack {
+        id: String,
+        #[arg(long)]
+        delay_ms: Option<i64>,
+        #[arg(long)]
+        metadata: Option<String>,
+        #[arg(long)]
+        to_dlq: bool,
+    },
+    /// Extend an item's lease to now + --extend-ms.
+    Touch {
+        id: String,
+        #[arg(long)]
+        extend_ms: i64,
+    },
+    /// Show the next ready items without leasing them; exit 3 when there is none.
+    Peek {
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long, default_value_t = 10)]
+        count: i32,
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Active topics of a namespace with their counts.
+    Topics {
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        limit: Option<i32>,
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Dead letters.
+    Dlq {
+        #[command(subcommand)]
+        cmd: DlqCmd,
+    },
+    /// The host's id, version and shards.
+    HostInfo,
+}
+
+#[derive(Subcommand)]
+enum DlqCmd {
+    List {
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        limit: Option<i32>,
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Requeue dead items by id.
+    Requeue { ids: Vec<String> },
+    /// Requeue a topic's dead items (at most --max).
+    RequeueAll {
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        max: Option<i64>,
+    },
+    Purge {
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        topic: String,
+    },
+}
+
+/// How a command ended, beyond printing.
+enum Outcome {
+    Done,
+    Nothing,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse(); // usage errors exit 2
+    let protocol = if cli.protocol == "compact" {
+        Protocol::Compact
+    } else {
+        Protocol::Binary
+    };
+    let result = connect(&cli.host, protocol, Duration::from_secs(60))
+        .map_err(|e| format!("cannot connect to {}: {}", cli.host, describe(&e)))
+        .and_then(|mut c| run(&mut c, &cli));
+    match result {
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::Nothing) => ExitCode::from(3),
+        Err(msg) => {
+            eprintln!("foqsctl: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn describe(e: &thrift::Error) -> String {
+    match e {
+        thrift::Error::User(u) => match u.downcast_ref::<FoqsError>() {
+            Some(f) => format!(
+                "{} (code {}{})",
+                f.message.clone().unwrap_or_default(),
+                f.code.map(|c| c.0).unwrap_or(0),
+                if f.retryable == Some(true) {
+                    ", retryable"
+                } else {
+                    ""
+                }
+            ),
+            None => u.to_string(),
+        },
+        thrift::Error::Transport(t) => format!("transport: {}", t.message),
+        thrift::Error::Protocol(p) => format!("protocol: {}", p.message),
+        thrift::Error::Application(a) => format!("application: {}", a.message),
+    }
+}
+
+fn out(line: &str) -> Result<(), String> {
+    let mut o = std::io::stdout().lock();
+    writeln!(o, "{line}").map_err(|e| e.to_string())
+}
+
+fn item_json(i: &Item) -> Value {
+    let payload = i.payload.clone().unwrap_or_default();
+    let metadata = i.metadata.clone().unwrap_or_default();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    json!({
+        "id": i.id, "ns": i.ns, "topic": i.topic, "priority": i.priority,
+        "payload": String::from_utf8(payload.clone()).ok(),
+        "payload_base64": b64.encode(&payload),
+        "metadata": String::from_utf8(metadata.clone()).ok(),
+        "metadata_base64": b64.encode(&metadata),
+        "deliver_after_ms": i.deliver_after_ms, "enqueued_at_ms": i.enqueued_at_ms,
+        "delivery_count": i.delivery_count, "lease_expires_ms": i.lease_expires_ms,
+        "policy": match i.policy { Some(DeliveryPolicy::AT_MOST_ONCE) => "at-most-once", _ => "at-least-once" },
+    })
+}
+
+fn print_items(items: &[Item], json: bool, raw: bool) -> Result<Outcome, String> {
+    if items.is_empty() {
+        return Ok(Outcome::Nothing);
+    }
+    for i in items {
+        if raw {
+            std::io::stdout()
+                .lock()
+                .write_all(i.payload.as_deref().unwrap_or_default())
+                .map_err(|e| e.to_string())?;
+        } else if json {
+            out(&item_json(i).to_string())?;
+        } else {
+            let payload = i.payload.as_deref().unwrap_or_default();
+            out(&format!(
+                "{}\tpriority={}\tdeliveries={}\t{}",
+                i.id.as_deref().unwrap_or_default(),
+                i.priority.unwrap_or(0),
+                i.delivery_count.unwrap_or(0),
+                String::from_utf8_lossy(payload)
+            ))?;
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+/// Prints per-item results; any failed item makes the command fail.
+fn print_results(results: Vec<ItemResult>, json: bool) -> Result<Outcome, String> {
+    let mut failed = 0;
+    for r in results {
+        let id = r.id.unwrap_or_default();
+        match r.error {
+            None if json => out(&json!({"id": id, "ok": true}).to_string())?,
+            None => out(&format!("{id}\tok"))?,
+            Some(e) => {
+                failed += 1;
+                let (code, msg) = (
+                    e.code.map(|c| c.0).unwrap_or(0),
+                    e.message.unwrap_or_default(),
+                );
+                if json {
+                    out(&json!({"id": id, "ok": false, "code": code, "message": msg}).to_string())?;
+                }
+                eprintln!("foqsctl: {id}: {msg} (code {code})");
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} item(s) failed"));
+    }
+    Ok(Outcome::Done)
+}
+
+fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
+    let e = |e: thrift::Error| describe(&e);
+    match &cli.cmd {
+        Cmd::Enqueue {
+            ns,
+            topic,
+            priority,
+            payload,
+            payload_file,
+            metadata,
+            delay_ms,
+            lease_ms,
+            ttl_ms,
+            policy,
+            max_attempts,
+        } => {
+            let payload = match (payload, payload_file) {
+                (Some(p), _) => p.clone().into_bytes(),
+                (None, Some(f)) => {
+                    std::fs::read(f).map_err(|err| format!("{}: {err}", f.display()))?
+                }
+                (None, None) => {
+                    let mut buf = Vec::new();
+                    std::io::stdin()
+                        .read_to_end(&mut buf)
+                        .map_err(|err| err.to_string())?;
+                    buf
+                }
+            };
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            let mut it = new_item(ns, topic, *priority, payload);
+            it.metadata = metadata.clone().map(String::into_bytes);
+            it.deliver_after_ms = delay_ms.map(|d| now + d);
+            it.lease_ms = *lease_ms;
+            it.ttl_ms = *ttl_ms;
+            it.policy = policy.as_deref().map(|p| {
+                if p == "at-most-once" {
+                    DeliveryPolicy::AT_MOST_ONCE
+                } else {
+                    DeliveryPolicy::AT_LEAST_ONCE
+                }
+            });
+            it.max_attempts = *max_attempts;
+            let r = c
+                .enqueue(EnqueueRequest {
+                    items: Some(vec![it]),
+                })
+                .map_err(e)?;
+            let r = r
+                .results
+                .unwrap_or_default()
+                .into_iter()
+                .next()
+                .ok_or("no result")?;
+            match (r.id, r.error) {
+                (Some(id), None) if cli.json => out(&json!({"id": id}).to_string())?,
+                (Some(id), None) => out(&id)?,
+                (_, err) => {
+                    let err = err.unwrap_or_default();
+                    return Err(format!(
+                        "{} (code {})",
+                        err.message.unwrap_or_default(),
+                        err.code.map(|c| c.0).unwrap_or(0)
+                    ));
+                }
+            }
+            Ok(Outcome::Done)
+        }
+        Cmd::Dequeue {
+            ns,
+            topic,
+            count,
+            wait,
+            raw,
+        } => {
+            let req = DequeueRequest {
+                topics: Some(vec![TopicRequest {
+                    ns: Some(ns.clone()),
+                    topic: Some(topic.clone()),
+                    count: Some(*count),
+                }]),
+                wait_ms: *wait,
+            };
+            let items = c.dequeue(req).map_err(e)?.items.unwrap_or_default();
+            print_items(&items, cli.json, *raw)
+        }
+        Cmd::Ack { ids } => print_results(
+            c.ack(AckRequest {
+                ids: Some(ids.clone()),
+            })
+            .map_err(e)?
+            .results
+            .unwrap_or_default(),
+            cli.json,
+        ),
+        Cmd::Nack {
+            id,
+            delay_ms,
+            metadata,
+            to_dlq,
+        } => {
+            let item = NackItem {
+                id: Some(id.clone()),
+                delay_ms: *delay_ms,
+                metadata: metadata.clone().map(String::into_bytes),
+                to_dlq: Some(*to_dlq),
+            };
+            print_results(
+                c.nack(NackRequest {
+                    items: Some(vec![item]),
+                })
+                .map_err(e)?
+                .results
+                .unwrap_or_default(),
+                cli.json,
+            )
+        }
+        Cmd::Touch { id, extend_ms } => {
+            let item = TouchItem {
+                id: Some(id.clone()),
+                extend_ms: Some(*extend_ms),
+            };
+            print_results(
+                c.touch(TouchRequest {
+                    items: Some(vec![item]),
+                })
+                .map_err(e)?
+                .results
+                .unwrap_or_default(),
+                cli.json,
+            )
+        }
+        Cmd::Peek {
+            ns,
+            topic,
+            count,
+            raw,
+        } => {
+            let req = PeekRequest {
+                ns: Some(ns.clone()),
+                topic: Some(topic.clone()),
+                count: Some(*count),
+            };
+            print_items(
+                &c.peek(req).map_err(e)?.items.unwrap_or_default(),
+                cli.json,
+                *raw,
+            )
+        }
+        Cmd::Topics { ns, limit, after } => {
+            let r = c
+                .get_active_topics(GetActiveTopicsRequest {
+                    ns: Some(ns.clone()),
+                    limit: *limit,
+                    after: after.clone(),
+                })
+                .map_err(e)?;
+            for t in r.topics.unwrap_or_default() {
+                let (name, ready, deferred, leased) = (
+                    t.topic.unwrap_or_default(),
+                    t.ready.unwrap_or(0),
+                    t.deferred.unwrap_or(0),
+                    t.leased.unwrap_or(0),
+                );
+                if cli.json {
+                    out(&json!({"topic": name, "ready": ready, "deferred": deferred, "leased": leased}).to_string())?;
+                } else {
+                    out(&format!(
+                        "{name}\tready={ready}\tdeferred={deferred}\tleased={leased}"
+                    ))?;
+                }
+            }
+            if let Some(next) = r.next_after {
+                eprintln!("more: --after {next}");
+            }
+            Ok(Outcome::Done)
+        }
+        Cmd::Dlq { cmd } => match cmd {
+            DlqCmd::List {
+                ns,
+                topic,
+                limit,
+                after,
+            } => {
+                let r = c
+                    .dlq_list(DlqListRequest {
+                        ns: Some(ns.clone()),
+                        topic: Some(topic.clone()),
+                        limit: *limit,
+                        after: after.clone(),
+                    })
+                    .map_err(e)?;
+                for d in r.items.unwrap_or_default() {
+                    let item = d.item.unwrap_or_default();
+                    if cli.json {
+                        let mut v = item_json(&item);
+                        v["died_at_ms"] = json!(d.died_at_ms);
+                        out(&v.to_string())?;
+                    } else {
+                        out(&format!(
+                            "{}\tdeliveries={}\tdied_at_ms={}\t{}",
+                            item.id.as_deref().unwrap_or_default(),
+                            item.delivery_count.unwrap_or(0),
+                            d.died_at_ms.unwrap_or(0),
+                            String::from_utf8_lossy(item.payload.as_deref().unwrap_or_default())
+                        ))?;
+                    }
+                }
+                if let Some(next) = r.next_after {
+                    eprintln!("more: --after {next}");
+                }
+                Ok(Outcome::Done)
+            }
+            DlqCmd::Requeue { ids } => print_results(
+                c.dlq_requeue(DlqRequeueRequest {
+                    ids: Some(ids.clone()),
+                })
+                .map_err(e)?
+                .results
+                .unwrap_or_default(),
+                cli.json,
+            ),
+            DlqCmd::RequeueAll { ns, topic, max } => {
+                let n = c
+                    .dlq_requeue_all(DlqRequeueAllRequest {
+                        ns: Some(ns.clone()),
+                        topic: Some(topic.clone()),
+                        max: *max,
+                    })
+                    .map_err(e)?
+                    .count
+                    .unwrap_or(0);
+                out(&if cli.json {
+                    json!({"requeued": n}).to_string()
+                } else {
+                    format!("requeued {n}")
+                })?;
+                Ok(Outcome::Done)
+            }
+            DlqCmd::Purge { ns, topic } => {
+                let n = c
+                    .dlq_purge(DlqPurgeRequest {
+                        ns: Some(ns.clone()),
+                        topic: Some(topic.clone()),
+                    })
+                    .map_err(e)?
+                    .count
+                    .unwrap_or(0);
+                out(&if cli.json {
+                    json!({"purged": n}).to_string()
+                } else {
+                    format!("purged {n}")
+                })?;
+                Ok(Outcome::Done)
+            }
+        },
+        Cmd::HostInfo => {
+            let h = c.get_host_info().map_err(e)?;
+            let shards: Vec<Value> = h
+                .shards
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| json!({"shard_id": s.shard_id, "healthy": s.healthy, "items": s.items}))
+                .collect();
+            if cli.json {
+                out(
+                    &json!({"host_id": h.host_id, "version": h.version, "shards": shards})
+                        .to_string(),
+                )?;
+            } else {
+                out(&format!(
+                    "host {} (foqs {})",
+                    h.host_id.unwrap_or_default(),
+                    h.version.unwrap_or_default()
+                ))?;
+                for s in shards {
+                    out(&format!(
+                        "shard {}\thealthy={}\titems={}",
+                        s["shard_id"], s["healthy"], s["items"]
+                    ))?;
+                }
+            }
+            Ok(Outcome::Done)
+        }
+    }
+}
