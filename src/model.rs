@@ -186,6 +186,42 @@ pub struct TopicCounts {
     pub leased: i64,
 }
 
+/// Running totals of a topic's traffic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub enqueued: i64,
+    pub delivered: i64,
+    pub acked: i64,
+    pub nacked: i64,
+    pub expired: i64,
+}
+
+impl Totals {
+    pub fn add(&mut self, o: &Totals) {
+        self.enqueued += o.enqueued;
+        self.delivered += o.delivered;
+        self.acked += o.acked;
+        self.nacked += o.nacked;
+        self.expired += o.expired;
+    }
+
+    pub fn is_zero(&self) -> bool {
+        *self == Totals::default()
+    }
+}
+
+/// What one shard knows of a topic, for `topicStats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicSnapshot {
+    pub ready: i64,
+    pub deferred: i64,
+    pub leased: i64,
+    pub dead: i64,
+    /// The smallest `deliver_after_ms` among ready items.
+    pub oldest_ready_ms: Option<i64>,
+    pub totals: Totals,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardStatus {
     pub shard: ShardId,

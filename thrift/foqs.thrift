@@ -215,6 +215,29 @@ struct DlqCountResponse {
   1: i64 count,
 }
 
+struct TopicStatsRequest {
+  1: string ns,
+  2: string topic,
+}
+
+struct TopicStats {
+  // Items now: ready (staged by the prefetch buffer included), deferred, leased, dead.
+  1: i64 ready,
+  2: i64 deferred,
+  3: i64 leased,
+  4: i64 dead,
+  // Totals since the topic's first item (saved with the shards' checkpoints, so up to
+  // about a second behind, and a crash may lose that second): items enqueued, handed
+  // out, acked, nacked, and leases that ran out without ack or nack.
+  5: i64 enqueued,
+  6: i64 delivered,
+  7: i64 acked,
+  8: i64 nacked,
+  9: i64 expired,
+  // How long the oldest ready item has been ready (now - its deliver_after); 0 when none.
+  10: i64 oldest_ready_age_ms,
+}
+
 struct GetActiveTopicsRequest {
   1: string ns,
   // Absent = 1000; at most 10000.
@@ -260,6 +283,7 @@ service Foqs {
   TouchResponse touch(1: TouchRequest req) throws (1: FoqsError err),
   // The next ready items of a topic, in delivery order, without leasing them.
   PeekResponse peek(1: PeekRequest req) throws (1: FoqsError err),
+  TopicStats topicStats(1: TopicStatsRequest req) throws (1: FoqsError err),
   // Dead letters: items whose attempts ran out, or nacked with to_dlq.
   DlqListResponse dlqList(1: DlqListRequest req) throws (1: FoqsError err),
   // Ready again with delivery_count reset.

@@ -2787,6 +2787,276 @@ impl Default for DlqCountResponse {
 }
 
 //
+// TopicStatsRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct TopicStatsRequest {
+  pub ns: Option<String>,
+  pub topic: Option<String>,
+}
+
+impl TopicStatsRequest {
+  pub fn new<F1, F2>(ns: F1, topic: F2) -> TopicStatsRequest where F1: Into<Option<String>>, F2: Into<Option<String>> {
+    TopicStatsRequest {
+      ns: ns.into(),
+      topic: topic.into(),
+    }
+  }
+}
+
+impl TSerializable for TopicStatsRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<TopicStatsRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = Some("".to_owned());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = TopicStatsRequest {
+      ns: f_1,
+      topic: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("TopicStatsRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.ns {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ns", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.topic {
+      o_prot.write_field_begin(&TFieldIdentifier::new("topic", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for TopicStatsRequest {
+  fn default() -> Self {
+    TopicStatsRequest{
+      ns: Some("".to_owned()),
+      topic: Some("".to_owned()),
+    }
+  }
+}
+
+//
+// TopicStats
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct TopicStats {
+  pub ready: Option<i64>,
+  pub deferred: Option<i64>,
+  pub leased: Option<i64>,
+  pub dead: Option<i64>,
+  pub enqueued: Option<i64>,
+  pub delivered: Option<i64>,
+  pub acked: Option<i64>,
+  pub nacked: Option<i64>,
+  pub expired: Option<i64>,
+  pub oldest_ready_age_ms: Option<i64>,
+}
+
+impl TopicStats {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10>(ready: F1, deferred: F2, leased: F3, dead: F4, enqueued: F5, delivered: F6, acked: F7, nacked: F8, expired: F9, oldest_ready_age_ms: F10) -> TopicStats where F1: Into<Option<i64>>, F2: Into<Option<i64>>, F3: Into<Option<i64>>, F4: Into<Option<i64>>, F5: Into<Option<i64>>, F6: Into<Option<i64>>, F7: Into<Option<i64>>, F8: Into<Option<i64>>, F9: Into<Option<i64>>, F10: Into<Option<i64>> {
+    TopicStats {
+      ready: ready.into(),
+      deferred: deferred.into(),
+      leased: leased.into(),
+      dead: dead.into(),
+      enqueued: enqueued.into(),
+      delivered: delivered.into(),
+      acked: acked.into(),
+      nacked: nacked.into(),
+      expired: expired.into(),
+      oldest_ready_age_ms: oldest_ready_age_ms.into(),
+    }
+  }
+}
+
+impl TSerializable for TopicStats {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<TopicStats> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<i64> = Some(0);
+    let mut f_2: Option<i64> = Some(0);
+    let mut f_3: Option<i64> = Some(0);
+    let mut f_4: Option<i64> = Some(0);
+    let mut f_5: Option<i64> = Some(0);
+    let mut f_6: Option<i64> = Some(0);
+    let mut f_7: Option<i64> = Some(0);
+    let mut f_8: Option<i64> = Some(0);
+    let mut f_9: Option<i64> = Some(0);
+    let mut f_10: Option<i64> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_i64()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_i64()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_i64()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_i64()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_i64()?;
+          f_5 = Some(val);
+        },
+        6 => {
+          let val = i_prot.read_i64()?;
+          f_6 = Some(val);
+        },
+        7 => {
+          let val = i_prot.read_i64()?;
+          f_7 = Some(val);
+        },
+        8 => {
+          let val = i_prot.read_i64()?;
+          f_8 = Some(val);
+        },
+        9 => {
+          let val = i_prot.read_i64()?;
+          f_9 = Some(val);
+        },
+        10 => {
+          let val = i_prot.read_i64()?;
+          f_10 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = TopicStats {
+      ready: f_1,
+      deferred: f_2,
+      leased: f_3,
+      dead: f_4,
+      enqueued: f_5,
+      delivered: f_6,
+      acked: f_7,
+      nacked: f_8,
+      expired: f_9,
+      oldest_ready_age_ms: f_10,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("TopicStats");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(fld_var) = self.ready {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ready", TType::I64, 1))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.deferred {
+      o_prot.write_field_begin(&TFieldIdentifier::new("deferred", TType::I64, 2))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.leased {
+      o_prot.write_field_begin(&TFieldIdentifier::new("leased", TType::I64, 3))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.dead {
+      o_prot.write_field_begin(&TFieldIdentifier::new("dead", TType::I64, 4))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.enqueued {
+      o_prot.write_field_begin(&TFieldIdentifier::new("enqueued", TType::I64, 5))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.delivered {
+      o_prot.write_field_begin(&TFieldIdentifier::new("delivered", TType::I64, 6))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.acked {
+      o_prot.write_field_begin(&TFieldIdentifier::new("acked", TType::I64, 7))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.nacked {
+      o_prot.write_field_begin(&TFieldIdentifier::new("nacked", TType::I64, 8))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.expired {
+      o_prot.write_field_begin(&TFieldIdentifier::new("expired", TType::I64, 9))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.oldest_ready_age_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("oldest_ready_age_ms", TType::I64, 10))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for TopicStats {
+  fn default() -> Self {
+    TopicStats{
+      ready: Some(0),
+      deferred: Some(0),
+      leased: Some(0),
+      dead: Some(0),
+      enqueued: Some(0),
+      delivered: Some(0),
+      acked: Some(0),
+      nacked: Some(0),
+      expired: Some(0),
+      oldest_ready_age_ms: Some(0),
+    }
+  }
+}
+
+//
 // GetActiveTopicsRequest
 //
 
@@ -3284,6 +3554,7 @@ pub trait TFoqsSyncClient {
   fn get_host_info(&mut self) -> thrift::Result<HostInfo>;
   fn touch(&mut self, req: TouchRequest) -> thrift::Result<TouchResponse>;
   fn peek(&mut self, req: PeekRequest) -> thrift::Result<PeekResponse>;
+  fn topic_stats(&mut self, req: TopicStatsRequest) -> thrift::Result<TopicStats>;
   fn dlq_list(&mut self, req: DlqListRequest) -> thrift::Result<DlqListResponse>;
   fn dlq_requeue(&mut self, req: DlqRequeueRequest) -> thrift::Result<DlqRequeueResponse>;
   fn dlq_requeue_all(&mut self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
@@ -3530,6 +3801,33 @@ impl <C: TThriftClient + TFoqsSyncClientMarker> TFoqsSyncClient for C {
       result.ok_or()
     }
   }
+  fn topic_stats(&mut self, req: TopicStatsRequest) -> thrift::Result<TopicStats> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("topicStats", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsTopicStatsArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("topicStats", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsTopicStatsResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
   fn dlq_list(&mut self, req: DlqListRequest) -> thrift::Result<DlqListResponse> {
     (
       {
@@ -3653,6 +3951,7 @@ pub trait FoqsSyncHandler {
   fn handle_get_host_info(&self) -> thrift::Result<HostInfo>;
   fn handle_touch(&self, req: TouchRequest) -> thrift::Result<TouchResponse>;
   fn handle_peek(&self, req: PeekRequest) -> thrift::Result<PeekResponse>;
+  fn handle_topic_stats(&self, req: TopicStatsRequest) -> thrift::Result<TopicStats>;
   fn handle_dlq_list(&self, req: DlqListRequest) -> thrift::Result<DlqListResponse>;
   fn handle_dlq_requeue(&self, req: DlqRequeueRequest) -> thrift::Result<DlqRequeueResponse>;
   fn handle_dlq_requeue_all(&self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
@@ -3692,6 +3991,9 @@ impl <H: FoqsSyncHandler> FoqsSyncProcessor<H> {
   }
   fn process_peek(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_peek(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_topic_stats(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_topic_stats(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
   fn process_dlq_list(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_dlq_list(&self.handler, incoming_sequence_number, i_prot, o_prot)
@@ -4190,6 +4492,66 @@ impl TFoqsProcessFunctions {
       },
     }
   }
+  pub fn process_topic_stats<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsTopicStatsArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_topic_stats(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("topicStats", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsTopicStatsResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsTopicStatsResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("topicStats", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("topicStats", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("topicStats", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("topicStats", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
   pub fn process_dlq_list<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let args = FoqsDlqListArgs::read_from_in_protocol(i_prot)?;
     match handler.handle_dlq_list(args.req) {
@@ -4459,6 +4821,9 @@ impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
       },
       "peek" => {
         self.process_peek(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "topicStats" => {
+        self.process_topic_stats(message_ident.sequence_number, i_prot, o_prot)
       },
       "dlqList" => {
         self.process_dlq_list(message_ident.sequence_number, i_prot, o_prot)
@@ -5459,6 +5824,131 @@ impl FoqsPeekResult {
   }
   pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let struct_ident = TStructIdentifier::new("FoqsPeekResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsTopicStatsArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsTopicStatsArgs {
+  pub req: TopicStatsRequest,
+}
+
+impl FoqsTopicStatsArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsTopicStatsArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<TopicStatsRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = TopicStatsRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsTopicStatsArgs.req", &f_1)?;
+    let ret = FoqsTopicStatsArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("topicStats_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsTopicStatsResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsTopicStatsResult {
+  pub result_value: Option<TopicStats>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsTopicStatsResult {
+  pub fn ok_or(self) -> thrift::Result<TopicStats> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsTopicStats"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsTopicStatsResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<TopicStats> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = TopicStats::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsTopicStatsResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsTopicStatsResult");
     o_prot.write_struct_begin(&struct_ident)?;
     if let Some(ref fld_var) = self.result_value {
       o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;

@@ -806,3 +806,60 @@ async fn peek_on_a_busy_topic_shows_staged_items_as_ready() {
     assert_eq!(next_ids, peeked_ids);
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_stats_count_states_and_traffic_and_the_oldest_age_grows_while_stalled() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let ids = c.enqueue(
+        (0..6)
+            .map(|i| EnqueueItem {
+                lease_ms: Some(200),
+                ..item(NS, "stats", i, b"x")
+            })
+            .collect(),
+    );
+    c.enqueue(vec![EnqueueItem {
+        deliver_after_ms: Some(now_ms() + 60_000),
+        ..item(NS, "stats", 0, b"later")
+    }]);
+    let got = c.dequeue(NS, "stats", 4);
+    c.ack(&[got[0].id.clone().unwrap()]);
+    c.nack(vec![nack(got[1].id.as_ref().unwrap(), None, None)]);
+    c.nack(vec![foqs::thrift_gen::NackItem {
+        to_dlq: Some(true),
+        ..nack(got[2].id.as_ref().unwrap(), None, None)
+    }]);
+    // got[3] stays leased until its 200 ms lease runs out.
+    let s = c.stats(NS, "stats");
+    assert_eq!(
+        (s.ready, s.deferred, s.leased, s.dead),
+        (Some(3), Some(1), Some(1), Some(1))
+    );
+    assert_eq!(
+        (s.enqueued, s.delivered, s.acked, s.nacked, s.expired),
+        (Some(7), Some(4), Some(1), Some(2), Some(0))
+    );
+    eventually(Duration::from_secs(5), "the lease to expire", || {
+        let s = c.stats(NS, "stats");
+        (s.expired == Some(1)).then_some(())
+    })
+    .await;
+    // Nobody dequeues: the oldest ready item keeps ageing.
+    let a = c.stats(NS, "stats").oldest_ready_age_ms.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = c.stats(NS, "stats").oldest_ready_age_ms.unwrap();
+    assert!(b >= a + 250, "age went from {a} to {b}");
+    // Totals survive a restart (they are saved with the checkpoints and at shutdown).
+    let db = srv.stop().await;
+    let srv = TestServer::start_on(db, "").await;
+    let mut c = srv.client();
+    let s = c.stats(NS, "stats");
+    assert_eq!(
+        (s.enqueued, s.delivered, s.acked, s.nacked, s.expired),
+        (Some(7), Some(4), Some(1), Some(2), Some(1))
+    );
+    assert_eq!(c.stats(NS, "none").oldest_ready_age_ms, Some(0));
+    assert_eq!(ids.len(), 6);
+    srv.stop().await;
+}

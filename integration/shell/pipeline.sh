@@ -60,6 +60,7 @@ id=$("$ctl" enqueue --ns "$ns" --topic "$topic-dlq" --payload poison)
 [ "$("$ctl" dlq requeue-all --ns "$ns" --topic "$topic-dlq")" = "requeued 1" ] || fail "requeue-all"
 "$ctl" peek --ns "$ns" --topic "$topic-dlq" | grep -q "^$id" || fail "requeued item not ready"
 "$ctl" topics --ns "$ns" | grep -q "^$topic-dlq	ready=1" || fail "topics"
+"$ctl" stats --ns "$ns" --topic "$topic" | grep -q "^acked	20$" || fail "stats: 20 acked"
 ok
 
 # Exit codes.

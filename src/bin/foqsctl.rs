@@ -120,6 +120,13 @@ enum Cmd {
         #[arg(long)]
         after: Option<String>,
     },
+    /// A topic's counts, totals and the age of its oldest ready item.
+    Stats {
+        #[arg(long)]
+        ns: String,
+        #[arg(long)]
+        topic: String,
+    },
     /// Dead letters.
     Dlq {
         #[command(subcommand)]
@@ -458,6 +465,38 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             }
             if let Some(next) = r.next_after {
                 eprintln!("more: --after {next}");
+            }
+            Ok(Outcome::Done)
+        }
+        Cmd::Stats { ns, topic } => {
+            let s = c
+                .topic_stats(TopicStatsRequest {
+                    ns: Some(ns.clone()),
+                    topic: Some(topic.clone()),
+                })
+                .map_err(e)?;
+            let fields = [
+                ("ready", s.ready),
+                ("deferred", s.deferred),
+                ("leased", s.leased),
+                ("dead", s.dead),
+                ("enqueued", s.enqueued),
+                ("delivered", s.delivered),
+                ("acked", s.acked),
+                ("nacked", s.nacked),
+                ("expired", s.expired),
+                ("oldest_ready_age_ms", s.oldest_ready_age_ms),
+            ];
+            if cli.json {
+                let obj: serde_json::Map<String, Value> = fields
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), json!(v.unwrap_or(0))))
+                    .collect();
+                out(&Value::Object(obj).to_string())?;
+            } else {
+                for (k, v) in fields {
+                    out(&format!("{k}\t{}", v.unwrap_or(0)))?;
+                }
             }
             Ok(Outcome::Done)
         }

@@ -15,6 +15,7 @@ use crate::config::{NamespacePolicy, Namespaces};
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{
     GlobalKey, Item, ItemId, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName,
+    TopicSnapshot,
 };
 use crate::shard::{NackOp, Settled, ShardHandle};
 use crate::waiters::Waiters;
@@ -595,6 +596,43 @@ impl Host {
             None
         };
         Ok((all, next))
+    }
+
+    /// A topic's counts, totals and the age of its oldest ready item, over every shard.
+    pub async fn topic_stats(&self, ns: &str, topic: &str) -> Result<(TopicSnapshot, i64)> {
+        let topic = self.topic_name(ns, topic)?;
+        let snaps = join_all(
+            self.shards
+                .values()
+                .map(|s| s.topic_snapshot(topic.clone())),
+        )
+        .await;
+        let mut all = TopicSnapshot::default();
+        for s in snaps {
+            let s = s?;
+            all.ready += s.ready;
+            all.deferred += s.deferred;
+            all.leased += s.leased;
+            all.dead += s.dead;
+            all.oldest_ready_ms = [all.oldest_ready_ms, s.oldest_ready_ms]
+                .into_iter()
+                .flatten()
+                .min();
+            all.totals.add(&s.totals);
+        }
+        // Staged items are leased rows, but ready as far as clients can tell.
+        let (staged, staged_oldest) = self.prefetch.staged_summary(&topic);
+        let staged = staged.min(all.leased);
+        all.leased -= staged;
+        all.ready += staged;
+        all.oldest_ready_ms = [all.oldest_ready_ms, staged_oldest]
+            .into_iter()
+            .flatten()
+            .min();
+        let age = all
+            .oldest_ready_ms
+            .map_or(0, |t| (self.clock.now_ms() - t).max(0));
+        Ok((all, age))
     }
 
     /// Makes dead items ready again with their delivery count reset; an id that is not a

@@ -206,6 +206,18 @@ impl Prefetch {
             .collect()
     }
 
+    /// How many items of a topic are staged, and the oldest `deliver_after_ms` among them.
+    pub fn staged_summary(&self, topic: &TopicName) -> (i64, Option<i64>) {
+        let topics = self.topics.lock().expect("not poisoned");
+        match topics.get(topic) {
+            Some(s) => (
+                s.items.len() as i64,
+                s.items.values().map(|s| s.item.deliver_after_ms).min(),
+            ),
+            None => (0, None),
+        }
+    }
+
     /// Everything staged, for release at shutdown.
     pub fn drain(&self) -> Vec<Item> {
         let mut topics = self.topics.lock().expect("not poisoned");

@@ -59,6 +59,7 @@ enum Call {
     GetHostInfo,
     Touch(t::TouchRequest),
     Peek(t::PeekRequest),
+    TopicStats(t::TopicStatsRequest),
     DlqList(t::DlqListRequest),
     DlqRequeue(t::DlqRequeueRequest),
     DlqRequeueAll(t::DlqRequeueAllRequest),
@@ -74,6 +75,7 @@ enum Reply {
     GetHostInfo(t::FoqsGetHostInfoResult),
     Touch(t::FoqsTouchResult),
     Peek(t::FoqsPeekResult),
+    TopicStats(t::FoqsTopicStatsResult),
     DlqList(t::FoqsDlqListResult),
     DlqRequeue(t::FoqsDlqRequeueResult),
     DlqRequeueAll(t::FoqsDlqRequeueAllResult),
@@ -171,6 +173,9 @@ fn decode(
         }
         "touch" => t::FoqsTouchArgs::read_from_in_protocol(i).map(|a| Call::Touch(a.req)),
         "peek" => t::FoqsPeekArgs::read_from_in_protocol(i).map(|a| Call::Peek(a.req)),
+        "topicStats" => {
+            t::FoqsTopicStatsArgs::read_from_in_protocol(i).map(|a| Call::TopicStats(a.req))
+        }
         "dlqList" => t::FoqsDlqListArgs::read_from_in_protocol(i).map(|a| Call::DlqList(a.req)),
         "dlqRequeue" => {
             t::FoqsDlqRequeueArgs::read_from_in_protocol(i).map(|a| Call::DlqRequeue(a.req))
@@ -217,6 +222,7 @@ fn encode(
         Reply::GetHostInfo(r) => r.write_to_out_protocol(o)?,
         Reply::Touch(r) => r.write_to_out_protocol(o)?,
         Reply::Peek(r) => r.write_to_out_protocol(o)?,
+        Reply::TopicStats(r) => r.write_to_out_protocol(o)?,
         Reply::DlqList(r) => r.write_to_out_protocol(o)?,
         Reply::DlqRequeue(r) => r.write_to_out_protocol(o)?,
         Reply::DlqRequeueAll(r) => r.write_to_out_protocol(o)?,
@@ -281,6 +287,26 @@ async fn execute(call: Call, host: &Host) -> Reply {
                 .map(convert::active_topics);
             let (result_value, err) = split(r);
             Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
+        }
+        Call::TopicStats(req) => {
+            let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
+            let r = host
+                .topic_stats(&ns, &topic)
+                .await
+                .map(|(s, age)| t::TopicStats {
+                    ready: Some(s.ready),
+                    deferred: Some(s.deferred),
+                    leased: Some(s.leased),
+                    dead: Some(s.dead),
+                    enqueued: Some(s.totals.enqueued),
+                    delivered: Some(s.totals.delivered),
+                    acked: Some(s.totals.acked),
+                    nacked: Some(s.totals.nacked),
+                    expired: Some(s.totals.expired),
+                    oldest_ready_age_ms: Some(age),
+                });
+            let (result_value, err) = split(r);
+            Reply::TopicStats(t::FoqsTopicStatsResult { result_value, err })
         }
         Call::DlqList(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());

@@ -20,7 +20,9 @@ pub use index::{ReadyIndex, TopicIndex};
 pub use worker::{ShardWorker, WorkerConfig};
 
 use crate::error::{Error, Result};
-use crate::model::{Item, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName};
+use crate::model::{
+    Item, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName, TopicSnapshot,
+};
 
 /// The outcome of one ack or nack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +82,10 @@ pub(crate) enum Command {
     FetchReady {
         keys: Vec<u64>,
         reply: Reply<Vec<Item>>,
+    },
+    TopicSnapshot {
+        topic: TopicName,
+        reply: Reply<TopicSnapshot>,
     },
     DeadItems {
         topic: TopicName,
@@ -211,6 +217,12 @@ impl ShardHandle {
     /// Gives back claimed items that were never handed out: ready again, uncounted.
     pub async fn release(&self, items: Vec<Item>) -> Result<()> {
         self.call(|reply| Command::Release { items, reply }).await
+    }
+
+    /// Counts, oldest ready item and totals of a topic on this shard.
+    pub async fn topic_snapshot(&self, topic: TopicName) -> Result<TopicSnapshot> {
+        self.call(|reply| Command::TopicSnapshot { topic, reply })
+            .await
     }
 
     /// The items among `keys` that are ready, read without leasing them (for peek).

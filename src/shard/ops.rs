@@ -36,6 +36,8 @@ pub(super) struct ClaimPlan {
 pub(super) struct NackOutcome {
     settled: Vec<Vec<Settled>>,
     readied: Vec<(String, String, ReadyKey)>,
+    /// The topic of every item nacked.
+    nacked: Vec<(String, String)>,
 }
 
 /// A failed nack transaction, with the topics whose rows it may have changed (`None`:
@@ -116,6 +118,9 @@ impl<S: ShardStore> ShardWorker<S> {
         self.shared
             .items
             .fetch_add(g.rows.len() as i64, Ordering::Relaxed);
+        for (_, it) in &g.rows {
+            self.count(&it.ns, &it.topic, |t| t.enqueued += 1);
+        }
         for (keys, reply) in g.replies {
             let _ = reply.send(Ok(keys));
         }
@@ -148,6 +153,9 @@ impl<S: ShardStore> ShardWorker<S> {
         self.record(&r, took);
         match r {
             Ok(items) => {
+                for i in &items {
+                    self.count(&i.ns, &i.topic, |t| t.delivered += 1);
+                }
                 let mut by_key: HashMap<u64, Item> =
                     items.into_iter().map(|i| (i.id.key, i)).collect();
                 for (_, free, reply) in plan.parts {
@@ -176,6 +184,7 @@ impl<S: ShardStore> ShardWorker<S> {
             Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
         };
         for m in found.values() {
+            self.count(&m.ns, &m.topic, |t| t.acked += 1);
             if m.state == ItemState::Ready {
                 self.index().remove(&m.ns, &m.topic, &m.ready_key());
             }
@@ -219,6 +228,9 @@ impl<S: ShardStore> ShardWorker<S> {
             Ok(o) => o,
             Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
         };
+        for (ns, topic) in &outcome.nacked {
+            self.count(ns, topic, |t| t.nacked += 1);
+        }
         for (ns, topic, k) in outcome.readied {
             self.ready(&ns, &topic, k);
         }
@@ -243,6 +255,7 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         for (items, reply) in requests {
             for i in items {
+                self.count(&i.ns, &i.topic, |t| t.delivered -= 1);
                 let k = ReadyKey {
                     priority: i.priority,
                     deliver_after_ms: i.deliver_after_ms,
@@ -387,6 +400,10 @@ pub(super) async fn nack_exec<S: ShardStore>(
     store
         .apply(&changes)
         .await
-        .map_err(|e| (e, Some(touched)))?;
-    Ok(NackOutcome { settled, readied })
+        .map_err(|e| (e, Some(touched.clone())))?;
+    Ok(NackOutcome {
+        settled,
+        readied,
+        nacked: touched,
+    })
 }

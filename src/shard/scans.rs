@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::worker::{timed, ScanKind, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
-use crate::model::{ItemState, Policy};
+use crate::model::{ItemState, Policy, TopicName, Totals};
 use crate::store::{Change, Checkpoints, Scan, ShardStore, StoreError};
 
 impl<S: ShardStore> ShardWorker<S> {
@@ -53,10 +53,12 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut changes = Vec::new();
         let mut readied = Vec::new();
         let mut removed = Vec::new();
+        let mut expired = Vec::new();
         for m in &rows {
             match scan {
                 Scan::Due => readied.push((m.ns.clone(), m.topic.clone(), m.ready_key())),
                 Scan::Lease => {
+                    expired.push((m.ns.clone(), m.topic.clone()));
                     if m.policy == Policy::AtMostOnce {
                         changes.push(Change::Delete { key: m.key });
                     } else if m.delivery_count >= m.max_attempts {
@@ -98,6 +100,9 @@ impl<S: ShardStore> ShardWorker<S> {
         self.shared
             .items
             .fetch_sub(deleted as i64, Ordering::Relaxed);
+        for (ns, topic) in expired {
+            self.count(&ns, &topic, |t| t.expired += 1);
+        }
         for (ns, topic, k) in readied {
             self.ready(&ns, &topic, k);
         }
@@ -114,11 +119,23 @@ impl<S: ShardStore> ShardWorker<S> {
         Ok(full)
     }
 
-    /// Persists the scans' checkpoints: each is the last millisecond fully processed.
+    /// Persists the scans' checkpoints (each is the last millisecond fully processed) and
+    /// the topics' totals gathered since the last save.
     pub(super) async fn save_checkpoints(&mut self, force: bool) {
         let now = self.clock.now_ms();
         if !force && now - self.last_checkpoint_ms < self.cfg.checkpoint_interval_ms as i64 {
             return;
+        }
+        if !self.totals.is_empty() {
+            let deltas: Vec<(TopicName, Totals)> = self.totals.drain().collect();
+            let (r, took) = timed(self.timeout(), self.store.add_totals(&deltas)).await;
+            self.record(&r, took);
+            if r.is_err() {
+                // Keep them for the next save.
+                for (t, d) in deltas {
+                    self.totals.entry(t).or_default().add(&d);
+                }
+            }
         }
         let mut cp = Checkpoints::default();
         for scan in Scan::ALL {

@@ -27,7 +27,7 @@ use super::{Breaker, Command, ReadyIndex, ShardHandle, ShardShared};
 use crate::clock::SharedClock;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::model::{ReadyKey, ShardId, TopicName};
+use crate::model::{ReadyKey, ShardId, TopicName, TopicSnapshot, Totals};
 use crate::store::{Checkpoints, Scan, ShardStore, StoreError, StoreResult};
 use crate::waiters::Waiters;
 
@@ -88,6 +88,8 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) last_checkpoint_ms: i64,
     pub(super) lease_token: i64,
     pub(super) waiters: Arc<Waiters>,
+    /// Topic totals not saved yet (see `save_checkpoints`).
+    pub(super) totals: HashMap<TopicName, Totals>,
 }
 
 /// `Scan` as a map key.
@@ -170,6 +172,7 @@ impl<S: ShardStore> ShardWorker<S> {
             // Tokens only need to differ from every earlier claim's, across restarts too.
             lease_token: now.saturating_mul(1000),
             waiters,
+            totals: HashMap::new(),
             clock,
             cfg,
         };
@@ -279,6 +282,22 @@ impl<S: ShardStore> ShardWorker<S> {
                             store.dead_items(&topic.ns, &topic.topic, after, limit),
                         )
                         .await;
+                        let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
+                    });
+                }
+                Command::TopicSnapshot { topic, reply } => {
+                    // The saved totals plus what this worker has not saved yet.
+                    let pending = self.totals.get(&topic).copied().unwrap_or_default();
+                    let store = self.store.clone();
+                    let (id, now, timeout) = (self.id, self.clock.now_ms(), self.timeout());
+                    tokio::spawn(async move {
+                        let (r, _) =
+                            timed(timeout, store.topic_snapshot(&topic.ns, &topic.topic, now))
+                                .await;
+                        let r = r.map(|mut s: TopicSnapshot| {
+                            s.totals.add(&pending);
+                            s
+                        });
                         let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
                     });
                 }
@@ -472,6 +491,15 @@ impl<S: ShardStore> ShardWorker<S> {
         let t = index.topic(topic);
         t.apply_refill(&loaded, asked, cap);
         Ok(t.head(n))
+    }
+
+    /// Counts traffic of a topic, for `topicStats`.
+    pub(super) fn count(&mut self, ns: &str, topic: &str, f: impl FnOnce(&mut Totals)) {
+        let key = TopicName {
+            ns: ns.to_string(),
+            topic: topic.to_string(),
+        };
+        f(self.totals.entry(key).or_default());
     }
 
     /// An item became ready: index it (when its topic is loaded) and wake long polls.

@@ -12,7 +12,9 @@ use std::future::Future;
 
 pub use mysql::MySqlStore;
 
-use crate::model::{Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts};
+use crate::model::{
+    Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -238,6 +240,20 @@ pub trait ShardStore: Send + Sync + 'static {
         now_ms: i64,
         limit: usize,
     ) -> impl Future<Output = StoreResult<Vec<TopicCounts>>> + Send;
+
+    /// Counts, oldest ready item and saved totals of one topic.
+    fn topic_snapshot(
+        &self,
+        ns: &str,
+        topic: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = StoreResult<TopicSnapshot>> + Send;
+
+    /// Adds to the saved totals of each topic, in one statement.
+    fn add_totals(
+        &self,
+        deltas: &[(TopicName, Totals)],
+    ) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// A cheap round trip, used to probe a shard whose breaker is open.
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;

@@ -78,6 +78,14 @@ class Iface(object):
         """
         pass
 
+    def topicStats(self, req):
+        """
+        Parameters:
+         - req
+
+        """
+        pass
+
     def dlqList(self, req):
         """
         Parameters:
@@ -384,6 +392,40 @@ class Client(Iface):
             raise result.err
         raise TApplicationException(TApplicationException.MISSING_RESULT, "peek failed: unknown result")
 
+    def topicStats(self, req):
+        """
+        Parameters:
+         - req
+
+        """
+        self.send_topicStats(req)
+        return self.recv_topicStats()
+
+    def send_topicStats(self, req):
+        self._oprot.writeMessageBegin('topicStats', TMessageType.CALL, self._seqid)
+        args = topicStats_args()
+        args.req = req
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_topicStats(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = topicStats_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.err is not None:
+            raise result.err
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "topicStats failed: unknown result")
+
     def dlqList(self, req):
         """
         Parameters:
@@ -533,6 +575,7 @@ class Processor(Iface, TProcessor):
         self._processMap["getHostInfo"] = Processor.process_getHostInfo
         self._processMap["touch"] = Processor.process_touch
         self._processMap["peek"] = Processor.process_peek
+        self._processMap["topicStats"] = Processor.process_topicStats
         self._processMap["dlqList"] = Processor.process_dlqList
         self._processMap["dlqRequeue"] = Processor.process_dlqRequeue
         self._processMap["dlqRequeueAll"] = Processor.process_dlqRequeueAll
@@ -763,6 +806,32 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.EXCEPTION
             result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
         oprot.writeMessageBegin("peek", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_topicStats(self, seqid, iprot, oprot):
+        args = topicStats_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = topicStats_result()
+        try:
+            result.success = self._handler.topicStats(args.req)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except FoqsError as err:
+            msg_type = TMessageType.REPLY
+            result.err = err
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("topicStats", msg_type, seqid)
         result.write(oprot)
         oprot.writeMessageEnd()
         oprot.trans.flush()
@@ -1946,6 +2015,143 @@ class peek_result(object):
 all_structs.append(peek_result)
 peek_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [PeekResponse, None], None, ),  # 0
+    (1, TType.STRUCT, 'err', [FoqsError, None], None, ),  # 1
+)
+
+
+class topicStats_args(object):
+    """
+    Attributes:
+     - req
+
+    """
+
+
+    def __init__(self, req=None,):
+        self.req = req
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.req = TopicStatsRequest()
+                    self.req.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('topicStats_args')
+        if self.req is not None:
+            oprot.writeFieldBegin('req', TType.STRUCT, 1)
+            self.req.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(topicStats_args)
+topicStats_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'req', [TopicStatsRequest, None], None, ),  # 1
+)
+
+
+class topicStats_result(object):
+    """
+    Attributes:
+     - success
+     - err
+
+    """
+
+
+    def __init__(self, success=None, err=None,):
+        self.success = success
+        self.err = err
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = TopicStats()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 1:
+                if ftype == TType.STRUCT:
+                    self.err = FoqsError.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('topicStats_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.err is not None:
+            oprot.writeFieldBegin('err', TType.STRUCT, 1)
+            self.err.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(topicStats_result)
+topicStats_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [TopicStats, None], None, ),  # 0
     (1, TType.STRUCT, 'err', [FoqsError, None], None, ),  # 1
 )
 

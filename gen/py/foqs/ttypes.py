@@ -2339,6 +2339,230 @@ class DlqCountResponse(object):
         return not (self == other)
 
 
+class TopicStatsRequest(object):
+    """
+    Attributes:
+     - ns
+     - topic
+
+    """
+
+
+    def __init__(self, ns=None, topic=None,):
+        self.ns = ns
+        self.topic = topic
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.ns = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.topic = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('TopicStatsRequest')
+        if self.ns is not None:
+            oprot.writeFieldBegin('ns', TType.STRING, 1)
+            oprot.writeString(self.ns.encode('utf-8') if sys.version_info[0] == 2 else self.ns)
+            oprot.writeFieldEnd()
+        if self.topic is not None:
+            oprot.writeFieldBegin('topic', TType.STRING, 2)
+            oprot.writeString(self.topic.encode('utf-8') if sys.version_info[0] == 2 else self.topic)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class TopicStats(object):
+    """
+    Attributes:
+     - ready
+     - deferred
+     - leased
+     - dead
+     - enqueued
+     - delivered
+     - acked
+     - nacked
+     - expired
+     - oldest_ready_age_ms
+
+    """
+
+
+    def __init__(self, ready=None, deferred=None, leased=None, dead=None, enqueued=None, delivered=None, acked=None, nacked=None, expired=None, oldest_ready_age_ms=None,):
+        self.ready = ready
+        self.deferred = deferred
+        self.leased = leased
+        self.dead = dead
+        self.enqueued = enqueued
+        self.delivered = delivered
+        self.acked = acked
+        self.nacked = nacked
+        self.expired = expired
+        self.oldest_ready_age_ms = oldest_ready_age_ms
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I64:
+                    self.ready = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.deferred = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.leased = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I64:
+                    self.dead = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I64:
+                    self.enqueued = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I64:
+                    self.delivered = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.I64:
+                    self.acked = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.I64:
+                    self.nacked = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.I64:
+                    self.expired = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.I64:
+                    self.oldest_ready_age_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('TopicStats')
+        if self.ready is not None:
+            oprot.writeFieldBegin('ready', TType.I64, 1)
+            oprot.writeI64(self.ready)
+            oprot.writeFieldEnd()
+        if self.deferred is not None:
+            oprot.writeFieldBegin('deferred', TType.I64, 2)
+            oprot.writeI64(self.deferred)
+            oprot.writeFieldEnd()
+        if self.leased is not None:
+            oprot.writeFieldBegin('leased', TType.I64, 3)
+            oprot.writeI64(self.leased)
+            oprot.writeFieldEnd()
+        if self.dead is not None:
+            oprot.writeFieldBegin('dead', TType.I64, 4)
+            oprot.writeI64(self.dead)
+            oprot.writeFieldEnd()
+        if self.enqueued is not None:
+            oprot.writeFieldBegin('enqueued', TType.I64, 5)
+            oprot.writeI64(self.enqueued)
+            oprot.writeFieldEnd()
+        if self.delivered is not None:
+            oprot.writeFieldBegin('delivered', TType.I64, 6)
+            oprot.writeI64(self.delivered)
+            oprot.writeFieldEnd()
+        if self.acked is not None:
+            oprot.writeFieldBegin('acked', TType.I64, 7)
+            oprot.writeI64(self.acked)
+            oprot.writeFieldEnd()
+        if self.nacked is not None:
+            oprot.writeFieldBegin('nacked', TType.I64, 8)
+            oprot.writeI64(self.nacked)
+            oprot.writeFieldEnd()
+        if self.expired is not None:
+            oprot.writeFieldBegin('expired', TType.I64, 9)
+            oprot.writeI64(self.expired)
+            oprot.writeFieldEnd()
+        if self.oldest_ready_age_ms is not None:
+            oprot.writeFieldBegin('oldest_ready_age_ms', TType.I64, 10)
+            oprot.writeI64(self.oldest_ready_age_ms)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class GetActiveTopicsRequest(object):
     """
     Attributes:
@@ -2937,6 +3161,26 @@ all_structs.append(DlqCountResponse)
 DlqCountResponse.thrift_spec = (
     None,  # 0
     (1, TType.I64, 'count', None, None, ),  # 1
+)
+all_structs.append(TopicStatsRequest)
+TopicStatsRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
+)
+all_structs.append(TopicStats)
+TopicStats.thrift_spec = (
+    None,  # 0
+    (1, TType.I64, 'ready', None, None, ),  # 1
+    (2, TType.I64, 'deferred', None, None, ),  # 2
+    (3, TType.I64, 'leased', None, None, ),  # 3
+    (4, TType.I64, 'dead', None, None, ),  # 4
+    (5, TType.I64, 'enqueued', None, None, ),  # 5
+    (6, TType.I64, 'delivered', None, None, ),  # 6
+    (7, TType.I64, 'acked', None, None, ),  # 7
+    (8, TType.I64, 'nacked', None, None, ),  # 8
+    (9, TType.I64, 'expired', None, None, ),  # 9
+    (10, TType.I64, 'oldest_ready_age_ms', None, None, ),  # 10
 )
 all_structs.append(GetActiveTopicsRequest)
 GetActiveTopicsRequest.thrift_spec = (

@@ -301,6 +301,14 @@ impl Client {
         self.call(|c| c.peek(req)).map(|r| r.items.unwrap())
     }
 
+    pub fn stats(&mut self, ns: &str, topic: &str) -> TopicStats {
+        let req = TopicStatsRequest {
+            ns: Some(ns.into()),
+            topic: Some(topic.into()),
+        };
+        self.call(|c| c.topic_stats(req)).expect("topicStats")
+    }
+
     pub fn host_info(&mut self) -> HostInfo {
         self.call(|c| c.get_host_info()).expect("getHostInfo")
     }

@@ -28,7 +28,10 @@ mod sql;
 use sql::{apply_statements, insert_sql, key_list, run};
 
 use super::{Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StoreError, StoreResult};
-use crate::model::{Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts};
+use crate::model::{
+    Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName,
+    TopicSnapshot, Totals,
+};
 
 const SCHEMA_VERSION: i64 = 1;
 
@@ -56,6 +59,16 @@ const SCHEMA: &[&str] = &[
         KEY due (due_at_ms),
         KEY lease (lease_expires_ms),
         KEY ttl (expires_at_ms)
+    ) ENGINE=InnoDB",
+    "CREATE TABLE IF NOT EXISTS topic_totals (
+        ns VARBINARY(255) NOT NULL,
+        topic VARBINARY(255) NOT NULL,
+        enqueued BIGINT NOT NULL DEFAULT 0,
+        delivered BIGINT NOT NULL DEFAULT 0,
+        acked BIGINT NOT NULL DEFAULT 0,
+        nacked BIGINT NOT NULL DEFAULT 0,
+        expired BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (ns, topic)
     ) ENGINE=InnoDB",
     "CREATE TABLE IF NOT EXISTS foqs_meta (
         name VARBINARY(64) NOT NULL PRIMARY KEY,
@@ -538,6 +551,86 @@ impl ShardStore for MySqlStore {
                 leased,
             })
             .collect())
+    }
+
+    async fn topic_snapshot(
+        &self,
+        ns: &str,
+        topic: &str,
+        now_ms: i64,
+    ) -> StoreResult<TopicSnapshot> {
+        let mut conn = self.conn().await?;
+        // SUM and MIN are NULL over no rows.
+        type Counts = (
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+        );
+        let counts: Option<Counts> = conn
+            .exec_first(
+                "SELECT CAST(SUM(state = 0 AND deliver_after_ms <= ?) AS SIGNED),
+                        CAST(SUM(state = 0 AND deliver_after_ms > ?) AS SIGNED),
+                        CAST(SUM(state = 1) AS SIGNED),
+                        CAST(SUM(state = 2) AS SIGNED),
+                        MIN(IF(state = 0 AND deliver_after_ms <= ?, deliver_after_ms, NULL))
+                 FROM items WHERE ns = ? AND topic = ? AND (expires_at_ms IS NULL OR expires_at_ms > ?)",
+                (now_ms, now_ms, now_ms, ns.as_bytes(), topic.as_bytes(), now_ms),
+            )
+            .await?;
+        let (ready, deferred, leased, dead, oldest_ready_ms) = counts.unwrap_or_default();
+        let totals: Option<(i64, i64, i64, i64, i64)> = conn
+            .exec_first(
+                "SELECT enqueued, delivered, acked, nacked, expired FROM topic_totals WHERE ns = ? AND topic = ?",
+                (ns.as_bytes(), topic.as_bytes()),
+            )
+            .await?;
+        let (enqueued, delivered, acked, nacked, expired) = totals.unwrap_or_default();
+        Ok(TopicSnapshot {
+            ready: ready.unwrap_or(0),
+            deferred: deferred.unwrap_or(0),
+            leased: leased.unwrap_or(0),
+            dead: dead.unwrap_or(0),
+            oldest_ready_ms,
+            totals: Totals {
+                enqueued,
+                delivered,
+                acked,
+                nacked,
+                expired,
+            },
+        })
+    }
+
+    async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?)"; deltas.len()].join(", ");
+        let mut params: Vec<Value> = Vec::with_capacity(deltas.len() * 7);
+        for (t, d) in deltas {
+            params.extend([
+                t.ns.as_bytes().into(),
+                t.topic.as_bytes().into(),
+                d.enqueued.into(),
+                d.delivered.into(),
+                d.acked.into(),
+                d.nacked.into(),
+                d.expired.into(),
+            ]);
+        }
+        let mut conn = self.conn().await?;
+        conn.exec_drop(
+            format!(
+                "INSERT INTO topic_totals (ns, topic, enqueued, delivered, acked, nacked, expired) VALUES {rows}
+                 ON DUPLICATE KEY UPDATE enqueued = enqueued + VALUES(enqueued), delivered = delivered + VALUES(delivered),
+                   acked = acked + VALUES(acked), nacked = nacked + VALUES(nacked), expired = expired + VALUES(expired)"
+            ),
+            Params::Positional(params),
+        )
+        .await?;
+        Ok(())
     }
 
     async fn ping(&self) -> StoreResult<()> {
