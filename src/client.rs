@@ -63,5 +63,6 @@ pub fn new_item(
         ttl_ms: None,
         policy: None,
         max_attempts: None,
+        dedup_key: None,
     }
 }

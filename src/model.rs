@@ -136,6 +136,8 @@ pub struct NewItem {
     pub expires_at_ms: Option<i64>,
     pub policy: Policy,
     pub max_attempts: i32,
+    /// At most one item with this key exists per (ns, topic).
+    pub dedup_key: Option<String>,
 }
 
 /// An item as handed to a consumer.

@@ -59,6 +59,9 @@ struct EnqueueItem {
   9: optional DeliveryPolicy policy,
   // Absent = the namespace default (5 unless configured).
   10: optional i32 max_attempts,
+  // While an item with the same (ns, topic, dedup_key) exists, in any state, another
+  // enqueue with this key writes nothing and returns the existing item's id.
+  11: optional string dedup_key,
 }
 
 struct EnqueueRequest {
@@ -69,6 +72,8 @@ struct EnqueueResult {
   // "<shard_id>:<primary_key>", set when the item was committed.
   1: optional string id,
   2: optional ItemError error,
+  // True when the id is that of an existing item with the same dedup_key.
+  3: optional bool deduplicated,
 }
 
 struct EnqueueResponse {

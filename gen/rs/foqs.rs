@@ -375,10 +375,11 @@ pub struct EnqueueItem {
   pub ttl_ms: Option<i64>,
   pub policy: Option<DeliveryPolicy>,
   pub max_attempts: Option<i32>,
+  pub dedup_key: Option<String>,
 }
 
 impl EnqueueItem {
-  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10>(ns: F1, topic: F2, priority: F3, payload: F4, metadata: F5, deliver_after_ms: F6, lease_ms: F7, ttl_ms: F8, policy: F9, max_attempts: F10) -> EnqueueItem where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<Vec<u8>>>, F5: Into<Option<Vec<u8>>>, F6: Into<Option<i64>>, F7: Into<Option<i64>>, F8: Into<Option<i64>>, F9: Into<Option<DeliveryPolicy>>, F10: Into<Option<i32>> {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10, F11>(ns: F1, topic: F2, priority: F3, payload: F4, metadata: F5, deliver_after_ms: F6, lease_ms: F7, ttl_ms: F8, policy: F9, max_attempts: F10, dedup_key: F11) -> EnqueueItem where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<Vec<u8>>>, F5: Into<Option<Vec<u8>>>, F6: Into<Option<i64>>, F7: Into<Option<i64>>, F8: Into<Option<i64>>, F9: Into<Option<DeliveryPolicy>>, F10: Into<Option<i32>>, F11: Into<Option<String>> {
     EnqueueItem {
       ns: ns.into(),
       topic: topic.into(),
@@ -390,6 +391,7 @@ impl EnqueueItem {
       ttl_ms: ttl_ms.into(),
       policy: policy.into(),
       max_attempts: max_attempts.into(),
+      dedup_key: dedup_key.into(),
     }
   }
 }
@@ -407,6 +409,7 @@ impl TSerializable for EnqueueItem {
     let mut f_8: Option<i64> = None;
     let mut f_9: Option<DeliveryPolicy> = None;
     let mut f_10: Option<i32> = None;
+    let mut f_11: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -454,6 +457,10 @@ impl TSerializable for EnqueueItem {
           let val = i_prot.read_i32()?;
           f_10 = Some(val);
         },
+        11 => {
+          let val = i_prot.read_string()?;
+          f_11 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -472,6 +479,7 @@ impl TSerializable for EnqueueItem {
       ttl_ms: f_8,
       policy: f_9,
       max_attempts: f_10,
+      dedup_key: f_11,
     };
     Ok(ret)
   }
@@ -528,6 +536,11 @@ impl TSerializable for EnqueueItem {
       o_prot.write_i32(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.dedup_key {
+      o_prot.write_field_begin(&TFieldIdentifier::new("dedup_key", TType::String, 11))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -546,6 +559,7 @@ impl Default for EnqueueItem {
       ttl_ms: Some(0),
       policy: None,
       max_attempts: Some(0),
+      dedup_key: Some("".to_owned()),
     }
   }
 }
@@ -633,13 +647,15 @@ impl Default for EnqueueRequest {
 pub struct EnqueueResult {
   pub id: Option<String>,
   pub error: Option<ItemError>,
+  pub deduplicated: Option<bool>,
 }
 
 impl EnqueueResult {
-  pub fn new<F1, F2>(id: F1, error: F2) -> EnqueueResult where F1: Into<Option<String>>, F2: Into<Option<ItemError>> {
+  pub fn new<F1, F2, F3>(id: F1, error: F2, deduplicated: F3) -> EnqueueResult where F1: Into<Option<String>>, F2: Into<Option<ItemError>>, F3: Into<Option<bool>> {
     EnqueueResult {
       id: id.into(),
       error: error.into(),
+      deduplicated: deduplicated.into(),
     }
   }
 }
@@ -649,6 +665,7 @@ impl TSerializable for EnqueueResult {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<String> = None;
     let mut f_2: Option<ItemError> = None;
+    let mut f_3: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -664,6 +681,10 @@ impl TSerializable for EnqueueResult {
           let val = ItemError::read_from_in_protocol(i_prot)?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_bool()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -674,6 +695,7 @@ impl TSerializable for EnqueueResult {
     let ret = EnqueueResult {
       id: f_1,
       error: f_2,
+      deduplicated: f_3,
     };
     Ok(ret)
   }
@@ -690,6 +712,11 @@ impl TSerializable for EnqueueResult {
       fld_var.write_to_out_protocol(o_prot)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.deduplicated {
+      o_prot.write_field_begin(&TFieldIdentifier::new("deduplicated", TType::Bool, 3))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -700,6 +727,7 @@ impl Default for EnqueueResult {
     EnqueueResult{
       id: Some("".to_owned()),
       error: None,
+      deduplicated: Some(false),
     }
   }
 }

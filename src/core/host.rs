@@ -17,7 +17,7 @@ use crate::model::{
     GlobalKey, Item, ItemId, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName,
     TopicSnapshot,
 };
-use crate::shard::{NackOp, Settled, ShardHandle};
+use crate::shard::{Enqueued, NackOp, Settled, ShardHandle};
 use crate::waiters::Waiters;
 
 /// A dead-letter page cursor: "priority:deliver_after:key:shard" of the last item shown.
@@ -95,7 +95,10 @@ impl Host {
     }
 
     /// Enqueues a batch; each item succeeds or fails alone. Replies only after commit.
-    pub async fn enqueue(&self, items: Vec<EnqueueRequestItem>) -> Result<Vec<Result<ItemId>>> {
+    pub async fn enqueue(
+        &self,
+        items: Vec<EnqueueRequestItem>,
+    ) -> Result<Vec<Result<(ItemId, bool)>>> {
         if items.len() > limits::ITEMS_PER_REQUEST_MAX {
             return Err(Error::invalid(format!(
                 "{} items in one request; at most {}",
@@ -104,27 +107,51 @@ impl Host {
             )));
         }
         let now = self.clock.now_ms();
-        let mut results: Vec<Option<Result<ItemId>>> = Vec::with_capacity(items.len());
-        let mut valid: Vec<(usize, NewItem)> = Vec::new();
+        let mut results: Vec<Option<Result<(ItemId, bool)>>> = Vec::with_capacity(items.len());
+        // Items without a dedup key go together to one shard (one INSERT); an item with a
+        // key must go to the shard its key hashes to, so that the key is unique there.
+        let mut plain: Vec<(usize, NewItem)> = Vec::new();
+        let mut keyed: BTreeMap<ShardId, Vec<(usize, NewItem)>> = BTreeMap::new();
         for (i, it) in items.into_iter().enumerate() {
             let policy = self.namespaces.get(&it.ns);
             match validate_item(it, policy, now) {
                 Ok(n) => {
-                    valid.push((i, n));
+                    match &n.dedup_key {
+                        Some(k) => keyed
+                            .entry(self.dedup_shard(&n.ns, &n.topic, k))
+                            .or_default()
+                            .push((i, n)),
+                        None => plain.push((i, n)),
+                    }
                     results.push(None);
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
         }
-        if !valid.is_empty() {
-            let (positions, new_items): (Vec<usize>, Vec<NewItem>) = valid.into_iter().unzip();
-            let outcome = self.enqueue_on_some_shard(new_items).await;
+        let mut batches = Vec::new();
+        if !plain.is_empty() {
+            batches.push((None, plain));
+        }
+        batches.extend(keyed.into_iter().map(|(shard, items)| (Some(shard), items)));
+        let outcomes = join_all(batches.into_iter().map(|(shard, items)| async move {
+            let (positions, new_items): (Vec<usize>, Vec<NewItem>) = items.into_iter().unzip();
+            let outcome = match shard {
+                None => self.enqueue_on_some_shard(new_items).await,
+                Some(id) => self.enqueue_on_shard(id, new_items).await,
+            };
+            (positions, outcome)
+        }))
+        .await;
+        for (positions, outcome) in outcomes {
             for (n, pos) in positions.into_iter().enumerate() {
                 results[pos] = Some(match &outcome {
-                    Ok((shard, keys)) => Ok(ItemId {
-                        shard: *shard,
-                        key: keys[n],
-                    }),
+                    Ok((shard, keys)) => Ok((
+                        ItemId {
+                            shard: *shard,
+                            key: keys[n].0,
+                        },
+                        keys[n].1,
+                    )),
                     Err(e) => Err(e.clone()),
                 });
             }
@@ -135,8 +162,43 @@ impl Host {
             .collect())
     }
 
+    /// The shard that owns a dedup key: a stable hash (FNV-1a) over every configured
+    /// shard, healthy or not, so the same key always meets itself. Changing the shard list
+    /// changes where keys go; dedup across such a change is not guaranteed.
+    fn dedup_shard(&self, ns: &str, topic: &str, key: &str) -> ShardId {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for part in [ns.as_bytes(), &[0], topic.as_bytes(), &[0], key.as_bytes()] {
+            for b in part {
+                h ^= *b as u64;
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        let ids: Vec<ShardId> = self.shards.keys().copied().collect();
+        ids[(h % ids.len() as u64) as usize]
+    }
+
+    /// Writes items with dedup keys to the shard that owns their keys; if that shard is
+    /// sick or busy they fail (retryably): writing them elsewhere would break uniqueness.
+    async fn enqueue_on_shard(
+        &self,
+        id: ShardId,
+        items: Vec<NewItem>,
+    ) -> Result<(ShardId, Vec<Enqueued>)> {
+        let shard = &self.shards[&id];
+        if !shard.is_healthy() {
+            return Err(Error::unavailable(format!(
+                "shard {id}, which owns these dedup keys, is unhealthy"
+            )));
+        }
+        shard
+            .submit_enqueue(items)?
+            .wait()
+            .await
+            .map(|keys| (id, keys))
+    }
+
     /// Writes the whole batch to one healthy shard, round-robin, so it is one INSERT.
-    async fn enqueue_on_some_shard(&self, items: Vec<NewItem>) -> Result<(ShardId, Vec<u64>)> {
+    async fn enqueue_on_some_shard(&self, items: Vec<NewItem>) -> Result<(ShardId, Vec<Enqueued>)> {
         let healthy: Vec<&ShardHandle> = self.shards.values().filter(|s| s.is_healthy()).collect();
         if healthy.is_empty() {
             return Err(Error::unavailable(

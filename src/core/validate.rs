@@ -39,6 +39,7 @@ pub struct EnqueueRequestItem {
     pub ttl_ms: Option<i64>,
     pub policy: Option<i32>,
     pub max_attempts: Option<i32>,
+    pub dedup_key: Option<String>,
 }
 
 pub fn check_name(what: &str, name: &str) -> Result<()> {
@@ -123,6 +124,9 @@ pub fn validate_item(
             return Err(Error::invalid(format!("max_attempts must be > 0, got {m}")));
         }
     }
+    if let Some(k) = &it.dedup_key {
+        check_name("dedup_key", k)?;
+    }
     let deliver_after_ms = it.deliver_after_ms.unwrap_or(now_ms);
     if !(0..=i64::MAX / 2).contains(&deliver_after_ms) {
         return Err(Error::invalid(format!(
@@ -148,6 +152,7 @@ pub fn validate_item(
         expires_at_ms: ttl_ms.map(|t| now_ms.saturating_add(t)),
         policy: policy.unwrap_or(ns.policy),
         max_attempts: it.max_attempts.unwrap_or(ns.max_attempts),
+        dedup_key: it.dedup_key,
     })
 }
 

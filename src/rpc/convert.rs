@@ -22,6 +22,7 @@ pub fn enqueue_items(req: t::EnqueueRequest) -> Vec<EnqueueRequestItem> {
             ttl_ms: i.ttl_ms,
             policy: i.policy.map(|p| p.0),
             max_attempts: i.max_attempts,
+            dedup_key: i.dedup_key,
         })
         .collect()
 }
@@ -72,19 +73,21 @@ pub fn item_error(e: Error) -> t::ItemError {
     }
 }
 
-pub fn enqueue_response(results: Vec<crate::error::Result<ItemId>>) -> t::EnqueueResponse {
+pub fn enqueue_response(results: Vec<crate::error::Result<(ItemId, bool)>>) -> t::EnqueueResponse {
     t::EnqueueResponse {
         results: Some(
             results
                 .into_iter()
                 .map(|r| match r {
-                    Ok(id) => t::EnqueueResult {
+                    Ok((id, deduplicated)) => t::EnqueueResult {
                         id: Some(id.to_string()),
                         error: None,
+                        deduplicated: Some(deduplicated),
                     },
                     Err(e) => t::EnqueueResult {
                         id: None,
                         error: Some(item_error(e)),
+                        deduplicated: None,
                     },
                 })
                 .collect(),

@@ -45,13 +45,17 @@ pub struct NackOp {
     pub to_dlq: bool,
 }
 
+/// What an enqueued item became: its key, and whether that is the key of an existing
+/// item with the same dedup key (nothing was written).
+pub type Enqueued = (u64, bool);
+
 /// One touch for a worker: the key and by how long (from now) to extend its lease.
 pub type TouchOp = (u64, i64);
 
 pub(crate) enum Command {
     Enqueue {
         items: Vec<NewItem>,
-        reply: Reply<Vec<u64>>,
+        reply: Reply<Vec<Enqueued>>,
     },
     Peek {
         topic: TopicName,
@@ -124,11 +128,11 @@ pub(crate) enum Command {
 /// An enqueue a shard worker has accepted; resolves when its batch commits or fails.
 pub struct PendingEnqueue {
     id: ShardId,
-    rx: oneshot::Receiver<Result<Vec<u64>>>,
+    rx: oneshot::Receiver<Result<Vec<Enqueued>>>,
 }
 
 impl PendingEnqueue {
-    pub async fn wait(self) -> Result<Vec<u64>> {
+    pub async fn wait(self) -> Result<Vec<Enqueued>> {
         self.rx.await.map_err(|_| gone(self.id))?
     }
 }

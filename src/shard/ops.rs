@@ -5,11 +5,11 @@
 //! After a storage error the outcome of a write is unknown (the commit may have happened),
 //! so the index forgets the topics involved and reloads them from MySQL, the truth.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use super::worker::{storage_error, ShardWorker};
-use super::{NackOp, Reply, Settled, TouchOp};
+use super::worker::{storage_error, timed, ShardWorker};
+use super::{Command, Enqueued, NackOp, Reply, Settled, TouchOp};
 use crate::error::Error;
 use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
 use crate::store::{Change, ItemMeta, ShardStore, StoreError, StoreResult};
@@ -17,12 +17,21 @@ use crate::store::{Change, ItemMeta, ShardStore, StoreError, StoreResult};
 /// Keys are reserved in blocks so that the high-water mark is written once per block.
 const KEY_BLOCK: u64 = 100_000;
 
+/// (ns, topic, dedup key): at most one item exists per value.
+pub(super) type DedupKey = (String, String, String);
+
+fn dedup_key(it: &NewItem) -> Option<DedupKey> {
+    it.dedup_key
+        .as_ref()
+        .map(|k| (it.ns.clone(), it.topic.clone(), k.clone()))
+}
+
 /// One multi-row INSERT and the enqueues it answers.
 pub(super) struct InsertGroup {
     pub rows: Vec<(u64, NewItem)>,
     /// Written with the rows when they reach past the persisted high-water mark.
     pub key_high_water: Option<u64>,
-    replies: Vec<(Vec<u64>, Reply<Vec<u64>>)>,
+    replies: Vec<(Vec<Enqueued>, Reply<Vec<Enqueued>>)>,
 }
 
 /// All claims of a turn: one UPDATE under one token.
@@ -51,11 +60,78 @@ fn fail_all<T, U>(requests: Vec<(T, Reply<U>)>, err: &Error) {
 }
 
 impl<S: ShardStore> ShardWorker<S> {
+    /// Deduplication before planning: a request that repeats a dedup key that an earlier
+    /// request of this turn introduced waits for the next turn (by then the first is
+    /// committed and found); the others' keys are looked up. Returns the requests to plan
+    /// now and the existing items by (ns, topic, dedup key).
+    pub(super) async fn resolve_dedup(
+        &mut self,
+        requests: Vec<(Vec<NewItem>, Reply<Vec<Enqueued>>)>,
+    ) -> (
+        Vec<(Vec<NewItem>, Reply<Vec<Enqueued>>)>,
+        HashMap<DedupKey, u64>,
+    ) {
+        if requests
+            .iter()
+            .all(|(items, _)| items.iter().all(|i| i.dedup_key.is_none()))
+        {
+            return (requests, HashMap::new());
+        }
+        let mut claimed: HashSet<DedupKey> = HashSet::new();
+        let mut now = Vec::with_capacity(requests.len());
+        for (items, reply) in requests {
+            let keys: HashSet<DedupKey> = items.iter().filter_map(dedup_key).collect();
+            if keys.iter().any(|k| claimed.contains(k)) {
+                self.deferred.push(Command::Enqueue { items, reply });
+            } else {
+                claimed.extend(keys);
+                now.push((items, reply));
+            }
+        }
+        let mut by_topic: HashMap<(String, String), Vec<String>> = HashMap::new();
+        for (ns, topic, key) in &claimed {
+            by_topic
+                .entry((ns.clone(), topic.clone()))
+                .or_default()
+                .push(key.clone());
+        }
+        let mut existing = HashMap::new();
+        for ((ns, topic), keys) in by_topic {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let (r, took) =
+                timed(self.timeout(), self.store.dedup_lookup(&ns, &topic, &refs)).await;
+            self.record(&r, took);
+            match r {
+                Ok(found) => {
+                    for (key, id) in found {
+                        existing.insert((ns.clone(), topic.clone(), key), id);
+                    }
+                }
+                Err(e) => {
+                    // Without knowing what exists, items with keys of this topic cannot be
+                    // written: fail their requests (retryably), let the rest through.
+                    let err = storage_error(self.id, &e);
+                    let (fail, keep): (Vec<_>, Vec<_>) = now.into_iter().partition(|(items, _)| {
+                        items
+                            .iter()
+                            .any(|i| i.dedup_key.is_some() && i.ns == ns && i.topic == topic)
+                    });
+                    fail_all(fail, &err);
+                    now = keep;
+                }
+            }
+        }
+        (now, existing)
+    }
+
     /// Cuts the turn's enqueues into INSERTs of at most `enqueue_batch_rows_max` rows,
-    /// never splitting one request (its reply needs one outcome), and assigns keys.
+    /// never splitting one request (its reply needs one outcome), and assigns keys. Items
+    /// whose dedup key exists, in MySQL or earlier in the same request, are not written:
+    /// they answer with the existing key.
     pub(super) fn plan_inserts(
         &mut self,
-        batches: Vec<(Vec<NewItem>, Reply<Vec<u64>>)>,
+        batches: Vec<(Vec<NewItem>, Reply<Vec<Enqueued>>)>,
+        existing: &HashMap<DedupKey, u64>,
     ) -> Vec<InsertGroup> {
         let mut groups: Vec<InsertGroup> = Vec::new();
         for (items, reply) in batches {
@@ -70,11 +146,26 @@ impl<S: ShardStore> ShardWorker<S> {
                 });
             }
             let g = groups.last_mut().expect("just ensured");
-            let first = self.next_key;
-            self.next_key += items.len() as u64;
-            let keys: Vec<u64> = (first..self.next_key).collect();
-            g.rows.extend(keys.iter().copied().zip(items));
-            g.replies.push((keys, reply));
+            let mut seen: HashMap<DedupKey, u64> = HashMap::new();
+            let mut out = Vec::with_capacity(items.len());
+            for it in items {
+                let dk = dedup_key(&it);
+                if let Some(id) = dk
+                    .as_ref()
+                    .and_then(|k| existing.get(k).or_else(|| seen.get(k)))
+                {
+                    out.push((*id, true));
+                    continue;
+                }
+                let key = self.next_key;
+                self.next_key += 1;
+                if let Some(k) = dk {
+                    seen.insert(k, key);
+                }
+                g.rows.push((key, it));
+                out.push((key, false));
+            }
+            g.replies.push((out, reply));
         }
         // The groups commit concurrently, in any order: each that reaches past the
         // persisted mark carries the new one (the store keeps the greatest).

@@ -88,6 +88,8 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) last_checkpoint_ms: i64,
     pub(super) lease_token: i64,
     pub(super) waiters: Arc<Waiters>,
+    /// Enqueues put off to the next turn (see `resolve_dedup`).
+    pub(super) deferred: Vec<Command>,
     /// Topic totals not saved yet (see `save_checkpoints`).
     pub(super) totals: HashMap<TopicName, Totals>,
 }
@@ -173,6 +175,7 @@ impl<S: ShardStore> ShardWorker<S> {
             lease_token: now.saturating_mul(1000),
             waiters,
             totals: HashMap::new(),
+            deferred: Vec::new(),
             clock,
             cfg,
         };
@@ -199,23 +202,30 @@ impl<S: ShardStore> ShardWorker<S> {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         loop {
-            tokio::select! {
-                biased;
-                first = rx.recv() => {
-                    let Some(first) = first else { break };
-                    let mut turn = vec![first];
-                    while turn.len() < TURN_COMMANDS_MAX {
-                        match rx.try_recv() {
-                            Ok(c) => turn.push(c),
-                            Err(_) => break,
-                        }
+            // Put-off enqueues go first, without waiting for a new command.
+            let mut turn = std::mem::take(&mut self.deferred);
+            if turn.is_empty() {
+                tokio::select! {
+                    biased;
+                    first = rx.recv() => {
+                        let Some(first) = first else { break };
+                        turn.push(first);
                     }
-                    if let Some(done) = self.turn(turn).await {
-                        shutdown = Some(done);
-                        break;
+                    _ = ticker.tick() => {
+                        self.background().await;
+                        continue;
                     }
                 }
-                _ = ticker.tick() => self.background().await,
+            }
+            while turn.len() < TURN_COMMANDS_MAX {
+                match rx.try_recv() {
+                    Ok(c) => turn.push(c),
+                    Err(_) => break,
+                }
+            }
+            if let Some(done) = self.turn(turn).await {
+                shutdown = Some(done);
+                break;
             }
         }
         // Finish what was already accepted: nothing queued is dropped unanswered.
@@ -224,8 +234,10 @@ impl<S: ShardStore> ShardWorker<S> {
         while let Some(c) = rx.recv().await {
             rest.push(c);
         }
-        if !rest.is_empty() {
+        rest.append(&mut self.deferred);
+        while !rest.is_empty() {
             self.turn(rest).await;
+            rest = std::mem::take(&mut self.deferred);
         }
         self.save_checkpoints(true).await;
         tracing::info!(shard = self.id, "shard worker stopped");
@@ -362,7 +374,8 @@ impl<S: ShardStore> ShardWorker<S> {
         }
 
         // Every write of the turn at once; their outcomes are applied afterwards, in order.
-        let inserts = self.plan_inserts(enqueues);
+        let (enqueues, existing) = self.resolve_dedup(enqueues).await;
+        let inserts = self.plan_inserts(enqueues, &existing);
         let claim = self.plan_claim(claims);
         let ack_keys: Vec<u64> = acks.iter().flat_map(|(k, _)| k.iter().copied()).collect();
         let release_changes = ops::release_changes(&releases);

@@ -210,6 +210,14 @@ pub trait ShardStore: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = StoreResult<u64>> + Send;
 
+    /// The existing items of a topic with any of `dedup_keys`: (dedup key, item key).
+    fn dedup_lookup(
+        &self,
+        ns: &str,
+        topic: &str,
+        dedup_keys: &[&str],
+    ) -> impl Future<Output = StoreResult<Vec<(String, u64)>>> + Send;
+
     /// The current state of those of `keys` that exist.
     fn lookup(&self, keys: &[u64]) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
 

@@ -268,11 +268,12 @@ class EnqueueItem(object):
      - ttl_ms
      - policy
      - max_attempts
+     - dedup_key
 
     """
 
 
-    def __init__(self, ns=None, topic=None, priority=None, payload=None, metadata=None, deliver_after_ms=None, lease_ms=None, ttl_ms=None, policy=None, max_attempts=None,):
+    def __init__(self, ns=None, topic=None, priority=None, payload=None, metadata=None, deliver_after_ms=None, lease_ms=None, ttl_ms=None, policy=None, max_attempts=None, dedup_key=None,):
         self.ns = ns
         self.topic = topic
         self.priority = priority
@@ -283,6 +284,7 @@ class EnqueueItem(object):
         self.ttl_ms = ttl_ms
         self.policy = policy
         self.max_attempts = max_attempts
+        self.dedup_key = dedup_key
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -343,6 +345,11 @@ class EnqueueItem(object):
                     self.max_attempts = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.STRING:
+                    self.dedup_key = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -392,6 +399,10 @@ class EnqueueItem(object):
         if self.max_attempts is not None:
             oprot.writeFieldBegin('max_attempts', TType.I32, 10)
             oprot.writeI32(self.max_attempts)
+            oprot.writeFieldEnd()
+        if self.dedup_key is not None:
+            oprot.writeFieldBegin('dedup_key', TType.STRING, 11)
+            oprot.writeString(self.dedup_key.encode('utf-8') if sys.version_info[0] == 2 else self.dedup_key)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -482,13 +493,15 @@ class EnqueueResult(object):
     Attributes:
      - id
      - error
+     - deduplicated
 
     """
 
 
-    def __init__(self, id=None, error=None,):
+    def __init__(self, id=None, error=None, deduplicated=None,):
         self.id = id
         self.error = error
+        self.deduplicated = deduplicated
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -510,6 +523,11 @@ class EnqueueResult(object):
                     self.error.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.BOOL:
+                    self.deduplicated = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -527,6 +545,10 @@ class EnqueueResult(object):
         if self.error is not None:
             oprot.writeFieldBegin('error', TType.STRUCT, 2)
             self.error.write(oprot)
+            oprot.writeFieldEnd()
+        if self.deduplicated is not None:
+            oprot.writeFieldBegin('deduplicated', TType.BOOL, 3)
+            oprot.writeBool(self.deduplicated)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3002,6 +3024,7 @@ EnqueueItem.thrift_spec = (
     (8, TType.I64, 'ttl_ms', None, None, ),  # 8
     (9, TType.I32, 'policy', None, None, ),  # 9
     (10, TType.I32, 'max_attempts', None, None, ),  # 10
+    (11, TType.STRING, 'dedup_key', 'UTF8', None, ),  # 11
 )
 all_structs.append(EnqueueRequest)
 EnqueueRequest.thrift_spec = (
@@ -3013,6 +3036,7 @@ EnqueueResult.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'id', 'UTF8', None, ),  # 1
     (2, TType.STRUCT, 'error', [ItemError, None], None, ),  # 2
+    (3, TType.BOOL, 'deduplicated', None, None, ),  # 3
 )
 all_structs.append(EnqueueResponse)
 EnqueueResponse.thrift_spec = (

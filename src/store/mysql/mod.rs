@@ -45,6 +45,7 @@ const SCHEMA: &[&str] = &[
         deliver_after_ms BIGINT NOT NULL,
         due_at_ms BIGINT NULL,
         died_at_ms BIGINT NULL,
+        dedup_key VARBINARY(255) NULL,
         enqueued_at_ms BIGINT NOT NULL,
         lease_ms BIGINT NOT NULL,
         lease_expires_ms BIGINT NOT NULL DEFAULT 0,
@@ -58,7 +59,8 @@ const SCHEMA: &[&str] = &[
         KEY ready_order (ns, topic, state, priority, deliver_after_ms, id),
         KEY due (due_at_ms),
         KEY lease (lease_expires_ms),
-        KEY ttl (expires_at_ms)
+        KEY ttl (expires_at_ms),
+        UNIQUE KEY dedup (ns, topic, dedup_key)
     ) ENGINE=InnoDB",
     "CREATE TABLE IF NOT EXISTS topic_totals (
         ns VARBINARY(255) NOT NULL,
@@ -78,7 +80,7 @@ const SCHEMA: &[&str] = &[
 
 const ITEM_COLUMNS: &str = "id, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
 const META_COLUMNS: &str = "id, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms";
-const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, due_at_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)";
+const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, due_at_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata, dedup_key)";
 
 pub struct MySqlStore {
     shard: ShardId,
@@ -416,6 +418,28 @@ impl ShardStore for MySqlStore {
         )
         .await?;
         Ok(conn.affected_rows())
+    }
+
+    async fn dedup_lookup(
+        &self,
+        ns: &str,
+        topic: &str,
+        dedup_keys: &[&str],
+    ) -> StoreResult<Vec<(String, u64)>> {
+        if dedup_keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let marks = vec!["?"; dedup_keys.len()].join(", ");
+        let mut params: Vec<Value> = vec![ns.as_bytes().into(), topic.as_bytes().into()];
+        params.extend(dedup_keys.iter().map(|k| Value::from(k.as_bytes())));
+        let mut conn = self.conn().await?;
+        let rows: Vec<(String, u64)> = conn
+            .exec(
+                format!("SELECT dedup_key, id FROM items WHERE ns = ? AND topic = ? AND dedup_key IN ({marks})"),
+                Params::Positional(params),
+            )
+            .await?;
+        Ok(rows)
     }
 
     async fn lookup(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {

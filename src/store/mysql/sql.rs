@@ -85,6 +85,11 @@ pub(super) fn insert_sql(rows: &[(u64, NewItem)]) -> String {
         push_hex(&mut sql, &it.payload);
         sql.push(',');
         push_hex(&mut sql, &it.metadata);
+        sql.push(',');
+        match &it.dedup_key {
+            Some(k) => push_hex(&mut sql, k.as_bytes()),
+            None => sql.push_str("NULL"),
+        }
         sql.push(')');
     }
     sql
