@@ -20,6 +20,17 @@ use crate::model::{
 use crate::shard::{Enqueued, NackOp, Settled, ShardHandle};
 use crate::waiters::Waiters;
 
+/// Requests carry at most ITEMS_PER_REQUEST_MAX items (or ids).
+fn check_batch(len: usize, what: &str) -> Result<()> {
+    if len > limits::ITEMS_PER_REQUEST_MAX {
+        return Err(Error::invalid(format!(
+            "{len} {what} in one request; at most {}",
+            limits::ITEMS_PER_REQUEST_MAX
+        )));
+    }
+    Ok(())
+}
+
 /// A dead-letter page cursor: "priority:deliver_after:key:shard" of the last item shown.
 fn parse_cursor(s: &str) -> Result<GlobalKey> {
     let bad = || Error::invalid(format!("malformed cursor {s:?}"));
@@ -99,13 +110,7 @@ impl Host {
         &self,
         items: Vec<EnqueueRequestItem>,
     ) -> Result<Vec<Result<(ItemId, bool)>>> {
-        if items.len() > limits::ITEMS_PER_REQUEST_MAX {
-            return Err(Error::invalid(format!(
-                "{} items in one request; at most {}",
-                items.len(),
-                limits::ITEMS_PER_REQUEST_MAX
-            )));
-        }
+        check_batch(items.len(), "items")?;
         let now = self.clock.now_ms();
         let mut results: Vec<Option<Result<(ItemId, bool)>>> = Vec::with_capacity(items.len());
         // Items without a dedup key go together to one shard (one INSERT); an item with a
@@ -516,13 +521,7 @@ impl Host {
 
     /// Deletes each item. Unknown or already-deleted ids: `NOT_FOUND`.
     pub async fn ack(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
-        if ids.len() > limits::ITEMS_PER_REQUEST_MAX {
-            return Err(Error::invalid(format!(
-                "{} ids in one request; at most {}",
-                ids.len(),
-                limits::ITEMS_PER_REQUEST_MAX
-            )));
-        }
+        check_batch(ids.len(), "ids")?;
         let ids = ids.into_iter().map(|id| (id, ())).collect();
         Ok(self
             .settle(ids, |shard, keys| async move {
@@ -533,13 +532,7 @@ impl Host {
 
     /// Makes each leased item ready again after its delay, with new metadata when given.
     pub async fn nack(&self, items: Vec<NackRequestItem>) -> Result<Vec<Result<()>>> {
-        if items.len() > limits::ITEMS_PER_REQUEST_MAX {
-            return Err(Error::invalid(format!(
-                "{} items in one request; at most {}",
-                items.len(),
-                limits::ITEMS_PER_REQUEST_MAX
-            )));
-        }
+        check_batch(items.len(), "items")?;
         // Invalid items fail alone and never reach a shard; the rest keep their positions.
         let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(items.len());
         let mut valid = Vec::new();
@@ -700,13 +693,7 @@ impl Host {
     /// Makes dead items ready again with their delivery count reset; an id that is not a
     /// dead item gets `NOT_FOUND`.
     pub async fn dlq_requeue(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
-        if ids.len() > limits::ITEMS_PER_REQUEST_MAX {
-            return Err(Error::invalid(format!(
-                "{} ids in one request; at most {}",
-                ids.len(),
-                limits::ITEMS_PER_REQUEST_MAX
-            )));
-        }
+        check_batch(ids.len(), "ids")?;
         let ids = ids.into_iter().map(|id| (id, ())).collect();
         Ok(self
             .settle(ids, |shard, keys| async move {
@@ -813,13 +800,7 @@ impl Host {
     /// Extends the leases of items still leased to now + `extend_ms`; an item that is not
     /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
     pub async fn touch(&self, items: Vec<(String, i64)>) -> Result<Vec<Result<()>>> {
-        if items.len() > limits::ITEMS_PER_REQUEST_MAX {
-            return Err(Error::invalid(format!(
-                "{} items in one request; at most {}",
-                items.len(),
-                limits::ITEMS_PER_REQUEST_MAX
-            )));
-        }
+        check_batch(items.len(), "items")?;
         let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(items.len());
         let mut valid = Vec::new();
         for (id, extend_ms) in items {
