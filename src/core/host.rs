@@ -20,6 +20,16 @@ use crate::model::{
 use crate::shard::{Enqueued, NackOp, Settled, ShardHandle};
 use crate::waiters::Waiters;
 
+/// `value` as a count, when it is in 1..=max.
+fn in_range(what: &str, value: i32, max: i32) -> Result<usize> {
+    if !(1..=max).contains(&value) {
+        return Err(Error::invalid(format!(
+            "{what} must be in 1..={max}, got {value}"
+        )));
+    }
+    Ok(value as usize)
+}
+
 /// Requests carry at most ITEMS_PER_REQUEST_MAX items (or ids).
 fn check_batch(len: usize, what: &str) -> Result<()> {
     if len > limits::ITEMS_PER_REQUEST_MAX {
@@ -248,20 +258,8 @@ impl Host {
         }
         let mut wanted = Vec::with_capacity(topics.len());
         for t in topics {
-            self.namespace(&t.ns)?;
-            check_name("topic", &t.topic)?;
-            if !(1..=limits::DEQUEUE_COUNT_MAX).contains(&t.count) {
-                return Err(Error::invalid(format!(
-                    "count must be in 1..={}, got {}",
-                    limits::DEQUEUE_COUNT_MAX,
-                    t.count
-                )));
-            }
-            let name = TopicName {
-                ns: t.ns,
-                topic: t.topic,
-            };
-            wanted.push((name, t.count as usize));
+            let count = in_range("count", t.count, limits::DEQUEUE_COUNT_MAX)?;
+            wanted.push((self.topic_name(&t.ns, &t.topic)?, count));
         }
         let deadline =
             tokio::time::Instant::now() + std::time::Duration::from_millis(wait_ms as u64);
@@ -602,14 +600,11 @@ impl Host {
         after: Option<String>,
     ) -> Result<(Vec<(Item, i64)>, Option<String>)> {
         let topic = self.topic_name(ns, topic)?;
-        let limit = limit.unwrap_or(limits::DLQ_PAGE_DEFAULT);
-        if !(1..=limits::DLQ_PAGE_MAX).contains(&limit) {
-            return Err(Error::invalid(format!(
-                "limit must be in 1..={}, got {limit}",
-                limits::DLQ_PAGE_MAX
-            )));
-        }
-        let limit = limit as usize;
+        let limit = in_range(
+            "limit",
+            limit.unwrap_or(limits::DLQ_PAGE_DEFAULT),
+            limits::DLQ_PAGE_MAX,
+        )?;
         let cursor = after.as_deref().map(parse_cursor).transpose()?;
         // Each shard's page starts right after the cursor in the global order (ties on
         // (priority, deliver_after, key) go to the lower shard id).
@@ -748,21 +743,8 @@ impl Host {
     /// The next `count` ready items of a topic in delivery order, without leasing them:
     /// staged items and the shards' index heads, merged.
     pub async fn peek(&self, ns: &str, topic: &str, count: i32) -> Result<Vec<Item>> {
-        self.namespace(ns)?;
-        check_name("topic", topic)?;
-        if !(1..=limits::DEQUEUE_COUNT_MAX).contains(&count) {
-            return Err(Error::invalid(format!(
-                "count must be in 1..={}, got {count}",
-                limits::DEQUEUE_COUNT_MAX
-            )));
-        }
-        let (topic, count) = (
-            TopicName {
-                ns: ns.to_string(),
-                topic: topic.to_string(),
-            },
-            count as usize,
-        );
+        let topic = self.topic_name(ns, topic)?;
+        let count = in_range("count", count, limits::DEQUEUE_COUNT_MAX)?;
         // Under the topic's claim lock no claim is in flight, so no item is between the
         // shards' indexes and the stage, invisible to both.
         let lock = self.prefetch.claim_lock(&topic);
@@ -836,14 +818,11 @@ impl Host {
         after: Option<String>,
     ) -> Result<ActiveTopicsPage> {
         self.namespace(ns)?;
-        let limit = limit.unwrap_or(limits::ACTIVE_TOPICS_LIMIT_DEFAULT);
-        if !(1..=limits::ACTIVE_TOPICS_LIMIT_MAX).contains(&limit) {
-            return Err(Error::invalid(format!(
-                "limit must be in 1..={}, got {limit}",
-                limits::ACTIVE_TOPICS_LIMIT_MAX
-            )));
-        }
-        let limit = limit as usize;
+        let limit = in_range(
+            "limit",
+            limit.unwrap_or(limits::ACTIVE_TOPICS_LIMIT_DEFAULT),
+            limits::ACTIVE_TOPICS_LIMIT_MAX,
+        )?;
         // Each shard returns its first limit + 1 topics after the cursor; every topic among
         // the first limit + 1 overall is then in the list of every shard that holds it, so
         // its summed counts are complete.
