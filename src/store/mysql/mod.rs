@@ -266,6 +266,16 @@ impl ShardStore for MySqlStore {
                 self.database
             )));
         }
+        // Catch a table created by a development build with other columns now, with a
+        // clear message, rather than at the first write.
+        let probe = format!("SELECT {ITEM_COLUMNS}, {META_COLUMNS}, due_at_ms, died_at_ms, dedup_key FROM items LIMIT 0");
+        if let Err(e) = conn.query_drop(probe).await {
+            return Err(StoreError::Schema(format!(
+                "database {}: table items does not have the columns of schema version {SCHEMA_VERSION} ({e}); \
+                 it was made by another build: drop the database or migrate it",
+                self.database
+            )));
+        }
         let hwm = meta_get(&mut conn, "key_high_water")
             .await?
             .unwrap_or(0)
