@@ -475,7 +475,13 @@ impl Host {
     }
 
     /// Routes per-item operations to their shards and reassembles replies in request order.
-    async fn settle<T: Clone, F, Fut>(&self, ids: Vec<(String, T)>, op: F) -> Vec<Result<()>>
+    /// An item whose arguments already failed validation (`Err`) fails alone: it keeps its
+    /// position and never reaches a shard.
+    async fn settle<T: Clone, F, Fut>(
+        &self,
+        ids: Vec<(String, Result<T>)>,
+        op: F,
+    ) -> Vec<Result<()>>
     where
         F: Fn(ShardHandle, Vec<(u64, T)>) -> Fut,
         Fut: std::future::Future<Output = Result<Vec<Settled>>>,
@@ -485,6 +491,13 @@ impl Host {
         type Group<T> = (Vec<usize>, Vec<(u64, T)>);
         let mut groups: BTreeMap<ShardId, Group<T>> = BTreeMap::new();
         for (i, (id, extra)) in ids.iter().enumerate() {
+            let extra = match extra {
+                Ok(x) => x,
+                Err(e) => {
+                    results[i] = Some(Err(e.clone()));
+                    continue;
+                }
+            };
             match self.route(id) {
                 Ok((parsed, _)) => {
                     let g = groups.entry(parsed.shard).or_default();
@@ -520,7 +533,7 @@ impl Host {
     /// Deletes each item. Unknown or already-deleted ids: `NOT_FOUND`.
     pub async fn ack(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
-        let ids = ids.into_iter().map(|id| (id, ())).collect();
+        let ids = ids.into_iter().map(|id| (id, Ok(()))).collect();
         Ok(self
             .settle(ids, |shard, keys| async move {
                 shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await
@@ -531,34 +544,26 @@ impl Host {
     /// Makes each leased item ready again after its delay, with new metadata when given.
     pub async fn nack(&self, items: Vec<NackRequestItem>) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
-        // Invalid items fail alone and never reach a shard; the rest keep their positions.
-        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(items.len());
-        let mut valid = Vec::new();
-        for it in items {
-            let delay = it.delay_ms.unwrap_or(0);
-            let err = check_duration("delay_ms", delay).err().or_else(|| {
-                let m = it.metadata.as_ref()?;
-                (m.len() > limits::METADATA_BYTES_MAX).then(|| {
-                    Error::new(
+        let checked = items
+            .into_iter()
+            .map(|it| {
+                let delay = it.delay_ms.unwrap_or(0);
+                let ok = check_duration("delay_ms", delay).and_then(|()| match &it.metadata {
+                    Some(m) if m.len() > limits::METADATA_BYTES_MAX => Err(Error::new(
                         ErrorCode::PayloadTooLarge,
                         format!(
                             "metadata is {} bytes; at most {}",
                             m.len(),
                             limits::METADATA_BYTES_MAX
                         ),
-                    )
-                })
-            });
-            match err {
-                Some(e) => results.push(Some(Err(e))),
-                None => {
-                    results.push(None);
-                    valid.push((it.id, (delay, it.metadata, it.to_dlq)));
-                }
-            }
-        }
-        let mut settled = self
-            .settle(valid, |shard, nacks| async move {
+                    )),
+                    _ => Ok((delay, it.metadata, it.to_dlq)),
+                });
+                (it.id, ok)
+            })
+            .collect();
+        Ok(self
+            .settle(checked, |shard, nacks| async move {
                 shard
                     .nack(
                         nacks
@@ -573,12 +578,7 @@ impl Host {
                     )
                     .await
             })
-            .await
-            .into_iter();
-        Ok(results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| settled.next().expect("one result per valid item")))
-            .collect())
+            .await)
     }
 
     fn topic_name(&self, ns: &str, topic: &str) -> Result<TopicName> {
@@ -689,7 +689,7 @@ impl Host {
     /// dead item gets `NOT_FOUND`.
     pub async fn dlq_requeue(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
-        let ids = ids.into_iter().map(|id| (id, ())).collect();
+        let ids = ids.into_iter().map(|id| (id, Ok(()))).collect();
         Ok(self
             .settle(ids, |shard, keys| async move {
                 shard
@@ -783,31 +783,19 @@ impl Host {
     /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
     pub async fn touch(&self, items: Vec<(String, i64)>) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
-        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(items.len());
-        let mut valid = Vec::new();
-        for (id, extend_ms) in items {
-            match check_duration("extend_ms", extend_ms).and_then(|()| {
-                if extend_ms == 0 {
-                    Err(Error::invalid("extend_ms must be > 0"))
-                } else {
-                    Ok(())
-                }
-            }) {
-                Err(e) => results.push(Some(Err(e))),
-                Ok(()) => {
-                    results.push(None);
-                    valid.push((id, extend_ms));
-                }
-            }
-        }
-        let mut settled = self
-            .settle(valid, |shard, ops| async move { shard.touch(ops).await })
-            .await
-            .into_iter();
-        Ok(results
+        let checked = items
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| settled.next().expect("one result per valid item")))
-            .collect())
+            .map(|(id, extend_ms)| {
+                let ok = check_duration("extend_ms", extend_ms).and_then(|()| match extend_ms {
+                    0 => Err(Error::invalid("extend_ms must be > 0")),
+                    _ => Ok(extend_ms),
+                });
+                (id, ok)
+            })
+            .collect();
+        Ok(self
+            .settle(checked, |shard, ops| async move { shard.touch(ops).await })
+            .await)
     }
 
     /// The namespace's topics holding ready, deferred or leased items, sorted by name.

@@ -23,11 +23,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::ops::{self, nack_exec};
-use super::{Breaker, Command, ReadyIndex, ShardHandle, ShardShared};
+use super::{Breaker, Command, ReadyIndex, Reply, ShardHandle, ShardShared};
 use crate::clock::SharedClock;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::model::{ReadyKey, ShardId, TopicName, TopicSnapshot, Totals};
+use crate::model::{ReadyKey, ShardId, TopicName, Totals};
 use crate::store::{Checkpoints, Scan, ShardStore, StoreError, StoreResult};
 use crate::waiters::Waiters;
 
@@ -280,66 +280,39 @@ impl<S: ShardStore> ShardWorker<S> {
                 c @ (Command::Revive { .. }
                 | Command::ReviveSome { .. }
                 | Command::PurgeSome { .. }) => dead_letters.push(c),
+                // Reads run beside the loop: this worker is the only writer, so they need
+                // no ordering with its writes, and some (GROUP BYs) are slow.
                 Command::DeadItems {
                     topic,
                     after,
                     limit,
                     reply,
-                } => {
-                    let store = self.store.clone();
-                    let (id, timeout) = (self.id, self.timeout());
-                    tokio::spawn(async move {
-                        let (r, _) = timed(
-                            timeout,
-                            store.dead_items(&topic.ns, &topic.topic, after, limit),
-                        )
-                        .await;
-                        let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
-                    });
-                }
+                } => self.read_beside(reply, move |store, _| async move {
+                    store
+                        .dead_items(&topic.ns, &topic.topic, after, limit)
+                        .await
+                }),
                 Command::TopicSnapshot { topic, reply } => {
                     // The saved totals plus what this worker has not saved yet.
                     let pending = self.totals.get(&topic).copied().unwrap_or_default();
-                    let store = self.store.clone();
-                    let (id, now, timeout) = (self.id, self.clock.now_ms(), self.timeout());
-                    tokio::spawn(async move {
-                        let (r, _) =
-                            timed(timeout, store.topic_snapshot(&topic.ns, &topic.topic, now))
-                                .await;
-                        let r = r.map(|mut s: TopicSnapshot| {
-                            s.totals.add(&pending);
-                            s
-                        });
-                        let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
-                    });
+                    self.read_beside(reply, move |store, now| async move {
+                        let mut s = store.topic_snapshot(&topic.ns, &topic.topic, now).await?;
+                        s.totals.add(&pending);
+                        Ok(s)
+                    })
                 }
-                Command::FetchReady { keys, reply } => {
-                    // A read: it runs beside the loop, like TopicCounts.
-                    let store = self.store.clone();
-                    let (id, now, timeout) = (self.id, self.clock.now_ms(), self.timeout());
-                    tokio::spawn(async move {
-                        let (r, _) = timed(timeout, store.fetch_ready(&keys, now)).await;
-                        let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
-                    });
-                }
+                Command::FetchReady { keys, reply } => self
+                    .read_beside(reply, move |store, now| async move {
+                        store.fetch_ready(&keys, now).await
+                    }),
                 Command::TopicCounts {
                     ns,
                     after,
                     limit,
                     reply,
-                } => {
-                    // A GROUP BY over a namespace can be slow: run it beside the loop.
-                    let store = self.store.clone();
-                    let (id, now, timeout) = (self.id, self.clock.now_ms(), self.timeout());
-                    tokio::spawn(async move {
-                        let (r, _) = timed(
-                            timeout,
-                            store.topic_counts(&ns, after.as_deref(), now, limit),
-                        )
-                        .await;
-                        let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
-                    });
-                }
+                } => self.read_beside(reply, move |store, now| async move {
+                    store.topic_counts(&ns, after.as_deref(), now, limit).await
+                }),
             }
         }
         for (topic, n, reply) in peeks {
@@ -451,6 +424,23 @@ impl<S: ShardStore> ShardWorker<S> {
             self.finish_touch(touches, r);
         }
         shutdown
+    }
+
+    /// Answers `reply` with a storage read run in its own task, under the shard's timeout.
+    fn read_beside<T, Fut>(
+        &self,
+        reply: Reply<T>,
+        read: impl FnOnce(Arc<S>, i64) -> Fut + Send + 'static,
+    ) where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = StoreResult<T>> + Send + 'static,
+    {
+        let store = self.store.clone();
+        let (id, now, timeout) = (self.id, self.clock.now_ms(), self.timeout());
+        tokio::spawn(async move {
+            let (r, _) = timed(timeout, read(store, now)).await;
+            let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
+        });
     }
 
     /// Feeds an operation's outcome to the circuit breaker and publishes its state.
