@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::cluster::config::{self as cluster_config, ClusterConfig, TierConfig, TIER_DEFAULT};
 use crate::model::{Policy, ShardId};
 
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:9090";
@@ -32,6 +33,11 @@ pub struct Config {
     /// When non-empty, only these namespaces are accepted (others: `UNKNOWN_NAMESPACE`).
     #[serde(default)]
     pub namespaces: Vec<NamespaceConfig>,
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    /// Pools of shards; shards no tier lists form the tier `default`.
+    #[serde(default)]
+    pub tiers: Vec<TierConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -157,6 +163,10 @@ pub struct NamespaceDefaults {
     pub ttl_ms: Option<i64>,
     pub policy: PolicyName,
     pub max_attempts: i32,
+    /// The tier serving namespaces that name none.
+    pub tier: String,
+    /// Guaranteed (and enforced) enqueues per minute across the tier; absent: no limit.
+    pub enqueues_per_minute: Option<u64>,
 }
 
 impl Default for NamespaceDefaults {
@@ -166,6 +176,8 @@ impl Default for NamespaceDefaults {
             ttl_ms: None,
             policy: PolicyName::AtLeastOnce,
             max_attempts: MAX_ATTEMPTS_DEFAULT,
+            tier: TIER_DEFAULT.to_string(),
+            enqueues_per_minute: None,
         }
     }
 }
@@ -179,6 +191,8 @@ pub struct NamespaceConfig {
     pub ttl_ms: Option<i64>,
     pub policy: Option<PolicyName>,
     pub max_attempts: Option<i32>,
+    pub tier: Option<String>,
+    pub enqueues_per_minute: Option<u64>,
 }
 
 /// The effective settings of one namespace.
@@ -188,6 +202,8 @@ pub struct NamespacePolicy {
     pub ttl_ms: Option<i64>,
     pub policy: Policy,
     pub max_attempts: i32,
+    /// Enqueues per minute across the namespace's tier; `None`: no limit.
+    pub enqueues_per_minute: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -322,6 +338,39 @@ impl Config {
                 &mut problems,
             );
         }
+        let shard_ids: Vec<ShardId> = self.shards.iter().map(|s| s.id).collect();
+        cluster_config::check(
+            &self.cluster,
+            &self.tiers,
+            &shard_ids,
+            &self.host_id(),
+            self.engine.store_timeout_ms,
+            &mut problems,
+        );
+        let tiers = cluster_config::tier_shards(&self.tiers, &shard_ids);
+        let named = std::iter::once(("defaults".to_string(), &self.defaults.tier)).chain(
+            self.namespaces
+                .iter()
+                .filter_map(|n| Some((format!("namespace {:?}", n.name), n.tier.as_ref()?))),
+        );
+        for (what, tier) in named {
+            if !tiers.contains_key(tier) {
+                problems.push(format!("{what}: tier {tier:?} is not a tier"));
+            }
+        }
+        let quotas = std::iter::once(("defaults".to_string(), self.defaults.enqueues_per_minute))
+            .chain(
+                self.namespaces
+                    .iter()
+                    .map(|n| (format!("namespace {:?}", n.name), n.enqueues_per_minute)),
+            );
+        for (what, q) in quotas {
+            if q == Some(0) {
+                problems.push(format!(
+                    "{what}: enqueues_per_minute must be > 0 (leave it out for no limit)"
+                ));
+            }
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -363,6 +412,8 @@ fn check_policy(
 pub struct Namespaces {
     defaults: NamespacePolicy,
     listed: HashMap<String, NamespacePolicy>,
+    default_tier: String,
+    tiers: HashMap<String, String>,
 }
 
 impl Namespaces {
@@ -373,6 +424,7 @@ impl Namespaces {
             ttl_ms: d.ttl_ms,
             policy: d.policy.into(),
             max_attempts: d.max_attempts,
+            enqueues_per_minute: d.enqueues_per_minute,
         };
         let listed = cfg
             .namespaces
@@ -383,11 +435,27 @@ impl Namespaces {
                     ttl_ms: n.ttl_ms.or(defaults.ttl_ms),
                     policy: n.policy.map(Policy::from).unwrap_or(defaults.policy),
                     max_attempts: n.max_attempts.unwrap_or(defaults.max_attempts),
+                    enqueues_per_minute: n.enqueues_per_minute.or(defaults.enqueues_per_minute),
                 };
                 (n.name.clone(), p)
             })
             .collect();
-        Namespaces { defaults, listed }
+        let tiers = cfg
+            .namespaces
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), n.tier.clone()?)))
+            .collect();
+        Namespaces {
+            defaults,
+            listed,
+            default_tier: d.tier.clone(),
+            tiers,
+        }
+    }
+
+    /// The tier that serves `ns`.
+    pub fn tier(&self, ns: &str) -> &str {
+        self.tiers.get(ns).unwrap_or(&self.default_tier)
     }
 
     /// `None` when namespaces are listed and `ns` is not one of them.

@@ -1,20 +1,31 @@
-//! Assembles a running `foqsd` from its configuration: opens every shard (creating its
-//! database and schema when missing), starts the shard workers and the host, binds the
-//! listener and serves until told to stop. Used by the binary and by the tests.
+//! Assembles a running `foqsd` from its configuration: binds the listener, starts the
+//! shard manager, opens the shards it gives this host (creating their databases and
+//! schemas when missing) and keeps following it (opening gained shards, stopping lost
+//! ones), and serves until told to stop. Used by the binary and by the tests.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::future::try_join_all;
+use futures::future::join_all;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::clock::SharedClock;
-use crate::config::{Config, Namespaces};
-use crate::core::{Host, PrefetchConfig};
+use crate::cluster::config::tier_shards;
+use crate::cluster::{
+    ClusterView, EtcdBudget, EtcdManager, ManagerKind, Member, ShardManager, StaticManager,
+};
+use crate::config::{Config, Namespaces, ShardConfig};
+use crate::core::quota::{LocalBudget, QuotaBudget};
+use crate::core::{ClusterSettings, Host, PrefetchConfig};
+use crate::fence::Fence;
+use crate::model::ShardId;
+use crate::rpc::PeerClient;
 use crate::server::{serve, ServerLimits};
-use crate::shard::{ShardWorker, WorkerConfig};
+use crate::shard::{ShardHandle, ShardWorker, WorkerConfig};
 use crate::store::{MySqlStore, StoreError};
 use crate::waiters::Waiters;
 
@@ -22,6 +33,8 @@ use crate::waiters::Waiters;
 pub enum StartError {
     #[error("shard {shard}: {source}")]
     Shard { shard: u32, source: StoreError },
+    #[error("cluster: {0}")]
+    Cluster(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: String,
@@ -33,60 +46,125 @@ pub enum StartError {
 pub struct Running {
     pub addr: SocketAddr,
     pub host: Arc<Host>,
+    manager: Arc<dyn ShardManager>,
     stop: watch::Sender<bool>,
     server: JoinHandle<()>,
-    prefetcher: JoinHandle<()>,
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Running {
     /// Graceful stop: no new connections, in-flight requests finish, shard buffers are
-    /// flushed and checkpoints saved.
+    /// flushed and checkpoints saved, then the host leaves the cluster (its shards go to
+    /// the others at once).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         // Long polls in flight return (empty) now, so connections can finish.
         self.host.stop_waiting();
         let _ = self.server.await;
-        let _ = self.prefetcher.await;
+        for task in self.background {
+            let _ = task.await;
+        }
+        let shards = self.host.shard_ids();
         self.host.shutdown().await;
+        for s in shards {
+            self.manager.released(s);
+        }
+        self.manager.leave().await;
+    }
+}
+
+/// Opens shards given to this host: a store (with the manager's fence) and a started
+/// worker, which rebuilds its index and checkpoints from MySQL.
+#[derive(Clone)]
+struct ShardOpener {
+    shards: BTreeMap<ShardId, ShardConfig>,
+    workers: WorkerConfig,
+    clock: SharedClock,
+    waiters: Arc<Waiters>,
+    fence: Fence,
+}
+
+impl ShardOpener {
+    async fn open(&self, id: ShardId) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
+        let err = |source| StartError::Shard { shard: id, source };
+        let s = self.shards.get(&id).ok_or_else(|| {
+            err(StoreError::Schema(format!(
+                "shard {id} is not in [[shards]]"
+            )))
+        })?;
+        let store = MySqlStore::new(s.id, &s.url, s.pool_connections_max)
+            .map_err(err)?
+            .with_fence(self.fence.clone());
+        tracing::info!(shard = s.id, database = store.database(), "opening shard");
+        ShardWorker::start(
+            s.id,
+            store,
+            self.clock.clone(),
+            self.workers.clone(),
+            self.waiters.clone(),
+        )
+        .await
+        .map_err(err)
+    }
+}
+
+/// Brings the host's shards in line with the view: stops serving the shards it lost
+/// (then tells the manager they are free) and opens the ones it gained. Returns the
+/// shards that failed to open, to be retried.
+async fn follow_view(
+    host: &Host,
+    manager: &dyn ShardManager,
+    opener: &ShardOpener,
+    view: Arc<ClusterView>,
+) -> Vec<(ShardId, StartError)> {
+    host.set_view(view.clone());
+    let mine: BTreeSet<ShardId> = view.shards_of(host.host_id()).into_iter().collect();
+    let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
+    join_all(served.difference(&mine).map(|&s| async move {
+        host.remove_shard(s).await;
+        manager.released(s);
+    }))
+    .await;
+    let opened = join_all(
+        mine.difference(&served)
+            .map(|&s| async move { (s, opener.open(s).await) }),
+    )
+    .await;
+    let mut failed = Vec::new();
+    for (s, r) in opened {
+        match r {
+            Ok((handle, worker)) => host.add_shard(handle, worker),
+            Err(e) => failed.push((s, e)),
+        }
+    }
+    failed
+}
+
+/// Follows the manager's views until `stop`; retries shards that failed to open.
+async fn follow(
+    host: Arc<Host>,
+    manager: Arc<dyn ShardManager>,
+    opener: ShardOpener,
+    mut views: watch::Receiver<Arc<ClusterView>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut retry = false;
+    loop {
+        tokio::select! {
+            r = views.changed() => if r.is_err() { break },
+            _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
+            _ = stop.changed() => break,
+        }
+        let view = views.borrow_and_update().clone();
+        let failed = follow_view(&host, &*manager, &opener, view).await;
+        for (s, e) in &failed {
+            tracing::warn!(shard = s, error = %e, "cannot open shard; retrying");
+        }
+        retry = !failed.is_empty();
     }
 }
 
 pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartError> {
-    let workers = WorkerConfig::from(&cfg.engine);
-    let waiters = Waiters::new();
-    let shards = try_join_all(cfg.shards.iter().map(|s| {
-        let (clock, workers, waiters) = (clock.clone(), workers.clone(), waiters.clone());
-        async move {
-            let store =
-                MySqlStore::new(s.id, &s.url, s.pool_connections_max).map_err(|source| {
-                    StartError::Shard {
-                        shard: s.id,
-                        source,
-                    }
-                })?;
-            tracing::info!(shard = s.id, database = store.database(), "opening shard");
-            ShardWorker::start(s.id, store, clock, workers, waiters)
-                .await
-                .map_err(|source| StartError::Shard {
-                    shard: s.id,
-                    source,
-                })
-        }
-    }))
-    .await?;
-    let prefetch = PrefetchConfig {
-        window_ms: cfg.engine.prefetch_window_ms,
-        items_max: cfg.engine.prefetch_items_max,
-        stage_max_ms: cfg.engine.prefetch_stage_max_ms as i64,
-    };
-    let host = Arc::new(Host::new(
-        cfg.host_id(),
-        shards,
-        Namespaces::from_config(cfg),
-        prefetch,
-        waiters,
-        clock,
-    ));
     let listener = TcpListener::bind(&cfg.server.listen)
         .await
         .map_err(|source| StartError::Listen {
@@ -97,23 +175,119 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         addr: cfg.server.listen.clone(),
         source,
     })?;
-    tracing::info!(%addr, host_id = host.host_id(), "foqsd listening");
+    let c = &cfg.cluster;
+    let host_id = cfg.host_id();
+    let advertise = c.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let shard_ids: Vec<ShardId> = cfg.shards.iter().map(|s| s.id).collect();
+    let tier_shards = tier_shards(&cfg.tiers, &shard_ids);
+    let (manager, budget): (Arc<dyn ShardManager>, Arc<dyn QuotaBudget>) = match c.manager {
+        ManagerKind::Single => (
+            Arc::new(StaticManager::single(
+                &host_id, &advertise, &c.tier, &shard_ids,
+            )),
+            Arc::new(LocalBudget::new(1, clock.clone())),
+        ),
+        ManagerKind::Static => {
+            let tier_hosts = c.hosts.iter().filter(|h| h.tier == c.tier).count();
+            (
+                Arc::new(StaticManager::from_config(c)),
+                Arc::new(LocalBudget::new(tier_hosts as u64, clock.clone())),
+            )
+        }
+        ManagerKind::Etcd => {
+            let member = Member {
+                host_id: host_id.clone(),
+                addr: advertise.clone(),
+                tier: c.tier.clone(),
+                tier_shards: tier_shards.get(&c.tier).cloned().unwrap_or_default(),
+            };
+            let (m, client) = EtcdManager::start(&c.etcd, member, cfg.engine.store_timeout_ms)
+                .await
+                .map_err(|e| StartError::Cluster(e.to_string()))?;
+            (
+                m,
+                Arc::new(EtcdBudget::new(client, &c.etcd.prefix, clock.clone())),
+            )
+        }
+    };
+    let waiters = Waiters::new();
+    let opener = ShardOpener {
+        shards: cfg.shards.iter().map(|s| (s.id, s.clone())).collect(),
+        workers: WorkerConfig::from(&cfg.engine),
+        clock: clock.clone(),
+        waiters: waiters.clone(),
+        fence: manager.fence(),
+    };
+    let prefetch = PrefetchConfig {
+        window_ms: cfg.engine.prefetch_window_ms,
+        items_max: cfg.engine.prefetch_items_max,
+        stage_max_ms: cfg.engine.prefetch_stage_max_ms as i64,
+    };
+    let settings = ClusterSettings {
+        host_id,
+        addr: advertise,
+        tier: c.tier.clone(),
+        manager: manager.kind(),
+        serves_all_tiers: c.manager == ManagerKind::Single,
+        forwarding: c.forwarding,
+        tier_shards,
+    };
+    let peers = Arc::new(PeerClient::new(
+        c.peer_connections_max,
+        Duration::from_millis(c.peer_timeout_ms),
+    ));
+    let host = Arc::new(Host::new(
+        Namespaces::from_config(cfg),
+        prefetch,
+        waiters,
+        clock,
+        settings,
+        peers,
+        budget,
+    ));
+    let mut views = manager.watch();
+    // A fixed assignment is opened before serving, and a shard that cannot be opened
+    // fails the start; under etcd, shards arrive (and are retried) while serving.
+    let first = views.borrow_and_update().clone();
+    let failed = follow_view(&host, &*manager, &opener, first).await;
+    if c.manager != ManagerKind::Etcd {
+        if let Some((_, e)) = failed.into_iter().next() {
+            host.shutdown().await;
+            return Err(e);
+        }
+    }
+    tracing::info!(%addr, host_id = host.host_id(), manager = manager.kind(), "foqsd listening");
     let (stop, stop_rx) = watch::channel(false);
     let limits = ServerLimits {
         max_frame_bytes: cfg.server.max_frame_bytes,
         max_connections: cfg.server.max_connections,
         shutdown_grace_ms: cfg.server.shutdown_grace_ms,
     };
-    let prefetcher = tokio::spawn(
-        host.clone()
-            .run_prefetch(cfg.engine.prefetch_tick_ms, stop_rx.clone()),
-    );
+    let mut background = vec![
+        tokio::spawn(
+            host.clone()
+                .run_prefetch(cfg.engine.prefetch_tick_ms, stop_rx.clone()),
+        ),
+        tokio::spawn(follow(
+            host.clone(),
+            manager.clone(),
+            opener,
+            views,
+            stop_rx.clone(),
+        )),
+    ];
+    if c.manager != ManagerKind::Single {
+        background.push(tokio::spawn(
+            host.clone().run_peer_poll(c.peer_poll_ms, stop_rx.clone()),
+        ));
+    }
     let server = tokio::spawn(serve(listener, host.clone(), limits, stop_rx));
     Ok(Running {
         addr,
         host,
-        prefetcher,
+        manager,
         stop,
         server,
+        background,
     })
 }

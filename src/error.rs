@@ -20,6 +20,8 @@ pub struct Error {
     pub code: ErrorCode,
     pub message: String,
     pub retryable: bool,
+    /// "host:port" of the host that can serve the request (`WRONG_HOST`).
+    pub redirect: Option<String>,
 }
 
 impl Error {
@@ -30,6 +32,14 @@ impl Error {
             code,
             message: message.into(),
             retryable,
+            redirect: None,
+        }
+    }
+
+    pub fn wrong_host(message: impl Into<String>, addr: &str) -> Self {
+        Error {
+            redirect: Some(addr.to_string()),
+            ..Error::new(ErrorCode::WrongHost, message)
         }
     }
 

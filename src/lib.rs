@@ -11,6 +11,9 @@
 //! - [`shard`]: one [`shard::ShardWorker`] per shard, the only writer of that shard: batched
 //!   writes, the bounded in-memory ready index, background scans, circuit breaker.
 //! - [`store`]: the narrow [`store::ShardStore`] trait and [`store::MySqlStore`].
+//! - [`cluster`]: the pluggable [`cluster::ShardManager`] (single host, static, etcd) that
+//!   says which host owns which shard, tiers, and the cluster-wide enqueue quota budget.
+//! - [`fence`]: until when this host may write its shards (lease-based fencing).
 //! - [`model`]: domain types shared by the layers (item ids, keys, items, policies).
 //! - [`error`]: the domain error with its stable [`error::ErrorCode`].
 //! - [`config`]: the configuration file, environment overrides and validation.
@@ -23,10 +26,12 @@
 
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod core;
 pub mod daemon;
 pub mod error;
+pub mod fence;
 pub mod model;
 pub mod rpc;
 pub mod server;

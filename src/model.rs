@@ -186,6 +186,9 @@ pub struct TopicCounts {
     pub ready: i64,
     pub deferred: i64,
     pub leased: i64,
+    /// Ids of the hosts whose shards hold the topic's items (filled in by hosts; a
+    /// store leaves it empty).
+    pub hosts: Vec<String>,
 }
 
 /// Running totals of a topic's traffic.

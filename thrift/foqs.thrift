@@ -66,6 +66,10 @@ struct EnqueueItem {
 
 struct EnqueueRequest {
   1: list<EnqueueItem> items,
+  // Set by a foqs host that forwards the request to the host that can serve it (its own
+  // host id). A request carrying it is never forwarded again (one hop at most) and is not
+  // charged against the namespace's quota a second time. Clients leave it out.
+  2: optional string forwarded_by,
 }
 
 struct EnqueueResult {
@@ -118,6 +122,10 @@ struct DequeueResponse {
 
 struct AckRequest {
   1: list<string> ids,
+  // Set by a foqs host that forwards the request to the host that can serve it (its own
+  // host id). A request carrying it is never forwarded again (one hop at most) and is not
+  // charged against the namespace's quota a second time. Clients leave it out.
+  2: optional string forwarded_by,
 }
 
 struct NackItem {
@@ -132,6 +140,10 @@ struct NackItem {
 
 struct NackRequest {
   1: list<NackItem> items,
+  // Set by a foqs host that forwards the request to the host that can serve it (its own
+  // host id). A request carrying it is never forwarded again (one hop at most) and is not
+  // charged against the namespace's quota a second time. Clients leave it out.
+  2: optional string forwarded_by,
 }
 
 struct ItemResult {
@@ -155,6 +167,10 @@ struct TouchItem {
 
 struct TouchRequest {
   1: list<TouchItem> items,
+  // Set by a foqs host that forwards the request to the host that can serve it (its own
+  // host id). A request carrying it is never forwarded again (one hop at most) and is not
+  // charged against the namespace's quota a second time. Clients leave it out.
+  2: optional string forwarded_by,
 }
 
 struct TouchResponse {
@@ -249,6 +265,9 @@ struct GetActiveTopicsRequest {
   2: optional i32 limit,
   // Cursor: return topics whose name sorts after this one (bytewise).
   3: optional string after,
+  // True: only this host's shards (hosts set it when they ask each other). Absent: the
+  // whole tier of the namespace, gathered from this host's peers.
+  4: optional bool local_only,
 }
 
 struct ActiveTopic {
@@ -256,6 +275,8 @@ struct ActiveTopic {
   2: i64 ready,
   3: i64 deferred,
   4: i64 leased,
+  // Host ids of the hosts whose shards hold items of the topic: dequeue there.
+  5: optional list<string> hosts,
 }
 
 struct GetActiveTopicsResponse {
@@ -271,10 +292,33 @@ struct ShardInfo {
   3: i64 items,
 }
 
+// Another host of the cluster, as this host sees it.
+struct PeerInfo {
+  1: string host_id,
+  // "host:port" clients and peers use.
+  2: string addr,
+  3: string tier,
+  // The shards the shard manager says it owns.
+  4: list<i32> shards,
+  // False when this host's last call to it failed.
+  5: bool reachable,
+  // Its spare_capacity when this host last asked.
+  6: i64 spare_capacity,
+}
+
 struct HostInfo {
   1: string host_id,
   2: string version,
+  // The shards this host owns and serves now.
   3: list<ShardInfo> shards,
+  4: optional string tier,
+  5: optional string addr,
+  // Enqueue batches this host's healthy shards can still queue; hosts forward enqueues
+  // to the peer with the most.
+  6: optional i64 spare_capacity,
+  7: optional list<PeerInfo> peers,
+  // "single", "static" or "etcd".
+  8: optional string manager,
 }
 
 service Foqs {

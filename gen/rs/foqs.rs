@@ -571,12 +571,14 @@ impl Default for EnqueueItem {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 pub struct EnqueueRequest {
   pub items: Option<Vec<EnqueueItem>>,
+  pub forwarded_by: Option<String>,
 }
 
 impl EnqueueRequest {
-  pub fn new<F1>(items: F1) -> EnqueueRequest where F1: Into<Option<Vec<EnqueueItem>>> {
+  pub fn new<F1, F2>(items: F1, forwarded_by: F2) -> EnqueueRequest where F1: Into<Option<Vec<EnqueueItem>>>, F2: Into<Option<String>> {
     EnqueueRequest {
       items: items.into(),
+      forwarded_by: forwarded_by.into(),
     }
   }
 }
@@ -585,6 +587,7 @@ impl TSerializable for EnqueueRequest {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<EnqueueRequest> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<EnqueueItem>> = Some(Vec::new());
+    let mut f_2: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -602,6 +605,10 @@ impl TSerializable for EnqueueRequest {
           i_prot.read_list_end()?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -611,6 +618,7 @@ impl TSerializable for EnqueueRequest {
     i_prot.read_struct_end()?;
     let ret = EnqueueRequest {
       items: f_1,
+      forwarded_by: f_2,
     };
     Ok(ret)
   }
@@ -626,6 +634,11 @@ impl TSerializable for EnqueueRequest {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_by {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_by", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -635,6 +648,7 @@ impl Default for EnqueueRequest {
   fn default() -> Self {
     EnqueueRequest{
       items: Some(Vec::new()),
+      forwarded_by: Some("".to_owned()),
     }
   }
 }
@@ -1276,12 +1290,14 @@ impl Default for DequeueResponse {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 pub struct AckRequest {
   pub ids: Option<Vec<String>>,
+  pub forwarded_by: Option<String>,
 }
 
 impl AckRequest {
-  pub fn new<F1>(ids: F1) -> AckRequest where F1: Into<Option<Vec<String>>> {
+  pub fn new<F1, F2>(ids: F1, forwarded_by: F2) -> AckRequest where F1: Into<Option<Vec<String>>>, F2: Into<Option<String>> {
     AckRequest {
       ids: ids.into(),
+      forwarded_by: forwarded_by.into(),
     }
   }
 }
@@ -1290,6 +1306,7 @@ impl TSerializable for AckRequest {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<AckRequest> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<String>> = Some(Vec::new());
+    let mut f_2: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1307,6 +1324,10 @@ impl TSerializable for AckRequest {
           i_prot.read_list_end()?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1316,6 +1337,7 @@ impl TSerializable for AckRequest {
     i_prot.read_struct_end()?;
     let ret = AckRequest {
       ids: f_1,
+      forwarded_by: f_2,
     };
     Ok(ret)
   }
@@ -1331,6 +1353,11 @@ impl TSerializable for AckRequest {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_by {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_by", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1340,6 +1367,7 @@ impl Default for AckRequest {
   fn default() -> Self {
     AckRequest{
       ids: Some(Vec::new()),
+      forwarded_by: Some("".to_owned()),
     }
   }
 }
@@ -1458,12 +1486,14 @@ impl Default for NackItem {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 pub struct NackRequest {
   pub items: Option<Vec<NackItem>>,
+  pub forwarded_by: Option<String>,
 }
 
 impl NackRequest {
-  pub fn new<F1>(items: F1) -> NackRequest where F1: Into<Option<Vec<NackItem>>> {
+  pub fn new<F1, F2>(items: F1, forwarded_by: F2) -> NackRequest where F1: Into<Option<Vec<NackItem>>>, F2: Into<Option<String>> {
     NackRequest {
       items: items.into(),
+      forwarded_by: forwarded_by.into(),
     }
   }
 }
@@ -1472,6 +1502,7 @@ impl TSerializable for NackRequest {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<NackRequest> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<NackItem>> = Some(Vec::new());
+    let mut f_2: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1489,6 +1520,10 @@ impl TSerializable for NackRequest {
           i_prot.read_list_end()?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1498,6 +1533,7 @@ impl TSerializable for NackRequest {
     i_prot.read_struct_end()?;
     let ret = NackRequest {
       items: f_1,
+      forwarded_by: f_2,
     };
     Ok(ret)
   }
@@ -1513,6 +1549,11 @@ impl TSerializable for NackRequest {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_by {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_by", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1522,6 +1563,7 @@ impl Default for NackRequest {
   fn default() -> Self {
     NackRequest{
       items: Some(Vec::new()),
+      forwarded_by: Some("".to_owned()),
     }
   }
 }
@@ -1841,12 +1883,14 @@ impl Default for TouchItem {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 pub struct TouchRequest {
   pub items: Option<Vec<TouchItem>>,
+  pub forwarded_by: Option<String>,
 }
 
 impl TouchRequest {
-  pub fn new<F1>(items: F1) -> TouchRequest where F1: Into<Option<Vec<TouchItem>>> {
+  pub fn new<F1, F2>(items: F1, forwarded_by: F2) -> TouchRequest where F1: Into<Option<Vec<TouchItem>>>, F2: Into<Option<String>> {
     TouchRequest {
       items: items.into(),
+      forwarded_by: forwarded_by.into(),
     }
   }
 }
@@ -1855,6 +1899,7 @@ impl TSerializable for TouchRequest {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<TouchRequest> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<TouchItem>> = Some(Vec::new());
+    let mut f_2: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1872,6 +1917,10 @@ impl TSerializable for TouchRequest {
           i_prot.read_list_end()?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1881,6 +1930,7 @@ impl TSerializable for TouchRequest {
     i_prot.read_struct_end()?;
     let ret = TouchRequest {
       items: f_1,
+      forwarded_by: f_2,
     };
     Ok(ret)
   }
@@ -1896,6 +1946,11 @@ impl TSerializable for TouchRequest {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_by {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_by", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1905,6 +1960,7 @@ impl Default for TouchRequest {
   fn default() -> Self {
     TouchRequest{
       items: Some(Vec::new()),
+      forwarded_by: Some("".to_owned()),
     }
   }
 }
@@ -3093,14 +3149,16 @@ pub struct GetActiveTopicsRequest {
   pub ns: Option<String>,
   pub limit: Option<i32>,
   pub after: Option<String>,
+  pub local_only: Option<bool>,
 }
 
 impl GetActiveTopicsRequest {
-  pub fn new<F1, F2, F3>(ns: F1, limit: F2, after: F3) -> GetActiveTopicsRequest where F1: Into<Option<String>>, F2: Into<Option<i32>>, F3: Into<Option<String>> {
+  pub fn new<F1, F2, F3, F4>(ns: F1, limit: F2, after: F3, local_only: F4) -> GetActiveTopicsRequest where F1: Into<Option<String>>, F2: Into<Option<i32>>, F3: Into<Option<String>>, F4: Into<Option<bool>> {
     GetActiveTopicsRequest {
       ns: ns.into(),
       limit: limit.into(),
       after: after.into(),
+      local_only: local_only.into(),
     }
   }
 }
@@ -3111,6 +3169,7 @@ impl TSerializable for GetActiveTopicsRequest {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<i32> = None;
     let mut f_3: Option<String> = None;
+    let mut f_4: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3130,6 +3189,10 @@ impl TSerializable for GetActiveTopicsRequest {
           let val = i_prot.read_string()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_bool()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3141,6 +3204,7 @@ impl TSerializable for GetActiveTopicsRequest {
       ns: f_1,
       limit: f_2,
       after: f_3,
+      local_only: f_4,
     };
     Ok(ret)
   }
@@ -3162,6 +3226,11 @@ impl TSerializable for GetActiveTopicsRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.local_only {
+      o_prot.write_field_begin(&TFieldIdentifier::new("local_only", TType::Bool, 4))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3173,6 +3242,7 @@ impl Default for GetActiveTopicsRequest {
       ns: Some("".to_owned()),
       limit: Some(0),
       after: Some("".to_owned()),
+      local_only: Some(false),
     }
   }
 }
@@ -3187,15 +3257,17 @@ pub struct ActiveTopic {
   pub ready: Option<i64>,
   pub deferred: Option<i64>,
   pub leased: Option<i64>,
+  pub hosts: Option<Vec<String>>,
 }
 
 impl ActiveTopic {
-  pub fn new<F1, F2, F3, F4>(topic: F1, ready: F2, deferred: F3, leased: F4) -> ActiveTopic where F1: Into<Option<String>>, F2: Into<Option<i64>>, F3: Into<Option<i64>>, F4: Into<Option<i64>> {
+  pub fn new<F1, F2, F3, F4, F5>(topic: F1, ready: F2, deferred: F3, leased: F4, hosts: F5) -> ActiveTopic where F1: Into<Option<String>>, F2: Into<Option<i64>>, F3: Into<Option<i64>>, F4: Into<Option<i64>>, F5: Into<Option<Vec<String>>> {
     ActiveTopic {
       topic: topic.into(),
       ready: ready.into(),
       deferred: deferred.into(),
       leased: leased.into(),
+      hosts: hosts.into(),
     }
   }
 }
@@ -3207,6 +3279,7 @@ impl TSerializable for ActiveTopic {
     let mut f_2: Option<i64> = Some(0);
     let mut f_3: Option<i64> = Some(0);
     let mut f_4: Option<i64> = Some(0);
+    let mut f_5: Option<Vec<String>> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3230,6 +3303,16 @@ impl TSerializable for ActiveTopic {
           let val = i_prot.read_i64()?;
           f_4 = Some(val);
         },
+        5 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<String> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_14 = i_prot.read_string()?;
+            val.push(list_elem_14);
+          }
+          i_prot.read_list_end()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3242,6 +3325,7 @@ impl TSerializable for ActiveTopic {
       ready: f_2,
       deferred: f_3,
       leased: f_4,
+      hosts: f_5,
     };
     Ok(ret)
   }
@@ -3268,6 +3352,15 @@ impl TSerializable for ActiveTopic {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.hosts {
+      o_prot.write_field_begin(&TFieldIdentifier::new("hosts", TType::List, 5))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::String, fld_var.len() as i32))?;
+      for e in fld_var {
+        o_prot.write_string(e)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3280,6 +3373,7 @@ impl Default for ActiveTopic {
       ready: Some(0),
       deferred: Some(0),
       leased: Some(0),
+      hosts: Some(Vec::new()),
     }
   }
 }
@@ -3319,8 +3413,8 @@ impl TSerializable for GetActiveTopicsResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ActiveTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_14 = ActiveTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_14);
+            let list_elem_15 = ActiveTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_15);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -3467,6 +3561,151 @@ impl Default for ShardInfo {
 }
 
 //
+// PeerInfo
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct PeerInfo {
+  pub host_id: Option<String>,
+  pub addr: Option<String>,
+  pub tier: Option<String>,
+  pub shards: Option<Vec<i32>>,
+  pub reachable: Option<bool>,
+  pub spare_capacity: Option<i64>,
+}
+
+impl PeerInfo {
+  pub fn new<F1, F2, F3, F4, F5, F6>(host_id: F1, addr: F2, tier: F3, shards: F4, reachable: F5, spare_capacity: F6) -> PeerInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<Vec<i32>>>, F5: Into<Option<bool>>, F6: Into<Option<i64>> {
+    PeerInfo {
+      host_id: host_id.into(),
+      addr: addr.into(),
+      tier: tier.into(),
+      shards: shards.into(),
+      reachable: reachable.into(),
+      spare_capacity: spare_capacity.into(),
+    }
+  }
+}
+
+impl TSerializable for PeerInfo {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<PeerInfo> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<String> = Some("".to_owned());
+    let mut f_4: Option<Vec<i32>> = Some(Vec::new());
+    let mut f_5: Option<bool> = Some(false);
+    let mut f_6: Option<i64> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_string()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<i32> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_16 = i_prot.read_i32()?;
+            val.push(list_elem_16);
+          }
+          i_prot.read_list_end()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_bool()?;
+          f_5 = Some(val);
+        },
+        6 => {
+          let val = i_prot.read_i64()?;
+          f_6 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = PeerInfo {
+      host_id: f_1,
+      addr: f_2,
+      tier: f_3,
+      shards: f_4,
+      reachable: f_5,
+      spare_capacity: f_6,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("PeerInfo");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.host_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("host_id", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.addr {
+      o_prot.write_field_begin(&TFieldIdentifier::new("addr", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.tier {
+      o_prot.write_field_begin(&TFieldIdentifier::new("tier", TType::String, 3))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.shards {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shards", TType::List, 4))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::I32, fld_var.len() as i32))?;
+      for e in fld_var {
+        o_prot.write_i32(*e)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.reachable {
+      o_prot.write_field_begin(&TFieldIdentifier::new("reachable", TType::Bool, 5))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.spare_capacity {
+      o_prot.write_field_begin(&TFieldIdentifier::new("spare_capacity", TType::I64, 6))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for PeerInfo {
+  fn default() -> Self {
+    PeerInfo{
+      host_id: Some("".to_owned()),
+      addr: Some("".to_owned()),
+      tier: Some("".to_owned()),
+      shards: Some(Vec::new()),
+      reachable: Some(false),
+      spare_capacity: Some(0),
+    }
+  }
+}
+
+//
 // HostInfo
 //
 
@@ -3475,14 +3714,24 @@ pub struct HostInfo {
   pub host_id: Option<String>,
   pub version: Option<String>,
   pub shards: Option<Vec<ShardInfo>>,
+  pub tier: Option<String>,
+  pub addr: Option<String>,
+  pub spare_capacity: Option<i64>,
+  pub peers: Option<Vec<PeerInfo>>,
+  pub manager: Option<String>,
 }
 
 impl HostInfo {
-  pub fn new<F1, F2, F3>(host_id: F1, version: F2, shards: F3) -> HostInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ShardInfo>>> {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8>(host_id: F1, version: F2, shards: F3, tier: F4, addr: F5, spare_capacity: F6, peers: F7, manager: F8) -> HostInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ShardInfo>>>, F4: Into<Option<String>>, F5: Into<Option<String>>, F6: Into<Option<i64>>, F7: Into<Option<Vec<PeerInfo>>>, F8: Into<Option<String>> {
     HostInfo {
       host_id: host_id.into(),
       version: version.into(),
       shards: shards.into(),
+      tier: tier.into(),
+      addr: addr.into(),
+      spare_capacity: spare_capacity.into(),
+      peers: peers.into(),
+      manager: manager.into(),
     }
   }
 }
@@ -3493,6 +3742,11 @@ impl TSerializable for HostInfo {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<Vec<ShardInfo>> = Some(Vec::new());
+    let mut f_4: Option<String> = None;
+    let mut f_5: Option<String> = None;
+    let mut f_6: Option<i64> = None;
+    let mut f_7: Option<Vec<PeerInfo>> = None;
+    let mut f_8: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3512,11 +3766,37 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_15 = ShardInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_15);
+            let list_elem_17 = ShardInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_17);
           }
           i_prot.read_list_end()?;
           f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_string()?;
+          f_5 = Some(val);
+        },
+        6 => {
+          let val = i_prot.read_i64()?;
+          f_6 = Some(val);
+        },
+        7 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<PeerInfo> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_18 = PeerInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_18);
+          }
+          i_prot.read_list_end()?;
+          f_7 = Some(val);
+        },
+        8 => {
+          let val = i_prot.read_string()?;
+          f_8 = Some(val);
         },
         _ => {
           i_prot.skip(field_ident.field_type)?;
@@ -3529,6 +3809,11 @@ impl TSerializable for HostInfo {
       host_id: f_1,
       version: f_2,
       shards: f_3,
+      tier: f_4,
+      addr: f_5,
+      spare_capacity: f_6,
+      peers: f_7,
+      manager: f_8,
     };
     Ok(ret)
   }
@@ -3554,6 +3839,35 @@ impl TSerializable for HostInfo {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.tier {
+      o_prot.write_field_begin(&TFieldIdentifier::new("tier", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.addr {
+      o_prot.write_field_begin(&TFieldIdentifier::new("addr", TType::String, 5))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.spare_capacity {
+      o_prot.write_field_begin(&TFieldIdentifier::new("spare_capacity", TType::I64, 6))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.peers {
+      o_prot.write_field_begin(&TFieldIdentifier::new("peers", TType::List, 7))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.manager {
+      o_prot.write_field_begin(&TFieldIdentifier::new("manager", TType::String, 8))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3565,6 +3879,11 @@ impl Default for HostInfo {
       host_id: Some("".to_owned()),
       version: Some("".to_owned()),
       shards: Some(Vec::new()),
+      tier: Some("".to_owned()),
+      addr: Some("".to_owned()),
+      spare_capacity: Some(0),
+      peers: Some(Vec::new()),
+      manager: Some("".to_owned()),
     }
   }
 }

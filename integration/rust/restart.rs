@@ -5,9 +5,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,70 +14,6 @@ use common::*;
 use foqs::thrift_gen::EnqueueItem;
 
 const NS: &str = "restart";
-
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn write_config(db: &TestDb) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "foqs-restart-{}-{}",
-        std::process::id(),
-        db.names[0]
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("foqsd.toml");
-    std::fs::write(&path, config_toml(db, "", FAST_ENGINE)).unwrap();
-    path
-}
-
-fn spawn(config: &Path) -> Proc {
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_foqsd"))
-        .args([
-            "--config",
-            config.to_str().unwrap(),
-            "--listen",
-            &addr.to_string(),
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn foqsd");
-    let start = Instant::now();
-    while TcpStream::connect(addr).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "foqsd did not start listening"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    Proc { child, addr }
-}
-
-fn sigterm(p: &mut Proc) -> ExitStatus {
-    let ok = Command::new("kill")
-        .args(["-TERM", &p.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    p.child.wait().unwrap()
-}
-
-fn sigkill(p: &mut Proc) {
-    p.child.kill().unwrap();
-    p.child.wait().unwrap();
-}
 
 /// Every item id stored in the test's databases.
 async fn stored_ids(db: &TestDb) -> HashSet<String> {
@@ -208,8 +142,8 @@ enum Stop {
 /// acknowledged is missing from MySQL, restarts foqsd and checks every state came back.
 async fn restart_under_load(stop: Stop, load: Duration) {
     let db = TestDb::new(3);
-    let config = write_config(&db);
-    let mut p = spawn(&config);
+    let config = write_config(&db, &config_toml(&db, "", FAST_ENGINE));
+    let mut p = Proc::spawn(&config, &[]);
     let mut c = Client::connect(p.addr, Proto::Binary);
     let (ready, deferred, leased) = fill_every_state(&mut c);
 
@@ -218,8 +152,8 @@ async fn restart_under_load(stop: Stop, load: Duration) {
     let producers = start_producers(p.addr, stopping.clone(), acked.clone());
     tokio::time::sleep(load).await;
     match stop {
-        Stop::Kill9 => sigkill(&mut p),
-        Stop::Term => assert_eq!(sigterm(&mut p).code(), Some(0), "foqsd exits 0 on SIGTERM"),
+        Stop::Kill9 => p.sigkill(),
+        Stop::Term => assert_eq!(p.sigterm().code(), Some(0), "foqsd exits 0 on SIGTERM"),
     }
     stopping.store(true, Ordering::SeqCst);
     for t in producers {
@@ -240,13 +174,13 @@ async fn restart_under_load(stop: Stop, load: Duration) {
         &lost[..lost.len().min(5)]
     );
 
-    let mut p = spawn(&config);
+    let mut p = Proc::spawn(&config, &[]);
     let mut c = Client::connect(p.addr, Proto::Binary);
     check_every_state_survived(&mut c, &ready, &deferred, &leased).await;
     // Keys are never reused after a restart: a new item gets a fresh id.
     let fresh = c.enqueue(vec![item(NS, "fresh", 0, b"x")]).remove(0);
     assert!(!stored.contains(&fresh), "{fresh} reused");
-    assert_eq!(sigterm(&mut p).code(), Some(0));
+    assert_eq!(p.sigterm().code(), Some(0));
     let _ = std::fs::remove_dir_all(config.parent().unwrap());
 }
 
@@ -263,8 +197,8 @@ async fn sigterm_finishes_in_flight_requests_and_exits_0() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_with_staged_items_brings_them_back_after_their_lease() {
     let db = TestDb::new(3);
-    let config = write_config(&db);
-    let mut p = spawn(&config);
+    let config = write_config(&db, &config_toml(&db, "", FAST_ENGINE));
+    let mut p = Proc::spawn(&config, &[]);
     let mut c = Client::connect(p.addr, Proto::Binary);
     let all: HashSet<String> = c
         .enqueue(
@@ -290,9 +224,9 @@ async fn kill_9_with_staged_items_brings_them_back_after_their_lease() {
     assert_eq!(done.len(), 400);
     let staged = db.count("state = 1").await;
     assert!(staged > 0, "the busy topic staged items ahead");
-    sigkill(&mut p);
+    p.sigkill();
 
-    let mut p = spawn(&config);
+    let mut p = Proc::spawn(&config, &[]);
     let mut c = Client::connect(p.addr, Proto::Binary);
     let start = Instant::now();
     let mut back = HashSet::new();
@@ -309,6 +243,6 @@ async fn kill_9_with_staged_items_brings_them_back_after_their_lease() {
     }
     let rest: HashSet<String> = all.difference(&done).cloned().collect();
     assert_eq!(back, rest, "exactly the items not acked came back");
-    assert_eq!(sigterm(&mut p).code(), Some(0));
+    assert_eq!(p.sigterm().code(), Some(0));
     let _ = std::fs::remove_dir_all(config.parent().unwrap());
 }

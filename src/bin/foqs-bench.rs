@@ -150,7 +150,10 @@ impl Run {
                     }
                 }
                 let t = Instant::now();
-                let r = c.enqueue(EnqueueRequest { items: Some(batch) })?;
+                let r = c.enqueue(EnqueueRequest {
+                    items: Some(batch),
+                    forwarded_by: None,
+                })?;
                 lat.push(t.elapsed().as_micros() as u32);
                 if let Some(e) = r
                     .results
@@ -197,7 +200,10 @@ impl Run {
                 let ids: Vec<String> = got.into_iter().filter_map(|i| i.id).collect();
                 let n = ids.len() as u64;
                 let a = Instant::now();
-                let r = c.ack(AckRequest { ids: Some(ids) })?;
+                let r = c.ack(AckRequest {
+                    ids: Some(ids),
+                    forwarded_by: None,
+                })?;
                 lat.push(t.elapsed().as_micros() as u32);
                 acks.lock()
                     .expect("not poisoned")

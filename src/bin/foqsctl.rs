@@ -337,6 +337,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             let r = c
                 .enqueue(EnqueueRequest {
                     items: Some(vec![it]),
+                    forwarded_by: None,
                 })
                 .map_err(e)?;
             let r = r
@@ -380,6 +381,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
         Cmd::Ack { ids } => print_results(
             c.ack(AckRequest {
                 ids: Some(ids.clone()),
+                forwarded_by: None,
             })
             .map_err(e)?
             .results
@@ -401,6 +403,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             print_results(
                 c.nack(NackRequest {
                     items: Some(vec![item]),
+                    forwarded_by: None,
                 })
                 .map_err(e)?
                 .results
@@ -416,6 +419,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             print_results(
                 c.touch(TouchRequest {
                     items: Some(vec![item]),
+                    forwarded_by: None,
                 })
                 .map_err(e)?
                 .results
@@ -446,6 +450,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                     ns: Some(ns.clone()),
                     limit: *limit,
                     after: after.clone(),
+                    local_only: None,
                 })
                 .map_err(e)?;
             for t in r.topics.unwrap_or_default() {

@@ -1,23 +1,24 @@
 //! [`Host`]: one `foqsd`'s engine over the shards it owns.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, RwLock};
 
-use futures::future::join_all;
+use futures::future::{join_all, BoxFuture};
 use tokio::task::JoinHandle;
 
+use super::cluster::{ClusterSettings, ClusterState, Peers};
 use super::prefetch::{Prefetch, PrefetchConfig};
-use super::validate::{check_duration, check_name, limits, validate_item, EnqueueRequestItem};
+use super::quota::QuotaBudget;
+use super::validate::{check_duration, check_name, limits};
 use super::{kway_merge, ActiveTopicsPage, NackRequestItem, TopicRequest};
 use crate::clock::SharedClock;
 use crate::config::{NamespacePolicy, Namespaces};
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{
-    GlobalKey, Item, ItemId, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName,
-    TopicSnapshot,
+    GlobalKey, Item, ItemId, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName, TopicSnapshot,
 };
-use crate::shard::{Enqueued, NackOp, Settled, ShardHandle};
+use crate::shard::{NackOp, Settled, ShardHandle};
 use crate::waiters::Waiters;
 
 /// `value` as a count, when it is in 1..=max.
@@ -31,7 +32,7 @@ fn in_range(what: &str, value: i32, max: i32) -> Result<usize> {
 }
 
 /// Requests carry at most ITEMS_PER_REQUEST_MAX items (or ids).
-fn check_batch(len: usize, what: &str) -> Result<()> {
+pub(super) fn check_batch(len: usize, what: &str) -> Result<()> {
     if len > limits::ITEMS_PER_REQUEST_MAX {
         return Err(Error::invalid(format!(
             "{len} {what} in one request; at most {}",
@@ -56,53 +57,106 @@ fn parse_cursor(s: &str) -> Result<GlobalKey> {
     })
 }
 
+/// Sends the items at these positions of a request to the peer at this address.
+type Remote<'a> = dyn Fn(String, Vec<usize>) -> BoxFuture<'a, Result<Vec<Result<()>>>> + Sync + 'a;
+
 /// Merge-and-claim rounds per topic in one dequeue. A round comes up short only when a
 /// concurrent dequeue claimed some of the same keys, so a few rounds are plenty.
 const DEQUEUE_ROUNDS_MAX: usize = 4;
 /// Most items one merge-and-claim asks for: the largest dequeue count.
 const CLAIM_ITEMS_MAX: usize = 1000;
 
+/// The shards a host serves now, as one snapshot: a request works on the snapshot it
+/// took, while shards come and go underneath (see [`Host::add_shard`]).
+pub(super) type ShardMap = Arc<BTreeMap<ShardId, ShardHandle>>;
+
 pub struct Host {
-    host_id: String,
-    shards: BTreeMap<ShardId, ShardHandle>,
-    namespaces: Namespaces,
-    clock: SharedClock,
-    prefetch: Prefetch,
+    shards: RwLock<ShardMap>,
+    pub(super) namespaces: Namespaces,
+    pub(super) clock: SharedClock,
+    pub(super) prefetch: Prefetch,
     waiters: Arc<Waiters>,
-    next_shard: AtomicUsize,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    pub(super) next_shard: AtomicUsize,
+    workers: Mutex<HashMap<ShardId, JoinHandle<()>>>,
+    pub(super) cluster: ClusterState,
 }
 
 impl Host {
-    /// A host over started shard workers (see [`crate::shard::ShardWorker::start`]).
+    /// A host with no shards yet: they come with [`Host::add_shard`] as the shard manager
+    /// gives them.
     pub fn new(
-        host_id: String,
-        shards: Vec<(ShardHandle, JoinHandle<()>)>,
         namespaces: Namespaces,
         prefetch: PrefetchConfig,
         waiters: Arc<Waiters>,
         clock: SharedClock,
+        cluster: ClusterSettings,
+        peers: Arc<dyn Peers>,
+        quota_budget: Arc<dyn QuotaBudget>,
     ) -> Host {
-        let mut handles = BTreeMap::new();
-        let mut workers = Vec::new();
-        for (h, j) in shards {
-            handles.insert(h.id(), h);
-            workers.push(j);
-        }
         Host {
-            host_id,
-            shards: handles,
+            shards: RwLock::new(Arc::new(BTreeMap::new())),
             namespaces,
             clock,
             prefetch: Prefetch::new(prefetch),
             waiters,
             next_shard: AtomicUsize::new(0),
-            workers: Mutex::new(workers),
+            workers: Mutex::new(HashMap::new()),
+            cluster: ClusterState::new(cluster, peers, quota_budget),
         }
     }
 
     pub fn host_id(&self) -> &str {
-        &self.host_id
+        &self.cluster.settings.host_id
+    }
+
+    /// The shards served now.
+    pub(super) fn shards(&self) -> ShardMap {
+        self.shards.read().expect("not poisoned").clone()
+    }
+
+    /// Starts serving a shard whose worker was started (and its index rebuilt).
+    pub fn add_shard(&self, handle: ShardHandle, worker: JoinHandle<()>) {
+        let id = handle.id();
+        let mut shards = self.shards.write().expect("not poisoned");
+        let mut next = (**shards).clone();
+        next.insert(id, handle);
+        *shards = Arc::new(next);
+        self.workers
+            .lock()
+            .expect("not poisoned")
+            .insert(id, worker);
+        tracing::info!(shard = id, "serving shard");
+    }
+
+    /// Stops serving a shard: no new work reaches it, its staged items go back, its
+    /// worker flushes what it buffered (or fails it, retryably, when it may not write any
+    /// more) and stops. Returns when the worker is gone.
+    pub async fn remove_shard(&self, id: ShardId) {
+        let handle = {
+            let mut shards = self.shards.write().expect("not poisoned");
+            let mut next = (**shards).clone();
+            let handle = next.remove(&id);
+            *shards = Arc::new(next);
+            handle
+        };
+        let Some(handle) = handle else { return };
+        let staged = self.prefetch.drain_shard(id);
+        if !staged.is_empty() {
+            if let Err(e) = handle.release(staged).await {
+                tracing::warn!(shard = id, error = %e, "releasing staged items of a lost shard failed");
+            }
+        }
+        handle.shutdown().await;
+        let worker = self.workers.lock().expect("not poisoned").remove(&id);
+        if let Some(w) = worker {
+            let _ = w.await;
+        }
+        tracing::info!(shard = id, "stopped serving shard");
+    }
+
+    /// Ids of the shards served now.
+    pub fn shard_ids(&self) -> Vec<ShardId> {
+        self.shards().keys().copied().collect()
     }
 
     fn namespace(&self, ns: &str) -> Result<NamespacePolicy> {
@@ -113,125 +167,6 @@ impl Host {
                 format!("unknown namespace {ns:?}"),
             )
         })
-    }
-
-    /// Enqueues a batch; each item succeeds or fails alone. Replies only after commit.
-    pub async fn enqueue(
-        &self,
-        items: Vec<EnqueueRequestItem>,
-    ) -> Result<Vec<Result<(ItemId, bool)>>> {
-        check_batch(items.len(), "items")?;
-        let now = self.clock.now_ms();
-        let mut results: Vec<Option<Result<(ItemId, bool)>>> = Vec::with_capacity(items.len());
-        // Items without a dedup key go together to one shard (one INSERT); an item with a
-        // key must go to the shard its key hashes to, so that the key is unique there.
-        let mut plain: Vec<(usize, NewItem)> = Vec::new();
-        let mut keyed: BTreeMap<ShardId, Vec<(usize, NewItem)>> = BTreeMap::new();
-        for (i, it) in items.into_iter().enumerate() {
-            let policy = self.namespaces.get(&it.ns);
-            match validate_item(it, policy, now) {
-                Ok(n) => {
-                    match &n.dedup_key {
-                        Some(k) => keyed
-                            .entry(self.dedup_shard(&n.ns, &n.topic, k))
-                            .or_default()
-                            .push((i, n)),
-                        None => plain.push((i, n)),
-                    }
-                    results.push(None);
-                }
-                Err(e) => results.push(Some(Err(e))),
-            }
-        }
-        let mut batches = Vec::new();
-        if !plain.is_empty() {
-            batches.push((None, plain));
-        }
-        batches.extend(keyed.into_iter().map(|(shard, items)| (Some(shard), items)));
-        let outcomes = join_all(batches.into_iter().map(|(shard, items)| async move {
-            let (positions, new_items): (Vec<usize>, Vec<NewItem>) = items.into_iter().unzip();
-            let outcome = match shard {
-                None => self.enqueue_on_some_shard(new_items).await,
-                Some(id) => self.enqueue_on_shard(id, new_items).await,
-            };
-            (positions, outcome)
-        }))
-        .await;
-        for (positions, outcome) in outcomes {
-            for (n, pos) in positions.into_iter().enumerate() {
-                results[pos] = Some(match &outcome {
-                    Ok((shard, keys)) => Ok((
-                        ItemId {
-                            shard: *shard,
-                            key: keys[n].0,
-                        },
-                        keys[n].1,
-                    )),
-                    Err(e) => Err(e.clone()),
-                });
-            }
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| r.expect("every position is filled"))
-            .collect())
-    }
-
-    /// The shard that owns a dedup key: a stable hash (FNV-1a) over every configured
-    /// shard, healthy or not, so the same key always meets itself. Changing the shard list
-    /// changes where keys go; dedup across such a change is not guaranteed.
-    fn dedup_shard(&self, ns: &str, topic: &str, key: &str) -> ShardId {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for part in [ns.as_bytes(), &[0], topic.as_bytes(), &[0], key.as_bytes()] {
-            for b in part {
-                h ^= *b as u64;
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        let ids: Vec<ShardId> = self.shards.keys().copied().collect();
-        ids[(h % ids.len() as u64) as usize]
-    }
-
-    /// Writes items with dedup keys to the shard that owns their keys; if that shard is
-    /// sick or busy they fail (retryably): writing them elsewhere would break uniqueness.
-    async fn enqueue_on_shard(
-        &self,
-        id: ShardId,
-        items: Vec<NewItem>,
-    ) -> Result<(ShardId, Vec<Enqueued>)> {
-        let shard = &self.shards[&id];
-        if !shard.is_healthy() {
-            return Err(Error::unavailable(format!(
-                "shard {id}, which owns these dedup keys, is unhealthy"
-            )));
-        }
-        shard
-            .submit_enqueue(items)?
-            .wait()
-            .await
-            .map(|keys| (id, keys))
-    }
-
-    /// Writes the whole batch to one healthy shard, round-robin, so it is one INSERT.
-    async fn enqueue_on_some_shard(&self, items: Vec<NewItem>) -> Result<(ShardId, Vec<Enqueued>)> {
-        let healthy: Vec<&ShardHandle> = self.shards.values().filter(|s| s.is_healthy()).collect();
-        if healthy.is_empty() {
-            return Err(Error::unavailable(
-                "no healthy shard: every shard's circuit breaker is open",
-            ));
-        }
-        let start = self.next_shard.fetch_add(1, Ordering::Relaxed);
-        let mut last_err = None;
-        // A refused submit wrote nothing, so trying the next shard cannot duplicate an
-        // item. Once accepted, the outcome is final: a storage error may have committed.
-        for i in 0..healthy.len() {
-            let shard = healthy[(start + i) % healthy.len()];
-            match shard.submit_enqueue(items.clone()) {
-                Ok(pending) => return pending.wait().await.map(|keys| (shard.id(), keys)),
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| Error::unavailable("no shard could take the batch")))
     }
 
     /// Dequeues from each requested topic, most urgent first across every shard. With
@@ -353,7 +288,7 @@ impl Host {
             by_shard.entry(i.id.shard).or_default().push(i);
         }
         for (id, items) in by_shard {
-            if let Some(shard) = self.shards.get(&id).cloned() {
+            if let Some(shard) = self.shards().get(&id).cloned() {
                 tokio::spawn(async move {
                     if let Err(e) = shard.release(items).await {
                         tracing::warn!(shard = id, error = %e, "release of staged items failed");
@@ -397,6 +332,7 @@ impl Host {
     /// Merges the shards' index heads, claims the `want` most urgent on their shards (one
     /// statement per shard), and returns them in order.
     async fn claim_best(&self, topic: &TopicName, want: usize) -> Result<Vec<Item>> {
+        let shards = self.shards();
         let count = want;
         let mut got: Vec<Item> = Vec::with_capacity(count);
         let mut last_err = None;
@@ -408,7 +344,7 @@ impl Host {
             // A shard whose breaker is open is left out: its items wait there, and a
             // dequeue does not wait for its storage timeout.
             let peeks = join_all(
-                self.shards
+                shards
                     .values()
                     .filter(|s| s.is_healthy())
                     .map(|s| async move { (s.id(), s.peek(topic.clone(), need).await) }),
@@ -438,7 +374,7 @@ impl Host {
                 });
             }
             let claims = join_all(by_shard.into_iter().map(|(id, keys)| {
-                let shard = &self.shards[&id];
+                let shard = &shards[&id];
                 async move { shard.claim(topic.clone(), keys).await }
             }))
             .await;
@@ -463,33 +399,27 @@ impl Host {
         Ok(got)
     }
 
-    fn route(&self, id: &str) -> Result<(ItemId, &ShardHandle)> {
-        let parsed: ItemId = id.parse()?;
-        let shard = self.shards.get(&parsed.shard).ok_or_else(|| {
-            Error::not_found(format!(
-                "item {id}: shard {} is not served by this host",
-                parsed.shard
-            ))
-        })?;
-        Ok((parsed, shard))
-    }
-
     /// Routes per-item operations to their shards and reassembles replies in request order.
     /// An item whose arguments already failed validation (`Err`) fails alone: it keeps its
-    /// position and never reaches a shard.
+    /// position and never reaches a shard. Items of shards owned by another host go to it
+    /// through `remote` (their positions in `ids`), or fail with `WRONG_HOST` when there
+    /// is no `remote` (forwarding off, or the request was forwarded already).
     async fn settle<T: Clone, F, Fut>(
         &self,
         ids: Vec<(String, Result<T>)>,
         op: F,
+        remote: Option<&Remote<'_>>,
     ) -> Vec<Result<()>>
     where
         F: Fn(ShardHandle, Vec<(u64, T)>) -> Fut,
         Fut: std::future::Future<Output = Result<Vec<Settled>>>,
     {
+        let shards = self.shards();
         let mut results: Vec<Option<Result<()>>> = vec![None; ids.len()];
         // Per shard: the positions in `ids` and the keys with their extras.
         type Group<T> = (Vec<usize>, Vec<(u64, T)>);
         let mut groups: BTreeMap<ShardId, Group<T>> = BTreeMap::new();
+        let mut elsewhere: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, (id, extra)) in ids.iter().enumerate() {
             let extra = match extra {
                 Ok(x) => x,
@@ -498,20 +428,38 @@ impl Host {
                     continue;
                 }
             };
-            match self.route(id) {
-                Ok((parsed, _)) => {
-                    let g = groups.entry(parsed.shard).or_default();
-                    g.0.push(i);
-                    g.1.push((parsed.key, extra.clone()));
+            let parsed: ItemId = match id.parse() {
+                Ok(p) => p,
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    continue;
                 }
+            };
+            if shards.contains_key(&parsed.shard) {
+                let g = groups.entry(parsed.shard).or_default();
+                g.0.push(i);
+                g.1.push((parsed.key, extra.clone()));
+                continue;
+            }
+            match self
+                .cluster
+                .owner_for(parsed.shard, remote.is_some(), &format!("item {id}"))
+            {
+                Ok(addr) => elsewhere.entry(addr).or_default().push(i),
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
-        let calls = groups.into_iter().map(|(shard, (positions, keys))| {
-            let fut = op(self.shards[&shard].clone(), keys);
+        let local = join_all(groups.into_iter().map(|(shard, (positions, keys))| {
+            let fut = op(shards[&shard].clone(), keys);
             async move { (positions, fut.await) }
-        });
-        for (positions, r) in join_all(calls).await {
+        }));
+        let forwarded = join_all(elsewhere.into_iter().map(|(addr, positions)| async move {
+            let remote = remote.expect("only routed elsewhere with a remote");
+            let r = remote(addr, positions.clone()).await;
+            (positions, r)
+        }));
+        let (local, forwarded) = futures::join!(local, forwarded);
+        for (positions, r) in local {
             for (n, pos) in positions.into_iter().enumerate() {
                 results[pos] = Some(match &r {
                     Ok(settled) => match settled[n] {
@@ -524,28 +472,71 @@ impl Host {
                 });
             }
         }
+        for (positions, r) in forwarded {
+            let n = positions.len();
+            for (k, pos) in positions.into_iter().enumerate() {
+                results[pos] = Some(match &r {
+                    Ok(rs) if rs.len() == n => rs[k].clone(),
+                    Ok(_) => Err(Error::new(
+                        ErrorCode::Internal,
+                        "a peer answered a different number of results",
+                    )),
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        }
         results
             .into_iter()
             .map(|r| r.expect("every position is filled"))
             .collect()
     }
 
+    /// How per-item calls for another host's shards reach it, unless this request was
+    /// forwarded already or forwarding is off.
+    fn may_forward(&self, forwarded_by: Option<&str>) -> bool {
+        forwarded_by.is_none() && self.cluster.settings.forwarding
+    }
+
     /// Deletes each item. Unknown or already-deleted ids: `NOT_FOUND`.
-    pub async fn ack(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
+    /// Ids of shards owned by another host are acked there (see [`Host::settle`]).
+    pub async fn ack(
+        &self,
+        ids: Vec<String>,
+        forwarded_by: Option<&str>,
+    ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
-        let ids = ids.into_iter().map(|id| (id, Ok(()))).collect();
+        let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
+            let sub = positions.iter().map(|&p| ids[p].clone()).collect();
+            Box::pin(async move { self.cluster.peers.ack(&addr, sub, self.host_id()).await })
+        };
+        let checked = ids.iter().map(|id| (id.clone(), Ok(()))).collect();
+        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
         Ok(self
-            .settle(ids, |shard, keys| async move {
-                shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await
-            })
+            .settle(
+                checked,
+                |shard, keys| async move {
+                    shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await
+                },
+                remote,
+            )
             .await)
     }
 
     /// Makes each leased item ready again after its delay, with new metadata when given.
-    pub async fn nack(&self, items: Vec<NackRequestItem>) -> Result<Vec<Result<()>>> {
+    pub async fn nack(
+        &self,
+        items: Vec<NackRequestItem>,
+        forwarded_by: Option<&str>,
+    ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
+        let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
+            let sub = positions.iter().map(|&p| items[p].clone()).collect();
+            Box::pin(async move { self.cluster.peers.nack(&addr, sub, self.host_id()).await })
+        };
+        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
         let checked = items
-            .into_iter()
+            .iter()
+            .cloned()
             .map(|it| {
                 let delay = it.delay_ms.unwrap_or(0);
                 let ok = check_duration("delay_ms", delay).and_then(|()| match &it.metadata {
@@ -563,21 +554,25 @@ impl Host {
             })
             .collect();
         Ok(self
-            .settle(checked, |shard, nacks| async move {
-                shard
-                    .nack(
-                        nacks
-                            .into_iter()
-                            .map(|(key, (delay_ms, metadata, to_dlq))| NackOp {
-                                key,
-                                delay_ms,
-                                metadata,
-                                to_dlq,
-                            })
-                            .collect(),
-                    )
-                    .await
-            })
+            .settle(
+                checked,
+                |shard, nacks| async move {
+                    shard
+                        .nack(
+                            nacks
+                                .into_iter()
+                                .map(|(key, (delay_ms, metadata, to_dlq))| NackOp {
+                                    key,
+                                    delay_ms,
+                                    metadata,
+                                    to_dlq,
+                                })
+                                .collect(),
+                        )
+                        .await
+                },
+                remote,
+            )
             .await)
     }
 
@@ -608,7 +603,8 @@ impl Host {
         let cursor = after.as_deref().map(parse_cursor).transpose()?;
         // Each shard's page starts right after the cursor in the global order (ties on
         // (priority, deliver_after, key) go to the lower shard id).
-        let pages = join_all(self.shards.values().map(|s| {
+        let shards = self.shards();
+        let pages = join_all(shards.values().map(|s| {
             let after = cursor.and_then(|c| {
                 if s.id() <= c.shard {
                     Some(ReadyKey {
@@ -651,12 +647,8 @@ impl Host {
     /// A topic's counts, totals and the age of its oldest ready item, over every shard.
     pub async fn topic_stats(&self, ns: &str, topic: &str) -> Result<(TopicSnapshot, i64)> {
         let topic = self.topic_name(ns, topic)?;
-        let snaps = join_all(
-            self.shards
-                .values()
-                .map(|s| s.topic_snapshot(topic.clone())),
-        )
-        .await;
+        let shards = self.shards();
+        let snaps = join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))).await;
         let mut all = TopicSnapshot::default();
         for s in snaps {
             let s = s?;
@@ -687,15 +679,20 @@ impl Host {
 
     /// Makes dead items ready again with their delivery count reset; an id that is not a
     /// dead item gets `NOT_FOUND`.
+    /// Ids of shards owned by another host get `WRONG_HOST` (ask that host).
     pub async fn dlq_requeue(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
         let ids = ids.into_iter().map(|id| (id, Ok(()))).collect();
         Ok(self
-            .settle(ids, |shard, keys| async move {
-                shard
-                    .revive(keys.into_iter().map(|(k, _)| k).collect())
-                    .await
-            })
+            .settle(
+                ids,
+                |shard, keys| async move {
+                    shard
+                        .revive(keys.into_iter().map(|(k, _)| k).collect())
+                        .await
+                },
+                None,
+            )
             .await)
     }
 
@@ -708,7 +705,7 @@ impl Host {
             return Err(Error::invalid(format!("max must be >= 0, got {max}")));
         }
         let mut done = 0i64;
-        for shard in self.shards.values() {
+        for shard in self.shards().values() {
             loop {
                 let n = (max - done).min(limits::DLQ_BATCH as i64) as usize;
                 if n == 0 {
@@ -728,7 +725,7 @@ impl Host {
     pub async fn dlq_purge(&self, ns: &str, topic: &str) -> Result<i64> {
         let topic = self.topic_name(ns, topic)?;
         let mut done = 0i64;
-        for shard in self.shards.values() {
+        for shard in self.shards().values() {
             loop {
                 let got = shard.purge_some(topic.clone(), limits::DLQ_BATCH).await?;
                 done += got as i64;
@@ -750,7 +747,8 @@ impl Host {
         let lock = self.prefetch.claim_lock(&topic);
         let _claiming = lock.lock().await;
         let mut items = self.prefetch.peek(&topic, count, self.clock.now_ms());
-        let healthy: Vec<&ShardHandle> = self.shards.values().filter(|s| s.is_healthy()).collect();
+        let shards = self.shards();
+        let healthy: Vec<&ShardHandle> = shards.values().filter(|s| s.is_healthy()).collect();
         let heads = join_all(
             healthy
                 .iter()
@@ -768,7 +766,7 @@ impl Host {
         let fetched = join_all(
             by_shard
                 .into_iter()
-                .map(|(id, keys)| self.shards[&id].fetch_ready(keys)),
+                .map(|(id, keys)| shards[&id].fetch_ready(keys)),
         )
         .await;
         for r in fetched {
@@ -781,10 +779,20 @@ impl Host {
 
     /// Extends the leases of items still leased to now + `extend_ms`; an item that is not
     /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
-    pub async fn touch(&self, items: Vec<(String, i64)>) -> Result<Vec<Result<()>>> {
+    pub async fn touch(
+        &self,
+        items: Vec<(String, i64)>,
+        forwarded_by: Option<&str>,
+    ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
+        let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
+            let sub = positions.iter().map(|&p| items[p].clone()).collect();
+            Box::pin(async move { self.cluster.peers.touch(&addr, sub, self.host_id()).await })
+        };
+        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
         let checked = items
-            .into_iter()
+            .iter()
+            .cloned()
             .map(|(id, extend_ms)| {
                 let ok = check_duration("extend_ms", extend_ms).and_then(|()| match extend_ms {
                     0 => Err(Error::invalid("extend_ms must be > 0")),
@@ -794,12 +802,17 @@ impl Host {
             })
             .collect();
         Ok(self
-            .settle(checked, |shard, ops| async move { shard.touch(ops).await })
+            .settle(
+                checked,
+                |shard, ops| async move { shard.touch(ops).await },
+                remote,
+            )
             .await)
     }
 
-    /// The namespace's topics holding ready, deferred or leased items, sorted by name.
-    pub async fn active_topics(
+    /// The namespace's topics holding ready, deferred or leased items on this host's
+    /// shards, sorted by name.
+    pub(super) async fn local_active_topics(
         &self,
         ns: &str,
         limit: Option<i32>,
@@ -814,8 +827,9 @@ impl Host {
         // Each shard returns its first limit + 1 topics after the cursor; every topic among
         // the first limit + 1 overall is then in the list of every shard that holds it, so
         // its summed counts are complete.
+        let shards = self.shards();
         let pages = join_all(
-            self.shards
+            shards
                 .values()
                 .map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1)),
         )
@@ -853,26 +867,29 @@ impl Host {
     }
 
     pub fn shard_status(&self) -> Vec<ShardStatus> {
-        self.shards.values().map(|s| s.status()).collect()
+        self.shards().values().map(|s| s.status()).collect()
     }
 
     /// Flushes every shard's buffers, saves checkpoints and stops the workers. Call after
     /// the server has stopped taking requests.
     pub async fn shutdown(&self) {
         // Staged items go back before the workers stop, so none waits for its lease.
+        let shards = self.shards();
+        let shards = &shards;
         let mut by_shard: HashMap<ShardId, Vec<Item>> = HashMap::new();
         for i in self.prefetch.drain() {
             by_shard.entry(i.id.shard).or_default().push(i);
         }
         join_all(by_shard.into_iter().map(|(id, items)| async move {
-            if let Err(e) = self.shards[&id].release(items).await {
+            let Some(shard) = shards.get(&id) else { return };
+            if let Err(e) = shard.release(items).await {
                 tracing::warn!(shard = id, error = %e, "releasing staged items at shutdown failed");
             }
         }))
         .await;
-        join_all(self.shards.values().map(|s| s.shutdown())).await;
+        join_all(shards.values().map(|s| s.shutdown())).await;
         let workers = std::mem::take(&mut *self.workers.lock().expect("not poisoned"));
-        for w in workers {
+        for w in workers.into_values() {
             let _ = w.await;
         }
     }

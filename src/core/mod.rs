@@ -2,11 +2,16 @@
 //! replies. It validates, applies namespace policy, picks shards and merges their heads;
 //! it never sees a socket, Thrift or SQL, so it is testable on its own.
 
+mod cluster;
+mod enqueue;
 mod host;
 mod merge;
 mod prefetch;
+pub mod quota;
 mod validate;
 
+pub use cluster::{ClusterSettings, HostStatus, PeerLoad, PeerStatus, Peers};
+pub use enqueue::EnqueueOutcome;
 pub use host::Host;
 pub use merge::kway_merge;
 pub use prefetch::PrefetchConfig;

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::model::{GlobalKey, Item, TopicName};
+use crate::model::{GlobalKey, Item, ShardId, TopicName};
 
 /// Half-life of the dequeue-rate estimate.
 const RATE_HALF_LIFE_MS: f64 = 1000.0;
@@ -225,6 +225,26 @@ impl Prefetch {
             .drain()
             .flat_map(|(_, s)| s.items.into_values().map(|s| s.item))
             .collect()
+    }
+
+    /// Takes every staged item of one shard (the host is letting the shard go).
+    pub fn drain_shard(&self, shard: ShardId) -> Vec<Item> {
+        let mut topics = self.topics.lock().expect("not poisoned");
+        let mut out = Vec::new();
+        for stage in topics.values_mut() {
+            let keys: Vec<GlobalKey> = stage
+                .items
+                .keys()
+                .filter(|k| k.shard == shard)
+                .copied()
+                .collect();
+            for k in keys {
+                if let Some(s) = stage.items.remove(&k) {
+                    out.push(s.item);
+                }
+            }
+        }
+        out
     }
 
     /// Staged items per topic of `ns`: leased in MySQL, but ready as far as clients go.

@@ -156,6 +156,24 @@ pub fn validate_item(
     })
 }
 
+/// A checked item as a request again, with every default resolved, to forward it to a
+/// peer. Its TTL counts from `now_ms` (the original enqueue time on this host).
+pub fn as_request(n: NewItem, now_ms: i64) -> EnqueueRequestItem {
+    EnqueueRequestItem {
+        ns: n.ns,
+        topic: n.topic,
+        priority: n.priority,
+        payload: n.payload,
+        metadata: Some(n.metadata),
+        deliver_after_ms: Some(n.deliver_after_ms),
+        lease_ms: Some(n.lease_ms),
+        ttl_ms: n.expires_at_ms.map(|e| (e - now_ms).max(1)),
+        policy: Some(n.policy as i32),
+        max_attempts: Some(n.max_attempts),
+        dedup_key: n.dedup_key,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +183,7 @@ mod tests {
         ttl_ms: None,
         policy: Policy::AtLeastOnce,
         max_attempts: 5,
+        enqueues_per_minute: None,
     };
 
     fn item() -> EnqueueRequestItem {

@@ -2,13 +2,15 @@
 //! Absent fields of the generated structs (all are `Option`) become the domain's defaults:
 //! an absent string is empty (and then fails validation), an absent number is 0.
 
-use crate::core::{ActiveTopicsPage, EnqueueRequestItem, NackRequestItem, TopicRequest};
-use crate::error::{Error, ErrorCode};
-use crate::model::{Item, ItemId, Policy, ShardStatus};
+use crate::core::{
+    ActiveTopicsPage, EnqueueRequestItem, HostStatus, NackRequestItem, TopicRequest,
+};
+use crate::error::{Error, ErrorCode, Result};
+use crate::model::{Item, ItemId, Policy, ShardStatus, TopicCounts};
 use crate::thrift_gen as t;
 
-pub fn enqueue_items(req: t::EnqueueRequest) -> Vec<EnqueueRequestItem> {
-    req.items
+pub fn enqueue_items(items: Option<Vec<t::EnqueueItem>>) -> Vec<EnqueueRequestItem> {
+    items
         .unwrap_or_default()
         .into_iter()
         .map(|i| EnqueueRequestItem {
@@ -39,8 +41,8 @@ pub fn topic_requests(req: t::DequeueRequest) -> Vec<TopicRequest> {
         .collect()
 }
 
-pub fn nack_items(req: t::NackRequest) -> Vec<NackRequestItem> {
-    req.items
+pub fn nack_items(items: Option<Vec<t::NackItem>>) -> Vec<NackRequestItem> {
+    items
         .unwrap_or_default()
         .into_iter()
         .map(|n| NackRequestItem {
@@ -60,7 +62,7 @@ pub fn foqs_error(e: Error) -> t::FoqsError {
     t::FoqsError {
         code: Some(error_code(e.code)),
         message: Some(e.message),
-        redirect_host: None,
+        redirect_host: e.redirect,
         retryable: Some(e.retryable),
     }
 }
@@ -69,7 +71,7 @@ pub fn item_error(e: Error) -> t::ItemError {
     t::ItemError {
         code: Some(error_code(e.code)),
         message: Some(e.message),
-        redirect_host: None,
+        redirect_host: e.redirect,
     }
 }
 
@@ -138,6 +140,7 @@ pub fn active_topics(page: ActiveTopicsPage) -> t::GetActiveTopicsResponse {
                     ready: Some(c.ready),
                     deferred: Some(c.deferred),
                     leased: Some(c.leased),
+                    hosts: Some(c.hosts),
                 })
                 .collect(),
         ),
@@ -145,19 +148,132 @@ pub fn active_topics(page: ActiveTopicsPage) -> t::GetActiveTopicsResponse {
     }
 }
 
-pub fn host_info(host_id: &str, shards: Vec<ShardStatus>) -> t::HostInfo {
+fn shard_infos(shards: Vec<ShardStatus>) -> Vec<t::ShardInfo> {
+    shards
+        .into_iter()
+        .map(|s| t::ShardInfo {
+            shard_id: Some(s.shard as i32),
+            healthy: Some(s.healthy),
+            items: Some(s.items),
+        })
+        .collect()
+}
+
+pub fn host_info(h: HostStatus) -> t::HostInfo {
     t::HostInfo {
-        host_id: Some(host_id.to_string()),
+        host_id: Some(h.host_id),
         version: Some(crate::VERSION.to_string()),
-        shards: Some(
-            shards
+        shards: Some(shard_infos(h.shards)),
+        tier: Some(h.tier),
+        addr: Some(h.addr),
+        spare_capacity: Some(h.spare),
+        peers: Some(
+            h.peers
                 .into_iter()
-                .map(|s| t::ShardInfo {
-                    shard_id: Some(s.shard as i32),
-                    healthy: Some(s.healthy),
-                    items: Some(s.items),
+                .map(|p| t::PeerInfo {
+                    host_id: Some(p.host_id),
+                    addr: Some(p.addr),
+                    tier: Some(p.tier),
+                    shards: Some(p.shards.into_iter().map(|s| s as i32).collect()),
+                    reachable: Some(p.load.reachable),
+                    spare_capacity: Some(p.load.spare),
                 })
                 .collect(),
         ),
+        manager: Some(h.manager.to_string()),
+    }
+}
+
+// From the wire, for calls to peers.
+
+pub fn enqueue_item_to_wire(i: EnqueueRequestItem) -> t::EnqueueItem {
+    t::EnqueueItem {
+        ns: Some(i.ns),
+        topic: Some(i.topic),
+        priority: Some(i.priority),
+        payload: Some(i.payload),
+        metadata: i.metadata,
+        deliver_after_ms: i.deliver_after_ms,
+        lease_ms: i.lease_ms,
+        ttl_ms: i.ttl_ms,
+        policy: i.policy.map(t::DeliveryPolicy),
+        max_attempts: i.max_attempts,
+        dedup_key: i.dedup_key,
+    }
+}
+
+pub fn nack_item_to_wire(n: NackRequestItem) -> t::NackItem {
+    t::NackItem {
+        id: Some(n.id),
+        delay_ms: n.delay_ms,
+        metadata: n.metadata,
+        to_dlq: Some(n.to_dlq),
+    }
+}
+
+fn code_from_wire(c: Option<t::ErrorCode>) -> ErrorCode {
+    match c.map(|c| c.0) {
+        Some(1) => ErrorCode::InvalidArgument,
+        Some(2) => ErrorCode::PayloadTooLarge,
+        Some(3) => ErrorCode::RateLimited,
+        Some(4) => ErrorCode::Unavailable,
+        Some(5) => ErrorCode::NotFound,
+        Some(6) => ErrorCode::WrongHost,
+        Some(7) => ErrorCode::UnknownNamespace,
+        _ => ErrorCode::Internal,
+    }
+}
+
+pub fn error_from_wire(e: t::FoqsError) -> Error {
+    let mut err = Error::new(code_from_wire(e.code), e.message.unwrap_or_default());
+    err.redirect = e.redirect_host;
+    err
+}
+
+fn item_error_from_wire(e: t::ItemError) -> Error {
+    let mut err = Error::new(code_from_wire(e.code), e.message.unwrap_or_default());
+    err.redirect = e.redirect_host;
+    err
+}
+
+pub fn item_results_from_wire(rs: Option<Vec<t::ItemResult>>) -> Vec<Result<()>> {
+    rs.unwrap_or_default()
+        .into_iter()
+        .map(|r| match r.error {
+            Some(e) => Err(item_error_from_wire(e)),
+            None => Ok(()),
+        })
+        .collect()
+}
+
+pub fn enqueue_results_from_wire(rs: Option<Vec<t::EnqueueResult>>) -> Vec<Result<(ItemId, bool)>> {
+    rs.unwrap_or_default()
+        .into_iter()
+        .map(|r| match (r.id, r.error) {
+            (_, Some(e)) => Err(item_error_from_wire(e)),
+            (Some(id), None) => Ok((id.parse()?, r.deduplicated.unwrap_or(false))),
+            (None, None) => Err(Error::new(
+                ErrorCode::Internal,
+                "a peer sent neither id nor error",
+            )),
+        })
+        .collect()
+}
+
+pub fn active_topics_from_wire(r: t::GetActiveTopicsResponse) -> ActiveTopicsPage {
+    ActiveTopicsPage {
+        topics: r
+            .topics
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| TopicCounts {
+                topic: t.topic.unwrap_or_default(),
+                ready: t.ready.unwrap_or(0),
+                deferred: t.deferred.unwrap_or(0),
+                leased: t.leased.unwrap_or(0),
+                hosts: Vec::new(),
+            })
+            .collect(),
+        next_after: r.next_after,
     }
 }

@@ -8,6 +8,9 @@
 //! each; only a frame whose message header cannot be read at all closes it.
 
 mod convert;
+mod peer;
+
+pub use peer::PeerClient;
 
 use thrift::protocol::{
     TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol,
@@ -233,6 +236,11 @@ fn encode(
     o.flush()
 }
 
+/// The forwarding host's id; an empty string (a careless client) counts as absent.
+fn forwarder(f: &Option<String>) -> Option<&str> {
+    f.as_deref().filter(|s| !s.is_empty())
+}
+
 /// Splits a domain result into the generated result struct's two fields.
 fn split<T>(r: crate::error::Result<T>) -> (Option<T>, Option<t::FoqsError>) {
     match r {
@@ -245,7 +253,10 @@ async fn execute(call: Call, host: &Host) -> Reply {
     match call {
         Call::Enqueue(req) => {
             let r = host
-                .enqueue(convert::enqueue_items(req))
+                .enqueue(
+                    convert::enqueue_items(req.items),
+                    forwarder(&req.forwarded_by),
+                )
                 .await
                 .map(convert::enqueue_response);
             let (result_value, err) = split(r);
@@ -264,16 +275,18 @@ async fn execute(call: Call, host: &Host) -> Reply {
         }
         Call::Ack(req) => {
             let ids = req.ids.unwrap_or_default();
-            let r = host.ack(ids.clone()).await.map(|res| t::AckResponse {
+            let from = forwarder(&req.forwarded_by);
+            let r = host.ack(ids.clone(), from).await.map(|res| t::AckResponse {
                 results: Some(convert::item_results(ids, res)),
             });
             let (result_value, err) = split(r);
             Reply::Ack(t::FoqsAckResult { result_value, err })
         }
         Call::Nack(req) => {
-            let items = convert::nack_items(req);
+            let items = convert::nack_items(req.items);
             let ids = items.iter().map(|n| n.id.clone()).collect();
-            let r = host.nack(items).await.map(|res| t::NackResponse {
+            let from = forwarder(&req.forwarded_by);
+            let r = host.nack(items, from).await.map(|res| t::NackResponse {
                 results: Some(convert::item_results(ids, res)),
             });
             let (result_value, err) = split(r);
@@ -282,7 +295,7 @@ async fn execute(call: Call, host: &Host) -> Reply {
         Call::GetActiveTopics(req) => {
             let ns = req.ns.unwrap_or_default();
             let r = host
-                .active_topics(&ns, req.limit, req.after)
+                .active_topics(&ns, req.limit, req.after, req.local_only.unwrap_or(false))
                 .await
                 .map(convert::active_topics);
             let (result_value, err) = split(r);
@@ -375,14 +388,15 @@ async fn execute(call: Call, host: &Host) -> Reply {
                 .map(|t| (t.id.unwrap_or_default(), t.extend_ms.unwrap_or(0)))
                 .collect();
             let ids = items.iter().map(|(id, _)| id.clone()).collect();
-            let r = host.touch(items).await.map(|res| t::TouchResponse {
+            let from = forwarder(&req.forwarded_by);
+            let r = host.touch(items, from).await.map(|res| t::TouchResponse {
                 results: Some(convert::item_results(ids, res)),
             });
             let (result_value, err) = split(r);
             Reply::Touch(t::FoqsTouchResult { result_value, err })
         }
         Call::GetHostInfo => {
-            let info = convert::host_info(host.host_id(), host.shard_status());
+            let info = convert::host_info(host.host_status());
             Reply::GetHostInfo(t::FoqsGetHostInfoResult {
                 result_value: Some(info),
                 err: None,

@@ -184,19 +184,35 @@ impl ShardHandle {
     }
 
     /// Hands `items` to the shard for its next batched INSERT without waiting for room:
-    /// an error here means nothing was written, so the caller may try another shard.
-    /// Awaiting the returned [`PendingEnqueue`] yields the keys once the batch committed.
-    pub fn submit_enqueue(&self, items: Vec<NewItem>) -> Result<PendingEnqueue> {
+    /// an error here means nothing was written, and the items come back with it so the
+    /// caller may try elsewhere. Awaiting the returned [`PendingEnqueue`] yields the keys
+    /// once the batch committed.
+    #[allow(clippy::result_large_err)]
+    pub fn submit_enqueue(
+        &self,
+        items: Vec<NewItem>,
+    ) -> std::result::Result<PendingEnqueue, (Vec<NewItem>, Error)> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .try_send(Command::Enqueue { items, reply })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => {
-                    Error::unavailable(format!("shard {} is busy", self.id))
-                }
-                mpsc::error::TrySendError::Closed(_) => gone(self.id),
-            })?;
-        Ok(PendingEnqueue { id: self.id, rx })
+        match self.tx.try_send(Command::Enqueue { items, reply }) {
+            Ok(()) => Ok(PendingEnqueue { id: self.id, rx }),
+            Err(e) => {
+                let err = match &e {
+                    mpsc::error::TrySendError::Full(_) => {
+                        Error::unavailable(format!("shard {} is busy", self.id))
+                    }
+                    mpsc::error::TrySendError::Closed(_) => gone(self.id),
+                };
+                let Command::Enqueue { items, .. } = e.into_inner() else {
+                    unreachable!("we sent an enqueue")
+                };
+                Err((items, err))
+            }
+        }
+    }
+
+    /// Commands the worker's queue can still take: how much more this shard can buffer.
+    pub fn spare(&self) -> usize {
+        self.tx.capacity()
     }
 
     /// Up to `n` keys of the topic's most urgent ready items, without leasing them: from

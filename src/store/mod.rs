@@ -24,6 +24,8 @@ pub enum StoreError {
     Schema(String),
     #[error("no answer within {0} ms")]
     Timeout(u64),
+    #[error("this host's ownership of the shard may have lapsed (fenced): it writes no more")]
+    Fenced,
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -426,12 +426,14 @@ class EnqueueRequest(object):
     """
     Attributes:
      - items
+     - forwarded_by
 
     """
 
 
-    def __init__(self, items=None,):
+    def __init__(self, items=None, forwarded_by=None,):
         self.items = items
+        self.forwarded_by = forwarded_by
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -453,6 +455,11 @@ class EnqueueRequest(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -469,6 +476,10 @@ class EnqueueRequest(object):
             for iter6 in self.items:
                 iter6.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.forwarded_by is not None:
+            oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
+            oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1027,12 +1038,14 @@ class AckRequest(object):
     """
     Attributes:
      - ids
+     - forwarded_by
 
     """
 
 
-    def __init__(self, ids=None,):
+    def __init__(self, ids=None, forwarded_by=None,):
         self.ids = ids
+        self.forwarded_by = forwarded_by
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1053,6 +1066,11 @@ class AckRequest(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1069,6 +1087,10 @@ class AckRequest(object):
             for iter34 in self.ids:
                 oprot.writeString(iter34.encode('utf-8') if sys.version_info[0] == 2 else iter34)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.forwarded_by is not None:
+            oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
+            oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1182,12 +1204,14 @@ class NackRequest(object):
     """
     Attributes:
      - items
+     - forwarded_by
 
     """
 
 
-    def __init__(self, items=None,):
+    def __init__(self, items=None, forwarded_by=None,):
         self.items = items
+        self.forwarded_by = forwarded_by
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1209,6 +1233,11 @@ class NackRequest(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1225,6 +1254,10 @@ class NackRequest(object):
             for iter41 in self.items:
                 iter41.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.forwarded_by is not None:
+            oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
+            oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1517,12 +1550,14 @@ class TouchRequest(object):
     """
     Attributes:
      - items
+     - forwarded_by
 
     """
 
 
-    def __init__(self, items=None,):
+    def __init__(self, items=None, forwarded_by=None,):
         self.items = items
+        self.forwarded_by = forwarded_by
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1544,6 +1579,11 @@ class TouchRequest(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1560,6 +1600,10 @@ class TouchRequest(object):
             for iter62 in self.items:
                 iter62.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.forwarded_by is not None:
+            oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
+            oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2591,14 +2635,16 @@ class GetActiveTopicsRequest(object):
      - ns
      - limit
      - after
+     - local_only
 
     """
 
 
-    def __init__(self, ns=None, limit=None, after=None,):
+    def __init__(self, ns=None, limit=None, after=None, local_only=None,):
         self.ns = ns
         self.limit = limit
         self.after = after
+        self.local_only = local_only
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2624,6 +2670,11 @@ class GetActiveTopicsRequest(object):
                     self.after = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.BOOL:
+                    self.local_only = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2645,6 +2696,10 @@ class GetActiveTopicsRequest(object):
         if self.after is not None:
             oprot.writeFieldBegin('after', TType.STRING, 3)
             oprot.writeString(self.after.encode('utf-8') if sys.version_info[0] == 2 else self.after)
+            oprot.writeFieldEnd()
+        if self.local_only is not None:
+            oprot.writeFieldBegin('local_only', TType.BOOL, 4)
+            oprot.writeBool(self.local_only)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2671,15 +2726,17 @@ class ActiveTopic(object):
      - ready
      - deferred
      - leased
+     - hosts
 
     """
 
 
-    def __init__(self, topic=None, ready=None, deferred=None, leased=None,):
+    def __init__(self, topic=None, ready=None, deferred=None, leased=None, hosts=None,):
         self.topic = topic
         self.ready = ready
         self.deferred = deferred
         self.leased = leased
+        self.hosts = hosts
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2710,6 +2767,16 @@ class ActiveTopic(object):
                     self.leased = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.LIST:
+                    self.hosts = []
+                    (_etype101, _size98) = iprot.readListBegin()
+                    for _i102 in range(_size98):
+                        _elem103 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.hosts.append(_elem103)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2735,6 +2802,13 @@ class ActiveTopic(object):
         if self.leased is not None:
             oprot.writeFieldBegin('leased', TType.I64, 4)
             oprot.writeI64(self.leased)
+            oprot.writeFieldEnd()
+        if self.hosts is not None:
+            oprot.writeFieldBegin('hosts', TType.LIST, 5)
+            oprot.writeListBegin(TType.STRING, len(self.hosts))
+            for iter104 in self.hosts:
+                oprot.writeString(iter104.encode('utf-8') if sys.version_info[0] == 2 else iter104)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2779,11 +2853,11 @@ class GetActiveTopicsResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.topics = []
-                    (_etype101, _size98) = iprot.readListBegin()
-                    for _i102 in range(_size98):
-                        _elem103 = ActiveTopic()
-                        _elem103.read(iprot)
-                        self.topics.append(_elem103)
+                    (_etype108, _size105) = iprot.readListBegin()
+                    for _i109 in range(_size105):
+                        _elem110 = ActiveTopic()
+                        _elem110.read(iprot)
+                        self.topics.append(_elem110)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2805,8 +2879,8 @@ class GetActiveTopicsResponse(object):
         if self.topics is not None:
             oprot.writeFieldBegin('topics', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.topics))
-            for iter104 in self.topics:
-                iter104.write(oprot)
+            for iter111 in self.topics:
+                iter111.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.next_after is not None:
@@ -2910,20 +2984,150 @@ class ShardInfo(object):
         return not (self == other)
 
 
+class PeerInfo(object):
+    """
+    Attributes:
+     - host_id
+     - addr
+     - tier
+     - shards
+     - reachable
+     - spare_capacity
+
+    """
+
+
+    def __init__(self, host_id=None, addr=None, tier=None, shards=None, reachable=None, spare_capacity=None,):
+        self.host_id = host_id
+        self.addr = addr
+        self.tier = tier
+        self.shards = shards
+        self.reachable = reachable
+        self.spare_capacity = spare_capacity
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.host_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.addr = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.tier = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.LIST:
+                    self.shards = []
+                    (_etype115, _size112) = iprot.readListBegin()
+                    for _i116 in range(_size112):
+                        _elem117 = iprot.readI32()
+                        self.shards.append(_elem117)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.BOOL:
+                    self.reachable = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I64:
+                    self.spare_capacity = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('PeerInfo')
+        if self.host_id is not None:
+            oprot.writeFieldBegin('host_id', TType.STRING, 1)
+            oprot.writeString(self.host_id.encode('utf-8') if sys.version_info[0] == 2 else self.host_id)
+            oprot.writeFieldEnd()
+        if self.addr is not None:
+            oprot.writeFieldBegin('addr', TType.STRING, 2)
+            oprot.writeString(self.addr.encode('utf-8') if sys.version_info[0] == 2 else self.addr)
+            oprot.writeFieldEnd()
+        if self.tier is not None:
+            oprot.writeFieldBegin('tier', TType.STRING, 3)
+            oprot.writeString(self.tier.encode('utf-8') if sys.version_info[0] == 2 else self.tier)
+            oprot.writeFieldEnd()
+        if self.shards is not None:
+            oprot.writeFieldBegin('shards', TType.LIST, 4)
+            oprot.writeListBegin(TType.I32, len(self.shards))
+            for iter118 in self.shards:
+                oprot.writeI32(iter118)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.reachable is not None:
+            oprot.writeFieldBegin('reachable', TType.BOOL, 5)
+            oprot.writeBool(self.reachable)
+            oprot.writeFieldEnd()
+        if self.spare_capacity is not None:
+            oprot.writeFieldBegin('spare_capacity', TType.I64, 6)
+            oprot.writeI64(self.spare_capacity)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class HostInfo(object):
     """
     Attributes:
      - host_id
      - version
      - shards
+     - tier
+     - addr
+     - spare_capacity
+     - peers
+     - manager
 
     """
 
 
-    def __init__(self, host_id=None, version=None, shards=None,):
+    def __init__(self, host_id=None, version=None, shards=None, tier=None, addr=None, spare_capacity=None, peers=None, manager=None,):
         self.host_id = host_id
         self.version = version
         self.shards = shards
+        self.tier = tier
+        self.addr = addr
+        self.spare_capacity = spare_capacity
+        self.peers = peers
+        self.manager = manager
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2947,12 +3151,43 @@ class HostInfo(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype108, _size105) = iprot.readListBegin()
-                    for _i109 in range(_size105):
-                        _elem110 = ShardInfo()
-                        _elem110.read(iprot)
-                        self.shards.append(_elem110)
+                    (_etype122, _size119) = iprot.readListBegin()
+                    for _i123 in range(_size119):
+                        _elem124 = ShardInfo()
+                        _elem124.read(iprot)
+                        self.shards.append(_elem124)
                     iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.tier = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.addr = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I64:
+                    self.spare_capacity = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.LIST:
+                    self.peers = []
+                    (_etype128, _size125) = iprot.readListBegin()
+                    for _i129 in range(_size125):
+                        _elem130 = PeerInfo()
+                        _elem130.read(iprot)
+                        self.peers.append(_elem130)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.STRING:
+                    self.manager = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
             else:
@@ -2976,9 +3211,32 @@ class HostInfo(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter111 in self.shards:
-                iter111.write(oprot)
+            for iter131 in self.shards:
+                iter131.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.tier is not None:
+            oprot.writeFieldBegin('tier', TType.STRING, 4)
+            oprot.writeString(self.tier.encode('utf-8') if sys.version_info[0] == 2 else self.tier)
+            oprot.writeFieldEnd()
+        if self.addr is not None:
+            oprot.writeFieldBegin('addr', TType.STRING, 5)
+            oprot.writeString(self.addr.encode('utf-8') if sys.version_info[0] == 2 else self.addr)
+            oprot.writeFieldEnd()
+        if self.spare_capacity is not None:
+            oprot.writeFieldBegin('spare_capacity', TType.I64, 6)
+            oprot.writeI64(self.spare_capacity)
+            oprot.writeFieldEnd()
+        if self.peers is not None:
+            oprot.writeFieldBegin('peers', TType.LIST, 7)
+            oprot.writeListBegin(TType.STRUCT, len(self.peers))
+            for iter132 in self.peers:
+                iter132.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.manager is not None:
+            oprot.writeFieldBegin('manager', TType.STRING, 8)
+            oprot.writeString(self.manager.encode('utf-8') if sys.version_info[0] == 2 else self.manager)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3030,6 +3288,7 @@ all_structs.append(EnqueueRequest)
 EnqueueRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'items', (TType.STRUCT, [EnqueueItem, None], False), None, ),  # 1
+    (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
 )
 all_structs.append(EnqueueResult)
 EnqueueResult.thrift_spec = (
@@ -3080,6 +3339,7 @@ all_structs.append(AckRequest)
 AckRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'ids', (TType.STRING, 'UTF8', False), None, ),  # 1
+    (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
 )
 all_structs.append(NackItem)
 NackItem.thrift_spec = (
@@ -3093,6 +3353,7 @@ all_structs.append(NackRequest)
 NackRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'items', (TType.STRUCT, [NackItem, None], False), None, ),  # 1
+    (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
 )
 all_structs.append(ItemResult)
 ItemResult.thrift_spec = (
@@ -3120,6 +3381,7 @@ all_structs.append(TouchRequest)
 TouchRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'items', (TType.STRUCT, [TouchItem, None], False), None, ),  # 1
+    (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
 )
 all_structs.append(TouchResponse)
 TouchResponse.thrift_spec = (
@@ -3212,6 +3474,7 @@ GetActiveTopicsRequest.thrift_spec = (
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.I32, 'limit', None, None, ),  # 2
     (3, TType.STRING, 'after', 'UTF8', None, ),  # 3
+    (4, TType.BOOL, 'local_only', None, None, ),  # 4
 )
 all_structs.append(ActiveTopic)
 ActiveTopic.thrift_spec = (
@@ -3220,6 +3483,7 @@ ActiveTopic.thrift_spec = (
     (2, TType.I64, 'ready', None, None, ),  # 2
     (3, TType.I64, 'deferred', None, None, ),  # 3
     (4, TType.I64, 'leased', None, None, ),  # 4
+    (5, TType.LIST, 'hosts', (TType.STRING, 'UTF8', False), None, ),  # 5
 )
 all_structs.append(GetActiveTopicsResponse)
 GetActiveTopicsResponse.thrift_spec = (
@@ -3234,12 +3498,27 @@ ShardInfo.thrift_spec = (
     (2, TType.BOOL, 'healthy', None, None, ),  # 2
     (3, TType.I64, 'items', None, None, ),  # 3
 )
+all_structs.append(PeerInfo)
+PeerInfo.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'host_id', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'addr', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'tier', 'UTF8', None, ),  # 3
+    (4, TType.LIST, 'shards', (TType.I32, None, False), None, ),  # 4
+    (5, TType.BOOL, 'reachable', None, None, ),  # 5
+    (6, TType.I64, 'spare_capacity', None, None, ),  # 6
+)
 all_structs.append(HostInfo)
 HostInfo.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'host_id', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'version', 'UTF8', None, ),  # 2
     (3, TType.LIST, 'shards', (TType.STRUCT, [ShardInfo, None], False), None, ),  # 3
+    (4, TType.STRING, 'tier', 'UTF8', None, ),  # 4
+    (5, TType.STRING, 'addr', 'UTF8', None, ),  # 5
+    (6, TType.I64, 'spare_capacity', None, None, ),  # 6
+    (7, TType.LIST, 'peers', (TType.STRUCT, [PeerInfo, None], False), None, ),  # 7
+    (8, TType.STRING, 'manager', 'UTF8', None, ),  # 8
 )
 fix_spec(all_structs)
 del all_structs

@@ -4,8 +4,11 @@
 #![allow(dead_code)]
 
 mod mariadb;
-#[allow(unused_imports)] // used by the fault tests only
+mod procs;
+#[allow(unused_imports)] // used by some tests only
 pub use mariadb::PrivateMariaDb;
+#[allow(unused_imports)]
+pub use procs::{Etcd, Proc};
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -114,6 +117,15 @@ pub fn config_toml(db: &TestDb, server_extra: &str, extra: &str) -> String {
     )
 }
 
+/// Writes `toml` to a config file of its own (named after the test's first database).
+pub fn write_config(db: &TestDb, toml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("foqs-{}-{}", std::process::id(), db.names[0]));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("foqsd.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
 /// An in-process foqsd over its own databases.
 pub struct TestServer {
     pub running: Option<Running>,
@@ -188,8 +200,13 @@ impl Client {
     }
 
     pub fn try_enqueue(&mut self, items: Vec<EnqueueItem>) -> thrift::Result<Vec<EnqueueResult>> {
-        self.call(|c| c.enqueue(EnqueueRequest { items: Some(items) }))
-            .map(|r| r.results.unwrap())
+        self.call(|c| {
+            c.enqueue(EnqueueRequest {
+                items: Some(items),
+                forwarded_by: None,
+            })
+        })
+        .map(|r| r.results.unwrap())
     }
 
     /// Enqueues and insists that every item succeeded; returns the ids.
@@ -232,6 +249,7 @@ impl Client {
         self.call(|c| {
             c.ack(AckRequest {
                 ids: Some(ids.to_vec()),
+                forwarded_by: None,
             })
         })
         .expect("ack")
@@ -240,10 +258,15 @@ impl Client {
     }
 
     pub fn nack(&mut self, items: Vec<NackItem>) -> Vec<ItemResult> {
-        self.call(|c| c.nack(NackRequest { items: Some(items) }))
-            .expect("nack")
-            .results
-            .unwrap()
+        self.call(|c| {
+            c.nack(NackRequest {
+                items: Some(items),
+                forwarded_by: None,
+            })
+        })
+        .expect("nack")
+        .results
+        .unwrap()
     }
 
     pub fn try_topics(
@@ -256,6 +279,7 @@ impl Client {
             ns: Some(ns.into()),
             limit,
             after: after.map(str::to_string),
+            local_only: None,
         };
         self.call(|c| c.get_active_topics(req))
     }
@@ -286,10 +310,15 @@ impl Client {
                 extend_ms: Some(*extend_ms),
             })
             .collect();
-        self.call(|c| c.touch(TouchRequest { items: Some(items) }))
-            .expect("touch")
-            .results
-            .unwrap()
+        self.call(|c| {
+            c.touch(TouchRequest {
+                items: Some(items),
+                forwarded_by: None,
+            })
+        })
+        .expect("touch")
+        .results
+        .unwrap()
     }
 
     pub fn try_peek(&mut self, ns: &str, topic: &str, count: i32) -> thrift::Result<Vec<Item>> {
@@ -345,6 +374,15 @@ pub fn foqs_error(e: thrift::Error) -> FoqsError {
 
 pub fn code_of(e: &Option<ItemError>) -> Option<ErrorCode> {
     e.as_ref().and_then(|e| e.code)
+}
+
+/// A port free right now on 127.0.0.1 (for configs that must name their port up front).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn now_ms() -> i64 {

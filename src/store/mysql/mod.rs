@@ -18,6 +18,7 @@
 //! - Lists of keys are spliced into the SQL text as integers: they are `u64`s, so there is
 //!   nothing to escape, and a prepared statement per list length would churn the cache.
 
+use crate::fence::Fence;
 use mysql_async::prelude::*;
 use mysql_async::{
     Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, TxOpts, Value,
@@ -91,6 +92,9 @@ pub struct MySqlStore {
     /// MariaDB has `DELETE ... RETURNING`, which makes an ack one statement; MySQL needs
     /// a lookup first. Known after `open`.
     returning: std::sync::atomic::AtomicBool,
+    /// Every operation first checks it: a host whose ownership lease may have lapsed
+    /// touches the shard no more.
+    fence: Fence,
 }
 
 impl MySqlStore {
@@ -113,7 +117,14 @@ impl MySqlStore {
             server_opts,
             database,
             returning: std::sync::atomic::AtomicBool::new(false),
+            fence: Fence::open(),
         })
+    }
+
+    /// Makes every operation fail with [`StoreError::Fenced`] while `fence` is closed.
+    pub fn with_fence(mut self, fence: Fence) -> MySqlStore {
+        self.fence = fence;
+        self
     }
 
     pub fn database(&self) -> &str {
@@ -126,6 +137,9 @@ impl MySqlStore {
     }
 
     async fn conn(&self) -> StoreResult<Conn> {
+        if !self.fence.is_open() {
+            return Err(StoreError::Fenced);
+        }
         Ok(self.pool.get_conn().await?)
     }
 
@@ -583,6 +597,7 @@ impl ShardStore for MySqlStore {
                 ready,
                 deferred,
                 leased,
+                hosts: Vec::new(),
             })
             .collect())
     }

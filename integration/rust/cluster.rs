@@ -1,0 +1,259 @@
+//! A fixed (static) cluster of in-process hosts over real MariaDB: ack/nack/touch routed
+//! to the owner or answered with WRONG_HOST, enqueues forwarded to another tier or away
+//! from a host whose shards are all sick, topics listed across hosts, host info.
+//! (The etcd-managed cluster, with real processes, is in `cluster_etcd.rs`.)
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use foqs::clock::SystemClock;
+use foqs::config::Config;
+use foqs::thrift_gen::ErrorCode;
+
+const ENGINE: &str = "[engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 400\nbreaker_open_ms = 300\nbreaker_failures_max = 3\n";
+
+/// One host of a static cluster: `hosts` is every host's (id, port, tier, shards).
+fn host_config(
+    shards_toml: &str,
+    me: &str,
+    hosts: &[(&str, u16, &str, &[u32])],
+    forwarding: bool,
+    extra: &str,
+) -> Config {
+    let port = hosts.iter().find(|h| h.0 == me).unwrap().1;
+    let mut toml = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nhost_id = \"{me}\"\n{shards_toml}\n{ENGINE}\n{extra}\n\
+         [cluster]\nmanager = \"static\"\nforwarding = {forwarding}\npeer_poll_ms = 50\n"
+    );
+    let tier = hosts.iter().find(|h| h.0 == me).unwrap().2;
+    toml.push_str(&format!("tier = \"{tier}\"\n"));
+    for (id, port, tier, shards) in hosts {
+        toml.push_str(&format!(
+            "[[cluster.hosts]]\nid = \"{id}\"\naddr = \"127.0.0.1:{port}\"\ntier = \"{tier}\"\nshards = {shards:?}\n"
+        ));
+    }
+    Config::from_toml(&toml).expect("cluster config")
+}
+
+async fn start(cfg: &Config) -> foqs::daemon::Running {
+    foqs::daemon::start(cfg, Arc::new(SystemClock))
+        .await
+        .expect("foqsd starts")
+}
+
+fn owner_shard(id: &str) -> u32 {
+    id.split(':').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_nacks_and_touches_reach_the_owner_or_get_wrong_host() {
+    let db = TestDb::new(4);
+    let (pa, pb) = (free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] =
+        &[("a", pa, "default", &[0, 1]), ("b", pb, "default", &[2, 3])];
+    let a = start(&host_config(&db.shards_toml(), "a", hosts, true, "")).await;
+    // b does not forward: it redirects.
+    let b = start(&host_config(&db.shards_toml(), "b", hosts, false, "")).await;
+    let mut ca = Client::connect(a.addr, Proto::Binary);
+    let mut cb = Client::connect(b.addr, Proto::Binary);
+
+    let ids = ca.enqueue((0..6).map(|i| item("ns", "t", i, b"x")).collect());
+    assert!(
+        ids.iter().all(|id| owner_shard(id) < 2),
+        "a writes its own shards: {ids:?}"
+    );
+    let got = ca.dequeue("ns", "t", 6);
+    assert_eq!(got.len(), 6);
+
+    // b redirects a's items to a, by address.
+    let r = cb.ack(&ids[..2]);
+    for res in &r {
+        let e = res.error.as_ref().expect("WRONG_HOST");
+        assert_eq!(e.code, Some(ErrorCode::WRONG_HOST));
+        assert_eq!(
+            e.redirect_host.as_deref(),
+            Some(&*format!("127.0.0.1:{pa}"))
+        );
+    }
+    // a forwards b's items to b: enqueue on b, dequeue on b, settle through a.
+    let b_ids = cb.enqueue((0..3).map(|i| item("ns", "u", i, b"y")).collect());
+    assert!(b_ids.iter().all(|id| owner_shard(id) >= 2));
+    assert_eq!(cb.dequeue("ns", "u", 3).len(), 3);
+    let mixed = vec![ids[0].clone(), b_ids[0].clone(), ids[1].clone()];
+    let r = ca.ack(&mixed);
+    assert!(r.iter().all(|x| x.error.is_none()), "{r:?}");
+    // Acked once: the second time each is NOT_FOUND, from its owner.
+    let r = ca.ack(&mixed);
+    assert!(r
+        .iter()
+        .all(|x| code_of(&x.error) == Some(ErrorCode::NOT_FOUND)));
+    let r = ca.nack(vec![nack(&b_ids[1], None, Some(b"again"))]);
+    assert!(r[0].error.is_none(), "{r:?}");
+    let again = cb.dequeue("ns", "u", 1);
+    assert_eq!(again[0].id.as_deref(), Some(&*b_ids[1]));
+    assert_eq!(again[0].metadata.as_deref(), Some(&b"again"[..]));
+    let r = ca.touch(&[(&b_ids[1], 60_000)]);
+    assert!(r[0].error.is_none(), "{r:?}");
+    assert_eq!(db.count("1").await, 4 + 2, "only the acked items are gone");
+
+    // A shard nobody has: NOT_FOUND.
+    let r = ca.ack(&["9:1".to_string()]);
+    assert_eq!(code_of(&r[0].error), Some(ErrorCode::NOT_FOUND));
+
+    // Host info names the peer, its shards and its state.
+    let info = ca.host_info();
+    assert_eq!(info.tier.as_deref(), Some("default"));
+    assert_eq!(info.manager.as_deref(), Some("static"));
+    let shards: Vec<i32> = info
+        .shards
+        .unwrap()
+        .iter()
+        .map(|s| s.shard_id.unwrap())
+        .collect();
+    assert_eq!(shards, vec![0, 1]);
+    let peer = eventually(Duration::from_secs(5), "a sees b", || {
+        let peers = ca.host_info().peers.unwrap();
+        peers
+            .into_iter()
+            .find(|p| p.reachable == Some(true) && p.spare_capacity.unwrap_or(0) > 0)
+    })
+    .await;
+    assert_eq!(peer.host_id.as_deref(), Some("b"));
+    assert_eq!(peer.shards, Some(vec![2, 3]));
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tiers_namespace_is_forwarded_and_topics_list_their_hosts() {
+    let db = TestDb::new(4);
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] = &[
+        ("a", pa, "default", &[0]),
+        ("c", pc, "default", &[1]),
+        ("b", pb, "gold", &[2, 3]),
+    ];
+    let tiers = "[[tiers]]\nname = \"gold\"\nshards = [2, 3]\n[[namespaces]]\nname = \"g\"\ntier = \"gold\"\n[[namespaces]]\nname = \"ns\"\n";
+    let a = start(&host_config(&db.shards_toml(), "a", hosts, true, tiers)).await;
+    let b = start(&host_config(&db.shards_toml(), "b", hosts, true, tiers)).await;
+    let c = start(&host_config(&db.shards_toml(), "c", hosts, false, tiers)).await;
+    let mut ca = Client::connect(a.addr, Proto::Binary);
+    let mut cb = Client::connect(b.addr, Proto::Binary);
+    let mut cc = Client::connect(c.addr, Proto::Binary);
+
+    // a forwards gold's namespace to b; the client sees ordinary ids on b's shards.
+    let ids = ca.enqueue((0..5).map(|i| item("g", "t", i, b"gold")).collect());
+    assert!(ids.iter().all(|id| owner_shard(id) >= 2), "{ids:?}");
+    assert_eq!(cb.dequeue("g", "t", 5).len(), 5);
+    // c does not forward: it redirects to the gold host.
+    let r = cc.try_enqueue(vec![item("g", "t", 0, b"x")]).unwrap();
+    let e = r[0].error.as_ref().expect("WRONG_HOST");
+    assert_eq!(e.code, Some(ErrorCode::WRONG_HOST));
+    assert_eq!(
+        e.redirect_host.as_deref(),
+        Some(&*format!("127.0.0.1:{pb}"))
+    );
+
+    // The default tier's topic on both of its hosts: listed once, with both hosts.
+    ca.enqueue(vec![
+        item("ns", "shared", 0, b"1"),
+        item("ns", "shared", 1, b"2"),
+    ]);
+    cc.enqueue(vec![item("ns", "shared", 0, b"3")]);
+    cc.enqueue(vec![item("ns", "only-c", 0, b"4")]);
+    for client in [&mut ca, &mut cc] {
+        let r = client.try_topics("ns", None, None).unwrap();
+        let topics = r.topics.unwrap();
+        let names: Vec<_> = topics.iter().map(|t| t.topic.clone().unwrap()).collect();
+        assert_eq!(names, vec!["only-c", "shared"]);
+        assert_eq!(topics[1].ready, Some(3));
+        assert_eq!(
+            topics[1].hosts,
+            Some(vec!["a".to_string(), "c".to_string()])
+        );
+        assert_eq!(topics[0].hosts, Some(vec!["c".to_string()]));
+        // Paging across hosts.
+        let p1 = client.try_topics("ns", Some(1), None).unwrap();
+        assert_eq!(p1.topics.unwrap().len(), 1);
+        let p2 = client
+            .try_topics("ns", Some(1), p1.next_after.as_deref())
+            .unwrap();
+        assert_eq!(p2.topics.unwrap()[0].topic.as_deref(), Some("shared"));
+        assert_eq!(p2.next_after, None);
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_shards_are_all_sick_forwards_enqueues_and_the_client_sees_success() {
+    let shared = TestDb::new(2);
+    let private = PrivateMariaDb::start();
+    // Shards 0 and 1 (host a) live on a private MariaDB that the test freezes.
+    let shards_toml = format!(
+        "[[shards]]\nid = 0\nurl = \"{}\"\n[[shards]]\nid = 1\nurl = \"{}\"\n[[shards]]\nid = 2\nurl = \"{}\"\n[[shards]]\nid = 3\nurl = \"{}\"\n",
+        private.url("foqs_cl0"),
+        private.url("foqs_cl1"),
+        shared.url(0),
+        shared.url(1),
+    );
+    let (pa, pb) = (free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] =
+        &[("a", pa, "default", &[0, 1]), ("b", pb, "default", &[2, 3])];
+    let a = start(&host_config(&shards_toml, "a", hosts, true, "")).await;
+    let b = start(&host_config(&shards_toml, "b", hosts, true, "")).await;
+    let mut ca = Client::connect(a.addr, Proto::Binary);
+    eventually(Duration::from_secs(5), "a knows b's capacity", || {
+        ca.host_info()
+            .peers
+            .unwrap()
+            .iter()
+            .any(|p| p.spare_capacity.unwrap_or(0) > 0)
+            .then_some(())
+    })
+    .await;
+    let before = ca.enqueue(vec![item("ns", "t", 0, b"local")]);
+    assert!(owner_shard(&before[0]) < 2);
+
+    private.pause();
+    // Until a's breakers open, some enqueues fail (retryably); after, every one succeeds
+    // through b.
+    let started = Instant::now();
+    let mut forwarded = Vec::new();
+    while forwarded.len() < 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never forwarded"
+        );
+        let r = ca.try_enqueue(vec![item("ns", "t", 1, b"fwd")]).unwrap();
+        match (&r[0].id, &r[0].error) {
+            (Some(id), None) => {
+                assert!(owner_shard(id) >= 2, "written on a frozen shard? {id}");
+                forwarded.push(id.clone());
+            }
+            (_, Some(e)) => assert_eq!(e.code, Some(ErrorCode::UNAVAILABLE), "{e:?}"),
+            _ => unreachable!(),
+        }
+    }
+    // Once isolated, forwarding is immediate and total.
+    let r = ca
+        .try_enqueue((0..10).map(|i| item("ns", "t", i, b"batch")).collect())
+        .unwrap();
+    assert!(r.iter().all(|x| x.error.is_none()), "{r:?}");
+    private.resume();
+    let mut cb = Client::connect(b.addr, Proto::Binary);
+    let got: Vec<String> = cb
+        .dequeue("ns", "t", 100)
+        .into_iter()
+        .map(|i| i.id.unwrap())
+        .collect();
+    for id in &forwarded {
+        assert!(got.contains(id), "forwarded item {id} not on b");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}

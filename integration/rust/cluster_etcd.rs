@@ -1,0 +1,373 @@
+//! Three real `foqsd` processes, one private etcd, the test MariaDB, eight shards:
+//! ownership (exactly one owner per shard, at every moment), routing through any host,
+//! failover after SIGKILL under load with nothing acknowledged lost, rejoin with minimal
+//! movement, and a namespace quota enforced across the three hosts.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use foqs::thrift_gen::ErrorCode;
+
+const SHARDS: usize = 8;
+const LEASE_TTL_MS: u64 = 3000;
+const NS: &str = "cl";
+
+/// The scenarios share the machine's two cores; run them one at a time so that the
+/// failover timing is not measured under another scenario's load.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn cluster_toml(db: &TestDb, etcd: &Etcd, prefix: &str, extra: &str) -> String {
+    format!(
+        "{}\n[engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 1000\n\
+         [defaults]\nlease_ms = 2000\n{extra}\n\
+         [cluster]\nmanager = \"etcd\"\npeer_poll_ms = 100\n\
+         [cluster.etcd]\nendpoints = [\"{}\"]\nprefix = \"{prefix}\"\nlease_ttl_ms = {LEASE_TTL_MS}\npoll_ms = 100\n",
+        db.shards_toml(),
+        etcd.endpoint
+    )
+}
+
+struct Cluster {
+    config: std::path::PathBuf,
+    hosts: BTreeMap<String, Proc>,
+}
+
+impl Cluster {
+    fn start(config: std::path::PathBuf, ids: &[&str]) -> Cluster {
+        let mut c = Cluster {
+            config,
+            hosts: BTreeMap::new(),
+        };
+        for id in ids {
+            c.start_host(id);
+        }
+        c
+    }
+
+    fn start_host(&mut self, id: &str) {
+        let p = Proc::spawn(&self.config, &[("FOQS__SERVER__HOST_ID", id)]);
+        self.hosts.insert(id.to_string(), p);
+    }
+
+    fn addrs(&self) -> Vec<(String, SocketAddr)> {
+        self.hosts
+            .iter()
+            .map(|(id, p)| (id.clone(), p.addr))
+            .collect()
+    }
+}
+
+/// The shards each host says it serves now.
+fn owned(addr: SocketAddr) -> Option<BTreeSet<i32>> {
+    let mut c = foqs::client::connect(addr, Proto::Binary, Duration::from_secs(2)).ok()?;
+    use foqs::thrift_gen::TFoqsSyncClient;
+    let info = c.get_host_info().ok()?;
+    Some(info.shards?.iter().filter_map(|s| s.shard_id).collect())
+}
+
+/// Polls until the hosts' shards are exactly 0..SHARDS, each served by one host.
+async fn settled(hosts: &[(String, SocketAddr)], within: Duration) -> BTreeMap<i32, String> {
+    let hosts = hosts.to_vec();
+    eventually(within, "every shard has exactly one owner", move || {
+        let mut owners = BTreeMap::new();
+        for (id, addr) in &hosts {
+            for s in owned(*addr)? {
+                if owners.insert(s, id.clone()).is_some() {
+                    return None;
+                }
+            }
+        }
+        (owners.len() == SHARDS).then_some(owners)
+    })
+    .await
+}
+
+/// Watches the hosts' own state while a scenario runs: in rounds over the hosts, a shard
+/// that host X serves at two consecutive reads of X, and some other host serves at a read
+/// between them, had two owners at once.
+fn watch_single_owner(
+    hosts: Vec<(String, SocketAddr)>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let mut reads: Vec<(String, BTreeSet<i32>)> = Vec::new();
+        let mut violations = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            for (id, addr) in &hosts {
+                if let Some(s) = owned(*addr) {
+                    reads.push((id.clone(), s));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for (i, (x, xs)) in reads.iter().enumerate() {
+            let Some(j) = reads[i + 1..].iter().position(|(id, _)| id == x) else {
+                continue;
+            };
+            let (_, xs2) = &reads[i + 1 + j];
+            for (y, ys) in &reads[i + 1..i + 1 + j] {
+                for s in xs.intersection(xs2).filter(|s| ys.contains(s)) {
+                    violations.push(format!("shard {s} served by {x} and {y} at once"));
+                }
+            }
+        }
+        violations
+    })
+}
+
+/// Producers enqueueing through every host in turn until stopped; ids acknowledged.
+fn producers(
+    hosts: Vec<SocketAddr>,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<String>>>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..2)
+        .map(|p| {
+            let (hosts, stop, acked) = (hosts.clone(), stop.clone(), acked.clone());
+            std::thread::spawn(move || {
+                let mut n = p;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let addr = hosts[n % hosts.len()];
+                    let Ok(mut c) =
+                        foqs::client::connect(addr, Proto::Binary, Duration::from_secs(5))
+                    else {
+                        continue;
+                    };
+                    use foqs::thrift_gen::{EnqueueRequest, TFoqsSyncClient};
+                    for _ in 0..20 {
+                        let items = (0..5)
+                            .map(|i| foqs::client::new_item(NS, "load", i, b"load".to_vec()))
+                            .collect();
+                        let Ok(r) = c.enqueue(EnqueueRequest {
+                            items: Some(items),
+                            forwarded_by: None,
+                        }) else {
+                            break; // a dead host: go to the next one
+                        };
+                        for res in r.results.unwrap() {
+                            if let Some(id) = res.id {
+                                acked.lock().unwrap().push(id);
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Dequeues from every host until each of `want` was delivered (acking through a host
+/// other than the one that delivered, so acks are forwarded), or `within` passes.
+async fn drain_all(cluster: &Cluster, want: &HashSet<String>, within: Duration) -> HashSet<String> {
+    let mut seen = HashSet::new();
+    let start = Instant::now();
+    let addrs = cluster.addrs();
+    while !want.is_subset(&seen) && start.elapsed() < within {
+        let mut got_any = false;
+        for (i, (_, addr)) in addrs.iter().enumerate() {
+            let mut c = Client::connect(*addr, Proto::Binary);
+            let items = c.dequeue(NS, "load", 1000);
+            got_any |= !items.is_empty();
+            let ids: Vec<String> = items.into_iter().map(|i| i.id.unwrap()).collect();
+            seen.extend(ids.iter().cloned());
+            if !ids.is_empty() {
+                let (_, other) = addrs[(i + 1) % addrs.len()];
+                let r = Client::connect(other, Proto::Binary).ack(&ids);
+                assert!(
+                    r.iter().all(|x| x.error.is_none()),
+                    "acks through another host: {:?}",
+                    r.iter().find(|x| x.error.is_some())
+                );
+            }
+        }
+        if !got_any {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_share_shards_fail_over_after_sigkill_and_rebalance_on_rejoin() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let db = TestDb::new(SHARDS);
+    let etcd = Etcd::start();
+    let prefix = format!("/foqs-test-{}", db.names[0]);
+    let config = write_config(&db, &cluster_toml(&db, &etcd, &prefix, ""));
+    let mut cluster = Cluster::start(config, &["h1", "h2", "h3"]);
+    let initial = settled(&cluster.addrs(), Duration::from_secs(20)).await;
+    for h in ["h1", "h2", "h3"] {
+        assert!(
+            initial.values().any(|o| o == h),
+            "{h} owns no shard: {initial:?}"
+        );
+    }
+
+    // Enqueue through any host: items land on shards the receiving host serves.
+    let mut first = HashSet::new();
+    for (id, addr) in cluster.addrs() {
+        let mut c = Client::connect(addr, Proto::Binary);
+        for item_id in c.enqueue((0..30).map(|i| item(NS, "load", i, b"x")).collect()) {
+            let shard: i32 = item_id.split(':').next().unwrap().parse().unwrap();
+            assert_eq!(
+                initial[&shard], id,
+                "item {item_id} written by its shard's owner"
+            );
+            first.insert(item_id);
+        }
+    }
+    let seen = drain_all(&cluster, &first, Duration::from_secs(20)).await;
+    assert!(
+        first.is_subset(&seen),
+        "every item delivered once acked elsewhere"
+    );
+    assert_eq!(
+        db.count("1").await,
+        0,
+        "every item acked (through other hosts)"
+    );
+
+    // Under load, SIGKILL the host with the most shards.
+    let stop_watch = Arc::new(AtomicBool::new(false));
+    let watcher = watch_single_owner(cluster.addrs(), stop_watch.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let load = producers(
+        cluster.addrs().into_iter().map(|(_, a)| a).collect(),
+        stop.clone(),
+        acked.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let victim = ["h1", "h2", "h3"]
+        .into_iter()
+        .max_by_key(|h| initial.values().filter(|o| o == h).count())
+        .unwrap()
+        .to_string();
+    let victims_shards: BTreeSet<i32> = initial
+        .iter()
+        .filter(|(_, o)| **o == victim)
+        .map(|(s, _)| *s)
+        .collect();
+    cluster.hosts.get_mut(&victim).unwrap().sigkill();
+    let killed = Instant::now();
+    let mut dead = cluster.hosts.remove(&victim).unwrap();
+    let survivors = cluster.addrs();
+    let after = settled(&survivors, Duration::from_millis(LEASE_TTL_MS + 5000)).await;
+    let failover = killed.elapsed();
+    eprintln!(
+        "failover: {victim}'s shards {victims_shards:?} served again after {} ms (lease TTL {LEASE_TTL_MS} ms)",
+        failover.as_millis()
+    );
+    for (s, o) in &initial {
+        if *o != victim {
+            assert_eq!(&after[s], o, "shard {s} moved although its owner lived");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.store(true, Ordering::SeqCst);
+    for p in load {
+        p.join().unwrap();
+    }
+    let acked: HashSet<String> = acked.lock().unwrap().iter().cloned().collect();
+    assert!(
+        acked.len() > 100,
+        "the load ran: {} acknowledged",
+        acked.len()
+    );
+    // Items the victim had staged or leased come back when their leases (2 s) expire.
+    let seen = drain_all(&cluster, &acked, Duration::from_secs(30)).await;
+    let lost: Vec<_> = acked.difference(&seen).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged items never delivered: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+
+    // The dead host comes back: it gets back exactly its own shards (rendezvous hashing).
+    drop(dead.child.wait());
+    cluster.start_host(&victim);
+    let rejoined = eventually(
+        Duration::from_secs(LEASE_TTL_MS / 1000 + 15),
+        "rebalanced",
+        || {
+            let mut owners = BTreeMap::new();
+            for (id, addr) in cluster.addrs() {
+                for s in owned(addr)? {
+                    owners.insert(s, id.clone());
+                }
+            }
+            (owners == initial).then_some(owners)
+        },
+    )
+    .await;
+    assert_eq!(rejoined, initial);
+    stop_watch.store(true, Ordering::SeqCst);
+    let violations = watcher.join().unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
+    for p in cluster.hosts.values_mut() {
+        assert_eq!(p.sigterm().code(), Some(0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_quota_holds_across_all_hosts() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const PER_MINUTE: u64 = 1200;
+    const RUN: Duration = Duration::from_secs(30);
+    let db = TestDb::new(SHARDS);
+    let etcd = Etcd::start();
+    let prefix = format!("/foqs-test-{}", db.names[0]);
+    let quota = format!("[[namespaces]]\nname = \"q\"\nenqueues_per_minute = {PER_MINUTE}\n[[namespaces]]\nname = \"{NS}\"\n");
+    let config = write_config(&db, &cluster_toml(&db, &etcd, &prefix, &quota));
+    let cluster = Cluster::start(config, &["h1", "h2", "h3"]);
+    settled(&cluster.addrs(), Duration::from_secs(20)).await;
+
+    let start = Instant::now();
+    let drivers: Vec<_> = cluster
+        .addrs()
+        .into_iter()
+        .map(|(_, addr)| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr, Proto::Binary);
+                let (mut ok, mut limited) = (0u64, 0u64);
+                while start.elapsed() < RUN {
+                    let r = c.try_enqueue(vec![item("q", "t", 0, b"q")]).unwrap();
+                    match &r[0].error {
+                        None => ok += 1,
+                        Some(e) => {
+                            assert_eq!(e.code, Some(ErrorCode::RATE_LIMITED), "{e:?}");
+                            limited += 1;
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                    }
+                }
+                (ok, limited)
+            })
+        })
+        .collect();
+    let results: Vec<(u64, u64)> = drivers.into_iter().map(|d| d.join().unwrap()).collect();
+    let admitted: u64 = results.iter().map(|r| r.0).sum();
+    let per_minute = admitted as f64 * 60.0 / RUN.as_secs_f64();
+    eprintln!(
+        "quota {PER_MINUTE}/min through 3 hosts for {} s: admitted {admitted} ({per_minute:.0}/min), per host {results:?}",
+        RUN.as_secs()
+    );
+    assert!(
+        results.iter().all(|r| r.0 > 0 && r.1 > 0),
+        "every host admitted some and limited some: {results:?}"
+    );
+    let expected = PER_MINUTE as f64;
+    assert!(
+        (per_minute - expected).abs() <= expected * 0.10,
+        "{per_minute:.0}/min is not within 10% of {expected}"
+    );
+    assert_eq!(db.count("ns = 'q'").await as u64, admitted);
+}

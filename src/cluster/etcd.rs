@@ -1,0 +1,532 @@
+//! [`EtcdManager`]: shard ownership through etcd leases, and [`EtcdBudget`]: the tier's
+//! quota token buckets in etcd.
+//!
+//! Keys, under the configured prefix P:
+//! - `P/hosts/<host_id>` = `{"addr":..,"tier":..}`, attached to the host's lease;
+//! - `P/shards/<shard>` = the owner's host id, attached to the owner's lease;
+//! - `P/quota/<ns>` = `{"tokens":..,"last_ms":..}` (no lease).
+//!
+//! Every `poll_ms` a host renews its lease, reads the hosts and owners, and computes the
+//! owner each shard of its tier should have (rendezvous hashing over the tier's live
+//! hosts, so every host computes the same answer and a change of hosts moves few
+//! shards). It creates the keys of free shards it should own (a transaction that succeeds
+//! only if the key is absent, so a shard has one owner key at a time), and gives back
+//! shards that should be elsewhere: first the host stops serving them (buffers flushed),
+//! then the key is deleted and the new owner creates it. A dead host's keys vanish with
+//! its lease, and the survivors take its shards.
+//!
+//! Fencing: after each successful renewal (sent at t) the lease cannot expire before
+//! t + TTL; the host may write until t + TTL - `fence_margin_ms` (store timeout + 500 ms,
+//! so a write started before the fence ends before the lease can expire). A host that
+//! cannot renew stops writing at its fence and drops its shards from its view; another
+//! host can take them only after etcd expired the lease, which is later.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, Txn, TxnOp,
+};
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::config::{fence_margin_ms, EtcdConfig};
+use super::{rendezvous_owner, ClusterView, HostAddr, ShardManager};
+use crate::clock::SharedClock;
+use crate::core::quota::{burst, refilled, QuotaBudget};
+use crate::fence::Fence;
+use crate::model::ShardId;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct HostRecord {
+    addr: String,
+    tier: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct BucketRecord {
+    tokens: f64,
+    last_ms: i64,
+}
+
+/// This host's identity in the cluster.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub host_id: String,
+    pub addr: String,
+    pub tier: String,
+    /// The shards of this host's tier: the ones it may be given.
+    pub tier_shards: Vec<ShardId>,
+}
+
+pub struct EtcdManager {
+    view: watch::Sender<Arc<ClusterView>>,
+    fence: Fence,
+    released: mpsc::UnboundedSender<ShardId>,
+    leave: Mutex<Option<(tokio::sync::oneshot::Sender<()>, JoinHandle<()>)>>,
+}
+
+impl EtcdManager {
+    /// Connects to etcd and starts following the cluster. The first view (with no shards
+    /// of this host yet) is published at once; shards come as they are acquired.
+    pub async fn start(
+        cfg: &EtcdConfig,
+        member: Member,
+        store_timeout_ms: u64,
+    ) -> Result<(Arc<EtcdManager>, Client), etcd_client::Error> {
+        let client = connect(cfg).await?;
+        let fence = Fence::closed();
+        let view = watch::Sender::new(Arc::new(ClusterView::default()));
+        let (released_tx, released_rx) = mpsc::unbounded_channel();
+        let (leave_tx, leave_rx) = tokio::sync::oneshot::channel();
+        let follower = Follower {
+            client: client.clone(),
+            prefix: cfg.prefix.trim_end_matches('/').to_string(),
+            ttl: Duration::from_millis(cfg.lease_ttl_ms),
+            margin: Duration::from_millis(fence_margin_ms(store_timeout_ms)),
+            member,
+            fence: fence.clone(),
+            view: view.clone(),
+            lease: None,
+            held: BTreeSet::new(),
+            releasing: BTreeSet::new(),
+            waiting_logged: false,
+        };
+        let task =
+            tokio::spawn(follower.run(Duration::from_millis(cfg.poll_ms), released_rx, leave_rx));
+        Ok((
+            Arc::new(EtcdManager {
+                view,
+                fence,
+                released: released_tx,
+                leave: Mutex::new(Some((leave_tx, task))),
+            }),
+            client,
+        ))
+    }
+}
+
+async fn connect(cfg: &EtcdConfig) -> Result<Client, etcd_client::Error> {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(cfg.lease_ttl_ms / 4))
+        .with_timeout(Duration::from_millis(cfg.lease_ttl_ms / 4));
+    Client::connect(&cfg.endpoints, Some(opts)).await
+}
+
+impl ShardManager for EtcdManager {
+    fn kind(&self) -> &'static str {
+        "etcd"
+    }
+    fn watch(&self) -> watch::Receiver<Arc<ClusterView>> {
+        self.view.subscribe()
+    }
+    fn fence(&self) -> Fence {
+        self.fence.clone()
+    }
+    fn released(&self, shard: ShardId) {
+        let _ = self.released.send(shard);
+    }
+    fn leave(&self) -> BoxFuture<'_, ()> {
+        let taken = self.leave.lock().expect("not poisoned").take();
+        Box::pin(async move {
+            if let Some((tx, task)) = taken {
+                let _ = tx.send(());
+                let _ = task.await;
+            }
+        })
+    }
+}
+
+struct Lease {
+    id: i64,
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+}
+
+/// The task behind [`EtcdManager`]: the only code that changes this host's keys.
+struct Follower {
+    client: Client,
+    prefix: String,
+    ttl: Duration,
+    margin: Duration,
+    member: Member,
+    fence: Fence,
+    view: watch::Sender<Arc<ClusterView>>,
+    lease: Option<Lease>,
+    /// Shards whose key this host created under its current lease.
+    held: BTreeSet<ShardId>,
+    /// Held shards withdrawn from the view, waiting for the host to let them go.
+    releasing: BTreeSet<ShardId>,
+    waiting_logged: bool,
+}
+
+impl Follower {
+    fn host_key(&self, id: &str) -> String {
+        format!("{}/hosts/{id}", self.prefix)
+    }
+
+    fn shard_key(&self, s: ShardId) -> String {
+        format!("{}/shards/{s}", self.prefix)
+    }
+
+    async fn run(
+        mut self,
+        poll: Duration,
+        mut released: mpsc::UnboundedReceiver<ShardId>,
+        mut leave: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                Some(s) = released.recv() => self.give_back(s).await,
+                _ = &mut leave => break,
+            }
+            while let Ok(s) = released.try_recv() {
+                self.give_back(s).await;
+            }
+            self.renew().await;
+            if let Err(e) = self.reconcile().await {
+                tracing::warn!(error = %e, "etcd: cannot read the cluster; keeping the last view");
+            }
+            // Fenced: whatever etcd says, this host serves nothing until it renews again.
+            if !self.fence.is_open() && !self.held.is_empty() {
+                tracing::warn!("etcd: lease not renewed in time; giving up every shard");
+                self.lose_everything();
+            }
+        }
+        self.fence.close();
+        if let Some(lease) = self.lease.take() {
+            // Revoking deletes every key of the lease: survivors take the shards now.
+            let _ = self.client.lease_revoke(lease.id).await;
+        }
+        tracing::info!(host_id = %self.member.host_id, "left the cluster");
+    }
+
+    /// The host stopped serving `s`: delete its key (only if still ours) so that its new
+    /// owner can take it.
+    async fn give_back(&mut self, s: ShardId) {
+        if !self.releasing.remove(&s) || !self.held.remove(&s) {
+            return;
+        }
+        let Some(lease) = &self.lease else { return };
+        let key = self.shard_key(s);
+        let txn = Txn::new()
+            .when([Compare::lease(key.clone(), CompareOp::Equal, lease.id)])
+            .and_then([TxnOp::delete(key, None)]);
+        match self.client.txn(txn).await {
+            Ok(_) => tracing::info!(shard = s, "handed shard over"),
+            // The key stays until the lease expires; the new owner waits that long.
+            Err(e) => tracing::warn!(shard = s, error = %e, "etcd: cannot delete shard key"),
+        }
+    }
+
+    fn lose_everything(&mut self) {
+        self.fence.close();
+        self.held.clear();
+        self.releasing.clear();
+        self.lease = None;
+        self.view.send_if_modified(|v| {
+            let me = &self.member.host_id;
+            let before = v.owners.len();
+            let mut nv = (**v).clone();
+            nv.owners.retain(|_, h| h != me);
+            let changed = nv.owners.len() != before;
+            *v = Arc::new(nv);
+            changed
+        });
+    }
+
+    /// Renews the lease (or gets one and registers), moving the fence forward.
+    async fn renew(&mut self) {
+        let sent = Instant::now();
+        if let Some(lease) = &mut self.lease {
+            let r = tokio::time::timeout(self.ttl / 4, async {
+                lease.keeper.keep_alive().await?;
+                lease.stream.message().await
+            })
+            .await;
+            match r {
+                Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                    let granted = Duration::from_secs(resp.ttl() as u64);
+                    self.fence
+                        .extend_to(sent + granted.saturating_sub(self.margin));
+                }
+                Ok(Ok(_)) => {
+                    tracing::warn!("etcd: lease expired");
+                    self.lose_everything();
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "etcd: lease renewal failed");
+                    // The stream may be broken: the next tick opens a new one.
+                    if let Ok((keeper, stream)) = self.client.lease_keep_alive(lease.id).await {
+                        lease.keeper = keeper;
+                        lease.stream = stream;
+                    }
+                }
+                Err(_) => tracing::warn!("etcd: lease renewal timed out"),
+            }
+            return;
+        }
+        if let Err(e) = self.register(sent).await {
+            if !self.waiting_logged {
+                tracing::warn!(error = %e, "etcd: cannot register this host yet");
+                self.waiting_logged = true;
+            }
+        }
+    }
+
+    async fn register(&mut self, sent: Instant) -> Result<(), String> {
+        let ttl_s = self.ttl.as_secs() as i64;
+        let grant = self
+            .client
+            .lease_grant(ttl_s, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let id = grant.id();
+        let key = self.host_key(&self.member.host_id);
+        let record = serde_json::to_string(&HostRecord {
+            addr: self.member.addr.clone(),
+            tier: self.member.tier.clone(),
+        })
+        .expect("serializable");
+        // A key left by this host's previous life (same id, older lease) blocks the
+        // registration until that lease expires: the old process may still be writing.
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                record,
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+        let ok = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(|e| e.to_string())?
+            .succeeded();
+        if !ok {
+            let _ = self.client.lease_revoke(id).await;
+            return Err(format!(
+                "host id {:?} is still registered (a previous run's lease); waiting for it to expire",
+                self.member.host_id
+            ));
+        }
+        let (keeper, stream) = self
+            .client
+            .lease_keep_alive(id)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.fence
+            .extend_to(sent + Duration::from_secs(grant.ttl() as u64).saturating_sub(self.margin));
+        self.lease = Some(Lease { id, keeper, stream });
+        self.waiting_logged = false;
+        tracing::info!(host_id = %self.member.host_id, lease = id, "registered in etcd");
+        Ok(())
+    }
+
+    /// Reads hosts and owners, takes free shards this host should own, withdraws those
+    /// that should move, and publishes the view.
+    async fn reconcile(&mut self) -> Result<(), etcd_client::Error> {
+        let hosts_resp = self
+            .client
+            .get(
+                format!("{}/hosts/", self.prefix),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await?;
+        let mut hosts = BTreeMap::new();
+        for kv in hosts_resp.kvs() {
+            let (Ok(k), Ok(v)) = (kv.key_str(), kv.value_str()) else {
+                continue;
+            };
+            let Some(id) = k.rsplit('/').next() else {
+                continue;
+            };
+            if let Ok(r) = serde_json::from_str::<HostRecord>(v) {
+                hosts.insert(
+                    id.to_string(),
+                    HostAddr {
+                        addr: r.addr,
+                        tier: r.tier,
+                    },
+                );
+            }
+        }
+        let shards_resp = self
+            .client
+            .get(
+                format!("{}/shards/", self.prefix),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await?;
+        // shard -> (owner, lease)
+        let mut keys: BTreeMap<ShardId, (String, i64)> = BTreeMap::new();
+        for kv in shards_resp.kvs() {
+            let (Ok(k), Ok(v)) = (kv.key_str(), kv.value_str()) else {
+                continue;
+            };
+            if let Some(Ok(s)) = k.rsplit('/').next().map(str::parse::<ShardId>) {
+                keys.insert(s, (v.to_string(), kv.lease()));
+            }
+        }
+        let me = self.member.host_id.clone();
+        let my_lease = self.lease.as_ref().map(|l| l.id);
+        // A held shard whose key is gone or not ours any more is lost (should not happen
+        // while the lease lives; if it does, stop serving it).
+        let lost: Vec<ShardId> = self
+            .held
+            .iter()
+            .copied()
+            .filter(|s| keys.get(s).map(|(_, l)| Some(*l)) != Some(my_lease))
+            .collect();
+        for s in lost {
+            tracing::warn!(shard = s, "etcd: shard key no longer ours");
+            self.held.remove(&s);
+            self.releasing.remove(&s);
+        }
+        let tier_hosts: Vec<&str> = hosts
+            .iter()
+            .filter(|(_, h)| h.tier == self.member.tier)
+            .map(|(id, _)| id.as_str())
+            .collect();
+        let registered = hosts.contains_key(&me) && my_lease.is_some();
+        for &s in &self.member.tier_shards.clone() {
+            let desired = rendezvous_owner(s, tier_hosts.iter().copied());
+            if self.held.contains(&s) {
+                if desired.is_some_and(|d| d != me) {
+                    if self.releasing.insert(s) {
+                        tracing::info!(shard = s, to = desired, "shard moving to another host");
+                    }
+                } else {
+                    self.releasing.remove(&s);
+                }
+                continue;
+            }
+            if desired == Some(me.as_str())
+                && registered
+                && self.fence.is_open()
+                && !keys.contains_key(&s)
+            {
+                let lease = my_lease.expect("registered");
+                let key = self.shard_key(s);
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key,
+                        me.clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                if self.client.txn(txn).await?.succeeded() {
+                    tracing::info!(shard = s, "acquired shard");
+                    self.held.insert(s);
+                    keys.insert(s, (me.clone(), lease));
+                }
+            }
+        }
+        let owners = keys
+            .into_iter()
+            .filter(|(s, (owner, _))| {
+                *owner != me || (self.held.contains(s) && !self.releasing.contains(s))
+            })
+            .map(|(s, (owner, _))| (s, owner))
+            .collect();
+        let view = ClusterView { hosts, owners };
+        self.view.send_if_modified(|v| {
+            if **v == view {
+                return false;
+            }
+            *v = Arc::new(view);
+            true
+        });
+        Ok(())
+    }
+}
+
+/// The tier's quota token buckets, one etcd key per namespace, taken from with
+/// compare-and-swap (see [`crate::core::quota`] for the algorithm and its bounds).
+pub struct EtcdBudget {
+    client: Client,
+    prefix: String,
+    clock: SharedClock,
+}
+
+/// Compare-and-swap attempts before a take gives up (and admits nothing this time).
+const BUDGET_ATTEMPTS_MAX: usize = 8;
+
+impl EtcdBudget {
+    pub fn new(client: Client, prefix: &str, clock: SharedClock) -> EtcdBudget {
+        EtcdBudget {
+            client,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            clock,
+        }
+    }
+
+    async fn try_take(&self, ns: &str, per_minute: u64, want: u64) -> Result<u64, String> {
+        let mut client = self.client.clone();
+        let key = format!("{}/quota/{ns}", self.prefix);
+        for _ in 0..BUDGET_ATTEMPTS_MAX {
+            let now = self.clock.now_ms();
+            let resp = client
+                .get(key.clone(), None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (bucket, guard) = match resp.kvs().first() {
+                Some(kv) => (
+                    serde_json::from_slice::<BucketRecord>(kv.value())
+                        .map_err(|e| e.to_string())?,
+                    Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
+                ),
+                None => (
+                    BucketRecord {
+                        tokens: burst(per_minute),
+                        last_ms: now,
+                    },
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                ),
+            };
+            let tokens = refilled(bucket.tokens, bucket.last_ms, now, per_minute);
+            let got = (tokens.floor() as u64).min(want);
+            let next = BucketRecord {
+                tokens: tokens - got as f64,
+                last_ms: now.max(bucket.last_ms),
+            };
+            let txn = Txn::new().when([guard]).and_then([TxnOp::put(
+                key.clone(),
+                serde_json::to_vec(&next).expect("serializable"),
+                None,
+            )]);
+            if client
+                .txn(txn)
+                .await
+                .map_err(|e| e.to_string())?
+                .succeeded()
+            {
+                return Ok(got);
+            }
+        }
+        Err("too much contention on the quota key".into())
+    }
+}
+
+impl QuotaBudget for EtcdBudget {
+    fn take(&self, ns: &str, per_minute: u64, want: u64) -> BoxFuture<'_, u64> {
+        let ns = ns.to_string();
+        Box::pin(async move {
+            match self.try_take(&ns, per_minute, want).await {
+                Ok(n) => n,
+                // Quota unknown: refuse (retryably) rather than admit without a limit.
+                Err(e) => {
+                    tracing::warn!(ns, error = %e, "quota budget unavailable");
+                    0
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,214 @@
+//! The cluster: which host owns which shard, as told by a pluggable [`ShardManager`].
+//!
+//! A manager publishes [`ClusterView`]s (live hosts, shard owners) on a watch channel. The
+//! daemon follows them: it opens the shards the view gives this host (rebuilding their
+//! indexes and checkpoints from MySQL) and stops those it loses, then tells the manager
+//! it has let them go ([`ShardManager::released`]) so that it may hand them on.
+//!
+//! Implementations: [`StaticManager`] (one host owning every shard, or a fixed cluster
+//! from the config file) and [`EtcdManager`] (hosts register under an etcd lease; shards
+//! follow the live hosts, assigned by rendezvous hashing; fenced by the lease).
+
+pub mod config;
+mod etcd;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+
+use crate::fence::Fence;
+use crate::model::ShardId;
+
+pub use config::{ClusterConfig, ManagerKind, TierConfig, TIER_DEFAULT};
+pub use etcd::{EtcdBudget, EtcdManager, Member};
+
+/// A live host of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostAddr {
+    /// "host:port" clients and peers use.
+    pub addr: String,
+    pub tier: String,
+}
+
+/// The cluster as a shard manager sees it at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// Live hosts by id, this host included.
+    pub hosts: BTreeMap<String, HostAddr>,
+    /// The owner (host id) of each shard that has one now; a shard that is moving has none.
+    pub owners: BTreeMap<ShardId, String>,
+}
+
+impl ClusterView {
+    /// The shards `host` owns.
+    pub fn shards_of(&self, host: &str) -> Vec<ShardId> {
+        self.owners
+            .iter()
+            .filter(|(_, h)| h.as_str() == host)
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
+    /// The owner of `shard` and its address.
+    pub fn owner(&self, shard: ShardId) -> Option<(&str, &str)> {
+        let h = self.owners.get(&shard)?;
+        let a = self.hosts.get(h)?;
+        Some((h.as_str(), a.addr.as_str()))
+    }
+}
+
+/// The pluggable shard-manager client.
+pub trait ShardManager: Send + Sync {
+    /// "single", "static" or "etcd".
+    fn kind(&self) -> &'static str;
+    /// The current view, and every change after it.
+    fn watch(&self) -> watch::Receiver<Arc<ClusterView>>;
+    /// Until when this host may write the shards the view gives it.
+    fn fence(&self) -> Fence;
+    /// The host has stopped serving `shard` (buffers flushed, worker stopped): another
+    /// host may take it now.
+    fn released(&self, shard: ShardId);
+    /// Leaves the cluster at shutdown, after every shard was released, so that the others
+    /// take its shards at once instead of after the lease expires.
+    fn leave(&self) -> BoxFuture<'_, ()>;
+}
+
+/// Single host or a fixed cluster: the view never changes and the fence never closes.
+pub struct StaticManager {
+    kind: &'static str,
+    view: watch::Sender<Arc<ClusterView>>,
+}
+
+impl StaticManager {
+    /// One host owning every shard.
+    pub fn single(host_id: &str, addr: &str, tier: &str, shards: &[ShardId]) -> StaticManager {
+        let view = ClusterView {
+            hosts: BTreeMap::from([(
+                host_id.to_string(),
+                HostAddr {
+                    addr: addr.to_string(),
+                    tier: tier.to_string(),
+                },
+            )]),
+            owners: shards.iter().map(|s| (*s, host_id.to_string())).collect(),
+        };
+        StaticManager {
+            kind: "single",
+            view: watch::Sender::new(Arc::new(view)),
+        }
+    }
+
+    /// The hosts and shards of `[[cluster.hosts]]`.
+    pub fn from_config(c: &ClusterConfig) -> StaticManager {
+        let mut view = ClusterView::default();
+        for h in &c.hosts {
+            view.hosts.insert(
+                h.id.clone(),
+                HostAddr {
+                    addr: h.addr.clone(),
+                    tier: h.tier.clone(),
+                },
+            );
+            for s in &h.shards {
+                view.owners.insert(*s, h.id.clone());
+            }
+        }
+        StaticManager {
+            kind: "static",
+            view: watch::Sender::new(Arc::new(view)),
+        }
+    }
+}
+
+impl ShardManager for StaticManager {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+    fn watch(&self) -> watch::Receiver<Arc<ClusterView>> {
+        self.view.subscribe()
+    }
+    fn fence(&self) -> Fence {
+        Fence::open()
+    }
+    fn released(&self, _shard: ShardId) {}
+    fn leave(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// Rendezvous (highest random weight) hashing: the owner of `shard` is the host with the
+/// highest score. Adding a host moves only the shards it now wins; removing one moves only
+/// the shards it had. Deterministic, so every host computes the same assignment.
+pub fn rendezvous_owner<'a>(
+    shard: ShardId,
+    hosts: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    hosts.into_iter().max_by_key(|h| (score(h, shard), *h))
+}
+
+fn score(host: &str, shard: ShardId) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in host.bytes().chain(shard.to_le_bytes()) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // splitmix64's finalizer: FNV alone leaves scores of similar names correlated.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assign(hosts: &[&str], shards: u32) -> BTreeMap<ShardId, String> {
+        (0..shards)
+            .map(|s| {
+                (
+                    s,
+                    rendezvous_owner(s, hosts.iter().copied())
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rendezvous_moves_only_what_a_joining_or_leaving_host_wins_or_had() {
+        let three = assign(&["a", "b", "c"], 64);
+        let four = assign(&["a", "b", "c", "d"], 64);
+        for s in 0..64 {
+            if four[&s] != "d" {
+                assert_eq!(four[&s], three[&s], "shard {s} moved between old hosts");
+            }
+        }
+        let moved = (0..64).filter(|s| four[s] == "d").count();
+        assert!((5..=30).contains(&moved), "d won {moved} of 64");
+        let two = assign(&["a", "c"], 64);
+        for s in 0..64 {
+            if three[&s] != "b" {
+                assert_eq!(two[&s], three[&s]);
+            }
+        }
+        // Every host gets some shards.
+        for h in ["a", "b", "c"] {
+            assert!(three.values().any(|o| o == h));
+        }
+        assert_eq!(rendezvous_owner(1, std::iter::empty()), None);
+    }
+
+    #[test]
+    fn a_view_names_owners_and_their_addresses() {
+        let m = StaticManager::single("h1", "127.0.0.1:1", "default", &[0, 1]);
+        let v = m.watch().borrow().clone();
+        assert_eq!(v.shards_of("h1"), vec![0, 1]);
+        assert_eq!(v.owner(1), Some(("h1", "127.0.0.1:1")));
+        assert_eq!(v.owner(2), None);
+    }
+}

@@ -1,0 +1,287 @@
+//! Enqueue: validation, quota, and where each item goes: a local shard, the shard that
+//! owns its dedup key, or a peer (another tier's host, a dedup key's owner, or any host
+//! of this tier with spare capacity when this one has none).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use futures::future::join_all;
+
+use super::host::Host;
+use super::validate::{as_request, validate_item, EnqueueRequestItem};
+use crate::error::{Error, ErrorCode, Result};
+use crate::model::{ItemId, NewItem, ShardId};
+use crate::shard::{Enqueued, PendingEnqueue};
+
+/// One item's outcome: its id, and whether it was an existing item's (dedup).
+pub type EnqueueOutcome = Result<(ItemId, bool)>;
+
+/// Where a group of a request's items goes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Dest {
+    /// Any healthy local shard (one INSERT for the group).
+    AnyLocal,
+    /// The local shard that owns the items' dedup keys.
+    Shard(ShardId),
+    /// A peer, at this address.
+    Peer(String),
+}
+
+impl Host {
+    /// Enqueues a batch; each item succeeds or fails alone. Replies only after commit.
+    /// `forwarded_by` is set when a peer forwarded the request: it is then served here or
+    /// failed, never forwarded again, and its quota was charged by that peer.
+    pub async fn enqueue(
+        &self,
+        items: Vec<EnqueueRequestItem>,
+        forwarded_by: Option<&str>,
+    ) -> Result<Vec<EnqueueOutcome>> {
+        super::host::check_batch(items.len(), "items")?;
+        let forwarded = forwarded_by.is_some();
+        let now = self.clock.now_ms();
+        let mut results: Vec<Option<EnqueueOutcome>> = vec![None; items.len()];
+        let mut valid = Vec::with_capacity(items.len());
+        for (i, it) in items.into_iter().enumerate() {
+            let policy = self.namespaces.get(&it.ns);
+            match validate_item(it, policy, now) {
+                Ok(n) => valid.push((i, n)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        if !forwarded {
+            valid = self.charge_quota(valid, &mut results).await;
+        }
+        let mut groups: BTreeMap<Dest, Vec<(usize, NewItem)>> = BTreeMap::new();
+        for (i, n) in valid {
+            match self.destination(&n, forwarded) {
+                Ok(d) => groups.entry(d).or_default().push((i, n)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let outcomes = join_all(groups.into_iter().map(|(dest, items)| async move {
+            let (positions, items): (Vec<usize>, Vec<NewItem>) = items.into_iter().unzip();
+            (
+                positions,
+                self.enqueue_to(dest, items, forwarded, now).await,
+            )
+        }))
+        .await;
+        for (positions, outcome) in outcomes {
+            for (pos, r) in positions.into_iter().zip(outcome) {
+                results[pos] = Some(r);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every position is filled"))
+            .collect())
+    }
+
+    /// Admits what the namespaces' quotas allow (the first items of each namespace);
+    /// the rest fail with `RATE_LIMITED`, retryable.
+    async fn charge_quota(
+        &self,
+        valid: Vec<(usize, NewItem)>,
+        results: &mut [Option<EnqueueOutcome>],
+    ) -> Vec<(usize, NewItem)> {
+        let mut wanted: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for (_, n) in &valid {
+            if let Some(q) = self
+                .namespaces
+                .get(&n.ns)
+                .and_then(|p| p.enqueues_per_minute)
+            {
+                wanted.entry(&n.ns).or_insert((q, 0)).1 += 1;
+            }
+        }
+        if wanted.is_empty() {
+            return valid;
+        }
+        let mut allowed: BTreeMap<String, u64> = BTreeMap::new();
+        for (ns, (per_minute, n)) in wanted {
+            let ok = self.cluster.quotas.admit(ns, per_minute, n).await;
+            allowed.insert(ns.to_string(), ok);
+        }
+        let mut kept = Vec::with_capacity(valid.len());
+        for (i, n) in valid {
+            match allowed.get_mut(&n.ns) {
+                None => kept.push((i, n)),
+                Some(0) => {
+                    results[i] = Some(Err(Error::new(
+                        ErrorCode::RateLimited,
+                        format!("namespace {:?} is over its enqueue quota", n.ns),
+                    )))
+                }
+                Some(left) => {
+                    *left -= 1;
+                    kept.push((i, n));
+                }
+            }
+        }
+        kept
+    }
+
+    /// Where an item goes: its namespace's tier, then its dedup key's shard.
+    fn destination(&self, n: &NewItem, forwarded: bool) -> Result<Dest> {
+        let tier = self.namespaces.tier(&n.ns);
+        if !self.cluster.serves_tier(tier) {
+            return self
+                .cluster
+                .peer_for_tier(tier, forwarded, &n.ns)
+                .map(Dest::Peer);
+        }
+        let Some(key) = &n.dedup_key else {
+            return Ok(Dest::AnyLocal);
+        };
+        let shard = self.dedup_shard(tier, &n.ns, &n.topic, key)?;
+        if self.shards().contains_key(&shard) {
+            return Ok(Dest::Shard(shard));
+        }
+        self.cluster
+            .owner_for(
+                shard,
+                self.cluster.may_forward(forwarded),
+                "the shard that owns this dedup key",
+            )
+            .map(Dest::Peer)
+    }
+
+    /// The shard that owns a dedup key: a stable hash (FNV-1a) over every shard of the
+    /// tier, healthy or not and wherever it is served, so the same key always meets
+    /// itself. Changing a tier's shard list changes where keys go; dedup across such a
+    /// change is not guaranteed.
+    fn dedup_shard(&self, tier: &str, ns: &str, topic: &str, key: &str) -> Result<ShardId> {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for part in [ns.as_bytes(), &[0], topic.as_bytes(), &[0], key.as_bytes()] {
+            for b in part {
+                h ^= *b as u64;
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        let ids = self.cluster.tier_shards(tier);
+        if ids.is_empty() {
+            return Err(Error::unavailable(format!("tier {tier:?} has no shards")));
+        }
+        Ok(ids[(h % ids.len() as u64) as usize])
+    }
+
+    async fn enqueue_to(
+        &self,
+        dest: Dest,
+        items: Vec<NewItem>,
+        forwarded: bool,
+        now: i64,
+    ) -> Vec<EnqueueOutcome> {
+        let n = items.len();
+        let spread = |shard: ShardId, r: Result<Vec<Enqueued>>| -> Vec<EnqueueOutcome> {
+            match r {
+                Ok(keys) => keys
+                    .into_iter()
+                    .map(|(key, dup)| Ok((ItemId { shard, key }, dup)))
+                    .collect(),
+                Err(e) => vec![Err(e); n],
+            }
+        };
+        match dest {
+            Dest::Shard(id) => match self.submit_to_shard(id, items) {
+                Ok(pending) => spread(id, pending.wait().await),
+                Err(e) => vec![Err(e); n],
+            },
+            Dest::Peer(addr) => self.forward_enqueue(&addr, items, now).await,
+            Dest::AnyLocal => match self.submit_to_some_shard(items) {
+                Ok((id, pending)) => spread(id, pending.wait().await),
+                // Nothing was written: another host of the tier may take the batch.
+                Err((items, e)) => match self.cluster.spare_peer(forwarded) {
+                    Some(addr) => {
+                        tracing::debug!(peer = addr, error = %e, "forwarding an enqueue");
+                        self.forward_enqueue(&addr, items, now).await
+                    }
+                    None => vec![Err(e); n],
+                },
+            },
+        }
+    }
+
+    /// Sends items to a peer as one request; each item gets the peer's answer for it.
+    async fn forward_enqueue(
+        &self,
+        addr: &str,
+        items: Vec<NewItem>,
+        now: i64,
+    ) -> Vec<EnqueueOutcome> {
+        let n = items.len();
+        let request = items.into_iter().map(|i| as_request(i, now)).collect();
+        match self
+            .cluster
+            .peers
+            .enqueue(addr, request, self.host_id())
+            .await
+        {
+            Ok(r) if r.len() == n => r,
+            Ok(r) => vec![
+                Err(Error::new(
+                    ErrorCode::Internal,
+                    format!("peer {addr} answered {} results for {n} items", r.len()),
+                ));
+                n
+            ],
+            // The peer may have committed before the error reached us: the client sees a
+            // retryable failure and may retry (at least once, as with any lost reply).
+            Err(e) => vec![Err(e); n],
+        }
+    }
+
+    /// Items with dedup keys go to the shard that owns their keys; if that shard is sick
+    /// or busy they fail (retryably): writing them elsewhere would break uniqueness.
+    fn submit_to_shard(&self, id: ShardId, items: Vec<NewItem>) -> Result<PendingEnqueue> {
+        let shards = self.shards();
+        let Some(shard) = shards.get(&id) else {
+            return Err(Error::unavailable(format!(
+                "shard {id} is not served here now"
+            )));
+        };
+        if !shard.is_healthy() {
+            return Err(Error::unavailable(format!(
+                "shard {id}, which owns these dedup keys, is unhealthy"
+            )));
+        }
+        shard.submit_enqueue(items).map_err(|(_, e)| e)
+    }
+
+    /// Hands the whole batch to one healthy shard, round-robin, so it is one INSERT.
+    /// On refusal nothing was written and the items come back.
+    #[allow(clippy::result_large_err)]
+    fn submit_to_some_shard(
+        &self,
+        mut items: Vec<NewItem>,
+    ) -> std::result::Result<(ShardId, PendingEnqueue), (Vec<NewItem>, Error)> {
+        let shards = self.shards();
+        let healthy: Vec<_> = shards.values().filter(|s| s.is_healthy()).collect();
+        if healthy.is_empty() {
+            let why = if shards.is_empty() {
+                "this host serves no shard now"
+            } else {
+                "no healthy shard: every shard's circuit breaker is open"
+            };
+            return Err((items, Error::unavailable(why)));
+        }
+        let start = self.next_shard.fetch_add(1, Ordering::Relaxed);
+        let mut last_err = None;
+        // A refused submit wrote nothing, so trying the next shard cannot duplicate an
+        // item. Once accepted, the outcome is final: a storage error may have committed.
+        for i in 0..healthy.len() {
+            let shard = healthy[(start + i) % healthy.len()];
+            match shard.submit_enqueue(items) {
+                Ok(pending) => return Ok((shard.id(), pending)),
+                Err((back, e)) => {
+                    items = back;
+                    last_err = Some(e);
+                }
+            }
+        }
+        Err((
+            items,
+            last_err.unwrap_or_else(|| Error::unavailable("no shard could take the batch")),
+        ))
+    }
+}

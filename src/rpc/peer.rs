@@ -1,0 +1,341 @@
+//! [`PeerClient`]: this host's calls to other hosts (forwarded enqueues, acks, nacks and
+//! touches, topic listings, capacity polls), over framed binary Thrift on pooled TCP
+//! connections: one `bb8` pool per peer address, created on first use.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use thrift::protocol::{
+    TBinaryInputProtocol, TBinaryOutputProtocol, TInputProtocol, TMessageIdentifier, TMessageType,
+    TOutputProtocol,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{config_for, convert, describe};
+use crate::core::{ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, Peers};
+use crate::error::{Error, Result};
+use crate::thrift_gen as t;
+
+/// Largest reply frame accepted from a peer (a full dequeue-sized reply fits many times).
+const REPLY_FRAME_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+pub struct PeerClient {
+    pools: Mutex<HashMap<String, bb8::Pool<Connector>>>,
+    connections_max: u32,
+    timeout: Duration,
+}
+
+struct Connector {
+    addr: String,
+    timeout: Duration,
+}
+
+struct Conn {
+    stream: TcpStream,
+    /// Set while a call is in flight: a call abandoned half-way (timeout) leaves the
+    /// stream out of step, and the pool then drops it.
+    broken: bool,
+    seq: i32,
+}
+
+impl bb8::ManageConnection for Connector {
+    type Connection = Conn;
+    type Error = std::io::Error;
+
+    async fn connect(&self) -> std::io::Result<Conn> {
+        let stream = tokio::time::timeout(self.timeout, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
+            })??;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            broken: false,
+            seq: 0,
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut Conn) -> std::io::Result<()> {
+        if conn.broken {
+            return Err(std::io::Error::other("broken"));
+        }
+        Ok(())
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken
+    }
+}
+
+impl PeerClient {
+    pub fn new(connections_max: u32, timeout: Duration) -> PeerClient {
+        PeerClient {
+            pools: Mutex::new(HashMap::new()),
+            connections_max: connections_max.max(1),
+            timeout,
+        }
+    }
+
+    fn pool(&self, addr: &str) -> bb8::Pool<Connector> {
+        let mut pools = self.pools.lock().expect("not poisoned");
+        pools
+            .entry(addr.to_string())
+            .or_insert_with(|| {
+                bb8::Pool::builder()
+                    .max_size(self.connections_max)
+                    .connection_timeout(self.timeout)
+                    .build_unchecked(Connector {
+                        addr: addr.to_string(),
+                        timeout: self.timeout,
+                    })
+            })
+            .clone()
+    }
+
+    /// One call: `args` writes the method's arguments struct, `result` reads its result
+    /// struct. Every failure to reach the peer is `UNAVAILABLE` (retryable).
+    async fn call<R>(
+        &self,
+        addr: &str,
+        method: &str,
+        args: impl FnOnce(&mut dyn TOutputProtocol) -> thrift::Result<()>,
+        result: impl FnOnce(&mut dyn TInputProtocol) -> thrift::Result<R>,
+    ) -> Result<R> {
+        let unavailable = |why: String| Error::unavailable(format!("peer {addr}: {why}"));
+        let pool = self.pool(addr);
+        let work = async {
+            let mut conn = pool
+                .get()
+                .await
+                .map_err(|e| unavailable(format!("{e:?}")))?;
+            conn.seq = conn.seq.wrapping_add(1);
+            let frame = encode(method, conn.seq, args).map_err(|e| unavailable(describe(&e)))?;
+            conn.broken = true;
+            conn.stream
+                .write_all(&frame)
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
+            let len = conn
+                .stream
+                .read_i32()
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
+            if len <= 0 || len as usize > REPLY_FRAME_BYTES_MAX {
+                return Err(unavailable(format!("reply frame of {len} bytes")));
+            }
+            let mut reply = vec![0u8; len as usize];
+            conn.stream
+                .read_exact(&mut reply)
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
+            conn.broken = false;
+            decode(&reply, result).map_err(|e| unavailable(describe(&e)))
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))?
+    }
+}
+
+fn encode(
+    method: &str,
+    seq: i32,
+    args: impl FnOnce(&mut dyn TOutputProtocol) -> thrift::Result<()>,
+) -> thrift::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4];
+    {
+        let mut o = TBinaryOutputProtocol::new(&mut buf, true);
+        o.write_message_begin(&TMessageIdentifier::new(method, TMessageType::Call, seq))?;
+        args(&mut o)?;
+        o.write_message_end()?;
+        o.flush()?;
+    }
+    let len = (buf.len() - 4) as i32;
+    buf[..4].copy_from_slice(&len.to_be_bytes());
+    Ok(buf)
+}
+
+fn decode<R>(
+    frame: &[u8],
+    result: impl FnOnce(&mut dyn TInputProtocol) -> thrift::Result<R>,
+) -> thrift::Result<R> {
+    let mut i = TBinaryInputProtocol::with_config(frame, true, config_for(frame.len()));
+    let ident = i.read_message_begin()?;
+    if ident.message_type == TMessageType::Exception {
+        let e = thrift::Error::read_application_error_from_in_protocol(&mut i)?;
+        return Err(thrift::Error::Application(e));
+    }
+    let r = result(&mut i)?;
+    i.read_message_end()?;
+    Ok(r)
+}
+
+/// A method's declared error, or its value.
+fn outcome<T>(value: Option<T>, err: Option<t::FoqsError>) -> Result<T> {
+    match (value, err) {
+        (_, Some(e)) => Err(convert::error_from_wire(e)),
+        (Some(v), None) => Ok(v),
+        (None, None) => Err(Error::unavailable("a peer sent an empty reply")),
+    }
+}
+
+impl Peers for PeerClient {
+    fn enqueue<'a>(
+        &'a self,
+        addr: &'a str,
+        items: Vec<EnqueueRequestItem>,
+        from: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<EnqueueOutcome>>> {
+        let args = t::FoqsEnqueueArgs {
+            req: t::EnqueueRequest {
+                items: Some(
+                    items
+                        .into_iter()
+                        .map(convert::enqueue_item_to_wire)
+                        .collect(),
+                ),
+                forwarded_by: Some(from.to_string()),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "enqueue",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsEnqueueResult::read_from_in_protocol,
+                )
+                .await?;
+            outcome(r.result_value, r.err).map(|v| convert::enqueue_results_from_wire(v.results))
+        })
+    }
+
+    fn ack<'a>(
+        &'a self,
+        addr: &'a str,
+        ids: Vec<String>,
+        from: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
+        let args = t::FoqsAckArgs {
+            req: t::AckRequest {
+                ids: Some(ids),
+                forwarded_by: Some(from.to_string()),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "ack",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsAckResult::read_from_in_protocol,
+                )
+                .await?;
+            outcome(r.result_value, r.err).map(|v| convert::item_results_from_wire(v.results))
+        })
+    }
+
+    fn nack<'a>(
+        &'a self,
+        addr: &'a str,
+        items: Vec<NackRequestItem>,
+        from: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
+        let args = t::FoqsNackArgs {
+            req: t::NackRequest {
+                items: Some(items.into_iter().map(convert::nack_item_to_wire).collect()),
+                forwarded_by: Some(from.to_string()),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "nack",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsNackResult::read_from_in_protocol,
+                )
+                .await?;
+            outcome(r.result_value, r.err).map(|v| convert::item_results_from_wire(v.results))
+        })
+    }
+
+    fn touch<'a>(
+        &'a self,
+        addr: &'a str,
+        items: Vec<(String, i64)>,
+        from: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
+        let args = t::FoqsTouchArgs {
+            req: t::TouchRequest {
+                items: Some(
+                    items
+                        .into_iter()
+                        .map(|(id, extend_ms)| t::TouchItem {
+                            id: Some(id),
+                            extend_ms: Some(extend_ms),
+                        })
+                        .collect(),
+                ),
+                forwarded_by: Some(from.to_string()),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "touch",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsTouchResult::read_from_in_protocol,
+                )
+                .await?;
+            outcome(r.result_value, r.err).map(|v| convert::item_results_from_wire(v.results))
+        })
+    }
+
+    fn active_topics<'a>(
+        &'a self,
+        addr: &'a str,
+        ns: &'a str,
+        limit: i32,
+        after: Option<String>,
+    ) -> BoxFuture<'a, Result<ActiveTopicsPage>> {
+        let args = t::FoqsGetActiveTopicsArgs {
+            req: t::GetActiveTopicsRequest {
+                ns: Some(ns.to_string()),
+                limit: Some(limit),
+                after,
+                local_only: Some(true),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "getActiveTopics",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsGetActiveTopicsResult::read_from_in_protocol,
+                )
+                .await?;
+            outcome(r.result_value, r.err).map(convert::active_topics_from_wire)
+        })
+    }
+
+    fn spare_capacity<'a>(&'a self, addr: &'a str) -> BoxFuture<'a, Result<i64>> {
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "getHostInfo",
+                    |o| t::FoqsGetHostInfoArgs {}.write_to_out_protocol(o),
+                    t::FoqsGetHostInfoResult::read_from_in_protocol,
+                )
+                .await?;
+            outcome(r.result_value, r.err).map(|h| h.spare_capacity.unwrap_or(0))
+        })
+    }
+}
