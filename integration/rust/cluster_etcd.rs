@@ -20,7 +20,7 @@ const NS: &str = "cl";
 
 /// The scenarios share the machine's two cores; run them one at a time so that the
 /// failover timing is not measured under another scenario's load.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn cluster_toml(db: &TestDb, etcd: &Etcd, prefix: &str, extra: &str) -> String {
     format!(
@@ -196,7 +196,7 @@ async fn drain_all(cluster: &Cluster, want: &HashSet<String>, within: Duration) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hosts_share_shards_fail_over_after_sigkill_and_rebalance_on_rejoin() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let db = TestDb::new(SHARDS);
     let etcd = Etcd::start();
     let prefix = format!("/foqs-test-{}", db.names[0]);
@@ -319,7 +319,7 @@ async fn three_hosts_share_shards_fail_over_after_sigkill_and_rebalance_on_rejoi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_quota_holds_across_all_hosts() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     const PER_MINUTE: u64 = 1200;
     const RUN: Duration = Duration::from_secs(30);
     let db = TestDb::new(SHARDS);
