@@ -91,6 +91,55 @@ foqs_cargo_check() {
   fi
   command -v cargo >/dev/null 2>&1 ||
     { foqs_log "cargo is missing: install a Rust toolchain (1.80 or newer), e.g. with rustup"; return 1; }
+  # etcd-client compiles etcd's .proto files when it builds.
+  command -v protoc >/dev/null 2>&1 || foqs_apt_install protobuf-compiler
+}
+
+# etcd for the cluster: FOQS_ETCD_PORT (default 23790) on 127.0.0.1. foqs_etcd_ensure uses
+# an etcd already answering there, else starts a private one (data in .run/etcd, its peer
+# port FOQS_ETCD_PEER_PORT, default 23800), installing Debian's etcd-server when missing.
+# foqs_etcd_stop stops only an etcd this script started, by its pid.
+FOQS_ETCD_PORT=${FOQS_ETCD_PORT:-23790}
+FOQS_ETCD_PEER_PORT=${FOQS_ETCD_PEER_PORT:-23800}
+FOQS_ETCD_STARTED=""
+
+foqs_etcd_install() {
+  command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || foqs_apt_install etcd-server
+}
+
+foqs_etcd_ensure() {
+  FOQS_ETCD_ENDPOINT="127.0.0.1:$FOQS_ETCD_PORT"
+  export FOQS_ETCD_ENDPOINT
+  foqs_port_open 127.0.0.1 "$FOQS_ETCD_PORT" && return 0
+  foqs_etcd_install || return 1
+  local dir="$FOQS_RUN/etcd"
+  mkdir -p "$dir"
+  local client="http://127.0.0.1:$FOQS_ETCD_PORT" peer="http://127.0.0.1:$FOQS_ETCD_PEER_PORT"
+  foqs_log "starting a private etcd on $FOQS_ETCD_ENDPOINT (data in $dir)"
+  etcd --name foqs --data-dir "$dir/data" --listen-client-urls "$client" \
+    --advertise-client-urls "$client" --listen-peer-urls "$peer" \
+    --initial-advertise-peer-urls "$peer" --initial-cluster "foqs=$peer" \
+    >"$dir/etcd.log" 2>&1 &
+  echo $! >"$dir/pid"
+  local i
+  for i in $(seq 1 60); do
+    foqs_port_open 127.0.0.1 "$FOQS_ETCD_PORT" && break
+    sleep 0.25
+  done
+  foqs_port_open 127.0.0.1 "$FOQS_ETCD_PORT" ||
+    { foqs_log "etcd did not start; see $dir/etcd.log"; return 1; }
+  FOQS_ETCD_STARTED=1
+}
+
+foqs_etcd_stop() {
+  local pidfile="$FOQS_RUN/etcd/pid"
+  if [ -f "$pidfile" ]; then
+    local pid
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null && foqs_log "stopped the private etcd (pid $pid)"
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    rm -f "$pidfile"
+  fi
 }
 
 # Writes a copy of conf/foqsd.toml pointing at $FOQS_MYSQL_URL's server to $1, with the

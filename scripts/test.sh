@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the generated code's freshness, Rust unit and integration
-# tests (against real MariaDB/MySQL), then the Python client suite and the foqsctl shell
-# pipeline against a running foqsd.
+# tests (against real MariaDB/MySQL; the cluster tests with real etcd and foqsd
+# processes), then the Python client suite and the foqsctl shell pipeline against a
+# running foqsd.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
@@ -24,6 +25,8 @@ foqs_mysql_ensure
 export FOQS_TEST_MYSQL_URL="$FOQS_MYSQL_URL"
 # The fault tests run private MariaDB servers of their own, which they freeze and kill.
 command -v mariadb-install-db >/dev/null 2>&1 || foqs_apt_install mariadb-server
+# The cluster tests run private etcd servers of their own (started and stopped by them).
+foqs_etcd_install
 foqs_log "MySQL for tests: $FOQS_TEST_MYSQL_URL"
 
 foqs_log "Rust unit and integration tests"

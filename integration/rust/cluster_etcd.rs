@@ -71,7 +71,8 @@ fn owned(addr: SocketAddr) -> Option<BTreeSet<i32>> {
     Some(info.shards?.iter().filter_map(|s| s.shard_id).collect())
 }
 
-/// Polls until the hosts' shards are exactly 0..SHARDS, each served by one host.
+/// Polls until the hosts' shards are exactly 0..SHARDS, each served by one host, and
+/// every host serves some (the balanced end state; a host still joining has none).
 async fn settled(hosts: &[(String, SocketAddr)], within: Duration) -> BTreeMap<i32, String> {
     let hosts = hosts.to_vec();
     eventually(within, "every shard has exactly one owner", move || {
@@ -83,7 +84,8 @@ async fn settled(hosts: &[(String, SocketAddr)], within: Duration) -> BTreeMap<i
                 }
             }
         }
-        (owners.len() == SHARDS).then_some(owners)
+        let all_busy = hosts.iter().all(|(id, _)| owners.values().any(|o| o == id));
+        (owners.len() == SHARDS && all_busy).then_some(owners)
     })
     .await
 }
@@ -265,11 +267,21 @@ async fn three_hosts_share_shards_fail_over_after_sigkill_and_rebalance_on_rejoi
         "failover: {victim}'s shards {victims_shards:?} served again after {} ms (lease TTL {LEASE_TTL_MS} ms)",
         failover.as_millis()
     );
-    for (s, o) in &initial {
-        if *o != victim {
-            assert_eq!(&after[s], o, "shard {s} moved although its owner lived");
-        }
-    }
+    // Minimal movement: the victim's shards move; of the survivors' shards, at most the
+    // one or two that bounded loads shift to keep the hosts balanced.
+    let moved: Vec<_> = initial
+        .iter()
+        .filter(|(s, o)| **o != victim && after[*s] != **o)
+        .collect();
+    assert!(moved.len() <= 2, "survivors' shards moved: {moved:?}");
+    let counts: Vec<usize> = survivors
+        .iter()
+        .map(|(id, _)| after.values().filter(|o| *o == id).count())
+        .collect();
+    assert!(
+        counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
+        "{after:?}"
+    );
     tokio::time::sleep(Duration::from_millis(1000)).await;
     stop.store(true, Ordering::SeqCst);
     for p in load {
@@ -370,4 +382,122 @@ async fn a_namespace_quota_holds_across_all_hosts() {
         "{per_minute:.0}/min is not within 10% of {expected}"
     );
     assert_eq!(db.count("ns = 'q'").await as u64, admitted);
+}
+
+/// A TCP proxy in front of etcd that the test can cut: while cut, its connections are
+/// dropped and new ones closed at once (a host partitioned from etcd, not from MySQL).
+struct Cuttable {
+    port: u16,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Cuttable {
+    async fn start(target: String) -> Cuttable {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, cut_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if *cut_rx.borrow() {
+                    continue; // dropped: closed at once
+                }
+                let target = target.clone();
+                let mut cut_rx = cut_rx.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut_rx.wait_for(|c| *c) => {}
+                    }
+                });
+            }
+        });
+        Cuttable { port, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cut_off_from_etcd_stops_serving_before_another_takes_over() {
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::new(SHARDS);
+    let etcd = Etcd::start();
+    let proxy = Cuttable::start(etcd.endpoint.clone()).await;
+    let prefix = format!("/foqs-test-{}", db.names[0]);
+    let direct = write_config(&db, &cluster_toml(&db, &etcd, &prefix, ""));
+    let via_proxy = direct.with_file_name("via-proxy.toml");
+    std::fs::write(
+        &via_proxy,
+        std::fs::read_to_string(&direct)
+            .unwrap()
+            .replace(&etcd.endpoint, &format!("127.0.0.1:{}", proxy.port)),
+    )
+    .unwrap();
+    let mut cluster = Cluster::start(direct, &["h1"]);
+    let cut_host = Proc::spawn(&via_proxy, &[("FOQS__SERVER__HOST_ID", "h2")]);
+    let h2 = cut_host.addr;
+    cluster.hosts.insert("h2".into(), cut_host);
+    let initial = settled(&cluster.addrs(), Duration::from_secs(20)).await;
+    let h2_shards: BTreeSet<i32> = initial
+        .iter()
+        .filter(|(_, o)| o.as_str() == "h2")
+        .map(|(s, _)| *s)
+        .collect();
+    assert!(!h2_shards.is_empty());
+    let stop_watch = Arc::new(AtomicBool::new(false));
+    let watcher = watch_single_owner(cluster.addrs(), stop_watch.clone());
+
+    proxy.set_cut(true);
+    let cut = Instant::now();
+    // h2 gives its shards up by itself (it can no longer be sure of its lease) ...
+    eventually(
+        Duration::from_millis(LEASE_TTL_MS),
+        "h2 stops serving",
+        || owned(h2).filter(|s| s.is_empty()),
+    )
+    .await;
+    let fenced = cut.elapsed();
+    // ... and only then, once etcd expired its lease, h1 takes them.
+    let after = settled(
+        &[("h1".to_string(), cluster.hosts["h1"].addr)],
+        Duration::from_millis(LEASE_TTL_MS + 5000),
+    )
+    .await;
+    let taken = cut.elapsed();
+    eprintln!(
+        "cut from etcd: h2 stopped serving after {} ms, h1 served its shards after {} ms (lease TTL {LEASE_TTL_MS} ms)",
+        fenced.as_millis(),
+        taken.as_millis()
+    );
+    assert!(fenced < taken);
+    assert_eq!(after.len(), SHARDS);
+    // Meanwhile h2, reachable by clients and peers, forwards enqueues to h1.
+    let mut c = Client::connect(h2, Proto::Binary);
+    let ids = eventually(Duration::from_secs(5), "h2 forwards", || {
+        let r = c.try_enqueue(vec![item(NS, "cut", 0, b"x")]).ok()?;
+        r[0].id.clone()
+    })
+    .await;
+    let shard: i32 = ids.split(':').next().unwrap().parse().unwrap();
+    assert_eq!(after[&shard], "h1");
+
+    // Reconnected, h2 registers again and gets its shards back.
+    proxy.set_cut(false);
+    let back = settled(
+        &cluster.addrs(),
+        Duration::from_secs(LEASE_TTL_MS / 1000 + 15),
+    )
+    .await;
+    assert_eq!(back, initial);
+    stop_watch.store(true, Ordering::SeqCst);
+    let violations = watcher.join().unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
 }

@@ -454,17 +454,19 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 })
                 .map_err(e)?;
             for t in r.topics.unwrap_or_default() {
-                let (name, ready, deferred, leased) = (
+                let (name, ready, deferred, leased, hosts) = (
                     t.topic.unwrap_or_default(),
                     t.ready.unwrap_or(0),
                     t.deferred.unwrap_or(0),
                     t.leased.unwrap_or(0),
+                    t.hosts.unwrap_or_default(),
                 );
                 if cli.json {
-                    out(&json!({"topic": name, "ready": ready, "deferred": deferred, "leased": leased}).to_string())?;
+                    out(&json!({"topic": name, "ready": ready, "deferred": deferred, "leased": leased, "hosts": hosts}).to_string())?;
                 } else {
                     out(&format!(
-                        "{name}\tready={ready}\tdeferred={deferred}\tleased={leased}"
+                        "{name}\tready={ready}\tdeferred={deferred}\tleased={leased}\thosts={}",
+                        hosts.join(",")
                     ))?;
                 }
             }
@@ -592,21 +594,49 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 .into_iter()
                 .map(|s| json!({"shard_id": s.shard_id, "healthy": s.healthy, "items": s.items}))
                 .collect();
+            let peers: Vec<Value> = h
+                .peers
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| {
+                    json!({"host_id": p.host_id, "addr": p.addr, "tier": p.tier,
+                           "shards": p.shards, "reachable": p.reachable,
+                           "spare_capacity": p.spare_capacity})
+                })
+                .collect();
             if cli.json {
                 out(
-                    &json!({"host_id": h.host_id, "version": h.version, "shards": shards})
-                        .to_string(),
+                    &json!({"host_id": h.host_id, "version": h.version, "addr": h.addr,
+                            "tier": h.tier, "manager": h.manager,
+                            "spare_capacity": h.spare_capacity, "shards": shards,
+                            "peers": peers})
+                    .to_string(),
                 )?;
             } else {
                 out(&format!(
-                    "host {} (foqs {})",
+                    "host {} at {} (foqs {}, tier {}, manager {}, spare capacity {})",
                     h.host_id.unwrap_or_default(),
-                    h.version.unwrap_or_default()
+                    h.addr.unwrap_or_default(),
+                    h.version.unwrap_or_default(),
+                    h.tier.unwrap_or_default(),
+                    h.manager.unwrap_or_default(),
+                    h.spare_capacity.unwrap_or(0)
                 ))?;
                 for s in shards {
                     out(&format!(
                         "shard {}\thealthy={}\titems={}",
                         s["shard_id"], s["healthy"], s["items"]
+                    ))?;
+                }
+                for p in peers {
+                    out(&format!(
+                        "peer {}\taddr={}\ttier={}\tshards={}\treachable={}\tspare={}",
+                        p["host_id"].as_str().unwrap_or(""),
+                        p["addr"].as_str().unwrap_or(""),
+                        p["tier"].as_str().unwrap_or(""),
+                        p["shards"],
+                        p["reachable"],
+                        p["spare_capacity"]
                     ))?;
                 }
             }

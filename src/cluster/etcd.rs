@@ -7,9 +7,9 @@
 //! - `P/quota/<ns>` = `{"tokens":..,"last_ms":..}` (no lease).
 //!
 //! Every `poll_ms` a host renews its lease, reads the hosts and owners, and computes the
-//! owner each shard of its tier should have (rendezvous hashing over the tier's live
-//! hosts, so every host computes the same answer and a change of hosts moves few
-//! shards). It creates the keys of free shards it should own (a transaction that succeeds
+//! owner each shard of its tier should have ([`super::assign`]: rendezvous hashing with
+//! bounded loads over the tier's live hosts, so every host computes the same answer, the
+//! hosts' shard counts differ by at most one, and a change of hosts moves few shards). It creates the keys of free shards it should own (a transaction that succeeds
 //! only if the key is absent, so a shard has one owner key at a time), and gives back
 //! shards that should be elsewhere: first the host stops serving them (buffers flushed),
 //! then the key is deleted and the new owner creates it. A dead host's keys vanish with
@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::config::{fence_margin_ms, EtcdConfig};
-use super::{rendezvous_owner, ClusterView, HostAddr, ShardManager};
+use super::{assign, ClusterView, HostAddr, ShardManager};
 use crate::clock::SharedClock;
 use crate::core::quota::{burst, refilled, QuotaBudget};
 use crate::fence::Fence;
@@ -257,14 +257,19 @@ impl Follower {
                     self.fence
                         .extend_to(sent + granted.saturating_sub(self.margin));
                 }
-                Ok(Ok(_)) => {
+                Ok(Ok(Some(_))) => {
                     tracing::warn!("etcd: lease expired");
                     self.lose_everything();
                 }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "etcd: lease renewal failed");
+                // The stream ended (connection lost): not an expiry. The fence keeps
+                // counting down meanwhile; a new stream is tried now and on every tick.
+                Ok(Ok(None)) | Ok(Err(_)) => {
+                    tracing::warn!("etcd: lease renewal failed");
                     // The stream may be broken: the next tick opens a new one.
-                    if let Ok((keeper, stream)) = self.client.lease_keep_alive(lease.id).await {
+                    let reopen = self.client.lease_keep_alive(lease.id);
+                    if let Ok(Ok((keeper, stream))) =
+                        tokio::time::timeout(self.ttl / 4, reopen).await
+                    {
                         lease.keeper = keeper;
                         lease.stream = stream;
                     }
@@ -396,8 +401,9 @@ impl Follower {
             .map(|(id, _)| id.as_str())
             .collect();
         let registered = hosts.contains_key(&me) && my_lease.is_some();
+        let plan = assign(&self.member.tier_shards, &tier_hosts);
         for &s in &self.member.tier_shards.clone() {
-            let desired = rendezvous_owner(s, tier_hosts.iter().copied());
+            let desired = plan.get(&s).copied();
             if self.held.contains(&s) {
                 if desired.is_some_and(|d| d != me) {
                     if self.releasing.insert(s) {

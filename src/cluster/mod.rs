@@ -7,7 +7,8 @@
 //!
 //! Implementations: [`StaticManager`] (one host owning every shard, or a fixed cluster
 //! from the config file) and [`EtcdManager`] (hosts register under an etcd lease; shards
-//! follow the live hosts, assigned by rendezvous hashing; fenced by the lease).
+//! follow the live hosts, assigned by rendezvous hashing with bounded loads; fenced by
+//! the lease).
 
 pub mod config;
 mod etcd;
@@ -148,6 +149,32 @@ pub fn rendezvous_owner<'a>(
     hosts.into_iter().max_by_key(|h| (score(h, shard), *h))
 }
 
+/// Assigns `shards` to `hosts` by rendezvous hashing with bounded loads: shards in id
+/// order, each to its highest-scoring host that holds fewer than ceil(shards / hosts).
+/// Pure rendezvous leaves 8 shards on 3 hosts as unevenly as 5/2/1; the bound keeps
+/// every host within one shard of the others, at the price of a few more moves when the
+/// hosts change (still deterministic: every host computes the same assignment).
+pub fn assign<'a>(shards: &[ShardId], hosts: &[&'a str]) -> BTreeMap<ShardId, &'a str> {
+    let mut out = BTreeMap::new();
+    if hosts.is_empty() {
+        return out;
+    }
+    let cap = shards.len().div_ceil(hosts.len());
+    let mut load: BTreeMap<&str, usize> = hosts.iter().map(|h| (*h, 0)).collect();
+    let mut sorted = shards.to_vec();
+    sorted.sort_unstable();
+    for s in sorted {
+        let best = hosts
+            .iter()
+            .filter(|h| load[**h] < cap)
+            .max_by_key(|h| (score(h, s), **h))
+            .expect("cap x hosts >= shards");
+        *load.get_mut(best).expect("a host") += 1;
+        out.insert(s, *best);
+    }
+    out
+}
+
 fn score(host: &str, shard: ShardId) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in host.bytes().chain(shard.to_le_bytes()) {
@@ -166,7 +193,7 @@ fn score(host: &str, shard: ShardId) -> u64 {
 mod tests {
     use super::*;
 
-    fn assign(hosts: &[&str], shards: u32) -> BTreeMap<ShardId, String> {
+    fn pure(hosts: &[&str], shards: u32) -> BTreeMap<ShardId, String> {
         (0..shards)
             .map(|s| {
                 (
@@ -181,8 +208,8 @@ mod tests {
 
     #[test]
     fn rendezvous_moves_only_what_a_joining_or_leaving_host_wins_or_had() {
-        let three = assign(&["a", "b", "c"], 64);
-        let four = assign(&["a", "b", "c", "d"], 64);
+        let three = pure(&["a", "b", "c"], 64);
+        let four = pure(&["a", "b", "c", "d"], 64);
         for s in 0..64 {
             if four[&s] != "d" {
                 assert_eq!(four[&s], three[&s], "shard {s} moved between old hosts");
@@ -190,7 +217,7 @@ mod tests {
         }
         let moved = (0..64).filter(|s| four[s] == "d").count();
         assert!((5..=30).contains(&moved), "d won {moved} of 64");
-        let two = assign(&["a", "c"], 64);
+        let two = pure(&["a", "c"], 64);
         for s in 0..64 {
             if three[&s] != "b" {
                 assert_eq!(two[&s], three[&s]);
@@ -201,6 +228,31 @@ mod tests {
             assert!(three.values().any(|o| o == h));
         }
         assert_eq!(rendezvous_owner(1, std::iter::empty()), None);
+    }
+
+    #[test]
+    fn bounded_loads_balance_and_move_little() {
+        let shards: Vec<ShardId> = (0..8).collect();
+        let three = assign(&shards, &["h1", "h2", "h3"]);
+        for h in ["h1", "h2", "h3"] {
+            let n = three.values().filter(|o| **o == h).count();
+            assert!((2..=3).contains(&n), "{h} has {n}: {three:?}");
+        }
+        let two = assign(&shards, &["h1", "h3"]);
+        let moved = shards
+            .iter()
+            .filter(|s| three[s] != "h2" && two[s] != three[s])
+            .count();
+        eprintln!("3 -> 2 hosts: {moved} shards of live hosts moved; {three:?} -> {two:?}");
+        assert!(moved <= 2, "{moved} shards of live hosts moved");
+        let big: Vec<ShardId> = (0..64).collect();
+        let four = assign(&big, &["a", "b", "c", "d"]);
+        let five = assign(&big, &["a", "b", "c", "d", "e"]);
+        let moved = big.iter().filter(|s| four[s] != five[s]).count();
+        // Ideal: 64 / 5 ~ 13 move to the new host.
+        eprintln!("4 -> 5 hosts: {moved} of 64 moved");
+        assert!(moved <= 26, "{moved} of 64 moved");
+        assert_eq!(assign(&big, &[]).len(), 0);
     }
 
     #[test]
