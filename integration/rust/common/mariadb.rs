@@ -31,7 +31,12 @@ impl PrivateMariaDb {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        // Each server its own temporary directory: concurrent bootstraps sharing /tmp
+        // have been seen to remove each other's temporary tables.
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
         let out = Command::new("mariadb-install-db")
+            .env("TMPDIR", &tmp)
             .args([
                 "--no-defaults",
                 &format!("--datadir={}", dir.join("data").display()),
@@ -47,6 +52,7 @@ impl PrivateMariaDb {
             String::from_utf8_lossy(&out.stderr)
         );
         let child = Command::new(mariadbd())
+            .env("TMPDIR", &tmp)
             .args([
                 "--no-defaults",
                 &format!("--datadir={}", dir.join("data").display()),
