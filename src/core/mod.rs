@@ -5,9 +5,11 @@
 mod cluster;
 mod enqueue;
 mod host;
+mod inspect;
 mod merge;
 mod prefetch;
 pub mod quota;
+mod settle;
 mod validate;
 
 pub use cluster::{ClusterSettings, HostStatus, PeerLoad, PeerStatus, Peers};

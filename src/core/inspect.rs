@@ -1,0 +1,278 @@
+//! Reads and dead-letter administration over this host's shards: peek, topic counts
+//! and stats, listing, requeueing and purging dead items. None of it leases anything.
+
+use std::collections::{BTreeMap, HashMap};
+
+use futures::future::join_all;
+
+use super::host::{check_batch, in_range, Host};
+use super::validate::limits;
+use super::{kway_merge, ActiveTopicsPage};
+use crate::error::{Error, Result};
+use crate::model::{GlobalKey, Item, ReadyKey, ShardId, TopicCounts, TopicSnapshot};
+use crate::shard::ShardHandle;
+
+/// A dead-letter page cursor: "priority:deliver_after:key:shard" of the last item shown.
+fn parse_cursor(s: &str) -> Result<GlobalKey> {
+    let bad = || Error::invalid(format!("malformed cursor {s:?}"));
+    let parts: Vec<&str> = s.split(':').collect();
+    let [p, d, k, sh] = parts.as_slice() else {
+        return Err(bad());
+    };
+    Ok(GlobalKey {
+        priority: p.parse().map_err(|_| bad())?,
+        deliver_after_ms: d.parse().map_err(|_| bad())?,
+        key: k.parse().map_err(|_| bad())?,
+        shard: sh.parse().map_err(|_| bad())?,
+    })
+}
+
+impl Host {
+    /// A page of a topic's dead items in delivery order, each with the time it died, and
+    /// the cursor of the next page (an opaque string; absent on the last page).
+    pub async fn dlq_list(
+        &self,
+        ns: &str,
+        topic: &str,
+        limit: Option<i32>,
+        after: Option<String>,
+    ) -> Result<(Vec<(Item, i64)>, Option<String>)> {
+        let topic = self.topic_name(ns, topic)?;
+        let limit = in_range(
+            "limit",
+            limit.unwrap_or(limits::DLQ_PAGE_DEFAULT),
+            limits::DLQ_PAGE_MAX,
+        )?;
+        let cursor = after.as_deref().map(parse_cursor).transpose()?;
+        // Each shard's page starts right after the cursor in the global order (ties on
+        // (priority, deliver_after, key) go to the lower shard id).
+        let shards = self.shards();
+        let pages = join_all(shards.values().map(|s| {
+            let after = cursor.and_then(|c| {
+                if s.id() <= c.shard {
+                    Some(ReadyKey {
+                        priority: c.priority,
+                        deliver_after_ms: c.deliver_after_ms,
+                        key: c.key,
+                    })
+                } else {
+                    Some(ReadyKey {
+                        priority: c.priority,
+                        deliver_after_ms: c.deliver_after_ms,
+                        key: c.key.checked_sub(1)?,
+                    })
+                }
+            });
+            s.dead_items(topic.clone(), after, limit + 1)
+        }))
+        .await;
+        let mut all = Vec::new();
+        for p in pages {
+            all.extend(p?);
+        }
+        all.sort_by_key(|(i, _)| i.global_key());
+        let more = all.len() > limit;
+        all.truncate(limit);
+        let next = if more {
+            all.last().map(|(i, _)| {
+                let g = i.global_key();
+                format!(
+                    "{}:{}:{}:{}",
+                    g.priority, g.deliver_after_ms, g.key, g.shard
+                )
+            })
+        } else {
+            None
+        };
+        Ok((all, next))
+    }
+
+    /// A topic's counts, totals and the age of its oldest ready item, over every shard.
+    pub async fn topic_stats(&self, ns: &str, topic: &str) -> Result<(TopicSnapshot, i64)> {
+        let topic = self.topic_name(ns, topic)?;
+        let shards = self.shards();
+        let snaps = join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))).await;
+        let mut all = TopicSnapshot::default();
+        for s in snaps {
+            let s = s?;
+            all.ready += s.ready;
+            all.deferred += s.deferred;
+            all.leased += s.leased;
+            all.dead += s.dead;
+            all.oldest_ready_ms = [all.oldest_ready_ms, s.oldest_ready_ms]
+                .into_iter()
+                .flatten()
+                .min();
+            all.totals.add(&s.totals);
+        }
+        // Staged items are leased rows, but ready as far as clients can tell.
+        let (staged, staged_oldest) = self.prefetch.staged_summary(&topic);
+        let staged = staged.min(all.leased);
+        all.leased -= staged;
+        all.ready += staged;
+        all.oldest_ready_ms = [all.oldest_ready_ms, staged_oldest]
+            .into_iter()
+            .flatten()
+            .min();
+        let age = all
+            .oldest_ready_ms
+            .map_or(0, |t| (self.clock.now_ms() - t).max(0));
+        Ok((all, age))
+    }
+
+    /// Makes dead items ready again with their delivery count reset; an id that is not a
+    /// dead item gets `NOT_FOUND`.
+    /// Ids of shards owned by another host get `WRONG_HOST` (ask that host).
+    pub async fn dlq_requeue(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
+        check_batch(ids.len(), "ids")?;
+        let ids = ids.into_iter().map(|id| (id, Ok(()))).collect();
+        Ok(self
+            .settle(
+                ids,
+                |shard, keys| async move {
+                    shard
+                        .revive(keys.into_iter().map(|(k, _)| k).collect())
+                        .await
+                },
+                None,
+            )
+            .await)
+    }
+
+    /// Makes up to `max` (default: all) of a topic's dead items ready again, in batches;
+    /// returns how many.
+    pub async fn dlq_requeue_all(&self, ns: &str, topic: &str, max: Option<i64>) -> Result<i64> {
+        let topic = self.topic_name(ns, topic)?;
+        let max = max.unwrap_or(i64::MAX);
+        if max < 0 {
+            return Err(Error::invalid(format!("max must be >= 0, got {max}")));
+        }
+        let mut done = 0i64;
+        for shard in self.shards().values() {
+            loop {
+                let n = (max - done).min(limits::DLQ_BATCH as i64) as usize;
+                if n == 0 {
+                    return Ok(done);
+                }
+                let got = shard.revive_some(topic.clone(), n).await?;
+                done += got as i64;
+                if (got as usize) < n {
+                    break;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Deletes all of a topic's dead items, in batches; returns how many.
+    pub async fn dlq_purge(&self, ns: &str, topic: &str) -> Result<i64> {
+        let topic = self.topic_name(ns, topic)?;
+        let mut done = 0i64;
+        for shard in self.shards().values() {
+            loop {
+                let got = shard.purge_some(topic.clone(), limits::DLQ_BATCH).await?;
+                done += got as i64;
+                if got < limits::DLQ_BATCH as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// The next `count` ready items of a topic in delivery order, without leasing them:
+    /// staged items and the shards' index heads, merged.
+    pub async fn peek(&self, ns: &str, topic: &str, count: i32) -> Result<Vec<Item>> {
+        let topic = self.topic_name(ns, topic)?;
+        let count = in_range("count", count, limits::DEQUEUE_COUNT_MAX)?;
+        // Under the topic's claim lock no claim is in flight, so no item is between the
+        // shards' indexes and the stage, invisible to both.
+        let lock = self.prefetch.claim_lock(&topic);
+        let _claiming = lock.lock().await;
+        let mut items = self.prefetch.peek(&topic, count, self.clock.now_ms());
+        let shards = self.shards();
+        let healthy: Vec<&ShardHandle> = shards.values().filter(|s| s.is_healthy()).collect();
+        let heads = join_all(
+            healthy
+                .iter()
+                .map(|s| async { (s.id(), s.peek(topic.clone(), count).await) }),
+        )
+        .await;
+        let heads: Vec<(ShardId, Vec<ReadyKey>)> = heads
+            .into_iter()
+            .filter_map(|(id, r)| r.ok().map(|k| (id, k)))
+            .collect();
+        let mut by_shard: HashMap<ShardId, Vec<u64>> = HashMap::new();
+        for g in kway_merge(&heads, count) {
+            by_shard.entry(g.shard).or_default().push(g.key);
+        }
+        let fetched = join_all(
+            by_shard
+                .into_iter()
+                .map(|(id, keys)| shards[&id].fetch_ready(keys)),
+        )
+        .await;
+        for r in fetched {
+            items.extend(r?);
+        }
+        items.sort_by_key(Item::global_key);
+        items.truncate(count);
+        Ok(items)
+    }
+
+    /// The namespace's topics holding ready, deferred or leased items on this host's
+    /// shards, sorted by name.
+    pub(super) async fn local_active_topics(
+        &self,
+        ns: &str,
+        limit: Option<i32>,
+        after: Option<String>,
+    ) -> Result<ActiveTopicsPage> {
+        self.namespace(ns)?;
+        let limit = in_range(
+            "limit",
+            limit.unwrap_or(limits::ACTIVE_TOPICS_LIMIT_DEFAULT),
+            limits::ACTIVE_TOPICS_LIMIT_MAX,
+        )?;
+        // Each shard returns its first limit + 1 topics after the cursor; every topic among
+        // the first limit + 1 overall is then in the list of every shard that holds it, so
+        // its summed counts are complete.
+        let shards = self.shards();
+        let pages = join_all(
+            shards
+                .values()
+                .map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1)),
+        )
+        .await;
+        let mut merged: BTreeMap<String, TopicCounts> = BTreeMap::new();
+        for page in pages {
+            for t in page? {
+                let m = merged
+                    .entry(t.topic.clone())
+                    .or_insert_with(|| TopicCounts {
+                        topic: t.topic.clone(),
+                        ..Default::default()
+                    });
+                m.ready += t.ready;
+                m.deferred += t.deferred;
+                m.leased += t.leased;
+            }
+        }
+        // Staged items are leased in MySQL but nobody holds them: they count as ready.
+        for (topic, n) in self.prefetch.staged_counts(ns) {
+            if let Some(m) = merged.get_mut(&topic) {
+                let n = n.min(m.leased);
+                m.leased -= n;
+                m.ready += n;
+            }
+        }
+        let more = merged.len() > limit;
+        let topics: Vec<TopicCounts> = merged.into_values().take(limit).collect();
+        let next_after = if more {
+            topics.last().map(|t| t.topic.clone())
+        } else {
+            None
+        };
+        Ok(ActiveTopicsPage { topics, next_after })
+    }
+}

@@ -1,0 +1,228 @@
+//! Per-item settlement (ack, nack, touch, and the dead-letter requeue): each id is routed
+//! by the shard inside it to a local shard worker, or to the host that owns the shard.
+
+use std::collections::BTreeMap;
+
+use futures::future::{join_all, BoxFuture};
+
+use super::host::{check_batch, Host};
+use super::validate::{check_duration, limits};
+use super::NackRequestItem;
+use crate::error::{Error, ErrorCode, Result};
+use crate::model::{ItemId, ShardId};
+use crate::shard::{NackOp, Settled, ShardHandle};
+
+/// Sends the items at these positions of a request to the peer at this address.
+type Remote<'a> = dyn Fn(String, Vec<usize>) -> BoxFuture<'a, Result<Vec<Result<()>>>> + Sync + 'a;
+
+impl Host {
+    /// Routes per-item operations to their shards and reassembles replies in request order.
+    /// An item whose arguments already failed validation (`Err`) fails alone: it keeps its
+    /// position and never reaches a shard. Items of shards owned by another host go to it
+    /// through `remote` (their positions in `ids`), or fail with `WRONG_HOST` when there
+    /// is no `remote` (forwarding off, or the request was forwarded already).
+    pub(super) async fn settle<T: Clone, F, Fut>(
+        &self,
+        ids: Vec<(String, Result<T>)>,
+        op: F,
+        remote: Option<&Remote<'_>>,
+    ) -> Vec<Result<()>>
+    where
+        F: Fn(ShardHandle, Vec<(u64, T)>) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<Settled>>>,
+    {
+        let shards = self.shards();
+        let mut results: Vec<Option<Result<()>>> = vec![None; ids.len()];
+        // Per shard: the positions in `ids` and the keys with their extras.
+        type Group<T> = (Vec<usize>, Vec<(u64, T)>);
+        let mut groups: BTreeMap<ShardId, Group<T>> = BTreeMap::new();
+        let mut elsewhere: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, (id, extra)) in ids.iter().enumerate() {
+            let extra = match extra {
+                Ok(x) => x,
+                Err(e) => {
+                    results[i] = Some(Err(e.clone()));
+                    continue;
+                }
+            };
+            let parsed: ItemId = match id.parse() {
+                Ok(p) => p,
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            if shards.contains_key(&parsed.shard) {
+                let g = groups.entry(parsed.shard).or_default();
+                g.0.push(i);
+                g.1.push((parsed.key, extra.clone()));
+                continue;
+            }
+            match self
+                .cluster
+                .owner_for(parsed.shard, remote.is_some(), &format!("item {id}"))
+            {
+                Ok(addr) => elsewhere.entry(addr).or_default().push(i),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let local = join_all(groups.into_iter().map(|(shard, (positions, keys))| {
+            let fut = op(shards[&shard].clone(), keys);
+            async move { (positions, fut.await) }
+        }));
+        let forwarded = join_all(elsewhere.into_iter().map(|(addr, positions)| async move {
+            let remote = remote.expect("only routed elsewhere with a remote");
+            let r = remote(addr, positions.clone()).await;
+            (positions, r)
+        }));
+        let (local, forwarded) = futures::join!(local, forwarded);
+        for (positions, r) in local {
+            for (n, pos) in positions.into_iter().enumerate() {
+                results[pos] = Some(match &r {
+                    Ok(settled) => match settled[n] {
+                        Settled::Done => Ok(()),
+                        Settled::NotFound => {
+                            Err(Error::not_found(format!("item {} not found", ids[pos].0)))
+                        }
+                    },
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        }
+        for (positions, r) in forwarded {
+            let n = positions.len();
+            for (k, pos) in positions.into_iter().enumerate() {
+                results[pos] = Some(match &r {
+                    Ok(rs) if rs.len() == n => rs[k].clone(),
+                    Ok(_) => Err(Error::new(
+                        ErrorCode::Internal,
+                        "a peer answered a different number of results",
+                    )),
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every position is filled"))
+            .collect()
+    }
+
+    /// How per-item calls for another host's shards reach it, unless this request was
+    /// forwarded already or forwarding is off.
+    fn may_forward(&self, forwarded_by: Option<&str>) -> bool {
+        forwarded_by.is_none() && self.cluster.settings.forwarding
+    }
+
+    /// Deletes each item. Unknown or already-deleted ids: `NOT_FOUND`.
+    /// Ids of shards owned by another host are acked there (see [`Host::settle`]).
+    pub async fn ack(
+        &self,
+        ids: Vec<String>,
+        forwarded_by: Option<&str>,
+    ) -> Result<Vec<Result<()>>> {
+        check_batch(ids.len(), "ids")?;
+        let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
+            let sub = positions.iter().map(|&p| ids[p].clone()).collect();
+            Box::pin(async move { self.cluster.peers.ack(&addr, sub, self.host_id()).await })
+        };
+        let checked = ids.iter().map(|id| (id.clone(), Ok(()))).collect();
+        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
+        Ok(self
+            .settle(
+                checked,
+                |shard, keys| async move {
+                    shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await
+                },
+                remote,
+            )
+            .await)
+    }
+
+    /// Makes each leased item ready again after its delay, with new metadata when given.
+    pub async fn nack(
+        &self,
+        items: Vec<NackRequestItem>,
+        forwarded_by: Option<&str>,
+    ) -> Result<Vec<Result<()>>> {
+        check_batch(items.len(), "items")?;
+        let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
+            let sub = positions.iter().map(|&p| items[p].clone()).collect();
+            Box::pin(async move { self.cluster.peers.nack(&addr, sub, self.host_id()).await })
+        };
+        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
+        let checked = items
+            .iter()
+            .cloned()
+            .map(|it| {
+                let delay = it.delay_ms.unwrap_or(0);
+                let ok = check_duration("delay_ms", delay).and_then(|()| match &it.metadata {
+                    Some(m) if m.len() > limits::METADATA_BYTES_MAX => Err(Error::new(
+                        ErrorCode::PayloadTooLarge,
+                        format!(
+                            "metadata is {} bytes; at most {}",
+                            m.len(),
+                            limits::METADATA_BYTES_MAX
+                        ),
+                    )),
+                    _ => Ok((delay, it.metadata, it.to_dlq)),
+                });
+                (it.id, ok)
+            })
+            .collect();
+        Ok(self
+            .settle(
+                checked,
+                |shard, nacks| async move {
+                    shard
+                        .nack(
+                            nacks
+                                .into_iter()
+                                .map(|(key, (delay_ms, metadata, to_dlq))| NackOp {
+                                    key,
+                                    delay_ms,
+                                    metadata,
+                                    to_dlq,
+                                })
+                                .collect(),
+                        )
+                        .await
+                },
+                remote,
+            )
+            .await)
+    }
+
+    /// Extends the leases of items still leased to now + `extend_ms`; an item that is not
+    /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
+    pub async fn touch(
+        &self,
+        items: Vec<(String, i64)>,
+        forwarded_by: Option<&str>,
+    ) -> Result<Vec<Result<()>>> {
+        check_batch(items.len(), "items")?;
+        let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
+            let sub = positions.iter().map(|&p| items[p].clone()).collect();
+            Box::pin(async move { self.cluster.peers.touch(&addr, sub, self.host_id()).await })
+        };
+        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
+        let checked = items
+            .iter()
+            .cloned()
+            .map(|(id, extend_ms)| {
+                let ok = check_duration("extend_ms", extend_ms).and_then(|()| match extend_ms {
+                    0 => Err(Error::invalid("extend_ms must be > 0")),
+                    _ => Ok(extend_ms),
+                });
+                (id, ok)
+            })
+            .collect();
+        Ok(self
+            .settle(
+                checked,
+                |shard, ops| async move { shard.touch(ops).await },
+                remote,
+            )
+            .await)
+    }
+}
