@@ -174,6 +174,25 @@ fn decode<R>(
     Ok(r)
 }
 
+/// One call of `method` with `args`, its reply read as the generated result struct
+/// `$result` (`result_value` or the declared `err`), the value mapped by `$map`.
+macro_rules! call_method {
+    ($self:ident, $addr:ident, $method:literal, $args:expr, $result:ty, $map:expr) => {
+        Box::pin(async move {
+            let args = $args;
+            let r = $self
+                .call(
+                    $addr,
+                    $method,
+                    |o| args.write_to_out_protocol(o),
+                    <$result>::read_from_in_protocol,
+                )
+                .await?;
+            outcome(r.result_value, r.err).map($map)
+        })
+    };
+}
+
 /// A method's declared error, or its value.
 fn outcome<T>(value: Option<T>, err: Option<t::FoqsError>) -> Result<T> {
     match (value, err) {
@@ -201,16 +220,8 @@ impl Peers for PeerClient {
                 forwarded_by: Some(from.to_string()),
             },
         };
-        Box::pin(async move {
-            let r = self
-                .call(
-                    addr,
-                    "enqueue",
-                    |o| args.write_to_out_protocol(o),
-                    t::FoqsEnqueueResult::read_from_in_protocol,
-                )
-                .await?;
-            outcome(r.result_value, r.err).map(|v| convert::enqueue_results_from_wire(v.results))
+        call_method!(self, addr, "enqueue", args, t::FoqsEnqueueResult, |v| {
+            convert::enqueue_results_from_wire(v.results)
         })
     }
 
@@ -226,16 +237,8 @@ impl Peers for PeerClient {
                 forwarded_by: Some(from.to_string()),
             },
         };
-        Box::pin(async move {
-            let r = self
-                .call(
-                    addr,
-                    "ack",
-                    |o| args.write_to_out_protocol(o),
-                    t::FoqsAckResult::read_from_in_protocol,
-                )
-                .await?;
-            outcome(r.result_value, r.err).map(|v| convert::item_results_from_wire(v.results))
+        call_method!(self, addr, "ack", args, t::FoqsAckResult, |v| {
+            convert::item_results_from_wire(v.results)
         })
     }
 
@@ -251,16 +254,8 @@ impl Peers for PeerClient {
                 forwarded_by: Some(from.to_string()),
             },
         };
-        Box::pin(async move {
-            let r = self
-                .call(
-                    addr,
-                    "nack",
-                    |o| args.write_to_out_protocol(o),
-                    t::FoqsNackResult::read_from_in_protocol,
-                )
-                .await?;
-            outcome(r.result_value, r.err).map(|v| convert::item_results_from_wire(v.results))
+        call_method!(self, addr, "nack", args, t::FoqsNackResult, |v| {
+            convert::item_results_from_wire(v.results)
         })
     }
 
@@ -284,16 +279,8 @@ impl Peers for PeerClient {
                 forwarded_by: Some(from.to_string()),
             },
         };
-        Box::pin(async move {
-            let r = self
-                .call(
-                    addr,
-                    "touch",
-                    |o| args.write_to_out_protocol(o),
-                    t::FoqsTouchResult::read_from_in_protocol,
-                )
-                .await?;
-            outcome(r.result_value, r.err).map(|v| convert::item_results_from_wire(v.results))
+        call_method!(self, addr, "touch", args, t::FoqsTouchResult, |v| {
+            convert::item_results_from_wire(v.results)
         })
     }
 
@@ -312,30 +299,24 @@ impl Peers for PeerClient {
                 local_only: Some(true),
             },
         };
-        Box::pin(async move {
-            let r = self
-                .call(
-                    addr,
-                    "getActiveTopics",
-                    |o| args.write_to_out_protocol(o),
-                    t::FoqsGetActiveTopicsResult::read_from_in_protocol,
-                )
-                .await?;
-            outcome(r.result_value, r.err).map(convert::active_topics_from_wire)
-        })
+        call_method!(
+            self,
+            addr,
+            "getActiveTopics",
+            args,
+            t::FoqsGetActiveTopicsResult,
+            convert::active_topics_from_wire
+        )
     }
 
     fn spare_capacity<'a>(&'a self, addr: &'a str) -> BoxFuture<'a, Result<i64>> {
-        Box::pin(async move {
-            let r = self
-                .call(
-                    addr,
-                    "getHostInfo",
-                    |o| t::FoqsGetHostInfoArgs {}.write_to_out_protocol(o),
-                    t::FoqsGetHostInfoResult::read_from_in_protocol,
-                )
-                .await?;
-            outcome(r.result_value, r.err).map(|h| h.spare_capacity.unwrap_or(0))
-        })
+        call_method!(
+            self,
+            addr,
+            "getHostInfo",
+            t::FoqsGetHostInfoArgs {},
+            t::FoqsGetHostInfoResult,
+            |h| h.spare_capacity.unwrap_or(0)
+        )
     }
 }
