@@ -94,7 +94,7 @@ impl EtcdManager {
             lease: None,
             held: BTreeSet::new(),
             releasing: BTreeSet::new(),
-            waiting_logged: false,
+            in_trouble: false,
         };
         let task =
             tokio::spawn(follower.run(Duration::from_millis(cfg.poll_ms), released_rx, leave_rx));
@@ -147,6 +147,17 @@ struct Lease {
     stream: LeaseKeepAliveStream,
 }
 
+/// Logs an etcd problem: the first of an outage as a warning, the rest at debug level,
+/// so that a partition does not flood the log. `in_trouble` remembers the outage.
+fn trouble(in_trouble: &mut bool, what: &str) {
+    if *in_trouble {
+        tracing::debug!("etcd: {what}");
+    } else {
+        tracing::warn!("etcd: {what} (repeats logged at debug level until it recovers)");
+        *in_trouble = true;
+    }
+}
+
 /// The task behind [`EtcdManager`]: the only code that changes this host's keys.
 struct Follower {
     client: Client,
@@ -161,7 +172,8 @@ struct Follower {
     held: BTreeSet<ShardId>,
     /// Held shards withdrawn from the view, waiting for the host to let them go.
     releasing: BTreeSet<ShardId>,
-    waiting_logged: bool,
+    /// An etcd problem was logged and has not cleared yet.
+    in_trouble: bool,
 }
 
 impl Follower {
@@ -191,8 +203,12 @@ impl Follower {
                 self.give_back(s).await;
             }
             self.renew().await;
-            if let Err(e) = self.reconcile().await {
-                tracing::warn!(error = %e, "etcd: cannot read the cluster; keeping the last view");
+            match self.reconcile().await {
+                Ok(()) if self.lease.is_some() => self.recovered(),
+                Ok(()) => {}
+                Err(e) => self.trouble(&format!(
+                    "cannot read the cluster ({e}); keeping the last view"
+                )),
             }
             // Fenced: whatever etcd says, this host serves nothing until it renews again.
             if !self.fence.is_open() && !self.held.is_empty() {
@@ -264,7 +280,7 @@ impl Follower {
                 // The stream ended (connection lost): not an expiry. The fence keeps
                 // counting down meanwhile; a new stream is tried now and on every tick.
                 Ok(Ok(None)) | Ok(Err(_)) => {
-                    tracing::warn!("etcd: lease renewal failed");
+                    trouble(&mut self.in_trouble, "lease renewal failed");
                     // The stream may be broken: the next tick opens a new one.
                     let reopen = self.client.lease_keep_alive(lease.id);
                     if let Ok(Ok((keeper, stream))) =
@@ -274,15 +290,23 @@ impl Follower {
                         lease.stream = stream;
                     }
                 }
-                Err(_) => tracing::warn!("etcd: lease renewal timed out"),
+                Err(_) => trouble(&mut self.in_trouble, "lease renewal timed out"),
             }
             return;
         }
         if let Err(e) = self.register(sent).await {
-            if !self.waiting_logged {
-                tracing::warn!(error = %e, "etcd: cannot register this host yet");
-                self.waiting_logged = true;
-            }
+            self.trouble(&format!("cannot register this host yet: {e}"));
+        }
+    }
+
+    fn trouble(&mut self, what: &str) {
+        trouble(&mut self.in_trouble, what);
+    }
+
+    fn recovered(&mut self) {
+        if self.in_trouble {
+            tracing::info!("etcd: working again");
+            self.in_trouble = false;
         }
     }
 
@@ -330,7 +354,6 @@ impl Follower {
         self.fence
             .extend_to(sent + Duration::from_secs(grant.ttl() as u64).saturating_sub(self.margin));
         self.lease = Some(Lease { id, keeper, stream });
-        self.waiting_logged = false;
         tracing::info!(host_id = %self.member.host_id, lease = id, "registered in etcd");
         Ok(())
     }
