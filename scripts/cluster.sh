@@ -34,8 +34,7 @@ start() {
   done
   for h in $hosts; do
     port=${h##*:}
-    for _ in $(seq 1 120); do foqs_port_open 127.0.0.1 "$port" && break; sleep 0.25; done
-    foqs_port_open 127.0.0.1 "$port" || { foqs_log "host on $port did not start; see $dir"; exit 1; }
+    foqs_wait_port "$port" 30 || { foqs_log "host on $port did not start; see $dir"; exit 1; }
   done
   foqs_log "cluster up: 127.0.0.1:9091, :9092, :9093 (logs in $dir); shards settle within seconds"
   foqs_log "try: target/release/foqsctl --host 127.0.0.1:9092 host-info"

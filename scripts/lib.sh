@@ -27,9 +27,19 @@ foqs_apt_install() {
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }
 }
 
-# True when a MySQL server answers a TCP connection at host $1 port $2.
+# True when a server answers a TCP connection at host $1 port $2.
 foqs_port_open() {
   (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+# Waits up to $2 seconds for something to listen on 127.0.0.1 port $1; false if nothing does.
+foqs_wait_port() {
+  local i
+  for i in $(seq 1 $(($2 * 4))); do
+    foqs_port_open 127.0.0.1 "$1" && return 0
+    sleep 0.25
+  done
+  foqs_port_open 127.0.0.1 "$1"
 }
 
 foqs_mysql_ensure() {
@@ -57,12 +67,7 @@ foqs_mysql_ensure() {
       --bind-address=127.0.0.1 --socket="$dir/mysqld.sock" --pid-file="$dir/pid" \
       --user="$(id -un)" --innodb-flush-log-at-trx-commit=1 --skip-name-resolve \
       --log-error="$dir/error.log" >/dev/null 2>&1 &
-    local i
-    for i in $(seq 1 120); do
-      foqs_port_open 127.0.0.1 "$FOQS_PRIVATE_MYSQL_PORT" && break
-      sleep 0.5
-    done
-    foqs_port_open 127.0.0.1 "$FOQS_PRIVATE_MYSQL_PORT" ||
+    foqs_wait_port "$FOQS_PRIVATE_MYSQL_PORT" 60 ||
       { foqs_log "private MariaDB did not start; see $dir/error.log"; return 1; }
     FOQS_PRIVATE_MYSQL_STARTED=1
   fi
@@ -101,7 +106,6 @@ foqs_cargo_check() {
 # foqs_etcd_stop stops only an etcd this script started, by its pid.
 FOQS_ETCD_PORT=${FOQS_ETCD_PORT:-23790}
 FOQS_ETCD_PEER_PORT=${FOQS_ETCD_PEER_PORT:-23800}
-FOQS_ETCD_STARTED=""
 
 foqs_etcd_install() {
   command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || foqs_apt_install etcd-server
@@ -121,14 +125,8 @@ foqs_etcd_ensure() {
     --initial-advertise-peer-urls "$peer" --initial-cluster "foqs=$peer" \
     >"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/pid"
-  local i
-  for i in $(seq 1 60); do
-    foqs_port_open 127.0.0.1 "$FOQS_ETCD_PORT" && break
-    sleep 0.25
-  done
-  foqs_port_open 127.0.0.1 "$FOQS_ETCD_PORT" ||
+  foqs_wait_port "$FOQS_ETCD_PORT" 15 ||
     { foqs_log "etcd did not start; see $dir/etcd.log"; return 1; }
-  FOQS_ETCD_STARTED=1
 }
 
 foqs_etcd_stop() {

@@ -44,7 +44,7 @@ prefix="foqs_py_$$_"
 foqs_config_for_mysql "$py_config" "$prefix"
 RUST_LOG=warn ./target/debug/foqsd --config "$py_config" --listen "127.0.0.1:$port" &
 foqsd_pid=$!
-for _ in $(seq 1 120); do foqs_port_open 127.0.0.1 "$port" && break; sleep 0.25; done
+foqs_wait_port "$port" 30 || { foqs_log "foqsd did not start listening on $port"; exit 1; }
 FOQS_ADDR="127.0.0.1:$port" "$venv/bin/python" -m pytest -q integration/python
 foqs_log "foqsctl pipeline (bash) against the same foqsd"
 cargo build --bins

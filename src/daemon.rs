@@ -64,11 +64,8 @@ impl Running {
         for task in self.background {
             let _ = task.await;
         }
-        let shards = self.host.shard_ids();
         self.host.shutdown().await;
-        for s in shards {
-            self.manager.released(s);
-        }
+        // Leaving gives up every shard at once (etcd: the lease is revoked).
         self.manager.leave().await;
     }
 }

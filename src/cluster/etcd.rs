@@ -358,27 +358,36 @@ impl Follower {
         Ok(())
     }
 
-    /// Reads hosts and owners, takes free shards this host should own, withdraws those
-    /// that should move, and publishes the view.
-    async fn reconcile(&mut self) -> Result<(), etcd_client::Error> {
-        let hosts_resp = self
+    /// Every key under `P/<dir>/`: its last path segment, its value and its lease.
+    async fn read_prefix(
+        &mut self,
+        dir: &str,
+    ) -> Result<Vec<(String, String, i64)>, etcd_client::Error> {
+        let resp = self
             .client
             .get(
-                format!("{}/hosts/", self.prefix),
+                format!("{}/{dir}/", self.prefix),
                 Some(GetOptions::new().with_prefix()),
             )
             .await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let name = kv.key_str().ok()?.rsplit('/').next()?.to_string();
+                Some((name, kv.value_str().ok()?.to_string(), kv.lease()))
+            })
+            .collect())
+    }
+
+    /// Reads hosts and owners, takes free shards this host should own, withdraws those
+    /// that should move, and publishes the view.
+    async fn reconcile(&mut self) -> Result<(), etcd_client::Error> {
         let mut hosts = BTreeMap::new();
-        for kv in hosts_resp.kvs() {
-            let (Ok(k), Ok(v)) = (kv.key_str(), kv.value_str()) else {
-                continue;
-            };
-            let Some(id) = k.rsplit('/').next() else {
-                continue;
-            };
-            if let Ok(r) = serde_json::from_str::<HostRecord>(v) {
+        for (id, value, _) in self.read_prefix("hosts").await? {
+            if let Ok(r) = serde_json::from_str::<HostRecord>(&value) {
                 hosts.insert(
-                    id.to_string(),
+                    id,
                     HostAddr {
                         addr: r.addr,
                         tier: r.tier,
@@ -386,21 +395,11 @@ impl Follower {
                 );
             }
         }
-        let shards_resp = self
-            .client
-            .get(
-                format!("{}/shards/", self.prefix),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await?;
         // shard -> (owner, lease)
         let mut keys: BTreeMap<ShardId, (String, i64)> = BTreeMap::new();
-        for kv in shards_resp.kvs() {
-            let (Ok(k), Ok(v)) = (kv.key_str(), kv.value_str()) else {
-                continue;
-            };
-            if let Some(Ok(s)) = k.rsplit('/').next().map(str::parse::<ShardId>) {
-                keys.insert(s, (v.to_string(), kv.lease()));
+        for (shard, owner, lease) in self.read_prefix("shards").await? {
+            if let Ok(s) = shard.parse::<ShardId>() {
+                keys.insert(s, (owner, lease));
             }
         }
         let me = self.member.host_id.clone();

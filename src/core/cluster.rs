@@ -144,8 +144,9 @@ impl ClusterState {
         !forwarded && self.settings.forwarding
     }
 
-    /// The peers of `tier`, best first: reachable, then most spare capacity.
-    fn ranked(&self, tier: &str) -> Vec<(String, String)> {
+    /// The reachable peers of `tier` with their loads and addresses, the most spare
+    /// capacity first.
+    fn ranked(&self, tier: &str) -> Vec<(PeerLoad, String)> {
         let view = self.view();
         let loads = self.loads.lock().expect("not poisoned");
         let mut peers: Vec<(PeerLoad, String, String)> = view
@@ -169,7 +170,7 @@ impl ClusterState {
         peers
             .into_iter()
             .filter(|(l, _, _)| l.reachable)
-            .map(|(_, id, addr)| (id, addr))
+            .map(|(load, _, addr)| (load, addr))
             .collect()
     }
 
@@ -196,10 +197,9 @@ impl ClusterState {
         if !self.may_forward(forwarded) {
             return None;
         }
-        let loads = self.loads.lock().expect("not poisoned").clone();
         self.ranked(&self.settings.tier)
             .into_iter()
-            .find(|(id, _)| loads.get(id).is_some_and(|l| l.spare > 0))
+            .find(|(load, _)| load.spare > 0)
             .map(|(_, addr)| addr)
     }
 
