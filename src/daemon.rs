@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::clock::SharedClock;
@@ -79,6 +79,11 @@ struct ShardOpener {
     clock: SharedClock,
     waiters: Arc<Waiters>,
     fence: Fence,
+    /// Under a fixed assignment (single, static), each shard is opened under its owner
+    /// lock, and a lost lock is reported here. Under etcd the lease and its fence are the
+    /// authority (see README, "One writer per shard").
+    lost: Option<mpsc::UnboundedSender<ShardId>>,
+    store_timeout_ms: u64,
 }
 
 impl ShardOpener {
@@ -89,9 +94,18 @@ impl ShardOpener {
                 "shard {id} is not in [[shards]]"
             )))
         })?;
-        let store = MySqlStore::new(s.id, &s.url, s.pool_connections_max)
+        let mut store = MySqlStore::new(s.id, &s.url, s.pool_connections_max)
             .map_err(err)?
             .with_fence(self.fence.clone());
+        if let Some(lost) = &self.lost {
+            let lost = lost.clone();
+            store = store.with_owner_lock(
+                Arc::new(move || {
+                    let _ = lost.send(id);
+                }),
+                self.store_timeout_ms,
+            );
+        }
         tracing::info!(shard = s.id, database = store.database(), "opening shard");
         ShardWorker::start(
             s.id,
@@ -137,12 +151,14 @@ async fn follow_view(
     failed
 }
 
-/// Follows the manager's views until `stop`; retries shards that failed to open.
+/// Follows the manager's views until `stop`; retries shards that failed to open, and
+/// opens afresh a shard whose owner lock was lost.
 async fn follow(
     host: Arc<Host>,
     manager: Arc<dyn ShardManager>,
     opener: ShardOpener,
     mut views: watch::Receiver<Arc<ClusterView>>,
+    mut lost: mpsc::UnboundedReceiver<ShardId>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut retry = false;
@@ -150,6 +166,10 @@ async fn follow(
         tokio::select! {
             r = views.changed() => if r.is_err() { break },
             _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
+            Some(shard) = lost.recv() => {
+                // Whatever it kept in memory may be stale now: stop it, open it anew.
+                host.remove_shard(shard).await;
+            }
             _ = stop.changed() => break,
         }
         let view = views.borrow_and_update().clone();
@@ -208,12 +228,15 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         }
     };
     let waiters = Waiters::new();
+    let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let opener = ShardOpener {
         shards: cfg.shards.iter().map(|s| (s.id, s.clone())).collect(),
         workers: WorkerConfig::from(&cfg.engine),
         clock: clock.clone(),
         waiters: waiters.clone(),
         fence: manager.fence(),
+        lost: (c.manager != ManagerKind::Etcd).then_some(lost_tx),
+        store_timeout_ms: cfg.engine.store_timeout_ms,
     };
     let prefetch = PrefetchConfig {
         window_ms: cfg.engine.prefetch_window_ms,
@@ -270,6 +293,7 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
             manager.clone(),
             opener,
             views,
+            lost_rx,
             stop_rx.clone(),
         )),
     ];

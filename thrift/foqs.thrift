@@ -113,6 +113,12 @@ struct Item {
   9: i32 delivery_count,
   10: i64 lease_expires_ms,
   11: DeliveryPolicy policy,
+  // Names this delivery (a receipt handle, as SQS calls it): a fresh value every time the
+  // item is handed out. Pass it back with nack or touch so that the call acts only on this
+  // delivery's lease: once the lease ended (expired, or the item was delivered again),
+  // such a call answers NOT_FOUND instead of changing another consumer's lease. 0 for
+  // items that are not leased (peek).
+  12: i64 lease_id,
 }
 
 struct DequeueResponse {
@@ -136,6 +142,10 @@ struct NackItem {
   3: optional binary metadata,
   // Straight to the dead letters, whatever attempts are left.
   4: optional bool to_dlq,
+  // The Item.lease_id of the delivery this nack answers. When given and that delivery's
+  // lease has ended, the item is left alone and its result is NOT_FOUND ("lease ended").
+  // Absent: the nack applies to whatever lease the item is on.
+  5: optional i64 lease_id,
 }
 
 struct NackRequest {
@@ -163,6 +173,8 @@ struct TouchItem {
   1: string id,
   // The lease is extended to now + extend_ms (> 0).
   2: i64 extend_ms,
+  // As NackItem.lease_id: when given, only that delivery's lease is extended.
+  3: optional i64 lease_id,
 }
 
 struct TouchRequest {

@@ -1020,10 +1020,11 @@ pub struct Item {
   pub delivery_count: Option<i32>,
   pub lease_expires_ms: Option<i64>,
   pub policy: Option<DeliveryPolicy>,
+  pub lease_id: Option<i64>,
 }
 
 impl Item {
-  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10, F11>(id: F1, ns: F2, topic: F3, priority: F4, payload: F5, metadata: F6, deliver_after_ms: F7, enqueued_at_ms: F8, delivery_count: F9, lease_expires_ms: F10, policy: F11) -> Item where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<i32>>, F5: Into<Option<Vec<u8>>>, F6: Into<Option<Vec<u8>>>, F7: Into<Option<i64>>, F8: Into<Option<i64>>, F9: Into<Option<i32>>, F10: Into<Option<i64>>, F11: Into<Option<DeliveryPolicy>> {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10, F11, F12>(id: F1, ns: F2, topic: F3, priority: F4, payload: F5, metadata: F6, deliver_after_ms: F7, enqueued_at_ms: F8, delivery_count: F9, lease_expires_ms: F10, policy: F11, lease_id: F12) -> Item where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<i32>>, F5: Into<Option<Vec<u8>>>, F6: Into<Option<Vec<u8>>>, F7: Into<Option<i64>>, F8: Into<Option<i64>>, F9: Into<Option<i32>>, F10: Into<Option<i64>>, F11: Into<Option<DeliveryPolicy>>, F12: Into<Option<i64>> {
     Item {
       id: id.into(),
       ns: ns.into(),
@@ -1036,6 +1037,7 @@ impl Item {
       delivery_count: delivery_count.into(),
       lease_expires_ms: lease_expires_ms.into(),
       policy: policy.into(),
+      lease_id: lease_id.into(),
     }
   }
 }
@@ -1054,6 +1056,7 @@ impl TSerializable for Item {
     let mut f_9: Option<i32> = Some(0);
     let mut f_10: Option<i64> = Some(0);
     let mut f_11: Option<DeliveryPolicy> = None;
+    let mut f_12: Option<i64> = Some(0);
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1105,6 +1108,10 @@ impl TSerializable for Item {
           let val = DeliveryPolicy::read_from_in_protocol(i_prot)?;
           f_11 = Some(val);
         },
+        12 => {
+          let val = i_prot.read_i64()?;
+          f_12 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1124,6 +1131,7 @@ impl TSerializable for Item {
       delivery_count: f_9,
       lease_expires_ms: f_10,
       policy: f_11,
+      lease_id: f_12,
     };
     Ok(ret)
   }
@@ -1185,6 +1193,11 @@ impl TSerializable for Item {
       fld_var.write_to_out_protocol(o_prot)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.lease_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("lease_id", TType::I64, 12))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1204,6 +1217,7 @@ impl Default for Item {
       delivery_count: Some(0),
       lease_expires_ms: Some(0),
       policy: None,
+      lease_id: Some(0),
     }
   }
 }
@@ -1382,15 +1396,17 @@ pub struct NackItem {
   pub delay_ms: Option<i64>,
   pub metadata: Option<Vec<u8>>,
   pub to_dlq: Option<bool>,
+  pub lease_id: Option<i64>,
 }
 
 impl NackItem {
-  pub fn new<F1, F2, F3, F4>(id: F1, delay_ms: F2, metadata: F3, to_dlq: F4) -> NackItem where F1: Into<Option<String>>, F2: Into<Option<i64>>, F3: Into<Option<Vec<u8>>>, F4: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5>(id: F1, delay_ms: F2, metadata: F3, to_dlq: F4, lease_id: F5) -> NackItem where F1: Into<Option<String>>, F2: Into<Option<i64>>, F3: Into<Option<Vec<u8>>>, F4: Into<Option<bool>>, F5: Into<Option<i64>> {
     NackItem {
       id: id.into(),
       delay_ms: delay_ms.into(),
       metadata: metadata.into(),
       to_dlq: to_dlq.into(),
+      lease_id: lease_id.into(),
     }
   }
 }
@@ -1402,6 +1418,7 @@ impl TSerializable for NackItem {
     let mut f_2: Option<i64> = None;
     let mut f_3: Option<Vec<u8>> = None;
     let mut f_4: Option<bool> = None;
+    let mut f_5: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1425,6 +1442,10 @@ impl TSerializable for NackItem {
           let val = i_prot.read_bool()?;
           f_4 = Some(val);
         },
+        5 => {
+          let val = i_prot.read_i64()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1437,6 +1458,7 @@ impl TSerializable for NackItem {
       delay_ms: f_2,
       metadata: f_3,
       to_dlq: f_4,
+      lease_id: f_5,
     };
     Ok(ret)
   }
@@ -1463,6 +1485,11 @@ impl TSerializable for NackItem {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.lease_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("lease_id", TType::I64, 5))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1475,6 +1502,7 @@ impl Default for NackItem {
       delay_ms: Some(0),
       metadata: Some(Vec::new()),
       to_dlq: Some(false),
+      lease_id: Some(0),
     }
   }
 }
@@ -1805,13 +1833,15 @@ impl Default for NackResponse {
 pub struct TouchItem {
   pub id: Option<String>,
   pub extend_ms: Option<i64>,
+  pub lease_id: Option<i64>,
 }
 
 impl TouchItem {
-  pub fn new<F1, F2>(id: F1, extend_ms: F2) -> TouchItem where F1: Into<Option<String>>, F2: Into<Option<i64>> {
+  pub fn new<F1, F2, F3>(id: F1, extend_ms: F2, lease_id: F3) -> TouchItem where F1: Into<Option<String>>, F2: Into<Option<i64>>, F3: Into<Option<i64>> {
     TouchItem {
       id: id.into(),
       extend_ms: extend_ms.into(),
+      lease_id: lease_id.into(),
     }
   }
 }
@@ -1821,6 +1851,7 @@ impl TSerializable for TouchItem {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<i64> = Some(0);
+    let mut f_3: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1836,6 +1867,10 @@ impl TSerializable for TouchItem {
           let val = i_prot.read_i64()?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_i64()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1846,6 +1881,7 @@ impl TSerializable for TouchItem {
     let ret = TouchItem {
       id: f_1,
       extend_ms: f_2,
+      lease_id: f_3,
     };
     Ok(ret)
   }
@@ -1862,6 +1898,11 @@ impl TSerializable for TouchItem {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.lease_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("lease_id", TType::I64, 3))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1872,6 +1913,7 @@ impl Default for TouchItem {
     TouchItem{
       id: Some("".to_owned()),
       extend_ms: Some(0),
+      lease_id: Some(0),
     }
   }
 }

@@ -38,6 +38,7 @@ fn to_dlq(id: &str) -> NackItem {
         delay_ms: None,
         metadata: None,
         to_dlq: Some(true),
+        lease_id: None,
     }
 }
 

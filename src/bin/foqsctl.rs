@@ -93,12 +93,19 @@ enum Cmd {
         metadata: Option<String>,
         #[arg(long)]
         to_dlq: bool,
+        /// Only if the item is still on this delivery's lease (`lease_id` from dequeue
+        /// --json); otherwise NOT_FOUND ("lease ended").
+        #[arg(long)]
+        lease_id: Option<i64>,
     },
     /// Extend an item's lease to now + --extend-ms.
     Touch {
         id: String,
         #[arg(long)]
         extend_ms: i64,
+        /// Only if the item is still on this delivery's lease (see nack --lease-id).
+        #[arg(long)]
+        lease_id: Option<i64>,
     },
     /// Show the next ready items without leasing them; exit 3 when there is none.
     Peek {
@@ -231,6 +238,7 @@ fn item_json(i: &Item) -> Value {
         "metadata_base64": b64.encode(&metadata),
         "deliver_after_ms": i.deliver_after_ms, "enqueued_at_ms": i.enqueued_at_ms,
         "delivery_count": i.delivery_count, "lease_expires_ms": i.lease_expires_ms,
+        "lease_id": i.lease_id,
         "policy": match i.policy { Some(DeliveryPolicy::AT_MOST_ONCE) => "at-most-once", _ => "at-least-once" },
     })
 }
@@ -393,12 +401,14 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             delay_ms,
             metadata,
             to_dlq,
+            lease_id,
         } => {
             let item = NackItem {
                 id: Some(id.clone()),
                 delay_ms: *delay_ms,
                 metadata: metadata.clone().map(String::into_bytes),
                 to_dlq: Some(*to_dlq),
+                lease_id: *lease_id,
             };
             print_results(
                 c.nack(NackRequest {
@@ -411,10 +421,15 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 cli.json,
             )
         }
-        Cmd::Touch { id, extend_ms } => {
+        Cmd::Touch {
+            id,
+            extend_ms,
+            lease_id,
+        } => {
             let item = TouchItem {
                 id: Some(id.clone()),
                 extend_ms: Some(*extend_ms),
+                lease_id: *lease_id,
             };
             print_results(
                 c.touch(TouchRequest {

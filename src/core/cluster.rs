@@ -11,7 +11,7 @@ use super::enqueue::EnqueueOutcome;
 use super::host::Host;
 use super::quota::{QuotaBudget, Quotas};
 use super::validate::EnqueueRequestItem;
-use super::{ActiveTopicsPage, NackRequestItem};
+use super::{ActiveTopicsPage, NackRequestItem, TouchRequestItem};
 use crate::cluster::ClusterView;
 use crate::error::{Error, Result};
 use crate::model::{ShardId, ShardStatus};
@@ -40,7 +40,7 @@ pub trait Peers: Send + Sync {
     fn touch<'a>(
         &'a self,
         addr: &'a str,
-        items: Vec<(String, i64)>,
+        items: Vec<TouchRequestItem>,
         from: &'a str,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
     /// The peer's own topics only (`local_only`).

@@ -226,9 +226,65 @@ impl Host {
     }
 
     /// Serves a dequeue from the prefetch buffer's stage, and claims on demand what the
-    /// stage lacks, plus enough to restock it when the topic is busy.
+    /// stage lacks, plus enough to restock it when the topic is busy. Items are handed out
+    /// through their shards, which drop any that an ack, nack or expiry settled since they
+    /// were claimed; when that leaves the reply short, it gathers again.
     async fn dequeue_topic(&self, topic: &TopicName, count: usize) -> Result<Vec<Item>> {
-        let taken = self.prefetch.take(topic, count, self.clock.now_ms());
+        let mut out: Vec<Item> = Vec::new();
+        for round in 0..DEQUEUE_ROUNDS_MAX {
+            let gathered = match self.gather(topic, count - out.len(), round == 0).await {
+                Ok(g) => g,
+                Err(e) if out.is_empty() => return Err(e),
+                Err(_) => break,
+            };
+            let n = gathered.len();
+            let delivered = self.hand_out(gathered);
+            let short = delivered.len() < n;
+            out.extend(delivered);
+            if !short || out.len() >= count {
+                break;
+            }
+        }
+        out.sort_by_key(Item::global_key);
+        Ok(out)
+    }
+
+    /// Hands claimed items to a consumer: each shard keeps those still waiting under
+    /// their claim (see [`crate::shard::Staged`]) and drops the rest.
+    fn hand_out(&self, items: Vec<Item>) -> Vec<Item> {
+        let shards = self.shards();
+        let mut by_shard: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
+        for i in items {
+            by_shard.entry(i.id.shard).or_default().push(i);
+        }
+        by_shard
+            .into_iter()
+            .filter_map(|(id, items)| Some(shards.get(&id)?.hand_out(items)))
+            .flatten()
+            .collect()
+    }
+
+    /// Whether a staged copy may still be handed out (its shard still has it waiting
+    /// under its claim): the `live` test of the prefetch stage.
+    pub(super) fn staged_live(&self) -> impl Fn(&Item) -> bool {
+        let shards = self.shards();
+        move |i: &Item| shards.get(&i.id.shard).is_some_and(|s| s.is_staged(i))
+    }
+
+    /// Stages claimed items not handed out; those the stage refuses go back at once.
+    fn stage(&self, topic: &TopicName, items: Vec<Item>) {
+        let refused = self.prefetch.stage(topic, items, self.clock.now_ms());
+        self.release(refused);
+    }
+
+    /// Up to `count` claimed items for one dequeue: staged ones first, then claimed on
+    /// demand; `first` counts the dequeue's demand (only once per dequeue).
+    async fn gather(&self, topic: &TopicName, count: usize, first: bool) -> Result<Vec<Item>> {
+        let taken = if first {
+            self.prefetch.take(topic, count, self.clock.now_ms())
+        } else {
+            self.prefetch.take_more(topic, count, self.clock.now_ms())
+        };
         self.release(taken.release);
         let mut got = taken.items;
         if got.len() < count {
@@ -251,7 +307,7 @@ impl Host {
             got.sort_by_key(Item::global_key);
             if got.len() > count {
                 let rest = got.split_off(count);
-                self.prefetch.stage(topic, rest, self.clock.now_ms());
+                self.stage(topic, rest);
             }
         }
         Ok(got)
@@ -294,7 +350,7 @@ impl Host {
             }
             let now = self.clock.now_ms();
             self.waiters.forget_idle();
-            let (restock, release) = self.prefetch.sweep(now);
+            let (restock, release) = self.prefetch.sweep(now, self.staged_live());
             self.release(release);
             for (topic, n) in restock {
                 let lock = self.prefetch.claim_lock(&topic);
@@ -303,7 +359,7 @@ impl Host {
                     continue;
                 };
                 if let Ok(items) = self.claim_best(&topic, n.min(CLAIM_ITEMS_MAX)).await {
-                    self.prefetch.stage(&topic, items, self.clock.now_ms());
+                    self.stage(&topic, items);
                 }
             }
         }

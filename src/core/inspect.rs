@@ -106,7 +106,7 @@ impl Host {
             all.totals.add(&s.totals);
         }
         // Staged items are leased rows, but ready as far as clients can tell.
-        let (staged, staged_oldest) = self.prefetch.staged_summary(&topic);
+        let (staged, staged_oldest) = self.prefetch.staged_summary(&topic, self.staged_live());
         let staged = staged.min(all.leased);
         all.leased -= staged;
         all.ready += staged;
@@ -189,7 +189,7 @@ impl Host {
         // shards' indexes and the stage, invisible to both.
         let lock = self.prefetch.claim_lock(&topic);
         let _claiming = lock.lock().await;
-        let mut items = self.prefetch.peek(&topic, count, self.clock.now_ms());
+        let mut items = self.prefetch.peek(&topic, count, self.clock.now_ms(), self.staged_live());
         let shards = self.shards();
         let healthy: Vec<&ShardHandle> = shards.values().filter(|s| s.is_healthy()).collect();
         let heads = join_all(
@@ -259,7 +259,7 @@ impl Host {
             }
         }
         // Staged items are leased in MySQL but nobody holds them: they count as ready.
-        for (topic, n) in self.prefetch.staged_counts(ns) {
+        for (topic, n) in self.prefetch.staged_counts(ns, self.staged_live()) {
             if let Some(m) = merged.get_mut(&topic) {
                 let n = n.min(m.leased);
                 m.leased -= n;

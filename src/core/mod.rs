@@ -34,6 +34,17 @@ pub struct NackRequestItem {
     pub delay_ms: Option<i64>,
     pub metadata: Option<Vec<u8>>,
     pub to_dlq: bool,
+    /// The delivery this nack answers (`Item.lease_id`); absent: whatever lease it is on.
+    pub lease_id: Option<i64>,
+}
+
+/// One touch as the client sent it (the id not yet parsed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TouchRequestItem {
+    pub id: String,
+    pub extend_ms: i64,
+    /// The delivery whose lease to extend; absent: whatever lease it is on.
+    pub lease_id: Option<i64>,
 }
 
 /// One page of `getActiveTopics`.

@@ -13,16 +13,30 @@
 //! staged items are leased rows and come back when their leases expire (with that one
 //! unseen delivery counted).
 //!
+//! The stage holds copies; the shard's claimed-not-delivered set ([`crate::shard::Staged`])
+//! says which copies may still be handed out. An ack, nack or expiry that settles a staged
+//! item takes it out of that set, and from then on the copy here is dead: it is never
+//! handed out (the host hands items out through the shard), never shown by peek or
+//! counted, and dropped at the next take or sweep. Lock order: `topics`, then a shard's
+//! staged set (through the `live` callbacks); never the other way.
+//!
+//! At-most-once items are never staged ahead of demand: after a crash a staged item's
+//! lease would expire as a delivery, and for at-most-once that deletes an item nobody
+//! could have received. A topic that turns out to hold them stages nothing ahead for
+//! `AT_MOST_ONCE_PAUSE_MS`, so that claiming ahead and releasing does not repeat.
+//!
 //! The price of staging: an item enqueued after a batch was staged, even a more urgent
 //! one, waits until the staged items ahead of it are handed out (at most one window).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::model::{GlobalKey, Item, ShardId, TopicName};
+use crate::model::{GlobalKey, Item, Policy, ShardId, TopicName};
 
 /// Half-life of the dequeue-rate estimate.
 const RATE_HALF_LIFE_MS: f64 = 1000.0;
+/// How long a topic found to hold at-most-once items stages nothing ahead.
+const AT_MOST_ONCE_PAUSE_MS: i64 = 10_000;
 
 #[derive(Debug, Clone, Copy)]
 pub struct PrefetchConfig {
@@ -46,6 +60,8 @@ struct Stage {
     /// Items dequeued, decayed with RATE_HALF_LIFE_MS: c = r * H / ln 2 at a steady rate r.
     recent: f64,
     recent_at_ms: i64,
+    /// No staging ahead before this time (see `AT_MOST_ONCE_PAUSE_MS`).
+    paused_until_ms: i64,
 }
 
 impl Stage {
@@ -91,7 +107,10 @@ impl Prefetch {
         }
     }
 
-    fn target(&self, stage: &Stage) -> usize {
+    fn target(&self, stage: &Stage, now_ms: i64) -> usize {
+        if now_ms < stage.paused_until_ms {
+            return 0;
+        }
         let t = stage.rate() * self.cfg.window_ms as f64 / 1000.0;
         (t as usize).min(self.cfg.items_max)
     }
@@ -131,7 +150,7 @@ impl Prefetch {
                 release.push(s.item);
             }
         }
-        let ahead = self.target(stage).saturating_sub(stage.items.len());
+        let ahead = self.target(stage, now_ms).saturating_sub(stage.items.len());
         Taken {
             items,
             release,
@@ -139,14 +158,21 @@ impl Prefetch {
         }
     }
 
-    /// Stages claimed items that were not handed out.
-    pub fn stage(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) {
+    /// Stages claimed items that were not handed out, except at-most-once ones: those are
+    /// returned, for the caller to release (see the module comment).
+    #[must_use = "the items not staged must be released"]
+    pub fn stage(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) -> Vec<Item> {
         if items.is_empty() {
-            return;
+            return items;
         }
         let mut topics = self.topics.lock().expect("not poisoned");
         let stage = topics.entry(topic.clone()).or_default();
+        let mut refused = Vec::new();
         for item in items {
+            if item.policy == Policy::AtMostOnce {
+                refused.push(item);
+                continue;
+            }
             stage.items.insert(
                 item.global_key(),
                 Staged {
@@ -155,16 +181,26 @@ impl Prefetch {
                 },
             );
         }
+        if !refused.is_empty() {
+            stage.paused_until_ms = now_ms + AT_MOST_ONCE_PAUSE_MS;
+        }
+        refused
     }
 
     /// Topics whose stage is below half its target, with how many to claim; and the items
-    /// that aged out (to release). Forgets topics that are idle and empty.
-    pub fn sweep(&self, now_ms: i64) -> (Vec<(TopicName, usize)>, Vec<Item>) {
+    /// that aged out (to release). Drops dead copies (not `live`); forgets topics that are
+    /// idle and empty.
+    pub fn sweep(
+        &self,
+        now_ms: i64,
+        live: impl Fn(&Item) -> bool,
+    ) -> (Vec<(TopicName, usize)>, Vec<Item>) {
         let mut topics = self.topics.lock().expect("not poisoned");
         let mut restock = Vec::new();
         let mut release = Vec::new();
         topics.retain(|name, stage| {
             stage.decay(now_ms);
+            stage.items.retain(|_, s| live(&s.item));
             let stale: Vec<GlobalKey> = stage
                 .items
                 .iter()
@@ -174,7 +210,7 @@ impl Prefetch {
             for k in stale {
                 release.extend(stage.items.remove(&k).map(|s| s.item));
             }
-            let target = self.target(stage);
+            let target = self.target(stage, now_ms);
             if target > 0 && stage.items.len() * 2 < target {
                 restock.push((name.clone(), target - stage.items.len()));
             }
@@ -188,7 +224,13 @@ impl Prefetch {
 
     /// Copies of up to `count` staged items that could be handed out now, in order,
     /// shown as not leased (for peek): they are ready as far as clients can tell.
-    pub fn peek(&self, topic: &TopicName, count: usize, now_ms: i64) -> Vec<Item> {
+    pub fn peek(
+        &self,
+        topic: &TopicName,
+        count: usize,
+        now_ms: i64,
+        live: impl Fn(&Item) -> bool,
+    ) -> Vec<Item> {
         let topics = self.topics.lock().expect("not poisoned");
         let Some(stage) = topics.get(topic) else {
             return vec![];
@@ -196,7 +238,7 @@ impl Prefetch {
         stage
             .items
             .values()
-            .filter(|s| fit(s, now_ms, self.cfg.stage_max_ms))
+            .filter(|s| fit(s, now_ms, self.cfg.stage_max_ms) && live(&s.item))
             .take(count)
             .map(|s| Item {
                 lease_expires_ms: 0,
@@ -207,15 +249,23 @@ impl Prefetch {
     }
 
     /// How many items of a topic are staged, and the oldest `deliver_after_ms` among them.
-    pub fn staged_summary(&self, topic: &TopicName) -> (i64, Option<i64>) {
+    pub fn staged_summary(
+        &self,
+        topic: &TopicName,
+        live: impl Fn(&Item) -> bool,
+    ) -> (i64, Option<i64>) {
         let topics = self.topics.lock().expect("not poisoned");
-        match topics.get(topic) {
-            Some(s) => (
-                s.items.len() as i64,
-                s.items.values().map(|s| s.item.deliver_after_ms).min(),
-            ),
-            None => (0, None),
+        let Some(stage) = topics.get(topic) else {
+            return (0, None);
+        };
+        let mut n = 0;
+        let mut oldest = None;
+        for s in stage.items.values().filter(|s| live(&s.item)) {
+            n += 1;
+            let t = s.item.deliver_after_ms;
+            oldest = Some(oldest.map_or(t, |o: i64| o.min(t)));
         }
+        (n, oldest)
     }
 
     /// Everything staged, for release at shutdown.
@@ -248,12 +298,16 @@ impl Prefetch {
     }
 
     /// Staged items per topic of `ns`: leased in MySQL, but ready as far as clients go.
-    pub fn staged_counts(&self, ns: &str) -> HashMap<String, i64> {
+    pub fn staged_counts(&self, ns: &str, live: impl Fn(&Item) -> bool) -> HashMap<String, i64> {
         let topics = self.topics.lock().expect("not poisoned");
         topics
             .iter()
-            .filter(|(t, s)| t.ns == ns && !s.items.is_empty())
-            .map(|(t, s)| (t.topic.clone(), s.items.len() as i64))
+            .filter(|(t, _)| t.ns == ns)
+            .map(|(t, s)| {
+                let n = s.items.values().filter(|s| live(&s.item)).count();
+                (t.topic.clone(), n as i64)
+            })
+            .filter(|(_, n)| *n > 0)
             .collect()
     }
 }
@@ -261,7 +315,7 @@ impl Prefetch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ItemId, Policy};
+    use crate::model::ItemId;
 
     const CFG: PrefetchConfig = PrefetchConfig {
         window_ms: 100,
@@ -320,11 +374,12 @@ mod tests {
     fn staged_items_come_out_in_order_and_unfit_ones_are_released() {
         let p = Prefetch::new(CFG);
         // Staged at t=0 with a 30 s lease; one with a 100 ms lease.
-        p.stage(
+        let refused = p.stage(
             &topic(),
             vec![item(3, 5, 30_000), item(1, 9, 30_000), item(2, 1, 100)],
             0,
         );
+        assert!(refused.is_empty());
         let t = p.take(&topic(), 2, 60);
         let keys: Vec<u64> = t.items.iter().map(|i| i.id.key).collect();
         assert_eq!(keys, vec![3, 1], "key 2 has less than half its lease left");
@@ -333,8 +388,8 @@ mod tests {
             vec![2]
         );
         // Aged out: released by the sweep.
-        p.stage(&topic(), vec![item(4, 0, 30_000)], 100);
-        let (_, release) = p.sweep(1_101);
+        let _ = p.stage(&topic(), vec![item(4, 0, 30_000)], 100);
+        let (_, release) = p.sweep(1_101, |_| true);
         assert_eq!(
             release.iter().map(|i| i.id.key).collect::<Vec<_>>(),
             vec![4]
@@ -346,7 +401,7 @@ mod tests {
         let p = Prefetch::new(CFG);
         let mut i = item(1, 0, 30_000);
         i.expires_at_ms = Some(50);
-        p.stage(&topic(), vec![i], 0);
+        let _ = p.stage(&topic(), vec![i], 0);
         let t = p.take(&topic(), 1, 50);
         assert!(t.items.is_empty());
         assert_eq!(t.release.len(), 1);
@@ -355,10 +410,43 @@ mod tests {
     #[test]
     fn counts_and_drain_cover_every_staged_item() {
         let p = Prefetch::new(CFG);
-        p.stage(&topic(), vec![item(1, 0, 30_000), item(2, 0, 30_000)], 0);
-        assert_eq!(p.staged_counts("n").get("t"), Some(&2));
-        assert!(p.staged_counts("other").is_empty());
+        let _ = p.stage(&topic(), vec![item(1, 0, 30_000), item(2, 0, 30_000)], 0);
+        assert_eq!(p.staged_counts("n", |_| true).get("t"), Some(&2));
+        assert!(p.staged_counts("other", |_| true).is_empty());
         assert_eq!(p.drain().len(), 2);
-        assert!(p.staged_counts("n").is_empty());
+        assert!(p.staged_counts("n", |_| true).is_empty());
+    }
+
+    #[test]
+    fn dead_copies_are_neither_shown_nor_counted_and_leave_at_the_sweep() {
+        let p = Prefetch::new(CFG);
+        let _ = p.stage(&topic(), vec![item(1, 0, 30_000), item(2, 1, 30_000)], 0);
+        // Key 1 was acked: its copy is dead.
+        let live = |i: &Item| i.id.key != 1;
+        assert_eq!(p.staged_counts("n", live).get("t"), Some(&1));
+        assert_eq!(p.staged_summary(&topic(), live).0, 1);
+        let shown: Vec<u64> = p.peek(&topic(), 10, 1, live).iter().map(|i| i.id.key).collect();
+        assert_eq!(shown, vec![2]);
+        let (_, release) = p.sweep(1, live);
+        assert!(release.is_empty(), "a dead copy has nothing to release");
+        assert_eq!(p.drain().len(), 1);
+    }
+
+    #[test]
+    fn at_most_once_items_are_not_staged_and_pause_staging_ahead() {
+        let p = Prefetch::new(CFG);
+        let mut busy = 0;
+        for i in 0..300 {
+            busy = p.take(&topic(), 100, i * 10).ahead;
+        }
+        assert!(busy > 0);
+        let mut amo = item(7, 0, 30_000);
+        amo.policy = Policy::AtMostOnce;
+        let refused = p.stage(&topic(), vec![amo, item(8, 0, 30_000)], 3_000);
+        assert_eq!(refused.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![7]);
+        assert_eq!(p.take(&topic(), 1, 3_010).ahead, 0, "paused");
+        let (restock, _) = p.sweep(3_020, |_| true);
+        assert!(restock.is_empty(), "paused");
+        assert!(p.take(&topic(), 100, 3_000 + AT_MOST_ONCE_PAUSE_MS).ahead > 0);
     }
 }

@@ -7,10 +7,10 @@ use futures::future::{join_all, BoxFuture};
 
 use super::host::{check_batch, Host};
 use super::validate::{check_duration, limits};
-use super::NackRequestItem;
+use super::{NackRequestItem, TouchRequestItem};
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{ItemId, ShardId};
-use crate::shard::{NackOp, Settled, ShardHandle};
+use crate::shard::{NackOp, Settled, ShardHandle, TouchOp};
 
 /// Sends the items at these positions of a request to the peer at this address.
 type Remote<'a> = dyn Fn(String, Vec<usize>) -> BoxFuture<'a, Result<Vec<Result<()>>>> + Sync + 'a;
@@ -84,6 +84,10 @@ impl Host {
                         Settled::NotFound => {
                             Err(Error::not_found(format!("item {} not found", ids[pos].0)))
                         }
+                        Settled::LeaseEnded => Err(Error::not_found(format!(
+                            "item {}: lease ended (lease_id is not the item's current delivery)",
+                            ids[pos].0
+                        ))),
                     },
                     Err(e) => Err(e.clone()),
                 });
@@ -165,7 +169,7 @@ impl Host {
                             limits::METADATA_BYTES_MAX
                         ),
                     )),
-                    _ => Ok((delay, it.metadata, it.to_dlq)),
+                    _ => Ok((delay, it.metadata, it.to_dlq, it.lease_id)),
                 });
                 (it.id, ok)
             })
@@ -178,11 +182,12 @@ impl Host {
                         .nack(
                             nacks
                                 .into_iter()
-                                .map(|(key, (delay_ms, metadata, to_dlq))| NackOp {
+                                .map(|(key, (delay_ms, metadata, to_dlq, lease_id))| NackOp {
                                     key,
                                     delay_ms,
                                     metadata,
                                     to_dlq,
+                                    lease_id,
                                 })
                                 .collect(),
                         )
@@ -197,7 +202,7 @@ impl Host {
     /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
     pub async fn touch(
         &self,
-        items: Vec<(String, i64)>,
+        items: Vec<TouchRequestItem>,
         forwarded_by: Option<&str>,
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
@@ -209,18 +214,28 @@ impl Host {
         let checked = items
             .iter()
             .cloned()
-            .map(|(id, extend_ms)| {
-                let ok = check_duration("extend_ms", extend_ms).and_then(|()| match extend_ms {
+            .map(|it| {
+                let ok = check_duration("extend_ms", it.extend_ms).and_then(|()| match it.extend_ms {
                     0 => Err(Error::invalid("extend_ms must be > 0")),
-                    _ => Ok(extend_ms),
+                    _ => Ok((it.extend_ms, it.lease_id)),
                 });
-                (id, ok)
+                (it.id, ok)
             })
             .collect();
         Ok(self
             .settle(
                 checked,
-                |shard, ops| async move { shard.touch(ops).await },
+                |shard, ops| async move {
+                    let ops = ops
+                        .into_iter()
+                        .map(|(key, (extend_ms, lease_id))| TouchOp {
+                            key,
+                            extend_ms,
+                            lease_id,
+                        })
+                        .collect();
+                    shard.touch(ops).await
+                },
                 remote,
             )
             .await)

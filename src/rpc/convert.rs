@@ -4,6 +4,7 @@
 
 use crate::core::{
     ActiveTopicsPage, EnqueueRequestItem, HostStatus, NackRequestItem, TopicRequest,
+    TouchRequestItem,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{Item, ItemId, Policy, ShardStatus, TopicCounts};
@@ -50,6 +51,19 @@ pub fn nack_items(items: Option<Vec<t::NackItem>>) -> Vec<NackRequestItem> {
             delay_ms: n.delay_ms,
             metadata: n.metadata,
             to_dlq: n.to_dlq.unwrap_or(false),
+            lease_id: n.lease_id,
+        })
+        .collect()
+}
+
+pub fn touch_items(items: Option<Vec<t::TouchItem>>) -> Vec<TouchRequestItem> {
+    items
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| TouchRequestItem {
+            id: t.id.unwrap_or_default(),
+            extend_ms: t.extend_ms.unwrap_or(0),
+            lease_id: t.lease_id,
         })
         .collect()
 }
@@ -114,6 +128,7 @@ pub fn item(i: Item) -> t::Item {
         delivery_count: Some(i.delivery_count),
         lease_expires_ms: Some(i.lease_expires_ms),
         policy: Some(policy(i.policy)),
+        lease_id: Some(i.lease_token),
     }
 }
 
@@ -208,6 +223,15 @@ pub fn nack_item_to_wire(n: NackRequestItem) -> t::NackItem {
         delay_ms: n.delay_ms,
         metadata: n.metadata,
         to_dlq: Some(n.to_dlq),
+        lease_id: n.lease_id,
+    }
+}
+
+pub fn touch_item_to_wire(i: TouchRequestItem) -> t::TouchItem {
+    t::TouchItem {
+        id: Some(i.id),
+        extend_ms: Some(i.extend_ms),
+        lease_id: i.lease_id,
     }
 }
 

@@ -381,13 +381,8 @@ async fn execute(call: Call, host: &Host) -> Reply {
             Reply::Peek(t::FoqsPeekResult { result_value, err })
         }
         Call::Touch(req) => {
-            let items: Vec<(String, i64)> = req
-                .items
-                .unwrap_or_default()
-                .into_iter()
-                .map(|t| (t.id.unwrap_or_default(), t.extend_ms.unwrap_or(0)))
-                .collect();
-            let ids = items.iter().map(|(id, _)| id.clone()).collect();
+            let items = convert::touch_items(req.items);
+            let ids = items.iter().map(|t| t.id.clone()).collect();
             let from = forwarder(&req.forwarded_by);
             let r = host.touch(items, from).await.map(|res| t::TouchResponse {
                 results: Some(convert::item_results(ids, res)),

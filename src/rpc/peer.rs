@@ -15,7 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{config_for, convert, describe};
-use crate::core::{ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, Peers};
+use crate::core::{
+    ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, Peers, TouchRequestItem,
+};
 use crate::error::{Error, Result};
 use crate::thrift_gen as t;
 
@@ -262,20 +264,12 @@ impl Peers for PeerClient {
     fn touch<'a>(
         &'a self,
         addr: &'a str,
-        items: Vec<(String, i64)>,
+        items: Vec<TouchRequestItem>,
         from: &'a str,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         let args = t::FoqsTouchArgs {
             req: t::TouchRequest {
-                items: Some(
-                    items
-                        .into_iter()
-                        .map(|(id, extend_ms)| t::TouchItem {
-                            id: Some(id),
-                            extend_ms: Some(extend_ms),
-                        })
-                        .collect(),
-                ),
+                items: Some(items.into_iter().map(convert::touch_item_to_wire).collect()),
                 forwarded_by: Some(from.to_string()),
             },
         };

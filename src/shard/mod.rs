@@ -8,6 +8,7 @@ mod dlq;
 mod index;
 mod ops;
 mod scans;
+mod staged;
 mod worker;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -17,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use breaker::Breaker;
 pub use index::{ReadyIndex, TopicIndex};
+pub use staged::Staged;
 pub use worker::{ShardWorker, WorkerConfig};
 
 use crate::error::{Error, Result};
@@ -30,6 +32,8 @@ pub enum Settled {
     Done,
     /// No such item (never existed, already acked, purged) or, for a nack, not leased.
     NotFound,
+    /// The call named a delivery (`lease_id`) whose lease has ended.
+    LeaseEnded,
 }
 
 /// Where a worker sends one command's outcome.
@@ -43,6 +47,8 @@ pub struct NackOp {
     pub metadata: Option<Vec<u8>>,
     /// Straight to the dead letters.
     pub to_dlq: bool,
+    /// Only when the item is still on this delivery's lease.
+    pub lease_id: Option<i64>,
 }
 
 /// What an enqueued item became: its key, and whether that is the key of an existing
@@ -50,7 +56,13 @@ pub struct NackOp {
 pub type Enqueued = (u64, bool);
 
 /// One touch for a worker: the key and by how long (from now) to extend its lease.
-pub type TouchOp = (u64, i64);
+#[derive(Debug, Clone, Copy)]
+pub struct TouchOp {
+    pub key: u64,
+    pub extend_ms: i64,
+    /// Only when the item is still on this delivery's lease.
+    pub lease_id: Option<i64>,
+}
 
 pub(crate) enum Command {
     Enqueue {
@@ -142,6 +154,8 @@ impl PendingEnqueue {
 pub(crate) struct ShardShared {
     pub healthy: AtomicBool,
     pub items: AtomicI64,
+    /// Claimed items not handed to a consumer yet (see [`Staged`]).
+    pub staged: Staged,
 }
 
 /// The cloneable sender that talks to one shard's worker.
@@ -232,6 +246,18 @@ impl ShardHandle {
     pub async fn claim(&self, topic: TopicName, keys: Vec<ReadyKey>) -> Result<Vec<Item>> {
         self.call(|reply| Command::Claim { topic, keys, reply })
             .await
+    }
+
+    /// Takes the claimed items that may still be handed to a consumer out of the claimed-
+    /// not-delivered set, in order, and drops the rest: an ack, nack or expiry settled
+    /// them after they were claimed. From here on each returned item is a delivery.
+    pub fn hand_out(&self, items: Vec<Item>) -> Vec<Item> {
+        self.shared.staged.hand_out(items)
+    }
+
+    /// True while a claimed item is waiting to be handed out under this claim.
+    pub fn is_staged(&self, item: &Item) -> bool {
+        self.shared.staged.contains(item.id.key, item.lease_token)
     }
 
     /// Gives back claimed items that were never handed out: ready again, uncounted.

@@ -244,6 +244,8 @@ impl<S: ShardStore> ShardWorker<S> {
         self.record(&r, took);
         match r {
             Ok(items) => {
+                // Nobody holds these leases until the host hands the items out.
+                self.shared.staged.add(&items);
                 for i in &items {
                     self.count(&i.ns, &i.topic, |t| t.delivered += 1);
                 }
@@ -340,6 +342,8 @@ impl<S: ShardStore> ShardWorker<S> {
             for (items, _) in &requests {
                 for i in items {
                     self.index().invalidate(&i.ns, &i.topic);
+                    // Still nobody's: lease expiry gives it back if nothing else does.
+                    self.shared.staged.insert(i.id.key, i.lease_token);
                 }
             }
             return fail_all(requests, &storage_error(self.id, &e));
@@ -357,6 +361,19 @@ impl<S: ShardStore> ShardWorker<S> {
             let _ = reply.send(Ok(()));
         }
     }
+}
+
+/// Keeps, of each release, the items still staged under the claim that leased them
+/// (taking them out of the staged set); the others were settled since (acked, expired,
+/// claimed again) and have nothing to give back.
+pub(super) fn plan_releases(
+    staged: &super::Staged,
+    mut requests: Vec<(Vec<Item>, Reply<()>)>,
+) -> Vec<(Vec<Item>, Reply<()>)> {
+    for (items, _) in &mut requests {
+        items.retain(|i| staged.take(i.id.key, i.lease_token));
+    }
+    requests
 }
 
 pub(super) fn release_changes(requests: &[(Vec<Item>, Reply<()>)]) -> Vec<Change> {
@@ -381,15 +398,36 @@ async fn leased<S: ShardStore>(store: &S, keys: &[u64]) -> StoreResult<HashMap<u
         .collect())
 }
 
+/// Whether a nack or touch may settle `key`'s lease: it must be leased to a consumer
+/// (not `unheld`: staged or being claimed), and when the call names a delivery
+/// (`lease_id`), on that delivery's lease and before it ran out.
+fn held<'a>(
+    leased: &'a HashMap<u64, ItemMeta>,
+    unheld: &HashSet<u64>,
+    key: u64,
+    lease_id: Option<i64>,
+    now: i64,
+) -> Result<&'a ItemMeta, Settled> {
+    let m = match leased.get(&key) {
+        Some(m) if !unheld.contains(&key) => m,
+        _ => return Err(Settled::NotFound),
+    };
+    match lease_id {
+        Some(id) if id != m.lease_token || m.lease_expires_ms <= now => Err(Settled::LeaseEnded),
+        _ => Ok(m),
+    }
+}
+
 /// Extends the leases of the touched items that are still leased, in one transaction.
 pub(super) async fn touch_exec<S: ShardStore>(
     store: &S,
     requests: &[&[TouchOp]],
+    unheld: &HashSet<u64>,
     now: i64,
 ) -> StoreResult<Vec<Vec<Settled>>> {
     let keys: Vec<u64> = requests
         .iter()
-        .flat_map(|t| t.iter().map(|(k, _)| *k))
+        .flat_map(|t| t.iter().map(|op| op.key))
         .collect();
     let leased = leased(store, &keys).await?;
     let mut changes = Vec::new();
@@ -397,13 +435,13 @@ pub(super) async fn touch_exec<S: ShardStore>(
         .iter()
         .map(|ops| {
             ops.iter()
-                .map(|(key, extend_ms)| {
-                    if !leased.contains_key(key) {
-                        return Settled::NotFound;
+                .map(|op| {
+                    if let Err(s) = held(&leased, unheld, op.key, op.lease_id, now) {
+                        return s;
                     }
                     changes.push(Change::Extend {
-                        key: *key,
-                        lease_expires_ms: now.saturating_add(*extend_ms),
+                        key: op.key,
+                        lease_expires_ms: now.saturating_add(op.extend_ms),
                     });
                     Settled::Done
                 })
@@ -438,6 +476,7 @@ impl<S: ShardStore> ShardWorker<S> {
 pub(super) async fn nack_exec<S: ShardStore>(
     store: &S,
     requests: &[&[NackOp]],
+    unheld: &HashSet<u64>,
     now: i64,
 ) -> Result<NackOutcome, NackFailure> {
     let keys: Vec<u64> = requests
@@ -456,13 +495,15 @@ pub(super) async fn nack_exec<S: ShardStore>(
             delay_ms,
             metadata,
             to_dlq,
+            lease_id,
         } in nacks.iter()
         {
-            // `remove`: a second nack of the same key in this turn finds it settled.
-            let Some(m) = leased.remove(key) else {
-                out.push(Settled::NotFound);
+            if let Err(s) = held(&leased, unheld, *key, *lease_id, now) {
+                out.push(s);
                 continue;
-            };
+            }
+            // `remove`: a second nack of the same key in this turn finds it settled.
+            let m = leased.remove(key).expect("held");
             touched.push((m.ns.clone(), m.topic.clone()));
             if *to_dlq || m.delivery_count >= m.max_attempts {
                 changes.push(Change::Dead {

@@ -54,9 +54,20 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut readied = Vec::new();
         let mut removed = Vec::new();
         let mut expired = Vec::new();
+        let mut unseen = Vec::new();
         for m in &rows {
             match scan {
                 Scan::Due => readied.push((m.ns.clone(), m.topic.clone(), m.ready_key())),
+                // Claimed but never handed out: nobody saw this delivery, so it is given
+                // back uncounted, whatever the policy (an at-most-once item is not lost).
+                Scan::Lease if self.shared.staged.take(m.key, m.lease_token) => {
+                    changes.push(Change::Release {
+                        key: m.key,
+                        token: m.lease_token,
+                    });
+                    unseen.push((m.ns.clone(), m.topic.clone(), m.key, m.lease_token));
+                    readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
+                }
                 Scan::Lease => {
                     expired.push((m.ns.clone(), m.topic.clone()));
                     if m.policy == Policy::AtMostOnce {
@@ -76,6 +87,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     }
                 }
                 Scan::Ttl => {
+                    self.shared.staged.remove(m.key);
                     changes.push(Change::Delete { key: m.key });
                     if m.state == ItemState::Ready {
                         removed.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
@@ -90,6 +102,10 @@ impl<S: ShardStore> ShardWorker<S> {
                 for (ns, topic, _) in readied.iter().chain(&removed) {
                     self.index().invalidate(ns, topic);
                 }
+                // Still unseen: the next pass gives them back.
+                for (_, _, key, token) in &unseen {
+                    self.shared.staged.insert(*key, *token);
+                }
                 return Err(e);
             }
         }
@@ -102,6 +118,9 @@ impl<S: ShardStore> ShardWorker<S> {
             .fetch_sub(deleted as i64, Ordering::Relaxed);
         for (ns, topic) in expired {
             self.count(&ns, &topic, |t| t.expired += 1);
+        }
+        for (ns, topic, _, _) in unseen {
+            self.count(&ns, &topic, |t| t.delivered -= 1);
         }
         for (ns, topic, k) in readied {
             self.ready(&ns, &topic, k);

@@ -14,7 +14,7 @@
 //! is exact: no other process changes a row behind its back, which is why a claim needs
 //! no `SELECT ... FOR UPDATE SKIP LOCKED`; the state guards in the SQL are safety nets.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,6 +144,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let shared = Arc::new(ShardShared {
             healthy: AtomicBool::new(true),
             items: AtomicI64::new(recovered.items),
+            staged: Default::default(),
         });
         let (tx, rx) = mpsc::channel(cfg.worker_queue_max);
         let index = Arc::new(std::sync::Mutex::new(ReadyIndex::new(
@@ -240,6 +241,7 @@ impl<S: ShardStore> ShardWorker<S> {
             rest = std::mem::take(&mut self.deferred);
         }
         self.save_checkpoints(true).await;
+        self.store.close().await;
         tracing::info!(shard = self.id, "shard worker stopped");
         if let Some(done) = shutdown {
             let _ = done.send(());
@@ -349,8 +351,32 @@ impl<S: ShardStore> ShardWorker<S> {
         // Every write of the turn at once; their outcomes are applied afterwards, in order.
         let (enqueues, existing) = self.resolve_dedup(enqueues).await;
         let inserts = self.plan_inserts(enqueues, &existing);
-        let claim = self.plan_claim(claims);
+        // An ack settles its item before anything else of the turn: a staged copy can no
+        // longer be handed out, and a claim of the same key (the row is being deleted)
+        // is dropped, so that no delivery follows the ack.
         let ack_keys: Vec<u64> = acks.iter().flat_map(|(k, _)| k.iter().copied()).collect();
+        for k in &ack_keys {
+            self.shared.staged.remove(*k);
+        }
+        if !ack_keys.is_empty() {
+            let acked: HashSet<u64> = ack_keys.iter().copied().collect();
+            for (_, free, _) in &mut claims {
+                free.retain(|k| !acked.contains(k));
+            }
+        }
+        let claim = self.plan_claim(claims);
+        // Nacks and touches settle leases that consumers hold. A key staged (claimed, not
+        // handed out) or claimed in this turn is ready as far as clients can tell.
+        let unheld: HashSet<u64> = nacks
+            .iter()
+            .flat_map(|(n, _)| n.iter().map(|op| op.key))
+            .chain(touches.iter().flat_map(|(t, _)| t.iter().map(|op| op.key)))
+            .filter(|k| {
+                self.shared.staged.contains_key(*k)
+                    || claim.as_ref().is_some_and(|c| c.keys.contains(k))
+            })
+            .collect();
+        let releases = ops::plan_releases(&self.shared.staged, releases);
         let release_changes = ops::release_changes(&releases);
         let now = self.clock.now_ms();
         let store = self.store.clone();
@@ -381,7 +407,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     None
                 } else {
                     let started = std::time::Instant::now();
-                    let r = match tokio::time::timeout(t, nack_exec(&*store, &nack_ops, now)).await
+                    let r = match tokio::time::timeout(t, nack_exec(&*store, &nack_ops, &unheld, now)).await
                     {
                         Ok(r) => r,
                         // Cut off mid-transaction: which rows changed is unknown.
@@ -401,7 +427,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 if touch_ops.is_empty() {
                     None
                 } else {
-                    Some(timed(t, ops::touch_exec(&*store, &touch_ops, now)).await)
+                    Some(timed(t, ops::touch_exec(&*store, &touch_ops, &unheld, now)).await)
                 }
             },
         );

@@ -10,7 +10,7 @@ mod mysql;
 
 use std::future::Future;
 
-pub use mysql::MySqlStore;
+pub use mysql::{MySqlStore, OnLost};
 
 use crate::model::{
     Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals,
@@ -26,6 +26,9 @@ pub enum StoreError {
     Timeout(u64),
     #[error("this host's ownership of the shard may have lapsed (fenced): it writes no more")]
     Fenced,
+    /// Another process holds the shard (its owner lock).
+    #[error("{0}")]
+    Owned(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -44,6 +47,8 @@ pub struct ItemMeta {
     pub policy: Policy,
     pub lease_expires_ms: i64,
     pub expires_at_ms: Option<i64>,
+    /// The claim that leased it (0 when not leased).
+    pub lease_token: i64,
 }
 
 impl ItemMeta {
@@ -267,4 +272,8 @@ pub trait ShardStore: Send + Sync + 'static {
 
     /// A cheap round trip, used to probe a shard whose breaker is open.
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Lets the shard go (its owner lock, when the store takes one); called once, when
+    /// the worker stops.
+    fn close(&self) -> impl Future<Output = ()> + Send;
 }

@@ -815,11 +815,12 @@ class Item(object):
      - delivery_count
      - lease_expires_ms
      - policy
+     - lease_id
 
     """
 
 
-    def __init__(self, id=None, ns=None, topic=None, priority=None, payload=None, metadata=None, deliver_after_ms=None, enqueued_at_ms=None, delivery_count=None, lease_expires_ms=None, policy=None,):
+    def __init__(self, id=None, ns=None, topic=None, priority=None, payload=None, metadata=None, deliver_after_ms=None, enqueued_at_ms=None, delivery_count=None, lease_expires_ms=None, policy=None, lease_id=None,):
         self.id = id
         self.ns = ns
         self.topic = topic
@@ -831,6 +832,7 @@ class Item(object):
         self.delivery_count = delivery_count
         self.lease_expires_ms = lease_expires_ms
         self.policy = policy
+        self.lease_id = lease_id
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -896,6 +898,11 @@ class Item(object):
                     self.policy = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 12:
+                if ftype == TType.I64:
+                    self.lease_id = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -949,6 +956,10 @@ class Item(object):
         if self.policy is not None:
             oprot.writeFieldBegin('policy', TType.I32, 11)
             oprot.writeI32(self.policy)
+            oprot.writeFieldEnd()
+        if self.lease_id is not None:
+            oprot.writeFieldBegin('lease_id', TType.I64, 12)
+            oprot.writeI64(self.lease_id)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1117,15 +1128,17 @@ class NackItem(object):
      - delay_ms
      - metadata
      - to_dlq
+     - lease_id
 
     """
 
 
-    def __init__(self, id=None, delay_ms=None, metadata=None, to_dlq=None,):
+    def __init__(self, id=None, delay_ms=None, metadata=None, to_dlq=None, lease_id=None,):
         self.id = id
         self.delay_ms = delay_ms
         self.metadata = metadata
         self.to_dlq = to_dlq
+        self.lease_id = lease_id
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1156,6 +1169,11 @@ class NackItem(object):
                     self.to_dlq = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I64:
+                    self.lease_id = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1181,6 +1199,10 @@ class NackItem(object):
         if self.to_dlq is not None:
             oprot.writeFieldBegin('to_dlq', TType.BOOL, 4)
             oprot.writeBool(self.to_dlq)
+            oprot.writeFieldEnd()
+        if self.lease_id is not None:
+            oprot.writeFieldBegin('lease_id', TType.I64, 5)
+            oprot.writeI64(self.lease_id)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1483,13 +1505,15 @@ class TouchItem(object):
     Attributes:
      - id
      - extend_ms
+     - lease_id
 
     """
 
 
-    def __init__(self, id=None, extend_ms=None,):
+    def __init__(self, id=None, extend_ms=None, lease_id=None,):
         self.id = id
         self.extend_ms = extend_ms
+        self.lease_id = lease_id
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1510,6 +1534,11 @@ class TouchItem(object):
                     self.extend_ms = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.lease_id = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1527,6 +1556,10 @@ class TouchItem(object):
         if self.extend_ms is not None:
             oprot.writeFieldBegin('extend_ms', TType.I64, 2)
             oprot.writeI64(self.extend_ms)
+            oprot.writeFieldEnd()
+        if self.lease_id is not None:
+            oprot.writeFieldBegin('lease_id', TType.I64, 3)
+            oprot.writeI64(self.lease_id)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3329,6 +3362,7 @@ Item.thrift_spec = (
     (9, TType.I32, 'delivery_count', None, None, ),  # 9
     (10, TType.I64, 'lease_expires_ms', None, None, ),  # 10
     (11, TType.I32, 'policy', None, None, ),  # 11
+    (12, TType.I64, 'lease_id', None, None, ),  # 12
 )
 all_structs.append(DequeueResponse)
 DequeueResponse.thrift_spec = (
@@ -3348,6 +3382,7 @@ NackItem.thrift_spec = (
     (2, TType.I64, 'delay_ms', None, None, ),  # 2
     (3, TType.STRING, 'metadata', 'BINARY', None, ),  # 3
     (4, TType.BOOL, 'to_dlq', None, None, ),  # 4
+    (5, TType.I64, 'lease_id', None, None, ),  # 5
 )
 all_structs.append(NackRequest)
 NackRequest.thrift_spec = (
@@ -3376,6 +3411,7 @@ TouchItem.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'id', 'UTF8', None, ),  # 1
     (2, TType.I64, 'extend_ms', None, None, ),  # 2
+    (3, TType.I64, 'lease_id', None, None, ),  # 3
 )
 all_structs.append(TouchRequest)
 TouchRequest.thrift_spec = (

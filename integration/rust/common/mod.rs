@@ -308,6 +308,7 @@ impl Client {
             .map(|(id, extend_ms)| TouchItem {
                 id: Some(id.to_string()),
                 extend_ms: Some(*extend_ms),
+                lease_id: None,
             })
             .collect();
         self.call(|c| {
@@ -361,6 +362,7 @@ pub fn nack(id: &str, delay_ms: Option<i64>, metadata: Option<&[u8]>) -> NackIte
         delay_ms,
         metadata: metadata.map(<[u8]>::to_vec),
         to_dlq: None,
+        lease_id: None,
     }
 }
 

@@ -24,9 +24,14 @@ use mysql_async::{
     Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, TxOpts, Value,
 };
 
+mod owner;
 mod sql;
 
+pub use owner::OnLost;
+use owner::OwnerLock;
 use sql::{apply_statements, insert_sql, key_list, run};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use super::{Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StoreError, StoreResult};
 use crate::model::{
@@ -80,7 +85,7 @@ const SCHEMA: &[&str] = &[
 ];
 
 const ITEM_COLUMNS: &str = "id, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
-const META_COLUMNS: &str = "id, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms";
+const META_COLUMNS: &str = "id, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token";
 const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, due_at_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata, dedup_key)";
 
 pub struct MySqlStore {
@@ -95,6 +100,13 @@ pub struct MySqlStore {
     /// Every operation first checks it: a host whose ownership lease may have lapsed
     /// touches the shard no more.
     fence: Fence,
+    /// Take the shard's owner lock at open (see `owner.rs`); called when it is lost.
+    owner_lock: Option<OnLost>,
+    /// Closed (false) for good once the owner lock is lost: every operation checks it.
+    owned: Arc<AtomicBool>,
+    lock: tokio::sync::Mutex<Option<OwnerLock>>,
+    /// Bounds the owner lock's checks, as every other operation is bounded.
+    check_timeout: std::time::Duration,
 }
 
 impl MySqlStore {
@@ -118,12 +130,25 @@ impl MySqlStore {
             database,
             returning: std::sync::atomic::AtomicBool::new(false),
             fence: Fence::open(),
+            owner_lock: None,
+            owned: Arc::new(AtomicBool::new(true)),
+            lock: tokio::sync::Mutex::new(None),
+            check_timeout: std::time::Duration::from_secs(5),
         })
     }
 
     /// Makes every operation fail with [`StoreError::Fenced`] while `fence` is closed.
     pub fn with_fence(mut self, fence: Fence) -> MySqlStore {
         self.fence = fence;
+        self
+    }
+
+    /// Takes the shard's owner lock when opened, and refuses to open while another
+    /// process holds it; once the lock is lost, every operation fails with
+    /// [`StoreError::Fenced`] and `on_lost` is called (see `owner.rs`).
+    pub fn with_owner_lock(mut self, on_lost: OnLost, check_timeout_ms: u64) -> MySqlStore {
+        self.owner_lock = Some(on_lost);
+        self.check_timeout = std::time::Duration::from_millis(check_timeout_ms);
         self
     }
 
@@ -137,7 +162,7 @@ impl MySqlStore {
     }
 
     async fn conn(&self) -> StoreResult<Conn> {
-        if !self.fence.is_open() {
+        if !self.fence.is_open() || !self.owned.load(Ordering::SeqCst) {
             return Err(StoreError::Fenced);
         }
         Ok(self.pool.get_conn().await?)
@@ -191,6 +216,7 @@ fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
         i8,
         i64,
         Option<i64>,
+        i64,
     );
     let (
         key,
@@ -204,6 +230,7 @@ fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
         policy,
         lease_expires_ms,
         expires_at_ms,
+        lease_token,
     ): R =
         mysql_async::from_row_opt(row).map_err(|e| StoreError::Schema(format!("meta row: {e}")))?;
     Ok(ItemMeta {
@@ -219,6 +246,7 @@ fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
         policy: policy_from_db(policy)?,
         lease_expires_ms,
         expires_at_ms,
+        lease_token,
     })
 }
 
@@ -248,6 +276,18 @@ async fn meta_get(conn: &mut Conn, name: &str) -> StoreResult<Option<i64>> {
 
 impl ShardStore for MySqlStore {
     async fn open(&self) -> StoreResult<Recovered> {
+        if let Some(on_lost) = &self.owner_lock {
+            let lock = OwnerLock::acquire(
+                self.shard,
+                &self.database,
+                self.server_opts.clone(),
+                self.owned.clone(),
+                on_lost.clone(),
+                self.check_timeout,
+            )
+            .await?;
+            *self.lock.lock().await = Some(lock);
+        }
         let mut server = Conn::new(self.server_opts.clone()).await?;
         let create = format!(
             "CREATE DATABASE IF NOT EXISTS `{}`",
@@ -680,6 +720,12 @@ impl ShardStore for MySqlStore {
         )
         .await?;
         Ok(())
+    }
+
+    async fn close(&self) {
+        if let Some(lock) = self.lock.lock().await.take() {
+            lock.release().await;
+        }
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -1,0 +1,136 @@
+//! [`Staged`]: a shard's claimed items that no consumer holds yet.
+//!
+//! A claim leases rows in the store, but until the host hands a claimed item to a
+//! consumer (at once, or later from the prefetch stage) nobody holds that lease: as far
+//! as clients can tell the item is ready. This set is what makes that true for the calls
+//! that settle leases, which all go through the shard's worker:
+//! - an ack takes the key out before it deletes the row, so a staged copy can no longer
+//!   be handed out (an item an ack deleted is never delivered again);
+//! - a nack or touch of a key in the set answers `NOT_FOUND`, as for any ready item;
+//! - lease expiry of a key still in the set is a release (ready again, the delivery nobody
+//!   saw not counted), never an expiry that would delete an at-most-once item unseen;
+//! - a release applies only to a key still in the set under the same claim.
+//!
+//! Handing out is the other side: [`Staged::hand_out`] takes keys out under the same lock,
+//! so each staged item is either delivered or settled, never both.
+//!
+//! Lock order: this lock is taken alone, or under `Prefetch.topics`; nothing is taken
+//! under it, and it is never held across an `.await`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::model::Item;
+
+#[derive(Debug, Default)]
+pub struct Staged {
+    /// Key → the token of the claim that leased it.
+    keys: Mutex<HashMap<u64, i64>>,
+}
+
+impl Staged {
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<u64, i64>> {
+        self.keys.lock().expect("not poisoned")
+    }
+
+    /// Claimed, not handed out yet.
+    pub fn add(&self, items: &[Item]) {
+        let mut keys = self.keys();
+        for i in items {
+            keys.insert(i.id.key, i.lease_token);
+        }
+    }
+
+    pub fn insert(&self, key: u64, token: i64) {
+        self.keys().insert(key, token);
+    }
+
+    /// Staged under any claim.
+    pub fn contains_key(&self, key: u64) -> bool {
+        self.keys().contains_key(&key)
+    }
+
+    pub fn contains(&self, key: u64, token: i64) -> bool {
+        self.keys().get(&key) == Some(&token)
+    }
+
+    /// Takes `key` out, whatever its claim; true when it was in.
+    pub fn remove(&self, key: u64) -> bool {
+        self.keys().remove(&key).is_some()
+    }
+
+    /// Takes `key` out when it is in under claim `token`.
+    pub fn take(&self, key: u64, token: i64) -> bool {
+        let mut keys = self.keys();
+        if keys.get(&key) == Some(&token) {
+            keys.remove(&key);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Keeps the items still waiting under their claim (taking them out: they are
+    /// deliveries now), in order, and drops the rest.
+    pub fn hand_out(&self, mut items: Vec<Item>) -> Vec<Item> {
+        let mut keys = self.keys();
+        items.retain(|i| {
+            if keys.get(&i.id.key) == Some(&i.lease_token) {
+                keys.remove(&i.id.key);
+                true
+            } else {
+                false
+            }
+        });
+        items
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ItemId, Policy};
+
+    fn item(key: u64, token: i64) -> Item {
+        Item {
+            id: ItemId { shard: 0, key },
+            ns: "n".into(),
+            topic: "t".into(),
+            priority: 0,
+            payload: vec![],
+            metadata: vec![],
+            deliver_after_ms: 0,
+            enqueued_at_ms: 0,
+            delivery_count: 1,
+            lease_expires_ms: 0,
+            policy: Policy::AtLeastOnce,
+            expires_at_ms: None,
+            lease_token: token,
+        }
+    }
+
+    #[test]
+    fn each_claimed_item_is_handed_out_once_unless_settled_first() {
+        let s = Staged::default();
+        s.add(&[item(1, 10), item(2, 10), item(3, 10)]);
+        // An ack took key 2 out; key 3 was claimed again under another token.
+        assert!(s.remove(2));
+        s.add(&[item(3, 11)]);
+        let out = s.hand_out(vec![item(1, 10), item(2, 10), item(3, 10)]);
+        assert_eq!(out.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![1]);
+        // Handed out: a second hand-out of the same copy gets nothing.
+        assert!(s.hand_out(vec![item(1, 10)]).is_empty());
+        assert!(!s.take(3, 10), "another claim's token");
+        assert!(s.contains(3, 11));
+        assert!(s.take(3, 11));
+        assert!(s.is_empty());
+    }
+}
