@@ -189,7 +189,9 @@ impl Host {
         // shards' indexes and the stage, invisible to both.
         let lock = self.prefetch.claim_lock(&topic);
         let _claiming = lock.lock().await;
-        let mut items = self.prefetch.peek(&topic, count, self.clock.now_ms(), self.staged_live());
+        let mut items = self
+            .prefetch
+            .peek(&topic, count, self.clock.now_ms(), self.staged_live());
         let shards = self.shards();
         let healthy: Vec<&ShardHandle> = shards.values().filter(|s| s.is_healthy()).collect();
         let heads = join_all(

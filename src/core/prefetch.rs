@@ -425,7 +425,11 @@ mod tests {
         let live = |i: &Item| i.id.key != 1;
         assert_eq!(p.staged_counts("n", live).get("t"), Some(&1));
         assert_eq!(p.staged_summary(&topic(), live).0, 1);
-        let shown: Vec<u64> = p.peek(&topic(), 10, 1, live).iter().map(|i| i.id.key).collect();
+        let shown: Vec<u64> = p
+            .peek(&topic(), 10, 1, live)
+            .iter()
+            .map(|i| i.id.key)
+            .collect();
         assert_eq!(shown, vec![2]);
         let (_, release) = p.sweep(1, live);
         assert!(release.is_empty(), "a dead copy has nothing to release");
@@ -443,7 +447,10 @@ mod tests {
         let mut amo = item(7, 0, 30_000);
         amo.policy = Policy::AtMostOnce;
         let refused = p.stage(&topic(), vec![amo, item(8, 0, 30_000)], 3_000);
-        assert_eq!(refused.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![7]);
+        assert_eq!(
+            refused.iter().map(|i| i.id.key).collect::<Vec<_>>(),
+            vec![7]
+        );
         assert_eq!(p.take(&topic(), 1, 3_010).ahead, 0, "paused");
         let (restock, _) = p.sweep(3_020, |_| true);
         assert!(restock.is_empty(), "paused");

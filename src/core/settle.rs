@@ -215,10 +215,11 @@ impl Host {
             .iter()
             .cloned()
             .map(|it| {
-                let ok = check_duration("extend_ms", it.extend_ms).and_then(|()| match it.extend_ms {
-                    0 => Err(Error::invalid("extend_ms must be > 0")),
-                    _ => Ok((it.extend_ms, it.lease_id)),
-                });
+                let ok =
+                    check_duration("extend_ms", it.extend_ms).and_then(|()| match it.extend_ms {
+                        0 => Err(Error::invalid("extend_ms must be > 0")),
+                        _ => Ok((it.extend_ms, it.lease_id)),
+                    });
                 (it.id, ok)
             })
             .collect();

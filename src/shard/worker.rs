@@ -407,12 +407,14 @@ impl<S: ShardStore> ShardWorker<S> {
                     None
                 } else {
                     let started = std::time::Instant::now();
-                    let r = match tokio::time::timeout(t, nack_exec(&*store, &nack_ops, &unheld, now)).await
-                    {
-                        Ok(r) => r,
-                        // Cut off mid-transaction: which rows changed is unknown.
-                        Err(_) => Err((StoreError::Timeout(t.as_millis() as u64), None)),
-                    };
+                    let r =
+                        match tokio::time::timeout(t, nack_exec(&*store, &nack_ops, &unheld, now))
+                            .await
+                        {
+                            Ok(r) => r,
+                            // Cut off mid-transaction: which rows changed is unknown.
+                            Err(_) => Err((StoreError::Timeout(t.as_millis() as u64), None)),
+                        };
                     Some((r, started.elapsed().as_millis() as u64))
                 }
             },

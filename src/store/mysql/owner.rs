@@ -78,7 +78,15 @@ impl OwnerLock {
         }
         gate.store(true, Ordering::SeqCst);
         let (stop, stopped) = oneshot::channel();
-        tokio::spawn(keep(shard, name, conn, gate, on_lost, check_timeout, stopped));
+        tokio::spawn(keep(
+            shard,
+            name,
+            conn,
+            gate,
+            on_lost,
+            check_timeout,
+            stopped,
+        ));
         Ok(OwnerLock { stop: Some(stop) })
     }
 
@@ -149,10 +157,8 @@ async fn keep(
             }
             _ = tick.tick() => {}
         }
-        let check = conn.exec_first::<Option<i64>, _, _>(
-            "SELECT IS_USED_LOCK(?) = CONNECTION_ID()",
-            (&name,),
-        );
+        let check = conn
+            .exec_first::<Option<i64>, _, _>("SELECT IS_USED_LOCK(?) = CONNECTION_ID()", (&name,));
         let lost = match tokio::time::timeout(check_timeout, check).await {
             Err(_) => continue, // no answer: decides nothing (see the module comment)
             Ok(Ok(Some(Some(1)))) => continue,
