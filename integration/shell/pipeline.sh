@@ -51,6 +51,17 @@ python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["payload"]=="fr
   fail "bad --json output: $json"
 ok
 
+# lease_id: dequeue --json shows it; nack/touch --lease-id act only on that delivery.
+id=$("$ctl" enqueue --ns "$ns" --topic "$topic-lease" --payload leased)
+json=$("$ctl" --json dequeue --ns "$ns" --topic "$topic-lease")
+lease=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["lease_id"])' "$json")
+[ "$lease" -gt 0 ] || fail "no lease_id in --json output: $json"
+[ "$(status "$ctl" touch "$id" --extend-ms 60000 --lease-id $((lease + 1)))" = 1 ] || fail "touch with another lease_id should fail"
+"$ctl" touch "$id" --extend-ms 60000 --lease-id "$lease" >/dev/null || fail "touch with the lease_id"
+"$ctl" nack "$id" --lease-id "$lease" >/dev/null || fail "nack with the lease_id"
+[ "$(status "$ctl" nack "$id" --lease-id "$lease")" = 1 ] || fail "a second nack of the same delivery should fail"
+ok
+
 # Touch, nack to the dead letters, list them, requeue them all.
 id=$("$ctl" enqueue --ns "$ns" --topic "$topic-dlq" --payload poison)
 "$ctl" dequeue --ns "$ns" --topic "$topic-dlq" >/dev/null
