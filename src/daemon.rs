@@ -20,11 +20,12 @@ use crate::cluster::{
 };
 use crate::config::{Config, Namespaces, ShardConfig};
 use crate::core::quota::{LocalBudget, QuotaBudget};
-use crate::core::{ClusterSettings, Host, PrefetchConfig};
+use crate::core::{Access, ClusterSettings, Host, PrefetchConfig};
 use crate::fence::Fence;
+use crate::metrics::Metrics;
 use crate::model::ShardId;
 use crate::rpc::PeerClient;
-use crate::server::{serve, ServerLimits};
+use crate::server::{serve, serve_http, ServerLimits};
 use crate::shard::{ShardHandle, ShardWorker, WorkerConfig};
 use crate::store::{MySqlStore, StoreError};
 use crate::waiters::Waiters;
@@ -40,11 +41,15 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A started `foqsd`.
 pub struct Running {
     pub addr: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served, when configured.
+    pub metrics_addr: Option<SocketAddr>,
     pub host: Arc<Host>,
     manager: Arc<dyn ShardManager>,
     stop: watch::Sender<bool>,
@@ -181,17 +186,38 @@ async fn follow(
     }
 }
 
-pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartError> {
-    let listener = TcpListener::bind(&cfg.server.listen)
-        .await
-        .map_err(|source| StartError::Listen {
-            addr: cfg.server.listen.clone(),
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Listen {
-        addr: cfg.server.listen.clone(),
+async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listen_error = |source| StartError::Listen {
+        addr: addr.to_string(),
         source,
-    })?;
+    };
+    let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
+    let bound = listener.local_addr().map_err(listen_error)?;
+    Ok((listener, bound))
+}
+
+pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartError> {
+    // TLS files are read before anything listens: a bad one fails the start.
+    let tls = match &cfg.server.tls {
+        Some(t) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
+            t,
+        )?)),
+        None => None,
+    };
+    let peer_tls = match &cfg.cluster.tls_ca_file {
+        Some(ca) => Some(crate::tls::client_config(&crate::tls::ClientTlsFiles {
+            ca_file: Some(ca.clone()),
+            cert_file: cfg.cluster.tls_cert_file.clone(),
+            key_file: cfg.cluster.tls_key_file.clone(),
+        })?),
+        None => None,
+    };
+    let (listener, addr) = bind(&cfg.server.listen).await?;
+    let metrics_listener = match &cfg.metrics.listen {
+        Some(l) => Some(bind(l).await?),
+        None => None,
+    };
+    let metrics = Arc::new(Metrics::new());
     let c = &cfg.cluster;
     let host_id = cfg.host_id();
     let advertise = c.advertise.clone().unwrap_or_else(|| addr.to_string());
@@ -255,6 +281,8 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
     let peers = Arc::new(PeerClient::new(
         c.peer_connections_max,
         Duration::from_millis(c.peer_timeout_ms),
+        peer_tls,
+        metrics.clone(),
     ));
     let host = Arc::new(Host::new(
         Namespaces::from_config(cfg),
@@ -264,6 +292,8 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         settings,
         peers,
         budget,
+        Access::new(cfg.access.clone()),
+        metrics.clone(),
     ));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened
@@ -282,6 +312,9 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         max_frame_bytes: cfg.server.max_frame_bytes,
         max_connections: cfg.server.max_connections,
         shutdown_grace_ms: cfg.server.shutdown_grace_ms,
+        frame_read_timeout_ms: cfg.server.frame_read_timeout_ms,
+        idle_timeout_ms: cfg.server.idle_timeout_ms,
+        handshake_timeout_ms: cfg.server.handshake_timeout_ms,
     };
     let mut background = vec![
         tokio::spawn(
@@ -302,9 +335,15 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
             host.clone().run_peer_poll(c.peer_poll_ms, stop_rx.clone()),
         ));
     }
-    let server = tokio::spawn(serve(listener, host.clone(), limits, stop_rx));
+    let metrics_addr = metrics_listener.as_ref().map(|(_, a)| *a);
+    if let Some((l, a)) = metrics_listener {
+        tracing::info!(addr = %a, "metrics and health on http://{a}/metrics, /healthz, /readyz");
+        background.push(tokio::spawn(serve_http(l, host.clone(), stop_rx.clone())));
+    }
+    let server = tokio::spawn(serve(listener, host.clone(), limits, tls, metrics, stop_rx));
     Ok(Running {
         addr,
+        metrics_addr,
         host,
         manager,
         stop,

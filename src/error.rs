@@ -12,6 +12,7 @@ pub enum ErrorCode {
     WrongHost = 6,
     UnknownNamespace = 7,
     Internal = 8,
+    PermissionDenied = 9,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

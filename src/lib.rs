@@ -32,11 +32,13 @@ pub mod core;
 pub mod daemon;
 pub mod error;
 pub mod fence;
+pub mod metrics;
 pub mod model;
 pub mod rpc;
 pub mod server;
 pub mod shard;
 pub mod store;
+pub mod tls;
 pub mod waiters;
 
 #[path = "../gen/rs/foqs.rs"]

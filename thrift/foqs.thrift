@@ -22,6 +22,8 @@ enum ErrorCode {
   WRONG_HOST = 6,
   UNKNOWN_NAMESPACE = 7,
   INTERNAL = 8,
+  // The caller's identity may not make this call in this namespace ([[access]] rules).
+  PERMISSION_DENIED = 9,
 }
 
 exception FoqsError {
@@ -132,6 +134,9 @@ struct AckRequest {
   // host id). A request carrying it is never forwarded again (one hop at most) and is not
   // charged against the namespace's quota a second time. Clients leave it out.
   2: optional string forwarded_by,
+  // Set with forwarded_by when access rules apply: the identity of the client the
+  // forwarding host acts for, checked by the host that owns the items. Clients leave it out.
+  3: optional string forwarded_for,
 }
 
 struct NackItem {
@@ -154,6 +159,9 @@ struct NackRequest {
   // host id). A request carrying it is never forwarded again (one hop at most) and is not
   // charged against the namespace's quota a second time. Clients leave it out.
   2: optional string forwarded_by,
+  // Set with forwarded_by when access rules apply: the identity of the client the
+  // forwarding host acts for, checked by the host that owns the items. Clients leave it out.
+  3: optional string forwarded_for,
 }
 
 struct ItemResult {
@@ -183,6 +191,9 @@ struct TouchRequest {
   // host id). A request carrying it is never forwarded again (one hop at most) and is not
   // charged against the namespace's quota a second time. Clients leave it out.
   2: optional string forwarded_by,
+  // Set with forwarded_by when access rules apply: the identity of the client the
+  // forwarding host acts for, checked by the host that owns the items. Clients leave it out.
+  3: optional string forwarded_for,
 }
 
 struct TouchResponse {

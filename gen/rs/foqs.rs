@@ -88,6 +88,7 @@ impl ErrorCode {
   pub const WRONG_HOST: ErrorCode = ErrorCode(6);
   pub const UNKNOWN_NAMESPACE: ErrorCode = ErrorCode(7);
   pub const INTERNAL: ErrorCode = ErrorCode(8);
+  pub const PERMISSION_DENIED: ErrorCode = ErrorCode(9);
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::INVALID_ARGUMENT,
     Self::PAYLOAD_TOO_LARGE,
@@ -97,6 +98,7 @@ impl ErrorCode {
     Self::WRONG_HOST,
     Self::UNKNOWN_NAMESPACE,
     Self::INTERNAL,
+    Self::PERMISSION_DENIED,
   ];
 }
 
@@ -122,6 +124,7 @@ impl From<i32> for ErrorCode {
       6 => ErrorCode::WRONG_HOST,
       7 => ErrorCode::UNKNOWN_NAMESPACE,
       8 => ErrorCode::INTERNAL,
+      9 => ErrorCode::PERMISSION_DENIED,
       _ => ErrorCode(i)
     }
   }
@@ -1305,13 +1308,15 @@ impl Default for DequeueResponse {
 pub struct AckRequest {
   pub ids: Option<Vec<String>>,
   pub forwarded_by: Option<String>,
+  pub forwarded_for: Option<String>,
 }
 
 impl AckRequest {
-  pub fn new<F1, F2>(ids: F1, forwarded_by: F2) -> AckRequest where F1: Into<Option<Vec<String>>>, F2: Into<Option<String>> {
+  pub fn new<F1, F2, F3>(ids: F1, forwarded_by: F2, forwarded_for: F3) -> AckRequest where F1: Into<Option<Vec<String>>>, F2: Into<Option<String>>, F3: Into<Option<String>> {
     AckRequest {
       ids: ids.into(),
       forwarded_by: forwarded_by.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -1321,6 +1326,7 @@ impl TSerializable for AckRequest {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<String>> = Some(Vec::new());
     let mut f_2: Option<String> = None;
+    let mut f_3: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1342,6 +1348,10 @@ impl TSerializable for AckRequest {
           let val = i_prot.read_string()?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_string()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1352,6 +1362,7 @@ impl TSerializable for AckRequest {
     let ret = AckRequest {
       ids: f_1,
       forwarded_by: f_2,
+      forwarded_for: f_3,
     };
     Ok(ret)
   }
@@ -1372,6 +1383,11 @@ impl TSerializable for AckRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 3))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1382,6 +1398,7 @@ impl Default for AckRequest {
     AckRequest{
       ids: Some(Vec::new()),
       forwarded_by: Some("".to_owned()),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -1515,13 +1532,15 @@ impl Default for NackItem {
 pub struct NackRequest {
   pub items: Option<Vec<NackItem>>,
   pub forwarded_by: Option<String>,
+  pub forwarded_for: Option<String>,
 }
 
 impl NackRequest {
-  pub fn new<F1, F2>(items: F1, forwarded_by: F2) -> NackRequest where F1: Into<Option<Vec<NackItem>>>, F2: Into<Option<String>> {
+  pub fn new<F1, F2, F3>(items: F1, forwarded_by: F2, forwarded_for: F3) -> NackRequest where F1: Into<Option<Vec<NackItem>>>, F2: Into<Option<String>>, F3: Into<Option<String>> {
     NackRequest {
       items: items.into(),
       forwarded_by: forwarded_by.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -1531,6 +1550,7 @@ impl TSerializable for NackRequest {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<NackItem>> = Some(Vec::new());
     let mut f_2: Option<String> = None;
+    let mut f_3: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1552,6 +1572,10 @@ impl TSerializable for NackRequest {
           let val = i_prot.read_string()?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_string()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1562,6 +1586,7 @@ impl TSerializable for NackRequest {
     let ret = NackRequest {
       items: f_1,
       forwarded_by: f_2,
+      forwarded_for: f_3,
     };
     Ok(ret)
   }
@@ -1582,6 +1607,11 @@ impl TSerializable for NackRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 3))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1592,6 +1622,7 @@ impl Default for NackRequest {
     NackRequest{
       items: Some(Vec::new()),
       forwarded_by: Some("".to_owned()),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -1926,13 +1957,15 @@ impl Default for TouchItem {
 pub struct TouchRequest {
   pub items: Option<Vec<TouchItem>>,
   pub forwarded_by: Option<String>,
+  pub forwarded_for: Option<String>,
 }
 
 impl TouchRequest {
-  pub fn new<F1, F2>(items: F1, forwarded_by: F2) -> TouchRequest where F1: Into<Option<Vec<TouchItem>>>, F2: Into<Option<String>> {
+  pub fn new<F1, F2, F3>(items: F1, forwarded_by: F2, forwarded_for: F3) -> TouchRequest where F1: Into<Option<Vec<TouchItem>>>, F2: Into<Option<String>>, F3: Into<Option<String>> {
     TouchRequest {
       items: items.into(),
       forwarded_by: forwarded_by.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -1942,6 +1975,7 @@ impl TSerializable for TouchRequest {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<TouchItem>> = Some(Vec::new());
     let mut f_2: Option<String> = None;
+    let mut f_3: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1963,6 +1997,10 @@ impl TSerializable for TouchRequest {
           let val = i_prot.read_string()?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_string()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1973,6 +2011,7 @@ impl TSerializable for TouchRequest {
     let ret = TouchRequest {
       items: f_1,
       forwarded_by: f_2,
+      forwarded_for: f_3,
     };
     Ok(ret)
   }
@@ -1993,6 +2032,11 @@ impl TSerializable for TouchRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 3))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2003,6 +2047,7 @@ impl Default for TouchRequest {
     TouchRequest{
       items: Some(Vec::new()),
       forwarded_by: Some("".to_owned()),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }

@@ -185,6 +185,7 @@ fn call_touch(c: &mut Client, id: &str, extend_ms: i64, lease_id: Option<i64>) -
                 lease_id,
             }]),
             forwarded_by: None,
+            forwarded_for: None,
         })
     })
     .expect("touch")
@@ -432,6 +433,7 @@ fn settle(
                         lease_id: Some(lease_id),
                     }]),
                     forwarded_by: None,
+                    forwarded_for: None,
                 })?
                 .results
                 .unwrap()
@@ -469,6 +471,7 @@ fn settle(
                     ..nack(&id, Some((dice % 3) as i64 * 20), None)
                 }]),
                 forwarded_by: None,
+                forwarded_for: None,
             }) {
                 Ok(r) => r.results.unwrap().remove(0),
                 Err(e) => {
@@ -503,6 +506,7 @@ fn ack(
     let r = match c.ack(AckRequest {
         ids: Some(vec![id.to_string()]),
         forwarded_by: None,
+        forwarded_for: None,
     }) {
         Ok(r) => r.results.unwrap().remove(0),
         Err(e) => {

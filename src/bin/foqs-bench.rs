@@ -203,6 +203,7 @@ impl Run {
                 let r = c.ack(AckRequest {
                     ids: Some(ids),
                     forwarded_by: None,
+                    forwarded_for: None,
                 })?;
                 lat.push(t.elapsed().as_micros() as u32);
                 acks.lock()

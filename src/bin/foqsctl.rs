@@ -390,6 +390,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             c.ack(AckRequest {
                 ids: Some(ids.clone()),
                 forwarded_by: None,
+                forwarded_for: None,
             })
             .map_err(e)?
             .results
@@ -414,6 +415,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 c.nack(NackRequest {
                     items: Some(vec![item]),
                     forwarded_by: None,
+                    forwarded_for: None,
                 })
                 .map_err(e)?
                 .results
@@ -435,6 +437,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 c.touch(TouchRequest {
                     items: Some(vec![item]),
                     forwarded_by: None,
+                    forwarded_for: None,
                 })
                 .map_err(e)?
                 .results

@@ -55,6 +55,12 @@ pub struct ClusterConfig {
     /// `manager = "static"`: every host of the cluster and the shards it owns.
     pub hosts: Vec<StaticHost>,
     pub etcd: EtcdConfig,
+    /// TLS towards peers whose ports speak TLS: this host's client certificate and key
+    /// (PEM), presented to peers that require one, and the CA that signed the peers'
+    /// certificates. With `tls_ca_file`, peer connections use TLS.
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    pub tls_key_file: Option<std::path::PathBuf>,
+    pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -69,6 +75,9 @@ impl Default for ClusterConfig {
             peer_poll_ms: 500,
             hosts: Vec::new(),
             etcd: EtcdConfig::default(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_file: None,
         }
     }
 }

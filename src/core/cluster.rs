@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use futures::future::{join_all, BoxFuture};
 
+use super::access::{Caller, Kind};
 use super::enqueue::EnqueueOutcome;
 use super::host::Host;
 use super::quota::{QuotaBudget, Quotas};
@@ -15,6 +16,15 @@ use super::{ActiveTopicsPage, NackRequestItem, TouchRequestItem};
 use crate::cluster::ClusterView;
 use crate::error::{Error, Result};
 use crate::model::{ShardId, ShardStatus};
+
+/// Who a forwarded per-item call comes from: this host (`forwarded_by`) and, when access
+/// rules apply, the identity of the client it acts for (`forwarded_for`), which the
+/// owner of the items checks against their namespaces.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarded<'a> {
+    pub by: &'a str,
+    pub for_identity: Option<&'a str>,
+}
 
 /// Calls to another host. Every call carries this host's id as `forwarded_by` (where the
 /// API has it), so the peer serves it or fails it, and never forwards it again.
@@ -29,19 +39,19 @@ pub trait Peers: Send + Sync {
         &'a self,
         addr: &'a str,
         ids: Vec<String>,
-        from: &'a str,
+        from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
     fn nack<'a>(
         &'a self,
         addr: &'a str,
         items: Vec<NackRequestItem>,
-        from: &'a str,
+        from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
     fn touch<'a>(
         &'a self,
         addr: &'a str,
         items: Vec<TouchRequestItem>,
-        from: &'a str,
+        from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
     /// The peer's own topics only (`local_only`).
     fn active_topics<'a>(
@@ -337,11 +347,13 @@ impl Host {
     /// call (retryably): a partial list would look complete.
     pub async fn active_topics(
         &self,
+        caller: &Caller,
         ns: &str,
         limit: Option<i32>,
         after: Option<String>,
         local_only: bool,
     ) -> Result<ActiveTopicsPage> {
+        self.allow(caller, ns, Kind::Consume)?;
         let mut page = self.local_active_topics(ns, limit, after.clone()).await?;
         let me = self.host_id().to_string();
         for t in &mut page.topics {

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use futures::future::join_all;
 
+use super::access::{Caller, Kind};
 use super::host::Host;
 use super::validate::{as_request, validate_item, EnqueueRequestItem};
 use crate::error::{Error, ErrorCode, Result};
@@ -33,15 +34,22 @@ impl Host {
     /// failed, never forwarded again, and its quota was charged by that peer.
     pub async fn enqueue(
         &self,
+        caller: &Caller,
         items: Vec<EnqueueRequestItem>,
         forwarded_by: Option<&str>,
     ) -> Result<Vec<EnqueueOutcome>> {
         super::host::check_batch(items.len(), "items")?;
+        // A forwarding peer checked its caller's items before forwarding them.
+        let caller = self.access.acting_for(caller, forwarded_by, None)?;
         let forwarded = forwarded_by.is_some();
         let now = self.clock.now_ms();
         let mut results: Vec<Option<EnqueueOutcome>> = vec![None; items.len()];
         let mut valid = Vec::with_capacity(items.len());
         for (i, it) in items.into_iter().enumerate() {
+            if let Err(e) = self.allow(&caller, &it.ns, Kind::Produce) {
+                results[i] = Some(Err(e));
+                continue;
+            }
             let policy = self.namespaces.get(&it.ns);
             match validate_item(it, policy, now) {
                 Ok(n) => valid.push((i, n)),

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use futures::future::join_all;
 use tokio::task::JoinHandle;
 
+use super::access::{Access, Caller, Kind};
 use super::cluster::{ClusterSettings, ClusterState, Peers};
 use super::prefetch::{Prefetch, PrefetchConfig};
 use super::quota::QuotaBudget;
@@ -15,6 +16,7 @@ use super::{kway_merge, TopicRequest};
 use crate::clock::SharedClock;
 use crate::config::{NamespacePolicy, Namespaces};
 use crate::error::{Error, ErrorCode, Result};
+use crate::metrics::{ItemEvent, Metrics};
 use crate::model::{Item, ReadyKey, ShardId, ShardStatus, TopicName};
 use crate::shard::ShardHandle;
 use crate::waiters::Waiters;
@@ -59,6 +61,8 @@ pub struct Host {
     pub(super) next_shard: AtomicUsize,
     workers: Mutex<HashMap<ShardId, JoinHandle<()>>>,
     pub(super) cluster: ClusterState,
+    pub(super) access: Access,
+    metrics: Arc<Metrics>,
 }
 
 impl Host {
@@ -72,6 +76,8 @@ impl Host {
         cluster: ClusterSettings,
         peers: Arc<dyn Peers>,
         quota_budget: Arc<dyn QuotaBudget>,
+        access: Access,
+        metrics: Arc<Metrics>,
     ) -> Host {
         Host {
             shards: RwLock::new(Arc::new(BTreeMap::new())),
@@ -82,7 +88,18 @@ impl Host {
             next_shard: AtomicUsize::new(0),
             workers: Mutex::new(HashMap::new()),
             cluster: ClusterState::new(cluster, peers, quota_budget),
+            access,
+            metrics,
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Fails with `PERMISSION_DENIED` unless `caller` may make a call of `kind` in `ns`.
+    pub(super) fn allow(&self, caller: &Caller, ns: &str, kind: Kind) -> Result<()> {
+        self.access.check(caller, ns, kind)
     }
 
     pub fn host_id(&self) -> &str {
@@ -154,6 +171,7 @@ impl Host {
     /// in any of the topics (a long poll; waiting costs no MySQL query).
     pub async fn dequeue(
         &self,
+        caller: &Caller,
         topics: Vec<TopicRequest>,
         wait_ms: Option<i64>,
     ) -> Result<Vec<Item>> {
@@ -173,6 +191,7 @@ impl Host {
         }
         let mut wanted = Vec::with_capacity(topics.len());
         for t in topics {
+            self.allow(caller, &t.ns, Kind::Consume)?;
             let count = in_range("count", t.count, limits::DEQUEUE_COUNT_MAX)?;
             wanted.push((self.topic_name(&t.ns, &t.topic)?, count));
         }
@@ -257,11 +276,17 @@ impl Host {
         for i in items {
             by_shard.entry(i.id.shard).or_default().push(i);
         }
-        by_shard
+        let delivered: Vec<Item> = by_shard
             .into_iter()
             .filter_map(|(id, items)| Some(shards.get(&id)?.hand_out(items)))
             .flatten()
-            .collect()
+            .collect();
+        if let Some(first) = delivered.first() {
+            // A dequeue's items are of one topic.
+            self.metrics
+                .item_event(&first.ns, ItemEvent::Delivered, delivered.len() as u64);
+        }
+        delivered
     }
 
     /// Whether a staged copy may still be handed out (its shard still has it waiting

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use futures::future::join_all;
 
+use super::access::{Caller, Kind};
 use super::host::{check_batch, in_range, Host};
 use super::validate::limits;
 use super::{kway_merge, ActiveTopicsPage};
@@ -32,11 +33,13 @@ impl Host {
     /// the cursor of the next page (an opaque string; absent on the last page).
     pub async fn dlq_list(
         &self,
+        caller: &Caller,
         ns: &str,
         topic: &str,
         limit: Option<i32>,
         after: Option<String>,
     ) -> Result<(Vec<(Item, i64)>, Option<String>)> {
+        self.allow(caller, ns, Kind::Admin)?;
         let topic = self.topic_name(ns, topic)?;
         let limit = in_range(
             "limit",
@@ -88,7 +91,13 @@ impl Host {
     }
 
     /// A topic's counts, totals and the age of its oldest ready item, over every shard.
-    pub async fn topic_stats(&self, ns: &str, topic: &str) -> Result<(TopicSnapshot, i64)> {
+    pub async fn topic_stats(
+        &self,
+        caller: &Caller,
+        ns: &str,
+        topic: &str,
+    ) -> Result<(TopicSnapshot, i64)> {
+        self.allow(caller, ns, Kind::Consume)?;
         let topic = self.topic_name(ns, topic)?;
         let shards = self.shards();
         let snaps = join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))).await;
@@ -123,12 +132,13 @@ impl Host {
     /// Makes dead items ready again with their delivery count reset; an id that is not a
     /// dead item gets `NOT_FOUND`.
     /// Ids of shards owned by another host get `WRONG_HOST` (ask that host).
-    pub async fn dlq_requeue(&self, ids: Vec<String>) -> Result<Vec<Result<()>>> {
+    pub async fn dlq_requeue(&self, caller: &Caller, ids: Vec<String>) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
         let ids = ids.into_iter().map(|id| (id, Ok(()))).collect();
         Ok(self
             .settle(
                 ids,
+                (caller, Kind::Admin),
                 |shard, keys| async move {
                     shard
                         .revive(keys.into_iter().map(|(k, _)| k).collect())
@@ -141,7 +151,14 @@ impl Host {
 
     /// Makes up to `max` (default: all) of a topic's dead items ready again, in batches;
     /// returns how many.
-    pub async fn dlq_requeue_all(&self, ns: &str, topic: &str, max: Option<i64>) -> Result<i64> {
+    pub async fn dlq_requeue_all(
+        &self,
+        caller: &Caller,
+        ns: &str,
+        topic: &str,
+        max: Option<i64>,
+    ) -> Result<i64> {
+        self.allow(caller, ns, Kind::Admin)?;
         let topic = self.topic_name(ns, topic)?;
         let max = max.unwrap_or(i64::MAX);
         if max < 0 {
@@ -165,7 +182,8 @@ impl Host {
     }
 
     /// Deletes all of a topic's dead items, in batches; returns how many.
-    pub async fn dlq_purge(&self, ns: &str, topic: &str) -> Result<i64> {
+    pub async fn dlq_purge(&self, caller: &Caller, ns: &str, topic: &str) -> Result<i64> {
+        self.allow(caller, ns, Kind::Admin)?;
         let topic = self.topic_name(ns, topic)?;
         let mut done = 0i64;
         for shard in self.shards().values() {
@@ -182,7 +200,14 @@ impl Host {
 
     /// The next `count` ready items of a topic in delivery order, without leasing them:
     /// staged items and the shards' index heads, merged.
-    pub async fn peek(&self, ns: &str, topic: &str, count: i32) -> Result<Vec<Item>> {
+    pub async fn peek(
+        &self,
+        caller: &Caller,
+        ns: &str,
+        topic: &str,
+        count: i32,
+    ) -> Result<Vec<Item>> {
+        self.allow(caller, ns, Kind::Consume)?;
         let topic = self.topic_name(ns, topic)?;
         let count = in_range("count", count, limits::DEQUEUE_COUNT_MAX)?;
         // Under the topic's claim lock no claim is in flight, so no item is between the

@@ -2,8 +2,10 @@
 //! replies. It validates, applies namespace policy, picks shards and merges their heads;
 //! it never sees a socket, Thrift or SQL, so it is testable on its own.
 
+mod access;
 mod cluster;
 mod enqueue;
+mod health;
 mod host;
 mod inspect;
 mod merge;
@@ -12,7 +14,8 @@ pub mod quota;
 mod settle;
 mod validate;
 
-pub use cluster::{ClusterSettings, HostStatus, PeerLoad, PeerStatus, Peers};
+pub use access::{Access, AccessRule, Caller, Kind};
+pub use cluster::{ClusterSettings, Forwarded, HostStatus, PeerLoad, PeerStatus, Peers};
 pub use enqueue::EnqueueOutcome;
 pub use host::Host;
 pub use merge::kway_merge;

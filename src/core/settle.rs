@@ -1,11 +1,13 @@
 //! Per-item settlement (ack, nack, touch, and the dead-letter requeue): each id is routed
 //! by the shard inside it to a local shard worker, or to the host that owns the shard.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use futures::future::{join_all, BoxFuture};
 
-use super::host::{check_batch, Host};
+use super::access::{denied, Caller, Kind};
+use super::cluster::Forwarded;
+use super::host::{check_batch, Host, ShardMap};
 use super::validate::{check_duration, limits};
 use super::{NackRequestItem, TouchRequestItem};
 use crate::error::{Error, ErrorCode, Result};
@@ -20,10 +22,13 @@ impl Host {
     /// An item whose arguments already failed validation (`Err`) fails alone: it keeps its
     /// position and never reaches a shard. Items of shards owned by another host go to it
     /// through `remote` (their positions in `ids`), or fail with `WRONG_HOST` when there
-    /// is no `remote` (forwarding off, or the request was forwarded already).
+    /// is no `remote` (forwarding off, or the request was forwarded already). Under access
+    /// rules, a local item whose namespace `caller` may not touch for `kind` fails with
+    /// `PERMISSION_DENIED` before anything changes; items sent to a peer are checked there.
     pub(super) async fn settle<T: Clone, F, Fut>(
         &self,
         ids: Vec<(String, Result<T>)>,
+        (caller, kind): (&Caller, Kind),
         op: F,
         remote: Option<&Remote<'_>>,
     ) -> Vec<Result<()>>
@@ -66,6 +71,8 @@ impl Host {
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
+        self.authorize(&shards, &mut groups, &mut results, caller, kind)
+            .await;
         let local = join_all(groups.into_iter().map(|(shard, (positions, keys))| {
             let fut = op(shards[&shard].clone(), keys);
             async move { (positions, fut.await) }
@@ -112,29 +119,96 @@ impl Host {
             .collect()
     }
 
+    /// Takes out of `groups` the items whose namespace `caller` may not touch for `kind`
+    /// (their result: `PERMISSION_DENIED`). An item's namespace never changes, so one read
+    /// of it beside the shard's worker decides for the write that follows. Costs nothing
+    /// when no access rules are configured.
+    async fn authorize<T>(
+        &self,
+        shards: &ShardMap,
+        groups: &mut BTreeMap<ShardId, (Vec<usize>, Vec<(u64, T)>)>,
+        results: &mut [Option<Result<()>>],
+        caller: &Caller,
+        kind: Kind,
+    ) {
+        if self.access.is_open() || self.access.allows(caller, "", Kind::Peer) {
+            return;
+        }
+        let lookups = join_all(groups.iter().map(|(id, (_, keys))| {
+            let keys: Vec<u64> = keys.iter().map(|(k, _)| *k).collect();
+            let shard = shards[id].clone();
+            async move { (*id, shard.lookup(keys).await) }
+        }))
+        .await;
+        for (id, found) in lookups {
+            let group = groups.get_mut(&id).expect("looked up from groups");
+            let denied: HashMap<u64, Error> = match found {
+                Ok(metas) => metas
+                    .into_iter()
+                    .filter(|m| !self.access.allows(caller, &m.ns, kind))
+                    .map(|m| (m.key, denied(caller, &m.ns, kind)))
+                    .collect(),
+                // Cannot tell the namespaces: nothing of this shard may go ahead.
+                Err(e) => group.1.iter().map(|(k, _)| (*k, e.clone())).collect(),
+            };
+            if denied.is_empty() {
+                continue;
+            }
+            let (positions, keys) = std::mem::take(group);
+            for (pos, (key, extra)) in positions.into_iter().zip(keys) {
+                match denied.get(&key) {
+                    Some(e) => results[pos] = Some(Err(e.clone())),
+                    None => {
+                        group.0.push(pos);
+                        group.1.push((key, extra));
+                    }
+                }
+            }
+        }
+        groups.retain(|_, (positions, _)| !positions.is_empty());
+    }
+
     /// How per-item calls for another host's shards reach it, unless this request was
     /// forwarded already or forwarding is off.
     fn may_forward(&self, forwarded_by: Option<&str>) -> bool {
         forwarded_by.is_none() && self.cluster.settings.forwarding
     }
 
+    /// How this host marks the per-item calls it forwards for `caller`: its own id, and
+    /// under access rules the identity the owner must check.
+    fn forwarded_as<'a>(&'a self, caller: &'a Caller) -> Forwarded<'a> {
+        let checked_here = self.access.is_open() || self.access.allows(caller, "", Kind::Peer);
+        Forwarded {
+            by: self.host_id(),
+            for_identity: (!checked_here).then_some(caller.identity.as_str()),
+        }
+    }
+
     /// Deletes each item. Unknown or already-deleted ids: `NOT_FOUND`.
     /// Ids of shards owned by another host are acked there (see [`Host::settle`]).
     pub async fn ack(
         &self,
+        caller: &Caller,
         ids: Vec<String>,
-        forwarded_by: Option<&str>,
+        forwarded: (Option<&str>, Option<&str>),
     ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
+        let (forwarded_by, forwarded_for) = forwarded;
+        let caller = self
+            .access
+            .acting_for(caller, forwarded_by, forwarded_for)?;
+        let caller = &caller;
+        let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| ids[p].clone()).collect();
-            Box::pin(async move { self.cluster.peers.ack(&addr, sub, self.host_id()).await })
+            Box::pin(async move { self.cluster.peers.ack(&addr, sub, from).await })
         };
         let checked = ids.iter().map(|id| (id.clone(), Ok(()))).collect();
         let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
         Ok(self
             .settle(
                 checked,
+                (caller, Kind::Consume),
                 |shard, keys| async move {
                     shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await
                 },
@@ -146,13 +220,20 @@ impl Host {
     /// Makes each leased item ready again after its delay, with new metadata when given.
     pub async fn nack(
         &self,
+        caller: &Caller,
         items: Vec<NackRequestItem>,
-        forwarded_by: Option<&str>,
+        forwarded: (Option<&str>, Option<&str>),
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
+        let (forwarded_by, forwarded_for) = forwarded;
+        let caller = self
+            .access
+            .acting_for(caller, forwarded_by, forwarded_for)?;
+        let caller = &caller;
+        let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| items[p].clone()).collect();
-            Box::pin(async move { self.cluster.peers.nack(&addr, sub, self.host_id()).await })
+            Box::pin(async move { self.cluster.peers.nack(&addr, sub, from).await })
         };
         let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
         let checked = items
@@ -177,6 +258,7 @@ impl Host {
         Ok(self
             .settle(
                 checked,
+                (caller, Kind::Consume),
                 |shard, nacks| async move {
                     shard
                         .nack(
@@ -202,13 +284,20 @@ impl Host {
     /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
     pub async fn touch(
         &self,
+        caller: &Caller,
         items: Vec<TouchRequestItem>,
-        forwarded_by: Option<&str>,
+        forwarded: (Option<&str>, Option<&str>),
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
+        let (forwarded_by, forwarded_for) = forwarded;
+        let caller = self
+            .access
+            .acting_for(caller, forwarded_by, forwarded_for)?;
+        let caller = &caller;
+        let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| items[p].clone()).collect();
-            Box::pin(async move { self.cluster.peers.touch(&addr, sub, self.host_id()).await })
+            Box::pin(async move { self.cluster.peers.touch(&addr, sub, from).await })
         };
         let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
         let checked = items
@@ -226,6 +315,7 @@ impl Host {
         Ok(self
             .settle(
                 checked,
+                (caller, Kind::Consume),
                 |shard, ops| async move {
                     let ops = ops
                         .into_iter()

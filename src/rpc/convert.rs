@@ -244,6 +244,7 @@ fn code_from_wire(c: Option<t::ErrorCode>) -> ErrorCode {
         Some(5) => ErrorCode::NotFound,
         Some(6) => ErrorCode::WrongHost,
         Some(7) => ErrorCode::UnknownNamespace,
+        Some(9) => ErrorCode::PermissionDenied,
         _ => ErrorCode::Internal,
     }
 }

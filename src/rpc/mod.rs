@@ -18,7 +18,7 @@ use thrift::protocol::{
 };
 use thrift::{ApplicationError, ApplicationErrorKind, TConfiguration};
 
-use crate::core::Host;
+use crate::core::{Caller, Host};
 use crate::thrift_gen as t;
 
 /// Most elements a list in a request may declare. Requests carry at most 1000 items, and
@@ -106,8 +106,8 @@ fn config_for(frame_len: usize) -> TConfiguration {
         .expect("frame size equals message size")
 }
 
-/// Answers one framed message.
-pub async fn handle(frame: &[u8], host: &Host) -> Outcome {
+/// Answers one framed message from `caller`.
+pub async fn handle(frame: &[u8], host: &Host, caller: &Caller) -> Outcome {
     let Some(protocol) = Protocol::detect(frame) else {
         return Outcome::Close(format!(
             "frame starts with 0x{:02x}: neither binary (0x80) nor compact (0x82) protocol",
@@ -123,10 +123,16 @@ pub async fn handle(frame: &[u8], host: &Host) -> Outcome {
         Ok(d) => d,
         Err(why) => return Outcome::Close(why),
     };
+    let started = std::time::Instant::now();
     let reply = match call {
-        Ok(call) => execute(call, host).await,
+        Ok(call) => execute(call, host, caller).await,
         Err(e) => Reply::Exception(e),
     };
+    host.metrics().request(
+        method_label(&ident.name),
+        reply.code(),
+        started.elapsed().as_secs_f64(),
+    );
     let mut out = Vec::with_capacity(256);
     let written = match protocol {
         Protocol::Binary => encode(
@@ -249,11 +255,81 @@ fn split<T>(r: crate::error::Result<T>) -> (Option<T>, Option<t::FoqsError>) {
     }
 }
 
-async fn execute(call: Call, host: &Host) -> Reply {
+/// The method as a metrics label: only the API's names, so a client cannot grow the
+/// label set.
+fn method_label(name: &str) -> &'static str {
+    const METHODS: [&str; 13] = [
+        "enqueue",
+        "dequeue",
+        "ack",
+        "nack",
+        "getActiveTopics",
+        "getHostInfo",
+        "touch",
+        "peek",
+        "topicStats",
+        "dlqList",
+        "dlqRequeue",
+        "dlqRequeueAll",
+        "dlqPurge",
+    ];
+    METHODS
+        .iter()
+        .find(|m| **m == name)
+        .copied()
+        .unwrap_or("unknown")
+}
+
+/// The name of an error code, as a metrics label.
+fn code_label(e: &t::FoqsError) -> &'static str {
+    match e.code.map(|c| c.0) {
+        Some(1) => "INVALID_ARGUMENT",
+        Some(2) => "PAYLOAD_TOO_LARGE",
+        Some(3) => "RATE_LIMITED",
+        Some(4) => "UNAVAILABLE",
+        Some(5) => "NOT_FOUND",
+        Some(6) => "WRONG_HOST",
+        Some(7) => "UNKNOWN_NAMESPACE",
+        Some(9) => "PERMISSION_DENIED",
+        _ => "INTERNAL",
+    }
+}
+
+impl Reply {
+    /// The outcome as a metrics label: `ok`, the declared error's code, or the kind of
+    /// Thrift exception.
+    fn code(&self) -> &'static str {
+        let err = match self {
+            Reply::Enqueue(r) => r.err.as_ref(),
+            Reply::Dequeue(r) => r.err.as_ref(),
+            Reply::Ack(r) => r.err.as_ref(),
+            Reply::Nack(r) => r.err.as_ref(),
+            Reply::GetActiveTopics(r) => r.err.as_ref(),
+            Reply::GetHostInfo(r) => r.err.as_ref(),
+            Reply::Touch(r) => r.err.as_ref(),
+            Reply::Peek(r) => r.err.as_ref(),
+            Reply::TopicStats(r) => r.err.as_ref(),
+            Reply::DlqList(r) => r.err.as_ref(),
+            Reply::DlqRequeue(r) => r.err.as_ref(),
+            Reply::DlqRequeueAll(r) => r.err.as_ref(),
+            Reply::DlqPurge(r) => r.err.as_ref(),
+            Reply::Exception(e) => {
+                return match e.kind {
+                    ApplicationErrorKind::UnknownMethod => "UNKNOWN_METHOD",
+                    _ => "PROTOCOL_ERROR",
+                }
+            }
+        };
+        err.map_or("ok", code_label)
+    }
+}
+
+async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
     match call {
         Call::Enqueue(req) => {
             let r = host
                 .enqueue(
+                    caller,
                     convert::enqueue_items(req.items),
                     forwarder(&req.forwarded_by),
                 )
@@ -265,7 +341,7 @@ async fn execute(call: Call, host: &Host) -> Reply {
         Call::Dequeue(req) => {
             let wait_ms = req.wait_ms;
             let r = host
-                .dequeue(convert::topic_requests(req), wait_ms)
+                .dequeue(caller, convert::topic_requests(req), wait_ms)
                 .await
                 .map(|items| t::DequeueResponse {
                     items: Some(items.into_iter().map(convert::item).collect()),
@@ -275,27 +351,39 @@ async fn execute(call: Call, host: &Host) -> Reply {
         }
         Call::Ack(req) => {
             let ids = req.ids.unwrap_or_default();
-            let from = forwarder(&req.forwarded_by);
-            let r = host.ack(ids.clone(), from).await.map(|res| t::AckResponse {
-                results: Some(convert::item_results(ids, res)),
-            });
+            let from = (forwarder(&req.forwarded_by), req.forwarded_for.as_deref());
+            let r = host
+                .ack(caller, ids.clone(), from)
+                .await
+                .map(|res| t::AckResponse {
+                    results: Some(convert::item_results(ids, res)),
+                });
             let (result_value, err) = split(r);
             Reply::Ack(t::FoqsAckResult { result_value, err })
         }
         Call::Nack(req) => {
             let items = convert::nack_items(req.items);
             let ids = items.iter().map(|n| n.id.clone()).collect();
-            let from = forwarder(&req.forwarded_by);
-            let r = host.nack(items, from).await.map(|res| t::NackResponse {
-                results: Some(convert::item_results(ids, res)),
-            });
+            let from = (forwarder(&req.forwarded_by), req.forwarded_for.as_deref());
+            let r = host
+                .nack(caller, items, from)
+                .await
+                .map(|res| t::NackResponse {
+                    results: Some(convert::item_results(ids, res)),
+                });
             let (result_value, err) = split(r);
             Reply::Nack(t::FoqsNackResult { result_value, err })
         }
         Call::GetActiveTopics(req) => {
             let ns = req.ns.unwrap_or_default();
             let r = host
-                .active_topics(&ns, req.limit, req.after, req.local_only.unwrap_or(false))
+                .active_topics(
+                    caller,
+                    &ns,
+                    req.limit,
+                    req.after,
+                    req.local_only.unwrap_or(false),
+                )
                 .await
                 .map(convert::active_topics);
             let (result_value, err) = split(r);
@@ -304,7 +392,7 @@ async fn execute(call: Call, host: &Host) -> Reply {
         Call::TopicStats(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .topic_stats(&ns, &topic)
+                .topic_stats(caller, &ns, &topic)
                 .await
                 .map(|(s, age)| t::TopicStats {
                     ready: Some(s.ready),
@@ -323,8 +411,10 @@ async fn execute(call: Call, host: &Host) -> Reply {
         }
         Call::DlqList(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
-            let r = host.dlq_list(&ns, &topic, req.limit, req.after).await.map(
-                |(items, next_after)| t::DlqListResponse {
+            let r = host
+                .dlq_list(caller, &ns, &topic, req.limit, req.after)
+                .await
+                .map(|(items, next_after)| t::DlqListResponse {
                     items: Some(
                         items
                             .into_iter()
@@ -335,15 +425,14 @@ async fn execute(call: Call, host: &Host) -> Reply {
                             .collect(),
                     ),
                     next_after,
-                },
-            );
+                });
             let (result_value, err) = split(r);
             Reply::DlqList(t::FoqsDlqListResult { result_value, err })
         }
         Call::DlqRequeue(req) => {
             let ids = req.ids.unwrap_or_default();
             let r = host
-                .dlq_requeue(ids.clone())
+                .dlq_requeue(caller, ids.clone())
                 .await
                 .map(|res| t::DlqRequeueResponse {
                     results: Some(convert::item_results(ids, res)),
@@ -354,7 +443,7 @@ async fn execute(call: Call, host: &Host) -> Reply {
         Call::DlqRequeueAll(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .dlq_requeue_all(&ns, &topic, req.max)
+                .dlq_requeue_all(caller, &ns, &topic, req.max)
                 .await
                 .map(|count| t::DlqCountResponse { count: Some(count) });
             let (result_value, err) = split(r);
@@ -363,7 +452,7 @@ async fn execute(call: Call, host: &Host) -> Reply {
         Call::DlqPurge(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .dlq_purge(&ns, &topic)
+                .dlq_purge(caller, &ns, &topic)
                 .await
                 .map(|count| t::DlqCountResponse { count: Some(count) });
             let (result_value, err) = split(r);
@@ -372,7 +461,7 @@ async fn execute(call: Call, host: &Host) -> Reply {
         Call::Peek(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .peek(&ns, &topic, req.count.unwrap_or(0))
+                .peek(caller, &ns, &topic, req.count.unwrap_or(0))
                 .await
                 .map(|items| t::PeekResponse {
                     items: Some(items.into_iter().map(convert::item).collect()),
@@ -383,10 +472,13 @@ async fn execute(call: Call, host: &Host) -> Reply {
         Call::Touch(req) => {
             let items = convert::touch_items(req.items);
             let ids = items.iter().map(|t| t.id.clone()).collect();
-            let from = forwarder(&req.forwarded_by);
-            let r = host.touch(items, from).await.map(|res| t::TouchResponse {
-                results: Some(convert::item_results(ids, res)),
-            });
+            let from = (forwarder(&req.forwarded_by), req.forwarded_for.as_deref());
+            let r = host
+                .touch(caller, items, from)
+                .await
+                .map(|res| t::TouchResponse {
+                    results: Some(convert::item_results(ids, res)),
+                });
             let (result_value, err) = split(r);
             Reply::Touch(t::FoqsTouchResult { result_value, err })
         }

@@ -3,7 +3,7 @@
 //! connections: one `bb8` pool per peer address, created on first use.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -11,14 +11,16 @@ use thrift::protocol::{
     TBinaryInputProtocol, TBinaryOutputProtocol, TInputProtocol, TMessageIdentifier, TMessageType,
     TOutputProtocol,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{config_for, convert, describe};
 use crate::core::{
-    ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, Peers, TouchRequestItem,
+    ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, Forwarded, NackRequestItem, Peers,
+    TouchRequestItem,
 };
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::thrift_gen as t;
 
 /// Largest reply frame accepted from a peer (a full dequeue-sized reply fits many times).
@@ -28,15 +30,23 @@ pub struct PeerClient {
     pools: Mutex<HashMap<String, bb8::Pool<Connector>>>,
     connections_max: u32,
     timeout: Duration,
+    /// TLS towards peers (`cluster.tls_*`); `None`: plain TCP.
+    tls: Option<tokio_rustls::TlsConnector>,
+    metrics: Arc<Metrics>,
 }
 
 struct Connector {
     addr: String,
     timeout: Duration,
+    tls: Option<tokio_rustls::TlsConnector>,
 }
 
+/// A peer connection's byte stream: plain TCP or TLS.
+trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> PeerIo for T {}
+
 struct Conn {
-    stream: TcpStream,
+    stream: Box<dyn PeerIo>,
     /// Set while a call is in flight: a call abandoned half-way (timeout) leaves the
     /// stream out of step, and the pool then drops it.
     broken: bool,
@@ -48,12 +58,22 @@ impl bb8::ManageConnection for Connector {
     type Error = std::io::Error;
 
     async fn connect(&self) -> std::io::Result<Conn> {
+        let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
         let stream = tokio::time::timeout(self.timeout, TcpStream::connect(&self.addr))
             .await
-            .map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
-            })??;
+            .map_err(|_| timed_out())??;
         stream.set_nodelay(true)?;
+        let stream: Box<dyn PeerIo> = match &self.tls {
+            None => Box::new(stream),
+            Some(tls) => {
+                let name = crate::tls::server_name(&self.addr)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let s = tokio::time::timeout(self.timeout, tls.connect(name, stream))
+                    .await
+                    .map_err(|_| timed_out())??;
+                Box::new(s)
+            }
+        };
         Ok(Conn {
             stream,
             broken: false,
@@ -74,11 +94,18 @@ impl bb8::ManageConnection for Connector {
 }
 
 impl PeerClient {
-    pub fn new(connections_max: u32, timeout: Duration) -> PeerClient {
+    pub fn new(
+        connections_max: u32,
+        timeout: Duration,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        metrics: Arc<Metrics>,
+    ) -> PeerClient {
         PeerClient {
             pools: Mutex::new(HashMap::new()),
             connections_max: connections_max.max(1),
             timeout,
+            tls: tls.map(tokio_rustls::TlsConnector::from),
+            metrics,
         }
     }
 
@@ -93,6 +120,7 @@ impl PeerClient {
                     .build_unchecked(Connector {
                         addr: addr.to_string(),
                         timeout: self.timeout,
+                        tls: self.tls.clone(),
                     })
             })
             .clone()
@@ -103,7 +131,23 @@ impl PeerClient {
     async fn call<R>(
         &self,
         addr: &str,
-        method: &str,
+        method: &'static str,
+        args: impl FnOnce(&mut dyn TOutputProtocol) -> thrift::Result<()>,
+        result: impl FnOnce(&mut dyn TInputProtocol) -> thrift::Result<R>,
+    ) -> Result<R> {
+        let r = self.call_once(addr, method, args, result).await;
+        let outcome = match &r {
+            Ok(_) => "ok",
+            Err(_) => "unavailable",
+        };
+        self.metrics.forwarded(addr, method, outcome);
+        r
+    }
+
+    async fn call_once<R>(
+        &self,
+        addr: &str,
+        method: &'static str,
         args: impl FnOnce(&mut dyn TOutputProtocol) -> thrift::Result<()>,
         result: impl FnOnce(&mut dyn TInputProtocol) -> thrift::Result<R>,
     ) -> Result<R> {
@@ -231,12 +275,13 @@ impl Peers for PeerClient {
         &'a self,
         addr: &'a str,
         ids: Vec<String>,
-        from: &'a str,
+        from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         let args = t::FoqsAckArgs {
             req: t::AckRequest {
                 ids: Some(ids),
-                forwarded_by: Some(from.to_string()),
+                forwarded_by: Some(from.by.to_string()),
+                forwarded_for: from.for_identity.map(str::to_string),
             },
         };
         call_method!(self, addr, "ack", args, t::FoqsAckResult, |v| {
@@ -248,12 +293,13 @@ impl Peers for PeerClient {
         &'a self,
         addr: &'a str,
         items: Vec<NackRequestItem>,
-        from: &'a str,
+        from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         let args = t::FoqsNackArgs {
             req: t::NackRequest {
                 items: Some(items.into_iter().map(convert::nack_item_to_wire).collect()),
-                forwarded_by: Some(from.to_string()),
+                forwarded_by: Some(from.by.to_string()),
+                forwarded_for: from.for_identity.map(str::to_string),
             },
         };
         call_method!(self, addr, "nack", args, t::FoqsNackResult, |v| {
@@ -265,12 +311,13 @@ impl Peers for PeerClient {
         &'a self,
         addr: &'a str,
         items: Vec<TouchRequestItem>,
-        from: &'a str,
+        from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         let args = t::FoqsTouchArgs {
             req: t::TouchRequest {
                 items: Some(items.into_iter().map(convert::touch_item_to_wire).collect()),
-                forwarded_by: Some(from.to_string()),
+                forwarded_by: Some(from.by.to_string()),
+                forwarded_for: from.for_identity.map(str::to_string),
             },
         };
         call_method!(self, addr, "touch", args, t::FoqsTouchResult, |v| {

@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::model::{
     Item, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName, TopicSnapshot,
 };
+use crate::store::ItemMeta;
 
 /// The outcome of one ack or nack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +99,10 @@ pub(crate) enum Command {
     FetchReady {
         keys: Vec<u64>,
         reply: Reply<Vec<Item>>,
+    },
+    Lookup {
+        keys: Vec<u64>,
+        reply: Reply<Vec<ItemMeta>>,
     },
     TopicSnapshot {
         topic: TopicName,
@@ -229,6 +234,11 @@ impl ShardHandle {
         self.tx.capacity()
     }
 
+    /// Commands waiting in the worker's queue.
+    pub fn queue_depth(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
     /// Up to `n` keys of the topic's most urgent ready items, without leasing them: from
     /// memory when the index holds enough (or everything), else the worker refills it.
     pub async fn peek(&self, topic: TopicName, n: usize) -> Result<Vec<ReadyKey>> {
@@ -269,6 +279,12 @@ impl ShardHandle {
     pub async fn topic_snapshot(&self, topic: TopicName) -> Result<TopicSnapshot> {
         self.call(|reply| Command::TopicSnapshot { topic, reply })
             .await
+    }
+
+    /// What the existing items among `keys` are now (namespace, state, ...), read beside
+    /// the worker.
+    pub async fn lookup(&self, keys: Vec<u64>) -> Result<Vec<ItemMeta>> {
+        self.call(|reply| Command::Lookup { keys, reply }).await
     }
 
     /// The items among `keys` that are ready, read without leasing them (for peek).

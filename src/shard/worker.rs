@@ -307,6 +307,10 @@ impl<S: ShardStore> ShardWorker<S> {
                     .read_beside(reply, move |store, now| async move {
                         store.fetch_ready(&keys, now).await
                     }),
+                Command::Lookup { keys, reply } => self.read_beside(
+                    reply,
+                    move |store, _| async move { store.lookup(&keys).await },
+                ),
                 Command::TopicCounts {
                     ns,
                     after,

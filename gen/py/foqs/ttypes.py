@@ -40,6 +40,7 @@ class ErrorCode(object):
     WRONG_HOST = 6
     UNKNOWN_NAMESPACE = 7
     INTERNAL = 8
+    PERMISSION_DENIED = 9
 
     _VALUES_TO_NAMES = {
         1: "INVALID_ARGUMENT",
@@ -50,6 +51,7 @@ class ErrorCode(object):
         6: "WRONG_HOST",
         7: "UNKNOWN_NAMESPACE",
         8: "INTERNAL",
+        9: "PERMISSION_DENIED",
     }
 
     _NAMES_TO_VALUES = {
@@ -61,6 +63,7 @@ class ErrorCode(object):
         "WRONG_HOST": 6,
         "UNKNOWN_NAMESPACE": 7,
         "INTERNAL": 8,
+        "PERMISSION_DENIED": 9,
     }
 
 
@@ -1050,13 +1053,15 @@ class AckRequest(object):
     Attributes:
      - ids
      - forwarded_by
+     - forwarded_for
 
     """
 
 
-    def __init__(self, ids=None, forwarded_by=None,):
+    def __init__(self, ids=None, forwarded_by=None, forwarded_for=None,):
         self.ids = ids
         self.forwarded_by = forwarded_by
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1082,6 +1087,11 @@ class AckRequest(object):
                     self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1102,6 +1112,10 @@ class AckRequest(object):
         if self.forwarded_by is not None:
             oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
             oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 3)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1227,13 +1241,15 @@ class NackRequest(object):
     Attributes:
      - items
      - forwarded_by
+     - forwarded_for
 
     """
 
 
-    def __init__(self, items=None, forwarded_by=None,):
+    def __init__(self, items=None, forwarded_by=None, forwarded_for=None,):
         self.items = items
         self.forwarded_by = forwarded_by
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1260,6 +1276,11 @@ class NackRequest(object):
                     self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1280,6 +1301,10 @@ class NackRequest(object):
         if self.forwarded_by is not None:
             oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
             oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 3)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1584,13 +1609,15 @@ class TouchRequest(object):
     Attributes:
      - items
      - forwarded_by
+     - forwarded_for
 
     """
 
 
-    def __init__(self, items=None, forwarded_by=None,):
+    def __init__(self, items=None, forwarded_by=None, forwarded_for=None,):
         self.items = items
         self.forwarded_by = forwarded_by
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1617,6 +1644,11 @@ class TouchRequest(object):
                     self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1637,6 +1669,10 @@ class TouchRequest(object):
         if self.forwarded_by is not None:
             oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
             oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 3)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3374,6 +3410,7 @@ AckRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'ids', (TType.STRING, 'UTF8', False), None, ),  # 1
     (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 3
 )
 all_structs.append(NackItem)
 NackItem.thrift_spec = (
@@ -3389,6 +3426,7 @@ NackRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'items', (TType.STRUCT, [NackItem, None], False), None, ),  # 1
     (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 3
 )
 all_structs.append(ItemResult)
 ItemResult.thrift_spec = (
@@ -3418,6 +3456,7 @@ TouchRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'items', (TType.STRUCT, [TouchItem, None], False), None, ),  # 1
     (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 3
 )
 all_structs.append(TouchResponse)
 TouchResponse.thrift_spec = (

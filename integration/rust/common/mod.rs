@@ -250,6 +250,7 @@ impl Client {
             c.ack(AckRequest {
                 ids: Some(ids.to_vec()),
                 forwarded_by: None,
+                forwarded_for: None,
             })
         })
         .expect("ack")
@@ -262,6 +263,7 @@ impl Client {
             c.nack(NackRequest {
                 items: Some(items),
                 forwarded_by: None,
+                forwarded_for: None,
             })
         })
         .expect("nack")
@@ -315,6 +317,7 @@ impl Client {
             c.touch(TouchRequest {
                 items: Some(items),
                 forwarded_by: None,
+                forwarded_for: None,
             })
         })
         .expect("touch")

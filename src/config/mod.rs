@@ -7,6 +7,10 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+mod edge;
+
+pub use edge::{LogConfig, LogFormat, MetricsConfig};
+
 use crate::cluster::config::{self as cluster_config, ClusterConfig, TierConfig, TIER_DEFAULT};
 use crate::model::{Policy, ShardId};
 
@@ -38,6 +42,13 @@ pub struct Config {
     /// Pools of shards; shards no tier lists form the tier `default`.
     #[serde(default)]
     pub tiers: Vec<TierConfig>,
+    /// Who may do what in which namespace; none: everything is allowed.
+    #[serde(default)]
+    pub access: Vec<crate::core::AccessRule>,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub log: LogConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -50,6 +61,15 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// On SIGTERM, how long to wait for connections to finish the request they are serving.
     pub shutdown_grace_ms: u64,
+    /// A frame that has started must be complete within this long (and a reply taken by
+    /// the client within it), else the connection is closed.
+    pub frame_read_timeout_ms: u64,
+    /// A connection with no request for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// A TLS handshake must finish within this long.
+    pub handshake_timeout_ms: u64,
+    /// With it, the Thrift port speaks TLS only.
+    pub tls: Option<crate::tls::ServerTlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +80,10 @@ impl Default for ServerConfig {
             max_frame_bytes: MAX_FRAME_BYTES_DEFAULT,
             max_connections: MAX_CONNECTIONS_DEFAULT,
             shutdown_grace_ms: 30_000,
+            frame_read_timeout_ms: 10_000,
+            idle_timeout_ms: 300_000,
+            handshake_timeout_ms: 10_000,
+            tls: None,
         }
     }
 }
@@ -261,6 +285,7 @@ impl Config {
         if self.server.max_connections == 0 {
             problems.push("server.max_connections must be > 0".into());
         }
+        edge::check(self, &mut problems);
         if self.shards.is_empty() {
             problems.push("no [[shards]]: at least one shard is needed".into());
         }

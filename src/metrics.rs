@@ -1,0 +1,329 @@
+//! [`Metrics`]: what foqsd tells Prometheus, one registry per running host (so that tests
+//! running several hosts in one process see each host's own numbers). Names follow
+//! Prometheus conventions: `foqs_` prefix, base units (seconds), `_total` on counters, and
+//! labels of low cardinality only (namespace, method, code, shard, peer; never a topic or
+//! an item id). The README lists every metric.
+//!
+//! Counters are bumped where things happen; gauges of depth and age are set at scrape
+//! time from state the shard workers keep in memory ([`crate::shard::NsCounts`]), so a
+//! scrape runs no query.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodCode {
+    pub method: &'static str,
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabel {
+    pub method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NsLabel {
+    pub ns: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NsState {
+    pub ns: String,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabel {
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerOutcome {
+    pub peer: String,
+    pub method: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+fn latency() -> Histogram {
+    // 100 µs .. ~6.5 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 17))
+}
+
+/// Items that happen to a namespace's items, counted by the shard workers and the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ItemEvent {
+    Enqueued,
+    Delivered,
+    Acked,
+    Nacked,
+    Expired,
+    DeadLettered,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<MethodCode, Counter>,
+    pub request_duration: Family<MethodLabel, Histogram, fn() -> Histogram>,
+    item_events: [Family<NsLabel, Counter>; 6],
+    pub items: Family<NsState, Gauge>,
+    pub oldest_ready_age: Family<NsLabel, FloatGauge>,
+    pub breaker_open: Family<ShardLabel, Gauge>,
+    pub shard_queue_depth: Family<ShardLabel, Gauge>,
+    pub shard_turn_duration: Family<ShardLabel, Histogram, fn() -> Histogram>,
+    pub store_duration: Family<ShardLabel, Histogram, fn() -> Histogram>,
+    pub store_errors: Family<ShardLabel, Counter>,
+    pub connections_open: Gauge,
+    pub connections_evicted: Counter,
+    pub connections_closed: Family<ReasonLabel, Counter>,
+    pub forwarded: Family<PeerOutcome, Counter>,
+    pub shards_owned: Gauge,
+    pub lease_renewals: Family<OutcomeLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::with_prefix("foqs");
+        let requests = Family::<MethodCode, Counter>::default();
+        r.register(
+            "requests",
+            "Thrift requests by method and outcome code (ok, or the FoqsError code)",
+            requests.clone(),
+        );
+        let request_duration =
+            Family::<MethodLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
+        r.register_with_unit(
+            "request_duration",
+            "Time to serve a Thrift request, by method (a long poll's wait included)",
+            Unit::Seconds,
+            request_duration.clone(),
+        );
+        let item_events: [Family<NsLabel, Counter>; 6] = Default::default();
+        for (family, (name, help)) in item_events.iter().zip([
+            (
+                "items_enqueued",
+                "Items written by enqueues (deduplicated ones not counted)",
+            ),
+            ("items_delivered", "Items handed to consumers"),
+            ("items_acked", "Items deleted by ack"),
+            ("items_nacked", "Items nacked by consumers"),
+            ("items_expired", "Leases that ran out without ack or nack"),
+            (
+                "items_dead_lettered",
+                "Items that became dead (attempts used up, or nacked to the dead letters)",
+            ),
+        ]) {
+            r.register(name, help, family.clone());
+        }
+        let items = Family::<NsState, Gauge>::default();
+        r.register(
+            "items",
+            "Items on this host's shards by namespace and state (ready, deferred, leased, dead); leased includes items the prefetch buffer claimed",
+            items.clone(),
+        );
+        let oldest_ready_age = Family::<NsLabel, FloatGauge>::default();
+        r.register_with_unit(
+            "oldest_ready_age",
+            "How long the oldest ready item of the namespace has been ready",
+            Unit::Seconds,
+            oldest_ready_age.clone(),
+        );
+        let breaker_open = Family::<ShardLabel, Gauge>::default();
+        r.register(
+            "shard_breaker_open",
+            "1 while the shard's circuit breaker is open (no new enqueues go there)",
+            breaker_open.clone(),
+        );
+        let shard_queue_depth = Family::<ShardLabel, Gauge>::default();
+        r.register(
+            "shard_queue_depth",
+            "Commands waiting in the shard worker's queue",
+            shard_queue_depth.clone(),
+        );
+        let shard_turn_duration =
+            Family::<ShardLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
+        r.register_with_unit(
+            "shard_turn_duration",
+            "Time a shard worker takes for one turn (its batched writes)",
+            Unit::Seconds,
+            shard_turn_duration.clone(),
+        );
+        let store_duration =
+            Family::<ShardLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
+        r.register_with_unit(
+            "store_operation_duration",
+            "Time of one storage operation (MySQL round trips) of a shard",
+            Unit::Seconds,
+            store_duration.clone(),
+        );
+        let store_errors = Family::<ShardLabel, Counter>::default();
+        r.register(
+            "store_errors",
+            "Failed storage operations of a shard (timeouts included)",
+            store_errors.clone(),
+        );
+        let connections_open = Gauge::default();
+        r.register(
+            "connections_open",
+            "Open client connections",
+            connections_open.clone(),
+        );
+        let connections_evicted = Counter::default();
+        r.register(
+            "connections_evicted",
+            "Connections closed at the connection cap to make room (the longest idle)",
+            connections_evicted.clone(),
+        );
+        let connections_closed = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "connections_closed",
+            "Connections ended, by reason (closed by the client, idle_timeout, frame_timeout, handshake_timeout, evicted, refused, shutdown)",
+            connections_closed.clone(),
+        );
+        let forwarded = Family::<PeerOutcome, Counter>::default();
+        r.register(
+            "forwarded_requests",
+            "Requests forwarded to a peer host, by peer, method and outcome",
+            forwarded.clone(),
+        );
+        let shards_owned = Gauge::default();
+        r.register(
+            "shards_owned",
+            "Shards this host serves now",
+            shards_owned.clone(),
+        );
+        let lease_renewals = Family::<OutcomeLabel, Counter>::default();
+        r.register(
+            "cluster_lease_renewals",
+            "Renewals of this host's cluster lease (etcd), by outcome",
+            lease_renewals.clone(),
+        );
+        Metrics {
+            registry: r,
+            requests,
+            request_duration,
+            item_events,
+            items,
+            oldest_ready_age,
+            breaker_open,
+            shard_queue_depth,
+            shard_turn_duration,
+            store_duration,
+            store_errors,
+            connections_open,
+            connections_evicted,
+            connections_closed,
+            forwarded,
+            shards_owned,
+            lease_renewals,
+        }
+    }
+
+    /// The registry in Prometheus' text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    pub fn item_event(&self, ns: &str, event: ItemEvent, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let family = &self.item_events[event as usize];
+        family
+            .get_or_create(&NsLabel { ns: ns.to_string() })
+            .inc_by(n);
+    }
+
+    pub fn connection_evicted(&self) {
+        self.connections_evicted.inc();
+    }
+
+    pub fn connection_ended(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn request(&self, method: &'static str, code: &'static str, seconds: f64) {
+        self.requests
+            .get_or_create(&MethodCode { method, code })
+            .inc();
+        self.request_duration
+            .get_or_create(&MethodLabel { method })
+            .observe(seconds);
+    }
+
+    pub fn forwarded(&self, peer: &str, method: &'static str, outcome: &'static str) {
+        self.forwarded
+            .get_or_create(&PeerOutcome {
+                peer: peer.to_string(),
+                method,
+                outcome,
+            })
+            .inc();
+    }
+
+    pub fn lease_renewal(&self, ok: bool) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.lease_renewals
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let m = Metrics::new();
+        m.request("enqueue", "ok", 0.002);
+        m.item_event("shop", ItemEvent::Acked, 3);
+        m.connection_ended("idle_timeout");
+        let text = m.encode();
+        assert!(
+            text.contains("foqs_requests_total{method=\"enqueue\",code=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("foqs_request_duration_seconds_bucket{"),
+            "{text}"
+        );
+        assert!(
+            text.contains("foqs_items_acked_total{ns=\"shop\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("foqs_connections_closed_total{reason=\"idle_timeout\"} 1"),
+            "{text}"
+        );
+        assert!(text.trim_end().ends_with("# EOF"));
+    }
+}

@@ -1,0 +1,283 @@
+//! The network edge: a tokio accept loop, one task per connection, optional TLS, Thrift
+//! framed transport (4-byte big-endian length, then the message), and graceful shutdown:
+//! stop accepting, let each connection finish the request it is serving, then return so
+//! the caller can flush the shards.
+//!
+//! Connections are a resource with limits, so that one careless client cannot take them
+//! all: a TLS handshake must finish within `handshake_timeout_ms`, a frame that has started
+//! within `frame_read_timeout_ms` (and a reply must be taken by the client within it too),
+//! and a connection with no request for `idle_timeout_ms` is closed. At the connection cap
+//! the connection that has waited longest without a request in progress gives way to the
+//! new one ([`ConnTable`]); only when every connection is busy with a request (a long poll
+//! counts as one) does a new connection wait.
+
+mod conns;
+mod http;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
+
+pub use conns::{ConnState, ConnTable};
+pub use http::serve_http;
+
+use crate::core::{Caller, Host};
+use crate::metrics::Metrics;
+use crate::rpc::{self, Outcome};
+
+#[derive(Debug, Clone)]
+pub struct ServerLimits {
+    pub max_frame_bytes: usize,
+    pub max_connections: usize,
+    /// How long shutdown waits for connections to finish their current request.
+    pub shutdown_grace_ms: u64,
+    pub frame_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub handshake_timeout_ms: u64,
+}
+
+/// Why a connection ended, for the logs and the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Closed,
+    Idle,
+    FrameTimeout,
+    HandshakeTimeout,
+    Evicted,
+    Shutdown,
+    Refused,
+}
+
+impl End {
+    fn label(self) -> &'static str {
+        match self {
+            End::Closed => "closed",
+            End::Idle => "idle_timeout",
+            End::FrameTimeout => "frame_timeout",
+            End::HandshakeTimeout => "handshake_timeout",
+            End::Evicted => "evicted",
+            End::Shutdown => "shutdown",
+            End::Refused => "refused",
+        }
+    }
+}
+
+/// What every connection task shares.
+struct Edge {
+    host: Arc<Host>,
+    limits: ServerLimits,
+    tls: Option<TlsAcceptor>,
+    table: Arc<ConnTable>,
+    metrics: Arc<Metrics>,
+}
+
+/// Serves until `shutdown` turns true, then waits for open connections to finish their
+/// current request and close.
+pub async fn serve(
+    listener: TcpListener,
+    host: Arc<Host>,
+    limits: ServerLimits,
+    tls: Option<TlsAcceptor>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let edge = Arc::new(Edge {
+        host,
+        limits: limits.clone(),
+        tls,
+        table: Arc::new(ConnTable::default()),
+        metrics,
+    });
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Typically EMFILE: back off a little rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                // At the cap: the connection waiting longest without a request gives way.
+                // When every one is serving a request, this one waits for a slot.
+                if edge.table.evict_longest_waiting() {
+                    edge.metrics.connection_evicted();
+                } else {
+                    tracing::warn!(%peer, "every connection is busy with a request; the new one waits");
+                }
+                tokio::select! {
+                    p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
+                    _ = shutdown.changed() => break,
+                }
+            }
+        };
+        let edge = edge.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let slot = edge.table.register();
+            edge.metrics.connections_open.inc();
+            let end = match connect(stream, peer, &edge, &slot, shutdown).await {
+                Ok(end) => end,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "connection ended");
+                    End::Closed
+                }
+            };
+            if end != End::Closed && end != End::Shutdown {
+                tracing::info!(%peer, why = end.label(), "connection closed by foqsd");
+            }
+            edge.metrics.connection_ended(end.label());
+            edge.metrics.connections_open.dec();
+            drop(slot);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    tracing::info!("stopped accepting; waiting for open connections to finish");
+    let grace = Duration::from_millis(limits.shutdown_grace_ms);
+    if tokio::time::timeout(grace, permits.acquire_many(limits.max_connections as u32))
+        .await
+        .is_err()
+    {
+        // A client stuck mid-request must not hold the host hostage; its request, if it
+        // ever completes, gets UNAVAILABLE from the stopped shards.
+        tracing::warn!(
+            grace_ms = limits.shutdown_grace_ms,
+            "connections still open after the shutdown grace period"
+        );
+    }
+}
+
+/// Completes the TLS handshake when the port speaks TLS, learns the caller's identity,
+/// and serves the connection.
+async fn connect(
+    stream: TcpStream,
+    peer: SocketAddr,
+    edge: &Edge,
+    slot: &conns::ConnSlot,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<End> {
+    stream.set_nodelay(true)?;
+    let Some(tls) = &edge.tls else {
+        let caller = Caller::anonymous();
+        tracing::debug!(%peer, identity = %caller.identity, "connection");
+        return serve_connection(stream, peer, edge, slot, &caller, shutdown).await;
+    };
+    let handshake = Duration::from_millis(edge.limits.handshake_timeout_ms);
+    let stream = tokio::select! {
+        r = tokio::time::timeout(handshake, tls.accept(stream)) => match r {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                // A certificate from another CA, a plain-TCP client, a scanner.
+                tracing::info!(%peer, error = %e, "TLS handshake failed");
+                return Ok(End::Refused);
+            }
+            Err(_) => return Ok(End::HandshakeTimeout),
+        },
+        _ = slot.kick.notified() => return Ok(End::Evicted),
+    };
+    let identity = crate::tls::identity(stream.get_ref().1.peer_certificates());
+    tracing::info!(%peer, %identity, "TLS connection");
+    let caller = Caller::new(identity);
+    serve_connection(stream, peer, edge, slot, &caller, shutdown).await
+}
+
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    peer: SocketAddr,
+    edge: &Edge,
+    slot: &conns::ConnSlot,
+    caller: &Caller,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<End> {
+    let limits = &edge.limits;
+    let idle = Duration::from_millis(limits.idle_timeout_ms);
+    let frame_timeout = Duration::from_millis(limits.frame_read_timeout_ms);
+    let mut frame = Vec::new();
+    loop {
+        if *shutdown.borrow() {
+            return Ok(End::Shutdown);
+        }
+        slot.set(ConnState::Idle);
+        let mut len = [0u8; 4];
+        // Between requests a connection may be closed (shutdown, idle, eviction); once a
+        // frame has started, only its deadline or an eviction ends it.
+        tokio::select! {
+            r = stream.read(&mut len[..1]) => if r? == 0 { return Ok(End::Closed) },
+            _ = tokio::time::sleep(idle) => return Ok(End::Idle),
+            _ = slot.kick.notified() => return Ok(End::Evicted),
+            _ = shutdown.changed() => return Ok(End::Shutdown),
+        }
+        slot.set(ConnState::Reading);
+        let deadline = tokio::time::Instant::now() + frame_timeout;
+        let read = read_frame(
+            &mut stream,
+            &mut len,
+            &mut frame,
+            limits.max_frame_bytes,
+            peer,
+        );
+        tokio::select! {
+            r = read => if !r? { return Ok(End::Closed) },
+            _ = tokio::time::sleep_until(deadline) => return Ok(End::FrameTimeout),
+            _ = slot.kick.notified() => return Ok(End::Evicted),
+        }
+        slot.set(ConnState::Busy);
+        match rpc::handle(&frame, &edge.host, caller).await {
+            Outcome::Reply(msg) => {
+                let mut out = Vec::with_capacity(msg.len() + 4);
+                out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+                out.extend_from_slice(&msg);
+                // A client that does not take its reply holds a slot: bound it too.
+                match tokio::time::timeout(frame_timeout, stream.write_all(&out)).await {
+                    Ok(r) => r?,
+                    Err(_) => return Ok(End::FrameTimeout),
+                }
+            }
+            Outcome::Close(why) => {
+                tracing::warn!(%peer, why, "undecodable message; closing the connection");
+                return Ok(End::Closed);
+            }
+        }
+        // Do not keep a large buffer alive for a connection that sent one large request.
+        if frame.capacity() > 1 << 20 {
+            frame = Vec::new();
+        }
+    }
+}
+
+/// Reads the rest of a frame whose first length byte is in `len[0]`; false when the
+/// frame is refused (bad length) or the peer closed the connection mid-frame. The buffer
+/// grows with what arrives, so a client that announces a large frame and sends nothing
+/// costs nothing.
+async fn read_frame<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    len: &mut [u8; 4],
+    frame: &mut Vec<u8>,
+    max_frame_bytes: usize,
+    peer: SocketAddr,
+) -> std::io::Result<bool> {
+    stream.read_exact(&mut len[1..]).await?;
+    let n = i32::from_be_bytes(*len);
+    // Also rejects unframed clients: a strict binary header 0x80 0x01 ... reads as a
+    // negative length.
+    if n <= 0 || n as usize > max_frame_bytes {
+        tracing::warn!(%peer, len = n, max = max_frame_bytes, "bad frame length; closing the connection");
+        return Ok(false);
+    }
+    frame.clear();
+    let got = (&mut *stream).take(n as u64).read_to_end(frame).await?;
+    Ok(got == n as usize)
+}
