@@ -24,12 +24,47 @@ pub fn connect(
     protocol: Protocol,
     timeout: Duration,
 ) -> thrift::Result<SyncClient> {
+    let stream = tcp(addr, timeout)?;
+    let (r, w) = TTcpChannel::with_stream(stream).split()?;
+    Ok(client(
+        TFramedReadTransport::new(r),
+        TFramedWriteTransport::new(w),
+        protocol,
+    ))
+}
+
+/// Connects to foqsd at `addr` (HOST:PORT) over TLS: the server's certificate must match
+/// HOST and chain to the configuration's CA; the client presents its certificate when the
+/// configuration has one (see [`crate::tls::client_config`]).
+pub fn connect_tls(
+    addr: &str,
+    protocol: Protocol,
+    timeout: Duration,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+) -> thrift::Result<SyncClient> {
+    let stream = tcp(addr, timeout)?;
+    let tls = crate::tls::SyncTlsStream::connect(stream, addr, tls)
+        .map_err(|e| thrift::Error::from(std::io::Error::other(e.to_string())))?;
+    Ok(client(
+        TFramedReadTransport::new(tls.clone()),
+        TFramedWriteTransport::new(tls),
+        protocol,
+    ))
+}
+
+fn tcp(addr: impl ToSocketAddrs, timeout: Duration) -> thrift::Result<TcpStream> {
     let stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    let (r, w) = TTcpChannel::with_stream(stream).split()?;
-    let (r, w) = (TFramedReadTransport::new(r), TFramedWriteTransport::new(w));
+    Ok(stream)
+}
+
+fn client<R, W>(r: R, w: W, protocol: Protocol) -> SyncClient
+where
+    R: thrift::transport::TReadTransport + Send + 'static,
+    W: thrift::transport::TWriteTransport + Send + 'static,
+{
     let (i, o): (InputProtocol, OutputProtocol) = match protocol {
         Protocol::Binary => (
             Box::new(TBinaryInputProtocol::new(r, true)),
@@ -40,7 +75,7 @@ pub fn connect(
             Box::new(TCompactOutputProtocol::new(w)),
         ),
     };
-    Ok(FoqsSyncClient::new(i, o))
+    FoqsSyncClient::new(i, o)
 }
 
 /// An item to enqueue with every optional field absent (so the namespace's defaults

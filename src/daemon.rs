@@ -89,6 +89,7 @@ struct ShardOpener {
     /// authority (see README, "One writer per shard").
     lost: Option<mpsc::UnboundedSender<ShardId>>,
     store_timeout_ms: u64,
+    metrics: Arc<Metrics>,
 }
 
 impl ShardOpener {
@@ -118,6 +119,7 @@ impl ShardOpener {
             self.clock.clone(),
             self.workers.clone(),
             self.waiters.clone(),
+            self.metrics.clone(),
         )
         .await
         .map_err(err)
@@ -244,9 +246,14 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
                 tier: c.tier.clone(),
                 tier_shards: tier_shards.get(&c.tier).cloned().unwrap_or_default(),
             };
-            let (m, client) = EtcdManager::start(&c.etcd, member, cfg.engine.store_timeout_ms)
-                .await
-                .map_err(|e| StartError::Cluster(e.to_string()))?;
+            let (m, client) = EtcdManager::start(
+                &c.etcd,
+                member,
+                cfg.engine.store_timeout_ms,
+                metrics.clone(),
+            )
+            .await
+            .map_err(|e| StartError::Cluster(e.to_string()))?;
             (
                 m,
                 Arc::new(EtcdBudget::new(client, &c.etcd.prefix, clock.clone())),
@@ -263,6 +270,7 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         fence: manager.fence(),
         lost: (c.manager != ManagerKind::Etcd).then_some(lost_tx),
         store_timeout_ms: cfg.engine.store_timeout_ms,
+        metrics: metrics.clone(),
     };
     let prefetch = PrefetchConfig {
         window_ms: cfg.engine.prefetch_window_ms,

@@ -6,13 +6,15 @@
 //! (message on stderr), 2 usage error, 3 nothing to return (empty dequeue or peek).
 
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use base64::Engine;
 use clap::{Parser, Subcommand};
-use foqs::client::{connect, new_item, Protocol, SyncClient};
+use foqs::client::{connect, connect_tls, new_item, Protocol, SyncClient};
 use foqs::thrift_gen::*;
+use foqs::tls::{client_config, ClientTlsFiles};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -34,8 +36,33 @@ struct Cli {
     /// One JSON object per line.
     #[arg(long, global = true)]
     json: bool,
+    /// Speak TLS; the CA (PEM) that signed foqsd's certificate.
+    #[arg(long, env = "FOQS_TLS_CA", global = true)]
+    tls_ca: Option<PathBuf>,
+    /// This client's certificate (PEM), for a foqsd that requires one (mTLS).
+    #[arg(long, env = "FOQS_TLS_CERT", global = true, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "FOQS_TLS_KEY", global = true, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// Connects, over TLS when a CA or a client certificate is given.
+fn open(cli: &Cli, protocol: Protocol) -> Result<SyncClient, String> {
+    let timeout = Duration::from_secs(60);
+    let files = ClientTlsFiles {
+        ca_file: cli.tls_ca.clone(),
+        cert_file: cli.tls_cert.clone(),
+        key_file: cli.tls_key.clone(),
+    };
+    let fail = |e: String| format!("cannot connect to {}: {e}", cli.host);
+    if !files.enabled() {
+        return connect(&cli.host, protocol, timeout).map_err(|e| fail(describe(&e)));
+    }
+    let cfg = client_config(&files).map_err(|e| fail(e.to_string()))?;
+    connect_tls(&cli.host, protocol, timeout, cfg).map_err(|e| fail(describe(&e)))
 }
 
 #[derive(Subcommand)]
@@ -187,9 +214,7 @@ fn main() -> ExitCode {
     } else {
         Protocol::Binary
     };
-    let result = connect(&cli.host, protocol, Duration::from_secs(60))
-        .map_err(|e| format!("cannot connect to {}: {}", cli.host, describe(&e)))
-        .and_then(|mut c| run(&mut c, &cli));
+    let result = open(&cli, protocol).and_then(|mut c| run(&mut c, &cli));
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::Nothing) => ExitCode::from(3),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use foqs::clock::SystemClock;
-use foqs::config::Config;
+use foqs::config::{Config, LogFormat};
 
 #[derive(Parser)]
 #[command(
@@ -26,13 +26,23 @@ struct Args {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Logs go to stderr: coloured only on a terminal (a log file gets no escape
+/// sequences), or one JSON object per line with `log.format = "json"`.
+fn init_logs(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let args = Args::parse();
     let mut cfg =
         Config::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
@@ -40,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
         cfg.server.listen = listen;
         cfg.validate()?;
     }
+    init_logs(cfg.log.format);
     let running = foqs::daemon::start(&cfg, Arc::new(SystemClock)).await?;
     wait_for_signal().await?;
     tracing::info!("shutting down");

@@ -77,6 +77,7 @@ impl EtcdManager {
         cfg: &EtcdConfig,
         member: Member,
         store_timeout_ms: u64,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<(Arc<EtcdManager>, Client), etcd_client::Error> {
         let client = connect(cfg).await?;
         let fence = Fence::closed();
@@ -95,6 +96,7 @@ impl EtcdManager {
             held: BTreeSet::new(),
             releasing: BTreeSet::new(),
             in_trouble: false,
+            metrics,
         };
         let task =
             tokio::spawn(follower.run(Duration::from_millis(cfg.poll_ms), released_rx, leave_rx));
@@ -174,6 +176,7 @@ struct Follower {
     releasing: BTreeSet<ShardId>,
     /// An etcd problem was logged and has not cleared yet.
     in_trouble: bool,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Follower {
@@ -267,6 +270,8 @@ impl Follower {
                 lease.stream.message().await
             })
             .await;
+            let renewed = matches!(&r, Ok(Ok(Some(resp))) if resp.ttl() > 0);
+            self.metrics.lease_renewal(renewed);
             match r {
                 Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
                     let granted = Duration::from_secs(resp.ttl() as u64);

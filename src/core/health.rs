@@ -1,8 +1,11 @@
 //! What operators see of a host: readiness (`/readyz`) and the gauges refreshed at each
 //! scrape from state the host and its shard workers keep in memory (no query per scrape).
 
+use std::collections::BTreeMap;
+
 use super::host::Host;
-use crate::metrics::ShardLabel;
+use crate::metrics::{NsLabel, NsState, ShardLabel};
+use crate::shard::NsSnapshot;
 
 impl Host {
     /// `Ok(why)` when this host can serve now: it has a healthy shard, or (in a cluster)
@@ -49,6 +52,35 @@ impl Host {
             m.shard_queue_depth
                 .get_or_create(&label)
                 .set(s.queue_depth() as i64);
+        }
+        let now = self.clock.now_ms();
+        let mut by_ns: BTreeMap<String, NsSnapshot> = BTreeMap::new();
+        for s in shards.values() {
+            for (ns, snap) in s.ns_counts(now) {
+                by_ns.entry(ns).or_default().add(&snap);
+            }
+        }
+        // Namespaces that emptied disappear from the scrape rather than linger at 0.
+        m.items.clear();
+        m.oldest_ready_age.clear();
+        for (ns, c) in by_ns {
+            for (state, n) in [
+                ("ready", c.ready),
+                ("deferred", c.deferred),
+                ("leased", c.leased),
+                ("dead", c.dead),
+            ] {
+                m.items
+                    .get_or_create(&NsState {
+                        ns: ns.clone(),
+                        state,
+                    })
+                    .set(n);
+            }
+            let age_s = c
+                .oldest_ready_ms
+                .map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
+            m.oldest_ready_age.get_or_create(&NsLabel { ns }).set(age_s);
         }
     }
 }

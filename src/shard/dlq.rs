@@ -30,6 +30,11 @@ impl<S: ShardStore> ShardWorker<S> {
             .iter()
             .map(|k| match dead.remove(k) {
                 Some((ns, topic, key)) => {
+                    self.counts().moved(
+                        &ns,
+                        (ItemState::Dead, 0),
+                        (ItemState::Ready, key.deliver_after_ms),
+                    );
                     self.ready(&ns, &topic, key);
                     Settled::Done
                 }
@@ -55,6 +60,11 @@ impl<S: ShardStore> ShardWorker<S> {
         self.record(&r, took);
         r.map_err(|e| storage_error(self.id, &e))?;
         for (i, _) in &items {
+            self.counts().moved(
+                &i.ns,
+                (ItemState::Dead, 0),
+                (ItemState::Ready, i.deliver_after_ms),
+            );
             let k = ReadyKey {
                 priority: i.priority,
                 deliver_after_ms: i.deliver_after_ms,
@@ -74,6 +84,8 @@ impl<S: ShardStore> ShardWorker<S> {
         .await;
         self.record(&r, took);
         let n = r.map_err(|e| storage_error(self.id, &e))?;
+        self.counts()
+            .add(&topic.ns, ItemState::Dead, 0, -(n as i64));
         self.shared
             .items
             .fetch_sub(n as i64, std::sync::atomic::Ordering::Relaxed);

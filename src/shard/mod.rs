@@ -4,6 +4,7 @@
 //! backpressure, answered with a retryable `UNAVAILABLE`, never an unbounded queue.
 
 mod breaker;
+mod counts;
 mod dlq;
 mod index;
 mod ops;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 pub use breaker::Breaker;
+pub use counts::{NsCounts, NsSnapshot};
 pub use index::{ReadyIndex, TopicIndex};
 pub use staged::Staged;
 pub use worker::{ShardWorker, WorkerConfig};
@@ -161,6 +163,8 @@ pub(crate) struct ShardShared {
     pub items: AtomicI64,
     /// Claimed items not handed to a consumer yet (see [`Staged`]).
     pub staged: Staged,
+    /// Items by namespace and state, kept by the worker (see [`NsCounts`]).
+    pub counts: std::sync::Mutex<NsCounts>,
 }
 
 /// The cloneable sender that talks to one shard's worker.
@@ -237,6 +241,15 @@ impl ShardHandle {
     /// Commands waiting in the worker's queue.
     pub fn queue_depth(&self) -> usize {
         self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    /// The shard's items by namespace and state at `now_ms`, from memory.
+    pub fn ns_counts(&self, now_ms: i64) -> Vec<(String, NsSnapshot)> {
+        self.shared
+            .counts
+            .lock()
+            .expect("not poisoned")
+            .snapshot(now_ms)
     }
 
     /// Up to `n` keys of the topic's most urgent ready items, without leasing them: from

@@ -47,6 +47,8 @@ pub(super) struct NackOutcome {
     readied: Vec<(String, String, ReadyKey)>,
     /// The topic of every item nacked.
     nacked: Vec<(String, String)>,
+    /// Where each nacked item went: (ns, state, its deliver_after_ms when ready).
+    moves: Vec<(String, ItemState, i64)>,
 }
 
 /// A failed nack transaction, with the topics whose rows it may have changed (`None`:
@@ -196,6 +198,12 @@ impl<S: ShardStore> ShardWorker<S> {
             self.key_high_water = self.key_high_water.max(mark);
         }
         let now = self.clock.now_ms();
+        {
+            let mut counts = self.counts();
+            for (_, it) in &g.rows {
+                counts.add(&it.ns, ItemState::Ready, it.deliver_after_ms, 1);
+            }
+        }
         for (key, it) in &g.rows {
             if it.deliver_after_ms <= now {
                 let k = ReadyKey {
@@ -246,6 +254,16 @@ impl<S: ShardStore> ShardWorker<S> {
             Ok(items) => {
                 // Nobody holds these leases until the host hands the items out.
                 self.shared.staged.add(&items);
+                {
+                    let mut counts = self.counts();
+                    for i in &items {
+                        counts.moved(
+                            &i.ns,
+                            (ItemState::Ready, i.deliver_after_ms),
+                            (ItemState::Leased, 0),
+                        );
+                    }
+                }
                 for i in &items {
                     self.count(&i.ns, &i.topic, |t| t.delivered += 1);
                 }
@@ -276,6 +294,12 @@ impl<S: ShardStore> ShardWorker<S> {
             Ok(metas) => metas.into_iter().map(|m| (m.key, m)).collect(),
             Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
         };
+        {
+            let mut counts = self.counts();
+            for m in found.values() {
+                counts.add(&m.ns, m.state, m.deliver_after_ms, -1);
+            }
+        }
         for m in found.values() {
             self.count(&m.ns, &m.topic, |t| t.acked += 1);
             if m.state == ItemState::Ready {
@@ -324,6 +348,14 @@ impl<S: ShardStore> ShardWorker<S> {
         for (ns, topic) in &outcome.nacked {
             self.count(ns, topic, |t| t.nacked += 1);
         }
+        for (ns, state, at) in &outcome.moves {
+            match state {
+                ItemState::Dead => self.died(ns, (ItemState::Leased, 0)),
+                _ => self
+                    .counts()
+                    .moved(ns, (ItemState::Leased, 0), (*state, *at)),
+            }
+        }
         for (ns, topic, k) in outcome.readied {
             self.ready(&ns, &topic, k);
         }
@@ -350,6 +382,11 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         for (items, reply) in requests {
             for i in items {
+                self.counts().moved(
+                    &i.ns,
+                    (ItemState::Leased, 0),
+                    (ItemState::Ready, i.deliver_after_ms),
+                );
                 self.count(&i.ns, &i.topic, |t| t.delivered -= 1);
                 let k = ReadyKey {
                     priority: i.priority,
@@ -487,6 +524,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
     let mut changes = Vec::new();
     let mut readied = Vec::new();
     let mut touched = Vec::new();
+    let mut moves = Vec::new();
     let mut settled = Vec::with_capacity(requests.len());
     for nacks in requests {
         let mut out = Vec::with_capacity(nacks.len());
@@ -510,8 +548,10 @@ pub(super) async fn nack_exec<S: ShardStore>(
                     key: *key,
                     at_ms: now,
                 });
+                moves.push((m.ns.clone(), ItemState::Dead, 0));
             } else {
                 let deliver_after_ms = now.saturating_add(*delay_ms);
+                moves.push((m.ns.clone(), ItemState::Ready, deliver_after_ms));
                 changes.push(Change::Ready {
                     key: *key,
                     deliver_after_ms: Some(deliver_after_ms),
@@ -537,5 +577,6 @@ pub(super) async fn nack_exec<S: ShardStore>(
         settled,
         readied,
         nacked: touched,
+        moves,
     })
 }

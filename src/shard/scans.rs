@@ -55,6 +55,8 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut removed = Vec::new();
         let mut expired = Vec::new();
         let mut unseen = Vec::new();
+        // (ns, from, to) for the counts, once the changes are committed.
+        let mut moves: Vec<(String, (ItemState, i64), Option<(ItemState, i64)>)> = Vec::new();
         for m in &rows {
             match scan {
                 Scan::Due => readied.push((m.ns.clone(), m.topic.clone(), m.ready_key())),
@@ -67,16 +69,21 @@ impl<S: ShardStore> ShardWorker<S> {
                     });
                     unseen.push((m.ns.clone(), m.topic.clone(), m.key, m.lease_token));
                     readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
+                    let to = Some((ItemState::Ready, m.deliver_after_ms));
+                    moves.push((m.ns.clone(), (ItemState::Leased, 0), to));
                 }
                 Scan::Lease => {
                     expired.push((m.ns.clone(), m.topic.clone()));
+                    let from = (ItemState::Leased, 0);
                     if m.policy == Policy::AtMostOnce {
                         changes.push(Change::Delete { key: m.key });
+                        moves.push((m.ns.clone(), from, None));
                     } else if m.delivery_count >= m.max_attempts {
                         changes.push(Change::Dead {
                             key: m.key,
                             at_ms: now,
                         });
+                        moves.push((m.ns.clone(), from, Some((ItemState::Dead, 0))));
                     } else {
                         changes.push(Change::Ready {
                             key: m.key,
@@ -84,11 +91,14 @@ impl<S: ShardStore> ShardWorker<S> {
                             metadata: None,
                         });
                         readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
+                        let to = Some((ItemState::Ready, m.deliver_after_ms));
+                        moves.push((m.ns.clone(), from, to));
                     }
                 }
                 Scan::Ttl => {
                     self.shared.staged.remove(m.key);
                     changes.push(Change::Delete { key: m.key });
+                    moves.push((m.ns.clone(), (m.state, m.deliver_after_ms), None));
                     if m.state == ItemState::Ready {
                         removed.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
                     }
@@ -107,6 +117,13 @@ impl<S: ShardStore> ShardWorker<S> {
                     self.shared.staged.insert(*key, *token);
                 }
                 return Err(e);
+            }
+        }
+        for (ns, from, to) in moves {
+            match to {
+                Some((ItemState::Dead, _)) => self.died(&ns, from),
+                Some(to) => self.counts().moved(&ns, from, to),
+                None => self.counts().add(&ns, from.0, from.1, -1),
             }
         }
         let deleted = changes

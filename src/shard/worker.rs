@@ -23,13 +23,16 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::ops::{self, nack_exec};
-use super::{Breaker, Command, ReadyIndex, Reply, ShardHandle, ShardShared};
+use super::{Breaker, Command, NsCounts, ReadyIndex, Reply, ShardHandle, ShardShared};
 use crate::clock::SharedClock;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::model::{ReadyKey, ShardId, TopicName, Totals};
+use crate::metrics::{ItemEvent, Metrics, ShardLabel};
+use crate::model::{ItemState, ReadyKey, ShardId, TopicName, Totals};
 use crate::store::{Checkpoints, Scan, ShardStore, StoreError, StoreResult};
 use crate::waiters::Waiters;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 
 /// Commands taken in one turn.
 const TURN_COMMANDS_MAX: usize = 1024;
@@ -92,6 +95,15 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) deferred: Vec<Command>,
     /// Topic totals not saved yet (see `save_checkpoints`).
     pub(super) totals: HashMap<TopicName, Totals>,
+    pub(super) probes: Probes,
+}
+
+/// This shard's metrics, resolved once.
+pub(super) struct Probes {
+    pub metrics: Arc<Metrics>,
+    store_duration: Histogram,
+    store_errors: Counter,
+    turn_duration: Histogram,
 }
 
 /// `Scan` as a map key.
@@ -139,13 +151,31 @@ impl<S: ShardStore> ShardWorker<S> {
         clock: SharedClock,
         cfg: WorkerConfig,
         waiters: Arc<Waiters>,
+        metrics: Arc<Metrics>,
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
         let recovered = store.open().await?;
+        let mut counts = NsCounts::default();
+        for (ns, state, sec, n) in store.state_counts().await? {
+            counts.add(&ns, state, sec * 1000, n);
+        }
         let shared = Arc::new(ShardShared {
             healthy: AtomicBool::new(true),
             items: AtomicI64::new(recovered.items),
             staged: Default::default(),
+            counts: std::sync::Mutex::new(counts),
         });
+        let label = ShardLabel {
+            shard: id.to_string(),
+        };
+        let store_duration = metrics.store_duration.get_or_create(&label).clone();
+        let store_errors = metrics.store_errors.get_or_create(&label).clone();
+        let turn_duration = metrics.shard_turn_duration.get_or_create(&label).clone();
+        let probes = Probes {
+            store_duration,
+            store_errors,
+            turn_duration,
+            metrics,
+        };
         let (tx, rx) = mpsc::channel(cfg.worker_queue_max);
         let index = Arc::new(std::sync::Mutex::new(ReadyIndex::new(
             cfg.index_keys_per_topic_max,
@@ -179,6 +209,7 @@ impl<S: ShardStore> ShardWorker<S> {
             deferred: Vec::new(),
             clock,
             cfg,
+            probes,
         };
         tracing::info!(
             shard = id,
@@ -224,7 +255,12 @@ impl<S: ShardStore> ShardWorker<S> {
                     Err(_) => break,
                 }
             }
-            if let Some(done) = self.turn(turn).await {
+            let started = std::time::Instant::now();
+            let done = self.turn(turn).await;
+            self.probes
+                .turn_duration
+                .observe(started.elapsed().as_secs_f64());
+            if let Some(done) = done {
                 shutdown = Some(done);
                 break;
             }
@@ -481,7 +517,9 @@ impl<S: ShardStore> ShardWorker<S> {
         r: &std::result::Result<T, E>,
         took_ms: u64,
     ) {
+        self.probes.store_duration.observe(took_ms as f64 / 1000.0);
         if let Err(e) = r {
+            self.probes.store_errors.inc();
             tracing::warn!(shard = self.id, error = %e, took_ms, "storage error");
         }
         if let Some(why) = self
@@ -528,13 +566,39 @@ impl<S: ShardStore> ShardWorker<S> {
         Ok(t.head(n))
     }
 
-    /// Counts traffic of a topic, for `topicStats`.
+    /// Counts traffic of a topic, for `topicStats` and the metrics.
     pub(super) fn count(&mut self, ns: &str, topic: &str, f: impl FnOnce(&mut Totals)) {
+        let mut d = Totals::default();
+        f(&mut d);
+        let m = &self.probes.metrics;
+        // Deliveries are counted by the host as it hands items out.
+        for (event, n) in [
+            (ItemEvent::Enqueued, d.enqueued),
+            (ItemEvent::Acked, d.acked),
+            (ItemEvent::Nacked, d.nacked),
+            (ItemEvent::Expired, d.expired),
+        ] {
+            m.item_event(ns, event, n.max(0) as u64);
+        }
         let key = TopicName {
             ns: ns.to_string(),
             topic: topic.to_string(),
         };
-        f(self.totals.entry(key).or_default());
+        self.totals.entry(key).or_default().add(&d);
+    }
+
+    /// The shard's items by namespace and state (see [`NsCounts`]). Never held across an
+    /// `.await`.
+    pub(super) fn counts(&self) -> std::sync::MutexGuard<'_, NsCounts> {
+        self.shared.counts.lock().expect("not poisoned")
+    }
+
+    /// An item became dead: counted, and seen by the metrics.
+    pub(super) fn died(&self, ns: &str, from: (ItemState, i64)) {
+        self.counts().moved(ns, from, (ItemState::Dead, 0));
+        self.probes
+            .metrics
+            .item_event(ns, ItemEvent::DeadLettered, 1);
     }
 
     /// An item became ready: index it (when its topic is loaded) and wake long polls.

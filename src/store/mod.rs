@@ -270,6 +270,13 @@ pub trait ShardStore: Send + Sync + 'static {
         deltas: &[(TopicName, Totals)],
     ) -> impl Future<Output = StoreResult<()>> + Send;
 
+    /// How many items there are by namespace and state, and for ready items by the
+    /// second of their `deliver_after_ms`: (ns, state, second, count). Read once, when
+    /// the shard opens; the worker keeps the counts from then on.
+    fn state_counts(
+        &self,
+    ) -> impl Future<Output = StoreResult<Vec<(String, ItemState, i64, i64)>>> + Send;
+
     /// A cheap round trip, used to probe a shard whose breaker is open.
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
 

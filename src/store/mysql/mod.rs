@@ -728,6 +728,23 @@ impl ShardStore for MySqlStore {
         }
     }
 
+    async fn state_counts(&self) -> StoreResult<Vec<(String, ItemState, i64, i64)>> {
+        let mut conn = self.conn().await?;
+        let rows: Vec<(String, i8, i64, i64)> = conn
+            .query(
+                "SELECT ns, state, IF(state = 0, FLOOR(deliver_after_ms / 1000), 0) AS sec, COUNT(*)
+                 FROM items GROUP BY ns, state, sec",
+            )
+            .await?;
+        rows.into_iter()
+            .map(|(ns, state, sec, n)| {
+                let state = ItemState::from_i8(state)
+                    .ok_or_else(|| StoreError::Schema(format!("unknown state {state}")))?;
+                Ok((ns, state, sec, n))
+            })
+            .collect()
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         let mut conn = self.conn().await?;
         conn.query_drop("SELECT 1").await?;

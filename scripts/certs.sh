@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Makes throwaway TLS material for trying foqs out and for the tests (never for production):
+#   scripts/certs.sh DIR [CLIENT_NAME...]
+# writes into DIR:
+#   ca.pem, ca.key            a CA (EC P-256, valid 30 days)
+#   server.pem, server.key    a server certificate for 127.0.0.1, ::1 and localhost
+#   NAME.pem, NAME.key        for each CLIENT_NAME, a client certificate whose identity
+#                             (first DNS SAN and CN) is NAME
+#   other-ca.pem, intruder.pem, intruder.key   a second CA and a client certificate it
+#                             signed (identity "intruder"), to see a handshake refused
+# Keys are PKCS#8 PEM. Uses the openssl command (installed from Debian when missing).
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+[ $# -ge 1 ] || { echo "usage: $0 DIR [CLIENT_NAME...]" >&2; exit 2; }
+dir=$1; shift
+command -v openssl >/dev/null 2>&1 || foqs_apt_install openssl
+mkdir -p "$dir"
+cd "$dir"
+
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+ca() { # name
+  key "$1.key"
+  openssl req -x509 -new -key "$1.key" -days 30 -subj "/CN=foqs test $1" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -out "$1.pem" 2>/dev/null
+}
+
+leaf() { # ca, name, usage, subjectAltName
+  key "$2.key"
+  openssl req -new -key "$2.key" -subj "/CN=$2" -out "$2.csr" 2>/dev/null
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=%s\nsubjectAltName=%s\n' \
+    "$3" "$4" >"$2.ext"
+  openssl x509 -req -in "$2.csr" -CA "$1.pem" -CAkey "$1.key" -CAcreateserial -days 30 \
+    -extfile "$2.ext" -out "$2.pem" 2>/dev/null
+  rm -f "$2.csr" "$2.ext"
+}
+
+ca ca
+leaf ca server serverAuth "IP:127.0.0.1,IP:::1,DNS:localhost"
+for name in "$@"; do
+  leaf ca "$name" clientAuth "DNS:$name"
+done
+ca other-ca
+leaf other-ca intruder clientAuth "DNS:intruder"
+rm -f ./*.srl
+echo "certs.sh: wrote $(ls | tr '\n' ' ')into $dir" >&2

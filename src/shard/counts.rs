@@ -1,0 +1,148 @@
+//! [`NsCounts`]: a shard's items by namespace and state, kept in memory by its worker so
+//! that metrics need no query per scrape. Counted once from the store when the shard
+//! opens, then moved by the worker at every committed change.
+//!
+//! Ready and deferred items are one state in the store (ready, with `deliver_after_ms`
+//! perhaps in the future), so they are kept together, bucketed by the second of their
+//! `deliver_after_ms`: at any `now`, the buckets up to now are ready (the oldest one gives
+//! the oldest ready item's age) and the later ones deferred, with no scan needed when a
+//! deferred item comes due. Memory: one bucket per distinct second among a namespace's
+//! waiting items.
+//!
+//! After a storage error whose outcome is unknown the counts may drift by the items
+//! involved until the shard is opened again (a restart counts afresh).
+//!
+//! Lock order: the shard's counts lock is taken alone, never across an `.await`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::model::ItemState;
+
+#[derive(Debug, Default, Clone)]
+struct Counts {
+    leased: i64,
+    dead: i64,
+    /// Second of `deliver_after_ms` → items in state ready (ready or deferred).
+    waiting: BTreeMap<i64, i64>,
+}
+
+/// One namespace's items on a shard at a moment.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct NsSnapshot {
+    pub ready: i64,
+    pub deferred: i64,
+    pub leased: i64,
+    pub dead: i64,
+    /// The earliest `deliver_after_ms` among ready items (to the second).
+    pub oldest_ready_ms: Option<i64>,
+}
+
+impl NsSnapshot {
+    pub fn add(&mut self, o: &NsSnapshot) {
+        self.ready += o.ready;
+        self.deferred += o.deferred;
+        self.leased += o.leased;
+        self.dead += o.dead;
+        self.oldest_ready_ms = match (self.oldest_ready_ms, o.oldest_ready_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct NsCounts {
+    by_ns: HashMap<String, Counts>,
+}
+
+impl NsCounts {
+    /// `delta` items of `ns` enter (> 0) or leave (< 0) `state`; `deliver_after_ms`
+    /// matters for the ready state only.
+    pub fn add(&mut self, ns: &str, state: ItemState, deliver_after_ms: i64, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        if !self.by_ns.contains_key(ns) {
+            self.by_ns.insert(ns.to_string(), Counts::default());
+        }
+        let c = self.by_ns.get_mut(ns).expect("just inserted");
+        match state {
+            ItemState::Leased => c.leased += delta,
+            ItemState::Dead => c.dead += delta,
+            ItemState::Ready => {
+                let sec = deliver_after_ms.div_euclid(1000);
+                let n = c.waiting.entry(sec).or_default();
+                *n += delta;
+                if *n == 0 {
+                    c.waiting.remove(&sec);
+                }
+            }
+        }
+        if c.leased == 0 && c.dead == 0 && c.waiting.is_empty() {
+            self.by_ns.remove(ns);
+        }
+    }
+
+    /// Moves one item between states.
+    pub fn moved(&mut self, ns: &str, from: (ItemState, i64), to: (ItemState, i64)) {
+        self.add(ns, from.0, from.1, -1);
+        self.add(ns, to.0, to.1, 1);
+    }
+
+    /// Every namespace's counts at `now_ms`.
+    pub fn snapshot(&self, now_ms: i64) -> Vec<(String, NsSnapshot)> {
+        let now_sec = now_ms.div_euclid(1000);
+        self.by_ns
+            .iter()
+            .map(|(ns, c)| {
+                let mut s = NsSnapshot {
+                    leased: c.leased,
+                    dead: c.dead,
+                    ..Default::default()
+                };
+                for (sec, n) in &c.waiting {
+                    if *sec <= now_sec {
+                        s.ready += n;
+                        s.oldest_ready_ms.get_or_insert(sec * 1000);
+                    } else {
+                        s.deferred += n;
+                    }
+                }
+                (ns.clone(), s)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_items_are_ready_or_deferred_by_the_clock() {
+        let mut c = NsCounts::default();
+        c.add("a", ItemState::Ready, 5_000, 2);
+        c.add("a", ItemState::Ready, 9_500, 1);
+        c.add("a", ItemState::Ready, 60_000, 1);
+        c.moved("a", (ItemState::Ready, 5_000), (ItemState::Leased, 0));
+        c.add("b", ItemState::Dead, 0, 1);
+        let snap: HashMap<String, NsSnapshot> = c.snapshot(10_000).into_iter().collect();
+        assert_eq!(
+            snap["a"],
+            NsSnapshot {
+                ready: 2,
+                deferred: 1,
+                leased: 1,
+                dead: 0,
+                oldest_ready_ms: Some(5_000)
+            }
+        );
+        assert_eq!(snap["b"].dead, 1);
+        // Later, the deferred one is ready too, with no event at all.
+        let later: HashMap<String, NsSnapshot> = c.snapshot(60_000).into_iter().collect();
+        assert_eq!((later["a"].ready, later["a"].deferred), (3, 0));
+        // A namespace with nothing left disappears.
+        c.add("b", ItemState::Dead, 0, -1);
+        assert!(c.snapshot(0).iter().all(|(ns, _)| ns != "b"));
+    }
+}
