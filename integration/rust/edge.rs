@@ -15,7 +15,11 @@ use foqs::thrift_gen::*;
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: foqs\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: foqs\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     let status = out[9..12].parse().unwrap();
@@ -145,8 +149,18 @@ async fn stalled_frames_and_idle_connections_close_but_a_long_poll_does_not() {
     // And the connection still works right after.
     assert_eq!(c.host_info().shards.unwrap().len(), 1);
     let (_, scrape) = http_get(metrics, "/metrics");
-    assert!(sample(&scrape, "foqs_connections_closed_total{reason=\"frame_timeout\"}") >= 1.0);
-    assert!(sample(&scrape, "foqs_connections_closed_total{reason=\"idle_timeout\"}") >= 1.0);
+    assert!(
+        sample(
+            &scrape,
+            "foqs_connections_closed_total{reason=\"frame_timeout\"}"
+        ) >= 1.0
+    );
+    assert!(
+        sample(
+            &scrape,
+            "foqs_connections_closed_total{reason=\"idle_timeout\"}"
+        ) >= 1.0
+    );
     srv.stop().await;
 }
 
@@ -198,7 +212,10 @@ async fn metrics_and_health_follow_known_traffic_and_survive_a_restart() {
         ("foqs_requests_total{method=\"enqueue\",code=\"ok\"}", 1.0),
         ("foqs_requests_total{method=\"dequeue\",code=\"ok\"}", 1.0),
         ("foqs_requests_total{method=\"ack\",code=\"ok\"}", 1.0),
-        ("foqs_requests_total{method=\"peek\",code=\"INVALID_ARGUMENT\"}", 1.0),
+        (
+            "foqs_requests_total{method=\"peek\",code=\"INVALID_ARGUMENT\"}",
+            1.0,
+        ),
         ("foqs_request_duration_seconds_count{method=\"nack\"}", 1.0),
         ("foqs_shards_owned", 3.0),
         ("foqs_shard_breaker_open{shard=\"0\"}", 0.0),
@@ -209,7 +226,12 @@ async fn metrics_and_health_follow_known_traffic_and_survive_a_restart() {
     }
     let age = sample(&scrape, "foqs_oldest_ready_age_seconds{ns=\"m1\"}");
     assert!((1.0..60.0).contains(&age), "oldest ready age {age}");
-    assert!(sample(&scrape, "foqs_store_operation_duration_seconds_count{shard=\"0\"}") > 0.0);
+    assert!(
+        sample(
+            &scrape,
+            "foqs_store_operation_duration_seconds_count{shard=\"0\"}"
+        ) > 0.0
+    );
     assert!(!scrape.contains("topic="), "no topic label, ever");
 
     // The depth gauges are counted afresh from storage at start-up.

@@ -192,6 +192,10 @@ impl Client {
         Client(foqs::client::connect(addr, proto, Duration::from_secs(20)).expect("connect"))
     }
 
+    pub fn from_sync(c: SyncClient) -> Client {
+        Client(c)
+    }
+
     pub fn call<T>(
         &mut self,
         f: impl FnOnce(&mut SyncClient) -> thrift::Result<T>,

@@ -1,0 +1,334 @@
+//! TLS and namespace access control over real TLS connections: client identities from
+//! certificates, each identity confined to the namespaces and kinds of call its
+//! `[[access]]` entries grant (ids checked by their item's namespace), anonymous callers,
+//! a certificate from another CA refused at the handshake, a forged `forwarded_by`
+//! refused, and peers that forward for a client over TLS.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use foqs::clock::SystemClock;
+use foqs::config::Config;
+use foqs::thrift_gen::*;
+use foqs::tls::{client_config, ClientTlsFiles};
+
+/// Throwaway certificates from `scripts/certs.sh`, one directory per test binary run.
+fn certs() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("foqs-certs-{}", std::process::id()));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/certs.sh");
+        let ok = Command::new("bash")
+            .arg(script)
+            .arg(&dir)
+            .args(["alice", "bob", "ops", "host-1", "host-2"])
+            .status()
+            .expect("run scripts/certs.sh");
+        assert!(ok.success());
+        dir
+    })
+    .clone()
+}
+
+fn tls_client(addr: std::net::SocketAddr, who: Option<&str>) -> thrift::Result<Client> {
+    let dir = certs();
+    let files = ClientTlsFiles {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: who.map(|w| dir.join(format!("{w}.pem"))),
+        key_file: who.map(|w| dir.join(format!("{w}.key"))),
+    };
+    let cfg = client_config(&files).unwrap();
+    foqs::client::connect_tls(
+        &addr.to_string(),
+        Proto::Binary,
+        Duration::from_secs(20),
+        cfg,
+    )
+    .map(Client::from_sync)
+}
+
+const RULES: &str = r#"
+[[access]]
+identity = "alice"
+namespaces = ["a"]
+allow = ["produce", "consume"]
+[[access]]
+identity = "bob"
+namespaces = ["b"]
+allow = ["produce", "consume"]
+[[access]]
+identity = "ops"
+namespaces = ["*"]
+allow = ["admin"]
+[[access]]
+identity = "host-1"
+namespaces = []
+allow = ["peer"]
+[[access]]
+identity = "host-2"
+namespaces = []
+allow = ["peer"]
+"#;
+
+fn server_tls(mtls: bool) -> String {
+    let dir = certs();
+    let ca = if mtls {
+        format!("client_ca_file = \"{}\"\n", dir.join("ca.pem").display())
+    } else {
+        String::new()
+    };
+    format!(
+        "[server.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n{ca}",
+        dir.join("server.pem").display(),
+        dir.join("server.key").display()
+    )
+}
+
+fn denied(e: &Option<ItemError>) -> bool {
+    code_of(e) == Some(ErrorCode::PERMISSION_DENIED)
+}
+
+fn whole_call_denied<T: std::fmt::Debug>(r: thrift::Result<T>) -> String {
+    let e = foqs_error(r.expect_err("the call is refused"));
+    assert_eq!(e.code, Some(ErrorCode::PERMISSION_DENIED), "{e:?}");
+    e.message.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
+    let db = TestDb::new(2);
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n{}\n{}\n{FAST_ENGINE}\n{RULES}",
+        server_tls(true),
+        db.shards_toml()
+    );
+    let cfg = Config::from_toml(&toml).unwrap();
+    let running = foqs::daemon::start(&cfg, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let addr = running.addr;
+    let mut alice = tls_client(addr, Some("alice")).unwrap();
+    let mut bob = tls_client(addr, Some("bob")).unwrap();
+    let mut ops = tls_client(addr, Some("ops")).unwrap();
+
+    // Produce: per item, never partially applied to a denied item.
+    let r = alice
+        .try_enqueue(vec![
+            item("a", "t", 0, b"mine"),
+            item("b", "t", 0, b"not mine"),
+        ])
+        .unwrap();
+    assert!(r[0].error.is_none());
+    assert!(denied(&r[1].error), "{:?}", r[1].error);
+    let xb = bob.enqueue(vec![item("b", "t", 0, b"bob's")]).remove(0);
+    assert_eq!(
+        bob.dequeue("b", "t", 10).len(),
+        1,
+        "only bob's item is in b"
+    );
+
+    // Consume: whole calls in another namespace are refused.
+    let msg = whole_call_denied(alice.try_dequeue(vec![topic_req("b", "t", 1)]));
+    assert!(
+        msg.contains("\"alice\" may not consume in namespace \"b\""),
+        "{msg}"
+    );
+    whole_call_denied(alice.try_peek("b", "t", 1));
+    whole_call_denied(alice.try_topics("b", None, None));
+    whole_call_denied(alice.call(|c| {
+        c.topic_stats(TopicStatsRequest {
+            ns: Some("b".into()),
+            topic: Some("t".into()),
+        })
+    }));
+    // Ids are checked by their item's namespace, before anything changes.
+    assert!(denied(&alice.ack(std::slice::from_ref(&xb))[0].error));
+    assert!(denied(&alice.nack(vec![nack(&xb, None, None)])[0].error));
+    assert!(denied(&alice.touch(&[(&xb, 1000)])[0].error));
+    assert_eq!(bob.stats("b", "t").leased, Some(1), "still bob's lease");
+    // Admin: only ops purges.
+    let purge = |c: &mut Client| {
+        c.call(|c| {
+            c.dlq_purge(DlqPurgeRequest {
+                ns: Some("b".into()),
+                topic: Some("t".into()),
+            })
+        })
+    };
+    whole_call_denied(purge(&mut alice));
+    whole_call_denied(purge(&mut bob));
+    assert_eq!(purge(&mut ops).unwrap().count, Some(0));
+    // getHostInfo is open to everyone who got through TLS.
+    assert_eq!(alice.host_info().shards.unwrap().len(), 2);
+    assert!(bob.ack(&[xb])[0].error.is_none());
+
+    // A forged forwarded_by from a client that is not a peer is refused.
+    let forged = alice.call(|c| {
+        c.ack(AckRequest {
+            ids: Some(vec!["0:1".into()]),
+            forwarded_by: Some("h9".into()),
+            forwarded_for: Some("ops".into()),
+        })
+    });
+    let msg = whole_call_denied(forged);
+    assert!(msg.contains("not allowed \"peer\""), "{msg}");
+    // A peer acting for a client: the owner checks that client's rights.
+    let xa = alice.enqueue(vec![item("a", "t", 1, b"x")]).remove(0);
+    let mut peer = tls_client(addr, Some("host-2")).unwrap();
+    let as_bob = peer.call(|c| {
+        c.ack(AckRequest {
+            ids: Some(vec![xa.clone()]),
+            forwarded_by: Some("h2".into()),
+            forwarded_for: Some("bob".into()),
+        })
+    });
+    assert!(denied(&as_bob.unwrap().results.unwrap()[0].error));
+    let as_alice = peer.call(|c| {
+        c.ack(AckRequest {
+            ids: Some(vec![xa.clone()]),
+            forwarded_by: Some("h2".into()),
+            forwarded_for: Some("alice".into()),
+        })
+    });
+    assert!(as_alice.unwrap().results.unwrap()[0].error.is_none());
+
+    // No certificate, or one from another CA: refused at the handshake.
+    assert!(tls_client(addr, None)
+        .and_then(|mut c| c.call(|c| c.get_host_info()))
+        .is_err());
+    let dir = certs();
+    let intruder = ClientTlsFiles {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: Some(dir.join("intruder.pem")),
+        key_file: Some(dir.join("intruder.key")),
+    };
+    let refused = foqs::client::connect_tls(
+        &addr.to_string(),
+        Proto::Binary,
+        Duration::from_secs(5),
+        client_config(&intruder).unwrap(),
+    )
+    .and_then(|mut c| {
+        use foqs::thrift_gen::TFoqsSyncClient;
+        c.get_host_info()
+    });
+    assert!(
+        refused.is_err(),
+        "a certificate from another CA got through"
+    );
+
+    // foqsctl speaks TLS with the same files, and reports a refusal.
+    let foqsctl = |who: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_foqsctl"))
+            .args(["--host", &addr.to_string()])
+            .env("FOQS_TLS_CA", dir.join("ca.pem"))
+            .env("FOQS_TLS_CERT", dir.join(format!("{who}.pem")))
+            .env("FOQS_TLS_KEY", dir.join(format!("{who}.key")))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = foqsctl(
+        "alice",
+        &["enqueue", "--ns", "a", "--topic", "cli", "--payload", "hi"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = foqsctl("alice", &["dequeue", "--ns", "b", "--topic", "t"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("may not consume"));
+    let out = foqsctl("ops", &["dlq", "purge", "--ns", "a", "--topic", "cli"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    running.shutdown().await;
+    drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_callers_get_only_what_star_grants() {
+    // Plain TCP: every caller is anonymous.
+    let rules = "[[access]]\nidentity = \"*\"\nnamespaces = [\"public\"]\nallow = [\"consume\"]\n\
+                 [[access]]\nidentity = \"alice\"\nnamespaces = [\"public\", \"a\"]\nallow = [\"produce\", \"consume\"]\n";
+    let srv = TestServer::start_full(TestDb::new(1), "", &format!("{FAST_ENGINE}{rules}")).await;
+    let mut c = srv.client();
+    assert!(c
+        .try_dequeue(vec![topic_req("public", "t", 1)])
+        .unwrap()
+        .is_empty());
+    whole_call_denied(c.try_dequeue(vec![topic_req("a", "t", 1)]));
+    let r = c.try_enqueue(vec![item("public", "t", 0, b"x")]).unwrap();
+    assert!(denied(&r[0].error), "consume does not grant produce");
+    srv.stop().await;
+}
+
+/// Two hosts of a static cluster, each with one shard, speaking mTLS to clients and to
+/// each other: an ack sent to host 1 for an item of host 2's shard is forwarded, and host 2
+/// checks the namespace for the client host 1 acts for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_forward_over_tls_and_the_owner_checks_the_client() {
+    let dir = certs();
+    let db = TestDb::new(2);
+    let ports = [free_port(), free_port()];
+    let hosts: Vec<String> = (0..2)
+        .map(|i| {
+            format!(
+                "[[cluster.hosts]]\nid = \"h{i}\"\naddr = \"127.0.0.1:{}\"\nshards = [{i}]\n",
+                ports[i]
+            )
+        })
+        .collect();
+    let mut running = Vec::new();
+    for i in 0..2 {
+        let toml = format!(
+            "[server]\nlisten = \"127.0.0.1:{}\"\nhost_id = \"h{i}\"\n{}\n{}\n{FAST_ENGINE}\n{RULES}\n\
+             [cluster]\nmanager = \"static\"\npeer_poll_ms = 50\ntls_ca_file = \"{}\"\n\
+             tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n{}",
+            ports[i],
+            server_tls(true),
+            db.shards_toml(),
+            dir.join("ca.pem").display(),
+            dir.join(format!("host-{}.pem", i + 1)).display(),
+            dir.join(format!("host-{}.key", i + 1)).display(),
+            hosts.join("")
+        );
+        let cfg = Config::from_toml(&toml).unwrap();
+        running.push(
+            foqs::daemon::start(&cfg, Arc::new(SystemClock))
+                .await
+                .unwrap(),
+        );
+    }
+    let mut alice1 = tls_client(running[0].addr, Some("alice")).unwrap();
+    let mut alice2 = tls_client(running[1].addr, Some("alice")).unwrap();
+    let mut bob2 = tls_client(running[1].addr, Some("bob")).unwrap();
+    // Items on host 2's shard (enqueued there; it has capacity).
+    let xa = alice2.enqueue(vec![item("a", "t", 0, b"x")]).remove(0);
+    let xb = bob2.enqueue(vec![item("b", "t", 0, b"y")]).remove(0);
+    assert!(xa.starts_with("1:") && xb.starts_with("1:"), "{xa} {xb}");
+    let r = alice1.ack(&[xa.clone(), xb.clone()]);
+    assert!(
+        r[0].error.is_none(),
+        "forwarded over TLS and allowed: {:?}",
+        r[0].error
+    );
+    assert!(
+        denied(&r[1].error),
+        "the owner checked alice: {:?}",
+        r[1].error
+    );
+    assert_eq!(bob2.stats("b", "t").ready, Some(1), "bob's item untouched");
+    for r in running {
+        r.shutdown().await;
+    }
+}
