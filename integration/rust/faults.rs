@@ -17,7 +17,7 @@ const ENGINE: &str = "[engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 
 
 async fn start(shards_toml: String) -> foqs::daemon::Running {
     let cfg = Config::from_toml(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n{shards_toml}\n{ENGINE}"
+        "[server]\nlisten = \"127.0.0.1:0\"\n{shards_toml}\n{ENGINE}\n[metrics]\nlisten = \"127.0.0.1:0\"\n"
     ))
     .unwrap();
     foqs::daemon::start(&cfg, Arc::new(SystemClock))
@@ -161,6 +161,18 @@ async fn with_every_shard_open_enqueue_fails_fast_and_retryably() {
         );
         let _ = c.try_enqueue(vec![item(NS, "t", 0, b"x")]);
     }
+    // Operators see it: not ready, and why; the breaker gauge says which shard.
+    let metrics = running.metrics_addr.unwrap();
+    let (status, body) = tokio::task::block_in_place(|| http_get(metrics, "/readyz"));
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("circuit breaker open"), "{body}");
+    let (_, scrape) = tokio::task::block_in_place(|| http_get(metrics, "/metrics"));
+    assert_eq!(sample(&scrape, "foqs_shard_breaker_open{shard=\"0\"}"), 1.0);
+    assert!(sample(&scrape, "foqs_store_errors_total{shard=\"0\"}") >= 3.0);
+    assert_eq!(
+        tokio::task::block_in_place(|| http_get(metrics, "/healthz")).0,
+        200
+    );
     for _ in 0..20 {
         let t = Instant::now();
         let r = c
@@ -191,5 +203,9 @@ async fn with_every_shard_open_enqueue_fails_fast_and_retryably() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(
+        tokio::task::block_in_place(|| http_get(metrics, "/readyz")).0,
+        200
+    );
     running.shutdown().await;
 }
