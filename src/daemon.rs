@@ -20,7 +20,7 @@ use crate::cluster::{
 };
 use crate::config::{Config, Namespaces, ShardConfig};
 use crate::core::quota::{LocalBudget, QuotaBudget};
-use crate::core::{Access, ClusterSettings, Host, PrefetchConfig};
+use crate::core::{Access, ClusterSettings, Host, HostParts, PrefetchConfig};
 use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::model::ShardId;
@@ -292,17 +292,17 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         peer_tls,
         metrics.clone(),
     ));
-    let host = Arc::new(Host::new(
-        Namespaces::from_config(cfg),
+    let host = Arc::new(Host::new(HostParts {
+        namespaces: Namespaces::from_config(cfg),
         prefetch,
         waiters,
         clock,
-        settings,
+        cluster: settings,
         peers,
-        budget,
-        Access::new(cfg.access.clone()),
-        metrics.clone(),
-    ));
+        quota_budget: budget,
+        access: Access::new(cfg.access.clone()),
+        metrics: metrics.clone(),
+    }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened
     // fails the start; under etcd, shards arrive (and are retried) while serving.

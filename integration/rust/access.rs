@@ -289,12 +289,12 @@ async fn peers_forward_over_tls_and_the_owner_checks_the_client() {
         })
         .collect();
     let mut running = Vec::new();
-    for i in 0..2 {
+    for (i, port) in ports.iter().enumerate() {
         let toml = format!(
             "[server]\nlisten = \"127.0.0.1:{}\"\nhost_id = \"h{i}\"\n{}\n{}\n{FAST_ENGINE}\n{RULES}\n\
              [cluster]\nmanager = \"static\"\npeer_poll_ms = 50\ntls_ca_file = \"{}\"\n\
              tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n{}",
-            ports[i],
+            port,
             server_tls(true),
             db.shards_toml(),
             dir.join("ca.pem").display(),

@@ -22,7 +22,7 @@ pub const MAX_CONNECTIONS_DEFAULT: usize = 1024;
 pub const LEASE_MS_DEFAULT: i64 = 30_000;
 pub const MAX_ATTEMPTS_DEFAULT: i32 = 5;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]

@@ -52,6 +52,19 @@ const CLAIM_ITEMS_MAX: usize = 1000;
 /// took, while shards come and go underneath (see [`Host::add_shard`]).
 pub(super) type ShardMap = Arc<BTreeMap<ShardId, ShardHandle>>;
 
+/// What a [`Host`] is made of.
+pub struct HostParts {
+    pub namespaces: Namespaces,
+    pub prefetch: PrefetchConfig,
+    pub waiters: Arc<Waiters>,
+    pub clock: SharedClock,
+    pub cluster: ClusterSettings,
+    pub peers: Arc<dyn Peers>,
+    pub quota_budget: Arc<dyn QuotaBudget>,
+    pub access: Access,
+    pub metrics: Arc<Metrics>,
+}
+
 pub struct Host {
     shards: RwLock<ShardMap>,
     pub(super) namespaces: Namespaces,
@@ -68,29 +81,56 @@ pub struct Host {
 impl Host {
     /// A host with no shards yet: they come with [`Host::add_shard`] as the shard manager
     /// gives them.
-    pub fn new(
-        namespaces: Namespaces,
-        prefetch: PrefetchConfig,
-        waiters: Arc<Waiters>,
-        clock: SharedClock,
-        cluster: ClusterSettings,
-        peers: Arc<dyn Peers>,
-        quota_budget: Arc<dyn QuotaBudget>,
-        access: Access,
-        metrics: Arc<Metrics>,
-    ) -> Host {
+    pub fn new(p: HostParts) -> Host {
         Host {
             shards: RwLock::new(Arc::new(BTreeMap::new())),
-            namespaces,
-            clock,
-            prefetch: Prefetch::new(prefetch),
-            waiters,
+            namespaces: p.namespaces,
+            clock: p.clock,
+            prefetch: Prefetch::new(p.prefetch),
+            waiters: p.waiters,
             next_shard: AtomicUsize::new(0),
             workers: Mutex::new(HashMap::new()),
-            cluster: ClusterState::new(cluster, peers, quota_budget),
-            access,
-            metrics,
+            cluster: ClusterState::new(p.cluster, p.peers, p.quota_budget),
+            access: p.access,
+            metrics: p.metrics,
         }
+    }
+
+    /// A host with no shards and no peers, that accepts any namespace: every call is
+    /// validated and then finds no storage. For tests and fuzzing of the layers above the
+    /// core (decoding, dispatch, validation); long polls return at once.
+    pub fn detached(clock: SharedClock) -> Host {
+        let cfg = crate::config::Config::default();
+        let host = Host::new(HostParts {
+            namespaces: Namespaces::from_config(&cfg),
+            prefetch: PrefetchConfig {
+                window_ms: 100,
+                items_max: 1000,
+                stage_max_ms: 1000,
+            },
+            waiters: Waiters::new(),
+            clock: clock.clone(),
+            cluster: ClusterSettings {
+                host_id: "detached".into(),
+                addr: "127.0.0.1:0".into(),
+                tier: crate::cluster::TIER_DEFAULT.into(),
+                manager: "single",
+                serves_all_tiers: true,
+                forwarding: false,
+                tier_shards: Default::default(),
+            },
+            peers: Arc::new(crate::rpc::PeerClient::new(
+                1,
+                std::time::Duration::from_millis(100),
+                None,
+                Arc::new(Metrics::new()),
+            )),
+            quota_budget: Arc::new(super::quota::LocalBudget::new(1, clock)),
+            access: Access::default(),
+            metrics: Arc::new(Metrics::new()),
+        });
+        host.stop_waiting();
+        host
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {

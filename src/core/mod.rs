@@ -17,7 +17,7 @@ mod validate;
 pub use access::{Access, AccessRule, Caller, Kind};
 pub use cluster::{ClusterSettings, Forwarded, HostStatus, PeerLoad, PeerStatus, Peers};
 pub use enqueue::EnqueueOutcome;
-pub use host::Host;
+pub use host::{Host, HostParts};
 pub use merge::kway_merge;
 pub use prefetch::PrefetchConfig;
 pub use validate::{limits, validate_item, EnqueueRequestItem};

@@ -14,6 +14,9 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::model::{ItemId, ShardId};
 use crate::shard::{NackOp, Settled, ShardHandle, TouchOp};
 
+/// Per shard: the positions of a request's items and their keys with their extras.
+type Groups<T> = BTreeMap<ShardId, (Vec<usize>, Vec<(u64, T)>)>;
+
 /// Sends the items at these positions of a request to the peer at this address.
 type Remote<'a> = dyn Fn(String, Vec<usize>) -> BoxFuture<'a, Result<Vec<Result<()>>>> + Sync + 'a;
 
@@ -38,9 +41,7 @@ impl Host {
     {
         let shards = self.shards();
         let mut results: Vec<Option<Result<()>>> = vec![None; ids.len()];
-        // Per shard: the positions in `ids` and the keys with their extras.
-        type Group<T> = (Vec<usize>, Vec<(u64, T)>);
-        let mut groups: BTreeMap<ShardId, Group<T>> = BTreeMap::new();
+        let mut groups: Groups<T> = BTreeMap::new();
         let mut elsewhere: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, (id, extra)) in ids.iter().enumerate() {
             let extra = match extra {
@@ -126,7 +127,7 @@ impl Host {
     async fn authorize<T>(
         &self,
         shards: &ShardMap,
-        groups: &mut BTreeMap<ShardId, (Vec<usize>, Vec<(u64, T)>)>,
+        groups: &mut Groups<T>,
         results: &mut [Option<Result<()>>],
         caller: &Caller,
         kind: Kind,

@@ -8,6 +8,10 @@ use super::worker::{timed, ScanKind, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
 use crate::model::{ItemState, Policy, TopicName, Totals};
 use crate::store::{Change, Checkpoints, Scan, ShardStore, StoreError};
 
+/// An item's move between states, for the counts: (ns, from, to; `None`: deleted), each
+/// state with its `deliver_after_ms` (see `NsCounts`).
+type Move = (String, (ItemState, i64), Option<(ItemState, i64)>);
+
 impl<S: ShardStore> ShardWorker<S> {
     /// One tick: probe an open breaker, or run the scans and maybe save checkpoints.
     pub(super) async fn background(&mut self) {
@@ -55,8 +59,8 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut removed = Vec::new();
         let mut expired = Vec::new();
         let mut unseen = Vec::new();
-        // (ns, from, to) for the counts, once the changes are committed.
-        let mut moves: Vec<(String, (ItemState, i64), Option<(ItemState, i64)>)> = Vec::new();
+        // For the counts, once the changes are committed.
+        let mut moves: Vec<Move> = Vec::new();
         for m in &rows {
             match scan {
                 Scan::Due => readied.push((m.ns.clone(), m.topic.clone(), m.ready_key())),

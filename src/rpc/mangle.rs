@@ -1,0 +1,267 @@
+//! Frames for testing the decoder: a valid call of every method in both protocols, and
+//! seeded mutations of them (bytes flipped, truncated, lengths changed, bytes inserted,
+//! spliced, garbage). Used by the randomized decoder test and the `cargo fuzz` target's
+//! corpus, so both exercise the same shapes.
+
+use thrift::protocol::{
+    TBinaryOutputProtocol, TCompactOutputProtocol, TMessageIdentifier, TMessageType,
+    TOutputProtocol,
+};
+
+use crate::thrift_gen as t;
+
+/// A small deterministic generator (xorshift64*): every failure replays from its seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+}
+
+fn message(
+    binary: bool,
+    name: &str,
+    write: impl Fn(&mut dyn TOutputProtocol) -> thrift::Result<()>,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let ident = TMessageIdentifier::new(name, TMessageType::Call, 1);
+    let run = |o: &mut dyn TOutputProtocol| -> thrift::Result<()> {
+        o.write_message_begin(&ident)?;
+        write(o)?;
+        o.write_message_end()?;
+        o.flush()
+    };
+    if binary {
+        run(&mut TBinaryOutputProtocol::new(&mut out, true))
+    } else {
+        run(&mut TCompactOutputProtocol::new(&mut out))
+    }
+    .expect("writing to a Vec cannot fail");
+    out
+}
+
+/// A valid call of every method, in the binary and the compact protocol.
+pub fn seeds() -> Vec<Vec<u8>> {
+    let item = t::EnqueueItem {
+        ns: Some("ns".into()),
+        topic: Some("topic".into()),
+        priority: Some(3),
+        payload: Some(b"payload".to_vec()),
+        metadata: Some(b"meta".to_vec()),
+        deliver_after_ms: Some(1),
+        lease_ms: Some(1000),
+        ttl_ms: Some(60_000),
+        policy: Some(t::DeliveryPolicy::AT_LEAST_ONCE),
+        max_attempts: Some(3),
+        dedup_key: Some("k".into()),
+    };
+    let topic = |ns: &str| t::TopicRequest {
+        ns: Some(ns.into()),
+        topic: Some("topic".into()),
+        count: Some(5),
+    };
+    let mut out = Vec::new();
+    for binary in [true, false] {
+        let m = |name: &str, w: &dyn Fn(&mut dyn TOutputProtocol) -> thrift::Result<()>| {
+            message(binary, name, w)
+        };
+        out.push(m("enqueue", &|o| {
+            t::FoqsEnqueueArgs {
+                req: t::EnqueueRequest {
+                    items: Some(vec![item.clone(), item.clone()]),
+                    forwarded_by: None,
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("dequeue", &|o| {
+            t::FoqsDequeueArgs {
+                req: t::DequeueRequest {
+                    topics: Some(vec![topic("ns"), topic("other")]),
+                    wait_ms: Some(10),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("ack", &|o| {
+            t::FoqsAckArgs {
+                req: t::AckRequest {
+                    ids: Some(vec!["0:1".into(), "1:2".into()]),
+                    forwarded_by: None,
+                    forwarded_for: None,
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("nack", &|o| {
+            t::FoqsNackArgs {
+                req: t::NackRequest {
+                    items: Some(vec![t::NackItem {
+                        id: Some("0:1".into()),
+                        delay_ms: Some(5),
+                        metadata: Some(b"m".to_vec()),
+                        to_dlq: Some(false),
+                        lease_id: Some(7),
+                    }]),
+                    forwarded_by: Some("h".into()),
+                    forwarded_for: Some("who".into()),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("touch", &|o| {
+            t::FoqsTouchArgs {
+                req: t::TouchRequest {
+                    items: Some(vec![t::TouchItem {
+                        id: Some("0:1".into()),
+                        extend_ms: Some(100),
+                        lease_id: Some(7),
+                    }]),
+                    forwarded_by: None,
+                    forwarded_for: None,
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("getActiveTopics", &|o| {
+            t::FoqsGetActiveTopicsArgs {
+                req: t::GetActiveTopicsRequest {
+                    ns: Some("ns".into()),
+                    limit: Some(10),
+                    after: Some("a".into()),
+                    local_only: Some(true),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("getHostInfo", &|o| {
+            t::FoqsGetHostInfoArgs {}.write_to_out_protocol(o)
+        }));
+        out.push(m("peek", &|o| {
+            t::FoqsPeekArgs {
+                req: t::PeekRequest {
+                    ns: Some("ns".into()),
+                    topic: Some("topic".into()),
+                    count: Some(3),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("topicStats", &|o| {
+            t::FoqsTopicStatsArgs {
+                req: t::TopicStatsRequest {
+                    ns: Some("ns".into()),
+                    topic: Some("topic".into()),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("dlqList", &|o| {
+            t::FoqsDlqListArgs {
+                req: t::DlqListRequest {
+                    ns: Some("ns".into()),
+                    topic: Some("topic".into()),
+                    limit: Some(10),
+                    after: Some("1:2:3:0".into()),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("dlqRequeue", &|o| {
+            t::FoqsDlqRequeueArgs {
+                req: t::DlqRequeueRequest {
+                    ids: Some(vec!["0:1".into()]),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("dlqRequeueAll", &|o| {
+            t::FoqsDlqRequeueAllArgs {
+                req: t::DlqRequeueAllRequest {
+                    ns: Some("ns".into()),
+                    topic: Some("topic".into()),
+                    max: Some(5),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("dlqPurge", &|o| {
+            t::FoqsDlqPurgeArgs {
+                req: t::DlqPurgeRequest {
+                    ns: Some("ns".into()),
+                    topic: Some("topic".into()),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+    }
+    out
+}
+
+const INTERESTING: [i32; 8] = [0, 1, -1, 127, 0x7fff, 0x7fff_ffff, i32::MIN, 1 << 20];
+
+/// One mutation of a seed (or garbage).
+pub fn mangle(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
+    let mut f = seeds[rng.below(seeds.len())].clone();
+    let kind = rng.below(7);
+    match kind {
+        // Flip a few bytes.
+        0 => {
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(f.len());
+                f[i] = rng.next_u64() as u8;
+            }
+        }
+        // Truncate.
+        1 => f.truncate(rng.below(f.len())),
+        // A length, count or field header changed to an interesting value.
+        2 if f.len() >= 4 => {
+            let i = rng.below(f.len() - 3);
+            let v = INTERESTING[rng.below(INTERESTING.len())].to_be_bytes();
+            f[i..i + 4].copy_from_slice(&v);
+        }
+        // Bytes inserted.
+        3 => {
+            let i = rng.below(f.len());
+            let n = 1 + rng.below(16);
+            let extra: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+            f.splice(i..i, extra);
+        }
+        // Two seeds spliced.
+        4 => {
+            let other = &seeds[rng.below(seeds.len())];
+            let cut = rng.below(f.len());
+            f.truncate(cut);
+            f.extend_from_slice(&other[rng.below(other.len())..]);
+        }
+        // Garbage behind a protocol's first byte.
+        5 => {
+            let n = rng.below(64);
+            f = std::iter::once(if rng.below(2) == 0 { 0x80 } else { 0x82 })
+                .chain((0..n).map(|_| rng.next_u64() as u8))
+                .collect();
+        }
+        // Several of the above.
+        _ => {
+            for _ in 0..2 + rng.below(3) {
+                let i = rng.below(f.len().max(1));
+                if i < f.len() {
+                    f[i] ^= 1 << rng.below(8);
+                }
+            }
+        }
+    }
+    f
+}
