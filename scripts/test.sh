@@ -10,10 +10,13 @@ foqs_cargo_check
 mkdir -p "$FOQS_RUN"
 
 foqsd_pid=""
+tls_pid=""
 py_config=""
+tls_config=""
 cleanup() {
-  if [ -n "$foqsd_pid" ]; then kill "$foqsd_pid" 2>/dev/null || true; wait "$foqsd_pid" 2>/dev/null || true; fi
+  for pid in $foqsd_pid $tls_pid; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   [ -n "$py_config" ] && rm -f "$py_config"
+  [ -n "$tls_config" ] && rm -f "$tls_config"
   foqs_mysql_stop
 }
 trap cleanup EXIT
@@ -45,7 +48,32 @@ foqs_config_for_mysql "$py_config" "$prefix"
 RUST_LOG=warn ./target/debug/foqsd --config "$py_config" --listen "127.0.0.1:$port" &
 foqsd_pid=$!
 foqs_wait_port "$port" 30 || { foqs_log "foqsd did not start listening on $port"; exit 1; }
-FOQS_ADDR="127.0.0.1:$port" "$venv/bin/python" -m pytest -q integration/python
+# A second foqsd whose port speaks TLS, requires client certificates and applies access
+# rules, for the Python TLS tests (its own databases: one writer per shard).
+certs="$FOQS_RUN/certs"
+bash scripts/certs.sh "$certs" alice 2>/dev/null
+tls_port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+tls_config=$(mktemp "$FOQS_RUN/foqsd-tls-XXXX.toml")
+foqs_config_for_mysql "$tls_config" "${prefix}tls_"
+cat >>"$tls_config" <<TOML
+[server.tls]
+cert_file = "$certs/server.pem"
+key_file = "$certs/server.key"
+client_ca_file = "$certs/ca.pem"
+
+[[access]]
+identity = "alice"
+namespaces = ["a"]
+allow = ["produce", "consume"]
+TOML
+RUST_LOG=warn ./target/debug/foqsd --config "$tls_config" --listen "127.0.0.1:$tls_port" &
+tls_pid=$!
+foqs_wait_port "$tls_port" 30 || { foqs_log "the TLS foqsd did not start listening on $tls_port"; exit 1; }
+FOQS_ADDR="127.0.0.1:$port" FOQS_TLS_ADDR="127.0.0.1:$tls_port" FOQS_CERTS="$certs" \
+  "$venv/bin/python" -m pytest -q integration/python
+kill -TERM "$tls_pid"
+wait "$tls_pid" || { foqs_log "the TLS foqsd did not exit cleanly on SIGTERM"; exit 1; }
+tls_pid=""
 foqs_log "foqsctl pipeline (bash) against the same foqsd"
 cargo build --bins
 FOQS_HOST="127.0.0.1:$port" bash integration/shell/pipeline.sh target/debug/foqsctl
@@ -53,4 +81,5 @@ kill -TERM "$foqsd_pid"
 wait "$foqsd_pid" || { foqs_log "foqsd did not exit cleanly on SIGTERM"; exit 1; }
 foqsd_pid=""
 "$venv/bin/python" integration/python/drop_databases.py "$FOQS_MYSQL_URL" "$prefix" 4
+"$venv/bin/python" integration/python/drop_databases.py "$FOQS_MYSQL_URL" "${prefix}tls_" 4
 foqs_log "all tests passed"

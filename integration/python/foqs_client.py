@@ -9,13 +9,14 @@ the declared fields stay immutable.
 """
 
 import os
+import ssl
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "gen", "py"))
 
 from thrift.protocol import TBinaryProtocol, TCompactProtocol  # noqa: E402
-from thrift.transport import TSocket, TTransport  # noqa: E402
+from thrift.transport import TSocket, TSSLSocket, TTransport  # noqa: E402
 
 from foqs import Foqs, ttypes  # noqa: E402
 
@@ -43,11 +44,30 @@ def _allow_dunders(cls):
 _allow_dunders(ttypes.FoqsError)
 
 
-class Client:
-    """`with Client("127.0.0.1", 9090) as c: c.enqueue(...)`"""
+def tls_context(ca_file, cert_file=None, key_file=None):
+    """An SSLContext for foqsd: verifies the server against `ca_file`, and presents
+    `cert_file`/`key_file` (PEM) as this client's identity when given."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    if cert_file:
+        ctx.load_cert_chain(cert_file, key_file)
+    return ctx
 
-    def __init__(self, host="127.0.0.1", port=9090, protocol="binary", timeout_ms=10000):
-        sock = TSocket.TSocket(host, port)
+
+class Client:
+    """`with Client("127.0.0.1", 9090) as c: c.enqueue(...)`
+
+    For a foqsd whose port speaks TLS, pass `ssl_context` (an `ssl.SSLContext` that trusts
+    the server's CA, and holds this client's certificate when the server requires one);
+    see `tls_context`.
+    """
+
+    def __init__(self, host="127.0.0.1", port=9090, protocol="binary", timeout_ms=10000,
+                 ssl_context=None):
+        if ssl_context is None:
+            sock = TSocket.TSocket(host, port)
+        else:
+            sock = TSSLSocket.TSSLSocket(host, port, ssl_context=ssl_context,
+                                         server_hostname=host)
         sock.setTimeout(timeout_ms)
         self.transport = TTransport.TFramedTransport(sock)
         if protocol == "binary":
