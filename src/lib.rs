@@ -3,21 +3,25 @@
 //!
 //! # Layout
 //! One request flows top to bottom (see `DESIGN.md` in the team's shared notes):
-//! - [`server`]: tokio accept loop, connection cap, Thrift framing, graceful shutdown.
+//! - [`server`]: tokio accept loop, TLS, connection limits (deadlines, eviction at the
+//!   cap), Thrift framing, graceful shutdown; and the metrics/health HTTP listener.
 //! - [`rpc`]: the only module that sees generated Thrift types: decode → [`core`] → encode.
 //! - [`core`]: [`core::Host`], the transport-free queue engine: validation, namespace
-//!   policy, shard choice, the prefetch buffer and its k-way merge over shard heads,
-//!   ack/nack routing.
+//!   policy and access rules, shard choice, the prefetch buffer and its k-way merge over
+//!   shard heads, ack/nack routing, readiness.
 //! - [`shard`]: one [`shard::ShardWorker`] per shard, the only writer of that shard: batched
 //!   writes, the bounded in-memory ready index, background scans, circuit breaker.
 //! - [`store`]: the narrow [`store::ShardStore`] trait and [`store::MySqlStore`].
 //! - [`cluster`]: the pluggable [`cluster::ShardManager`] (single host, static, etcd) that
 //!   says which host owns which shard, tiers, and the cluster-wide enqueue quota budget.
 //! - [`fence`]: until when this host may write its shards (lease-based fencing).
+//! - [`tls`]: rustls configurations from PEM files, and a caller's identity.
+//! - [`metrics`]: the Prometheus registry of one running host.
 //! - [`model`]: domain types shared by the layers (item ids, keys, items, policies).
 //! - [`error`]: the domain error with its stable [`error::ErrorCode`].
 //! - [`config`]: the configuration file, environment overrides and validation.
-//! - [`client`]: a blocking Rust client (the generated one over TCP), for tools and tests.
+//! - [`client`]: a blocking Rust client (the generated one over TCP or TLS), for tools
+//!   and tests.
 //! - [`daemon`]: assembles a running foqsd from a [`config::Config`] (binary and tests).
 //! - [`clock`]: time as an injectable [`clock::Clock`], so leases and TTLs are testable.
 //! - [`waiters`]: long-polling dequeues parked per topic, woken when an item gets ready.
