@@ -62,6 +62,13 @@ pub struct OutcomeLabel {
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
+/// Distinct namespaces labelled; later ones share the label `_other`, so a client that
+/// invents namespaces (when none are listed, any name is accepted) cannot grow the
+/// scrape without bound.
+pub const NS_LABELS_MAX: usize = 1000;
+/// The label of namespaces past [`NS_LABELS_MAX`].
+pub const NS_OTHER: &str = "_other";
+
 fn latency() -> Histogram {
     // 100 µs .. ~6.5 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 17))
@@ -96,6 +103,7 @@ pub struct Metrics {
     pub forwarded: Family<PeerOutcome, Counter>,
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
+    labelled_ns: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Default for Metrics {
@@ -239,7 +247,21 @@ impl Metrics {
             forwarded,
             shards_owned,
             lease_renewals,
+            labelled_ns: Default::default(),
         }
+    }
+
+    /// The label for namespace `ns` (see [`NS_LABELS_MAX`]).
+    pub fn ns_label(&self, ns: &str) -> String {
+        let mut seen = self.labelled_ns.lock().expect("not poisoned");
+        if seen.contains(ns) {
+            return ns.to_string();
+        }
+        if seen.len() < NS_LABELS_MAX {
+            seen.insert(ns.to_string());
+            return ns.to_string();
+        }
+        NS_OTHER.to_string()
     }
 
     /// The registry in Prometheus' text format.
@@ -256,7 +278,9 @@ impl Metrics {
         }
         let family = &self.item_events[event as usize];
         family
-            .get_or_create(&NsLabel { ns: ns.to_string() })
+            .get_or_create(&NsLabel {
+                ns: self.ns_label(ns),
+            })
             .inc_by(n);
     }
 
@@ -325,5 +349,19 @@ mod tests {
             "{text}"
         );
         assert!(text.trim_end().ends_with("# EOF"));
+    }
+
+    #[test]
+    fn invented_namespaces_cannot_grow_the_scrape_without_bound() {
+        let m = Metrics::new();
+        for i in 0..NS_LABELS_MAX + 50 {
+            m.item_event(&format!("ns{i}"), ItemEvent::Enqueued, 1);
+        }
+        let text = m.encode();
+        let series = text.matches("foqs_items_enqueued_total{").count();
+        assert_eq!(series, NS_LABELS_MAX + 1);
+        assert!(text.contains("foqs_items_enqueued_total{ns=\"_other\"} 50"));
+        // A namespace labelled before keeps its label.
+        assert_eq!(m.ns_label("ns0"), "ns0");
     }
 }

@@ -65,6 +65,10 @@ impl Caller {
         Caller::new(crate::tls::ANONYMOUS)
     }
 
+    pub fn is_trusted(&self) -> bool {
+        self.trusted
+    }
+
     /// Allowed everything: for a host's own calls and for requests a trusted peer checked.
     pub fn trusted() -> Caller {
         Caller {

@@ -57,7 +57,7 @@ impl Host {
         let mut by_ns: BTreeMap<String, NsSnapshot> = BTreeMap::new();
         for s in shards.values() {
             for (ns, snap) in s.ns_counts(now) {
-                by_ns.entry(ns).or_default().add(&snap);
+                by_ns.entry(m.ns_label(&ns)).or_default().add(&snap);
             }
         }
         // Namespaces that emptied disappear from the scrape rather than linger at 0.

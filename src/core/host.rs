@@ -336,10 +336,28 @@ impl Host {
         move |i: &Item| shards.get(&i.id.shard).is_some_and(|s| s.is_staged(i))
     }
 
-    /// Stages claimed items not handed out; those the stage refuses go back at once.
-    fn stage(&self, topic: &TopicName, items: Vec<Item>) {
+    /// Stages claimed items not handed out; those the stage refuses (at-most-once) go back
+    /// before this returns, so that a crash can hardly catch them leased by nobody.
+    async fn stage(&self, topic: &TopicName, items: Vec<Item>) {
         let refused = self.prefetch.stage(topic, items, self.clock.now_ms());
-        self.release(refused);
+        if refused.is_empty() {
+            return;
+        }
+        let shards = self.shards();
+        let mut by_shard: HashMap<ShardId, Vec<Item>> = HashMap::new();
+        for i in refused {
+            by_shard.entry(i.id.shard).or_default().push(i);
+        }
+        join_all(by_shard.into_iter().map(|(id, items)| {
+            let shard = shards.get(&id).cloned();
+            async move {
+                let Some(shard) = shard else { return };
+                if let Err(e) = shard.release(items).await {
+                    tracing::warn!(shard = id, error = %e, "release of at-most-once items failed");
+                }
+            }
+        }))
+        .await;
     }
 
     /// Up to `count` claimed items for one dequeue: staged ones first, then claimed on
@@ -372,7 +390,7 @@ impl Host {
             got.sort_by_key(Item::global_key);
             if got.len() > count {
                 let rest = got.split_off(count);
-                self.stage(topic, rest);
+                self.stage(topic, rest).await;
             }
         }
         Ok(got)
@@ -424,7 +442,7 @@ impl Host {
                     continue;
                 };
                 if let Ok(items) = self.claim_best(&topic, n.min(CLAIM_ITEMS_MAX)).await {
-                    self.stage(&topic, items);
+                    self.stage(&topic, items).await;
                 }
             }
         }

@@ -242,6 +242,7 @@ impl Prefetch {
             .take(count)
             .map(|s| Item {
                 lease_expires_ms: 0,
+                lease_token: 0,
                 delivery_count: s.item.delivery_count - 1,
                 ..s.item.clone()
             })

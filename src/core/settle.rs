@@ -121,9 +121,10 @@ impl Host {
     }
 
     /// Takes out of `groups` the items whose namespace `caller` may not touch for `kind`
-    /// (their result: `PERMISSION_DENIED`). An item's namespace never changes, so one read
-    /// of it beside the shard's worker decides for the write that follows. Costs nothing
-    /// when no access rules are configured.
+    /// (their result: `PERMISSION_DENIED`) and the ids with no item (`NOT_FOUND`). An
+    /// item's namespace never changes and keys are never reused, so one read beside the
+    /// shard's worker decides for the write that follows. Costs nothing when no access
+    /// rules are configured.
     async fn authorize<T>(
         &self,
         shards: &ShardMap,
@@ -144,11 +145,25 @@ impl Host {
         for (id, found) in lookups {
             let group = groups.get_mut(&id).expect("looked up from groups");
             let denied: HashMap<u64, Error> = match found {
-                Ok(metas) => metas
-                    .into_iter()
-                    .filter(|m| !self.access.allows(caller, &m.ns, kind))
-                    .map(|m| (m.key, denied(caller, &m.ns, kind)))
-                    .collect(),
+                Ok(metas) => {
+                    let ns: HashMap<u64, String> =
+                        metas.into_iter().map(|m| (m.key, m.ns)).collect();
+                    // An id with no item is NOT_FOUND here, not sent on: an item enqueued
+                    // under that key after the lookup may be another namespace's.
+                    group
+                        .1
+                        .iter()
+                        .filter_map(|(k, _)| match ns.get(k) {
+                            None => {
+                                Some((*k, Error::not_found(format!("item {id}:{k} not found"))))
+                            }
+                            Some(n) if !self.access.allows(caller, n, kind) => {
+                                Some((*k, denied(caller, n, kind)))
+                            }
+                            Some(_) => None,
+                        })
+                        .collect()
+                }
                 // Cannot tell the namespaces: nothing of this shard may go ahead.
                 Err(e) => group.1.iter().map(|(k, _)| (*k, e.clone())).collect(),
             };
@@ -176,12 +191,12 @@ impl Host {
     }
 
     /// How this host marks the per-item calls it forwards for `caller`: its own id, and
-    /// under access rules the identity the owner must check.
+    /// the identity the owner must check.
     fn forwarded_as<'a>(&'a self, caller: &'a Caller) -> Forwarded<'a> {
-        let checked_here = self.access.is_open() || self.access.allows(caller, "", Kind::Peer);
+        // Named even when this host has no rules: the owner's rules may differ.
         Forwarded {
             by: self.host_id(),
-            for_identity: (!checked_here).then_some(caller.identity.as_str()),
+            for_identity: (!caller.is_trusted()).then_some(caller.identity.as_str()),
         }
     }
 

@@ -165,6 +165,11 @@ impl PeerClient {
                 .write_all(&frame)
                 .await
                 .map_err(|e| unavailable(e.to_string()))?;
+            // TLS buffers what it encrypts: push it out.
+            conn.stream
+                .flush()
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
             let len = conn
                 .stream
                 .read_i32()

@@ -14,6 +14,9 @@
 mod conns;
 mod http;
 
+/// At the cap with every connection busy, how often eviction is tried again.
+const EVICT_RETRY: Duration = Duration::from_millis(50);
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,15 +114,21 @@ pub async fn serve(
             Ok(p) => p,
             Err(_) => {
                 // At the cap: the connection waiting longest without a request gives way.
-                // When every one is serving a request, this one waits for a slot.
-                if edge.table.evict_longest_waiting() {
-                    edge.metrics.connection_evicted();
-                } else {
-                    tracing::warn!(%peer, "every connection is busy with a request; the new one waits");
-                }
-                tokio::select! {
-                    p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
-                    _ = shutdown.changed() => break,
+                // When every one is serving a request, this one waits for a slot, and
+                // eviction is tried again as connections finish their requests.
+                let mut warned = false;
+                loop {
+                    if edge.table.evict_longest_waiting() {
+                        edge.metrics.connection_evicted();
+                    } else if !warned {
+                        tracing::warn!(%peer, "every connection is busy with a request; the new one waits");
+                        warned = true;
+                    }
+                    tokio::select! {
+                        p = permits.clone().acquire_owned() => break p.expect("semaphore is never closed"),
+                        _ = tokio::time::sleep(EVICT_RETRY) => {}
+                        _ = shutdown.changed() => return drain(permits, &limits).await,
+                    }
                 }
             }
         };
@@ -145,6 +154,11 @@ pub async fn serve(
         });
     }
     drop(listener);
+    drain(permits, &limits).await;
+}
+
+/// Waits (up to the grace period) for open connections to finish their current request.
+async fn drain(permits: Arc<Semaphore>, limits: &ServerLimits) {
     tracing::info!("stopped accepting; waiting for open connections to finish");
     let grace = Duration::from_millis(limits.shutdown_grace_ms);
     if tokio::time::timeout(grace, permits.acquire_many(limits.max_connections as u32))
@@ -215,10 +229,12 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
         // Between requests a connection may be closed (shutdown, idle, eviction); once a
         // frame has started, only its deadline or an eviction ends it.
         tokio::select! {
-            r = stream.read(&mut len[..1]) => if r? == 0 { return Ok(End::Closed) },
-            _ = tokio::time::sleep(idle) => return Ok(End::Idle),
+            // An eviction already asked for wins over a request arriving now.
+            biased;
             _ = slot.kick.notified() => return Ok(End::Evicted),
             _ = shutdown.changed() => return Ok(End::Shutdown),
+            r = stream.read(&mut len[..1]) => if r? == 0 { return Ok(End::Closed) },
+            _ = tokio::time::sleep(idle) => return Ok(End::Idle),
         }
         slot.set(ConnState::Reading);
         let deadline = tokio::time::Instant::now() + frame_timeout;
@@ -240,8 +256,13 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 let mut out = Vec::with_capacity(msg.len() + 4);
                 out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
                 out.extend_from_slice(&msg);
-                // A client that does not take its reply holds a slot: bound it too.
-                match tokio::time::timeout(frame_timeout, stream.write_all(&out)).await {
+                // A client that does not take its reply holds a slot: bound it too. The
+                // flush pushes out what TLS buffered (a plain socket has nothing to flush).
+                let write = async {
+                    stream.write_all(&out).await?;
+                    stream.flush().await
+                };
+                match tokio::time::timeout(frame_timeout, write).await {
                     Ok(r) => r?,
                     Err(_) => return Ok(End::FrameTimeout),
                 }

@@ -51,6 +51,15 @@ pub(super) struct NackOutcome {
     moves: Vec<(String, ItemState, i64)>,
 }
 
+/// What a turn's acks undo when their DELETE fails: the staged entries they took out
+/// (those items are still nobody's), and the topics of claims that dropped keys because
+/// they were being acked (those keys left the index and are still ready).
+#[derive(Default)]
+pub(super) struct AckPlan {
+    pub unstaged: Vec<(u64, i64)>,
+    pub unclaimed: Vec<TopicName>,
+}
+
 /// A failed nack transaction, with the topics whose rows it may have changed (`None`:
 /// unknown, so the whole index is reloaded).
 pub(super) type NackFailure = (StoreError, Option<Vec<(String, String)>>);
@@ -275,6 +284,12 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
             }
             Err(e) => {
+                // The UPDATE may have committed: the rows it leased under this token are
+                // nobody's, so they count as staged, and an expiry gives them back
+                // uncounted (a release needs the same token, so nothing else is touched).
+                for k in &plan.keys {
+                    self.shared.staged.insert(*k, plan.token);
+                }
                 let err = storage_error(self.id, &e);
                 for (topic, _, reply) in plan.parts {
                     self.index().invalidate(&topic.ns, &topic.topic);
@@ -287,12 +302,23 @@ impl<S: ShardStore> ShardWorker<S> {
     pub(super) fn finish_ack(
         &mut self,
         requests: Vec<(Vec<u64>, Reply<Vec<Settled>>)>,
+        plan: AckPlan,
         (r, took): (StoreResult<Vec<ItemMeta>>, u64),
     ) {
         self.record(&r, took);
         let found: HashMap<u64, ItemMeta> = match r {
             Ok(metas) => metas.into_iter().map(|m| (m.key, m)).collect(),
-            Err(e) => return fail_all(requests, &storage_error(self.id, &e)),
+            Err(e) => {
+                // Whether the DELETE committed is unknown: what was staged stays staged
+                // (an expiry then gives it back, uncounted), the index reloads.
+                for (key, token) in plan.unstaged {
+                    self.shared.staged.insert(key, token);
+                }
+                for t in plan.unclaimed {
+                    self.index().invalidate(&t.ns, &t.topic);
+                }
+                return fail_all(requests, &storage_error(self.id, &e));
+            }
         };
         {
             let mut counts = self.counts();

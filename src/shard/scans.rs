@@ -59,6 +59,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut removed = Vec::new();
         let mut expired = Vec::new();
         let mut unseen = Vec::new();
+        let mut unseen_ttl: Vec<(u64, i64)> = Vec::new();
         // For the counts, once the changes are committed.
         let mut moves: Vec<Move> = Vec::new();
         for m in &rows {
@@ -100,7 +101,9 @@ impl<S: ShardStore> ShardWorker<S> {
                     }
                 }
                 Scan::Ttl => {
-                    self.shared.staged.remove(m.key);
+                    if let Some(token) = self.shared.staged.remove(m.key) {
+                        unseen_ttl.push((m.key, token));
+                    }
                     changes.push(Change::Delete { key: m.key });
                     moves.push((m.ns.clone(), (m.state, m.deliver_after_ms), None));
                     if m.state == ItemState::Ready {
@@ -116,8 +119,11 @@ impl<S: ShardStore> ShardWorker<S> {
                 for (ns, topic, _) in readied.iter().chain(&removed) {
                     self.index().invalidate(ns, topic);
                 }
-                // Still unseen: the next pass gives them back.
+                // Still unseen: the next pass gives them back (or deletes them).
                 for (_, _, key, token) in &unseen {
+                    self.shared.staged.insert(*key, *token);
+                }
+                for (key, token) in &unseen_ttl {
                     self.shared.staged.insert(*key, *token);
                 }
                 return Err(e);

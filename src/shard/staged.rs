@@ -54,9 +54,9 @@ impl Staged {
         self.keys().get(&key) == Some(&token)
     }
 
-    /// Takes `key` out, whatever its claim; true when it was in.
-    pub fn remove(&self, key: u64) -> bool {
-        self.keys().remove(&key).is_some()
+    /// Takes `key` out, whatever its claim; returns that claim's token when it was in.
+    pub fn remove(&self, key: u64) -> Option<i64> {
+        self.keys().remove(&key)
     }
 
     /// Takes `key` out when it is in under claim `token`.
@@ -122,7 +122,7 @@ mod tests {
         let s = Staged::default();
         s.add(&[item(1, 10), item(2, 10), item(3, 10)]);
         // An ack took key 2 out; key 3 was claimed again under another token.
-        assert!(s.remove(2));
+        assert_eq!(s.remove(2), Some(10));
         s.add(&[item(3, 11)]);
         let out = s.hand_out(vec![item(1, 10), item(2, 10), item(3, 10)]);
         assert_eq!(out.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![1]);

@@ -395,24 +395,32 @@ impl<S: ShardStore> ShardWorker<S> {
         // longer be handed out, and a claim of the same key (the row is being deleted)
         // is dropped, so that no delivery follows the ack.
         let ack_keys: Vec<u64> = acks.iter().flat_map(|(k, _)| k.iter().copied()).collect();
+        let acked: HashSet<u64> = ack_keys.iter().copied().collect();
+        // What the acks undo if their DELETE fails (see `AckPlan`).
+        let mut ack_plan = ops::AckPlan::default();
         for k in &ack_keys {
-            self.shared.staged.remove(*k);
+            if let Some(token) = self.shared.staged.remove(*k) {
+                ack_plan.unstaged.push((*k, token));
+            }
         }
-        if !ack_keys.is_empty() {
-            let acked: HashSet<u64> = ack_keys.iter().copied().collect();
-            for (_, free, _) in &mut claims {
-                free.retain(|k| !acked.contains(k));
+        for (topic, free, _) in &mut claims {
+            let before = free.len();
+            free.retain(|k| !acked.contains(k));
+            if free.len() < before {
+                ack_plan.unclaimed.push(topic.clone());
             }
         }
         let claim = self.plan_claim(claims);
         // Nacks and touches settle leases that consumers hold. A key staged (claimed, not
-        // handed out) or claimed in this turn is ready as far as clients can tell.
+        // handed out) or claimed in this turn is ready as far as clients can tell; one
+        // acked in this turn is being deleted.
         let unheld: HashSet<u64> = nacks
             .iter()
             .flat_map(|(n, _)| n.iter().map(|op| op.key))
             .chain(touches.iter().flat_map(|(t, _)| t.iter().map(|op| op.key)))
             .filter(|k| {
-                self.shared.staged.contains_key(*k)
+                acked.contains(k)
+                    || self.shared.staged.contains_key(*k)
                     || claim.as_ref().is_some_and(|c| c.keys.contains(k))
             })
             .collect();
@@ -423,7 +431,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let nack_ops: Vec<&[super::NackOp]> = nacks.iter().map(|(n, _)| n.as_slice()).collect();
         let touch_ops: Vec<&[super::TouchOp]> = touches.iter().map(|(t, _)| t.as_slice()).collect();
         let t = self.timeout();
-        let (inserted, claimed, acked, nacked, released, touched) = tokio::join!(
+        let (inserted, claimed, acked_rows, nacked, released, touched) = tokio::join!(
             futures::future::join_all(
                 inserts
                     .iter()
@@ -479,8 +487,8 @@ impl<S: ShardStore> ShardWorker<S> {
         if let (Some(c), Some(r)) = (claim, claimed) {
             self.finish_claim(c, r);
         }
-        if let Some(r) = acked {
-            self.finish_ack(acks, r);
+        if let Some(r) = acked_rows {
+            self.finish_ack(acks, ack_plan, r);
         }
         if let Some(r) = nacked {
             self.finish_nack(nacks, r);

@@ -7,8 +7,10 @@
 //! the server says the lock is not this connection's, the lock is lost: the store writes
 //! no more (its gate closes for good) and `on_lost` runs, so that the daemon can stop the
 //! shard and open it afresh (rebuilding everything it kept in memory), which takes the
-//! lock again once nobody else holds it. A check that merely times out (a frozen server)
-//! decides nothing: nobody else can take the lock from a frozen server either.
+//! lock again once nobody else holds it. A check that times out closes the gate until the
+//! same connection answers again: then the lock was never let go (a frozen server), and
+//! if it never answers, its failure ends the lock as above. Left open: for up to one
+//! check interval after the lock connection dies, pool connections may still write.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -160,8 +162,17 @@ async fn keep(
         let check = conn
             .exec_first::<Option<i64>, _, _>("SELECT IS_USED_LOCK(?) = CONNECTION_ID()", (&name,));
         let lost = match tokio::time::timeout(check_timeout, check).await {
-            Err(_) => continue, // no answer: decides nothing (see the module comment)
-            Ok(Ok(Some(Some(1)))) => continue,
+            // No answer: no writes until the lock connection answers again (it may be the
+            // only connection cut off). The same connection answering "ours" proves the
+            // lock was never let go: a named lock goes only with its connection.
+            Err(_) => {
+                gate.store(false, Ordering::SeqCst);
+                continue;
+            }
+            Ok(Ok(Some(Some(1)))) => {
+                gate.store(true, Ordering::SeqCst);
+                continue;
+            }
             Ok(Ok(other)) => format!("the server says lock {name} is not ours ({other:?})"),
             Ok(Err(e)) => format!("the connection holding lock {name} failed: {e}"),
         };
