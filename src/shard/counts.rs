@@ -1,12 +1,13 @@
-//! [`NsCounts`]: a shard's items by namespace and state, kept in memory by its worker so
-//! that metrics need no query per scrape. Counted once from the store when the shard
-//! opens, then moved by the worker at every committed change.
+//! [`NsCounts`]: a shard's items by topic and state, kept in memory by its worker so that
+//! metrics (by namespace) and the routing summaries peers exchange (ready items by topic)
+//! need no query. Counted once from the store when the shard opens, then moved by the
+//! worker at every committed change.
 //!
 //! Ready and deferred items are one state in the store (ready, with `deliver_after_ms`
 //! perhaps in the future), so they are kept together, bucketed by the second of their
 //! `deliver_after_ms`: at any `now`, the buckets up to now are ready (the oldest one gives
 //! the oldest ready item's age) and the later ones deferred, with no scan needed when a
-//! deferred item comes due. Memory: one bucket per distinct second among a namespace's
+//! deferred item comes due. Memory: one bucket per distinct second among a topic's
 //! waiting items.
 //!
 //! After a storage error whose outcome is unknown the counts may drift by the items
@@ -50,22 +51,46 @@ impl NsSnapshot {
     }
 }
 
+impl Counts {
+    fn snapshot(&self, now_sec: i64) -> NsSnapshot {
+        let mut s = NsSnapshot {
+            leased: self.leased,
+            dead: self.dead,
+            ..Default::default()
+        };
+        for (sec, n) in &self.waiting {
+            if *sec <= now_sec {
+                s.ready += n;
+                s.oldest_ready_ms.get_or_insert(sec * 1000);
+            } else {
+                s.deferred += n;
+            }
+        }
+        s
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct NsCounts {
-    by_ns: HashMap<String, Counts>,
+    by_topic: HashMap<(String, String), Counts>,
 }
 
 impl NsCounts {
-    /// `delta` items of `ns` enter (> 0) or leave (< 0) `state`; `deliver_after_ms`
-    /// matters for the ready state only.
-    pub fn add(&mut self, ns: &str, state: ItemState, deliver_after_ms: i64, delta: i64) {
+    /// `delta` items of topic (`ns`, `topic`) enter (> 0) or leave (< 0) `state`;
+    /// `deliver_after_ms` matters for the ready state only.
+    pub fn add(
+        &mut self,
+        ns: &str,
+        topic: &str,
+        state: ItemState,
+        deliver_after_ms: i64,
+        delta: i64,
+    ) {
         if delta == 0 {
             return;
         }
-        if !self.by_ns.contains_key(ns) {
-            self.by_ns.insert(ns.to_string(), Counts::default());
-        }
-        let c = self.by_ns.get_mut(ns).expect("just inserted");
+        let key = (ns.to_string(), topic.to_string());
+        let c = self.by_topic.entry(key.clone()).or_default();
         match state {
             ItemState::Leased => c.leased += delta,
             ItemState::Dead => c.dead += delta,
@@ -79,37 +104,36 @@ impl NsCounts {
             }
         }
         if c.leased == 0 && c.dead == 0 && c.waiting.is_empty() {
-            self.by_ns.remove(ns);
+            self.by_topic.remove(&key);
         }
     }
 
-    /// Moves one item between states.
-    pub fn moved(&mut self, ns: &str, from: (ItemState, i64), to: (ItemState, i64)) {
-        self.add(ns, from.0, from.1, -1);
-        self.add(ns, to.0, to.1, 1);
+    /// Moves one item of a topic between states.
+    pub fn moved(&mut self, ns: &str, topic: &str, from: (ItemState, i64), to: (ItemState, i64)) {
+        self.add(ns, topic, from.0, from.1, -1);
+        self.add(ns, topic, to.0, to.1, 1);
     }
 
     /// Every namespace's counts at `now_ms`.
     pub fn snapshot(&self, now_ms: i64) -> Vec<(String, NsSnapshot)> {
         let now_sec = now_ms.div_euclid(1000);
-        self.by_ns
+        let mut by_ns: HashMap<&str, NsSnapshot> = HashMap::new();
+        for ((ns, _), c) in &self.by_topic {
+            by_ns.entry(ns).or_default().add(&c.snapshot(now_sec));
+        }
+        by_ns
+            .into_iter()
+            .map(|(ns, s)| (ns.to_string(), s))
+            .collect()
+    }
+
+    /// Topics with ready items at `now_ms` and how many: (ns, topic, ready).
+    pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
+        let now_sec = now_ms.div_euclid(1000);
+        self.by_topic
             .iter()
-            .map(|(ns, c)| {
-                let mut s = NsSnapshot {
-                    leased: c.leased,
-                    dead: c.dead,
-                    ..Default::default()
-                };
-                for (sec, n) in &c.waiting {
-                    if *sec <= now_sec {
-                        s.ready += n;
-                        s.oldest_ready_ms.get_or_insert(sec * 1000);
-                    } else {
-                        s.deferred += n;
-                    }
-                }
-                (ns.clone(), s)
-            })
+            .filter(|(_, c)| c.waiting.keys().next().is_some_and(|s| *s <= now_sec))
+            .map(|((ns, topic), c)| (ns.clone(), topic.clone(), c.snapshot(now_sec).ready))
             .collect()
     }
 }
@@ -121,11 +145,11 @@ mod tests {
     #[test]
     fn waiting_items_are_ready_or_deferred_by_the_clock() {
         let mut c = NsCounts::default();
-        c.add("a", ItemState::Ready, 5_000, 2);
-        c.add("a", ItemState::Ready, 9_500, 1);
-        c.add("a", ItemState::Ready, 60_000, 1);
-        c.moved("a", (ItemState::Ready, 5_000), (ItemState::Leased, 0));
-        c.add("b", ItemState::Dead, 0, 1);
+        c.add("a", "t", ItemState::Ready, 5_000, 2);
+        c.add("a", "u", ItemState::Ready, 9_500, 1);
+        c.add("a", "t", ItemState::Ready, 60_000, 1);
+        c.moved("a", "t", (ItemState::Ready, 5_000), (ItemState::Leased, 0));
+        c.add("b", "t", ItemState::Dead, 0, 1);
         let snap: HashMap<String, NsSnapshot> = c.snapshot(10_000).into_iter().collect();
         assert_eq!(
             snap["a"],
@@ -142,7 +166,14 @@ mod tests {
         let later: HashMap<String, NsSnapshot> = c.snapshot(60_000).into_iter().collect();
         assert_eq!((later["a"].ready, later["a"].deferred), (3, 0));
         // A namespace with nothing left disappears.
-        c.add("b", ItemState::Dead, 0, -1);
+        c.add("b", "t", ItemState::Dead, 0, -1);
         assert!(c.snapshot(0).iter().all(|(ns, _)| ns != "b"));
+        // Topics with ready items, for the routing summaries.
+        let mut ready = c.ready_topics(10_000);
+        ready.sort();
+        assert_eq!(
+            ready,
+            vec![("a".into(), "t".into(), 1), ("a".into(), "u".into(), 1)]
+        );
     }
 }

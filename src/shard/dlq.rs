@@ -32,6 +32,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 Some((ns, topic, key)) => {
                     self.counts().moved(
                         &ns,
+                        &topic,
                         (ItemState::Dead, 0),
                         (ItemState::Ready, key.deliver_after_ms),
                     );
@@ -62,6 +63,7 @@ impl<S: ShardStore> ShardWorker<S> {
         for (i, _) in &items {
             self.counts().moved(
                 &i.ns,
+                &i.topic,
                 (ItemState::Dead, 0),
                 (ItemState::Ready, i.deliver_after_ms),
             );
@@ -85,7 +87,7 @@ impl<S: ShardStore> ShardWorker<S> {
         self.record(&r, took);
         let n = r.map_err(|e| storage_error(self.id, &e))?;
         self.counts()
-            .add(&topic.ns, ItemState::Dead, 0, -(n as i64));
+            .add(&topic.ns, &topic.topic, ItemState::Dead, 0, -(n as i64));
         self.shared
             .items
             .fetch_sub(n as i64, std::sync::atomic::Ordering::Relaxed);

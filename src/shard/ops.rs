@@ -47,8 +47,8 @@ pub(super) struct NackOutcome {
     readied: Vec<(String, String, ReadyKey)>,
     /// The topic of every item nacked.
     nacked: Vec<(String, String)>,
-    /// Where each nacked item went: (ns, state, its deliver_after_ms when ready).
-    moves: Vec<(String, ItemState, i64)>,
+    /// Where each nacked item went: (ns, topic, state, its deliver_after_ms when ready).
+    moves: Vec<(String, String, ItemState, i64)>,
 }
 
 /// What a turn's acks undo when their DELETE fails: the staged entries they took out
@@ -210,7 +210,7 @@ impl<S: ShardStore> ShardWorker<S> {
         {
             let mut counts = self.counts();
             for (_, it) in &g.rows {
-                counts.add(&it.ns, ItemState::Ready, it.deliver_after_ms, 1);
+                counts.add(&it.ns, &it.topic, ItemState::Ready, it.deliver_after_ms, 1);
             }
         }
         for (key, it) in &g.rows {
@@ -268,6 +268,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     for i in &items {
                         counts.moved(
                             &i.ns,
+                            &i.topic,
                             (ItemState::Ready, i.deliver_after_ms),
                             (ItemState::Leased, 0),
                         );
@@ -323,7 +324,7 @@ impl<S: ShardStore> ShardWorker<S> {
         {
             let mut counts = self.counts();
             for m in found.values() {
-                counts.add(&m.ns, m.state, m.deliver_after_ms, -1);
+                counts.add(&m.ns, &m.topic, m.state, m.deliver_after_ms, -1);
             }
         }
         for m in found.values() {
@@ -374,12 +375,12 @@ impl<S: ShardStore> ShardWorker<S> {
         for (ns, topic) in &outcome.nacked {
             self.count(ns, topic, |t| t.nacked += 1);
         }
-        for (ns, state, at) in &outcome.moves {
+        for (ns, topic, state, at) in &outcome.moves {
             match state {
-                ItemState::Dead => self.died(ns, (ItemState::Leased, 0)),
+                ItemState::Dead => self.died(ns, topic, (ItemState::Leased, 0)),
                 _ => self
                     .counts()
-                    .moved(ns, (ItemState::Leased, 0), (*state, *at)),
+                    .moved(ns, topic, (ItemState::Leased, 0), (*state, *at)),
             }
         }
         for (ns, topic, k) in outcome.readied {
@@ -410,6 +411,7 @@ impl<S: ShardStore> ShardWorker<S> {
             for i in items {
                 self.counts().moved(
                     &i.ns,
+                    &i.topic,
                     (ItemState::Leased, 0),
                     (ItemState::Ready, i.deliver_after_ms),
                 );
@@ -574,10 +576,15 @@ pub(super) async fn nack_exec<S: ShardStore>(
                     key: *key,
                     at_ms: now,
                 });
-                moves.push((m.ns.clone(), ItemState::Dead, 0));
+                moves.push((m.ns.clone(), m.topic.clone(), ItemState::Dead, 0));
             } else {
                 let deliver_after_ms = now.saturating_add(*delay_ms);
-                moves.push((m.ns.clone(), ItemState::Ready, deliver_after_ms));
+                moves.push((
+                    m.ns.clone(),
+                    m.topic.clone(),
+                    ItemState::Ready,
+                    deliver_after_ms,
+                ));
                 changes.push(Change::Ready {
                     key: *key,
                     deliver_after_ms: Some(deliver_after_ms),

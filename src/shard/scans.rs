@@ -8,9 +8,9 @@ use super::worker::{timed, ScanKind, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
 use crate::model::{ItemState, Policy, TopicName, Totals};
 use crate::store::{Change, Checkpoints, Scan, ShardStore, StoreError};
 
-/// An item's move between states, for the counts: (ns, from, to; `None`: deleted), each
-/// state with its `deliver_after_ms` (see `NsCounts`).
-type Move = (String, (ItemState, i64), Option<(ItemState, i64)>);
+/// An item's move between states, for the counts: (ns, topic, from, to; `None`: deleted),
+/// each state with its `deliver_after_ms` (see `NsCounts`).
+type Move = (String, String, (ItemState, i64), Option<(ItemState, i64)>);
 
 impl<S: ShardStore> ShardWorker<S> {
     /// One tick: probe an open breaker, or run the scans and maybe save checkpoints.
@@ -75,20 +75,25 @@ impl<S: ShardStore> ShardWorker<S> {
                     unseen.push((m.ns.clone(), m.topic.clone(), m.key, m.lease_token));
                     readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
                     let to = Some((ItemState::Ready, m.deliver_after_ms));
-                    moves.push((m.ns.clone(), (ItemState::Leased, 0), to));
+                    moves.push((m.ns.clone(), m.topic.clone(), (ItemState::Leased, 0), to));
                 }
                 Scan::Lease => {
                     expired.push((m.ns.clone(), m.topic.clone()));
                     let from = (ItemState::Leased, 0);
                     if m.policy == Policy::AtMostOnce {
                         changes.push(Change::Delete { key: m.key });
-                        moves.push((m.ns.clone(), from, None));
+                        moves.push((m.ns.clone(), m.topic.clone(), from, None));
                     } else if m.delivery_count >= m.max_attempts {
                         changes.push(Change::Dead {
                             key: m.key,
                             at_ms: now,
                         });
-                        moves.push((m.ns.clone(), from, Some((ItemState::Dead, 0))));
+                        moves.push((
+                            m.ns.clone(),
+                            m.topic.clone(),
+                            from,
+                            Some((ItemState::Dead, 0)),
+                        ));
                     } else {
                         changes.push(Change::Ready {
                             key: m.key,
@@ -97,7 +102,7 @@ impl<S: ShardStore> ShardWorker<S> {
                         });
                         readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
                         let to = Some((ItemState::Ready, m.deliver_after_ms));
-                        moves.push((m.ns.clone(), from, to));
+                        moves.push((m.ns.clone(), m.topic.clone(), from, to));
                     }
                 }
                 Scan::Ttl => {
@@ -105,7 +110,12 @@ impl<S: ShardStore> ShardWorker<S> {
                         unseen_ttl.push((m.key, token));
                     }
                     changes.push(Change::Delete { key: m.key });
-                    moves.push((m.ns.clone(), (m.state, m.deliver_after_ms), None));
+                    moves.push((
+                        m.ns.clone(),
+                        m.topic.clone(),
+                        (m.state, m.deliver_after_ms),
+                        None,
+                    ));
                     if m.state == ItemState::Ready {
                         removed.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
                     }
@@ -129,11 +139,11 @@ impl<S: ShardStore> ShardWorker<S> {
                 return Err(e);
             }
         }
-        for (ns, from, to) in moves {
+        for (ns, topic, from, to) in moves {
             match to {
-                Some((ItemState::Dead, _)) => self.died(&ns, from),
-                Some(to) => self.counts().moved(&ns, from, to),
-                None => self.counts().add(&ns, from.0, from.1, -1),
+                Some((ItemState::Dead, _)) => self.died(&ns, &topic, from),
+                Some(to) => self.counts().moved(&ns, &topic, from, to),
+                None => self.counts().add(&ns, &topic, from.0, from.1, -1),
             }
         }
         let deleted = changes

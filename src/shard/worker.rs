@@ -155,8 +155,8 @@ impl<S: ShardStore> ShardWorker<S> {
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
         let recovered = store.open().await?;
         let mut counts = NsCounts::default();
-        for (ns, state, sec, n) in store.state_counts().await? {
-            counts.add(&ns, state, sec * 1000, n);
+        for (ns, topic, state, sec, n) in store.state_counts().await? {
+            counts.add(&ns, &topic, state, sec * 1000, n);
         }
         let shared = Arc::new(ShardShared {
             healthy: AtomicBool::new(true),
@@ -602,8 +602,8 @@ impl<S: ShardStore> ShardWorker<S> {
     }
 
     /// An item became dead: counted, and seen by the metrics.
-    pub(super) fn died(&self, ns: &str, from: (ItemState, i64)) {
-        self.counts().moved(ns, from, (ItemState::Dead, 0));
+    pub(super) fn died(&self, ns: &str, topic: &str, from: (ItemState, i64)) {
+        self.counts().moved(ns, topic, from, (ItemState::Dead, 0));
         self.probes
             .metrics
             .item_event(ns, ItemEvent::DeadLettered, 1);

@@ -33,6 +33,9 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// (ns, topic, state, second of `deliver_after_ms` for ready items, count).
+pub type StateCount = (String, String, ItemState, i64, i64);
+
 /// What a worker needs of an item to decide its next state (ack, nack, expiry, purge).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemMeta {
@@ -270,12 +273,10 @@ pub trait ShardStore: Send + Sync + 'static {
         deltas: &[(TopicName, Totals)],
     ) -> impl Future<Output = StoreResult<()>> + Send;
 
-    /// How many items there are by namespace and state, and for ready items by the
-    /// second of their `deliver_after_ms`: (ns, state, second, count). Read once, when
-    /// the shard opens; the worker keeps the counts from then on.
-    fn state_counts(
-        &self,
-    ) -> impl Future<Output = StoreResult<Vec<(String, ItemState, i64, i64)>>> + Send;
+    /// How many items there are by topic and state, and for ready items by the second of
+    /// their `deliver_after_ms`: (ns, topic, state, second, count). Read once, when the
+    /// shard opens; the worker keeps the counts from then on.
+    fn state_counts(&self) -> impl Future<Output = StoreResult<Vec<StateCount>>> + Send;
 
     /// A cheap round trip, used to probe a shard whose breaker is open.
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;

@@ -33,7 +33,9 @@ use sql::{apply_statements, insert_sql, key_list, run};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::{Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StoreError, StoreResult};
+use super::{
+    Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StateCount, StoreError, StoreResult,
+};
 use crate::model::{
     Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName,
     TopicSnapshot, Totals,
@@ -728,19 +730,19 @@ impl ShardStore for MySqlStore {
         }
     }
 
-    async fn state_counts(&self) -> StoreResult<Vec<(String, ItemState, i64, i64)>> {
+    async fn state_counts(&self) -> StoreResult<Vec<StateCount>> {
         let mut conn = self.conn().await?;
-        let rows: Vec<(String, i8, i64, i64)> = conn
+        let rows: Vec<(String, String, i8, i64, i64)> = conn
             .query(
-                "SELECT ns, state, IF(state = 0, FLOOR(deliver_after_ms / 1000), 0) AS sec, COUNT(*)
-                 FROM items GROUP BY ns, state, sec",
+                "SELECT ns, topic, state, IF(state = 0, FLOOR(deliver_after_ms / 1000), 0) AS sec, COUNT(*)
+                 FROM items GROUP BY ns, topic, state, sec",
             )
             .await?;
         rows.into_iter()
-            .map(|(ns, state, sec, n)| {
+            .map(|(ns, topic, state, sec, n)| {
                 let state = ItemState::from_i8(state)
                     .ok_or_else(|| StoreError::Schema(format!("unknown state {state}")))?;
-                Ok((ns, state, sec, n))
+                Ok((ns, topic, state, sec, n))
             })
             .collect()
     }
