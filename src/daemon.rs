@@ -295,7 +295,7 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
     let host = Arc::new(Host::new(HostParts {
         namespaces: Namespaces::from_config(cfg),
         prefetch,
-        waiters,
+        waiters: waiters.clone(),
         clock,
         cluster: settings,
         peers,
@@ -341,6 +341,13 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
     if c.manager != ManagerKind::Single {
         background.push(tokio::spawn(
             host.clone().run_peer_poll(c.peer_poll_ms, stop_rx.clone()),
+        ));
+        // Topics that get ready items here are announced to the peers, so that long polls
+        // routed through them wake at once.
+        let (announce, announced) = mpsc::unbounded_channel();
+        waiters.announce_to(announce);
+        background.push(tokio::spawn(
+            host.clone().run_announcer(announced, stop_rx.clone()),
         ));
     }
     let metrics_addr = metrics_listener.as_ref().map(|(_, a)| *a);

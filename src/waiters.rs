@@ -1,8 +1,13 @@
 //! Who waits for which topic: long-polling dequeues park here, and whatever makes an item
 //! ready (an enqueue committing, a nack, an expired lease, a deferred item coming due, a
 //! staged item released) wakes the waiters of its topic. Waiting costs no MySQL query.
+//!
+//! In a cluster, a topic that gets a ready item here is also announced to the peers (at
+//! most once per peer poll, see [`Waiters::announce_to`]), so that long polls routed
+//! through other hosts wake at once; their announcements wake waiters here through
+//! [`Waiters::wake_remote`], which announces nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -16,6 +21,10 @@ pub struct Waiters {
     /// Set at shutdown: waits end at once, so in-flight long polls do not hold it up.
     closing: AtomicBool,
     closed: Notify,
+    /// Where topics that got ready items go to be announced to peers (none: one host).
+    announce: Mutex<Option<tokio::sync::mpsc::UnboundedSender<TopicName>>>,
+    /// Topics announced since the last peer poll.
+    announced: Mutex<HashSet<TopicName>>,
 }
 
 impl Waiters {
@@ -29,16 +38,47 @@ impl Waiters {
         topics.entry(topic.clone()).or_default().clone()
     }
 
-    /// Wakes everyone waiting on the topic, if anyone is.
+    /// A topic of this host got a ready item: wakes everyone waiting on it here, and
+    /// announces it to the peers when it was not announced since the last poll.
     pub fn wake(&self, ns: &str, topic: &str) {
-        let topics = self.topics.lock().expect("not poisoned");
         let key = TopicName {
             ns: ns.to_string(),
             topic: topic.to_string(),
         };
-        if let Some(n) = topics.get(&key) {
+        self.notify(&key);
+        let announce = self.announce.lock().expect("not poisoned");
+        if let Some(tx) = announce.as_ref() {
+            if self
+                .announced
+                .lock()
+                .expect("not poisoned")
+                .insert(key.clone())
+            {
+                let _ = tx.send(key);
+            }
+        }
+    }
+
+    /// A peer announced ready items of a topic: wakes everyone waiting on it here.
+    pub fn wake_remote(&self, key: &TopicName) {
+        self.notify(key);
+    }
+
+    fn notify(&self, key: &TopicName) {
+        let topics = self.topics.lock().expect("not poisoned");
+        if let Some(n) = topics.get(key) {
             n.notify_waiters();
         }
+    }
+
+    /// From now on, topics that get ready items are sent to `tx` to be announced.
+    pub fn announce_to(&self, tx: tokio::sync::mpsc::UnboundedSender<TopicName>) {
+        *self.announce.lock().expect("not poisoned") = Some(tx);
+    }
+
+    /// Peers have just polled (or been polled): topics may be announced again.
+    pub fn reset_announced(&self) {
+        self.announced.lock().expect("not poisoned").clear();
     }
 
     /// Forgets topics nobody watches any more.

@@ -99,6 +99,12 @@ struct DequeueRequest {
   // Long poll: when none of the topics has a ready item, wait up to this long (at most
   // 30000) for one to become ready, and return as soon as one does. Absent or 0: no wait.
   2: optional i64 wait_ms,
+  // True: only this host's shards (hosts set it when they route a call to each other).
+  // Absent: the whole tier of the namespace, this host's shards and its peers'.
+  3: optional bool local_only,
+  // Set by a foqs host that routes the dequeue to a peer (its own host id): served from
+  // the peer's own shards only. Clients leave it out.
+  4: optional string forwarded_by,
 }
 
 struct Item {
@@ -205,6 +211,9 @@ struct PeekRequest {
   2: string topic,
   // 1..1000
   3: i32 count,
+  // True: only this host's shards (hosts set it when they route a call to each other).
+  // Absent: the whole tier of the namespace, this host's shards and its peers'.
+  4: optional bool local_only,
 }
 
 struct PeekResponse {
@@ -225,6 +234,9 @@ struct DlqListRequest {
   3: optional i32 limit,
   // Opaque cursor from a previous page's next_after.
   4: optional string after,
+  // True: only this host's shards (hosts set it when they route a call to each other).
+  // Absent: the whole tier of the namespace, this host's shards and its peers'.
+  5: optional bool local_only,
 }
 
 struct DlqListResponse {
@@ -236,6 +248,10 @@ struct DlqListResponse {
 
 struct DlqRequeueRequest {
   1: list<string> ids,
+  // As in AckRequest: set by a foqs host that forwards ids to the host owning their
+  // shards. Clients leave them out.
+  2: optional string forwarded_by,
+  3: optional string forwarded_for,
 }
 
 struct DlqRequeueResponse {
@@ -248,11 +264,17 @@ struct DlqRequeueAllRequest {
   2: string topic,
   // Absent: all of them.
   3: optional i64 max,
+  // True: only this host's shards (hosts set it when they route a call to each other).
+  // Absent: the whole tier of the namespace, this host's shards and its peers'.
+  4: optional bool local_only,
 }
 
 struct DlqPurgeRequest {
   1: string ns,
   2: string topic,
+  // True: only this host's shards (hosts set it when they route a call to each other).
+  // Absent: the whole tier of the namespace, this host's shards and its peers'.
+  3: optional bool local_only,
 }
 
 struct DlqCountResponse {
@@ -262,6 +284,9 @@ struct DlqCountResponse {
 struct TopicStatsRequest {
   1: string ns,
   2: string topic,
+  // True: only this host's shards (hosts set it when they route a call to each other).
+  // Absent: the whole tier of the namespace, this host's shards and its peers'.
+  3: optional bool local_only,
 }
 
 struct TopicStats {
@@ -329,6 +354,12 @@ struct PeerInfo {
   6: i64 spare_capacity,
 }
 
+struct ReadyTopic {
+  1: string ns,
+  2: string topic,
+  3: i64 ready,
+}
+
 struct HostInfo {
   1: string host_id,
   2: string version,
@@ -342,6 +373,15 @@ struct HostInfo {
   7: optional list<PeerInfo> peers,
   // "single", "static" or "etcd".
   8: optional string manager,
+  // Topics with ready items on this host's shards (at most 10000, the fullest first):
+  // the summary peers poll to know where to route dequeues.
+  9: optional list<ReadyTopic> ready_topics,
+}
+
+struct NotifyReadyRequest {
+  // The host whose shards now have ready items of these topics.
+  1: string host_id,
+  2: list<ReadyTopic> topics,
 }
 
 service Foqs {
@@ -362,4 +402,7 @@ service Foqs {
   DlqRequeueResponse dlqRequeue(1: DlqRequeueRequest req) throws (1: FoqsError err),
   DlqCountResponse dlqRequeueAll(1: DlqRequeueAllRequest req) throws (1: FoqsError err),
   DlqCountResponse dlqPurge(1: DlqPurgeRequest req) throws (1: FoqsError err),
+  // Between hosts of a cluster: topics that just got ready items on the sender, so that
+  // long polls routed elsewhere wake at once. Needs "peer" under access rules.
+  void notifyReady(1: NotifyReadyRequest req) throws (1: FoqsError err),
 }

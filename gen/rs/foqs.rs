@@ -925,13 +925,17 @@ impl Default for TopicRequest {
 pub struct DequeueRequest {
   pub topics: Option<Vec<TopicRequest>>,
   pub wait_ms: Option<i64>,
+  pub local_only: Option<bool>,
+  pub forwarded_by: Option<String>,
 }
 
 impl DequeueRequest {
-  pub fn new<F1, F2>(topics: F1, wait_ms: F2) -> DequeueRequest where F1: Into<Option<Vec<TopicRequest>>>, F2: Into<Option<i64>> {
+  pub fn new<F1, F2, F3, F4>(topics: F1, wait_ms: F2, local_only: F3, forwarded_by: F4) -> DequeueRequest where F1: Into<Option<Vec<TopicRequest>>>, F2: Into<Option<i64>>, F3: Into<Option<bool>>, F4: Into<Option<String>> {
     DequeueRequest {
       topics: topics.into(),
       wait_ms: wait_ms.into(),
+      local_only: local_only.into(),
+      forwarded_by: forwarded_by.into(),
     }
   }
 }
@@ -941,6 +945,8 @@ impl TSerializable for DequeueRequest {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<TopicRequest>> = Some(Vec::new());
     let mut f_2: Option<i64> = None;
+    let mut f_3: Option<bool> = None;
+    let mut f_4: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -962,6 +968,14 @@ impl TSerializable for DequeueRequest {
           let val = i_prot.read_i64()?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_bool()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -972,6 +986,8 @@ impl TSerializable for DequeueRequest {
     let ret = DequeueRequest {
       topics: f_1,
       wait_ms: f_2,
+      local_only: f_3,
+      forwarded_by: f_4,
     };
     Ok(ret)
   }
@@ -992,6 +1008,16 @@ impl TSerializable for DequeueRequest {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.local_only {
+      o_prot.write_field_begin(&TFieldIdentifier::new("local_only", TType::Bool, 3))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.forwarded_by {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_by", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1002,6 +1028,8 @@ impl Default for DequeueRequest {
     DequeueRequest{
       topics: Some(Vec::new()),
       wait_ms: Some(0),
+      local_only: Some(false),
+      forwarded_by: Some("".to_owned()),
     }
   }
 }
@@ -2136,14 +2164,16 @@ pub struct PeekRequest {
   pub ns: Option<String>,
   pub topic: Option<String>,
   pub count: Option<i32>,
+  pub local_only: Option<bool>,
 }
 
 impl PeekRequest {
-  pub fn new<F1, F2, F3>(ns: F1, topic: F2, count: F3) -> PeekRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>> {
+  pub fn new<F1, F2, F3, F4>(ns: F1, topic: F2, count: F3, local_only: F4) -> PeekRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<bool>> {
     PeekRequest {
       ns: ns.into(),
       topic: topic.into(),
       count: count.into(),
+      local_only: local_only.into(),
     }
   }
 }
@@ -2154,6 +2184,7 @@ impl TSerializable for PeekRequest {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<i32> = Some(0);
+    let mut f_4: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2173,6 +2204,10 @@ impl TSerializable for PeekRequest {
           let val = i_prot.read_i32()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_bool()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -2184,6 +2219,7 @@ impl TSerializable for PeekRequest {
       ns: f_1,
       topic: f_2,
       count: f_3,
+      local_only: f_4,
     };
     Ok(ret)
   }
@@ -2205,6 +2241,11 @@ impl TSerializable for PeekRequest {
       o_prot.write_i32(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.local_only {
+      o_prot.write_field_begin(&TFieldIdentifier::new("local_only", TType::Bool, 4))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2216,6 +2257,7 @@ impl Default for PeekRequest {
       ns: Some("".to_owned()),
       topic: Some("".to_owned()),
       count: Some(0),
+      local_only: Some(false),
     }
   }
 }
@@ -2384,15 +2426,17 @@ pub struct DlqListRequest {
   pub topic: Option<String>,
   pub limit: Option<i32>,
   pub after: Option<String>,
+  pub local_only: Option<bool>,
 }
 
 impl DlqListRequest {
-  pub fn new<F1, F2, F3, F4>(ns: F1, topic: F2, limit: F3, after: F4) -> DlqListRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<String>> {
+  pub fn new<F1, F2, F3, F4, F5>(ns: F1, topic: F2, limit: F3, after: F4, local_only: F5) -> DlqListRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<String>>, F5: Into<Option<bool>> {
     DlqListRequest {
       ns: ns.into(),
       topic: topic.into(),
       limit: limit.into(),
       after: after.into(),
+      local_only: local_only.into(),
     }
   }
 }
@@ -2404,6 +2448,7 @@ impl TSerializable for DlqListRequest {
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<i32> = None;
     let mut f_4: Option<String> = None;
+    let mut f_5: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2427,6 +2472,10 @@ impl TSerializable for DlqListRequest {
           let val = i_prot.read_string()?;
           f_4 = Some(val);
         },
+        5 => {
+          let val = i_prot.read_bool()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -2439,6 +2488,7 @@ impl TSerializable for DlqListRequest {
       topic: f_2,
       limit: f_3,
       after: f_4,
+      local_only: f_5,
     };
     Ok(ret)
   }
@@ -2465,6 +2515,11 @@ impl TSerializable for DlqListRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.local_only {
+      o_prot.write_field_begin(&TFieldIdentifier::new("local_only", TType::Bool, 5))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2477,6 +2532,7 @@ impl Default for DlqListRequest {
       topic: Some("".to_owned()),
       limit: Some(0),
       after: Some("".to_owned()),
+      local_only: Some(false),
     }
   }
 }
@@ -2577,12 +2633,16 @@ impl Default for DlqListResponse {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 pub struct DlqRequeueRequest {
   pub ids: Option<Vec<String>>,
+  pub forwarded_by: Option<String>,
+  pub forwarded_for: Option<String>,
 }
 
 impl DlqRequeueRequest {
-  pub fn new<F1>(ids: F1) -> DlqRequeueRequest where F1: Into<Option<Vec<String>>> {
+  pub fn new<F1, F2, F3>(ids: F1, forwarded_by: F2, forwarded_for: F3) -> DlqRequeueRequest where F1: Into<Option<Vec<String>>>, F2: Into<Option<String>>, F3: Into<Option<String>> {
     DlqRequeueRequest {
       ids: ids.into(),
+      forwarded_by: forwarded_by.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -2591,6 +2651,8 @@ impl TSerializable for DlqRequeueRequest {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqRequeueRequest> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<String>> = Some(Vec::new());
+    let mut f_2: Option<String> = None;
+    let mut f_3: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2608,6 +2670,14 @@ impl TSerializable for DlqRequeueRequest {
           i_prot.read_list_end()?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_string()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -2617,6 +2687,8 @@ impl TSerializable for DlqRequeueRequest {
     i_prot.read_struct_end()?;
     let ret = DlqRequeueRequest {
       ids: f_1,
+      forwarded_by: f_2,
+      forwarded_for: f_3,
     };
     Ok(ret)
   }
@@ -2632,6 +2704,16 @@ impl TSerializable for DlqRequeueRequest {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_by {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_by", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 3))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2641,6 +2723,8 @@ impl Default for DlqRequeueRequest {
   fn default() -> Self {
     DlqRequeueRequest{
       ids: Some(Vec::new()),
+      forwarded_by: Some("".to_owned()),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -2729,14 +2813,16 @@ pub struct DlqRequeueAllRequest {
   pub ns: Option<String>,
   pub topic: Option<String>,
   pub max: Option<i64>,
+  pub local_only: Option<bool>,
 }
 
 impl DlqRequeueAllRequest {
-  pub fn new<F1, F2, F3>(ns: F1, topic: F2, max: F3) -> DlqRequeueAllRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>> {
+  pub fn new<F1, F2, F3, F4>(ns: F1, topic: F2, max: F3, local_only: F4) -> DlqRequeueAllRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>>, F4: Into<Option<bool>> {
     DlqRequeueAllRequest {
       ns: ns.into(),
       topic: topic.into(),
       max: max.into(),
+      local_only: local_only.into(),
     }
   }
 }
@@ -2747,6 +2833,7 @@ impl TSerializable for DlqRequeueAllRequest {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<i64> = None;
+    let mut f_4: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2766,6 +2853,10 @@ impl TSerializable for DlqRequeueAllRequest {
           let val = i_prot.read_i64()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_bool()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -2777,6 +2868,7 @@ impl TSerializable for DlqRequeueAllRequest {
       ns: f_1,
       topic: f_2,
       max: f_3,
+      local_only: f_4,
     };
     Ok(ret)
   }
@@ -2798,6 +2890,11 @@ impl TSerializable for DlqRequeueAllRequest {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.local_only {
+      o_prot.write_field_begin(&TFieldIdentifier::new("local_only", TType::Bool, 4))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2809,6 +2906,7 @@ impl Default for DlqRequeueAllRequest {
       ns: Some("".to_owned()),
       topic: Some("".to_owned()),
       max: Some(0),
+      local_only: Some(false),
     }
   }
 }
@@ -2821,13 +2919,15 @@ impl Default for DlqRequeueAllRequest {
 pub struct DlqPurgeRequest {
   pub ns: Option<String>,
   pub topic: Option<String>,
+  pub local_only: Option<bool>,
 }
 
 impl DlqPurgeRequest {
-  pub fn new<F1, F2>(ns: F1, topic: F2) -> DlqPurgeRequest where F1: Into<Option<String>>, F2: Into<Option<String>> {
+  pub fn new<F1, F2, F3>(ns: F1, topic: F2, local_only: F3) -> DlqPurgeRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<bool>> {
     DlqPurgeRequest {
       ns: ns.into(),
       topic: topic.into(),
+      local_only: local_only.into(),
     }
   }
 }
@@ -2837,6 +2937,7 @@ impl TSerializable for DlqPurgeRequest {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2852,6 +2953,10 @@ impl TSerializable for DlqPurgeRequest {
           let val = i_prot.read_string()?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_bool()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -2862,6 +2967,7 @@ impl TSerializable for DlqPurgeRequest {
     let ret = DlqPurgeRequest {
       ns: f_1,
       topic: f_2,
+      local_only: f_3,
     };
     Ok(ret)
   }
@@ -2878,6 +2984,11 @@ impl TSerializable for DlqPurgeRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.local_only {
+      o_prot.write_field_begin(&TFieldIdentifier::new("local_only", TType::Bool, 3))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2888,6 +2999,7 @@ impl Default for DlqPurgeRequest {
     DlqPurgeRequest{
       ns: Some("".to_owned()),
       topic: Some("".to_owned()),
+      local_only: Some(false),
     }
   }
 }
@@ -2965,13 +3077,15 @@ impl Default for DlqCountResponse {
 pub struct TopicStatsRequest {
   pub ns: Option<String>,
   pub topic: Option<String>,
+  pub local_only: Option<bool>,
 }
 
 impl TopicStatsRequest {
-  pub fn new<F1, F2>(ns: F1, topic: F2) -> TopicStatsRequest where F1: Into<Option<String>>, F2: Into<Option<String>> {
+  pub fn new<F1, F2, F3>(ns: F1, topic: F2, local_only: F3) -> TopicStatsRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<bool>> {
     TopicStatsRequest {
       ns: ns.into(),
       topic: topic.into(),
+      local_only: local_only.into(),
     }
   }
 }
@@ -2981,6 +3095,7 @@ impl TSerializable for TopicStatsRequest {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2996,6 +3111,10 @@ impl TSerializable for TopicStatsRequest {
           let val = i_prot.read_string()?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_bool()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3006,6 +3125,7 @@ impl TSerializable for TopicStatsRequest {
     let ret = TopicStatsRequest {
       ns: f_1,
       topic: f_2,
+      local_only: f_3,
     };
     Ok(ret)
   }
@@ -3022,6 +3142,11 @@ impl TSerializable for TopicStatsRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.local_only {
+      o_prot.write_field_begin(&TFieldIdentifier::new("local_only", TType::Bool, 3))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3032,6 +3157,7 @@ impl Default for TopicStatsRequest {
     TopicStatsRequest{
       ns: Some("".to_owned()),
       topic: Some("".to_owned()),
+      local_only: Some(false),
     }
   }
 }
@@ -3793,6 +3919,99 @@ impl Default for PeerInfo {
 }
 
 //
+// ReadyTopic
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct ReadyTopic {
+  pub ns: Option<String>,
+  pub topic: Option<String>,
+  pub ready: Option<i64>,
+}
+
+impl ReadyTopic {
+  pub fn new<F1, F2, F3>(ns: F1, topic: F2, ready: F3) -> ReadyTopic where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>> {
+    ReadyTopic {
+      ns: ns.into(),
+      topic: topic.into(),
+      ready: ready.into(),
+    }
+  }
+}
+
+impl TSerializable for ReadyTopic {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ReadyTopic> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<i64> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_i64()?;
+          f_3 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = ReadyTopic {
+      ns: f_1,
+      topic: f_2,
+      ready: f_3,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("ReadyTopic");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.ns {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ns", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.topic {
+      o_prot.write_field_begin(&TFieldIdentifier::new("topic", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.ready {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ready", TType::I64, 3))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for ReadyTopic {
+  fn default() -> Self {
+    ReadyTopic{
+      ns: Some("".to_owned()),
+      topic: Some("".to_owned()),
+      ready: Some(0),
+    }
+  }
+}
+
+//
 // HostInfo
 //
 
@@ -3806,10 +4025,11 @@ pub struct HostInfo {
   pub spare_capacity: Option<i64>,
   pub peers: Option<Vec<PeerInfo>>,
   pub manager: Option<String>,
+  pub ready_topics: Option<Vec<ReadyTopic>>,
 }
 
 impl HostInfo {
-  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8>(host_id: F1, version: F2, shards: F3, tier: F4, addr: F5, spare_capacity: F6, peers: F7, manager: F8) -> HostInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ShardInfo>>>, F4: Into<Option<String>>, F5: Into<Option<String>>, F6: Into<Option<i64>>, F7: Into<Option<Vec<PeerInfo>>>, F8: Into<Option<String>> {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9>(host_id: F1, version: F2, shards: F3, tier: F4, addr: F5, spare_capacity: F6, peers: F7, manager: F8, ready_topics: F9) -> HostInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ShardInfo>>>, F4: Into<Option<String>>, F5: Into<Option<String>>, F6: Into<Option<i64>>, F7: Into<Option<Vec<PeerInfo>>>, F8: Into<Option<String>>, F9: Into<Option<Vec<ReadyTopic>>> {
     HostInfo {
       host_id: host_id.into(),
       version: version.into(),
@@ -3819,6 +4039,7 @@ impl HostInfo {
       spare_capacity: spare_capacity.into(),
       peers: peers.into(),
       manager: manager.into(),
+      ready_topics: ready_topics.into(),
     }
   }
 }
@@ -3834,6 +4055,7 @@ impl TSerializable for HostInfo {
     let mut f_6: Option<i64> = None;
     let mut f_7: Option<Vec<PeerInfo>> = None;
     let mut f_8: Option<String> = None;
+    let mut f_9: Option<Vec<ReadyTopic>> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3885,6 +4107,16 @@ impl TSerializable for HostInfo {
           let val = i_prot.read_string()?;
           f_8 = Some(val);
         },
+        9 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<ReadyTopic> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_19 = ReadyTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_19);
+          }
+          i_prot.read_list_end()?;
+          f_9 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3901,6 +4133,7 @@ impl TSerializable for HostInfo {
       spare_capacity: f_6,
       peers: f_7,
       manager: f_8,
+      ready_topics: f_9,
     };
     Ok(ret)
   }
@@ -3955,6 +4188,15 @@ impl TSerializable for HostInfo {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.ready_topics {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ready_topics", TType::List, 9))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3971,6 +4213,96 @@ impl Default for HostInfo {
       spare_capacity: Some(0),
       peers: Some(Vec::new()),
       manager: Some("".to_owned()),
+      ready_topics: Some(Vec::new()),
+    }
+  }
+}
+
+//
+// NotifyReadyRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct NotifyReadyRequest {
+  pub host_id: Option<String>,
+  pub topics: Option<Vec<ReadyTopic>>,
+}
+
+impl NotifyReadyRequest {
+  pub fn new<F1, F2>(host_id: F1, topics: F2) -> NotifyReadyRequest where F1: Into<Option<String>>, F2: Into<Option<Vec<ReadyTopic>>> {
+    NotifyReadyRequest {
+      host_id: host_id.into(),
+      topics: topics.into(),
+    }
+  }
+}
+
+impl TSerializable for NotifyReadyRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<NotifyReadyRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<Vec<ReadyTopic>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<ReadyTopic> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_20 = ReadyTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_20);
+          }
+          i_prot.read_list_end()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = NotifyReadyRequest {
+      host_id: f_1,
+      topics: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("NotifyReadyRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.host_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("host_id", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.topics {
+      o_prot.write_field_begin(&TFieldIdentifier::new("topics", TType::List, 2))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for NotifyReadyRequest {
+  fn default() -> Self {
+    NotifyReadyRequest{
+      host_id: Some("".to_owned()),
+      topics: Some(Vec::new()),
     }
   }
 }
@@ -3993,6 +4325,7 @@ pub trait TFoqsSyncClient {
   fn dlq_requeue(&mut self, req: DlqRequeueRequest) -> thrift::Result<DlqRequeueResponse>;
   fn dlq_requeue_all(&mut self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
   fn dlq_purge(&mut self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
+  fn notify_ready(&mut self, req: NotifyReadyRequest) -> thrift::Result<()>;
 }
 
 pub trait TFoqsSyncClientMarker {}
@@ -4370,6 +4703,33 @@ impl <C: TThriftClient + TFoqsSyncClientMarker> TFoqsSyncClient for C {
       result.ok_or()
     }
   }
+  fn notify_ready(&mut self, req: NotifyReadyRequest) -> thrift::Result<()> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("notifyReady", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsNotifyReadyArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("notifyReady", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsNotifyReadyResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
 }
 
 //
@@ -4390,6 +4750,7 @@ pub trait FoqsSyncHandler {
   fn handle_dlq_requeue(&self, req: DlqRequeueRequest) -> thrift::Result<DlqRequeueResponse>;
   fn handle_dlq_requeue_all(&self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
   fn handle_dlq_purge(&self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
+  fn handle_notify_ready(&self, req: NotifyReadyRequest) -> thrift::Result<()>;
 }
 
 pub struct FoqsSyncProcessor<H: FoqsSyncHandler> {
@@ -4440,6 +4801,9 @@ impl <H: FoqsSyncHandler> FoqsSyncProcessor<H> {
   }
   fn process_dlq_purge(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_dlq_purge(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_notify_ready(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_notify_ready(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
 }
 
@@ -5226,6 +5590,66 @@ impl TFoqsProcessFunctions {
       },
     }
   }
+  pub fn process_notify_ready<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsNotifyReadyArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_notify_ready(args.req) {
+      Ok(_) => {
+        let message_ident = TMessageIdentifier::new("notifyReady", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsNotifyReadyResult { err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsNotifyReadyResult{ err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("notifyReady", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("notifyReady", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("notifyReady", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("notifyReady", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
 }
 
 impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
@@ -5270,6 +5694,9 @@ impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
       },
       "dlqPurge" => {
         self.process_dlq_purge(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "notifyReady" => {
+        self.process_notify_ready(message_ident.sequence_number, i_prot, o_prot)
       },
       method => {
         Err(
@@ -6889,6 +7316,110 @@ impl FoqsDlqPurgeResult {
       fld_var.write_to_out_protocol(o_prot)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsNotifyReadyArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsNotifyReadyArgs {
+  pub req: NotifyReadyRequest,
+}
+
+impl FoqsNotifyReadyArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsNotifyReadyArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<NotifyReadyRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = NotifyReadyRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsNotifyReadyArgs.req", &f_1)?;
+    let ret = FoqsNotifyReadyArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("notifyReady_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsNotifyReadyResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsNotifyReadyResult {
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsNotifyReadyResult {
+  pub fn ok_or(self) -> thrift::Result<()> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else {
+      Ok(())
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsNotifyReadyResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsNotifyReadyResult {
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsNotifyReadyResult");
+    o_prot.write_struct_begin(&struct_ident)?;
     if let Some(ref fld_var) = self.err {
       o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
       fld_var.write_to_out_protocol(o_prot)?;

@@ -144,6 +144,7 @@ async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
         c.topic_stats(TopicStatsRequest {
             ns: Some("b".into()),
             topic: Some("t".into()),
+            local_only: None,
         })
     }));
     // Ids are checked by their item's namespace, before anything changes.
@@ -157,6 +158,7 @@ async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
             c.dlq_purge(DlqPurgeRequest {
                 ns: Some("b".into()),
                 topic: Some("t".into()),
+                local_only: None,
             })
         })
     };

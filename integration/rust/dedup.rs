@@ -69,6 +69,7 @@ async fn a_second_enqueue_with_the_same_key_returns_the_existing_item() {
     let req = foqs::thrift_gen::DlqPurgeRequest {
         ns: Some(NS.into()),
         topic: Some("t".into()),
+        local_only: None,
     };
     c.call(|c| c.dlq_purge(req)).unwrap();
     let fresh = one(&mut c, keyed("t", "order-42", b"fifth"));

@@ -16,6 +16,7 @@ fn list(c: &mut Client, topic: &str, limit: Option<i32>, after: Option<String>) 
         topic: Some(topic.into()),
         limit,
         after,
+        local_only: None,
     };
     c.call(|c| c.dlq_list(req)).expect("dlqList")
 }
@@ -25,6 +26,7 @@ fn requeue_all(c: &mut Client, topic: &str, max: Option<i64>) -> i64 {
         ns: Some(NS.into()),
         topic: Some(topic.into()),
         max,
+        local_only: None,
     };
     c.call(|c| c.dlq_requeue_all(req))
         .expect("dlqRequeueAll")
@@ -71,6 +73,8 @@ async fn nack_to_dlq_then_list_and_requeue_by_id() {
             "9:1".into(),
             "bad".into(),
         ]),
+        forwarded_by: None,
+        forwarded_for: None,
     };
     let r = c.call(|c| c.dlq_requeue(req)).unwrap().results.unwrap();
     assert!(r[0].error.is_none());
@@ -133,6 +137,7 @@ async fn dead_letters_page_across_shards_in_delivery_order() {
                 topic: Some("pages".into()),
                 limit: None,
                 after: Some("nonsense".into()),
+                local_only: None,
             })
         })
         .unwrap_err();
@@ -193,6 +198,7 @@ async fn purge_deletes_a_topics_dead_letters_only() {
     let req = DlqPurgeRequest {
         ns: Some(NS.into()),
         topic: Some("purge".into()),
+        local_only: None,
     };
     assert_eq!(c.call(|c| c.dlq_purge(req)).unwrap().count, Some(50));
     assert!(list(&mut c, "purge", None, None).items.unwrap().is_empty());

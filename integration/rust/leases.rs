@@ -369,6 +369,8 @@ fn consume(n: u64, addr: std::net::SocketAddr, history: &Mutex<History>, stop: &
         let items = match c.dequeue(DequeueRequest {
             topics: Some(vec![topic_req(NS, "random", 1 + (next() % 5) as i32)]),
             wait_ms: None,
+            local_only: None,
+            forwarded_by: None,
         }) {
             Ok(r) => r.items.unwrap(),
             Err(_) => {

@@ -185,6 +185,8 @@ impl Run {
                 count: Some(self.args.batch as i32),
             }]),
             wait_ms: None,
+            local_only: None,
+            forwarded_by: None,
         };
         let (elapsed, lat) = self.on_threads(self.args.consumers, |_, c, lat| {
             while done.load(Ordering::SeqCst) < items && Instant::now() < deadline {

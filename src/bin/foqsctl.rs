@@ -407,6 +407,8 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                     count: Some(*count),
                 }]),
                 wait_ms: *wait,
+                local_only: None,
+                forwarded_by: None,
             };
             let items = c.dequeue(req).map_err(e)?.items.unwrap_or_default();
             print_items(&items, cli.json, *raw)
@@ -480,6 +482,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 ns: Some(ns.clone()),
                 topic: Some(topic.clone()),
                 count: Some(*count),
+                local_only: None,
             };
             print_items(
                 &c.peek(req).map_err(e)?.items.unwrap_or_default(),
@@ -523,6 +526,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 .topic_stats(TopicStatsRequest {
                     ns: Some(ns.clone()),
                     topic: Some(topic.clone()),
+                    local_only: None,
                 })
                 .map_err(e)?;
             let fields = [
@@ -563,6 +567,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                         topic: Some(topic.clone()),
                         limit: *limit,
                         after: after.clone(),
+                        local_only: None,
                     })
                     .map_err(e)?;
                 for d in r.items.unwrap_or_default() {
@@ -589,6 +594,8 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             DlqCmd::Requeue { ids } => print_results(
                 c.dlq_requeue(DlqRequeueRequest {
                     ids: Some(ids.clone()),
+                    forwarded_by: None,
+                    forwarded_for: None,
                 })
                 .map_err(e)?
                 .results
@@ -601,6 +608,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                         ns: Some(ns.clone()),
                         topic: Some(topic.clone()),
                         max: *max,
+                        local_only: None,
                     })
                     .map_err(e)?
                     .count
@@ -617,6 +625,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                     .dlq_purge(DlqPurgeRequest {
                         ns: Some(ns.clone()),
                         topic: Some(topic.clone()),
+                        local_only: None,
                     })
                     .map_err(e)?
                     .count

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use tokio::task::JoinHandle;
 
 use super::access::{Access, Caller, Kind};
-use super::cluster::{ClusterSettings, ClusterState, Peers};
+use super::peers::{ClusterSettings, ClusterState, Peers};
 use super::prefetch::{Prefetch, PrefetchConfig};
 use super::quota::QuotaBudget;
 use super::validate::{check_name, limits};
@@ -70,7 +70,7 @@ pub struct Host {
     pub(super) namespaces: Namespaces,
     pub(super) clock: SharedClock,
     pub(super) prefetch: Prefetch,
-    waiters: Arc<Waiters>,
+    pub(super) waiters: Arc<Waiters>,
     pub(super) next_shard: AtomicUsize,
     workers: Mutex<HashMap<ShardId, JoinHandle<()>>>,
     pub(super) cluster: ClusterState,
@@ -209,11 +209,14 @@ impl Host {
     /// Dequeues from each requested topic, most urgent first across every shard. With
     /// `wait_ms`, when nothing is ready, waits up to that long for an item to become ready
     /// in any of the topics (a long poll; waiting costs no MySQL query).
+    /// Dequeues across the namespace's tier (see `routing.rs`), or from this host's
+    /// shards only with `local_only`.
     pub async fn dequeue(
         &self,
         caller: &Caller,
         topics: Vec<TopicRequest>,
         wait_ms: Option<i64>,
+        local_only: bool,
     ) -> Result<Vec<Item>> {
         if topics.len() > limits::TOPICS_PER_DEQUEUE_MAX {
             return Err(Error::invalid(format!(
@@ -249,7 +252,7 @@ impl Host {
             for n in &mut notified {
                 n.as_mut().enable();
             }
-            let out = self.dequeue_once(&wanted).await?;
+            let out = self.dequeue_once(&wanted, local_only).await?;
             if !out.is_empty() || notified.is_empty() || self.waiters.is_closing() {
                 return Ok(out);
             }
@@ -267,13 +270,17 @@ impl Host {
         self.waiters.close();
     }
 
-    async fn dequeue_once(&self, wanted: &[(TopicName, usize)]) -> Result<Vec<Item>> {
+    async fn dequeue_once(
+        &self,
+        wanted: &[(TopicName, usize)],
+        local_only: bool,
+    ) -> Result<Vec<Item>> {
         // A topic whose shards fail is skipped (its items are delayed, not lost) rather
         // than failing the request and stranding what other topics already leased.
         let mut out = Vec::new();
         let mut failure = None;
         for (name, count) in wanted {
-            match self.dequeue_topic(name, *count).await {
+            match self.dequeue_across(name, *count, local_only).await {
                 Ok(items) => out.extend(items),
                 Err(e) => failure = Some(e),
             }
@@ -288,7 +295,7 @@ impl Host {
     /// stage lacks, plus enough to restock it when the topic is busy. Items are handed out
     /// through their shards, which drop any that an ack, nack or expiry settled since they
     /// were claimed; when that leaves the reply short, it gathers again.
-    async fn dequeue_topic(&self, topic: &TopicName, count: usize) -> Result<Vec<Item>> {
+    pub(super) async fn dequeue_topic(&self, topic: &TopicName, count: usize) -> Result<Vec<Item>> {
         let mut out: Vec<Item> = Vec::new();
         for round in 0..DEQUEUE_ROUNDS_MAX {
             let gathered = match self.gather(topic, count - out.len(), round == 0).await {

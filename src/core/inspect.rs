@@ -7,11 +7,13 @@ use futures::future::join_all;
 
 use super::access::{Caller, Kind};
 use super::host::{check_batch, in_range, Host};
+use super::settle::Remote;
 use super::validate::limits;
 use super::{kway_merge, ActiveTopicsPage};
 use crate::error::{Error, Result};
 use crate::model::{GlobalKey, Item, ReadyKey, ShardId, TopicCounts, TopicSnapshot};
 use crate::shard::ShardHandle;
+use futures::future::BoxFuture;
 
 /// A dead-letter page cursor: "priority:deliver_after:key:shard" of the last item shown.
 fn parse_cursor(s: &str) -> Result<GlobalKey> {
@@ -28,18 +30,26 @@ fn parse_cursor(s: &str) -> Result<GlobalKey> {
     })
 }
 
+/// The dead-letter page cursor after `i`: its place in the global order.
+pub(super) fn dlq_cursor(i: &Item) -> String {
+    let g = i.global_key();
+    format!(
+        "{}:{}:{}:{}",
+        g.priority, g.deliver_after_ms, g.key, g.shard
+    )
+}
+
 impl Host {
-    /// A page of a topic's dead items in delivery order, each with the time it died, and
-    /// the cursor of the next page (an opaque string; absent on the last page).
-    pub async fn dlq_list(
+    /// A page of a topic's dead items on this host's shards in delivery order, each with
+    /// the time it died, and the cursor of the next page (an opaque string; absent on the
+    /// last page).
+    pub(super) async fn local_dlq_list(
         &self,
-        caller: &Caller,
         ns: &str,
         topic: &str,
         limit: Option<i32>,
         after: Option<String>,
     ) -> Result<(Vec<(Item, i64)>, Option<String>)> {
-        self.allow(caller, ns, Kind::Admin)?;
         let topic = self.topic_name(ns, topic)?;
         let limit = in_range(
             "limit",
@@ -77,27 +87,20 @@ impl Host {
         let more = all.len() > limit;
         all.truncate(limit);
         let next = if more {
-            all.last().map(|(i, _)| {
-                let g = i.global_key();
-                format!(
-                    "{}:{}:{}:{}",
-                    g.priority, g.deliver_after_ms, g.key, g.shard
-                )
-            })
+            all.last().map(|(i, _)| dlq_cursor(i))
         } else {
             None
         };
         Ok((all, next))
     }
 
-    /// A topic's counts, totals and the age of its oldest ready item, over every shard.
-    pub async fn topic_stats(
+    /// A topic's counts, totals and the age of its oldest ready item, over this host's
+    /// shards.
+    pub(super) async fn local_topic_stats(
         &self,
-        caller: &Caller,
         ns: &str,
         topic: &str,
     ) -> Result<(TopicSnapshot, i64)> {
-        self.allow(caller, ns, Kind::Consume)?;
         let topic = self.topic_name(ns, topic)?;
         let shards = self.shards();
         let snaps = join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))).await;
@@ -130,35 +133,49 @@ impl Host {
     }
 
     /// Makes dead items ready again with their delivery count reset; an id that is not a
-    /// dead item gets `NOT_FOUND`.
-    /// Ids of shards owned by another host get `WRONG_HOST` (ask that host).
-    pub async fn dlq_requeue(&self, caller: &Caller, ids: Vec<String>) -> Result<Vec<Result<()>>> {
+    /// dead item gets `NOT_FOUND`. Ids of shards owned by another host are requeued there
+    /// (see [`Host::settle`]).
+    pub async fn dlq_requeue(
+        &self,
+        caller: &Caller,
+        ids: Vec<String>,
+        forwarded: (Option<&str>, Option<&str>),
+    ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
-        let ids = ids.into_iter().map(|id| (id, Ok(()))).collect();
+        let (forwarded_by, forwarded_for) = forwarded;
+        let caller = self
+            .access
+            .acting_for(caller, forwarded_by, forwarded_for)?;
+        let caller = &caller;
+        let from = self.forwarded_as(caller);
+        let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
+            let sub = positions.iter().map(|&p| ids[p].clone()).collect();
+            Box::pin(async move { self.cluster.peers.dlq_requeue(&addr, sub, from).await })
+        };
+        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
+        let checked = ids.iter().map(|id| (id.clone(), Ok(()))).collect();
         Ok(self
             .settle(
-                ids,
+                checked,
                 (caller, Kind::Admin),
                 |shard, keys| async move {
                     shard
                         .revive(keys.into_iter().map(|(k, _)| k).collect())
                         .await
                 },
-                None,
+                remote,
             )
             .await)
     }
 
     /// Makes up to `max` (default: all) of a topic's dead items ready again, in batches;
     /// returns how many.
-    pub async fn dlq_requeue_all(
+    pub(super) async fn local_dlq_requeue_all(
         &self,
-        caller: &Caller,
         ns: &str,
         topic: &str,
         max: Option<i64>,
     ) -> Result<i64> {
-        self.allow(caller, ns, Kind::Admin)?;
         let topic = self.topic_name(ns, topic)?;
         let max = max.unwrap_or(i64::MAX);
         if max < 0 {
@@ -182,8 +199,7 @@ impl Host {
     }
 
     /// Deletes all of a topic's dead items, in batches; returns how many.
-    pub async fn dlq_purge(&self, caller: &Caller, ns: &str, topic: &str) -> Result<i64> {
-        self.allow(caller, ns, Kind::Admin)?;
+    pub(super) async fn local_dlq_purge(&self, ns: &str, topic: &str) -> Result<i64> {
         let topic = self.topic_name(ns, topic)?;
         let mut done = 0i64;
         for shard in self.shards().values() {
@@ -200,14 +216,7 @@ impl Host {
 
     /// The next `count` ready items of a topic in delivery order, without leasing them:
     /// staged items and the shards' index heads, merged.
-    pub async fn peek(
-        &self,
-        caller: &Caller,
-        ns: &str,
-        topic: &str,
-        count: i32,
-    ) -> Result<Vec<Item>> {
-        self.allow(caller, ns, Kind::Consume)?;
+    pub(super) async fn local_peek(&self, ns: &str, topic: &str, count: i32) -> Result<Vec<Item>> {
         let topic = self.topic_name(ns, topic)?;
         let count = in_range("count", count, limits::DEQUEUE_COUNT_MAX)?;
         // Under the topic's claim lock no claim is in flight, so no item is between the

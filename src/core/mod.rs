@@ -3,22 +3,25 @@
 //! it never sees a socket, Thrift or SQL, so it is testable on its own.
 
 mod access;
-mod cluster;
 mod enqueue;
 mod health;
 mod host;
 mod inspect;
 mod merge;
+mod peers;
 mod prefetch;
 pub mod quota;
+mod routing;
 mod settle;
 mod validate;
 
 pub use access::{Access, AccessRule, Caller, Kind};
-pub use cluster::{ClusterSettings, Forwarded, HostStatus, PeerLoad, PeerStatus, Peers};
 pub use enqueue::EnqueueOutcome;
 pub use host::{Host, HostParts};
 pub use merge::kway_merge;
+pub use peers::{
+    ClusterSettings, DeadItem, Forwarded, HostStatus, PeerLoad, PeerStatus, PeerSummary, Peers,
+};
 pub use prefetch::PrefetchConfig;
 pub use validate::{limits, validate_item, EnqueueRequestItem};
 

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use futures::future::{join_all, BoxFuture};
 
 use super::access::{denied, Caller, Kind};
-use super::cluster::Forwarded;
 use super::host::{check_batch, Host, ShardMap};
+use super::peers::Forwarded;
 use super::validate::{check_duration, limits};
 use super::{NackRequestItem, TouchRequestItem};
 use crate::error::{Error, ErrorCode, Result};
@@ -18,7 +18,8 @@ use crate::shard::{NackOp, Settled, ShardHandle, TouchOp};
 type Groups<T> = BTreeMap<ShardId, (Vec<usize>, Vec<(u64, T)>)>;
 
 /// Sends the items at these positions of a request to the peer at this address.
-type Remote<'a> = dyn Fn(String, Vec<usize>) -> BoxFuture<'a, Result<Vec<Result<()>>>> + Sync + 'a;
+pub(super) type Remote<'a> =
+    dyn Fn(String, Vec<usize>) -> BoxFuture<'a, Result<Vec<Result<()>>>> + Sync + 'a;
 
 impl Host {
     /// Routes per-item operations to their shards and reassembles replies in request order.
@@ -186,13 +187,13 @@ impl Host {
 
     /// How per-item calls for another host's shards reach it, unless this request was
     /// forwarded already or forwarding is off.
-    fn may_forward(&self, forwarded_by: Option<&str>) -> bool {
+    pub(super) fn may_forward(&self, forwarded_by: Option<&str>) -> bool {
         forwarded_by.is_none() && self.cluster.settings.forwarding
     }
 
     /// How this host marks the per-item calls it forwards for `caller`: its own id, and
     /// the identity the owner must check.
-    fn forwarded_as<'a>(&'a self, caller: &'a Caller) -> Forwarded<'a> {
+    pub(super) fn forwarded_as<'a>(&'a self, caller: &'a Caller) -> Forwarded<'a> {
         // Named even when this host has no rules: the owner's rules may differ.
         Forwarded {
             by: self.host_id(),

@@ -7,7 +7,9 @@ use crate::core::{
     TouchRequestItem,
 };
 use crate::error::{Error, ErrorCode, Result};
-use crate::model::{Item, ItemId, Policy, ShardStatus, TopicCounts};
+use crate::model::{
+    Item, ItemId, Policy, ShardStatus, TopicCounts, TopicName, TopicSnapshot, Totals,
+};
 use crate::thrift_gen as t;
 
 pub fn enqueue_items(items: Option<Vec<t::EnqueueItem>>) -> Vec<EnqueueRequestItem> {
@@ -196,7 +198,98 @@ pub fn host_info(h: HostStatus) -> t::HostInfo {
                 .collect(),
         ),
         manager: Some(h.manager.to_string()),
+        ready_topics: Some(ready_topics(h.ready_topics)),
     }
+}
+
+pub fn ready_topics(topics: Vec<(TopicName, i64)>) -> Vec<t::ReadyTopic> {
+    topics
+        .into_iter()
+        .map(|(t, n)| t::ReadyTopic {
+            ns: Some(t.ns),
+            topic: Some(t.topic),
+            ready: Some(n),
+        })
+        .collect()
+}
+
+pub fn ready_topics_from_wire(topics: Option<Vec<t::ReadyTopic>>) -> Vec<(TopicName, i64)> {
+    topics
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| {
+            let name = TopicName {
+                ns: r.ns.unwrap_or_default(),
+                topic: r.topic.unwrap_or_default(),
+            };
+            (name, r.ready.unwrap_or(0))
+        })
+        .collect()
+}
+
+pub fn topic_stats(s: TopicSnapshot, age: i64) -> t::TopicStats {
+    t::TopicStats {
+        ready: Some(s.ready),
+        deferred: Some(s.deferred),
+        leased: Some(s.leased),
+        dead: Some(s.dead),
+        enqueued: Some(s.totals.enqueued),
+        delivered: Some(s.totals.delivered),
+        acked: Some(s.totals.acked),
+        nacked: Some(s.totals.nacked),
+        expired: Some(s.totals.expired),
+        oldest_ready_age_ms: Some(age),
+    }
+}
+
+pub fn topic_stats_from_wire(s: t::TopicStats) -> (TopicSnapshot, i64) {
+    let snap = TopicSnapshot {
+        ready: s.ready.unwrap_or(0),
+        deferred: s.deferred.unwrap_or(0),
+        leased: s.leased.unwrap_or(0),
+        dead: s.dead.unwrap_or(0),
+        oldest_ready_ms: None,
+        totals: Totals {
+            enqueued: s.enqueued.unwrap_or(0),
+            delivered: s.delivered.unwrap_or(0),
+            acked: s.acked.unwrap_or(0),
+            nacked: s.nacked.unwrap_or(0),
+            expired: s.expired.unwrap_or(0),
+        },
+    };
+    (snap, s.oldest_ready_age_ms.unwrap_or(0))
+}
+
+/// An item a peer handed out (or showed): its TTL is not on the wire, and not needed by a
+/// host that only passes it on.
+pub fn item_from_wire(i: t::Item) -> Result<Item> {
+    let id: ItemId = i.id.unwrap_or_default().parse()?;
+    Ok(Item {
+        id,
+        ns: i.ns.unwrap_or_default(),
+        topic: i.topic.unwrap_or_default(),
+        priority: i.priority.unwrap_or(0),
+        payload: i.payload.unwrap_or_default(),
+        metadata: i.metadata.unwrap_or_default(),
+        deliver_after_ms: i.deliver_after_ms.unwrap_or(0),
+        enqueued_at_ms: i.enqueued_at_ms.unwrap_or(0),
+        delivery_count: i.delivery_count.unwrap_or(0),
+        lease_expires_ms: i.lease_expires_ms.unwrap_or(0),
+        policy: i
+            .policy
+            .and_then(|p| Policy::from_i32(p.0))
+            .unwrap_or(Policy::AtLeastOnce),
+        expires_at_ms: None,
+        lease_token: i.lease_id.unwrap_or(0),
+    })
+}
+
+pub fn items_from_wire(items: Option<Vec<t::Item>>) -> Result<Vec<Item>> {
+    items
+        .unwrap_or_default()
+        .into_iter()
+        .map(item_from_wire)
+        .collect()
 }
 
 // From the wire, for calls to peers.

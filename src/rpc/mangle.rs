@@ -91,6 +91,8 @@ pub fn seeds() -> Vec<Vec<u8>> {
                 req: t::DequeueRequest {
                     topics: Some(vec![topic("ns"), topic("other")]),
                     wait_ms: Some(10),
+                    local_only: Some(false),
+                    forwarded_by: None,
                 },
             }
             .write_to_out_protocol(o)
@@ -155,6 +157,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
                     count: Some(3),
+                    local_only: Some(true),
                 },
             }
             .write_to_out_protocol(o)
@@ -164,6 +167,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                 req: t::TopicStatsRequest {
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
+                    local_only: None,
                 },
             }
             .write_to_out_protocol(o)
@@ -175,6 +179,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                     topic: Some("topic".into()),
                     limit: Some(10),
                     after: Some("1:2:3:0".into()),
+                    local_only: None,
                 },
             }
             .write_to_out_protocol(o)
@@ -183,6 +188,8 @@ pub fn seeds() -> Vec<Vec<u8>> {
             t::FoqsDlqRequeueArgs {
                 req: t::DlqRequeueRequest {
                     ids: Some(vec!["0:1".into()]),
+                    forwarded_by: None,
+                    forwarded_for: None,
                 },
             }
             .write_to_out_protocol(o)
@@ -193,6 +200,20 @@ pub fn seeds() -> Vec<Vec<u8>> {
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
                     max: Some(5),
+                    local_only: None,
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("notifyReady", &|o| {
+            t::FoqsNotifyReadyArgs {
+                req: t::NotifyReadyRequest {
+                    host_id: Some("h2".into()),
+                    topics: Some(vec![t::ReadyTopic {
+                        ns: Some("ns".into()),
+                        topic: Some("topic".into()),
+                        ready: Some(3),
+                    }]),
                 },
             }
             .write_to_out_protocol(o)
@@ -202,6 +223,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                 req: t::DlqPurgeRequest {
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
+                    local_only: None,
                 },
             }
             .write_to_out_protocol(o)

@@ -68,6 +68,7 @@ enum Call {
     DlqRequeue(t::DlqRequeueRequest),
     DlqRequeueAll(t::DlqRequeueAllRequest),
     DlqPurge(t::DlqPurgeRequest),
+    NotifyReady(t::NotifyReadyRequest),
 }
 
 enum Reply {
@@ -84,6 +85,7 @@ enum Reply {
     DlqRequeue(t::FoqsDlqRequeueResult),
     DlqRequeueAll(t::FoqsDlqRequeueAllResult),
     DlqPurge(t::FoqsDlqPurgeResult),
+    NotifyReady(t::FoqsNotifyReadyResult),
     Exception(ApplicationError),
 }
 
@@ -209,6 +211,9 @@ fn decode(
             t::FoqsDlqRequeueAllArgs::read_from_in_protocol(i).map(|a| Call::DlqRequeueAll(a.req))
         }
         "dlqPurge" => t::FoqsDlqPurgeArgs::read_from_in_protocol(i).map(|a| Call::DlqPurge(a.req)),
+        "notifyReady" => {
+            t::FoqsNotifyReadyArgs::read_from_in_protocol(i).map(|a| Call::NotifyReady(a.req))
+        }
         other => {
             let _ = i.skip(TType::Struct);
             let e = ApplicationError::new(
@@ -252,6 +257,7 @@ fn encode(
         Reply::DlqRequeue(r) => r.write_to_out_protocol(o)?,
         Reply::DlqRequeueAll(r) => r.write_to_out_protocol(o)?,
         Reply::DlqPurge(r) => r.write_to_out_protocol(o)?,
+        Reply::NotifyReady(r) => r.write_to_out_protocol(o)?,
         Reply::Exception(e) => thrift::Error::write_application_error_to_out_protocol(e, o)?,
     }
     o.write_message_end()?;
@@ -274,7 +280,7 @@ fn split<T>(r: crate::error::Result<T>) -> (Option<T>, Option<t::FoqsError>) {
 /// The method as a metrics label: only the API's names, so a client cannot grow the
 /// label set.
 fn method_label(name: &str) -> &'static str {
-    const METHODS: [&str; 13] = [
+    const METHODS: [&str; 14] = [
         "enqueue",
         "dequeue",
         "ack",
@@ -288,6 +294,7 @@ fn method_label(name: &str) -> &'static str {
         "dlqRequeue",
         "dlqRequeueAll",
         "dlqPurge",
+        "notifyReady",
     ];
     METHODS
         .iter()
@@ -329,6 +336,7 @@ impl Reply {
             Reply::DlqRequeue(r) => r.err.as_ref(),
             Reply::DlqRequeueAll(r) => r.err.as_ref(),
             Reply::DlqPurge(r) => r.err.as_ref(),
+            Reply::NotifyReady(r) => r.err.as_ref(),
             Reply::Exception(e) => {
                 return match e.kind {
                     ApplicationErrorKind::UnknownMethod => "UNKNOWN_METHOD",
@@ -356,8 +364,11 @@ async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
         }
         Call::Dequeue(req) => {
             let wait_ms = req.wait_ms;
+            // A dequeue a peer routed here is served from this host's shards only.
+            let local_only =
+                req.local_only.unwrap_or(false) || forwarder(&req.forwarded_by).is_some();
             let r = host
-                .dequeue(caller, convert::topic_requests(req), wait_ms)
+                .dequeue(caller, convert::topic_requests(req), wait_ms, local_only)
                 .await
                 .map(|items| t::DequeueResponse {
                     items: Some(items.into_iter().map(convert::item).collect()),
@@ -408,27 +419,23 @@ async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
         Call::TopicStats(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .topic_stats(caller, &ns, &topic)
+                .topic_stats(caller, &ns, &topic, req.local_only.unwrap_or(false))
                 .await
-                .map(|(s, age)| t::TopicStats {
-                    ready: Some(s.ready),
-                    deferred: Some(s.deferred),
-                    leased: Some(s.leased),
-                    dead: Some(s.dead),
-                    enqueued: Some(s.totals.enqueued),
-                    delivered: Some(s.totals.delivered),
-                    acked: Some(s.totals.acked),
-                    nacked: Some(s.totals.nacked),
-                    expired: Some(s.totals.expired),
-                    oldest_ready_age_ms: Some(age),
-                });
+                .map(|(s, age)| convert::topic_stats(s, age));
             let (result_value, err) = split(r);
             Reply::TopicStats(t::FoqsTopicStatsResult { result_value, err })
         }
         Call::DlqList(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .dlq_list(caller, &ns, &topic, req.limit, req.after)
+                .dlq_list(
+                    caller,
+                    &ns,
+                    &topic,
+                    req.limit,
+                    req.after,
+                    req.local_only.unwrap_or(false),
+                )
                 .await
                 .map(|(items, next_after)| t::DlqListResponse {
                     items: Some(
@@ -447,8 +454,9 @@ async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
         }
         Call::DlqRequeue(req) => {
             let ids = req.ids.unwrap_or_default();
+            let from = (forwarder(&req.forwarded_by), req.forwarded_for.as_deref());
             let r = host
-                .dlq_requeue(caller, ids.clone())
+                .dlq_requeue(caller, ids.clone(), from)
                 .await
                 .map(|res| t::DlqRequeueResponse {
                     results: Some(convert::item_results(ids, res)),
@@ -459,7 +467,13 @@ async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
         Call::DlqRequeueAll(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .dlq_requeue_all(caller, &ns, &topic, req.max)
+                .dlq_requeue_all(
+                    caller,
+                    &ns,
+                    &topic,
+                    req.max,
+                    req.local_only.unwrap_or(false),
+                )
                 .await
                 .map(|count| t::DlqCountResponse { count: Some(count) });
             let (result_value, err) = split(r);
@@ -468,7 +482,7 @@ async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
         Call::DlqPurge(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .dlq_purge(caller, &ns, &topic)
+                .dlq_purge(caller, &ns, &topic, req.local_only.unwrap_or(false))
                 .await
                 .map(|count| t::DlqCountResponse { count: Some(count) });
             let (result_value, err) = split(r);
@@ -477,7 +491,13 @@ async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
         Call::Peek(req) => {
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
-                .peek(caller, &ns, &topic, req.count.unwrap_or(0))
+                .peek(
+                    caller,
+                    &ns,
+                    &topic,
+                    req.count.unwrap_or(0),
+                    req.local_only.unwrap_or(false),
+                )
                 .await
                 .map(|items| t::PeekResponse {
                     items: Some(items.into_iter().map(convert::item).collect()),
@@ -497,6 +517,15 @@ async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
                 });
             let (result_value, err) = split(r);
             Reply::Touch(t::FoqsTouchResult { result_value, err })
+        }
+        Call::NotifyReady(req) => {
+            let topics = convert::ready_topics_from_wire(req.topics);
+            let from = req.host_id.unwrap_or_default();
+            let err = host
+                .peer_ready(caller, &from, topics)
+                .err()
+                .map(convert::foqs_error);
+            Reply::NotifyReady(t::FoqsNotifyReadyResult { err })
         }
         Call::GetHostInfo => {
             let info = convert::host_info(host.host_status());

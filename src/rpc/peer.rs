@@ -16,11 +16,12 @@ use tokio::net::TcpStream;
 
 use super::{config_for, convert, describe};
 use crate::core::{
-    ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, Forwarded, NackRequestItem, Peers,
-    TouchRequestItem,
+    ActiveTopicsPage, DeadItem, EnqueueOutcome, EnqueueRequestItem, Forwarded, NackRequestItem,
+    PeerSummary, Peers, TouchRequestItem,
 };
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::model::{Item, TopicName, TopicSnapshot};
 use crate::thrift_gen as t;
 
 /// Largest reply frame accepted from a peer (a full dequeue-sized reply fits many times).
@@ -355,14 +356,225 @@ impl Peers for PeerClient {
         )
     }
 
-    fn spare_capacity<'a>(&'a self, addr: &'a str) -> BoxFuture<'a, Result<i64>> {
+    fn poll<'a>(&'a self, addr: &'a str) -> BoxFuture<'a, Result<PeerSummary>> {
         call_method!(
             self,
             addr,
             "getHostInfo",
             t::FoqsGetHostInfoArgs {},
             t::FoqsGetHostInfoResult,
-            |h| h.spare_capacity.unwrap_or(0)
+            |h| PeerSummary {
+                spare: h.spare_capacity.unwrap_or(0),
+                ready: convert::ready_topics_from_wire(h.ready_topics),
+            }
         )
+    }
+
+    fn notify_ready<'a>(
+        &'a self,
+        addr: &'a str,
+        from: &'a str,
+        topics: Vec<(TopicName, i64)>,
+    ) -> BoxFuture<'a, Result<()>> {
+        let args = t::FoqsNotifyReadyArgs {
+            req: t::NotifyReadyRequest {
+                host_id: Some(from.to_string()),
+                topics: Some(convert::ready_topics(topics)),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "notifyReady",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsNotifyReadyResult::read_from_in_protocol,
+                )
+                .await?;
+            match r.err {
+                Some(e) => Err(convert::error_from_wire(e)),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn dequeue<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+        count: usize,
+        from: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Item>>> {
+        let args = t::FoqsDequeueArgs {
+            req: t::DequeueRequest {
+                topics: Some(vec![t::TopicRequest {
+                    ns: Some(topic.ns.clone()),
+                    topic: Some(topic.topic.clone()),
+                    count: Some(count as i32),
+                }]),
+                wait_ms: None,
+                local_only: Some(true),
+                forwarded_by: Some(from.to_string()),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "dequeue",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsDequeueResult::read_from_in_protocol,
+                )
+                .await?;
+            convert::items_from_wire(outcome(r.result_value, r.err)?.items)
+        })
+    }
+
+    fn peek<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+        count: i32,
+    ) -> BoxFuture<'a, Result<Vec<Item>>> {
+        let args = t::FoqsPeekArgs {
+            req: t::PeekRequest {
+                ns: Some(topic.ns.clone()),
+                topic: Some(topic.topic.clone()),
+                count: Some(count),
+                local_only: Some(true),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "peek",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsPeekResult::read_from_in_protocol,
+                )
+                .await?;
+            convert::items_from_wire(outcome(r.result_value, r.err)?.items)
+        })
+    }
+
+    fn topic_stats<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+    ) -> BoxFuture<'a, Result<(TopicSnapshot, i64)>> {
+        let args = t::FoqsTopicStatsArgs {
+            req: t::TopicStatsRequest {
+                ns: Some(topic.ns.clone()),
+                topic: Some(topic.topic.clone()),
+                local_only: Some(true),
+            },
+        };
+        call_method!(
+            self,
+            addr,
+            "topicStats",
+            args,
+            t::FoqsTopicStatsResult,
+            convert::topic_stats_from_wire
+        )
+    }
+
+    fn dlq_list<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+        limit: i32,
+        after: Option<String>,
+    ) -> BoxFuture<'a, Result<(Vec<DeadItem>, Option<String>)>> {
+        let args = t::FoqsDlqListArgs {
+            req: t::DlqListRequest {
+                ns: Some(topic.ns.clone()),
+                topic: Some(topic.topic.clone()),
+                limit: Some(limit),
+                after,
+                local_only: Some(true),
+            },
+        };
+        Box::pin(async move {
+            let r = self
+                .call(
+                    addr,
+                    "dlqList",
+                    |o| args.write_to_out_protocol(o),
+                    t::FoqsDlqListResult::read_from_in_protocol,
+                )
+                .await?;
+            let page = outcome(r.result_value, r.err)?;
+            let items = page
+                .items
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| {
+                    let item = convert::item_from_wire(d.item.unwrap_or_default())?;
+                    Ok((item, d.died_at_ms.unwrap_or(0)))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((items, page.next_after))
+        })
+    }
+
+    fn dlq_requeue<'a>(
+        &'a self,
+        addr: &'a str,
+        ids: Vec<String>,
+        from: Forwarded<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
+        let args = t::FoqsDlqRequeueArgs {
+            req: t::DlqRequeueRequest {
+                ids: Some(ids),
+                forwarded_by: Some(from.by.to_string()),
+                forwarded_for: from.for_identity.map(str::to_string),
+            },
+        };
+        call_method!(
+            self,
+            addr,
+            "dlqRequeue",
+            args,
+            t::FoqsDlqRequeueResult,
+            |v| { convert::item_results_from_wire(v.results) }
+        )
+    }
+
+    fn dlq_requeue_all<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+        max: Option<i64>,
+    ) -> BoxFuture<'a, Result<i64>> {
+        let args = t::FoqsDlqRequeueAllArgs {
+            req: t::DlqRequeueAllRequest {
+                ns: Some(topic.ns.clone()),
+                topic: Some(topic.topic.clone()),
+                max,
+                local_only: Some(true),
+            },
+        };
+        call_method!(
+            self,
+            addr,
+            "dlqRequeueAll",
+            args,
+            t::FoqsDlqRequeueAllResult,
+            |v| v.count.unwrap_or(0)
+        )
+    }
+
+    fn dlq_purge<'a>(&'a self, addr: &'a str, topic: &'a TopicName) -> BoxFuture<'a, Result<i64>> {
+        let args = t::FoqsDlqPurgeArgs {
+            req: t::DlqPurgeRequest {
+                ns: Some(topic.ns.clone()),
+                topic: Some(topic.topic.clone()),
+                local_only: Some(true),
+            },
+        };
+        call_method!(self, addr, "dlqPurge", args, t::FoqsDlqPurgeResult, |v| {
+            v.count.unwrap_or(0)
+        })
     }
 }

@@ -243,6 +243,15 @@ impl ShardHandle {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
+    /// Topics with ready items at `now_ms` and how many: (ns, topic, ready), from memory.
+    pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
+        self.shared
+            .counts
+            .lock()
+            .expect("not poisoned")
+            .ready_topics(now_ms)
+    }
+
     /// The shard's items by namespace and state at `now_ms`, from memory.
     pub fn ns_counts(&self, now_ms: i64) -> Vec<(String, NsSnapshot)> {
         self.shared

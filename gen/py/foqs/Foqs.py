@@ -118,6 +118,14 @@ class Iface(object):
         """
         pass
 
+    def notifyReady(self, req):
+        """
+        Parameters:
+         - req
+
+        """
+        pass
+
 
 class Client(Iface):
     def __init__(self, iprot, oprot=None):
@@ -562,6 +570,38 @@ class Client(Iface):
             raise result.err
         raise TApplicationException(TApplicationException.MISSING_RESULT, "dlqPurge failed: unknown result")
 
+    def notifyReady(self, req):
+        """
+        Parameters:
+         - req
+
+        """
+        self.send_notifyReady(req)
+        self.recv_notifyReady()
+
+    def send_notifyReady(self, req):
+        self._oprot.writeMessageBegin('notifyReady', TMessageType.CALL, self._seqid)
+        args = notifyReady_args()
+        args.req = req
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_notifyReady(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = notifyReady_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.err is not None:
+            raise result.err
+        return
+
 
 class Processor(Iface, TProcessor):
     def __init__(self, handler):
@@ -580,6 +620,7 @@ class Processor(Iface, TProcessor):
         self._processMap["dlqRequeue"] = Processor.process_dlqRequeue
         self._processMap["dlqRequeueAll"] = Processor.process_dlqRequeueAll
         self._processMap["dlqPurge"] = Processor.process_dlqPurge
+        self._processMap["notifyReady"] = Processor.process_notifyReady
         self._on_message_begin = None
 
     def on_message_begin(self, func):
@@ -936,6 +977,32 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.EXCEPTION
             result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
         oprot.writeMessageBegin("dlqPurge", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_notifyReady(self, seqid, iprot, oprot):
+        args = notifyReady_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = notifyReady_result()
+        try:
+            self._handler.notifyReady(args.req)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except FoqsError as err:
+            msg_type = TMessageType.REPLY
+            result.err = err
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("notifyReady", msg_type, seqid)
         result.write(oprot)
         oprot.writeMessageEnd()
         oprot.trans.flush()
@@ -2700,6 +2767,131 @@ class dlqPurge_result(object):
 all_structs.append(dlqPurge_result)
 dlqPurge_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [DlqCountResponse, None], None, ),  # 0
+    (1, TType.STRUCT, 'err', [FoqsError, None], None, ),  # 1
+)
+
+
+class notifyReady_args(object):
+    """
+    Attributes:
+     - req
+
+    """
+
+
+    def __init__(self, req=None,):
+        self.req = req
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.req = NotifyReadyRequest()
+                    self.req.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('notifyReady_args')
+        if self.req is not None:
+            oprot.writeFieldBegin('req', TType.STRUCT, 1)
+            self.req.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(notifyReady_args)
+notifyReady_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'req', [NotifyReadyRequest, None], None, ),  # 1
+)
+
+
+class notifyReady_result(object):
+    """
+    Attributes:
+     - err
+
+    """
+
+
+    def __init__(self, err=None,):
+        self.err = err
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.err = FoqsError.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('notifyReady_result')
+        if self.err is not None:
+            oprot.writeFieldBegin('err', TType.STRUCT, 1)
+            self.err.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(notifyReady_result)
+notifyReady_result.thrift_spec = (
+    None,  # 0
     (1, TType.STRUCT, 'err', [FoqsError, None], None, ),  # 1
 )
 fix_spec(all_structs)

@@ -732,13 +732,17 @@ class DequeueRequest(object):
     Attributes:
      - topics
      - wait_ms
+     - local_only
+     - forwarded_by
 
     """
 
 
-    def __init__(self, topics=None, wait_ms=None,):
+    def __init__(self, topics=None, wait_ms=None, local_only=None, forwarded_by=None,):
         self.topics = topics
         self.wait_ms = wait_ms
+        self.local_only = local_only
+        self.forwarded_by = forwarded_by
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -765,6 +769,16 @@ class DequeueRequest(object):
                     self.wait_ms = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.BOOL:
+                    self.local_only = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -785,6 +799,14 @@ class DequeueRequest(object):
         if self.wait_ms is not None:
             oprot.writeFieldBegin('wait_ms', TType.I64, 2)
             oprot.writeI64(self.wait_ms)
+            oprot.writeFieldEnd()
+        if self.local_only is not None:
+            oprot.writeFieldBegin('local_only', TType.BOOL, 3)
+            oprot.writeBool(self.local_only)
+            oprot.writeFieldEnd()
+        if self.forwarded_by is not None:
+            oprot.writeFieldBegin('forwarded_by', TType.STRING, 4)
+            oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1764,14 +1786,16 @@ class PeekRequest(object):
      - ns
      - topic
      - count
+     - local_only
 
     """
 
 
-    def __init__(self, ns=None, topic=None, count=None,):
+    def __init__(self, ns=None, topic=None, count=None, local_only=None,):
         self.ns = ns
         self.topic = topic
         self.count = count
+        self.local_only = local_only
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1797,6 +1821,11 @@ class PeekRequest(object):
                     self.count = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.BOOL:
+                    self.local_only = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1818,6 +1847,10 @@ class PeekRequest(object):
         if self.count is not None:
             oprot.writeFieldBegin('count', TType.I32, 3)
             oprot.writeI32(self.count)
+            oprot.writeFieldEnd()
+        if self.local_only is not None:
+            oprot.writeFieldBegin('local_only', TType.BOOL, 4)
+            oprot.writeBool(self.local_only)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1979,15 +2012,17 @@ class DlqListRequest(object):
      - topic
      - limit
      - after
+     - local_only
 
     """
 
 
-    def __init__(self, ns=None, topic=None, limit=None, after=None,):
+    def __init__(self, ns=None, topic=None, limit=None, after=None, local_only=None,):
         self.ns = ns
         self.topic = topic
         self.limit = limit
         self.after = after
+        self.local_only = local_only
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2018,6 +2053,11 @@ class DlqListRequest(object):
                     self.after = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.BOOL:
+                    self.local_only = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2043,6 +2083,10 @@ class DlqListRequest(object):
         if self.after is not None:
             oprot.writeFieldBegin('after', TType.STRING, 4)
             oprot.writeString(self.after.encode('utf-8') if sys.version_info[0] == 2 else self.after)
+            oprot.writeFieldEnd()
+        if self.local_only is not None:
+            oprot.writeFieldBegin('local_only', TType.BOOL, 5)
+            oprot.writeBool(self.local_only)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2143,12 +2187,16 @@ class DlqRequeueRequest(object):
     """
     Attributes:
      - ids
+     - forwarded_by
+     - forwarded_for
 
     """
 
 
-    def __init__(self, ids=None,):
+    def __init__(self, ids=None, forwarded_by=None, forwarded_for=None,):
         self.ids = ids
+        self.forwarded_by = forwarded_by
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2169,6 +2217,16 @@ class DlqRequeueRequest(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2185,6 +2243,14 @@ class DlqRequeueRequest(object):
             for iter90 in self.ids:
                 oprot.writeString(iter90.encode('utf-8') if sys.version_info[0] == 2 else iter90)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.forwarded_by is not None:
+            oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
+            oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 3)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2276,14 +2342,16 @@ class DlqRequeueAllRequest(object):
      - ns
      - topic
      - max
+     - local_only
 
     """
 
 
-    def __init__(self, ns=None, topic=None, max=None,):
+    def __init__(self, ns=None, topic=None, max=None, local_only=None,):
         self.ns = ns
         self.topic = topic
         self.max = max
+        self.local_only = local_only
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2309,6 +2377,11 @@ class DlqRequeueAllRequest(object):
                     self.max = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.BOOL:
+                    self.local_only = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2330,6 +2403,10 @@ class DlqRequeueAllRequest(object):
         if self.max is not None:
             oprot.writeFieldBegin('max', TType.I64, 3)
             oprot.writeI64(self.max)
+            oprot.writeFieldEnd()
+        if self.local_only is not None:
+            oprot.writeFieldBegin('local_only', TType.BOOL, 4)
+            oprot.writeBool(self.local_only)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2354,13 +2431,15 @@ class DlqPurgeRequest(object):
     Attributes:
      - ns
      - topic
+     - local_only
 
     """
 
 
-    def __init__(self, ns=None, topic=None,):
+    def __init__(self, ns=None, topic=None, local_only=None,):
         self.ns = ns
         self.topic = topic
+        self.local_only = local_only
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2381,6 +2460,11 @@ class DlqPurgeRequest(object):
                     self.topic = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.BOOL:
+                    self.local_only = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2398,6 +2482,10 @@ class DlqPurgeRequest(object):
         if self.topic is not None:
             oprot.writeFieldBegin('topic', TType.STRING, 2)
             oprot.writeString(self.topic.encode('utf-8') if sys.version_info[0] == 2 else self.topic)
+            oprot.writeFieldEnd()
+        if self.local_only is not None:
+            oprot.writeFieldBegin('local_only', TType.BOOL, 3)
+            oprot.writeBool(self.local_only)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2479,13 +2567,15 @@ class TopicStatsRequest(object):
     Attributes:
      - ns
      - topic
+     - local_only
 
     """
 
 
-    def __init__(self, ns=None, topic=None,):
+    def __init__(self, ns=None, topic=None, local_only=None,):
         self.ns = ns
         self.topic = topic
+        self.local_only = local_only
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2506,6 +2596,11 @@ class TopicStatsRequest(object):
                     self.topic = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.BOOL:
+                    self.local_only = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2523,6 +2618,10 @@ class TopicStatsRequest(object):
         if self.topic is not None:
             oprot.writeFieldBegin('topic', TType.STRING, 2)
             oprot.writeString(self.topic.encode('utf-8') if sys.version_info[0] == 2 else self.topic)
+            oprot.writeFieldEnd()
+        if self.local_only is not None:
+            oprot.writeFieldBegin('local_only', TType.BOOL, 3)
+            oprot.writeBool(self.local_only)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3173,6 +3272,85 @@ class PeerInfo(object):
         return not (self == other)
 
 
+class ReadyTopic(object):
+    """
+    Attributes:
+     - ns
+     - topic
+     - ready
+
+    """
+
+
+    def __init__(self, ns=None, topic=None, ready=None,):
+        self.ns = ns
+        self.topic = topic
+        self.ready = ready
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.ns = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.topic = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.ready = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('ReadyTopic')
+        if self.ns is not None:
+            oprot.writeFieldBegin('ns', TType.STRING, 1)
+            oprot.writeString(self.ns.encode('utf-8') if sys.version_info[0] == 2 else self.ns)
+            oprot.writeFieldEnd()
+        if self.topic is not None:
+            oprot.writeFieldBegin('topic', TType.STRING, 2)
+            oprot.writeString(self.topic.encode('utf-8') if sys.version_info[0] == 2 else self.topic)
+            oprot.writeFieldEnd()
+        if self.ready is not None:
+            oprot.writeFieldBegin('ready', TType.I64, 3)
+            oprot.writeI64(self.ready)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class HostInfo(object):
     """
     Attributes:
@@ -3184,11 +3362,12 @@ class HostInfo(object):
      - spare_capacity
      - peers
      - manager
+     - ready_topics
 
     """
 
 
-    def __init__(self, host_id=None, version=None, shards=None, tier=None, addr=None, spare_capacity=None, peers=None, manager=None,):
+    def __init__(self, host_id=None, version=None, shards=None, tier=None, addr=None, spare_capacity=None, peers=None, manager=None, ready_topics=None,):
         self.host_id = host_id
         self.version = version
         self.shards = shards
@@ -3197,6 +3376,7 @@ class HostInfo(object):
         self.spare_capacity = spare_capacity
         self.peers = peers
         self.manager = manager
+        self.ready_topics = ready_topics
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3259,6 +3439,17 @@ class HostInfo(object):
                     self.manager = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.LIST:
+                    self.ready_topics = []
+                    (_etype134, _size131) = iprot.readListBegin()
+                    for _i135 in range(_size131):
+                        _elem136 = ReadyTopic()
+                        _elem136.read(iprot)
+                        self.ready_topics.append(_elem136)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3280,8 +3471,8 @@ class HostInfo(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter131 in self.shards:
-                iter131.write(oprot)
+            for iter137 in self.shards:
+                iter137.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.tier is not None:
@@ -3299,13 +3490,97 @@ class HostInfo(object):
         if self.peers is not None:
             oprot.writeFieldBegin('peers', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.peers))
-            for iter132 in self.peers:
-                iter132.write(oprot)
+            for iter138 in self.peers:
+                iter138.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.manager is not None:
             oprot.writeFieldBegin('manager', TType.STRING, 8)
             oprot.writeString(self.manager.encode('utf-8') if sys.version_info[0] == 2 else self.manager)
+            oprot.writeFieldEnd()
+        if self.ready_topics is not None:
+            oprot.writeFieldBegin('ready_topics', TType.LIST, 9)
+            oprot.writeListBegin(TType.STRUCT, len(self.ready_topics))
+            for iter139 in self.ready_topics:
+                iter139.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class NotifyReadyRequest(object):
+    """
+    Attributes:
+     - host_id
+     - topics
+
+    """
+
+
+    def __init__(self, host_id=None, topics=None,):
+        self.host_id = host_id
+        self.topics = topics
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.host_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.LIST:
+                    self.topics = []
+                    (_etype143, _size140) = iprot.readListBegin()
+                    for _i144 in range(_size140):
+                        _elem145 = ReadyTopic()
+                        _elem145.read(iprot)
+                        self.topics.append(_elem145)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('NotifyReadyRequest')
+        if self.host_id is not None:
+            oprot.writeFieldBegin('host_id', TType.STRING, 1)
+            oprot.writeString(self.host_id.encode('utf-8') if sys.version_info[0] == 2 else self.host_id)
+            oprot.writeFieldEnd()
+        if self.topics is not None:
+            oprot.writeFieldBegin('topics', TType.LIST, 2)
+            oprot.writeListBegin(TType.STRUCT, len(self.topics))
+            for iter146 in self.topics:
+                iter146.write(oprot)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3383,6 +3658,8 @@ DequeueRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'topics', (TType.STRUCT, [TopicRequest, None], False), None, ),  # 1
     (2, TType.I64, 'wait_ms', None, None, ),  # 2
+    (3, TType.BOOL, 'local_only', None, None, ),  # 3
+    (4, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 4
 )
 all_structs.append(Item)
 Item.thrift_spec = (
@@ -3469,6 +3746,7 @@ PeekRequest.thrift_spec = (
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.I32, 'count', None, None, ),  # 3
+    (4, TType.BOOL, 'local_only', None, None, ),  # 4
 )
 all_structs.append(PeekResponse)
 PeekResponse.thrift_spec = (
@@ -3488,6 +3766,7 @@ DlqListRequest.thrift_spec = (
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.I32, 'limit', None, None, ),  # 3
     (4, TType.STRING, 'after', 'UTF8', None, ),  # 4
+    (5, TType.BOOL, 'local_only', None, None, ),  # 5
 )
 all_structs.append(DlqListResponse)
 DlqListResponse.thrift_spec = (
@@ -3499,6 +3778,8 @@ all_structs.append(DlqRequeueRequest)
 DlqRequeueRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'ids', (TType.STRING, 'UTF8', False), None, ),  # 1
+    (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 3
 )
 all_structs.append(DlqRequeueResponse)
 DlqRequeueResponse.thrift_spec = (
@@ -3511,12 +3792,14 @@ DlqRequeueAllRequest.thrift_spec = (
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.I64, 'max', None, None, ),  # 3
+    (4, TType.BOOL, 'local_only', None, None, ),  # 4
 )
 all_structs.append(DlqPurgeRequest)
 DlqPurgeRequest.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
+    (3, TType.BOOL, 'local_only', None, None, ),  # 3
 )
 all_structs.append(DlqCountResponse)
 DlqCountResponse.thrift_spec = (
@@ -3528,6 +3811,7 @@ TopicStatsRequest.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
+    (3, TType.BOOL, 'local_only', None, None, ),  # 3
 )
 all_structs.append(TopicStats)
 TopicStats.thrift_spec = (
@@ -3583,6 +3867,13 @@ PeerInfo.thrift_spec = (
     (5, TType.BOOL, 'reachable', None, None, ),  # 5
     (6, TType.I64, 'spare_capacity', None, None, ),  # 6
 )
+all_structs.append(ReadyTopic)
+ReadyTopic.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
+    (3, TType.I64, 'ready', None, None, ),  # 3
+)
 all_structs.append(HostInfo)
 HostInfo.thrift_spec = (
     None,  # 0
@@ -3594,6 +3885,13 @@ HostInfo.thrift_spec = (
     (6, TType.I64, 'spare_capacity', None, None, ),  # 6
     (7, TType.LIST, 'peers', (TType.STRUCT, [PeerInfo, None], False), None, ),  # 7
     (8, TType.STRING, 'manager', 'UTF8', None, ),  # 8
+    (9, TType.LIST, 'ready_topics', (TType.STRUCT, [ReadyTopic, None], False), None, ),  # 9
+)
+all_structs.append(NotifyReadyRequest)
+NotifyReadyRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'host_id', 'UTF8', None, ),  # 1
+    (2, TType.LIST, 'topics', (TType.STRUCT, [ReadyTopic, None], False), None, ),  # 2
 )
 fix_spec(all_structs)
 del all_structs

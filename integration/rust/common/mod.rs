@@ -239,6 +239,8 @@ impl Client {
             c.dequeue(DequeueRequest {
                 topics: Some(topics),
                 wait_ms,
+                local_only: None,
+                forwarded_by: None,
             })
         })
         .map(|r| r.items.unwrap())
@@ -334,6 +336,7 @@ impl Client {
             ns: Some(ns.into()),
             topic: Some(topic.into()),
             count: Some(count),
+            local_only: None,
         };
         self.call(|c| c.peek(req)).map(|r| r.items.unwrap())
     }
@@ -342,6 +345,7 @@ impl Client {
         let req = TopicStatsRequest {
             ns: Some(ns.into()),
             topic: Some(topic.into()),
+            local_only: None,
         };
         self.call(|c| c.topic_stats(req)).expect("topicStats")
     }

@@ -1,0 +1,416 @@
+//! The host's peers: how they are reached ([`Peers`], which the RPC layer implements with
+//! pooled Thrift clients), what this host last learned of each (reachable, spare capacity,
+//! which topics have ready items there), the peer poll that keeps that fresh, the
+//! announcements of topics that just got ready items, and `getHostInfo`.
+//!
+//! Routing decisions made from this knowledge live in `routing.rs`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use futures::future::{join_all, BoxFuture};
+
+use super::access::{Caller, Kind};
+use super::enqueue::EnqueueOutcome;
+use super::host::Host;
+use super::quota::{QuotaBudget, Quotas};
+use super::validate::EnqueueRequestItem;
+use super::{ActiveTopicsPage, NackRequestItem, TouchRequestItem};
+use crate::cluster::ClusterView;
+use crate::error::Result;
+use crate::model::{Item, ShardId, ShardStatus, TopicName, TopicSnapshot};
+
+/// Most topics a host lists in its ready summary (the fullest first).
+pub const READY_TOPICS_MAX: usize = 10_000;
+
+/// Who a forwarded per-item call comes from: this host (`forwarded_by`) and the identity
+/// of the client it acts for (`forwarded_for`), which the owner of the items checks
+/// against their namespaces.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarded<'a> {
+    pub by: &'a str,
+    pub for_identity: Option<&'a str>,
+}
+
+/// What a peer says of itself when polled.
+#[derive(Debug, Clone, Default)]
+pub struct PeerSummary {
+    pub spare: i64,
+    /// Topics with ready items on its shards, and how many.
+    pub ready: Vec<(TopicName, i64)>,
+}
+
+/// A dead item and when it died.
+pub type DeadItem = (Item, i64);
+
+/// Calls to another host. Calls that change state carry this host's id as `forwarded_by`,
+/// so the peer serves them or fails them, and never forwards them again; calls routed for
+/// a whole tier ask the peer for its own shards only (`local_only`).
+pub trait Peers: Send + Sync {
+    fn enqueue<'a>(
+        &'a self,
+        addr: &'a str,
+        items: Vec<EnqueueRequestItem>,
+        from: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<EnqueueOutcome>>>;
+    fn ack<'a>(
+        &'a self,
+        addr: &'a str,
+        ids: Vec<String>,
+        from: Forwarded<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
+    fn nack<'a>(
+        &'a self,
+        addr: &'a str,
+        items: Vec<NackRequestItem>,
+        from: Forwarded<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
+    fn touch<'a>(
+        &'a self,
+        addr: &'a str,
+        items: Vec<TouchRequestItem>,
+        from: Forwarded<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
+    fn dlq_requeue<'a>(
+        &'a self,
+        addr: &'a str,
+        ids: Vec<String>,
+        from: Forwarded<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
+    /// Up to `count` ready items of `topic` from the peer's own shards.
+    fn dequeue<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+        count: usize,
+        from: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Item>>>;
+    fn peek<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+        count: i32,
+    ) -> BoxFuture<'a, Result<Vec<Item>>>;
+    /// The peer's counts and totals of a topic, and its oldest ready item's age.
+    fn topic_stats<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+    ) -> BoxFuture<'a, Result<(TopicSnapshot, i64)>>;
+    fn dlq_list<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+        limit: i32,
+        after: Option<String>,
+    ) -> BoxFuture<'a, Result<(Vec<DeadItem>, Option<String>)>>;
+    fn dlq_requeue_all<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+        max: Option<i64>,
+    ) -> BoxFuture<'a, Result<i64>>;
+    fn dlq_purge<'a>(&'a self, addr: &'a str, topic: &'a TopicName) -> BoxFuture<'a, Result<i64>>;
+    /// The peer's own topics only (`local_only`).
+    fn active_topics<'a>(
+        &'a self,
+        addr: &'a str,
+        ns: &'a str,
+        limit: i32,
+        after: Option<String>,
+    ) -> BoxFuture<'a, Result<ActiveTopicsPage>>;
+    /// Its spare capacity and ready topics (`getHostInfo`).
+    fn poll<'a>(&'a self, addr: &'a str) -> BoxFuture<'a, Result<PeerSummary>>;
+    /// Tells the peer that this host (`from`) now has ready items of `topics`.
+    fn notify_ready<'a>(
+        &'a self,
+        addr: &'a str,
+        from: &'a str,
+        topics: Vec<(TopicName, i64)>,
+    ) -> BoxFuture<'a, Result<()>>;
+}
+
+/// What a host knows of itself in the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    pub host_id: String,
+    /// "host:port" peers and redirected clients use.
+    pub addr: String,
+    pub tier: String,
+    /// "single", "static" or "etcd".
+    pub manager: &'static str,
+    /// A single host serves every tier: there is nobody to forward to.
+    pub serves_all_tiers: bool,
+    pub forwarding: bool,
+    /// Every tier's shards, wherever they are served.
+    pub tier_shards: BTreeMap<String, Vec<ShardId>>,
+}
+
+/// A peer's load as this host last saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerLoad {
+    pub reachable: bool,
+    pub spare: i64,
+}
+
+/// Another host, for `getHostInfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerStatus {
+    pub host_id: String,
+    pub addr: String,
+    pub tier: String,
+    pub shards: Vec<ShardId>,
+    pub load: PeerLoad,
+}
+
+/// This host, for `getHostInfo`.
+#[derive(Debug, Clone)]
+pub struct HostStatus {
+    pub host_id: String,
+    pub addr: String,
+    pub tier: String,
+    pub manager: &'static str,
+    pub shards: Vec<ShardStatus>,
+    pub spare: i64,
+    pub peers: Vec<PeerStatus>,
+    /// Topics with ready items on this host's shards (at most `READY_TOPICS_MAX`).
+    pub ready_topics: Vec<(TopicName, i64)>,
+}
+
+pub struct ClusterState {
+    pub(super) settings: ClusterSettings,
+    view: RwLock<Arc<ClusterView>>,
+    pub(super) peers: Arc<dyn Peers>,
+    pub(super) loads: Mutex<HashMap<String, PeerLoad>>,
+    /// Per peer (host id): its topics with ready items, from its last poll and its
+    /// announcements since.
+    pub(super) ready: Mutex<HashMap<String, HashMap<TopicName, i64>>>,
+    pub(super) quotas: Quotas,
+}
+
+impl ClusterState {
+    pub(super) fn new(
+        settings: ClusterSettings,
+        peers: Arc<dyn Peers>,
+        budget: Arc<dyn QuotaBudget>,
+    ) -> ClusterState {
+        ClusterState {
+            settings,
+            view: RwLock::new(Arc::new(ClusterView::default())),
+            peers,
+            loads: Mutex::new(HashMap::new()),
+            ready: Mutex::new(HashMap::new()),
+            quotas: Quotas::new(budget),
+        }
+    }
+
+    pub(super) fn view(&self) -> Arc<ClusterView> {
+        self.view.read().expect("not poisoned").clone()
+    }
+
+    pub(super) fn serves_tier(&self, tier: &str) -> bool {
+        self.settings.serves_all_tiers || tier == self.settings.tier
+    }
+
+    pub(super) fn tier_shards(&self, tier: &str) -> &[ShardId] {
+        self.settings
+            .tier_shards
+            .get(tier)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// The other hosts of `tier`: (host id, address).
+    pub(super) fn tier_peers(&self, tier: &str) -> Vec<(String, String)> {
+        let view = self.view();
+        view.hosts
+            .iter()
+            .filter(|(id, h)| **id != self.settings.host_id && h.tier == tier)
+            .map(|(id, h)| (id.clone(), h.addr.clone()))
+            .collect()
+    }
+}
+
+impl Host {
+    /// Adopts the shard manager's latest view (owners and peers).
+    pub fn set_view(&self, view: Arc<ClusterView>) {
+        let live: Vec<String> = view.hosts.keys().cloned().collect();
+        *self.cluster.view.write().expect("not poisoned") = view;
+        self.cluster
+            .loads
+            .lock()
+            .expect("not poisoned")
+            .retain(|id, _| live.contains(id));
+        self.cluster
+            .ready
+            .lock()
+            .expect("not poisoned")
+            .retain(|id, _| live.contains(id));
+    }
+
+    /// How much more this host can buffer: free slots in its healthy shards' queues.
+    pub fn spare_capacity(&self) -> i64 {
+        self.shards()
+            .values()
+            .filter(|s| s.is_healthy())
+            .map(|s| s.spare() as i64)
+            .sum()
+    }
+
+    /// Topics with ready items on this host's shards, the fullest first, at most
+    /// `READY_TOPICS_MAX`; from the shards' in-memory counts.
+    pub fn ready_topics(&self) -> Vec<(TopicName, i64)> {
+        let now = self.clock.now_ms();
+        let mut sum: HashMap<TopicName, i64> = HashMap::new();
+        for s in self.shards().values() {
+            for (ns, topic, n) in s.ready_topics(now) {
+                *sum.entry(TopicName { ns, topic }).or_default() += n;
+            }
+        }
+        let mut out: Vec<(TopicName, i64)> = sum.into_iter().collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        out.truncate(READY_TOPICS_MAX);
+        out
+    }
+
+    /// Polls every peer every `every_ms` (spare capacity, ready topics) until `stop`
+    /// turns true; topics may be announced again after each poll.
+    pub async fn run_peer_poll(
+        self: Arc<Self>,
+        every_ms: u64,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(every_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => break,
+            }
+            self.waiters.reset_announced();
+            let view = self.cluster.view();
+            let me = &self.cluster.settings.host_id;
+            let asks = view
+                .hosts
+                .iter()
+                .filter(|(id, _)| *id != me)
+                .map(|(id, h)| {
+                    let peers = self.cluster.peers.clone();
+                    async move {
+                        let r = peers.poll(&h.addr).await;
+                        if let Err(e) = &r {
+                            tracing::debug!(peer = %id, error = %e, "peer unreachable");
+                        }
+                        (id.clone(), r.ok())
+                    }
+                });
+            let polled = join_all(asks).await;
+            let mut loads = self.cluster.loads.lock().expect("not poisoned");
+            let mut ready = self.cluster.ready.lock().expect("not poisoned");
+            for (id, summary) in polled {
+                match summary {
+                    Some(s) => {
+                        loads.insert(
+                            id.clone(),
+                            PeerLoad {
+                                reachable: true,
+                                spare: s.spare,
+                            },
+                        );
+                        ready.insert(id, s.ready.into_iter().collect());
+                    }
+                    None => {
+                        loads.insert(id.clone(), PeerLoad::default());
+                        ready.remove(&id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends the topics that got ready items here to the peers of this host's tier, in
+    /// small batches, until `stop` turns true (see [`crate::waiters::Waiters::wake`]).
+    pub async fn run_announcer(
+        self: Arc<Self>,
+        mut topics: tokio::sync::mpsc::UnboundedReceiver<TopicName>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        loop {
+            let first = tokio::select! {
+                t = topics.recv() => match t {
+                    Some(t) => t,
+                    None => break,
+                },
+                _ = stop.changed() => break,
+            };
+            let mut batch = vec![(first, 1)];
+            while let Ok(t) = topics.try_recv() {
+                batch.push((t, 1));
+            }
+            let host: &Host = &self;
+            let peers = host.cluster.tier_peers(&host.cluster.settings.tier);
+            let me = host.host_id();
+            join_all(peers.iter().map(|(id, addr)| {
+                let batch = batch.clone();
+                async move {
+                    if let Err(e) = host.cluster.peers.notify_ready(addr, me, batch).await {
+                        tracing::debug!(peer = %id, error = %e, "announcing ready topics failed");
+                    }
+                }
+            }))
+            .await;
+        }
+    }
+
+    /// A peer announced ready items of `topics`: route dequeues there, and wake the long
+    /// polls waiting for them here.
+    pub fn peer_ready(
+        &self,
+        caller: &Caller,
+        host_id: &str,
+        topics: Vec<(TopicName, i64)>,
+    ) -> Result<()> {
+        self.allow(caller, "", Kind::Peer)?;
+        {
+            let mut ready = self.cluster.ready.lock().expect("not poisoned");
+            let known = ready.entry(host_id.to_string()).or_default();
+            for (t, n) in &topics {
+                let e = known.entry(t.clone()).or_default();
+                *e = (*e).max(*n);
+            }
+        }
+        for (t, _) in &topics {
+            self.waiters.wake_remote(t);
+        }
+        Ok(())
+    }
+
+    /// This host, its shards and its peers as it sees them, for `getHostInfo`.
+    pub fn host_status(&self) -> HostStatus {
+        let s = &self.cluster.settings;
+        let view = self.cluster.view();
+        let loads = self.cluster.loads.lock().expect("not poisoned").clone();
+        let peers = view
+            .hosts
+            .iter()
+            .filter(|(id, _)| **id != s.host_id)
+            .map(|(id, h)| PeerStatus {
+                host_id: id.clone(),
+                addr: h.addr.clone(),
+                tier: h.tier.clone(),
+                shards: view.shards_of(id),
+                load: loads.get(id).copied().unwrap_or_default(),
+            })
+            .collect();
+        HostStatus {
+            host_id: s.host_id.clone(),
+            addr: s.addr.clone(),
+            tier: s.tier.clone(),
+            manager: s.manager,
+            shards: self.shard_status(),
+            spare: self.spare_capacity(),
+            peers,
+            ready_topics: self.ready_topics(),
+        }
+    }
+}
