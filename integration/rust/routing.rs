@@ -1,0 +1,331 @@
+//! The routing layer with three real `foqsd` processes on etcd and eight shards: any host
+//! serves dequeue, long poll, peek, topicStats and the dead-letter calls for its whole
+//! tier; a host killed while others route to it costs its items' delay, never a failed
+//! dequeue or a lost item.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use foqs::thrift_gen::*;
+
+const NS: &str = "rt";
+const SHARDS: usize = 8;
+
+struct Cluster {
+    _etcd: Etcd,
+    config: std::path::PathBuf,
+    hosts: BTreeMap<String, Proc>,
+}
+
+impl Cluster {
+    async fn start(db: &TestDb) -> Cluster {
+        let etcd = Etcd::start();
+        let toml = format!(
+            "{}\n[engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 1000\n\
+             [defaults]\nlease_ms = 5000\nmax_attempts = 1\n\
+             [cluster]\nmanager = \"etcd\"\npeer_poll_ms = 100\n\
+             [cluster.etcd]\nendpoints = [\"{}\"]\nprefix = \"/routing\"\nlease_ttl_ms = 3000\npoll_ms = 100\n",
+            db.shards_toml(),
+            etcd.endpoint
+        );
+        let config = write_config(db, &toml);
+        let mut hosts = BTreeMap::new();
+        for id in ["h1", "h2", "h3"] {
+            hosts.insert(
+                id.to_string(),
+                Proc::spawn(&config, &[("FOQS__SERVER__HOST_ID", id)]),
+            );
+        }
+        let c = Cluster {
+            _etcd: etcd,
+            config,
+            hosts,
+        };
+        // Every shard has an owner and every host serves some.
+        let addrs = c.addrs();
+        eventually(
+            Duration::from_secs(20),
+            "8 shards over 3 hosts",
+            move || {
+                let mut n = 0;
+                for a in &addrs {
+                    let mut cl = Client::connect(*a, Proto::Binary);
+                    let s = cl.host_info().shards.unwrap().len();
+                    if s == 0 {
+                        return None;
+                    }
+                    n += s;
+                }
+                (n == SHARDS).then_some(())
+            },
+        )
+        .await;
+        c
+    }
+
+    fn addr(&self, id: &str) -> SocketAddr {
+        self.hosts[id].addr
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.hosts.values().map(|p| p.addr).collect()
+    }
+
+    fn client(&self, id: &str) -> Client {
+        Client::connect(self.addr(id), Proto::Binary)
+    }
+}
+
+/// Enqueues `n` items of `topic` through each host (each lands on that host's shards),
+/// with priorities 0..10; returns every id.
+fn fill(c: &Cluster, topic: &str, n: usize) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    for id in ["h1", "h2", "h3"] {
+        let mut cl = c.client(id);
+        let items = (0..n)
+            .map(|i| item(NS, topic, (i % 10) as i32, id.as_bytes()))
+            .collect();
+        ids.extend(cl.enqueue(items));
+    }
+    ids
+}
+
+fn priorities_in_order(items: &[Item]) -> bool {
+    items
+        .windows(2)
+        .all(|w| w[0].priority.unwrap() <= w[1].priority.unwrap())
+}
+
+/// Drains `topic` through `hosts` in turn (10 per dequeue), acking each reply through the
+/// same host; returns the ids and how long it took.
+fn drain(hosts: &[SocketAddr], topic: &str, total: usize) -> (Vec<String>, Duration) {
+    let mut clients: Vec<Client> = hosts
+        .iter()
+        .map(|a| Client::connect(*a, Proto::Binary))
+        .collect();
+    let mut seen = Vec::new();
+    let start = Instant::now();
+    let mut i = 0;
+    while seen.len() < total {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{} of {total}",
+            seen.len()
+        );
+        let c = &mut clients[i % hosts.len()];
+        i += 1;
+        let items = c.dequeue(NS, topic, 10);
+        assert!(priorities_in_order(&items), "reply out of order: {items:?}");
+        let left = total - seen.len();
+        assert!(
+            items.len() == left.min(10) || items.len() < 10,
+            "got {} with {left} left",
+            items.len()
+        );
+        let ids: Vec<String> = items.into_iter().map(|i| i.id.unwrap()).collect();
+        assert!(c.ack(&ids).iter().all(|r| r.error.is_none()));
+        seen.extend(ids);
+    }
+    (seen, start.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_host_serves_its_whole_tier() {
+    let db = TestDb::new(SHARDS);
+    let mut cluster = Cluster::start(&db).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // 1. Items enqueued through all three hosts, dequeued through one: each exactly once,
+    //    every reply in priority order, `count` honoured while enough are ready.
+    let ids = fill(&cluster, "drain", 100);
+    tokio::time::sleep(Duration::from_millis(300)).await; // one peer poll
+    let (seen, took) = tokio::task::block_in_place(|| drain(&[cluster.addr("h1")], "drain", 300));
+    let unique: HashSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "an item was delivered twice");
+    assert_eq!(unique, ids, "every item delivered");
+    eprintln!("300 items from 3 hosts drained through h1 alone in {took:?}");
+
+    // 2. A long poll on h1 wakes when an item lands on h2's shards.
+    let mut waiter = cluster.client("h1");
+    let lp = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let got = waiter
+            .try_dequeue_wait(vec![topic_req(NS, "poll", 1)], Some(10_000))
+            .unwrap();
+        (got, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = Instant::now();
+    let id = cluster
+        .client("h2")
+        .enqueue(vec![item(NS, "poll", 0, b"wake up")])
+        .remove(0);
+    let (got, waited) = lp.await.unwrap();
+    let after_enqueue = sent.elapsed();
+    assert_eq!(
+        got.len(),
+        1,
+        "the long poll returned empty after {waited:?}"
+    );
+    assert_eq!(got[0].id.as_deref(), Some(id.as_str()));
+    eprintln!("long poll on h1 returned {after_enqueue:?} after the enqueue on h2");
+    assert!(
+        after_enqueue < Duration::from_millis(300),
+        "woken {after_enqueue:?} after the enqueue"
+    );
+
+    // 3. peek, topicStats and the dead-letter calls cover the tier, with exact counts.
+    let ids = fill(&cluster, "dl", 30);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut h1 = cluster.client("h1");
+    let mut h2 = cluster.client("h2");
+    let mut h3 = cluster.client("h3");
+    let peeked = h2.try_peek(NS, "dl", 1000).unwrap();
+    assert_eq!(peeked.len(), 90);
+    assert!(priorities_in_order(&peeked));
+    let mut dead = 0;
+    while dead < 90 {
+        let items = h1.dequeue(NS, "dl", 50);
+        assert!(!items.is_empty());
+        let r = h1.nack(
+            items
+                .iter()
+                .map(|i| NackItem {
+                    to_dlq: Some(true),
+                    ..nack(i.id.as_deref().unwrap(), None, None)
+                })
+                .collect(),
+        );
+        assert!(r.iter().all(|r| r.error.is_none()), "{r:?}");
+        dead += items.len();
+    }
+    let stats = h3.stats(NS, "dl");
+    assert_eq!(
+        (stats.dead, stats.ready, stats.enqueued),
+        (Some(90), Some(0), Some(90))
+    );
+    let mut listed = Vec::new();
+    let mut after = None;
+    loop {
+        let page = h2
+            .call(|c| {
+                c.dlq_list(DlqListRequest {
+                    ns: Some(NS.into()),
+                    topic: Some("dl".into()),
+                    limit: Some(7),
+                    after: after.clone(),
+                    local_only: None,
+                })
+            })
+            .unwrap();
+        let items = page.items.unwrap();
+        assert!(items.len() <= 7);
+        listed.extend(items.into_iter().map(|d| d.item.unwrap()));
+        after = page.next_after;
+        if after.is_none() {
+            break;
+        }
+    }
+    assert!(priorities_in_order(&listed));
+    let listed_ids: HashSet<String> = listed.iter().map(|i| i.id.clone().unwrap()).collect();
+    assert_eq!(
+        (listed.len(), &listed_ids),
+        (90, &ids),
+        "every dead item, once"
+    );
+    let requeued = h1
+        .call(|c| {
+            c.dlq_requeue_all(DlqRequeueAllRequest {
+                ns: Some(NS.into()),
+                topic: Some("dl".into()),
+                max: Some(40),
+                local_only: None,
+            })
+        })
+        .unwrap()
+        .count;
+    assert_eq!(requeued, Some(40));
+    let stats = h2.stats(NS, "dl");
+    assert_eq!((stats.ready, stats.dead), (Some(40), Some(50)));
+    assert_eq!(h3.try_peek(NS, "dl", 1000).unwrap().len(), 40);
+    let purged = h3
+        .call(|c| {
+            c.dlq_purge(DlqPurgeRequest {
+                ns: Some(NS.into()),
+                topic: Some("dl".into()),
+                local_only: None,
+            })
+        })
+        .unwrap()
+        .count;
+    assert_eq!(purged, Some(50));
+    assert_eq!(h1.stats(NS, "dl").dead, Some(0));
+    // local_only still asks one host alone.
+    let local = h1
+        .call(|c| {
+            c.topic_stats(TopicStatsRequest {
+                ns: Some(NS.into()),
+                topic: Some("dl".into()),
+                local_only: Some(true),
+            })
+        })
+        .unwrap();
+    assert!(local.ready.unwrap() < 40, "h1 alone holds part of them");
+
+    // 4. Routed drain throughput: through one host vs through all three.
+    let ids = fill(&cluster, "speed1", 1000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (seen, one) =
+        tokio::task::block_in_place(|| drain(&[cluster.addr("h1")], "speed1", ids.len()));
+    assert_eq!(seen.len(), ids.len());
+    let _ = fill(&cluster, "speed3", 1000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, three) = tokio::task::block_in_place(|| drain(&cluster.addrs(), "speed3", 3000));
+    eprintln!(
+        "routed drain (10 per dequeue, acked): through h1 alone {:.0} items/s, through all three {:.0} items/s",
+        3000.0 / one.as_secs_f64(),
+        3000.0 / three.as_secs_f64()
+    );
+
+    // 5. A host killed while h1 routes dequeues to it: dequeues keep returning the
+    //    survivors' items, and after failover the dead host's items come back.
+    let ids = fill(&cluster, "kill", 100);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut got = HashSet::new();
+    let mut c = cluster.client("h1");
+    for _ in 0..5 {
+        for i in c.dequeue(NS, "kill", 10) {
+            got.insert(i.id.unwrap());
+        }
+    }
+    cluster.hosts.get_mut("h3").unwrap().sigkill();
+    let start = Instant::now();
+    let mut errors = 0;
+    while got.len() < ids.len() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} of {} after the kill ({errors} failed dequeues)",
+            got.len(),
+            ids.len()
+        );
+        match c.try_dequeue(vec![topic_req(NS, "kill", 10)]) {
+            Ok(items) => {
+                for i in items {
+                    got.insert(i.id.unwrap());
+                }
+            }
+            Err(_) => errors += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "all 300 items delivered {:?} after killing h3 ({errors} dequeues failed meanwhile)",
+        start.elapsed()
+    );
+    assert_eq!(got, ids, "nothing lost");
+    let _ = std::fs::remove_dir_all(cluster.config.parent().unwrap());
+}
