@@ -19,11 +19,11 @@ use crate::cluster::{
     ClusterView, EtcdBudget, EtcdManager, ManagerKind, Member, ShardManager, StaticManager,
 };
 use crate::config::{Config, Namespaces, ShardConfig};
-use crate::core::quota::{LocalBudget, QuotaBudget};
 use crate::core::{Access, ClusterSettings, Host, HostParts, PrefetchConfig};
 use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::model::ShardId;
+use crate::quota::{LocalBudget, QuotaBudget};
 use crate::rpc::PeerClient;
 use crate::server::{serve, serve_http, ServerLimits};
 use crate::shard::{ShardHandle, ShardWorker, WorkerConfig};

@@ -17,18 +17,22 @@
 //! - [`fence`]: until when this host may write its shards (lease-based fencing).
 //! - [`tls`]: rustls configurations from PEM files, and a caller's identity.
 //! - [`metrics`]: the Prometheus registry of one running host.
-//! - [`model`]: domain types shared by the layers (item ids, keys, items, policies).
+//! - [`model`]: domain types shared by the layers (item ids, keys, items, policies, the
+//!   cluster view), so that the arrows between [`core`] and [`cluster`] run one way.
 //! - [`error`]: the domain error with its stable [`error::ErrorCode`].
 //! - [`config`]: the configuration file, environment overrides and validation.
-//! - [`client`]: a blocking Rust client (the generated one over TCP or TLS), for tools
-//!   and tests.
+//! - [`client`] (`rpc::client`): a blocking Rust client (the generated one over TCP or
+//!   TLS), for tools and tests.
+//! - [`quota`]: namespace enqueue quotas (token buckets) and where their budget lives;
+//!   below both [`core`] and [`cluster`], which implements the etcd budget.
 //! - [`daemon`]: assembles a running foqsd from a [`config::Config`] (binary and tests).
 //! - [`clock`]: time as an injectable [`clock::Clock`], so leases and TTLs are testable.
 //! - [`waiters`]: long-polling dequeues parked per topic, woken when an item gets ready.
 //! - [`thrift_gen`]: code generated from `thrift/foqs.thrift` (do not edit; see
 //!   `scripts/gen-thrift.sh`). Public so that Rust clients and tests can use its client.
 
-pub mod client;
+/// The blocking Rust client (it speaks Thrift, so it lives in [`rpc`]).
+pub use rpc::client;
 pub mod clock;
 pub mod cluster;
 pub mod config;
@@ -38,6 +42,7 @@ pub mod error;
 pub mod fence;
 pub mod metrics;
 pub mod model;
+pub mod quota;
 pub mod rpc;
 pub mod server;
 pub mod shard;

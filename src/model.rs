@@ -1,6 +1,7 @@
 //! Domain types shared by every layer: item ids, delivery policies, the ready-order key,
 //! items as enqueued and as delivered. Nothing here knows Thrift or MySQL.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -70,7 +71,8 @@ impl Policy {
 pub enum ItemState {
     Ready = 0,
     Leased = 1,
-    /// Attempts exhausted: kept, never delivered again (the dead-letter API comes later).
+    /// Attempts exhausted, or nacked to the dead letters: kept, never delivered, until
+    /// requeued or purged.
     Dead = 2,
 }
 
@@ -171,14 +173,6 @@ impl Item {
     }
 }
 
-/// One nack: the item becomes ready at now + `delay_ms`, with new metadata when given.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Nack {
-    pub id: ItemId,
-    pub delay_ms: i64,
-    pub metadata: Option<Vec<u8>>,
-}
-
 /// Per-topic counts for `getActiveTopics`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TopicCounts {
@@ -232,6 +226,44 @@ pub struct ShardStatus {
     pub shard: ShardId,
     pub healthy: bool,
     pub items: i64,
+}
+
+/// The tier of shards and namespaces that name none.
+pub const TIER_DEFAULT: &str = "default";
+
+/// A live host of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostAddr {
+    /// "host:port" clients and peers use.
+    pub addr: String,
+    pub tier: String,
+}
+
+/// The cluster as a shard manager sees it at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// Live hosts by id, this host included.
+    pub hosts: BTreeMap<String, HostAddr>,
+    /// The owner (host id) of each shard that has one now; a shard that is moving has none.
+    pub owners: BTreeMap<ShardId, String>,
+}
+
+impl ClusterView {
+    /// The shards `host` owns.
+    pub fn shards_of(&self, host: &str) -> Vec<ShardId> {
+        self.owners
+            .iter()
+            .filter(|(_, h)| h.as_str() == host)
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
+    /// The owner of `shard` and its address.
+    pub fn owner(&self, shard: ShardId) -> Option<(&str, &str)> {
+        let h = self.owners.get(&shard)?;
+        let a = self.hosts.get(h)?;
+        Some((h.as_str(), a.addr.as_str()))
+    }
 }
 
 #[cfg(test)]

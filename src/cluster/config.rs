@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::model::ShardId;
 
-pub const TIER_DEFAULT: &str = "default";
+pub use crate::model::TIER_DEFAULT;
 /// etcd grants leases in whole seconds; below 2 s a host would spend its life renewing.
 pub const LEASE_TTL_MS_MIN: u64 = 2000;
 

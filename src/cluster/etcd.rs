@@ -37,9 +37,9 @@ use tokio::task::JoinHandle;
 use super::config::{fence_margin_ms, EtcdConfig};
 use super::{assign, ClusterView, HostAddr, ShardManager};
 use crate::clock::SharedClock;
-use crate::core::quota::{burst, refilled, QuotaBudget};
 use crate::fence::Fence;
 use crate::model::ShardId;
+use crate::quota::{burst, refilled, QuotaBudget};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct HostRecord {
@@ -482,7 +482,7 @@ impl Follower {
 }
 
 /// The tier's quota token buckets, one etcd key per namespace, taken from with
-/// compare-and-swap (see [`crate::core::quota`] for the algorithm and its bounds).
+/// compare-and-swap (see [`crate::quota`] for the algorithm and its bounds).
 pub struct EtcdBudget {
     client: Client,
     prefix: String,

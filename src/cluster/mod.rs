@@ -22,43 +22,9 @@ use tokio::sync::watch;
 use crate::fence::Fence;
 use crate::model::ShardId;
 
-pub use config::{ClusterConfig, ManagerKind, TierConfig, TIER_DEFAULT};
+pub use crate::model::{ClusterView, HostAddr, TIER_DEFAULT};
+pub use config::{ClusterConfig, ManagerKind, TierConfig};
 pub use etcd::{EtcdBudget, EtcdManager, Member};
-
-/// A live host of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostAddr {
-    /// "host:port" clients and peers use.
-    pub addr: String,
-    pub tier: String,
-}
-
-/// The cluster as a shard manager sees it at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClusterView {
-    /// Live hosts by id, this host included.
-    pub hosts: BTreeMap<String, HostAddr>,
-    /// The owner (host id) of each shard that has one now; a shard that is moving has none.
-    pub owners: BTreeMap<ShardId, String>,
-}
-
-impl ClusterView {
-    /// The shards `host` owns.
-    pub fn shards_of(&self, host: &str) -> Vec<ShardId> {
-        self.owners
-            .iter()
-            .filter(|(_, h)| h.as_str() == host)
-            .map(|(s, _)| *s)
-            .collect()
-    }
-
-    /// The owner of `shard` and its address.
-    pub fn owner(&self, shard: ShardId) -> Option<(&str, &str)> {
-        let h = self.owners.get(&shard)?;
-        let a = self.hosts.get(h)?;
-        Some((h.as_str(), a.addr.as_str()))
-    }
-}
 
 /// The pluggable shard-manager client.
 pub trait ShardManager: Send + Sync {

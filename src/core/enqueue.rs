@@ -8,14 +8,12 @@ use std::sync::atomic::Ordering;
 use futures::future::join_all;
 
 use super::access::{Caller, Kind};
+use super::api::{EnqueueOutcome, EnqueueRequestItem};
 use super::host::Host;
-use super::validate::{as_request, validate_item, EnqueueRequestItem};
+use super::validate::{as_request, validate_item};
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{ItemId, NewItem, ShardId};
 use crate::shard::{Enqueued, PendingEnqueue};
-
-/// One item's outcome: its id, and whether it was an existing item's (dedup).
-pub type EnqueueOutcome = Result<(ItemId, bool)>;
 
 /// Where a group of a request's items goes.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

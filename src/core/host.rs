@@ -10,7 +10,6 @@ use tokio::task::JoinHandle;
 use super::access::{Access, Caller, Kind};
 use super::peers::{ClusterSettings, ClusterState, Peers};
 use super::prefetch::{Prefetch, PrefetchConfig};
-use super::quota::QuotaBudget;
 use super::validate::{check_name, limits};
 use super::{kway_merge, TopicRequest};
 use crate::clock::SharedClock;
@@ -18,6 +17,7 @@ use crate::config::{NamespacePolicy, Namespaces};
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics::{ItemEvent, Metrics};
 use crate::model::{Item, ReadyKey, ShardId, ShardStatus, TopicName};
+use crate::quota::QuotaBudget;
 use crate::shard::ShardHandle;
 use crate::waiters::Waiters;
 
@@ -113,7 +113,7 @@ impl Host {
             cluster: ClusterSettings {
                 host_id: "detached".into(),
                 addr: "127.0.0.1:0".into(),
-                tier: crate::cluster::TIER_DEFAULT.into(),
+                tier: crate::model::TIER_DEFAULT.into(),
                 manager: "single",
                 serves_all_tiers: true,
                 forwarding: false,
@@ -125,7 +125,7 @@ impl Host {
                 None,
                 Arc::new(Metrics::new()),
             )),
-            quota_budget: Arc::new(super::quota::LocalBudget::new(1, clock)),
+            quota_budget: Arc::new(crate::quota::LocalBudget::new(1, clock)),
             access: Access::default(),
             metrics: Arc::new(Metrics::new()),
         });

@@ -11,14 +11,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use futures::future::{join_all, BoxFuture};
 
 use super::access::{Caller, Kind};
-use super::enqueue::EnqueueOutcome;
+use super::api::{
+    ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, TouchRequestItem,
+};
 use super::host::Host;
-use super::quota::{QuotaBudget, Quotas};
-use super::validate::EnqueueRequestItem;
-use super::{ActiveTopicsPage, NackRequestItem, TouchRequestItem};
-use crate::cluster::ClusterView;
 use crate::error::Result;
-use crate::model::{Item, ShardId, ShardStatus, TopicName, TopicSnapshot};
+use crate::model::{ClusterView, Item, ShardId, ShardStatus, TopicName, TopicSnapshot};
+use crate::quota::{QuotaBudget, Quotas};
 
 /// Most topics a host lists in its ready summary (the fullest first).
 pub const READY_TOPICS_MAX: usize = 10_000;

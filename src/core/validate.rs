@@ -1,6 +1,7 @@
 //! Request validation: the limits of the API, and the resolution of an enqueued item's
 //! optional fields against its namespace's defaults.
 
+use super::api::EnqueueRequestItem;
 use crate::config::NamespacePolicy;
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{NewItem, Policy};
@@ -24,22 +25,6 @@ pub mod limits {
     /// Longest lease, TTL or nack delay: far beyond any real use, and small enough that
     /// `now + duration` can never overflow a BIGINT.
     pub const DURATION_MS_MAX: i64 = 100 * 365 * 24 * 3600 * 1000;
-}
-
-/// An enqueued item as the client sent it: options unresolved, policy not yet checked.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct EnqueueRequestItem {
-    pub ns: String,
-    pub topic: String,
-    pub priority: i32,
-    pub payload: Vec<u8>,
-    pub metadata: Option<Vec<u8>>,
-    pub deliver_after_ms: Option<i64>,
-    pub lease_ms: Option<i64>,
-    pub ttl_ms: Option<i64>,
-    pub policy: Option<i32>,
-    pub max_attempts: Option<i32>,
-    pub dedup_key: Option<String>,
 }
 
 pub fn check_name(what: &str, name: &str) -> Result<()> {

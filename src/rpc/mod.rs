@@ -7,6 +7,7 @@
 //! a domain failure the method's declared `FoqsError`. The connection stays usable after
 //! each; only a frame whose message header cannot be read at all closes it.
 
+pub mod client;
 mod convert;
 pub mod mangle;
 mod peer;
