@@ -75,6 +75,13 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
                 .into(),
         );
     }
+    if !cfg.access.is_empty() && c.manager != ManagerKind::Single && c.tls_cert_file.is_none() {
+        problems.push(
+            "[[access]] rules in a cluster need cluster.tls_cert_file/tls_key_file (and server.tls with \
+             client_ca_file): hosts prove they are peers with their certificates"
+                .into(),
+        );
+    }
     for (i, rule) in cfg.access.iter().enumerate() {
         if rule.identity.is_empty() {
             problems.push(format!("access entry {}: identity is empty", i + 1));
