@@ -139,7 +139,14 @@ impl ReadyIndex {
         self.topics.len()
     }
 
-    /// The topic's index, loaded or not, marked as just used.
+    /// The topic's index if it has one, not marked as used: for readers beside the worker,
+    /// which must not add topics (adding one may evict another, see `ShardHandle::peek`).
+    pub fn get(&self, t: &TopicName) -> Option<&TopicIndex> {
+        self.topics.get(t)
+    }
+
+    /// The topic's index, loaded or not, marked as just used. Only the shard's worker
+    /// calls it: it may add the topic and evict others.
     pub fn topic(&mut self, t: &TopicName) -> &mut TopicIndex {
         if !self.topics.contains_key(t) {
             if self.topics.len() >= self.topics_max {

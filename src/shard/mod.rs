@@ -174,7 +174,8 @@ pub struct ShardHandle {
     tx: mpsc::Sender<Command>,
     shared: Arc<ShardShared>,
     /// The worker's ready index, read here so that a peek the index can answer costs no
-    /// trip through the worker's queue (only the worker writes to it, and reads MySQL).
+    /// trip through the worker's queue. Only the worker writes to it (a miss here goes to
+    /// the worker).
     index: Arc<std::sync::Mutex<ReadyIndex>>,
 }
 
@@ -265,10 +266,12 @@ impl ShardHandle {
     /// memory when the index holds enough (or everything), else the worker refills it.
     pub async fn peek(&self, topic: TopicName, n: usize) -> Result<Vec<ReadyKey>> {
         {
-            let mut index = self.index.lock().expect("not poisoned");
-            let t = index.topic(&topic);
-            if t.len() >= n || !t.is_partial() {
-                return Ok(t.head(n));
+            // Read-only: adding a topic here could evict one the worker is refilling.
+            let index = self.index.lock().expect("not poisoned");
+            if let Some(t) = index.get(&topic) {
+                if t.len() >= n || !t.is_partial() {
+                    return Ok(t.head(n));
+                }
             }
         }
         self.call(|reply| Command::Peek { topic, n, reply }).await

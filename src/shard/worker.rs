@@ -570,7 +570,14 @@ impl<S: ShardStore> ShardWorker<S> {
         let loaded = r.map_err(|e| storage_error(self.id, &e))?;
         let mut index = self.index();
         let t = index.topic(topic);
-        t.apply_refill(&loaded, asked, cap);
+        // Only this worker writes the index and nothing else ran meanwhile, so the topic
+        // still starts where the refill read from; were it not (an entry evicted and made
+        // afresh), the keys read would cover a gap and must not be applied.
+        if t.refill_after() == after && (after.is_some() || t.is_empty()) {
+            t.apply_refill(&loaded, asked, cap);
+        } else {
+            tracing::warn!(shard = self.id, topic = %topic.topic, "index changed during a refill; not applied");
+        }
         Ok(t.head(n))
     }
 
