@@ -27,7 +27,7 @@ use crate::quota::{LocalBudget, QuotaBudget};
 use crate::rpc::PeerClient;
 use crate::server::{serve, serve_http, ServerLimits};
 use crate::shard::{ShardHandle, ShardWorker, WorkerConfig};
-use crate::store::{MySqlStore, StoreError};
+use crate::store::{Fenced, MySqlStore, StoreError};
 use crate::waiters::Waiters;
 
 #[derive(Debug, thiserror::Error)]
@@ -100,9 +100,7 @@ impl ShardOpener {
                 "shard {id} is not in [[shards]]"
             )))
         })?;
-        let mut store = MySqlStore::new(s.id, &s.url, s.pool_connections_max)
-            .map_err(err)?
-            .with_fence(self.fence.clone());
+        let mut store = MySqlStore::new(s.id, &s.url, s.pool_connections_max).map_err(err)?;
         if let Some(lost) = &self.lost {
             let lost = lost.clone();
             store = store.with_owner_lock(
@@ -113,9 +111,10 @@ impl ShardOpener {
             );
         }
         tracing::info!(shard = s.id, database = store.database(), "opening shard");
+        // Fencing wraps whatever store the shard has (see `store::Fenced`).
         ShardWorker::start(
             s.id,
-            store,
+            Fenced::new(store, self.fence.clone()),
             self.clock.clone(),
             self.workers.clone(),
             self.waiters.clone(),

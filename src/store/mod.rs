@@ -6,10 +6,12 @@
 //! only writer, so no method needs locking reads; guards in `WHERE` clauses are safety
 //! nets, not concurrency control.
 
+mod fenced;
 mod mysql;
 
 use std::future::Future;
 
+pub use fenced::Fenced;
 pub use mysql::{MySqlStore, OnLost};
 
 use crate::model::{

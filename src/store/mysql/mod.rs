@@ -18,7 +18,6 @@
 //! - Lists of keys are spliced into the SQL text as integers: they are `u64`s, so there is
 //!   nothing to escape, and a prepared statement per list length would churn the cache.
 
-use crate::fence::Fence;
 use mysql_async::prelude::*;
 use mysql_async::{
     Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, TxOpts, Value,
@@ -99,9 +98,6 @@ pub struct MySqlStore {
     /// MariaDB has `DELETE ... RETURNING`, which makes an ack one statement; MySQL needs
     /// a lookup first. Known after `open`.
     returning: std::sync::atomic::AtomicBool,
-    /// Every operation first checks it: a host whose ownership lease may have lapsed
-    /// touches the shard no more.
-    fence: Fence,
     /// Take the shard's owner lock at open (see `owner.rs`); called when it is lost.
     owner_lock: Option<OnLost>,
     /// Closed (false) for good once the owner lock is lost: every operation checks it.
@@ -131,18 +127,11 @@ impl MySqlStore {
             server_opts,
             database,
             returning: std::sync::atomic::AtomicBool::new(false),
-            fence: Fence::open(),
             owner_lock: None,
             owned: Arc::new(AtomicBool::new(true)),
             lock: tokio::sync::Mutex::new(None),
             check_timeout: std::time::Duration::from_secs(5),
         })
-    }
-
-    /// Makes every operation fail with [`StoreError::Fenced`] while `fence` is closed.
-    pub fn with_fence(mut self, fence: Fence) -> MySqlStore {
-        self.fence = fence;
-        self
     }
 
     /// Takes the shard's owner lock when opened, and refuses to open while another
@@ -164,7 +153,7 @@ impl MySqlStore {
     }
 
     async fn conn(&self) -> StoreResult<Conn> {
-        if !self.fence.is_open() || !self.owned.load(Ordering::SeqCst) {
+        if !self.owned.load(Ordering::SeqCst) {
             return Err(StoreError::Fenced);
         }
         Ok(self.pool.get_conn().await?)

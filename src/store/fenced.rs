@@ -1,0 +1,67 @@
+//! [`Fenced`]: any [`ShardStore`], refusing every operation while this host's [`Fence`]
+//! is closed (its ownership of the shard may have lapsed, see [`crate::fence`]). Fencing
+//! is the most safety-critical check of a cluster, so it lives here, above the seam, once
+//! for every backend, rather than in each store.
+
+use super::{
+    Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StateCount, StoreError, StoreResult,
+};
+use crate::fence::Fence;
+use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
+
+pub struct Fenced<S> {
+    inner: S,
+    fence: Fence,
+}
+
+impl<S: ShardStore> Fenced<S> {
+    pub fn new(inner: S, fence: Fence) -> Fenced<S> {
+        Fenced { inner, fence }
+    }
+
+    fn check(&self) -> StoreResult<()> {
+        if self.fence.is_open() {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced)
+        }
+    }
+}
+
+/// Each operation: the fence first, then the store.
+macro_rules! fenced {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        impl<S: ShardStore> ShardStore for Fenced<S> {
+            $(async fn $name(&self, $($arg: $ty),*) -> StoreResult<$out> {
+                self.check()?;
+                self.inner.$name($($arg),*).await
+            })*
+
+            async fn close(&self) {
+                // Letting go is always allowed.
+                self.inner.close().await
+            }
+        }
+    };
+}
+
+fenced! {
+    open() -> Recovered;
+    insert(rows: &[(u64, NewItem)], key_high_water: Option<u64>) -> ();
+    ready_keys(ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> Vec<ReadyKey>;
+    claim(keys: &[u64], now_ms: i64, token: i64) -> Vec<Item>;
+    fetch_ready(keys: &[u64], now_ms: i64) -> Vec<Item>;
+    dead_items(ns: &str, topic: &str, after: Option<ReadyKey>, limit: usize) -> Vec<(Item, i64)>;
+    purge_dead(ns: &str, topic: &str, limit: usize) -> u64;
+    dedup_lookup(ns: &str, topic: &str, dedup_keys: &[&str]) -> Vec<(String, u64)>;
+    lookup(keys: &[u64]) -> Vec<ItemMeta>;
+    delete(keys: &[u64]) -> Vec<ItemMeta>;
+    apply(changes: &[Change]) -> ();
+    scan(scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
+    save_checkpoints(cp: Checkpoints) -> ();
+    topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
+    topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
+    add_totals(deltas: &[(TopicName, Totals)]) -> ();
+    state_counts() -> Vec<StateCount>;
+    ping() -> ();
+}
