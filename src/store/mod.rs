@@ -18,10 +18,21 @@ use crate::model::{
     Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
 
+/// What went wrong, in the terms the shard needs to decide (no backend's own types): a
+/// transient failure, a timeout or a fence are worth retrying elsewhere or later; corrupt
+/// data or a schema this build cannot use are not, and become `INTERNAL`.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("mysql: {0}")]
-    MySql(#[from] mysql_async::Error),
+    /// The storage could not be reached, or refused for now (connection lost, deadlock,
+    /// server shutting down): retrying may help.
+    #[error("storage unavailable: {0}")]
+    Transient(String),
+    /// Stored data this build cannot read (an unknown state, a column of the wrong type):
+    /// retrying will not help.
+    #[error("corrupt or unexpected data: {0}")]
+    Corrupt(String),
+    /// The shard's schema or location is not one this build can use (a newer version,
+    /// another build's table, a bad URL).
     #[error("storage schema: {0}")]
     Schema(String),
     #[error("no answer within {0} ms")]

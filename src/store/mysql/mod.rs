@@ -26,6 +26,25 @@ use mysql_async::{
 mod owner;
 mod sql;
 
+/// MySQL's errors in the store's terms: a statement the server cannot run on this schema
+/// (no such table or column, a syntax error) will fail again; anything else (connection
+/// lost, deadlock, lock wait timeout, server gone) may succeed when retried.
+impl From<mysql_async::Error> for StoreError {
+    fn from(e: mysql_async::Error) -> StoreError {
+        const NO_SUCH_TABLE: u16 = 1146;
+        const BAD_FIELD: u16 = 1054;
+        const PARSE_ERROR: u16 = 1064;
+        match &e {
+            mysql_async::Error::Server(s)
+                if [NO_SUCH_TABLE, BAD_FIELD, PARSE_ERROR].contains(&s.code) =>
+            {
+                StoreError::Corrupt(format!("mysql: {e}"))
+            }
+            _ => StoreError::Transient(format!("mysql: {e}")),
+        }
+    }
+}
+
 pub use owner::OnLost;
 use owner::OwnerLock;
 use sql::{apply_statements, insert_sql, key_list, run};
@@ -185,13 +204,13 @@ impl MySqlStore {
 fn column<T: FromValue>(row: &mut mysql_async::Row, i: usize) -> StoreResult<T> {
     match row.take_opt::<T, usize>(i) {
         Some(Ok(v)) => Ok(v),
-        Some(Err(e)) => Err(StoreError::Schema(format!("column {i}: {e}"))),
-        None => Err(StoreError::Schema(format!("column {i} missing"))),
+        Some(Err(e)) => Err(StoreError::Corrupt(format!("column {i}: {e}"))),
+        None => Err(StoreError::Corrupt(format!("column {i} missing"))),
     }
 }
 
 fn policy_from_db(v: i8) -> StoreResult<Policy> {
-    Policy::from_i32(v as i32).ok_or_else(|| StoreError::Schema(format!("unknown policy {v}")))
+    Policy::from_i32(v as i32).ok_or_else(|| StoreError::Corrupt(format!("unknown policy {v}")))
 }
 
 fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
@@ -222,8 +241,8 @@ fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
         lease_expires_ms,
         expires_at_ms,
         lease_token,
-    ): R =
-        mysql_async::from_row_opt(row).map_err(|e| StoreError::Schema(format!("meta row: {e}")))?;
+    ): R = mysql_async::from_row_opt(row)
+        .map_err(|e| StoreError::Corrupt(format!("meta row: {e}")))?;
     Ok(ItemMeta {
         key,
         ns,
@@ -231,7 +250,7 @@ fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
         priority,
         deliver_after_ms,
         state: ItemState::from_i8(state)
-            .ok_or_else(|| StoreError::Schema(format!("unknown state {state}")))?,
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state}")))?,
         delivery_count,
         max_attempts,
         policy: policy_from_db(policy)?,
@@ -730,7 +749,7 @@ impl ShardStore for MySqlStore {
         rows.into_iter()
             .map(|(ns, topic, state, sec, n)| {
                 let state = ItemState::from_i8(state)
-                    .ok_or_else(|| StoreError::Schema(format!("unknown state {state}")))?;
+                    .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state}")))?;
                 Ok((ns, topic, state, sec, n))
             })
             .collect()
@@ -740,5 +759,40 @@ impl ShardStore for MySqlStore {
         let mut conn = self.conn().await?;
         conn.query_drop("SELECT 1").await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: u16) -> mysql_async::Error {
+        mysql_async::Error::Server(mysql_async::ServerError {
+            code,
+            message: "x".into(),
+            state: "HY000".into(),
+        })
+    }
+
+    #[test]
+    fn mysql_errors_are_transient_unless_no_retry_can_fix_them() {
+        // Deadlock, lock wait timeout: retry.
+        assert!(matches!(
+            StoreError::from(server(1213)),
+            StoreError::Transient(_)
+        ));
+        assert!(matches!(
+            StoreError::from(server(1205)),
+            StoreError::Transient(_)
+        ));
+        // No such table, unknown column: the schema is not this build's.
+        assert!(matches!(
+            StoreError::from(server(1146)),
+            StoreError::Corrupt(_)
+        ));
+        assert!(matches!(
+            StoreError::from(server(1054)),
+            StoreError::Corrupt(_)
+        ));
     }
 }
