@@ -30,6 +30,26 @@
 //! - [`waiters`]: long-polling dequeues parked per topic, woken when an item gets ready.
 //! - [`thrift_gen`]: code generated from `thrift/foqs.thrift` (do not edit; see
 //!   `scripts/gen-thrift.sh`). Public so that Rust clients and tests can use its client.
+//!
+//! # Locks
+//! Which locks may be held together, and in which order; no other nesting exists. A
+//! std `Mutex`/`RwLock` is never held across an `.await`; the tokio mutexes named below are, on
+//! purpose, as said.
+//! - Per-topic claim lock (`Prefetch` stage's `claim_lock`, tokio): held across the awaits
+//!   of one claim (merge, claim, stage) and of a peek, so that no item is between the
+//!   shards' indexes and the stage unseen. Under it: any of the locks below, briefly.
+//! - `Prefetch.topics`, then a shard's `Staged.keys` (through the stage's `live` and
+//!   `hand_out` checks). Never the other way: `Staged.keys` is taken alone or last.
+//! - `ClusterState.loads`, then `ClusterState.ready` (the peer poll writes both).
+//! - `Waiters.announce`, then `Waiters.announced` (announcing a ready topic).
+//! - Taken alone (a snapshot is cloned and the lock dropped): `Host.shards`, `Host.workers`,
+//!   `ClusterState.view`, a shard's ready index (written by its worker only), its
+//!   `NsCounts`, `Waiters.topics`, `ConnTable.conns`, the metrics' namespace labels,
+//!   `Quotas.held` and the local budget's buckets.
+//! - `Quotas` per-namespace slot (tokio): held across one budget call (an etcd
+//!   transaction), so that concurrent requests of a namespace share its chunk; nothing
+//!   else is taken under it.
+//! - The MySQL store's owner-lock slot (tokio): only in `open` and `close`.
 
 /// The blocking Rust client (it speaks Thrift, so it lives in [`rpc`]).
 pub use rpc::client;
