@@ -11,26 +11,23 @@ impl Host {
     /// `Ok(why)` when this host can serve now: it has a healthy shard, or (in a cluster)
     /// a reachable peer to forward to; `Err(why not)` otherwise.
     pub fn readiness(&self) -> Result<String, String> {
-        let status = self.host_status();
-        let healthy = status.shards.iter().filter(|s| s.healthy).count();
+        let shards = self.shard_status();
+        let healthy = shards.iter().filter(|s| s.healthy).count();
         if healthy > 0 {
-            return Ok(format!(
-                "{healthy} of {} shards healthy",
-                status.shards.len()
-            ));
+            return Ok(format!("{healthy} of {} shards healthy", shards.len()));
         }
-        if let Some(p) = status.peers.iter().find(|p| p.load.reachable) {
+        if let Some(p) = self.peer_statuses().iter().find(|p| p.load.reachable) {
             return Ok(format!(
                 "no healthy shard here; forwarding to peer {} ({})",
                 p.host_id, p.addr
             ));
         }
-        if status.shards.is_empty() {
+        if shards.is_empty() {
             Err("this host serves no shard, and no peer can be reached".into())
         } else {
             Err(format!(
                 "every one of its {} shards has its circuit breaker open, and no peer can be reached",
-                status.shards.len()
+                shards.len()
             ))
         }
     }

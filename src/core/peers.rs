@@ -21,6 +21,12 @@ use crate::quota::{QuotaBudget, Quotas};
 
 /// Most topics a host lists in its ready summary (the fullest first).
 pub const READY_TOPICS_MAX: usize = 10_000;
+/// A peer's topics with ready items: how many, and the announcement that said so (0: a
+/// poll).
+pub(super) type ReadyTopics = HashMap<TopicName, (i64, u64)>;
+
+/// Most topics in one announcement.
+const ANNOUNCE_BATCH_MAX: usize = 1000;
 
 /// Who a forwarded per-item call comes from: this host (`forwarded_by`) and the identity
 /// of the client it acts for (`forwarded_for`), which the owner of the items checks
@@ -181,9 +187,11 @@ pub struct ClusterState {
     view: RwLock<Arc<ClusterView>>,
     pub(super) peers: Arc<dyn Peers>,
     pub(super) loads: Mutex<HashMap<String, PeerLoad>>,
-    /// Per peer (host id): its topics with ready items, from its last poll and its
-    /// announcements since.
-    pub(super) ready: Mutex<HashMap<String, HashMap<TopicName, i64>>>,
+    /// Per peer (host id): its topics with ready items and how many, from its last poll
+    /// and its announcements since; each with the sequence number of the announcement
+    /// that set it (0: a poll), so a poll answered after an announcement keeps it.
+    pub(super) ready: Mutex<HashMap<String, ReadyTopics>>,
+    announcements: std::sync::atomic::AtomicU64,
     pub(super) quotas: Quotas,
 }
 
@@ -199,6 +207,7 @@ impl ClusterState {
             peers,
             loads: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashMap::new()),
+            announcements: std::sync::atomic::AtomicU64::new(0),
             quotas: Quotas::new(budget),
         }
     }
@@ -287,6 +296,10 @@ impl Host {
                 _ = stop.changed() => break,
             }
             self.waiters.reset_announced();
+            let since = self
+                .cluster
+                .announcements
+                .load(std::sync::atomic::Ordering::SeqCst);
             let view = self.cluster.view();
             let me = &self.cluster.settings.host_id;
             let asks = view
@@ -304,25 +317,40 @@ impl Host {
                     }
                 });
             let polled = join_all(asks).await;
-            let mut loads = self.cluster.loads.lock().expect("not poisoned");
-            let mut ready = self.cluster.ready.lock().expect("not poisoned");
-            for (id, summary) in polled {
-                match summary {
-                    Some(s) => {
-                        loads.insert(
-                            id.clone(),
-                            PeerLoad {
-                                reachable: true,
-                                spare: s.spare,
-                            },
-                        );
-                        ready.insert(id, s.ready.into_iter().collect());
-                    }
-                    None => {
+            let mut woken = Vec::new();
+            {
+                let mut loads = self.cluster.loads.lock().expect("not poisoned");
+                let mut ready = self.cluster.ready.lock().expect("not poisoned");
+                for (id, summary) in polled {
+                    let Some(s) = summary else {
                         loads.insert(id.clone(), PeerLoad::default());
                         ready.remove(&id);
+                        continue;
+                    };
+                    loads.insert(
+                        id.clone(),
+                        PeerLoad {
+                            reachable: true,
+                            spare: s.spare,
+                        },
+                    );
+                    let old = ready.remove(&id).unwrap_or_default();
+                    let mut new: ReadyTopics =
+                        s.ready.into_iter().map(|(t, n)| (t, (n, 0))).collect();
+                    // Announcements that came after this poll was sent are newer than it.
+                    for (t, (n, seq)) in &old {
+                        if *seq > since {
+                            new.entry(t.clone()).or_insert((*n, *seq));
+                        }
                     }
+                    // A topic that appears here may have a long poll waiting for it (its
+                    // announcement may have been spent or missed).
+                    woken.extend(new.keys().filter(|t| !old.contains_key(*t)).cloned());
+                    ready.insert(id, new);
                 }
+            }
+            for t in &woken {
+                self.waiters.wake_remote(t);
             }
         }
     }
@@ -343,12 +371,29 @@ impl Host {
                 _ = stop.changed() => break,
             };
             let mut batch = vec![(first, 1)];
-            while let Ok(t) = topics.try_recv() {
-                batch.push((t, 1));
+            let mut seen = std::collections::HashSet::new();
+            seen.insert(batch[0].0.clone());
+            while batch.len() < ANNOUNCE_BATCH_MAX {
+                let Ok(t) = topics.try_recv() else { break };
+                if seen.insert(t.clone()) {
+                    batch.push((t, 1));
+                }
             }
             let host: &Host = &self;
-            let peers = host.cluster.tier_peers(&host.cluster.settings.tier);
+            // Every peer, whatever its tier: a host routes a namespace's calls to that
+            // namespace's tier, so any of them may hold a long poll for these topics. A
+            // peer known to be unreachable is skipped, so it cannot slow the others.
             let me = host.host_id();
+            let loads = host.cluster.loads.lock().expect("not poisoned").clone();
+            let peers: Vec<(String, String)> = host
+                .cluster
+                .view()
+                .hosts
+                .iter()
+                .filter(|(id, _)| id.as_str() != me)
+                .filter(|(id, _)| loads.get(*id).is_none_or(|l| l.reachable))
+                .map(|(id, h)| (id.clone(), h.addr.clone()))
+                .collect();
             join_all(peers.iter().map(|(id, addr)| {
                 let batch = batch.clone();
                 async move {
@@ -370,12 +415,21 @@ impl Host {
         topics: Vec<(TopicName, i64)>,
     ) -> Result<()> {
         self.allow(caller, "", Kind::Peer)?;
+        if !self.cluster.view().hosts.contains_key(host_id) || host_id == self.host_id() {
+            // Not a member of the cluster as this host sees it: nothing to route to.
+            return Ok(());
+        }
+        let seq = self
+            .cluster
+            .announcements
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
         {
             let mut ready = self.cluster.ready.lock().expect("not poisoned");
             let known = ready.entry(host_id.to_string()).or_default();
             for (t, n) in &topics {
                 let e = known.entry(t.clone()).or_default();
-                *e = (*e).max(*n);
+                *e = (e.0.max(*n), seq);
             }
         }
         for (t, _) in &topics {
@@ -384,15 +438,13 @@ impl Host {
         Ok(())
     }
 
-    /// This host, its shards and its peers as it sees them, for `getHostInfo`.
-    pub fn host_status(&self) -> HostStatus {
-        let s = &self.cluster.settings;
+    /// Every peer as this host sees it now.
+    pub fn peer_statuses(&self) -> Vec<PeerStatus> {
         let view = self.cluster.view();
         let loads = self.cluster.loads.lock().expect("not poisoned").clone();
-        let peers = view
-            .hosts
+        view.hosts
             .iter()
-            .filter(|(id, _)| **id != s.host_id)
+            .filter(|(id, _)| **id != self.cluster.settings.host_id)
             .map(|(id, h)| PeerStatus {
                 host_id: id.clone(),
                 addr: h.addr.clone(),
@@ -400,7 +452,15 @@ impl Host {
                 shards: view.shards_of(id),
                 load: loads.get(id).copied().unwrap_or_default(),
             })
-            .collect();
+            .collect()
+    }
+
+    /// This host, its shards and its peers as it sees them, for `getHostInfo`. The ready
+    /// topics (names of every namespace's topics) only for callers allowed `peer` (or
+    /// when there are no access rules).
+    pub fn host_status(&self, caller: &Caller) -> HostStatus {
+        let s = &self.cluster.settings;
+        let peers = self.peer_statuses();
         HostStatus {
             host_id: s.host_id.clone(),
             addr: s.addr.clone(),
@@ -409,7 +469,11 @@ impl Host {
             shards: self.shard_status(),
             spare: self.spare_capacity(),
             peers,
-            ready_topics: self.ready_topics(),
+            ready_topics: if self.access.allows(caller, "", Kind::Peer) {
+                self.ready_topics()
+            } else {
+                Vec::new()
+            },
         }
     }
 }

@@ -125,14 +125,14 @@ impl ClusterState {
     /// The reachable peers of `tier` whose summaries list ready items of `topic`, the
     /// fullest first: (host id, address).
     pub(super) fn peers_with_ready(&self, tier: &str, topic: &TopicName) -> Vec<(String, String)> {
+        let peers = self.tier_peers(tier);
         let loads = self.loads.lock().expect("not poisoned").clone();
         let ready = self.ready.lock().expect("not poisoned");
-        let mut out: Vec<(i64, String, String)> = self
-            .tier_peers(tier)
+        let mut out: Vec<(i64, String, String)> = peers
             .into_iter()
             .filter(|(id, _)| loads.get(id).is_none_or(|l| l.reachable))
             .filter_map(|(id, addr)| {
-                let n = *ready.get(&id)?.get(topic)?;
+                let (n, _) = *ready.get(&id)?.get(topic)?;
                 (n > 0).then_some((n, id, addr))
             })
             .collect();
@@ -164,6 +164,30 @@ impl Host {
             return Vec::new();
         }
         self.cluster.tier_peers(self.namespaces.tier(ns))
+    }
+
+    /// For calls whose answer must be complete: every shard of `ns`'s tier has an owner
+    /// that the call asks (this host or a peer of the tier); a shard that is moving would
+    /// be missed, so the call fails retryably instead.
+    fn every_shard_owned(&self, ns: &str, local_only: bool) -> Result<()> {
+        if local_only {
+            return Ok(());
+        }
+        let tier = self.namespaces.tier(ns);
+        let view = self.cluster.view();
+        let mine = self.shards();
+        for s in self.cluster.tier_shards(tier) {
+            let owned = mine.contains_key(s)
+                || view
+                    .owner(*s)
+                    .is_some_and(|(o, _)| view.hosts.get(o).is_some_and(|h| h.tier == tier));
+            if !owned {
+                return Err(Error::unavailable(format!(
+                    "shard {s} has no owner right now (it is moving); retry"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Up to `count` items of `topic` for one dequeue: from this host's shards first, then
@@ -203,7 +227,11 @@ impl Host {
                 }
                 Err(e) => {
                     tracing::debug!(peer = %id, error = %e, "routed dequeue failed");
-                    self.cluster.unreachable(&id);
+                    // Only a peer that could not be reached is skipped until its next
+                    // poll; a refusal (another config) is the peer's answer.
+                    if e.code == crate::error::ErrorCode::Unavailable {
+                        self.cluster.unreachable(&id);
+                    }
                     failure = Some(e);
                 }
             }
@@ -257,6 +285,7 @@ impl Host {
         local_only: bool,
     ) -> Result<(TopicSnapshot, i64)> {
         self.allow(caller, ns, Kind::Consume)?;
+        self.every_shard_owned(ns, local_only)?;
         let (mut all, mut age) = self.local_topic_stats(ns, topic).await?;
         let name = self.topic_name(ns, topic)?;
         let peers = self.tier_peers_of(ns, local_only);
@@ -290,6 +319,7 @@ impl Host {
         local_only: bool,
     ) -> Result<(Vec<DeadItem>, Option<String>)> {
         self.allow(caller, ns, Kind::Admin)?;
+        self.every_shard_owned(ns, local_only)?;
         let (mut all, next) = self.local_dlq_list(ns, topic, limit, after.clone()).await?;
         let name = self.topic_name(ns, topic)?;
         let peers = self.tier_peers_of(ns, local_only);
@@ -332,6 +362,7 @@ impl Host {
         local_only: bool,
     ) -> Result<i64> {
         self.allow(caller, ns, Kind::Admin)?;
+        self.every_shard_owned(ns, local_only)?;
         let mut done = self.local_dlq_requeue_all(ns, topic, max).await?;
         let name = self.topic_name(ns, topic)?;
         for (id, addr) in self.tier_peers_of(ns, local_only) {
@@ -358,6 +389,7 @@ impl Host {
         local_only: bool,
     ) -> Result<i64> {
         self.allow(caller, ns, Kind::Admin)?;
+        self.every_shard_owned(ns, local_only)?;
         let mut done = self.local_dlq_purge(ns, topic).await?;
         let name = self.topic_name(ns, topic)?;
         let peers = self.tier_peers_of(ns, local_only);

@@ -529,7 +529,7 @@ async fn execute(call: Call, host: &Host, caller: &Caller) -> Reply {
             Reply::NotifyReady(t::FoqsNotifyReadyResult { err })
         }
         Call::GetHostInfo => {
-            let info = convert::host_info(host.host_status());
+            let info = convert::host_info(host.host_status(caller));
             Reply::GetHostInfo(t::FoqsGetHostInfoResult {
                 result_value: Some(info),
                 err: None,

@@ -531,20 +531,17 @@ impl<S: ShardStore> ShardWorker<S> {
     }
 
     /// Feeds an operation's outcome to the circuit breaker and publishes its state.
-    pub(super) fn record<T, E: std::fmt::Display>(
-        &mut self,
-        r: &std::result::Result<T, E>,
-        took_ms: u64,
-    ) {
+    pub(super) fn record<T>(&mut self, r: &StoreResult<T>, took_ms: u64) {
         self.probes.store_duration.observe(took_ms as f64 / 1000.0);
         if let Err(e) = r {
             self.probes.store_errors.inc();
             tracing::warn!(shard = self.id, error = %e, took_ms, "storage error");
         }
-        if let Some(why) = self
-            .breaker
-            .observe(r.is_ok(), took_ms, self.clock.now_ms())
-        {
+        // Data this build cannot read says nothing of the storage's health: one bad row
+        // must not isolate the shard.
+        let sick =
+            matches!(r, Err(e) if !matches!(e, StoreError::Corrupt(_) | StoreError::Schema(_)));
+        if let Some(why) = self.breaker.observe(!sick, took_ms, self.clock.now_ms()) {
             tracing::warn!(
                 shard = self.id,
                 why,

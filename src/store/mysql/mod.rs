@@ -31,14 +31,18 @@ mod sql;
 /// lost, deadlock, lock wait timeout, server gone) may succeed when retried.
 impl From<mysql_async::Error> for StoreError {
     fn from(e: mysql_async::Error) -> StoreError {
-        const NO_SUCH_TABLE: u16 = 1146;
-        const BAD_FIELD: u16 = 1054;
-        const PARSE_ERROR: u16 = 1064;
+        // Statements this build should never send, or data it should never write:
+        // duplicate key, syntax, unknown column or table, too long, wrong value, out of
+        // range.
+        const CORRUPT: [u16; 7] = [1062, 1064, 1054, 1146, 1406, 1366, 1264];
+        // The server refuses this user or has no such database: configuration.
+        const SCHEMA: [u16; 4] = [1044, 1045, 1049, 1142];
         match &e {
-            mysql_async::Error::Server(s)
-                if [NO_SUCH_TABLE, BAD_FIELD, PARSE_ERROR].contains(&s.code) =>
-            {
+            mysql_async::Error::Server(s) if CORRUPT.contains(&s.code) => {
                 StoreError::Corrupt(format!("mysql: {e}"))
+            }
+            mysql_async::Error::Server(s) if SCHEMA.contains(&s.code) => {
+                StoreError::Schema(format!("mysql: {e}"))
             }
             _ => StoreError::Transient(format!("mysql: {e}")),
         }
