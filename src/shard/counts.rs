@@ -72,7 +72,9 @@ impl Counts {
 
 #[derive(Debug, Default)]
 pub struct NsCounts {
-    by_topic: HashMap<(String, String), Counts>,
+    /// Namespace → topic → counts; nested so that a change to a known topic allocates
+    /// nothing (it runs for every item the worker writes).
+    by_ns: HashMap<String, HashMap<String, Counts>>,
 }
 
 impl NsCounts {
@@ -89,8 +91,14 @@ impl NsCounts {
         if delta == 0 {
             return;
         }
-        let key = (ns.to_string(), topic.to_string());
-        let c = self.by_topic.entry(key.clone()).or_default();
+        if !self.by_ns.contains_key(ns) {
+            self.by_ns.insert(ns.to_string(), HashMap::new());
+        }
+        let topics = self.by_ns.get_mut(ns).expect("just ensured");
+        if !topics.contains_key(topic) {
+            topics.insert(topic.to_string(), Counts::default());
+        }
+        let c = topics.get_mut(topic).expect("just ensured");
         match state {
             ItemState::Leased => c.leased += delta,
             ItemState::Dead => c.dead += delta,
@@ -104,7 +112,10 @@ impl NsCounts {
             }
         }
         if c.leased == 0 && c.dead == 0 && c.waiting.is_empty() {
-            self.by_topic.remove(&key);
+            topics.remove(topic);
+            if topics.is_empty() {
+                self.by_ns.remove(ns);
+            }
         }
     }
 
@@ -117,23 +128,26 @@ impl NsCounts {
     /// Every namespace's counts at `now_ms`.
     pub fn snapshot(&self, now_ms: i64) -> Vec<(String, NsSnapshot)> {
         let now_sec = now_ms.div_euclid(1000);
-        let mut by_ns: HashMap<&str, NsSnapshot> = HashMap::new();
-        for ((ns, _), c) in &self.by_topic {
-            by_ns.entry(ns).or_default().add(&c.snapshot(now_sec));
-        }
-        by_ns
-            .into_iter()
-            .map(|(ns, s)| (ns.to_string(), s))
+        self.by_ns
+            .iter()
+            .map(|(ns, topics)| {
+                let mut s = NsSnapshot::default();
+                for c in topics.values() {
+                    s.add(&c.snapshot(now_sec));
+                }
+                (ns.clone(), s)
+            })
             .collect()
     }
 
     /// Topics with ready items at `now_ms` and how many: (ns, topic, ready).
     pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
         let now_sec = now_ms.div_euclid(1000);
-        self.by_topic
+        self.by_ns
             .iter()
-            .filter(|(_, c)| c.waiting.keys().next().is_some_and(|s| *s <= now_sec))
-            .map(|((ns, topic), c)| (ns.clone(), topic.clone(), c.snapshot(now_sec).ready))
+            .flat_map(|(ns, topics)| topics.iter().map(move |(t, c)| (ns, t, c)))
+            .filter(|(_, _, c)| c.waiting.keys().next().is_some_and(|s| *s <= now_sec))
+            .map(|(ns, t, c)| (ns.clone(), t.clone(), c.snapshot(now_sec).ready))
             .collect()
     }
 }

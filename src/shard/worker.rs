@@ -95,6 +95,8 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) deferred: Vec<Command>,
     /// Topic totals not saved yet (see `save_checkpoints`).
     pub(super) totals: HashMap<TopicName, Totals>,
+    /// Item events by namespace not published to the metrics yet (see `publish_events`).
+    pub(super) events: HashMap<String, Totals>,
     pub(super) probes: Probes,
 }
 
@@ -217,6 +219,7 @@ impl<S: ShardStore> ShardWorker<S> {
             lease_token: now.saturating_mul(1000),
             waiters,
             totals: HashMap::new(),
+            events: HashMap::new(),
             deferred: Vec::new(),
             clock,
             cfg,
@@ -256,6 +259,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     }
                     _ = ticker.tick() => {
                         self.background().await;
+                        self.publish_events();
                         continue;
                     }
                 }
@@ -271,6 +275,7 @@ impl<S: ShardStore> ShardWorker<S> {
             self.probes
                 .turn_duration
                 .observe(started.elapsed().as_secs_f64());
+            self.publish_events();
             if let Some(done) = done {
                 shutdown = Some(done);
                 break;
@@ -287,6 +292,7 @@ impl<S: ShardStore> ShardWorker<S> {
             self.turn(rest).await;
             rest = std::mem::take(&mut self.deferred);
         }
+        self.publish_events();
         self.save_checkpoints(true).await;
         self.store.close().await;
         tracing::info!(shard = self.id, "shard worker stopped");
@@ -593,21 +599,35 @@ impl<S: ShardStore> ShardWorker<S> {
     pub(super) fn count(&mut self, ns: &str, topic: &str, f: impl FnOnce(&mut Totals)) {
         let mut d = Totals::default();
         f(&mut d);
-        let m = &self.probes.metrics;
-        // Deliveries are counted by the host as it hands items out.
-        for (event, n) in [
-            (ItemEvent::Enqueued, d.enqueued),
-            (ItemEvent::Acked, d.acked),
-            (ItemEvent::Nacked, d.nacked),
-            (ItemEvent::Expired, d.expired),
-        ] {
-            m.item_event(ns, event, n.max(0) as u64);
+        // For the metrics, by namespace, published after the turn (see `publish_events`).
+        match self.events.get_mut(ns) {
+            Some(e) => e.add(&d),
+            None => {
+                self.events.insert(ns.to_string(), d);
+            }
         }
         let key = TopicName {
             ns: ns.to_string(),
             topic: topic.to_string(),
         };
         self.totals.entry(key).or_default().add(&d);
+    }
+
+    /// Hands the item events counted since the last call to the metrics: once per turn
+    /// and per tick, not per item.
+    pub(super) fn publish_events(&mut self) {
+        let m = &self.probes.metrics;
+        for (ns, d) in self.events.drain() {
+            // Deliveries are counted by the host as it hands items out.
+            for (event, n) in [
+                (ItemEvent::Enqueued, d.enqueued),
+                (ItemEvent::Acked, d.acked),
+                (ItemEvent::Nacked, d.nacked),
+                (ItemEvent::Expired, d.expired),
+            ] {
+                m.item_event(&ns, event, n.max(0) as u64);
+            }
+        }
     }
 
     /// The shard's items by namespace and state (see [`NsCounts`]). Never held across an
