@@ -266,7 +266,10 @@ impl Host {
     }
 
     /// Topics with ready items on this host's shards, the fullest first, at most
-    /// `READY_TOPICS_MAX`; from the shards' in-memory counts.
+    /// `READY_TOPICS_MAX`; from the shards' in-memory counts, plus the items the prefetch
+    /// stage holds (leased in storage, ready for clients: without them a busy topic whose
+    /// ready items are all staged would vanish from the summary, and routed dequeues
+    /// would stall until the stage releases them).
     pub fn ready_topics(&self) -> Vec<(TopicName, i64)> {
         let now = self.clock.now_ms();
         let mut sum: HashMap<TopicName, i64> = HashMap::new();
@@ -274,6 +277,9 @@ impl Host {
             for (ns, topic, n) in s.ready_topics(now) {
                 *sum.entry(TopicName { ns, topic }).or_default() += n;
             }
+        }
+        for (t, n) in self.prefetch.staged_topics(self.staged_live()) {
+            *sum.entry(t).or_default() += n;
         }
         let mut out: Vec<(TopicName, i64)> = sum.into_iter().collect();
         out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));

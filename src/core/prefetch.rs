@@ -298,6 +298,19 @@ impl Prefetch {
         out
     }
 
+    /// Every topic's staged items that may still be handed out, and how many (for the
+    /// ready summary peers route by: staged items are ready as far as clients go).
+    pub fn staged_topics(&self, live: impl Fn(&Item) -> bool) -> Vec<(TopicName, i64)> {
+        let topics = self.topics.lock().expect("not poisoned");
+        topics
+            .iter()
+            .filter_map(|(t, s)| {
+                let n = s.items.values().filter(|s| live(&s.item)).count();
+                (n > 0).then(|| (t.clone(), n as i64))
+            })
+            .collect()
+    }
+
     /// Staged items per topic of `ns`: leased in MySQL, but ready as far as clients go.
     pub fn staged_counts(&self, ns: &str, live: impl Fn(&Item) -> bool) -> HashMap<String, i64> {
         let topics = self.topics.lock().expect("not poisoned");
@@ -432,6 +445,7 @@ mod tests {
             .map(|i| i.id.key)
             .collect();
         assert_eq!(shown, vec![2]);
+        assert_eq!(p.staged_topics(live), vec![(topic(), 1)]);
         let (_, release) = p.sweep(1, live);
         assert!(release.is_empty(), "a dead copy has nothing to release");
         assert_eq!(p.drain().len(), 1);
