@@ -22,107 +22,68 @@ use foqs::store::{
 use foqs::waiters::Waiters;
 use tokio::sync::Notify;
 
-/// The real store, with `ready_keys` held while the gate is armed.
-struct Gated {
-    inner: MySqlStore,
+/// Holds `ready_keys` while armed: `waiting` says a refill got there, `open` lets it go.
+#[derive(Default)]
+struct Gate {
     armed: AtomicBool,
     waiting: Notify,
     open: Notify,
 }
 
-impl ShardStore for Gated {
-    async fn open(&self) -> StoreResult<Recovered> {
-        self.inner.open().await
-    }
-    async fn insert(&self, rows: &[(u64, NewItem)], hwm: Option<u64>) -> StoreResult<()> {
-        self.inner.insert(rows, hwm).await
-    }
-    async fn ready_keys(
-        &self,
-        ns: &str,
-        topic: &str,
-        after: Option<ReadyKey>,
-        now_ms: i64,
-        limit: usize,
-    ) -> StoreResult<Vec<ReadyKey>> {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            let opened = self.open.notified();
-            self.waiting.notify_one();
-            opened.await;
+/// The real store, with its `ready_keys` behind a [`Gate`] the test keeps a handle on
+/// (`ShardWorker::start` takes the store by value).
+struct Gated {
+    inner: MySqlStore,
+    gate: Arc<Gate>,
+}
+
+/// Every other operation goes straight to the real store.
+macro_rules! delegate {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        impl ShardStore for Gated {
+            async fn ready_keys(
+                &self,
+                ns: &str,
+                topic: &str,
+                after: Option<ReadyKey>,
+                now_ms: i64,
+                limit: usize,
+            ) -> StoreResult<Vec<ReadyKey>> {
+                if self.gate.armed.swap(false, Ordering::SeqCst) {
+                    let opened = self.gate.open.notified();
+                    self.gate.waiting.notify_one();
+                    opened.await;
+                }
+                self.inner.ready_keys(ns, topic, after, now_ms, limit).await
+            }
+
+            async fn close(&self) {
+                ShardStore::close(&self.inner).await
+            }
+
+            $(async fn $name(&self, $($arg: $ty),*) -> $out { self.inner.$name($($arg),*).await })*
         }
-        self.inner.ready_keys(ns, topic, after, now_ms, limit).await
-    }
-    async fn claim(&self, keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>> {
-        self.inner.claim(keys, now_ms, token).await
-    }
-    async fn fetch_ready(&self, keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>> {
-        self.inner.fetch_ready(keys, now_ms).await
-    }
-    async fn dead_items(
-        &self,
-        ns: &str,
-        topic: &str,
-        after: Option<ReadyKey>,
-        limit: usize,
-    ) -> StoreResult<Vec<(Item, i64)>> {
-        self.inner.dead_items(ns, topic, after, limit).await
-    }
-    async fn purge_dead(&self, ns: &str, topic: &str, limit: usize) -> StoreResult<u64> {
-        self.inner.purge_dead(ns, topic, limit).await
-    }
-    async fn dedup_lookup(
-        &self,
-        ns: &str,
-        topic: &str,
-        keys: &[&str],
-    ) -> StoreResult<Vec<(String, u64)>> {
-        self.inner.dedup_lookup(ns, topic, keys).await
-    }
-    async fn lookup(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
-        self.inner.lookup(keys).await
-    }
-    async fn delete(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
-        self.inner.delete(keys).await
-    }
-    async fn apply(&self, changes: &[Change]) -> StoreResult<()> {
-        self.inner.apply(changes).await
-    }
-    async fn scan(
-        &self,
-        scan: Scan,
-        after: (i64, u64),
-        now_ms: i64,
-        limit: usize,
-    ) -> StoreResult<Vec<ItemMeta>> {
-        self.inner.scan(scan, after, now_ms, limit).await
-    }
-    async fn save_checkpoints(&self, cp: Checkpoints) -> StoreResult<()> {
-        self.inner.save_checkpoints(cp).await
-    }
-    async fn topic_counts(
-        &self,
-        ns: &str,
-        after: Option<&str>,
-        now_ms: i64,
-        limit: usize,
-    ) -> StoreResult<Vec<TopicCounts>> {
-        self.inner.topic_counts(ns, after, now_ms, limit).await
-    }
-    async fn topic_snapshot(&self, ns: &str, topic: &str, now: i64) -> StoreResult<TopicSnapshot> {
-        self.inner.topic_snapshot(ns, topic, now).await
-    }
-    async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {
-        self.inner.add_totals(deltas).await
-    }
-    async fn state_counts(&self) -> StoreResult<Vec<StateCount>> {
-        self.inner.state_counts().await
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.inner.ping().await
-    }
-    async fn close(&self) {
-        ShardStore::close(&self.inner).await
-    }
+    };
+}
+
+delegate! {
+    open() -> StoreResult<Recovered>;
+    insert(rows: &[(u64, NewItem)], hwm: Option<u64>) -> StoreResult<()>;
+    claim(keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>>;
+    fetch_ready(keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>>;
+    dead_items(ns: &str, topic: &str, after: Option<ReadyKey>, limit: usize) -> StoreResult<Vec<(Item, i64)>>;
+    purge_dead(ns: &str, topic: &str, limit: usize) -> StoreResult<u64>;
+    dedup_lookup(ns: &str, topic: &str, keys: &[&str]) -> StoreResult<Vec<(String, u64)>>;
+    lookup(keys: &[u64]) -> StoreResult<Vec<ItemMeta>>;
+    delete(keys: &[u64]) -> StoreResult<Vec<ItemMeta>>;
+    apply(changes: &[Change]) -> StoreResult<()>;
+    scan(scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> StoreResult<Vec<ItemMeta>>;
+    save_checkpoints(cp: Checkpoints) -> StoreResult<()>;
+    topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> StoreResult<Vec<TopicCounts>>;
+    topic_snapshot(ns: &str, topic: &str, now: i64) -> StoreResult<TopicSnapshot>;
+    add_totals(deltas: &[(TopicName, Totals)]) -> StoreResult<()>;
+    state_counts() -> StoreResult<Vec<StateCount>>;
+    ping() -> StoreResult<()>;
 }
 
 fn new_item(topic: &str, priority: i32) -> NewItem {
@@ -153,12 +114,11 @@ fn topic(t: &str) -> TopicName {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
     let db = TestDb::new(1);
-    let store = Arc::new(Gated {
+    let gate = Arc::new(Gate::default());
+    let store = Gated {
         inner: MySqlStore::new(0, &db.url(0), 4).unwrap(),
-        armed: AtomicBool::new(false),
-        waiting: Notify::new(),
-        open: Notify::new(),
-    });
+        gate: gate.clone(),
+    };
     let cfg = WorkerConfig {
         enqueue_batch_rows_max: 500,
         worker_queue_max: 1024,
@@ -175,7 +135,7 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
     let clock: SharedClock = Arc::new(SystemClock);
     let (shard, worker) = ShardWorker::start(
         0,
-        SharedStore(store.clone()),
+        store,
         clock,
         cfg,
         Waiters::new(),
@@ -203,8 +163,8 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
     let urgent = enqueue(vec![new_item("a", 0)]).await[0].0;
 
     // A peek of 50 needs a refill of "a": held at the gate.
-    store.armed.store(true, Ordering::SeqCst);
-    let waiting = store.waiting.notified();
+    gate.armed.store(true, Ordering::SeqCst);
+    let waiting = gate.waiting.notified();
     let refill = tokio::spawn({
         let s = shard.clone();
         async move { s.peek(topic("a"), 50).await.unwrap() }
@@ -218,7 +178,7 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    store.open.notify_one();
+    gate.open.notify_one();
     let head = refill.await.unwrap();
     for o in others {
         assert!(o.await.unwrap().unwrap().is_empty());
@@ -232,37 +192,4 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
     assert_eq!(head.len(), 50);
     shard.shutdown().await;
     worker.await.unwrap();
-}
-
-/// `ShardWorker::start` takes the store by value; the test keeps a handle on the gate.
-struct SharedStore(Arc<Gated>);
-
-macro_rules! delegate {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
-        impl ShardStore for SharedStore {
-            $(async fn $name(&self, $($arg: $ty),*) -> $out { self.0.$name($($arg),*).await })*
-        }
-    };
-}
-
-delegate! {
-    open() -> StoreResult<Recovered>;
-    insert(rows: &[(u64, NewItem)], hwm: Option<u64>) -> StoreResult<()>;
-    ready_keys(ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> StoreResult<Vec<ReadyKey>>;
-    claim(keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>>;
-    fetch_ready(keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>>;
-    dead_items(ns: &str, topic: &str, after: Option<ReadyKey>, limit: usize) -> StoreResult<Vec<(Item, i64)>>;
-    purge_dead(ns: &str, topic: &str, limit: usize) -> StoreResult<u64>;
-    dedup_lookup(ns: &str, topic: &str, keys: &[&str]) -> StoreResult<Vec<(String, u64)>>;
-    lookup(keys: &[u64]) -> StoreResult<Vec<ItemMeta>>;
-    delete(keys: &[u64]) -> StoreResult<Vec<ItemMeta>>;
-    apply(changes: &[Change]) -> StoreResult<()>;
-    scan(scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> StoreResult<Vec<ItemMeta>>;
-    save_checkpoints(cp: Checkpoints) -> StoreResult<()>;
-    topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> StoreResult<Vec<TopicCounts>>;
-    topic_snapshot(ns: &str, topic: &str, now: i64) -> StoreResult<TopicSnapshot>;
-    add_totals(deltas: &[(TopicName, Totals)]) -> StoreResult<()>;
-    state_counts() -> StoreResult<Vec<StateCount>>;
-    ping() -> StoreResult<()>;
-    close() -> ();
 }

@@ -142,17 +142,14 @@ impl Host {
         forwarded: (Option<&str>, Option<&str>),
     ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
-        let (forwarded_by, forwarded_for) = forwarded;
-        let caller = self
-            .access
-            .acting_for(caller, forwarded_by, forwarded_for)?;
+        let (caller, may_forward) = self.acting(caller, forwarded)?;
         let caller = &caller;
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| ids[p].clone()).collect();
             Box::pin(async move { self.cluster.peers.dlq_requeue(&addr, sub, from).await })
         };
-        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
+        let remote: Option<&Remote> = may_forward.then_some(&remote);
         let checked = ids.iter().map(|id| (id.clone(), Ok(()))).collect();
         Ok(self
             .settle(

@@ -313,15 +313,10 @@ impl Prefetch {
 
     /// Staged items per topic of `ns`: leased in MySQL, but ready as far as clients go.
     pub fn staged_counts(&self, ns: &str, live: impl Fn(&Item) -> bool) -> HashMap<String, i64> {
-        let topics = self.topics.lock().expect("not poisoned");
-        topics
-            .iter()
+        self.staged_topics(live)
+            .into_iter()
             .filter(|(t, _)| t.ns == ns)
-            .map(|(t, s)| {
-                let n = s.items.values().filter(|s| live(&s.item)).count();
-                (t.topic.clone(), n as i64)
-            })
-            .filter(|(_, n)| *n > 0)
+            .map(|(t, n)| (t.topic, n))
             .collect()
     }
 }

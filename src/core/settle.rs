@@ -187,8 +187,21 @@ impl Host {
 
     /// How per-item calls for another host's shards reach it, unless this request was
     /// forwarded already or forwarding is off.
-    pub(super) fn may_forward(&self, forwarded_by: Option<&str>) -> bool {
+    fn may_forward(&self, forwarded_by: Option<&str>) -> bool {
         forwarded_by.is_none() && self.cluster.settings.forwarding
+    }
+
+    /// Who a per-item request acts for (its caller, or the client a peer forwarded it for:
+    /// see `Access::acting_for`), and whether this host may forward its items.
+    pub(super) fn acting(
+        &self,
+        caller: &Caller,
+        (forwarded_by, forwarded_for): (Option<&str>, Option<&str>),
+    ) -> Result<(Caller, bool)> {
+        let acting = self
+            .access
+            .acting_for(caller, forwarded_by, forwarded_for)?;
+        Ok((acting, self.may_forward(forwarded_by)))
     }
 
     /// How this host marks the per-item calls it forwards for `caller`: its own id, and
@@ -210,10 +223,7 @@ impl Host {
         forwarded: (Option<&str>, Option<&str>),
     ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
-        let (forwarded_by, forwarded_for) = forwarded;
-        let caller = self
-            .access
-            .acting_for(caller, forwarded_by, forwarded_for)?;
+        let (caller, may_forward) = self.acting(caller, forwarded)?;
         let caller = &caller;
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
@@ -221,7 +231,7 @@ impl Host {
             Box::pin(async move { self.cluster.peers.ack(&addr, sub, from).await })
         };
         let checked = ids.iter().map(|id| (id.clone(), Ok(()))).collect();
-        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
+        let remote: Option<&Remote> = may_forward.then_some(&remote);
         Ok(self
             .settle(
                 checked,
@@ -242,17 +252,14 @@ impl Host {
         forwarded: (Option<&str>, Option<&str>),
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
-        let (forwarded_by, forwarded_for) = forwarded;
-        let caller = self
-            .access
-            .acting_for(caller, forwarded_by, forwarded_for)?;
+        let (caller, may_forward) = self.acting(caller, forwarded)?;
         let caller = &caller;
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| items[p].clone()).collect();
             Box::pin(async move { self.cluster.peers.nack(&addr, sub, from).await })
         };
-        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
+        let remote: Option<&Remote> = may_forward.then_some(&remote);
         let checked = items
             .iter()
             .cloned()
@@ -306,17 +313,14 @@ impl Host {
         forwarded: (Option<&str>, Option<&str>),
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
-        let (forwarded_by, forwarded_for) = forwarded;
-        let caller = self
-            .access
-            .acting_for(caller, forwarded_by, forwarded_for)?;
+        let (caller, may_forward) = self.acting(caller, forwarded)?;
         let caller = &caller;
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| items[p].clone()).collect();
             Box::pin(async move { self.cluster.peers.touch(&addr, sub, from).await })
         };
-        let remote: Option<&Remote> = self.may_forward(forwarded_by).then_some(&remote);
+        let remote: Option<&Remote> = may_forward.then_some(&remote);
         let checked = items
             .iter()
             .cloned()
