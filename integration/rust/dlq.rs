@@ -149,29 +149,35 @@ async fn dead_letters_page_across_shards_in_delivery_order() {
 async fn requeue_all_brings_back_100k_dead_items_in_batches() {
     let srv = TestServer::start(3, "").await;
     let mut c = srv.client();
-    // Touch the topic through foqsd once so every shard has its schema, then bulk-load
-    // 100k dead rows straight into the shards (SEQUENCE engine).
+    // Touch the topic through foqsd once so every shard has its schema, then, with foqsd
+    // stopped, bulk-load 100k dead rows straight into the shards (SEQUENCE engine) and
+    // start it again (it reads the shards' topics at start).
     c.enqueue(vec![item(NS, "bulk", 0, b"x")]);
+    let db = srv.stop().await;
     let now = now_ms();
     for s in 0..3u64 {
         let n = if s < 2 { 33_333 } else { 33_334 };
         let first = 10_000_000 * (s + 1);
         let sql = format!(
-            "INSERT INTO items (id, ns, topic, priority, state, deliver_after_ms, enqueued_at_ms, lease_ms,
+            "INSERT IGNORE INTO topics (tid, ns, topic) VALUES (1000, 'dlq', 'bulk');
+             INSERT INTO items (id, tid, priority, state, deliver_after_ms, enqueued_at_ms, lease_ms,
                policy, max_attempts, delivery_count, died_at_ms, payload, metadata)
-             SELECT seq, 'dlq', 'bulk', seq % 7, 2, {now}, {now}, 30000, 1, 5, 5, {now}, 'x', ''
+             SELECT seq, (SELECT tid FROM topics WHERE ns = 'dlq' AND topic = 'bulk'), seq % 7, 2,
+               {now}, {now}, 30000, 1, 5, 5, {now}, 'x', ''
              FROM seq_{first}_to_{}",
             first + n - 1
         );
-        srv.db.column(s as usize, &format!("{sql}; SELECT 0")).await;
+        db.column(s as usize, &format!("{sql}; SELECT 0")).await;
     }
+    let srv = TestServer::start_on(db, "").await;
+    let mut c = srv.client();
     assert_eq!(srv.db.count("state = 2").await, 100_000);
     assert_eq!(requeue_all(&mut c, "bulk", Some(10)), 10, "max is honoured");
     assert_eq!(requeue_all(&mut c, "bulk", None), 99_990);
     assert_eq!(srv.db.count("state = 2").await, 0);
     assert_eq!(
         srv.db
-            .count("state = 0 AND delivery_count = 0 AND topic = 'bulk'")
+            .count("state = 0 AND delivery_count = 0 AND tid IN (SELECT tid FROM topics WHERE topic = 'bulk')")
             .await,
         100_001
     );

@@ -16,9 +16,7 @@ use foqs::clock::{SharedClock, SystemClock};
 use foqs::metrics::Metrics;
 use foqs::model::{Item, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
 use foqs::shard::{ShardWorker, WorkerConfig};
-use foqs::store::{
-    Change, Checkpoints, ItemMeta, MySqlStore, Recovered, Scan, ShardStore, StateCount, StoreResult,
-};
+use foqs::store::{Change, ItemMeta, MySqlStore, Recovered, ShardStore, StateCount, StoreResult};
 use foqs::waiters::Waiters;
 use tokio::sync::Notify;
 
@@ -76,9 +74,9 @@ delegate! {
     dedup_lookup(ns: &str, topic: &str, keys: &[&str]) -> StoreResult<Vec<(String, u64)>>;
     lookup(keys: &[u64]) -> StoreResult<Vec<ItemMeta>>;
     delete(keys: &[u64]) -> StoreResult<Vec<ItemMeta>>;
-    apply(changes: &[Change]) -> StoreResult<()>;
-    scan(scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> StoreResult<Vec<ItemMeta>>;
-    save_checkpoints(cp: Checkpoints) -> StoreResult<()>;
+    apply(changes: &[Change], now_ms: i64) -> StoreResult<()>;
+    scan(after: (i64, u64), now_ms: i64, limit: usize) -> StoreResult<Vec<ItemMeta>>;
+    save_checkpoint(checkpoint_ms: i64) -> StoreResult<()>;
     topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> StoreResult<Vec<TopicCounts>>;
     topic_snapshot(ns: &str, topic: &str, now: i64) -> StoreResult<TopicSnapshot>;
     add_totals(deltas: &[(TopicName, Totals)]) -> StoreResult<()>;

@@ -24,6 +24,8 @@ const T0: i64 = 1_000_000_000_000;
 async fn row(db: &TestDb, id: &str) -> Option<(ItemState, i64)> {
     let id: foqs::model::ItemId = id.parse().unwrap();
     let store = MySqlStore::new(id.shard, &db.url(id.shard as usize), 1).unwrap();
+    // Opening reads the shard's topic ids (foqsd holds no lock without a cluster).
+    store.open().await.unwrap();
     let found = store.lookup(&[id.key]).await.unwrap();
     store.close().await;
     found.first().map(|m| (m.state, m.lease_token))

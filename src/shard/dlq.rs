@@ -23,7 +23,11 @@ impl<S: ShardStore> ShardWorker<S> {
             .map(|m| (m.key, (m.ns.clone(), m.topic.clone(), m.ready_key())))
             .collect();
         let changes: Vec<Change> = dead.keys().map(|k| Change::Revive { key: *k }).collect();
-        let (r, took) = timed(self.timeout(), self.store.apply(&changes)).await;
+        let (r, took) = timed(
+            self.timeout(),
+            self.store.apply(&changes, self.clock.now_ms()),
+        )
+        .await;
         self.record(&r, took);
         r.map_err(|e| storage_error(self.id, &e))?;
         Ok(keys
@@ -57,7 +61,11 @@ impl<S: ShardStore> ShardWorker<S> {
             .iter()
             .map(|(i, _)| Change::Revive { key: i.id.key })
             .collect();
-        let (r, took) = timed(self.timeout(), self.store.apply(&changes)).await;
+        let (r, took) = timed(
+            self.timeout(),
+            self.store.apply(&changes, self.clock.now_ms()),
+        )
+        .await;
         self.record(&r, took);
         r.map_err(|e| storage_error(self.id, &e))?;
         for (i, _) in &items {

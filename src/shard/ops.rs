@@ -513,7 +513,7 @@ pub(super) async fn touch_exec<S: ShardStore>(
                 .collect()
         })
         .collect();
-    store.apply(&changes).await?;
+    store.apply(&changes, now).await?;
     Ok(settled)
 }
 
@@ -603,7 +603,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
         settled.push(out);
     }
     store
-        .apply(&changes)
+        .apply(&changes, now)
         .await
         .map_err(|e| (e, Some(touched.clone())))?;
     Ok(NackOutcome {

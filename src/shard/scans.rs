@@ -1,12 +1,12 @@
-//! The background scans of a shard: deferred items coming due, leases expiring, TTLs
-//! passing. Each reads its timestamp index from a cursor that starts at a checkpoint
+//! The background scan of a shard: deferred items coming due, leases expiring, TTLs
+//! passing, all read from one timer index from a cursor that starts at a checkpoint
 //! persisted in the shard, so a pass reads only new work, whatever the backlog.
 
 use std::sync::atomic::Ordering;
 
-use super::worker::{timed, ScanKind, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
+use super::worker::{timed, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
 use crate::model::{ItemState, Policy, TopicName, Totals};
-use crate::store::{Change, Checkpoints, Scan, ShardStore, StoreError};
+use crate::store::{next_event, Change, ShardStore, StoreError};
 
 /// An item's move between states, for the counts: (ns, topic, from, to; `None`: deleted),
 /// each state with its `deliver_after_ms` (see `NsCounts`).
@@ -30,27 +30,28 @@ impl<S: ShardStore> ShardWorker<S> {
             }
             return;
         }
-        for scan in Scan::ALL {
-            for _ in 0..SCAN_STEPS_PER_TICK_MAX {
-                match self.scan_step(scan, now).await {
-                    Ok(true) => continue,
-                    Ok(false) => break,
-                    Err(e) => {
-                        tracing::warn!(shard = self.id, ?scan, error = %e, "background scan failed");
-                        return;
-                    }
+        for _ in 0..SCAN_STEPS_PER_TICK_MAX {
+            match self.scan_step(now).await {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => {
+                    tracing::warn!(shard = self.id, error = %e, "background scan failed");
+                    return;
                 }
             }
         }
         self.save_checkpoints(false).await;
     }
 
-    /// Processes the next rows of one scan; true when there may be more due right now.
-    async fn scan_step(&mut self, scan: Scan, now: i64) -> std::result::Result<bool, StoreError> {
-        let kind = ScanKind::from(scan);
-        let after = self.cursors[&kind];
+    /// Processes the next rows of the timer index; true when there may be more due right
+    /// now. Each row is there for the earliest event of its state (see
+    /// [`crate::store::next_event`]); what is due is decided from the row itself, in the
+    /// order the three separate scans of schema version 1 ran: a passed TTL deletes the
+    /// item whatever its state, else an ended lease ends, else a deferred item comes due.
+    async fn scan_step(&mut self, now: i64) -> std::result::Result<bool, StoreError> {
+        let after = self.cursor;
         let limit = self.cfg.scan_rows_max;
-        let (r, took) = timed(self.timeout(), self.store.scan(scan, after, now, limit)).await;
+        let (r, took) = timed(self.timeout(), self.store.scan(after, now, limit)).await;
         self.record(&r, took);
         let rows = r?;
         let full = rows.len() == limit;
@@ -63,11 +64,29 @@ impl<S: ShardStore> ShardWorker<S> {
         // For the counts, once the changes are committed.
         let mut moves: Vec<Move> = Vec::new();
         for m in &rows {
-            match scan {
-                Scan::Due => readied.push((m.ns.clone(), m.topic.clone(), m.ready_key())),
+            let ttl_passed = m.expires_at_ms.is_some_and(|t| t <= now);
+            match m.state {
+                _ if ttl_passed => {
+                    if let Some(token) = self.shared.staged.remove(m.key) {
+                        unseen_ttl.push((m.key, token));
+                    }
+                    changes.push(Change::Delete { key: m.key });
+                    moves.push((
+                        m.ns.clone(),
+                        m.topic.clone(),
+                        (m.state, m.deliver_after_ms),
+                        None,
+                    ));
+                    if m.state == ItemState::Ready {
+                        removed.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
+                    }
+                }
                 // Claimed but never handed out: nobody saw this delivery, so it is given
                 // back uncounted, whatever the policy (an at-most-once item is not lost).
-                Scan::Lease if self.shared.staged.take(m.key, m.lease_token) => {
+                ItemState::Leased
+                    if m.lease_expires_ms <= now
+                        && self.shared.staged.take(m.key, m.lease_token) =>
+                {
                     changes.push(Change::Release {
                         key: m.key,
                         token: m.lease_token,
@@ -77,7 +96,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     let to = Some((ItemState::Ready, m.deliver_after_ms));
                     moves.push((m.ns.clone(), m.topic.clone(), (ItemState::Leased, 0), to));
                 }
-                Scan::Lease => {
+                ItemState::Leased if m.lease_expires_ms <= now => {
                     expired.push((m.ns.clone(), m.topic.clone()));
                     let from = (ItemState::Leased, 0);
                     if m.policy == Policy::AtMostOnce {
@@ -105,25 +124,32 @@ impl<S: ShardStore> ShardWorker<S> {
                         moves.push((m.ns.clone(), m.topic.clone(), from, to));
                     }
                 }
-                Scan::Ttl => {
-                    if let Some(token) = self.shared.staged.remove(m.key) {
-                        unseen_ttl.push((m.key, token));
-                    }
-                    changes.push(Change::Delete { key: m.key });
-                    moves.push((
-                        m.ns.clone(),
-                        m.topic.clone(),
-                        (m.state, m.deliver_after_ms),
-                        None,
-                    ));
-                    if m.state == ItemState::Ready {
-                        removed.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
+                // Came due. Its TTL, if any, is its next event; without one the row stays
+                // where it is on the timer index, behind the cursor for good.
+                ItemState::Ready if m.deliver_after_ms <= now => {
+                    readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
+                    if m.expires_at_ms.is_some() {
+                        changes.push(Change::Timer {
+                            key: m.key,
+                            at_ms: m.expires_at_ms,
+                        });
                     }
                 }
+                // Nothing due yet (the row's timer was early): put it at its next event.
+                _ => changes.push(Change::Timer {
+                    key: m.key,
+                    at_ms: next_event(
+                        m.state,
+                        m.deliver_after_ms,
+                        m.lease_expires_ms,
+                        m.expires_at_ms,
+                        now + 1,
+                    ),
+                }),
             }
         }
         if !changes.is_empty() {
-            let (r, took) = timed(self.timeout(), self.store.apply(&changes)).await;
+            let (r, took) = timed(self.timeout(), self.store.apply(&changes, now)).await;
             self.record(&r, took);
             if let Err(e) = r {
                 for (ns, topic, _) in readied.iter().chain(&removed) {
@@ -165,13 +191,12 @@ impl<S: ShardStore> ShardWorker<S> {
         for (ns, topic, k) in removed {
             self.index().remove(&ns, &topic, &k);
         }
-        let cursor = match rows.last() {
-            Some(last) if full => (scan.time_of(last), last.key),
+        self.cursor = match rows.last() {
+            Some(last) if full => (last.next_event_ms.unwrap_or(now), last.key),
             // Everything up to now - 1 is done. Not `now`: a row may still get this very
             // millisecond (a claim with lease_ms 0, a nack without delay).
             _ => (now - 1, u64::MAX),
         };
-        self.cursors.insert(kind, cursor);
         Ok(full)
     }
 
@@ -193,16 +218,13 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
             }
         }
-        let mut cp = Checkpoints::default();
-        for scan in Scan::ALL {
-            let (ms, key) = self.cursors[&ScanKind::from(scan)];
-            cp.set(scan, if key == u64::MAX { ms } else { ms - 1 });
-        }
+        let (ms, key) = self.cursor;
+        let cp = if key == u64::MAX { ms } else { ms - 1 };
         if cp == self.saved {
             self.last_checkpoint_ms = now;
             return;
         }
-        let (r, took) = timed(self.timeout(), self.store.save_checkpoints(cp)).await;
+        let (r, took) = timed(self.timeout(), self.store.save_checkpoint(cp)).await;
         self.record(&r, took);
         if r.is_ok() {
             self.saved = cp;

@@ -29,15 +29,15 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::metrics::{ItemEvent, Metrics, ShardLabel};
 use crate::model::{ItemState, ReadyKey, ShardId, TopicName, Totals};
-use crate::store::{Checkpoints, Scan, ShardStore, StoreError, StoreResult};
+use crate::store::{ShardStore, StoreError, StoreResult};
 use crate::waiters::Waiters;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
 /// Commands taken in one turn.
 const TURN_COMMANDS_MAX: usize = 1024;
-/// Scan steps per scan kind per tick, so a huge backlog of due work cannot starve requests.
-pub(super) const SCAN_STEPS_PER_TICK_MAX: usize = 8;
+/// Timer scan steps per tick, so a huge backlog of due work cannot starve requests.
+pub(super) const SCAN_STEPS_PER_TICK_MAX: usize = 16;
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -86,8 +86,10 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) next_key: u64,
     /// The key high-water mark persisted in the shard: keys below it may have been used.
     pub(super) key_high_water: u64,
-    pub(super) cursors: HashMap<ScanKind, Cursor>,
-    pub(super) saved: Checkpoints,
+    /// Where the timer scan resumes.
+    pub(super) cursor: Cursor,
+    /// The checkpoint last saved.
+    pub(super) saved: i64,
     pub(super) last_checkpoint_ms: i64,
     pub(super) lease_token: i64,
     pub(super) waiters: Arc<Waiters>,
@@ -106,24 +108,6 @@ pub(super) struct Probes {
     store_duration: Histogram,
     store_errors: Counter,
     turn_duration: Histogram,
-}
-
-/// `Scan` as a map key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum ScanKind {
-    Due,
-    Lease,
-    Ttl,
-}
-
-impl From<Scan> for ScanKind {
-    fn from(s: Scan) -> Self {
-        match s {
-            Scan::Due => ScanKind::Due,
-            Scan::Lease => ScanKind::Lease,
-            Scan::Ttl => ScanKind::Ttl,
-        }
-    }
 }
 
 /// Runs a storage operation under the shard's timeout; returns its outcome and how long it
@@ -194,11 +178,7 @@ impl<S: ShardStore> ShardWorker<S> {
             cfg.index_keys_per_topic_max,
             cfg.index_topics_max,
         )));
-        let cp = recovered.checkpoints;
-        let cursors = Scan::ALL
-            .iter()
-            .map(|s| (ScanKind::from(*s), (cp.get(*s), u64::MAX)))
-            .collect();
+        let cp = recovered.checkpoint_ms;
         let now = clock.now_ms();
         let worker = ShardWorker {
             id,
@@ -212,7 +192,7 @@ impl<S: ShardStore> ShardWorker<S> {
             shared: shared.clone(),
             next_key: recovered.key_high_water,
             key_high_water: recovered.key_high_water,
-            cursors,
+            cursor: (cp, u64::MAX),
             saved: cp,
             last_checkpoint_ms: now,
             // Tokens only need to differ from every earlier claim's, across restarts too.
@@ -487,7 +467,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 if release_changes.is_empty() {
                     None
                 } else {
-                    Some(timed(t, store.apply(&release_changes)).await)
+                    Some(timed(t, store.apply(&release_changes, now)).await)
                 }
             },
             async {

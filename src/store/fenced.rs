@@ -3,9 +3,7 @@
 //! is the most safety-critical check of a cluster, so it lives here, above the seam, once
 //! for every backend, rather than in each store.
 
-use super::{
-    Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StateCount, StoreError, StoreResult,
-};
+use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
 use crate::fence::Fence;
 use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
 
@@ -56,9 +54,9 @@ fenced! {
     dedup_lookup(ns: &str, topic: &str, dedup_keys: &[&str]) -> Vec<(String, u64)>;
     lookup(keys: &[u64]) -> Vec<ItemMeta>;
     delete(keys: &[u64]) -> Vec<ItemMeta>;
-    apply(changes: &[Change]) -> ();
-    scan(scan: Scan, after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
-    save_checkpoints(cp: Checkpoints) -> ();
+    apply(changes: &[Change], now_ms: i64) -> ();
+    scan(after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
+    save_checkpoint(checkpoint_ms: i64) -> ();
     topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
     topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
     add_totals(deltas: &[(TopicName, Totals)]) -> ();

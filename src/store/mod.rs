@@ -8,6 +8,8 @@
 
 mod fenced;
 mod mysql;
+pub mod sql;
+mod topics;
 
 use std::future::Future;
 
@@ -65,6 +67,8 @@ pub struct ItemMeta {
     pub expires_at_ms: Option<i64>,
     /// The claim that leased it (0 when not leased).
     pub lease_token: i64,
+    /// Where the row sits on the timer index (see [`next_event`]).
+    pub next_event_ms: Option<i64>,
 }
 
 impl ItemMeta {
@@ -107,6 +111,12 @@ pub enum Change {
         key: u64,
         lease_expires_ms: i64,
     },
+    /// Moves a row on the timer index only (the scan found its next event still ahead,
+    /// or a deferred item came due and its TTL is next).
+    Timer {
+        key: u64,
+        at_ms: Option<i64>,
+    },
     /// Undoes a claim whose items were never handed out (staged items let go): ready again
     /// at their old place, the delivery nobody saw not counted. Only the claim that leased
     /// the row (`token`) can release it.
@@ -116,54 +126,28 @@ pub enum Change {
     },
 }
 
-/// The background scans; each reads a timestamp index from a checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scan {
-    /// Rows written as deferred whose `deliver_after_ms` came due (deferred → ready).
-    Due,
-    /// Leased rows whose `lease_expires_ms` passed.
-    Lease,
-    /// Rows of any state whose `expires_at_ms` passed.
-    Ttl,
-}
-
-impl Scan {
-    pub const ALL: [Scan; 3] = [Scan::Due, Scan::Lease, Scan::Ttl];
-
-    /// The timestamp of `m` that this scan orders by.
-    pub fn time_of(self, m: &ItemMeta) -> i64 {
-        match self {
-            Scan::Due => m.deliver_after_ms,
-            Scan::Lease => m.lease_expires_ms,
-            Scan::Ttl => m.expires_at_ms.unwrap_or(i64::MAX),
-        }
-    }
-}
-
-/// Where each scan resumes: the last timestamp fully processed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Checkpoints {
-    pub due_ms: i64,
-    pub lease_ms: i64,
-    pub ttl_ms: i64,
-}
-
-impl Checkpoints {
-    pub fn get(&self, scan: Scan) -> i64 {
-        match scan {
-            Scan::Due => self.due_ms,
-            Scan::Lease => self.lease_ms,
-            Scan::Ttl => self.ttl_ms,
-        }
-    }
-
-    pub fn set(&mut self, scan: Scan, ms: i64) {
-        match scan {
-            Scan::Due => self.due_ms = ms,
-            Scan::Lease => self.lease_ms = ms,
-            Scan::Ttl => self.ttl_ms = ms,
-        }
-    }
+/// The next thing that happens to an item by itself, by its state: a deferred item comes
+/// due, a lease ends, a TTL passes. Each row carries the earliest of those that apply
+/// (`ItemMeta::next_event_ms`), on one timer index that the background scan reads from a
+/// checkpoint. This computes it for a row in `state` at `now_ms`; never before `now_ms`,
+/// so a row rescheduled now cannot fall behind the scan's cursor.
+pub fn next_event(
+    state: ItemState,
+    deliver_after_ms: i64,
+    lease_expires_ms: i64,
+    expires_at_ms: Option<i64>,
+    now_ms: i64,
+) -> Option<i64> {
+    let own = match state {
+        ItemState::Ready if deliver_after_ms > now_ms => Some(deliver_after_ms),
+        ItemState::Leased => Some(lease_expires_ms),
+        _ => None,
+    };
+    let t = match (own, expires_at_ms) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    t.map(|t| t.max(now_ms))
 }
 
 /// What a shard's store holds at start-up.
@@ -171,7 +155,8 @@ impl Checkpoints {
 pub struct Recovered {
     /// Keys below this were handed out before (perhaps to rows since deleted): never reuse.
     pub key_high_water: u64,
-    pub checkpoints: Checkpoints,
+    /// The timer scan's checkpoint: every event up to this millisecond was processed.
+    pub checkpoint_ms: i64,
     pub items: i64,
 }
 
@@ -247,20 +232,25 @@ pub trait ShardStore: Send + Sync + 'static {
     /// Deletes those of `keys` that exist and returns what they were.
     fn delete(&self, keys: &[u64]) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
 
-    /// Applies all `changes` in one transaction.
-    fn apply(&self, changes: &[Change]) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Applies all `changes` in one transaction; rows changed get their timer (see
+    /// [`next_event`]) as of `now_ms`.
+    fn apply(
+        &self,
+        changes: &[Change],
+        now_ms: i64,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
 
-    /// Up to `limit` rows for `scan` whose (timestamp, key) is after `after` and whose
-    /// timestamp is at most `now_ms`, in (timestamp, key) order.
+    /// Up to `limit` rows whose (`next_event_ms`, key) is after `after` and whose
+    /// `next_event_ms` is at most `now_ms`, in that order: one index range read.
     fn scan(
         &self,
-        scan: Scan,
         after: (i64, u64),
         now_ms: i64,
         limit: usize,
     ) -> impl Future<Output = StoreResult<Vec<ItemMeta>>> + Send;
 
-    fn save_checkpoints(&self, cp: Checkpoints) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Persists the timer scan's checkpoint.
+    fn save_checkpoint(&self, checkpoint_ms: i64) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// Topics of `ns` after `after` (bytewise) holding ready, deferred or leased items,
     /// sorted by name, at most `limit`.

@@ -3,16 +3,14 @@
 //! Schema facts that matter:
 //! - `ns` and `topic` are `VARBINARY`, so they compare as exact bytes (`Orders`, `orders`
 //!   and `ordérs` are three topics) whatever the server's default collation.
+//! - The layout is schema version 2 (see `schema.rs`): rows carry a topic id, one timer
+//!   index serves every background event, dedup keys live in a side table.
 //! - Keys are chosen by the shard worker, not `AUTO_INCREMENT`: the worker must know a
 //!   batch's keys to index it, and a persisted high-water mark guarantees that a key is
 //!   never reused, even after its row was deleted and the host restarted.
 //! - Every time is a `BIGINT` of milliseconds passed in by the caller.
-//! - `due_at_ms` is set only for items that were deferred when written (NULL otherwise,
-//!   and a range scan skips NULLs), so the due scan reads deferred items only, not every
-//!   item ever enqueued.
-//! - The timestamp indexes of the background scans leave `state` out, so that leasing a
-//!   row (the hottest write) changes only `ready_order` and `lease`; the scans read from a
-//!   checkpoint, so filtering state on the few rows past it is cheap.
+//! - Claiming a row changes two index entries: `ready_order` (its state) and `timer` (its
+//!   lease end); everything else a claim writes is in the clustered row.
 //! - A write that is one statement runs in autocommit: an explicit transaction would add
 //!   two round trips for nothing.
 //! - Lists of keys are spliced into the SQL text as integers: they are `u64`s, so there is
@@ -24,7 +22,7 @@ use mysql_async::{
 };
 
 mod owner;
-mod sql;
+mod schema;
 
 /// MySQL's errors in the store's terms: a statement the server cannot run on this schema
 /// (no such table or column, a syntax error) will fail again; anything else (connection
@@ -51,66 +49,22 @@ impl From<mysql_async::Error> for StoreError {
 
 pub use owner::OnLost;
 use owner::OwnerLock;
-use sql::{apply_statements, insert_sql, key_list, run};
+use schema::meta_get;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use super::{
-    Change, Checkpoints, ItemMeta, Recovered, Scan, ShardStore, StateCount, StoreError, StoreResult,
-};
+use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
+use super::topics::{state_counts, TopicIds};
+use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
 use crate::model::{
     Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName,
     TopicSnapshot, Totals,
 };
 
-const SCHEMA_VERSION: i64 = 1;
-
-const SCHEMA: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS items (
-        id BIGINT UNSIGNED NOT NULL PRIMARY KEY,
-        ns VARBINARY(255) NOT NULL,
-        topic VARBINARY(255) NOT NULL,
-        priority INT NOT NULL,
-        state TINYINT NOT NULL,
-        deliver_after_ms BIGINT NOT NULL,
-        due_at_ms BIGINT NULL,
-        died_at_ms BIGINT NULL,
-        dedup_key VARBINARY(255) NULL,
-        enqueued_at_ms BIGINT NOT NULL,
-        lease_ms BIGINT NOT NULL,
-        lease_expires_ms BIGINT NOT NULL DEFAULT 0,
-        lease_token BIGINT NOT NULL DEFAULT 0,
-        expires_at_ms BIGINT NULL,
-        policy TINYINT NOT NULL,
-        max_attempts INT NOT NULL,
-        delivery_count INT NOT NULL DEFAULT 0,
-        payload BLOB NOT NULL,
-        metadata BLOB NOT NULL,
-        KEY ready_order (ns, topic, state, priority, deliver_after_ms, id),
-        KEY due (due_at_ms),
-        KEY lease (lease_expires_ms),
-        KEY ttl (expires_at_ms),
-        UNIQUE KEY dedup (ns, topic, dedup_key)
-    ) ENGINE=InnoDB",
-    "CREATE TABLE IF NOT EXISTS topic_totals (
-        ns VARBINARY(255) NOT NULL,
-        topic VARBINARY(255) NOT NULL,
-        enqueued BIGINT NOT NULL DEFAULT 0,
-        delivered BIGINT NOT NULL DEFAULT 0,
-        acked BIGINT NOT NULL DEFAULT 0,
-        nacked BIGINT NOT NULL DEFAULT 0,
-        expired BIGINT NOT NULL DEFAULT 0,
-        PRIMARY KEY (ns, topic)
-    ) ENGINE=InnoDB",
-    "CREATE TABLE IF NOT EXISTS foqs_meta (
-        name VARBINARY(64) NOT NULL PRIMARY KEY,
-        value BIGINT NOT NULL
-    ) ENGINE=InnoDB",
-];
-
-const ITEM_COLUMNS: &str = "id, ns, topic, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
-const META_COLUMNS: &str = "id, ns, topic, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token";
-const INSERT_COLUMNS: &str = "(id, ns, topic, priority, state, deliver_after_ms, due_at_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata, dedup_key)";
+const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
+const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup";
+/// Every column of `items` at this schema version, to check a table at open.
+const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_event_ms, died_at_ms, enqueued_at_ms, lease_ms, lease_expires_ms, lease_token, expires_at_ms, policy, max_attempts, delivery_count, has_dedup, payload, metadata";
 
 pub struct MySqlStore {
     shard: ShardId,
@@ -120,7 +74,7 @@ pub struct MySqlStore {
     database: String,
     /// MariaDB has `DELETE ... RETURNING`, which makes an ack one statement; MySQL needs
     /// a lookup first. Known after `open`.
-    returning: std::sync::atomic::AtomicBool,
+    returning: AtomicBool,
     /// Take the shard's owner lock at open (see `owner.rs`); called when it is lost.
     owner_lock: Option<OnLost>,
     /// Closed (false) for good once the owner lock is lost: every operation checks it.
@@ -128,6 +82,7 @@ pub struct MySqlStore {
     lock: tokio::sync::Mutex<Option<OwnerLock>>,
     /// Bounds the owner lock's checks, as every other operation is bounded.
     check_timeout: std::time::Duration,
+    topics: Mutex<TopicIds>,
 }
 
 impl MySqlStore {
@@ -149,11 +104,12 @@ impl MySqlStore {
             pool: Pool::new(shard_opts),
             server_opts,
             database,
-            returning: std::sync::atomic::AtomicBool::new(false),
+            returning: AtomicBool::new(false),
             owner_lock: None,
             owned: Arc::new(AtomicBool::new(true)),
             lock: tokio::sync::Mutex::new(None),
             check_timeout: std::time::Duration::from_secs(5),
+            topics: Mutex::new(TopicIds::default()),
         })
     }
 
@@ -182,26 +138,99 @@ impl MySqlStore {
         Ok(self.pool.get_conn().await?)
     }
 
+    fn tid(&self, ns: &str, topic: &str) -> Option<u32> {
+        self.topics.lock().expect("topics").get(ns, topic)
+    }
+
+    fn names(&self, tid: u32) -> StoreResult<(String, String)> {
+        self.topics
+            .lock()
+            .expect("topics")
+            .name(tid)
+            .cloned()
+            .ok_or_else(|| StoreError::Corrupt(format!("row of unknown topic id {tid}")))
+    }
+
     fn item_from_row(&self, mut row: mysql_async::Row) -> StoreResult<Item> {
+        let (ns, topic) = self.names(column(&mut row, 1)?)?;
         Ok(Item {
             id: ItemId {
                 shard: self.shard,
                 key: column(&mut row, 0)?,
             },
-            ns: column(&mut row, 1)?,
-            topic: column(&mut row, 2)?,
-            priority: column(&mut row, 3)?,
-            payload: column(&mut row, 4)?,
-            metadata: column(&mut row, 5)?,
-            deliver_after_ms: column(&mut row, 6)?,
-            enqueued_at_ms: column(&mut row, 7)?,
-            delivery_count: column(&mut row, 8)?,
-            lease_expires_ms: column(&mut row, 9)?,
-            policy: policy_from_db(column(&mut row, 10)?)?,
-            expires_at_ms: column(&mut row, 11)?,
-            lease_token: column(&mut row, 12)?,
+            ns,
+            topic,
+            priority: column(&mut row, 2)?,
+            payload: column(&mut row, 3)?,
+            metadata: column(&mut row, 4)?,
+            deliver_after_ms: column(&mut row, 5)?,
+            enqueued_at_ms: column(&mut row, 6)?,
+            delivery_count: column(&mut row, 7)?,
+            lease_expires_ms: column(&mut row, 8)?,
+            policy: policy_from_db(column(&mut row, 9)?)?,
+            expires_at_ms: column(&mut row, 10)?,
+            lease_token: column(&mut row, 11)?,
         })
     }
+
+    /// A row of `META_COLUMNS`, and whether the item has a dedup key.
+    fn meta_from_row(&self, mut row: mysql_async::Row) -> StoreResult<(ItemMeta, bool)> {
+        let (ns, topic) = self.names(column(&mut row, 1)?)?;
+        let state: i8 = column(&mut row, 4)?;
+        let has_dedup: i8 = column(&mut row, 12)?;
+        Ok((
+            ItemMeta {
+                key: column(&mut row, 0)?,
+                ns,
+                topic,
+                priority: column(&mut row, 2)?,
+                deliver_after_ms: column(&mut row, 3)?,
+                state: ItemState::from_i8(state)
+                    .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state}")))?,
+                delivery_count: column(&mut row, 5)?,
+                max_attempts: column(&mut row, 6)?,
+                policy: policy_from_db(column(&mut row, 7)?)?,
+                lease_expires_ms: column(&mut row, 8)?,
+                expires_at_ms: column(&mut row, 9)?,
+                lease_token: column(&mut row, 10)?,
+                next_event_ms: column(&mut row, 11)?,
+            },
+            has_dedup != 0,
+        ))
+    }
+
+    fn metas(&self, rows: Vec<mysql_async::Row>) -> StoreResult<Vec<ItemMeta>> {
+        rows.into_iter()
+            .map(|r| self.meta_from_row(r).map(|(m, _)| m))
+            .collect()
+    }
+
+    /// Runs `statements` in one transaction (one alone in autocommit).
+    async fn run_all(&self, statements: Vec<Statement>) -> StoreResult<()> {
+        if statements.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn().await?;
+        if statements.len() == 1 {
+            return run(&mut conn, &statements[0]).await;
+        }
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        for s in &statements {
+            run(&mut tx, s).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Runs one statement: a prepared one when it has a blob parameter, else in the text
+/// protocol, which saves the prepare round trip for SQL that is different every time.
+async fn run<Q: Queryable>(q: &mut Q, (sql, blob): &Statement) -> StoreResult<()> {
+    match blob {
+        None => q.query_drop(sql).await?,
+        Some(b) => q.exec_drop(sql, (b.as_slice(),)).await?,
+    }
+    Ok(())
 }
 
 /// Column `i` of `row` as `T`.
@@ -215,77 +244,6 @@ fn column<T: FromValue>(row: &mut mysql_async::Row, i: usize) -> StoreResult<T> 
 
 fn policy_from_db(v: i8) -> StoreResult<Policy> {
     Policy::from_i32(v as i32).ok_or_else(|| StoreError::Corrupt(format!("unknown policy {v}")))
-}
-
-fn meta_from_row(row: mysql_async::Row) -> StoreResult<ItemMeta> {
-    type R = (
-        u64,
-        String,
-        String,
-        i32,
-        i64,
-        i8,
-        i32,
-        i32,
-        i8,
-        i64,
-        Option<i64>,
-        i64,
-    );
-    let (
-        key,
-        ns,
-        topic,
-        priority,
-        deliver_after_ms,
-        state,
-        delivery_count,
-        max_attempts,
-        policy,
-        lease_expires_ms,
-        expires_at_ms,
-        lease_token,
-    ): R = mysql_async::from_row_opt(row)
-        .map_err(|e| StoreError::Corrupt(format!("meta row: {e}")))?;
-    Ok(ItemMeta {
-        key,
-        ns,
-        topic,
-        priority,
-        deliver_after_ms,
-        state: ItemState::from_i8(state)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state}")))?,
-        delivery_count,
-        max_attempts,
-        policy: policy_from_db(policy)?,
-        lease_expires_ms,
-        expires_at_ms,
-        lease_token,
-    })
-}
-
-/// `(priority, deliver_after_ms, id) > after`, spelled out so that the optimizer reads it
-/// as a range of the ready_order index; empty without `after`.
-fn after_condition(after: Option<ReadyKey>) -> (&'static str, Vec<Value>) {
-    match after {
-        None => ("", vec![]),
-        Some(k) => (
-            " AND (priority > ? OR (priority = ? AND (deliver_after_ms > ? OR (deliver_after_ms = ? AND id > ?))))",
-            vec![
-                k.priority.into(),
-                k.priority.into(),
-                k.deliver_after_ms.into(),
-                k.deliver_after_ms.into(),
-                k.key.into(),
-            ],
-        ),
-    }
-}
-
-async fn meta_get(conn: &mut Conn, name: &str) -> StoreResult<Option<i64>> {
-    Ok(conn
-        .exec_first("SELECT value FROM foqs_meta WHERE name = ?", (name,))
-        .await?)
 }
 
 impl ShardStore for MySqlStore {
@@ -315,35 +273,19 @@ impl ShardStore for MySqlStore {
             .query_first("SELECT VERSION()")
             .await?
             .unwrap_or_default();
-        self.returning.store(
-            version.contains("MariaDB"),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        for stmt in SCHEMA {
-            conn.query_drop(*stmt).await?;
-        }
-        conn.exec_drop(
-            "INSERT IGNORE INTO foqs_meta (name, value) VALUES ('schema_version', ?)",
-            (SCHEMA_VERSION,),
-        )
-        .await?;
-        let version = meta_get(&mut conn, "schema_version").await?.unwrap_or(0);
-        if version != SCHEMA_VERSION {
-            return Err(StoreError::Schema(format!(
-                "database {} has schema version {version}; this foqsd knows {SCHEMA_VERSION}",
-                self.database
-            )));
-        }
-        // Catch a table created by a development build with other columns now, with a
-        // clear message, rather than at the first write.
-        let probe = format!("SELECT {ITEM_COLUMNS}, {META_COLUMNS}, due_at_ms, died_at_ms, dedup_key FROM items LIMIT 0");
-        if let Err(e) = conn.query_drop(probe).await {
-            return Err(StoreError::Schema(format!(
-                "database {}: table items does not have the columns of schema version {SCHEMA_VERSION} ({e}); \
-                 it was made by another build: drop the database or migrate it",
-                self.database
-            )));
-        }
+        self.returning
+            .store(version.contains("MariaDB"), Ordering::Relaxed);
+        schema::prepare(&mut conn, self.shard, &self.database).await?;
+        let topics: Vec<(u32, Vec<u8>, Vec<u8>)> =
+            conn.query("SELECT tid, ns, topic FROM topics").await?;
+        *self.topics.lock().expect("topics") =
+            TopicIds::load(topics.into_iter().map(|(tid, ns, topic)| {
+                (
+                    tid,
+                    String::from_utf8_lossy(&ns).into_owned(),
+                    String::from_utf8_lossy(&topic).into_owned(),
+                )
+            }));
         let hwm = meta_get(&mut conn, "key_high_water")
             .await?
             .unwrap_or(0)
@@ -356,16 +298,9 @@ impl ShardStore for MySqlStore {
             .query_first("SELECT COUNT(*) FROM items")
             .await?
             .unwrap_or(0);
-        let checkpoints = Checkpoints {
-            due_ms: meta_get(&mut conn, "checkpoint_due_ms").await?.unwrap_or(0),
-            lease_ms: meta_get(&mut conn, "checkpoint_lease_ms")
-                .await?
-                .unwrap_or(0),
-            ttl_ms: meta_get(&mut conn, "checkpoint_ttl_ms").await?.unwrap_or(0),
-        };
         Ok(Recovered {
             key_high_water: hwm.max(max_key.map_or(1, |k| k + 1)),
-            checkpoints,
+            checkpoint_ms: meta_get(&mut conn, "checkpoint_ms").await?.unwrap_or(0),
             items,
         })
     }
@@ -378,20 +313,17 @@ impl ShardStore for MySqlStore {
         if rows.is_empty() {
             return Ok(());
         }
-        let sql = insert_sql(rows);
-        let mut conn = self.conn().await?;
-        let Some(hwm) = key_high_water else {
-            conn.query_drop(sql).await?;
-            return Ok(());
-        };
-        let mut tx = conn.start_transaction(TxOpts::default()).await?;
-        tx.exec_drop(
-            "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', ?) ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value))",
-            (hwm,),
-        )
-        .await?;
-        tx.query_drop(sql).await?;
-        tx.commit().await?;
+        let mut statements: Vec<Statement> = Vec::new();
+        if let Some(hwm) = key_high_water {
+            statements.push((
+                format!("INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', {hwm}) ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value))"),
+                None,
+            ));
+        }
+        let plan = InsertPlan::new(&self.topics, rows);
+        statements.extend(plan.statements(Dialect::MySql, rows));
+        self.run_all(statements).await?;
+        plan.committed(&self.topics);
         Ok(())
     }
 
@@ -403,20 +335,18 @@ impl ShardStore for MySqlStore {
         now_ms: i64,
         limit: usize,
     ) -> StoreResult<Vec<ReadyKey>> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(vec![]);
+        };
         let mut conn = self.conn().await?;
-        let (cond, mut params) = after_condition(after);
-        let sql = format!(
-            "SELECT priority, deliver_after_ms, id FROM items FORCE INDEX (ready_order)
-             WHERE ns = ? AND topic = ? AND state = 0{cond} AND deliver_after_ms <= ?
-             ORDER BY priority, deliver_after_ms, id LIMIT {limit}"
-        );
-        let mut all: Vec<Value> = vec![ns.as_bytes().into(), topic.as_bytes().into()];
-        all.append(&mut params);
-        all.push(now_ms.into());
         let keys = conn
-            .exec_map(
-                sql,
-                Params::Positional(all),
+            .query_map(
+                format!(
+                    "SELECT priority, deliver_after_ms, id FROM items FORCE INDEX (ready_order)
+                     WHERE tid = {tid} AND state = 0{} AND deliver_after_ms <= {now_ms}
+                     ORDER BY priority, deliver_after_ms, id LIMIT {limit}",
+                    text::after_ready(after)
+                ),
                 |(priority, deliver_after_ms, key)| ReadyKey {
                     priority,
                     deliver_after_ms,
@@ -431,18 +361,12 @@ impl ShardStore for MySqlStore {
         if keys.is_empty() {
             return Ok(vec![]);
         }
-        let list = key_list(keys);
         let mut conn = self.conn().await?;
-        conn.query_drop(format!(
-            "UPDATE items SET state = 1, lease_token = {token}, delivery_count = delivery_count + 1,
-               lease_expires_ms = {now_ms} + lease_ms
-             WHERE id IN ({list}) AND state = 0 AND deliver_after_ms <= {now_ms}
-               AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
-        ))
-        .await?;
+        conn.query_drop(text::claim(keys, now_ms, token)).await?;
         let rows: Vec<mysql_async::Row> = conn
             .query(format!(
-                "SELECT {ITEM_COLUMNS} FROM items WHERE id IN ({list}) AND state = 1 AND lease_token = {token}"
+                "SELECT {ITEM_COLUMNS} FROM items WHERE id IN ({}) AND state = 1 AND lease_token = {token}",
+                key_list(keys)
             ))
             .await?;
         rows.into_iter().map(|r| self.item_from_row(r)).collect()
@@ -470,32 +394,52 @@ impl ShardStore for MySqlStore {
         after: Option<ReadyKey>,
         limit: usize,
     ) -> StoreResult<Vec<(Item, i64)>> {
-        let (cond, after_params) = after_condition(after);
-        let mut params: Vec<Value> = vec![ns.as_bytes().into(), topic.as_bytes().into()];
-        params.extend(after_params);
-        let sql = format!(
-            "SELECT {ITEM_COLUMNS}, died_at_ms FROM items FORCE INDEX (ready_order)
-             WHERE ns = ? AND topic = ? AND state = 2{cond}
-             ORDER BY priority, deliver_after_ms, id LIMIT {limit}"
-        );
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(vec![]);
+        };
         let mut conn = self.conn().await?;
-        let rows: Vec<mysql_async::Row> = conn.exec(sql, Params::Positional(params)).await?;
+        let rows: Vec<mysql_async::Row> = conn
+            .query(format!(
+                "SELECT {ITEM_COLUMNS}, died_at_ms FROM items FORCE INDEX (ready_order)
+                 WHERE tid = {tid} AND state = 2{}
+                 ORDER BY priority, deliver_after_ms, id LIMIT {limit}",
+                text::after_ready(after)
+            ))
+            .await?;
         rows.into_iter()
             .map(|mut r| {
-                let died: Option<i64> = column(&mut r, 13)?;
+                let died: Option<i64> = column(&mut r, 12)?;
                 Ok((self.item_from_row(r)?, died.unwrap_or(0)))
             })
             .collect()
     }
 
     async fn purge_dead(&self, ns: &str, topic: &str, limit: usize) -> StoreResult<u64> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(0);
+        };
+        let keys: Vec<u64> = {
+            let mut conn = self.conn().await?;
+            conn.query(format!(
+                "SELECT id FROM items WHERE tid = {tid} AND state = 2 LIMIT {limit}"
+            ))
+            .await?
+        };
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let list = key_list(&keys);
         let mut conn = self.conn().await?;
-        conn.exec_drop(
-            format!("DELETE FROM items WHERE ns = ? AND topic = ? AND state = 2 LIMIT {limit}"),
-            (ns.as_bytes(), topic.as_bytes()),
-        )
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        tx.query_drop(format!(
+            "DELETE FROM items WHERE id IN ({list}) AND state = 2"
+        ))
         .await?;
-        Ok(conn.affected_rows())
+        let n = tx.affected_rows();
+        tx.query_drop(format!("DELETE FROM dedup WHERE id IN ({list})"))
+            .await?;
+        tx.commit().await?;
+        Ok(n)
     }
 
     async fn dedup_lookup(
@@ -504,16 +448,26 @@ impl ShardStore for MySqlStore {
         topic: &str,
         dedup_keys: &[&str],
     ) -> StoreResult<Vec<(String, u64)>> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(vec![]);
+        };
         if dedup_keys.is_empty() {
             return Ok(vec![]);
         }
         let marks = vec!["?"; dedup_keys.len()].join(", ");
-        let mut params: Vec<Value> = vec![ns.as_bytes().into(), topic.as_bytes().into()];
-        params.extend(dedup_keys.iter().map(|k| Value::from(k.as_bytes())));
+        let params: Vec<Value> = dedup_keys
+            .iter()
+            .map(|k| Value::from(k.as_bytes()))
+            .collect();
         let mut conn = self.conn().await?;
+        // A key's row may outlive its item (see `sql::upsert_dedup`): only a live item
+        // counts.
         let rows: Vec<(String, u64)> = conn
             .exec(
-                format!("SELECT dedup_key, id FROM items WHERE ns = ? AND topic = ? AND dedup_key IN ({marks})"),
+                format!(
+                    "SELECT d.dedup_key, d.id FROM dedup d JOIN items i ON i.id = d.id
+                     WHERE d.tid = {tid} AND d.dedup_key IN ({marks})"
+                ),
                 Params::Positional(params),
             )
             .await?;
@@ -531,7 +485,7 @@ impl ShardStore for MySqlStore {
                 key_list(keys)
             ))
             .await?;
-        rows.into_iter().map(meta_from_row).collect()
+        self.metas(rows)
     }
 
     async fn delete(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
@@ -539,78 +493,78 @@ impl ShardStore for MySqlStore {
             return Ok(vec![]);
         }
         let list = key_list(keys);
-        if self.returning.load(std::sync::atomic::Ordering::Relaxed) {
-            let mut conn = self.conn().await?;
+        let mut conn = self.conn().await?;
+        let found: Vec<(ItemMeta, bool)> = if self.returning.load(Ordering::Relaxed) {
             let rows: Vec<mysql_async::Row> = conn
                 .query(format!(
                     "DELETE FROM items WHERE id IN ({list}) RETURNING {META_COLUMNS}"
                 ))
                 .await?;
-            return rows.into_iter().map(meta_from_row).collect();
-        }
-        // The worker is the only writer, so nothing changes between the two statements.
-        let found = self.lookup(keys).await?;
-        if !found.is_empty() {
-            let mut conn = self.conn().await?;
+            rows.into_iter()
+                .map(|r| self.meta_from_row(r))
+                .collect::<StoreResult<_>>()?
+        } else {
+            // The worker is the only writer, so nothing changes between the two statements.
+            let rows: Vec<mysql_async::Row> = conn
+                .query(format!(
+                    "SELECT {META_COLUMNS} FROM items WHERE id IN ({list})"
+                ))
+                .await?;
+            let found = rows
+                .into_iter()
+                .map(|r| self.meta_from_row(r))
+                .collect::<StoreResult<Vec<_>>>()?;
+            if !found.is_empty() {
+                conn.query_drop(format!("DELETE FROM items WHERE id IN ({list})"))
+                    .await?;
+            }
+            found
+        };
+        // Only keyed items have a dedup row; a crash in between leaves one that no
+        // lookup counts (its item is gone) and the next item with the key takes over.
+        let keyed: Vec<u64> = found
+            .iter()
+            .filter(|(_, d)| *d)
+            .map(|(m, _)| m.key)
+            .collect();
+        if !keyed.is_empty() {
             conn.query_drop(format!(
-                "DELETE FROM items WHERE id IN ({})",
-                key_list(&found.iter().map(|m| m.key).collect::<Vec<_>>())
+                "DELETE FROM dedup WHERE id IN ({})",
+                key_list(&keyed)
             ))
             .await?;
         }
-        Ok(found)
+        Ok(found.into_iter().map(|(m, _)| m).collect())
     }
 
-    async fn apply(&self, changes: &[Change]) -> StoreResult<()> {
-        let statements = apply_statements(changes);
-        if statements.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.conn().await?;
-        if let [(sql, params)] = statements.as_slice() {
-            run(&mut conn, sql, params.clone()).await?;
-            return Ok(());
-        }
-        let mut tx = conn.start_transaction(TxOpts::default()).await?;
-        for (sql, params) in statements {
-            run(&mut tx, &sql, params).await?;
-        }
-        tx.commit().await?;
-        Ok(())
+    async fn apply(&self, changes: &[Change], now_ms: i64) -> StoreResult<()> {
+        self.run_all(text::apply_statements(changes, now_ms)).await
     }
 
     async fn scan(
         &self,
-        scan: Scan,
         after: (i64, u64),
         now_ms: i64,
         limit: usize,
     ) -> StoreResult<Vec<ItemMeta>> {
-        // InnoDB appends the primary key to every secondary index, so (ts, id) order is
+        // InnoDB appends the primary key to every secondary index, so (timer, id) order is
         // the index's own order and the cursor is a plain range start.
-        let (state, ts) = match scan {
-            Scan::Due => ("state = 0 AND ", "due_at_ms"),
-            Scan::Lease => ("state = 1 AND ", "lease_expires_ms"),
-            Scan::Ttl => ("", "expires_at_ms"),
-        };
-        let sql = format!(
-            "SELECT {META_COLUMNS} FROM items
-             WHERE {state}({ts} > ? OR ({ts} = ? AND id > ?)) AND {ts} <= ?
-             ORDER BY {ts}, id LIMIT {limit}"
-        );
         let mut conn = self.conn().await?;
-        let rows: Vec<mysql_async::Row> =
-            conn.exec(sql, (after.0, after.0, after.1, now_ms)).await?;
-        rows.into_iter().map(meta_from_row).collect()
+        let rows: Vec<mysql_async::Row> = conn
+            .query(format!(
+                "SELECT {META_COLUMNS} FROM items FORCE INDEX (timer) WHERE {} LIMIT {limit}",
+                text::timer_range(after, now_ms)
+            ))
+            .await?;
+        self.metas(rows)
     }
 
-    async fn save_checkpoints(&self, cp: Checkpoints) -> StoreResult<()> {
+    async fn save_checkpoint(&self, checkpoint_ms: i64) -> StoreResult<()> {
         let mut conn = self.conn().await?;
-        conn.exec_drop(
-            "INSERT INTO foqs_meta (name, value) VALUES ('checkpoint_due_ms', ?), ('checkpoint_lease_ms', ?), ('checkpoint_ttl_ms', ?)
-             ON DUPLICATE KEY UPDATE value = VALUES(value)",
-            (cp.due_ms, cp.lease_ms, cp.ttl_ms),
-        )
+        conn.query_drop(format!(
+            "INSERT INTO foqs_meta (name, value) VALUES ('checkpoint_ms', {checkpoint_ms})
+             ON DUPLICATE KEY UPDATE value = VALUES(value)"
+        ))
         .await?;
         Ok(())
     }
@@ -623,31 +577,25 @@ impl ShardStore for MySqlStore {
         limit: usize,
     ) -> StoreResult<Vec<TopicCounts>> {
         let mut conn = self.conn().await?;
-        let rows: Vec<(String, i64, i64, i64)> = conn
+        let rows: Vec<(Vec<u8>, i64, i64, i64)> = conn
             .exec(
                 format!(
-                    "SELECT topic,
-                        CAST(SUM(state = 0 AND deliver_after_ms <= ?) AS SIGNED),
-                        CAST(SUM(state = 0 AND deliver_after_ms > ?) AS SIGNED),
-                        CAST(SUM(state = 1) AS SIGNED)
-                     FROM items
-                     WHERE ns = ? AND topic > ? AND state IN (0, 1)
-                       AND (expires_at_ms IS NULL OR expires_at_ms > ?)
-                     GROUP BY topic ORDER BY topic LIMIT {limit}"
+                    "SELECT t.topic,
+                        CAST(SUM(i.state = 0 AND i.deliver_after_ms <= {now_ms}) AS SIGNED),
+                        CAST(SUM(i.state = 0 AND i.deliver_after_ms > {now_ms}) AS SIGNED),
+                        CAST(SUM(i.state = 1) AS SIGNED)
+                     FROM topics t JOIN items i ON i.tid = t.tid
+                     WHERE t.ns = ? AND t.topic > ? AND i.state IN (0, 1)
+                       AND (i.expires_at_ms IS NULL OR i.expires_at_ms > {now_ms})
+                     GROUP BY t.topic ORDER BY t.topic LIMIT {limit}"
                 ),
-                (
-                    now_ms,
-                    now_ms,
-                    ns.as_bytes(),
-                    after.unwrap_or("").as_bytes(),
-                    now_ms,
-                ),
+                (ns.as_bytes(), after.unwrap_or("").as_bytes()),
             )
             .await?;
         Ok(rows
             .into_iter()
             .map(|(topic, ready, deferred, leased)| TopicCounts {
-                topic,
+                topic: String::from_utf8_lossy(&topic).into_owned(),
                 ready,
                 deferred,
                 leased,
@@ -662,6 +610,9 @@ impl ShardStore for MySqlStore {
         topic: &str,
         now_ms: i64,
     ) -> StoreResult<TopicSnapshot> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(TopicSnapshot::default());
+        };
         let mut conn = self.conn().await?;
         // SUM and MIN are NULL over no rows.
         type Counts = (
@@ -672,22 +623,20 @@ impl ShardStore for MySqlStore {
             Option<i64>,
         );
         let counts: Option<Counts> = conn
-            .exec_first(
-                "SELECT CAST(SUM(state = 0 AND deliver_after_ms <= ?) AS SIGNED),
-                        CAST(SUM(state = 0 AND deliver_after_ms > ?) AS SIGNED),
+            .query_first(format!(
+                "SELECT CAST(SUM(state = 0 AND deliver_after_ms <= {now_ms}) AS SIGNED),
+                        CAST(SUM(state = 0 AND deliver_after_ms > {now_ms}) AS SIGNED),
                         CAST(SUM(state = 1) AS SIGNED),
                         CAST(SUM(state = 2) AS SIGNED),
-                        MIN(IF(state = 0 AND deliver_after_ms <= ?, deliver_after_ms, NULL))
-                 FROM items WHERE ns = ? AND topic = ? AND (expires_at_ms IS NULL OR expires_at_ms > ?)",
-                (now_ms, now_ms, now_ms, ns.as_bytes(), topic.as_bytes(), now_ms),
-            )
+                        MIN(IF(state = 0 AND deliver_after_ms <= {now_ms}, deliver_after_ms, NULL))
+                 FROM items WHERE tid = {tid} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
+            ))
             .await?;
         let (ready, deferred, leased, dead, oldest_ready_ms) = counts.unwrap_or_default();
         let totals: Option<(i64, i64, i64, i64, i64)> = conn
-            .exec_first(
-                "SELECT enqueued, delivered, acked, nacked, expired FROM topic_totals WHERE ns = ? AND topic = ?",
-                (ns.as_bytes(), topic.as_bytes()),
-            )
+            .query_first(format!(
+                "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
+            ))
             .await?;
         let (enqueued, delivered, acked, nacked, expired) = totals.unwrap_or_default();
         Ok(TopicSnapshot {
@@ -710,29 +659,9 @@ impl ShardStore for MySqlStore {
         if deltas.is_empty() {
             return Ok(());
         }
-        let rows = vec!["(?, ?, ?, ?, ?, ?, ?)"; deltas.len()].join(", ");
-        let mut params: Vec<Value> = Vec::with_capacity(deltas.len() * 7);
-        for (t, d) in deltas {
-            params.extend([
-                t.ns.as_bytes().into(),
-                t.topic.as_bytes().into(),
-                d.enqueued.into(),
-                d.delivered.into(),
-                d.acked.into(),
-                d.nacked.into(),
-                d.expired.into(),
-            ]);
-        }
-        let mut conn = self.conn().await?;
-        conn.exec_drop(
-            format!(
-                "INSERT INTO topic_totals (ns, topic, enqueued, delivered, acked, nacked, expired) VALUES {rows}
-                 ON DUPLICATE KEY UPDATE enqueued = enqueued + VALUES(enqueued), delivered = delivered + VALUES(delivered),
-                   acked = acked + VALUES(acked), nacked = nacked + VALUES(nacked), expired = expired + VALUES(expired)"
-            ),
-            Params::Positional(params),
-        )
-        .await?;
+        let (sql, tids) = totals_sql(Dialect::MySql, &self.topics, deltas);
+        self.run_all(vec![(sql, None)]).await?;
+        self.topics.lock().expect("topics").confirm(&tids);
         Ok(())
     }
 
@@ -744,19 +673,13 @@ impl ShardStore for MySqlStore {
 
     async fn state_counts(&self) -> StoreResult<Vec<StateCount>> {
         let mut conn = self.conn().await?;
-        let rows: Vec<(String, String, i8, i64, i64)> = conn
+        let rows: Vec<(u32, i8, i64, i64)> = conn
             .query(
-                "SELECT ns, topic, state, IF(state = 0, FLOOR(deliver_after_ms / 1000), 0) AS sec, COUNT(*)
-                 FROM items GROUP BY ns, topic, state, sec",
+                "SELECT tid, state, IF(state = 0, deliver_after_ms DIV 1000, 0) AS sec, COUNT(*)
+                 FROM items GROUP BY tid, state, sec",
             )
             .await?;
-        rows.into_iter()
-            .map(|(ns, topic, state, sec, n)| {
-                let state = ItemState::from_i8(state)
-                    .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state}")))?;
-                Ok((ns, topic, state, sec, n))
-            })
-            .collect()
+        state_counts(&self.topics, rows)
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -1,0 +1,415 @@
+//! The SQL text both SQL stores send for writes whose shape varies with their input:
+//! multi-row INSERTs, grouped state changes, id lists, and the timer of every row they
+//! change. Built as text (ids and times are integers, bytes are hex literals, which MySQL
+//! and SQLite both read), so they need no prepare round trip and no escaping; the one
+//! parameter is a nack's new metadata. Both stores have the same layout (schema version
+//! 2), so the same statements serve both; where the dialects differ, [`Dialect`] says.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use super::topics::TopicIds;
+use super::{next_event, Change};
+use crate::model::{ItemState, NewItem, TopicName, Totals};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    MySql,
+    Sqlite,
+}
+
+/// One statement and its blob parameter, when it has one.
+pub type Statement = (String, Option<Vec<u8>>);
+
+/// The columns of a row as inserted, in the order `insert_items` writes them.
+pub const INSERT_COLUMNS: &str = "(id, tid, priority, state, deliver_after_ms, next_event_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, has_dedup, payload, metadata)";
+
+/// `1,2,3` for an `IN (...)` list; callers never pass an empty slice.
+pub fn key_list(keys: &[u64]) -> String {
+    let mut s = String::with_capacity(keys.len() * 8);
+    for (i, k) in keys.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{k}");
+    }
+    s
+}
+
+/// Appends `bytes` as a hex literal (`X'...'`): binary-safe, nothing to escape.
+pub fn push_hex(sql: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    sql.push_str("X'");
+    for b in bytes {
+        sql.push(HEX[(b >> 4) as usize] as char);
+        sql.push(HEX[(b & 15) as usize] as char);
+    }
+    sql.push('\'');
+}
+
+fn opt(v: Option<i64>) -> String {
+    v.map_or_else(|| "NULL".to_string(), |t| t.to_string())
+}
+
+/// A row's timer when its TTL is its only event (ready, dead): the TTL, never before
+/// `now` (see [`next_event`]); NULL without a TTL.
+pub fn ttl_timer(now: i64) -> String {
+    format!("CASE WHEN expires_at_ms < {now} THEN {now} ELSE expires_at_ms END")
+}
+
+/// A row's timer when `event` (SQL) is its own next event: the earlier of that and its
+/// TTL, never before `now`. Reads only `expires_at_ms`, which nothing changes, so it
+/// means the same whether the dialect evaluates `SET` with old or new values.
+pub fn timer_at(event: &str, now: i64) -> String {
+    format!(
+        "CASE WHEN expires_at_ms < {event} THEN ({}) WHEN {event} < {now} THEN {now} ELSE {event} END",
+        ttl_timer(now)
+    )
+}
+
+/// One multi-row INSERT of items; `tids[i]` is the topic id of `rows[i]`.
+pub fn insert_items(rows: &[(u64, NewItem)], tids: &[u32]) -> String {
+    let bytes: usize = rows
+        .iter()
+        .map(|(_, it)| 2 * (it.payload.len() + it.metadata.len()) + 120)
+        .sum();
+    let mut sql = String::with_capacity(128 + bytes);
+    sql.push_str("INSERT INTO items ");
+    sql.push_str(INSERT_COLUMNS);
+    sql.push_str(" VALUES ");
+    for (i, ((key, it), tid)) in rows.iter().zip(tids).enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        let timer = next_event(
+            ItemState::Ready,
+            it.deliver_after_ms,
+            0,
+            it.expires_at_ms,
+            it.enqueued_at_ms,
+        );
+        let _ = write!(
+            sql,
+            "({key},{tid},{},0,{},{},{},{},{},{},{},{},",
+            it.priority,
+            it.deliver_after_ms,
+            opt(timer),
+            it.enqueued_at_ms,
+            it.lease_ms,
+            opt(it.expires_at_ms),
+            it.policy as i8,
+            it.max_attempts,
+            it.dedup_key.is_some() as u8,
+        );
+        push_hex(&mut sql, &it.payload);
+        sql.push(',');
+        push_hex(&mut sql, &it.metadata);
+        sql.push(')');
+    }
+    sql
+}
+
+/// Writes the `topics` rows of new topic ids, leaving existing ones alone.
+pub fn insert_topics(dialect: Dialect, topics: &[(u32, &str, &str)]) -> String {
+    let mut sql = String::from(match dialect {
+        Dialect::MySql => "INSERT IGNORE INTO topics (tid, ns, topic) VALUES ",
+        Dialect::Sqlite => "INSERT OR IGNORE INTO topics (tid, ns, topic) VALUES ",
+    });
+    for (i, (tid, ns, topic)) in topics.iter().enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        let _ = write!(sql, "({tid},");
+        push_hex(&mut sql, ns.as_bytes());
+        sql.push(',');
+        push_hex(&mut sql, topic.as_bytes());
+        sql.push(')');
+    }
+    sql
+}
+
+/// Records the dedup keys of new items: (topic id, key, item). A key whose item is gone
+/// may still have its row (deletes remove them in a second statement); the new item takes
+/// it over.
+pub fn upsert_dedup(dialect: Dialect, keys: &[(u32, &str, u64)]) -> String {
+    let mut sql = String::from("INSERT INTO dedup (tid, dedup_key, id) VALUES ");
+    for (i, (tid, key, id)) in keys.iter().enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        let _ = write!(sql, "({tid},");
+        push_hex(&mut sql, key.as_bytes());
+        let _ = write!(sql, ",{id})");
+    }
+    sql.push_str(match dialect {
+        Dialect::MySql => " ON DUPLICATE KEY UPDATE id = VALUES(id)",
+        Dialect::Sqlite => " ON CONFLICT (tid, dedup_key) DO UPDATE SET id = excluded.id",
+    });
+    sql
+}
+
+/// Adds to the saved totals of topics (their `topics` rows, written when missing).
+pub fn add_totals(dialect: Dialect, rows: &[(u32, &str, &str, [i64; 5])]) -> String {
+    let mut sql = String::from(
+        "INSERT INTO topics (tid, ns, topic, enqueued, delivered, acked, nacked, expired) VALUES ",
+    );
+    for (i, (tid, ns, topic, d)) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        let _ = write!(sql, "({tid},");
+        push_hex(&mut sql, ns.as_bytes());
+        sql.push(',');
+        push_hex(&mut sql, topic.as_bytes());
+        let _ = write!(sql, ",{},{},{},{},{})", d[0], d[1], d[2], d[3], d[4]);
+    }
+    sql.push_str(match dialect {
+        Dialect::MySql => {
+            " ON DUPLICATE KEY UPDATE enqueued = enqueued + VALUES(enqueued), delivered = delivered + VALUES(delivered),
+               acked = acked + VALUES(acked), nacked = nacked + VALUES(nacked), expired = expired + VALUES(expired)"
+        }
+        Dialect::Sqlite => {
+            " ON CONFLICT (tid) DO UPDATE SET enqueued = enqueued + excluded.enqueued, delivered = delivered + excluded.delivered,
+               acked = acked + excluded.acked, nacked = nacked + excluded.nacked, expired = expired + excluded.expired"
+        }
+    });
+    sql
+}
+
+/// Leases the still-ready, due, unexpired rows among `keys` under `token`.
+pub fn claim(keys: &[u64], now: i64, token: i64) -> String {
+    format!(
+        "UPDATE items SET state = 1, lease_token = {token}, delivery_count = delivery_count + 1,
+           lease_expires_ms = {now} + lease_ms, next_event_ms = {}
+         WHERE id IN ({}) AND state = 0 AND deliver_after_ms <= {now}
+           AND (expires_at_ms IS NULL OR expires_at_ms > {now})",
+        timer_at(&format!("({now} + lease_ms)"), now),
+        key_list(keys)
+    )
+}
+
+/// The fewest statements that apply `changes` at `now`: one per kind of change (and per
+/// new time), except that a change carrying metadata updates its row alone.
+pub fn apply_statements(changes: &[Change], now: i64) -> Vec<Statement> {
+    const READY: &str = "UPDATE items SET state = 0, lease_token = 0";
+    let ttl = ttl_timer(now);
+    let mut deletes = Vec::new();
+    let mut dead: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut revived = Vec::new();
+    let mut keep_place = Vec::new();
+    let mut at: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut released: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut extended: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut timers: BTreeMap<Option<i64>, Vec<u64>> = BTreeMap::new();
+    let mut out: Vec<Statement> = Vec::new();
+    // A nack to `t`: deferred until then, or ready at once at `t`.
+    let ready_at = |t: i64| {
+        let timer = if t > now {
+            timer_at(&t.to_string(), now)
+        } else {
+            ttl.clone()
+        };
+        format!("{READY}, deliver_after_ms = {t}, next_event_ms = {timer}")
+    };
+    for c in changes {
+        match c {
+            Change::Delete { key } => deletes.push(*key),
+            Change::Dead { key, at_ms } => dead.entry(*at_ms).or_default().push(*key),
+            Change::Revive { key } => revived.push(*key),
+            Change::Release { key, token } => released.entry(*token).or_default().push(*key),
+            Change::Extend {
+                key,
+                lease_expires_ms,
+            } => extended.entry(*lease_expires_ms).or_default().push(*key),
+            Change::Timer { key, at_ms } => timers.entry(*at_ms).or_default().push(*key),
+            Change::Ready {
+                key,
+                deliver_after_ms: None,
+                metadata: None,
+            } => keep_place.push(*key),
+            Change::Ready {
+                key,
+                deliver_after_ms: Some(t),
+                metadata: None,
+            } => at.entry(*t).or_default().push(*key),
+            Change::Ready {
+                key,
+                deliver_after_ms,
+                metadata: Some(m),
+            } => {
+                let set = match deliver_after_ms {
+                    Some(t) => ready_at(*t),
+                    None => format!("{READY}, next_event_ms = {ttl}"),
+                };
+                out.push((
+                    format!("{set}, metadata = ? WHERE id = {key} AND state = 1"),
+                    Some(m.clone()),
+                ));
+            }
+        }
+    }
+    let mut push = |sql: String| out.push((sql, None));
+    if !keep_place.is_empty() {
+        push(format!(
+            "{READY}, next_event_ms = {ttl} WHERE id IN ({}) AND state = 1",
+            key_list(&keep_place)
+        ));
+    }
+    for (t, keys) in at {
+        push(format!(
+            "{} WHERE id IN ({}) AND state = 1",
+            ready_at(t),
+            key_list(&keys)
+        ));
+    }
+    for (until, keys) in extended {
+        push(format!(
+            "UPDATE items SET lease_expires_ms = {until}, next_event_ms = {} WHERE id IN ({}) AND state = 1",
+            timer_at(&until.to_string(), now),
+            key_list(&keys)
+        ));
+    }
+    for (token, keys) in released {
+        push(format!(
+            "{READY}, delivery_count = delivery_count - 1, next_event_ms = {ttl}
+             WHERE id IN ({}) AND state = 1 AND lease_token = {token}",
+            key_list(&keys)
+        ));
+    }
+    for (at_ms, keys) in dead {
+        push(format!(
+            "UPDATE items SET state = 2, lease_token = 0, died_at_ms = {at_ms}, next_event_ms = {ttl}
+             WHERE id IN ({}) AND state = 1",
+            key_list(&keys)
+        ));
+    }
+    if !revived.is_empty() {
+        push(format!(
+            "UPDATE items SET state = 0, delivery_count = 0, died_at_ms = NULL, next_event_ms = {ttl}
+             WHERE id IN ({}) AND state = 2",
+            key_list(&revived)
+        ));
+    }
+    for (at_ms, keys) in timers {
+        push(format!(
+            "UPDATE items SET next_event_ms = {} WHERE id IN ({})",
+            opt(at_ms),
+            key_list(&keys)
+        ));
+    }
+    if !deletes.is_empty() {
+        push(format!(
+            "DELETE FROM items WHERE id IN ({})",
+            key_list(&deletes)
+        ));
+        push(format!(
+            "DELETE FROM dedup WHERE id IN ({})",
+            key_list(&deletes)
+        ));
+    }
+    out
+}
+
+/// `(priority, deliver_after_ms, id) > after`, spelled out so that the planner reads it as
+/// a range of the `ready_order` index; empty without `after`.
+pub fn after_ready(after: Option<crate::model::ReadyKey>) -> String {
+    match after {
+        None => String::new(),
+        Some(k) => format!(
+            " AND (priority > {p} OR (priority = {p} AND (deliver_after_ms > {d} OR (deliver_after_ms = {d} AND id > {id}))))",
+            p = k.priority,
+            d = k.deliver_after_ms,
+            id = k.key
+        ),
+    }
+}
+
+/// The timer scan's range: rows after the cursor (`u64::MAX`: the whole millisecond is
+/// done) up to `now`, in index order.
+pub fn timer_range(after: (i64, u64), now: i64) -> String {
+    let (ms, key) = after;
+    let from = if key == u64::MAX {
+        format!("next_event_ms > {ms}")
+    } else {
+        format!("(next_event_ms > {ms} OR (next_event_ms = {ms} AND id > {key}))")
+    };
+    format!("{from} AND next_event_ms <= {now} ORDER BY next_event_ms, id")
+}
+
+/// What an insert batch writes besides its rows: the `topics` rows of topics new to the
+/// shard (in the same transaction, see `TopicIds`) and the dedup keys.
+pub struct InsertPlan {
+    tids: Vec<u32>,
+    new_topics: Vec<u32>,
+}
+
+impl InsertPlan {
+    pub fn new(topics: &Mutex<TopicIds>, rows: &[(u64, NewItem)]) -> InsertPlan {
+        let mut map = topics.lock().expect("topics");
+        let mut tids = Vec::with_capacity(rows.len());
+        let mut new_topics = Vec::new();
+        for (_, it) in rows {
+            let (tid, new) = map.assign(&it.ns, &it.topic);
+            if new && !new_topics.contains(&tid) {
+                new_topics.push(tid);
+            }
+            tids.push(tid);
+        }
+        InsertPlan { tids, new_topics }
+    }
+
+    pub fn statements(&self, dialect: Dialect, rows: &[(u64, NewItem)]) -> Vec<Statement> {
+        let mut out = Vec::new();
+        if !self.new_topics.is_empty() {
+            let mut names: Vec<(u32, &str, &str)> = Vec::new();
+            for ((_, it), tid) in rows.iter().zip(&self.tids) {
+                if self.new_topics.contains(tid) && !names.iter().any(|(t, _, _)| t == tid) {
+                    names.push((*tid, &it.ns, &it.topic));
+                }
+            }
+            out.push((insert_topics(dialect, &names), None));
+        }
+        out.push((insert_items(rows, &self.tids), None));
+        let keyed: Vec<(u32, &str, u64)> = rows
+            .iter()
+            .zip(&self.tids)
+            .filter_map(|((key, it), tid)| it.dedup_key.as_deref().map(|d| (*tid, d, *key)))
+            .collect();
+        if !keyed.is_empty() {
+            out.push((upsert_dedup(dialect, &keyed), None));
+        }
+        out
+    }
+
+    /// The batch committed: its new topics' rows exist.
+    pub fn committed(&self, topics: &Mutex<TopicIds>) {
+        if !self.new_topics.is_empty() {
+            topics.lock().expect("topics").confirm(&self.new_topics);
+        }
+    }
+}
+
+/// The statement that adds `deltas` to the topics' saved totals, and the topic ids it
+/// writes (confirmed once it commits).
+pub fn totals_sql(
+    dialect: Dialect,
+    topics: &Mutex<TopicIds>,
+    deltas: &[(TopicName, Totals)],
+) -> (String, Vec<u32>) {
+    let mut map = topics.lock().expect("topics");
+    let rows: Vec<(u32, &str, &str, [i64; 5])> = deltas
+        .iter()
+        .map(|(t, d)| {
+            let (tid, _) = map.assign(&t.ns, &t.topic);
+            (
+                tid,
+                t.ns.as_str(),
+                t.topic.as_str(),
+                [d.enqueued, d.delivered, d.acked, d.nacked, d.expired],
+            )
+        })
+        .collect();
+    let tids = rows.iter().map(|r| r.0).collect();
+    (add_totals(dialect, &rows), tids)
+}
