@@ -27,7 +27,7 @@ use crate::quota::{LocalBudget, QuotaBudget};
 use crate::rpc::PeerClient;
 use crate::server::{serve, serve_http, ServerLimits};
 use crate::shard::{ShardHandle, ShardWorker, WorkerConfig};
-use crate::store::{Fenced, MySqlStore, StoreError};
+use crate::store::{Fenced, MySqlStore, ShardStore, SqliteStore, StoreError};
 use crate::waiters::Waiters;
 
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +100,12 @@ impl ShardOpener {
                 "shard {id} is not in [[shards]]"
             )))
         })?;
+        if let Some(path) = crate::store::sqlite_path(&s.url, std::path::Path::new(".")) {
+            // A file of this host: its owner lock is a lock on the file (see
+            // `store::sqlite`), and it is opened only under the `single` manager.
+            tracing::info!(shard = s.id, file = %path.display(), "opening shard");
+            return self.start(id, SqliteStore::new(s.id, path)).await;
+        }
         let mut store = MySqlStore::new(s.id, &s.url, s.pool_connections_max).map_err(err)?;
         if let Some(lost) = &self.lost {
             let lost = lost.clone();
@@ -111,9 +117,18 @@ impl ShardOpener {
             );
         }
         tracing::info!(shard = s.id, database = store.database(), "opening shard");
-        // Fencing wraps whatever store the shard has (see `store::Fenced`).
+        self.start(id, store).await
+    }
+
+    /// Starts a shard's worker over `store`. Fencing wraps whatever store the shard has
+    /// (see `store::Fenced`).
+    async fn start<S: ShardStore>(
+        &self,
+        id: ShardId,
+        store: S,
+    ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
         ShardWorker::start(
-            s.id,
+            id,
             Fenced::new(store, self.fence.clone()),
             self.clock.clone(),
             self.workers.clone(),
@@ -121,7 +136,7 @@ impl ShardOpener {
             self.metrics.clone(),
         )
         .await
-        .map_err(err)
+        .map_err(|source| StartError::Shard { shard: id, source })
     }
 }
 

@@ -647,16 +647,15 @@ async fn leases_deferral_and_ttl_follow_the_hosts_clock() {
     .await;
     assert_eq!(got.payload.as_deref(), Some(&b"deferred"[..]));
 
+    const MORTAL: &str = "tid IN (SELECT tid FROM topics WHERE topic = X'636c6f636b2d74746c')";
+    assert_eq!(srv.db.count(MORTAL).await, 1, "not yet purged");
     clock.advance(HOUR);
     eventually(
         Duration::from_secs(5),
         "TTL purge after three hours",
         || {
             let n = tokio::task::block_in_place(|| {
-                tokio::runtime::Handle::current().block_on(
-                    srv.db
-                        .count("tid IN (SELECT tid FROM topics WHERE topic = 'clock-ttl')"),
-                )
+                tokio::runtime::Handle::current().block_on(srv.db.count(MORTAL))
             });
             (n == 0).then_some(())
         },

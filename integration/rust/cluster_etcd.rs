@@ -399,7 +399,7 @@ async fn a_namespace_quota_holds_across_all_hosts() {
         "{per_minute:.0}/min is not within 10% of {expected}"
     );
     assert_eq!(
-        db.count("tid IN (SELECT tid FROM topics WHERE ns = 'q')")
+        db.count("tid IN (SELECT tid FROM topics WHERE ns = X'71')")
             .await as u64,
         admitted
     );

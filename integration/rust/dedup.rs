@@ -4,6 +4,12 @@
 
 mod common;
 
+/// `s` as a hex literal: names and keys are stored as bytes on every backend.
+fn hex(s: &str) -> String {
+    let h: String = s.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("X'{h}'")
+}
+
 use std::collections::HashSet;
 
 use common::*;
@@ -76,7 +82,11 @@ async fn a_second_enqueue_with_the_same_key_returns_the_existing_item() {
     assert_eq!(fresh.deduplicated, Some(false));
     assert_ne!(fresh.id, first.id);
     assert_eq!(
-        srv.db.count("id IN (SELECT d.id FROM dedup d JOIN topics t ON t.tid = d.tid WHERE d.dedup_key = 'order-42' AND t.topic = 't')").await,
+        srv.db.count(&format!(
+            "id IN (SELECT d.id FROM dedup d JOIN topics t ON t.tid = d.tid WHERE d.dedup_key = {} AND t.topic = {})",
+            hex("order-42"),
+            hex("t")
+        )).await,
         1
     );
     srv.stop().await;
@@ -122,7 +132,8 @@ async fn concurrent_enqueues_of_one_key_yield_exactly_one_item() {
         assert_eq!(
             srv.db
                 .count(&format!(
-                    "id IN (SELECT id FROM dedup WHERE dedup_key = '{key}')"
+                    "id IN (SELECT id FROM dedup WHERE dedup_key = {})",
+                    hex(&key)
                 ))
                 .await,
             1

@@ -150,24 +150,34 @@ async fn requeue_all_brings_back_100k_dead_items_in_batches() {
     let srv = TestServer::start(3, "").await;
     let mut c = srv.client();
     // Touch the topic through foqsd once so every shard has its schema, then, with foqsd
-    // stopped, bulk-load 100k dead rows straight into the shards (SEQUENCE engine) and
-    // start it again (it reads the shards' topics at start).
+    // stopped, bulk-load 100k dead rows straight into the shards and start it again (it
+    // reads the shards' topics at start).
     c.enqueue(vec![item(NS, "bulk", 0, b"x")]);
     let db = srv.stop().await;
     let now = now_ms();
     for s in 0..3u64 {
         let n = if s < 2 { 33_333 } else { 33_334 };
         let first = 10_000_000 * (s + 1);
+        let last = first + n - 1;
+        // A sequence of keys: MariaDB's SEQUENCE engine, SQLite's recursive CTE.
+        let (with, from) = if db.is_sqlite() {
+            (
+                format!("WITH RECURSIVE q(seq) AS (SELECT {first} UNION ALL SELECT seq + 1 FROM q WHERE seq < {last}) "),
+                "q".to_string(),
+            )
+        } else {
+            (String::new(), format!("seq_{first}_to_{last}"))
+        };
         let sql = format!(
-            "INSERT IGNORE INTO topics (tid, ns, topic) VALUES (1000, 'dlq', 'bulk');
+            "INSERT {} INTO topics (tid, ns, topic) VALUES (1000, X'646c71', X'62756c6b');
              INSERT INTO items (id, tid, priority, state, deliver_after_ms, enqueued_at_ms, lease_ms,
                policy, max_attempts, delivery_count, died_at_ms, payload, metadata)
-             SELECT seq, (SELECT tid FROM topics WHERE ns = 'dlq' AND topic = 'bulk'), seq % 7, 2,
-               {now}, {now}, 30000, 1, 5, 5, {now}, 'x', ''
-             FROM seq_{first}_to_{}",
-            first + n - 1
+             {with}SELECT seq, (SELECT tid FROM topics WHERE ns = X'646c71' AND topic = X'62756c6b'), seq % 7, 2,
+               {now}, {now}, 30000, 1, 5, 5, {now}, X'78', X''
+             FROM {from}",
+            if db.is_sqlite() { "OR IGNORE" } else { "IGNORE" }
         );
-        db.column(s as usize, &format!("{sql}; SELECT 0")).await;
+        db.exec(s as usize, &sql).await;
     }
     let srv = TestServer::start_on(db, "").await;
     let mut c = srv.client();
@@ -177,7 +187,7 @@ async fn requeue_all_brings_back_100k_dead_items_in_batches() {
     assert_eq!(srv.db.count("state = 2").await, 0);
     assert_eq!(
         srv.db
-            .count("state = 0 AND delivery_count = 0 AND tid IN (SELECT tid FROM topics WHERE topic = 'bulk')")
+            .count("state = 0 AND delivery_count = 0 AND tid IN (SELECT tid FROM topics WHERE topic = X'62756c6b')")
             .await,
         100_001
     );

@@ -92,7 +92,9 @@ impl Default for ServerConfig {
 #[serde(deny_unknown_fields)]
 pub struct ShardConfig {
     pub id: ShardId,
-    /// `mysql://user:password@host:port/database`; the database is created when missing.
+    /// `mysql://user:password@host:port/database` (the database is created when
+    /// missing), or `sqlite://PATH.db`: a local file, relative to the config file's folder
+    /// unless absolute (`sqlite:///var/lib/foqs/0.db`), created with its folder.
     pub url: String,
     #[serde(default = "pool_connections_max_default")]
     pub pool_connections_max: usize,
@@ -250,7 +252,14 @@ impl Config {
                     .try_parsing(true),
             )
             .build()?;
-        let cfg: Config = raw.try_deserialize()?;
+        let mut cfg: Config = raw.try_deserialize()?;
+        // SQLite paths are relative to the config file, not to wherever foqsd starts.
+        let base = path.parent().unwrap_or(Path::new("."));
+        for s in &mut cfg.shards {
+            if let Some(p) = crate::store::sqlite_path(&s.url, base) {
+                s.url = format!("sqlite://{}", p.display());
+            }
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -297,7 +306,20 @@ impl Config {
                     s.id, s.url
                 ));
             }
-            if let Err(e) = mysql_async::Opts::from_url(&s.url) {
+            if s.url.starts_with("sqlite:") {
+                if crate::store::sqlite_path(&s.url, Path::new(".")).is_none() {
+                    problems.push(format!(
+                        "shard {}: url {:?}: want sqlite://PATH (a file)",
+                        s.id, s.url
+                    ));
+                }
+                if self.cluster.manager != crate::cluster::config::ManagerKind::Single {
+                    problems.push(format!(
+                        "shard {}: a SQLite shard ({}) is local to one host: it needs cluster.manager = \"single\"",
+                        s.id, s.url
+                    ));
+                }
+            } else if let Err(e) = mysql_async::Opts::from_url(&s.url) {
                 problems.push(format!("shard {}: url {:?}: {e}", s.id, s.url));
             }
             if s.pool_connections_max == 0 {

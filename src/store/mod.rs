@@ -1,6 +1,8 @@
 //! Storage behind a narrow interface: [`ShardStore`] is everything a shard worker asks of
 //! its database, one method per operation, each taking `now_ms` explicitly so tests
-//! control time inside SQL. [`MySqlStore`] is the implementation.
+//! control time inside SQL. [`MySqlStore`] (sharded MySQL/MariaDB) and [`SqliteStore`]
+//! (local SQLite files) implement it, with the same layout (schema version 2) and, for
+//! writes, the same statements (`sql`).
 //!
 //! The store trusts its single caller: one [`crate::shard::ShardWorker`] per shard is the
 //! only writer, so no method needs locking reads; guards in `WHERE` clauses are safety
@@ -9,12 +11,14 @@
 mod fenced;
 mod mysql;
 pub mod sql;
+mod sqlite;
 mod topics;
 
 use std::future::Future;
 
 pub use fenced::Fenced;
 pub use mysql::{MySqlStore, OnLost};
+pub use sqlite::{sqlite_path, SqliteStore};
 
 use crate::model::{
     Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals,

@@ -27,29 +27,57 @@ pub fn mysql_base() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_string())
 }
 
+/// The backend the tests that run on every backend use: `FOQS_TEST_BACKEND=sqlite` for
+/// SQLite files, else MySQL.
+pub fn sqlite_backend() -> bool {
+    std::env::var("FOQS_TEST_BACKEND").is_ok_and(|b| b == "sqlite")
+}
+
 static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
 
-/// Databases of one test, dropped when it ends (even when it fails).
+/// Databases of one test (MySQL databases, or SQLite files in a folder of their own),
+/// dropped when it ends (even when it fails).
 pub struct TestDb {
     pub base: String,
     pub names: Vec<String>,
+    /// The folder of the SQLite files, on that backend.
+    pub dir: Option<std::path::PathBuf>,
 }
 
 impl TestDb {
+    /// On the backend `FOQS_TEST_BACKEND` names.
     pub fn new(shards: usize) -> TestDb {
+        Self::on(shards, sqlite_backend())
+    }
+
+    /// MySQL databases, whatever the backend (tests of MySQL-only behaviour).
+    pub fn mysql(shards: usize) -> TestDb {
+        Self::on(shards, false)
+    }
+
+    fn on(shards: usize, sqlite: bool) -> TestDb {
         let n = NEXT_DB.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
         let names = (0..shards)
             .map(|i| format!("foqs_t{pid}_{n}_s{i}"))
             .collect();
+        let dir = sqlite.then(|| std::env::temp_dir().join(format!("foqs-db-{pid}-{n}")));
         TestDb {
             base: mysql_base(),
             names,
+            dir,
         }
     }
 
+    pub fn is_sqlite(&self) -> bool {
+        self.dir.is_some()
+    }
+
     pub fn url(&self, shard: usize) -> String {
-        format!("{}/{}", self.base, self.names[shard])
+        match &self.dir {
+            Some(dir) => format!("sqlite://{}/{}.db", dir.display(), self.names[shard]),
+            None => format!("{}/{}", self.base, self.names[shard]),
+        }
     }
 
     pub fn shards_toml(&self) -> String {
@@ -60,12 +88,39 @@ impl TestDb {
 
     /// Runs a query on one shard's database and returns the first column of every row.
     pub async fn column(&self, shard: usize, sql: &str) -> Vec<i64> {
+        if let Some(dir) = &self.dir {
+            // A second connection beside foqsd's (WAL mode lets it read).
+            let path = dir.join(format!("{}.db", self.names[shard]));
+            let conn = rusqlite::Connection::open(path).expect("open the shard's file");
+            let sql = sql.replace(" AS SIGNED)", " AS INTEGER)");
+            let mut st = conn.prepare(&sql).expect("query");
+            return st
+                .query_map([], |r| r.get::<_, i64>(0))
+                .expect("query")
+                .map(|v| v.expect("row"))
+                .collect();
+        }
         let mut conn = mysql_async::Conn::from_url(self.url(shard))
             .await
             .expect("connect");
         let v: Vec<i64> = conn.query(sql).await.expect("query");
         let _ = conn.disconnect().await;
         v
+    }
+
+    /// Runs statements (`;`-separated) on one shard's database.
+    pub async fn exec(&self, shard: usize, sql: &str) {
+        if let Some(dir) = &self.dir {
+            let path = dir.join(format!("{}.db", self.names[shard]));
+            let conn = rusqlite::Connection::open(path).expect("open the shard's file");
+            conn.execute_batch(sql).expect("statements");
+            return;
+        }
+        let mut conn = mysql_async::Conn::from_url(self.url(shard))
+            .await
+            .expect("connect");
+        conn.query_drop(sql).await.expect("statements");
+        let _ = conn.disconnect().await;
     }
 
     /// `SELECT COUNT(*) ... WHERE <cond>` summed over all shards.
@@ -82,6 +137,10 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+            return;
+        }
         let base = self.base.clone();
         let names = self.names.clone();
         // Drop runs outside async code: use a private runtime on a plain thread.

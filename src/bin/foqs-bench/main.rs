@@ -10,6 +10,10 @@
 //!
 //! Latencies are per call: enqueue calls, dequeue+ack cycles, and the ack alone.
 //! Every run is bounded: by `--items` and by `--max-seconds` per phase.
+//!
+//! With `--rabbitmq URL` the same phases run against RabbitMQ instead (see `rabbit.rs`).
+
+mod rabbit;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -55,6 +59,10 @@ struct Args {
     max_seconds: u64,
     #[arg(long, value_parser = ["binary", "compact"], default_value = "binary")]
     protocol: String,
+    /// Run the workload against this RabbitMQ (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)
+    /// instead of foqsd.
+    #[arg(long)]
+    rabbitmq: Option<String>,
 }
 
 /// Latencies in microseconds.
@@ -264,6 +272,13 @@ fn main() -> anyhow::Result<()> {
         format!("\"payload_bytes\":{}", args.payload_bytes),
         format!("\"protocol\":\"{}\"", args.protocol),
     ];
+    if let Some(url) = &args.rabbitmq {
+        fields.insert(0, "\"system\":\"rabbitmq\"".to_string());
+        rabbit::run(&args, url, &phases, &mut fields)?;
+        println!("{{{}}}", fields.join(","));
+        return Ok(());
+    }
+    fields.insert(0, "\"system\":\"foqs\"".to_string());
     let idle = AtomicBool::new(false);
     for phase in phases {
         match phase {

@@ -1,0 +1,737 @@
+//! [`SqliteStore`]: a shard as one local SQLite file (WAL mode, `synchronous = FULL`, so
+//! a reply means committed and synced, as `innodb_flush_log_at_trx_commit = 1` does for
+//! MySQL), through `rusqlite` with SQLite compiled in (no system library).
+//!
+//! The layout is the MySQL store's schema version 2 (`topics`, `items` with `ready_order`
+//! and `timer` indexes, `dedup`, `foqs_meta`), and the writes are the same statements
+//! (`store::sql`); only reads with dialect-specific SQL are written here. Every operation
+//! runs on the shard's own thread (`conn.rs`).
+
+mod conn;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, Row};
+
+use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
+use super::topics::{state_counts, TopicIds};
+use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
+use crate::model::{
+    Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName,
+    TopicSnapshot, Totals,
+};
+use conn::{store_error, ShardThread};
+
+const SCHEMA_VERSION: i64 = 2;
+
+const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS topics (
+        tid INTEGER PRIMARY KEY,
+        ns BLOB NOT NULL,
+        topic BLOB NOT NULL,
+        enqueued INTEGER NOT NULL DEFAULT 0,
+        delivered INTEGER NOT NULL DEFAULT 0,
+        acked INTEGER NOT NULL DEFAULT 0,
+        nacked INTEGER NOT NULL DEFAULT 0,
+        expired INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (ns, topic)
+    );
+    CREATE TABLE IF NOT EXISTS items (
+        id INTEGER PRIMARY KEY,
+        tid INTEGER NOT NULL,
+        priority INTEGER NOT NULL,
+        state INTEGER NOT NULL,
+        deliver_after_ms INTEGER NOT NULL,
+        next_event_ms INTEGER,
+        died_at_ms INTEGER,
+        enqueued_at_ms INTEGER NOT NULL,
+        lease_ms INTEGER NOT NULL,
+        lease_expires_ms INTEGER NOT NULL DEFAULT 0,
+        lease_token INTEGER NOT NULL DEFAULT 0,
+        expires_at_ms INTEGER,
+        policy INTEGER NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        delivery_count INTEGER NOT NULL DEFAULT 0,
+        has_dedup INTEGER NOT NULL DEFAULT 0,
+        payload BLOB NOT NULL,
+        metadata BLOB NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS ready_order ON items (tid, state, priority, deliver_after_ms, id);
+    CREATE INDEX IF NOT EXISTS timer ON items (next_event_ms) WHERE next_event_ms IS NOT NULL;
+    CREATE TABLE IF NOT EXISTS dedup (
+        tid INTEGER NOT NULL,
+        dedup_key BLOB NOT NULL,
+        id INTEGER NOT NULL,
+        PRIMARY KEY (tid, dedup_key)
+    ) WITHOUT ROWID;
+    CREATE INDEX IF NOT EXISTS dedup_item ON dedup (id);
+    CREATE TABLE IF NOT EXISTS foqs_meta (
+        name TEXT NOT NULL PRIMARY KEY,
+        value INTEGER NOT NULL
+    );";
+
+const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
+const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup";
+
+/// The path of a `sqlite://PATH` url; a relative path is relative to `base` (the config
+/// file's folder).
+pub fn sqlite_path(url: &str, base: &Path) -> Option<PathBuf> {
+    let p = url.strip_prefix("sqlite://")?;
+    if p.is_empty() {
+        return None;
+    }
+    let p = Path::new(p);
+    Some(if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    })
+}
+
+pub struct SqliteStore {
+    shard: ShardId,
+    path: PathBuf,
+    thread: Mutex<Option<Arc<ShardThread>>>,
+    topics: Arc<Mutex<TopicIds>>,
+}
+
+/// What the row readers need, owned, so that a job can take it to the shard's thread.
+#[derive(Clone)]
+struct Rows {
+    shard: ShardId,
+    topics: Arc<Mutex<TopicIds>>,
+}
+
+impl Rows {
+    fn names(&self, tid: u32) -> rusqlite::Result<(String, String)> {
+        self.topics
+            .lock()
+            .expect("topics")
+            .name(tid)
+            .cloned()
+            .ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    1,
+                    rusqlite::types::Type::Integer,
+                    format!("row of unknown topic id {tid}").into(),
+                )
+            })
+    }
+
+    fn item(&self, r: &Row) -> rusqlite::Result<Item> {
+        let (ns, topic) = self.names(r.get(1)?)?;
+        Ok(Item {
+            id: ItemId {
+                shard: self.shard,
+                key: r.get::<_, i64>(0)? as u64,
+            },
+            ns,
+            topic,
+            priority: r.get(2)?,
+            payload: r.get(3)?,
+            metadata: r.get(4)?,
+            deliver_after_ms: r.get(5)?,
+            enqueued_at_ms: r.get(6)?,
+            delivery_count: r.get(7)?,
+            lease_expires_ms: r.get(8)?,
+            policy: policy(r.get(9)?)?,
+            expires_at_ms: r.get(10)?,
+            lease_token: r.get(11)?,
+        })
+    }
+
+    fn meta(&self, r: &Row) -> rusqlite::Result<(ItemMeta, bool)> {
+        let (ns, topic) = self.names(r.get(1)?)?;
+        let state: i8 = r.get(4)?;
+        Ok((
+            ItemMeta {
+                key: r.get::<_, i64>(0)? as u64,
+                ns,
+                topic,
+                priority: r.get(2)?,
+                deliver_after_ms: r.get(3)?,
+                state: ItemState::from_i8(state).ok_or_else(|| bad(4, "state", state))?,
+                delivery_count: r.get(5)?,
+                max_attempts: r.get(6)?,
+                policy: policy(r.get(7)?)?,
+                lease_expires_ms: r.get(8)?,
+                expires_at_ms: r.get(9)?,
+                lease_token: r.get(10)?,
+                next_event_ms: r.get(11)?,
+            },
+            r.get::<_, i64>(12)? != 0,
+        ))
+    }
+
+    fn items(&self, conn: &Connection, sql: &str) -> StoreResult<Vec<Item>> {
+        let mut st = conn.prepare_cached(sql).map_err(store_error)?;
+        let rows = st
+            .query_map([], |r| self.item(r))
+            .map_err(store_error)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(store_error)?;
+        Ok(rows)
+    }
+
+    fn metas(&self, conn: &Connection, sql: &str) -> StoreResult<Vec<(ItemMeta, bool)>> {
+        let mut st = conn.prepare(sql).map_err(store_error)?;
+        let rows = st
+            .query_map([], |r| self.meta(r))
+            .map_err(store_error)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(store_error)?;
+        Ok(rows)
+    }
+}
+
+fn bad(col: usize, what: &str, v: i8) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        col,
+        rusqlite::types::Type::Integer,
+        format!("unknown {what} {v}").into(),
+    )
+}
+
+fn policy(v: i8) -> rusqlite::Result<Policy> {
+    Policy::from_i32(v as i32).ok_or_else(|| bad(9, "policy", v))
+}
+
+fn run(conn: &Connection, statements: &[Statement]) -> StoreResult<()> {
+    for (sql, blob) in statements {
+        match blob {
+            None => conn.execute_batch(sql),
+            Some(b) => conn.execute(sql, [b]).map(|_| ()),
+        }
+        .map_err(store_error)?;
+    }
+    Ok(())
+}
+
+fn meta_get(conn: &Connection, name: &str) -> StoreResult<Option<i64>> {
+    use rusqlite::OptionalExtension;
+    conn.query_row("SELECT value FROM foqs_meta WHERE name = ?1", [name], |r| {
+        r.get(0)
+    })
+    .optional()
+    .map_err(store_error)
+}
+
+/// Creates the schema when missing; refuses a file of another version.
+fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
+    conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))
+        .map_err(store_error)?;
+    conn.execute(
+        "INSERT OR IGNORE INTO foqs_meta (name, value) VALUES ('schema_version', ?1)",
+        [SCHEMA_VERSION],
+    )
+    .map_err(store_error)?;
+    match meta_get(conn, "schema_version")? {
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(v) if v > SCHEMA_VERSION => Err(StoreError::Schema(format!(
+            "{} has schema version {v}, made by a newer foqsd; this one knows {SCHEMA_VERSION}: \
+             run the newer build, or move the file away",
+            path.display()
+        ))),
+        v => Err(StoreError::Schema(format!(
+            "{} has schema version {v:?}; this foqsd knows {SCHEMA_VERSION}",
+            path.display()
+        ))),
+    }
+}
+
+impl SqliteStore {
+    pub fn new(shard: ShardId, path: PathBuf) -> SqliteStore {
+        SqliteStore {
+            shard,
+            path,
+            thread: Mutex::new(None),
+            topics: Arc::new(Mutex::new(TopicIds::default())),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn rows(&self) -> Rows {
+        Rows {
+            shard: self.shard,
+            topics: self.topics.clone(),
+        }
+    }
+
+    fn tid(&self, ns: &str, topic: &str) -> Option<u32> {
+        self.topics.lock().expect("topics").get(ns, topic)
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        let thread = self
+            .thread
+            .lock()
+            .expect("thread")
+            .clone()
+            .ok_or_else(|| StoreError::Transient("the shard is not open".into()))?;
+        thread.call(f).await
+    }
+}
+
+impl ShardStore for SqliteStore {
+    async fn open(&self) -> StoreResult<Recovered> {
+        let (shard, path) = (self.shard, self.path.clone());
+        let thread = tokio::task::spawn_blocking(move || {
+            ShardThread::open(shard, &path, |conn| prepare(conn, &path))
+        })
+        .await
+        .map_err(|e| StoreError::Transient(format!("opening the shard: {e}")))??;
+        *self.thread.lock().expect("thread") = Some(Arc::new(thread));
+        let (topics, recovered) = self
+            .call(|conn| {
+                let mut st = conn
+                    .prepare("SELECT tid, ns, topic FROM topics")
+                    .map_err(store_error)?;
+                let topics = st
+                    .query_map([], |r| {
+                        let ns: Vec<u8> = r.get(1)?;
+                        let topic: Vec<u8> = r.get(2)?;
+                        Ok((
+                            r.get::<_, u32>(0)?,
+                            String::from_utf8_lossy(&ns).into_owned(),
+                            String::from_utf8_lossy(&topic).into_owned(),
+                        ))
+                    })
+                    .map_err(store_error)?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(store_error)?;
+                let hwm = meta_get(conn, "key_high_water")?.unwrap_or(0).max(0) as u64;
+                let (max_key, items): (Option<i64>, i64) = conn
+                    .query_row("SELECT MAX(id), COUNT(*) FROM items", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .map_err(store_error)?;
+                Ok((
+                    topics,
+                    Recovered {
+                        key_high_water: hwm.max(max_key.map_or(1, |k| k as u64 + 1)),
+                        checkpoint_ms: meta_get(conn, "checkpoint_ms")?.unwrap_or(0),
+                        items,
+                    },
+                ))
+            })
+            .await?;
+        *self.topics.lock().expect("topics") = TopicIds::load(topics);
+        Ok(recovered)
+    }
+
+    async fn insert(
+        &self,
+        rows: &[(u64, NewItem)],
+        key_high_water: Option<u64>,
+    ) -> StoreResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut statements: Vec<Statement> = Vec::new();
+        if let Some(hwm) = key_high_water {
+            statements.push((
+                format!(
+                    "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', {hwm})
+                     ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)"
+                ),
+                None,
+            ));
+        }
+        let plan = InsertPlan::new(&self.topics, rows);
+        statements.extend(plan.statements(Dialect::Sqlite, rows));
+        self.call(move |conn| run(conn, &statements)).await?;
+        plan.committed(&self.topics);
+        Ok(())
+    }
+
+    async fn ready_keys(
+        &self,
+        ns: &str,
+        topic: &str,
+        after: Option<ReadyKey>,
+        now_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<ReadyKey>> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(vec![]);
+        };
+        let sql = format!(
+            "SELECT priority, deliver_after_ms, id FROM items INDEXED BY ready_order
+             WHERE tid = {tid} AND state = 0{} AND deliver_after_ms <= {now_ms}
+             ORDER BY priority, deliver_after_ms, id LIMIT {limit}",
+            text::after_ready(after)
+        );
+        self.call(move |conn| {
+            let mut st = conn.prepare(&sql).map_err(store_error)?;
+            let keys = st
+                .query_map([], |r| {
+                    Ok(ReadyKey {
+                        priority: r.get(0)?,
+                        deliver_after_ms: r.get(1)?,
+                        key: r.get::<_, i64>(2)? as u64,
+                    })
+                })
+                .map_err(store_error)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(store_error)?;
+            Ok(keys)
+        })
+        .await
+    }
+
+    async fn claim(&self, keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let sql = format!(
+            "{} RETURNING {ITEM_COLUMNS}",
+            text::claim(keys, now_ms, token)
+        );
+        let rows = self.rows();
+        self.call(move |conn| rows.items(conn, &sql)).await
+    }
+
+    async fn fetch_ready(&self, keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let sql = format!(
+            "SELECT {ITEM_COLUMNS} FROM items WHERE id IN ({}) AND state = 0
+               AND deliver_after_ms <= {now_ms} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})",
+            key_list(keys)
+        );
+        let rows = self.rows();
+        self.call(move |conn| rows.items(conn, &sql)).await
+    }
+
+    async fn dead_items(
+        &self,
+        ns: &str,
+        topic: &str,
+        after: Option<ReadyKey>,
+        limit: usize,
+    ) -> StoreResult<Vec<(Item, i64)>> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(vec![]);
+        };
+        let sql = format!(
+            "SELECT {ITEM_COLUMNS}, died_at_ms FROM items INDEXED BY ready_order
+             WHERE tid = {tid} AND state = 2{}
+             ORDER BY priority, deliver_after_ms, id LIMIT {limit}",
+            text::after_ready(after)
+        );
+        let rows = self.rows();
+        self.call(move |conn| {
+            let mut st = conn.prepare(&sql).map_err(store_error)?;
+            let out = st
+                .query_map([], |r| {
+                    Ok((rows.item(r)?, r.get::<_, Option<i64>>(12)?.unwrap_or(0)))
+                })
+                .map_err(store_error)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(store_error)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn purge_dead(&self, ns: &str, topic: &str, limit: usize) -> StoreResult<u64> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(0);
+        };
+        self.call(move |conn| {
+            let sel = format!("SELECT id FROM items WHERE tid = {tid} AND state = 2 LIMIT {limit}");
+            let n = conn
+                .execute(&format!("DELETE FROM dedup WHERE id IN ({sel})"), [])
+                .and_then(|_| conn.execute(&format!("DELETE FROM items WHERE id IN ({sel})"), []))
+                .map_err(store_error)?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    async fn dedup_lookup(
+        &self,
+        ns: &str,
+        topic: &str,
+        dedup_keys: &[&str],
+    ) -> StoreResult<Vec<(String, u64)>> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(vec![]);
+        };
+        if dedup_keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut list = String::new();
+        for (i, k) in dedup_keys.iter().enumerate() {
+            if i > 0 {
+                list.push(',');
+            }
+            text::push_hex(&mut list, k.as_bytes());
+        }
+        // A key's row may outlive its item (see `sql::upsert_dedup`): only a live item
+        // counts.
+        let sql = format!(
+            "SELECT d.dedup_key, d.id FROM dedup d JOIN items i ON i.id = d.id
+             WHERE d.tid = {tid} AND d.dedup_key IN ({list})"
+        );
+        self.call(move |conn| {
+            let mut st = conn.prepare(&sql).map_err(store_error)?;
+            let out = st
+                .query_map([], |r| {
+                    let k: Vec<u8> = r.get(0)?;
+                    Ok((
+                        String::from_utf8_lossy(&k).into_owned(),
+                        r.get::<_, i64>(1)? as u64,
+                    ))
+                })
+                .map_err(store_error)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(store_error)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn lookup(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let sql = format!(
+            "SELECT {META_COLUMNS} FROM items WHERE id IN ({})",
+            key_list(keys)
+        );
+        let rows = self.rows();
+        let found = self.call(move |conn| rows.metas(conn, &sql)).await?;
+        Ok(found.into_iter().map(|(m, _)| m).collect())
+    }
+
+    async fn delete(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let sql = format!(
+            "DELETE FROM items WHERE id IN ({}) RETURNING {META_COLUMNS}",
+            key_list(keys)
+        );
+        let rows = self.rows();
+        let found = self
+            .call(move |conn| {
+                let found = rows.metas(conn, &sql)?;
+                let keyed: Vec<u64> = found
+                    .iter()
+                    .filter(|(_, d)| *d)
+                    .map(|(m, _)| m.key)
+                    .collect();
+                if !keyed.is_empty() {
+                    conn.execute_batch(&format!(
+                        "DELETE FROM dedup WHERE id IN ({})",
+                        key_list(&keyed)
+                    ))
+                    .map_err(store_error)?;
+                }
+                Ok(found)
+            })
+            .await?;
+        Ok(found.into_iter().map(|(m, _)| m).collect())
+    }
+
+    async fn apply(&self, changes: &[Change], now_ms: i64) -> StoreResult<()> {
+        let statements = text::apply_statements(changes, now_ms);
+        if statements.is_empty() {
+            return Ok(());
+        }
+        self.call(move |conn| run(conn, &statements)).await
+    }
+
+    async fn scan(
+        &self,
+        after: (i64, u64),
+        now_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<ItemMeta>> {
+        let sql = format!(
+            "SELECT {META_COLUMNS} FROM items INDEXED BY timer WHERE {} LIMIT {limit}",
+            text::timer_range(after, now_ms)
+        );
+        let rows = self.rows();
+        let found = self.call(move |conn| rows.metas(conn, &sql)).await?;
+        Ok(found.into_iter().map(|(m, _)| m).collect())
+    }
+
+    async fn save_checkpoint(&self, checkpoint_ms: i64) -> StoreResult<()> {
+        self.call(move |conn| {
+            conn.execute(
+                "INSERT INTO foqs_meta (name, value) VALUES ('checkpoint_ms', ?1)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                [checkpoint_ms],
+            )
+            .map_err(store_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn topic_counts(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        now_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<TopicCounts>> {
+        let (ns, after) = (
+            ns.as_bytes().to_vec(),
+            after.unwrap_or("").as_bytes().to_vec(),
+        );
+        self.call(move |conn| {
+            let mut st = conn
+                .prepare(&format!(
+                    "SELECT t.topic,
+                        SUM(i.state = 0 AND i.deliver_after_ms <= {now_ms}),
+                        SUM(i.state = 0 AND i.deliver_after_ms > {now_ms}),
+                        SUM(i.state = 1)
+                     FROM topics t JOIN items i ON i.tid = t.tid
+                     WHERE t.ns = ?1 AND t.topic > ?2 AND i.state IN (0, 1)
+                       AND (i.expires_at_ms IS NULL OR i.expires_at_ms > {now_ms})
+                     GROUP BY t.topic ORDER BY t.topic LIMIT {limit}"
+                ))
+                .map_err(store_error)?;
+            let out = st
+                .query_map(rusqlite::params![ns, after], |r| {
+                    let topic: Vec<u8> = r.get(0)?;
+                    Ok(TopicCounts {
+                        topic: String::from_utf8_lossy(&topic).into_owned(),
+                        ready: r.get(1)?,
+                        deferred: r.get(2)?,
+                        leased: r.get(3)?,
+                        hosts: Vec::new(),
+                    })
+                })
+                .map_err(store_error)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(store_error)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn topic_snapshot(
+        &self,
+        ns: &str,
+        topic: &str,
+        now_ms: i64,
+    ) -> StoreResult<TopicSnapshot> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(TopicSnapshot::default());
+        };
+        self.call(move |conn| {
+            let counts = conn
+                .query_row(
+                    &format!(
+                        "SELECT SUM(state = 0 AND deliver_after_ms <= {now_ms}),
+                                SUM(state = 0 AND deliver_after_ms > {now_ms}),
+                                SUM(state = 1), SUM(state = 2),
+                                MIN(CASE WHEN state = 0 AND deliver_after_ms <= {now_ms} THEN deliver_after_ms END)
+                         FROM items WHERE tid = {tid} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
+                    ),
+                    [],
+                    |r| {
+                        Ok((
+                            r.get::<_, Option<i64>>(0)?.unwrap_or(0),
+                            r.get::<_, Option<i64>>(1)?.unwrap_or(0),
+                            r.get::<_, Option<i64>>(2)?.unwrap_or(0),
+                            r.get::<_, Option<i64>>(3)?.unwrap_or(0),
+                            r.get::<_, Option<i64>>(4)?,
+                        ))
+                    },
+                )
+                .map_err(store_error)?;
+            let totals = conn
+                .query_row(
+                    &format!(
+                        "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
+                    ),
+                    [],
+                    |r| {
+                        Ok(Totals {
+                            enqueued: r.get(0)?,
+                            delivered: r.get(1)?,
+                            acked: r.get(2)?,
+                            nacked: r.get(3)?,
+                            expired: r.get(4)?,
+                        })
+                    },
+                )
+                .or_else(|e| match e {
+                    rusqlite::Error::QueryReturnedNoRows => Ok(Totals::default()),
+                    e => Err(e),
+                })
+                .map_err(store_error)?;
+            Ok(TopicSnapshot {
+                ready: counts.0,
+                deferred: counts.1,
+                leased: counts.2,
+                dead: counts.3,
+                oldest_ready_ms: counts.4,
+                totals,
+            })
+        })
+        .await
+    }
+
+    async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        let (sql, tids) = totals_sql(Dialect::Sqlite, &self.topics, deltas);
+        self.call(move |conn| conn.execute_batch(&sql).map_err(store_error))
+            .await?;
+        self.topics.lock().expect("topics").confirm(&tids);
+        Ok(())
+    }
+
+    async fn state_counts(&self) -> StoreResult<Vec<StateCount>> {
+        let rows = self
+            .call(|conn| {
+                let mut st = conn
+                    .prepare(
+                        "SELECT tid, state, CASE WHEN state = 0 THEN deliver_after_ms / 1000 ELSE 0 END AS sec, COUNT(*)
+                         FROM items GROUP BY tid, state, sec",
+                    )
+                    .map_err(store_error)?;
+                let rows = st
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .map_err(store_error)?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(store_error)?;
+                Ok(rows)
+            })
+            .await?;
+        state_counts(&self.topics, rows)
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.call(|conn| {
+            conn.execute_batch("SELECT 1").map_err(store_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn close(&self) {
+        let thread = self.thread.lock().expect("thread").take();
+        if let Some(thread) = thread {
+            // Jobs still in flight hold the thread too; the last one out closes it.
+            if let Ok(thread) = Arc::try_unwrap(thread) {
+                let _ = tokio::task::spawn_blocking(move || thread.close()).await;
+            }
+        }
+    }
+}
