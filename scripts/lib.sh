@@ -96,8 +96,28 @@ foqs_cargo_check() {
   fi
   command -v cargo >/dev/null 2>&1 ||
     { foqs_log "cargo is missing: install a Rust toolchain (1.80 or newer), e.g. with rustup"; return 1; }
-  # etcd-client compiles etcd's .proto files when it builds.
-  command -v protoc >/dev/null 2>&1 || foqs_apt_install protobuf-compiler
+  # etcd-client compiles etcd's .proto files when it builds, with `protoc`: the system's
+  # when there is one, else the one the protoc-bin-vendored crate ships (a build
+  # dependency, so `cargo fetch` brings it): no package to install.
+  command -v protoc >/dev/null 2>&1 && return 0
+  [ -n "${PROTOC:-}" ] && [ -x "$PROTOC" ] && return 0
+  local registry="${CARGO_HOME:-$HOME/.cargo}/registry/src" arch p
+  case "$(uname -m)" in
+    x86_64) arch=linux-x86_64 ;;
+    aarch64) arch=linux-aarch_64 ;;
+    *) arch=none ;;
+  esac
+  p=$(ls -d "$registry"/*/protoc-bin-vendored-"$arch"-*/bin/protoc 2>/dev/null | tail -1 || true)
+  if [ -z "$p" ]; then
+    (cd "$FOQS_ROOT" && cargo fetch -q) || true
+    p=$(ls -d "$registry"/*/protoc-bin-vendored-"$arch"-*/bin/protoc 2>/dev/null | tail -1 || true)
+  fi
+  if [ -n "$p" ]; then
+    chmod +x "$p" 2>/dev/null || true
+    export PROTOC="$p"
+    return 0
+  fi
+  foqs_apt_install protobuf-compiler
 }
 
 # etcd for the cluster: FOQS_ETCD_PORT (default 23790) on 127.0.0.1. foqs_etcd_ensure uses
@@ -140,11 +160,11 @@ foqs_etcd_stop() {
   fi
 }
 
-# Writes a copy of conf/foqsd.toml pointing at $FOQS_MYSQL_URL's server to $1, with the
+# Writes a copy of conf/mysql.toml (or $3) pointing at $FOQS_MYSQL_URL's server to $1, with the
 # shard databases renamed by prefix $2 (default foqs_shard_).
 foqs_config_for_mysql() {
-  local out=$1 prefix=${2:-foqs_shard_}
+  local out=$1 prefix=${2:-foqs_shard_} from=${3:-$FOQS_ROOT/conf/mysql.toml}
   local hostport=${FOQS_MYSQL_URL#mysql://root@}
   sed -e "s#mysql://root@127.0.0.1:3306/foqs_shard_#mysql://root@$hostport/$prefix#" \
-    "$FOQS_ROOT/conf/foqsd.toml" >"$out"
+    "$from" >"$out"
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the generated code's freshness, Rust unit and integration
-# tests (against real MariaDB/MySQL; the cluster tests with real etcd and foqsd
-# processes), then the Python client suite and the foqsctl shell pipeline against a
-# running foqsd.
+# tests (against real MariaDB/MySQL; the store conformance suite on MySQL and SQLite; the
+# cluster tests with real etcd and foqsd processes), the integration tests that hold for
+# every backend again on SQLite, then the Python client suite and the foqsctl shell
+# pipeline against a running foqsd on the embedded default (and a TLS one on MySQL).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
@@ -32,8 +33,11 @@ command -v mariadb-install-db >/dev/null 2>&1 || foqs_apt_install mariadb-server
 foqs_etcd_install
 foqs_log "MySQL for tests: $FOQS_TEST_MYSQL_URL"
 
-foqs_log "Rust unit and integration tests"
+foqs_log "Rust unit and integration tests (MySQL; the store conformance suite on both stores)"
 cargo test --all-targets
+foqs_log "the integration tests that hold for every backend, again on SQLite shards"
+FOQS_TEST_BACKEND=sqlite cargo test --test api --test dedup --test dlq --test longpoll \
+  --test prefetch --test restart --test wire
 
 foqs_log "Python client tests (Apache Thrift's Python library) against a running foqsd"
 venv="$FOQS_RUN/venv"
@@ -42,14 +46,17 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -r integration/python/requirements.txt
 port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# The embedded default (conf/foqsd.toml) with its files in a folder of this run.
 py_config=$(mktemp "$FOQS_RUN/foqsd-py-XXXX.toml")
+py_data=$(mktemp -d "$FOQS_RUN/data-py-XXXX")
 prefix="foqs_py_$$_"
-foqs_config_for_mysql "$py_config" "$prefix"
+sed -e "s#sqlite://../.run/data/#sqlite://$py_data/#" conf/foqsd.toml >"$py_config"
+grep -q "sqlite://$py_data/" "$py_config" || { foqs_log "conf/foqsd.toml has no SQLite shards"; exit 1; }
 RUST_LOG=warn ./target/debug/foqsd --config "$py_config" --listen "127.0.0.1:$port" &
 foqsd_pid=$!
 foqs_wait_port "$port" 30 || { foqs_log "foqsd did not start listening on $port"; exit 1; }
-# A second foqsd whose port speaks TLS, requires client certificates and applies access
-# rules, for the Python TLS tests (its own databases: one writer per shard).
+# A second foqsd, on MySQL, whose port speaks TLS, requires client certificates and
+# applies access rules, for the Python TLS tests.
 certs="$FOQS_RUN/certs"
 bash scripts/certs.sh "$certs" alice 2>/dev/null
 tls_port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -80,6 +87,6 @@ FOQS_HOST="127.0.0.1:$port" bash integration/shell/pipeline.sh target/debug/foqs
 kill -TERM "$foqsd_pid"
 wait "$foqsd_pid" || { foqs_log "foqsd did not exit cleanly on SIGTERM"; exit 1; }
 foqsd_pid=""
-"$venv/bin/python" integration/python/drop_databases.py "$FOQS_MYSQL_URL" "$prefix" 4
+rm -rf "$py_data"
 "$venv/bin/python" integration/python/drop_databases.py "$FOQS_MYSQL_URL" "${prefix}tls_" 4
 foqs_log "all tests passed"

@@ -127,23 +127,3 @@ async fn a_lost_owner_lock_stops_the_writes_until_the_lock_is_free_again() {
     let _ = admin.disconnect().await;
     srv.stop().await;
 }
-
-/// Fencing lives above the store seam (`store::Fenced`), so every backend inherits it:
-/// while the fence is closed no operation reaches the store; once it is open again they do.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_fence_stops_every_store_operation() {
-    use foqs::fence::Fence;
-    use foqs::store::{Fenced, MySqlStore, ShardStore, StoreError};
-    let db = TestDb::new(1);
-    let fence = Fence::closed();
-    let store = Fenced::new(MySqlStore::new(0, &db.url(0), 2).unwrap(), fence.clone());
-    assert!(matches!(store.open().await, Err(StoreError::Fenced)));
-    assert!(matches!(store.ping().await, Err(StoreError::Fenced)));
-    fence.extend_to(Instant::now() + Duration::from_secs(60));
-    store.open().await.expect("open once the fence is open");
-    store.ping().await.unwrap();
-    assert!(store.lookup(&[1]).await.unwrap().is_empty());
-    fence.close();
-    assert!(matches!(store.lookup(&[1]).await, Err(StoreError::Fenced)));
-    store.close().await;
-}

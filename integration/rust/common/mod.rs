@@ -55,6 +55,11 @@ impl TestDb {
         Self::on(shards, false)
     }
 
+    /// SQLite files, whatever the backend.
+    pub fn sqlite(shards: usize) -> TestDb {
+        Self::on(shards, true)
+    }
+
     fn on(shards: usize, sqlite: bool) -> TestDb {
         let n = NEXT_DB.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
