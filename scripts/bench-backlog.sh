@@ -4,10 +4,12 @@
 #   scripts/bench-backlog.sh [DEPTH ...]     (default: 10000 1000000 10000000)
 #
 # For each depth D it loads D + MEASURE ready items (100-byte payloads) over the 4 shards
-# of conf/foqsd.toml straight into MySQL with the SEQUENCE engine (a bulk loader: through
-# foqsd, 10M items would take minutes), starts a fresh foqsd, drains MEASURE items with
-# foqs-bench (4 consumers, batches of 100), reads foqsd's RSS, and prints one JSON line:
-# {"depth", "drain_items_per_s", "rss_bytes"}; then one line of ratios to the first depth.
+# of conf/mysql.toml straight into MySQL with the SEQUENCE engine (a bulk loader: through
+# foqsd, 10M items would take minutes), waits until InnoDB has flushed the load's dirty
+# pages (so the drain does not pay for the load's writes), starts a fresh foqsd, drains
+# MEASURE items with foqs-bench (4 consumers, batches of 100) in ROUNDS equal batches,
+# reads foqsd's RSS, and prints one JSON line: {"depth", "drain_items_per_s" (the median
+# of the rounds), "rounds", "rss_bytes"}; then one line of ratios to the first depth.
 # The MEASURE items are the most urgent (priority 0) and the oldest (lowest keys), as in a
 # queue whose consumers fell behind; the D items of the backlog (priorities 1..9) stay
 # behind them. So every depth drains the same rows and only the backlog differs.
@@ -15,14 +17,15 @@
 # It runs its own MariaDB (datadir .run/bench-mariadb, port FOQS_BENCH_PORT, default 3417)
 # with innodb_flush_log_at_trx_commit=1 and a buffer pool of FOQS_BENCH_BUFFER_POOL
 # (default 4G), and stops it by pid at the end; the shared server is never touched.
-# Environment: MEASURE (default 50000), CONSUMERS (4), BATCH (100).
+# Environment: MEASURE (default 150000), ROUNDS (3), CONSUMERS (4), BATCH (100).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
 foqs_cargo_check
 depths=("$@")
 [ ${#depths[@]} -gt 0 ] || depths=(10000 1000000 10000000)
-measure=${MEASURE:-50000}
+measure=${MEASURE:-150000}
+rounds=${ROUNDS:-3}
 consumers=${CONSUMERS:-4}
 batch=${BATCH:-100}
 port=${FOQS_BENCH_PORT:-3417}
@@ -86,23 +89,36 @@ for depth in "${depths[@]}"; do
     from=1
     while [ "$from" -le "$per_shard" ]; do
       to=$((from + 499999)); [ "$to" -gt "$per_shard" ] && to=$per_shard
-      sql "foqs_bench_$s" -e "INSERT INTO items (id, ns, topic, priority, state, deliver_after_ms,
+      sql "foqs_bench_$s" -e "INSERT IGNORE INTO topics (tid, ns, topic) VALUES (1, 'bench', 'backlog');
+        INSERT INTO items (id, tid, priority, state, deliver_after_ms,
           enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)
-        SELECT seq, 'bench', 'backlog', IF(seq <= $measure_per_shard, 0, 1 + seq % 9), 0, $now_ms, $now_ms, 30000, NULL, 1, 5,
+        SELECT seq, 1, IF(seq <= $measure_per_shard, 0, 1 + seq % 9), 0, $now_ms, $now_ms, 30000, NULL, 1, 5,
           REPEAT('x', 100), '' FROM seq_${from}_to_${to}"
       from=$((to + 1))
     done &
     loaders+=($!)
   done
   wait "${loaders[@]}"   # not a bare wait: that would wait for mariadbd too
-  foqs_log "loaded in $(( $(date +%s) - t0 )) s"
+  foqs_log "loaded in $(( $(date +%s) - t0 )) s; waiting for InnoDB to flush the load"
+  sql -e "SET GLOBAL innodb_max_dirty_pages_pct = 0"
+  for _ in $(seq 1 600); do
+    dirty=$(sql -N -e "SHOW GLOBAL STATUS LIKE 'Innodb_buffer_pool_pages_dirty'" | awk '{print $2}')
+    [ "$dirty" -lt 1000 ] && break
+    sleep 1
+  done
+  sql -e "SET GLOBAL innodb_max_dirty_pages_pct = 90"
+  foqs_log "flushed ($dirty dirty pages left); measuring"
   start_foqsd
-  json=$(./target/release/foqs-bench --host "$listen" --ns bench --topic backlog \
-    --phases drain --items "$measure" --consumers "$consumers" --batch "$batch" --max-seconds 600)
+  rates=()
+  for _ in $(seq 1 "$rounds"); do
+    json=$(./target/release/foqs-bench --host "$listen" --ns bench --topic backlog \
+      --phases drain --items $((measure / rounds)) --consumers "$consumers" --batch "$batch" --max-seconds 600)
+    rates+=("$(echo "$json" | sed -E 's/.*"drain_items_per_s":([0-9]+).*/\1/')")
+  done
   rss_kb=$(awk '/VmRSS/ {print $2}' "/proc/$foqsd_pid/status")
   stop_foqsd
-  rate=$(echo "$json" | sed -E 's/.*"drain_items_per_s":([0-9]+).*/\1/')
-  line="{\"depth\":$depth,\"measured_items\":$measure,\"drain_items_per_s\":$rate,\"rss_bytes\":$((rss_kb * 1024))}"
+  rate=$(printf '%s\n' "${rates[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}')
+  line="{\"depth\":$depth,\"measured_items\":$measure,\"drain_items_per_s\":$rate,\"rounds\":[$(IFS=,; echo "${rates[*]}")],\"rss_bytes\":$((rss_kb * 1024))}"
   echo "$line"
   results+=("$depth $rate $((rss_kb * 1024))")
 done
