@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduces the README's performance table: foqsd (release build, conf/foqsd.toml's four
-# shards, fresh databases foqs_bench_0..3) on the local MySQL, driven by foqs-bench.
+# Reproduces the README's performance table: foqsd (release build) on the local MySQL and
+# on local SQLite files, side by side with RabbitMQ, driven by foqs-bench.
 #
 #   scripts/bench.sh            3 runs of the throughput workload, then the medians; when
 #                               RabbitMQ answers on 127.0.0.1:5672 (guest), each foqs run is
@@ -11,8 +11,11 @@
 #                               Handler_* and Innodb_rows_* counters (SHOW GLOBAL STATUS
 #                               around the phase) and the server's CPU time
 #
-# FOQS_BENCH_FOQSD=path runs another foqsd binary (e.g. a build of an older commit, for a
-# before/after in one sitting); FOQS_BENCH_RABBITMQ=0 skips RabbitMQ.
+# Each round runs foqs on MySQL (conf/mysql.toml's four shards, fresh databases
+# foqs_bench_0..3) and on SQLite (conf/foqsd.toml's four shards, fresh files in
+# .run/bench-sqlite); FOQS_BENCH_BACKENDS="mysql" (or "sqlite") runs one only.
+# FOQS_BENCH_BEFORE=path also runs that foqsd binary on MySQL each round (a build of an
+# older commit: before and after in one sitting); FOQS_BENCH_RABBITMQ=0 skips RabbitMQ.
 #
 # Throughput workload (the issue's): 200k items of 100 bytes, 4 producers, 4 consumers,
 # batches of 100; phases enqueue, drain (dequeue + ack), mixed.
@@ -36,12 +39,20 @@ cleanup() {
 }
 trap cleanup EXIT
 
+sqlite_dir="$FOQS_RUN/bench-sqlite"
+sqlite_config="$FOQS_RUN/bench-sqlite.toml"
+sed -e "s#sqlite://../.run/data/#sqlite://$sqlite_dir/#" conf/foqsd.toml >"$sqlite_config"
+
+# fresh_foqsd [mysql|sqlite [BINARY]]: a foqsd on empty shards.
 fresh_foqsd() {
+  local backend=${1:-mysql} binary=${2:-./target/release/foqsd} cfg=$config
   [ -n "$foqsd_pid" ] && { kill "$foqsd_pid"; wait "$foqsd_pid" || true; }
   for s in 0 1 2 3; do
     "$client" -h"${hostport%:*}" -P"${hostport##*:}" -uroot -e "DROP DATABASE IF EXISTS foqs_bench_$s"
   done
-  RUST_LOG=warn "${FOQS_BENCH_FOQSD:-./target/release/foqsd}" --config "$config" --listen "$listen" >/dev/null 2>&1 &
+  rm -rf "$sqlite_dir"
+  [ "$backend" = sqlite ] && cfg=$sqlite_config
+  RUST_LOG=warn "$binary" --config "$cfg" --listen "$listen" >/dev/null 2>&1 &
   foqsd_pid=$!
   for _ in $(seq 1 300); do foqs_port_open 127.0.0.1 "${listen##*:}" && return 0; sleep 0.2; done
   foqs_log "foqsd did not start"; return 1
@@ -50,12 +61,21 @@ fresh_foqsd() {
 bench() { ./target/release/foqs-bench --host "$listen" "$@"; }
 
 if [ "$mode" = latency ]; then
-  fresh_foqsd
-  peak=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 |
-    sed -E 's/.*"mixed_items_per_s":([0-9]+).*/\1/')
-  foqs_log "single-item mixed peak: $peak items/s; measuring at half of it"
-  fresh_foqsd
-  bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 --rate $((peak / 2))
+  targets=()
+  [ -n "${FOQS_BENCH_BEFORE:-}" ] && targets+=("mysql:$FOQS_BENCH_BEFORE:foqs-mysql-before")
+  for backend in ${FOQS_BENCH_BACKENDS:-mysql sqlite}; do
+    targets+=("$backend:./target/release/foqsd:foqs-$backend")
+  done
+  for t in "${targets[@]}"; do
+    IFS=: read -r backend binary label <<<"$t"
+    fresh_foqsd "$backend" "$binary"
+    peak=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 |
+      sed -E 's/.*"mixed_items_per_s":([0-9]+).*/\1/')
+    foqs_log "$label: single-item mixed peak: $peak items/s; measuring at half of it"
+    fresh_foqsd "$backend" "$binary"
+    line=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 --rate $((peak / 2)))
+    echo "${line/\"system\":\"foqs\"/\"system\":\"$label\"}"
+  done
   exit 0
 fi
 
@@ -66,10 +86,10 @@ if [ "$mode" = counters ]; then
   mysqld_pid=$(pgrep -x mariadbd || pgrep -x mysqld | head -1)
   status() {
     "$client" -h"${hostport%:*}" -P"${hostport##*:}" -uroot -N -e \
-      "SHOW GLOBAL STATUS WHERE Variable_name REGEXP '^(Handler_(read_key|read_next|read_rnd_next|write|update|delete)|Innodb_rows_(read|inserted|updated|deleted)|Innodb_data_fsyncs|Com_(insert|update|delete|select))$'"
+      "SHOW GLOBAL STATUS WHERE Variable_name REGEXP '^(Handler_(read_key|read_next|read_rnd_next|write|update|delete)|Innodb_rows_(read|inserted|updated|deleted)|Innodb_buffer_pool_(read|write)_requests|Innodb_data_written|Innodb_data_fsyncs|Com_(insert|update|delete|select))$'"
     awk '{print "cpu_ms\t" ($14 + $15) * 1000 / '"$(getconf CLK_TCK)"'}' "/proc/$mysqld_pid/stat"
   }
-  fresh_foqsd
+  fresh_foqsd mysql "${FOQS_BENCH_FOQSD:-./target/release/foqsd}"
   for phase in enqueue drain mixed; do
     before=$(status)
     out=$(bench --items 200000 --phases "$phase" --topic counters)
@@ -88,11 +108,23 @@ print(json.dumps({"phase": phase, "items_per_s": rate, "per_item": per}))' "$pha
 fi
 
 runs=()
-for i in 1 2 3; do
-  fresh_foqsd
+# One run of the workload against what listens now, labelled.
+measure() {
+  local label=$1 line
   line=$(bench --items 200000)
+  line=${line/\"system\":\"foqs\"/\"system\":\"$label\"}
   echo "$line"
   runs+=("$line")
+}
+for i in 1 2 3; do
+  if [ -n "${FOQS_BENCH_BEFORE:-}" ]; then
+    fresh_foqsd mysql "$FOQS_BENCH_BEFORE"
+    measure foqs-mysql-before
+  fi
+  for backend in ${FOQS_BENCH_BACKENDS:-mysql sqlite}; do
+    fresh_foqsd "$backend"
+    measure "foqs-$backend"
+  done
   if [ "$with_rabbit" = 1 ]; then
     line=$(./target/release/foqs-bench --rabbitmq "$rabbit_url" --items 200000)
     echo "$line"
@@ -103,8 +135,8 @@ printf '%s\n' "${runs[@]}" | python3 -c '
 import json, sys, statistics
 rows = [json.loads(l) for l in sys.stdin]
 keys = ("enqueue_items_per_s", "drain_items_per_s", "mixed_items_per_s")
-for system in ("foqs", "rabbitmq"):
-    mine = [r for r in rows if r.get("system", "foqs") == system]
+for system in ("foqs-mysql-before", "foqs-mysql", "foqs-sqlite", "rabbitmq"):
+    mine = [r for r in rows if r.get("system") == system]
     if mine:
         med = {k: round(statistics.median(r[k] for r in mine)) for k in keys}
         print(json.dumps({"system": system, "median_of": len(mine), **med}))'
