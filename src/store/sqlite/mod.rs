@@ -217,24 +217,31 @@ fn meta_get(conn: &Connection, name: &str) -> StoreResult<Option<i64>> {
     .map_err(store_error)
 }
 
-/// Creates the schema when missing; refuses a file of another version.
+/// Creates the schema when the file is new; refuses a file of another version before
+/// touching any of its tables.
 fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
-    conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))
-        .map_err(store_error)?;
-    conn.execute(
-        "INSERT OR IGNORE INTO foqs_meta (name, value) VALUES ('schema_version', ?1)",
-        [SCHEMA_VERSION],
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS foqs_meta (name TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL)",
     )
     .map_err(store_error)?;
     match meta_get(conn, "schema_version")? {
+        None => {
+            conn.execute_batch(&format!(
+                "BEGIN IMMEDIATE; {SCHEMA}
+                 INSERT INTO foqs_meta (name, value) VALUES ('schema_version', {SCHEMA_VERSION});
+                 COMMIT;"
+            ))
+            .map_err(store_error)?;
+            Ok(())
+        }
         Some(SCHEMA_VERSION) => Ok(()),
         Some(v) if v > SCHEMA_VERSION => Err(StoreError::Schema(format!(
             "{} has schema version {v}, made by a newer foqsd; this one knows {SCHEMA_VERSION}: \
              run the newer build, or move the file away",
             path.display()
         ))),
-        v => Err(StoreError::Schema(format!(
-            "{} has schema version {v:?}; this foqsd knows {SCHEMA_VERSION}",
+        Some(v) => Err(StoreError::Schema(format!(
+            "{} has schema version {v}; this foqsd knows {SCHEMA_VERSION}",
             path.display()
         ))),
     }
