@@ -7,9 +7,10 @@
 # of conf/mysql.toml straight into MySQL with the SEQUENCE engine (a bulk loader: through
 # foqsd, 10M items would take minutes), waits until InnoDB has flushed the load's dirty
 # pages (so the drain does not pay for the load's writes), starts a fresh foqsd, drains
-# MEASURE items with foqs-bench (4 consumers, batches of 100) in ROUNDS equal batches,
-# reads foqsd's RSS, and prints one JSON line: {"depth", "drain_items_per_s" (the median
-# of the rounds), "rounds", "rss_bytes"}; then one line of ratios to the first depth.
+# MEASURE items with foqs-bench (4 consumers, batches of 100) in ROUNDS + 1 equal batches
+# (the first warms foqsd and the buffer pool up and is not counted), reads foqsd's RSS,
+# and prints one JSON line: {"depth", "drain_items_per_s" (the median of the counted
+# rounds), "rounds", "rss_bytes"}; then one line of ratios to the first depth.
 # The MEASURE items are the most urgent (priority 0) and the oldest (lowest keys), as in a
 # queue whose consumers fell behind; the D items of the backlog (priorities 1..9) stay
 # behind them. So every depth drains the same rows and only the backlog differs.
@@ -17,14 +18,14 @@
 # It runs its own MariaDB (datadir .run/bench-mariadb, port FOQS_BENCH_PORT, default 3417)
 # with innodb_flush_log_at_trx_commit=1 and a buffer pool of FOQS_BENCH_BUFFER_POOL
 # (default 4G), and stops it by pid at the end; the shared server is never touched.
-# Environment: MEASURE (default 150000), ROUNDS (3), CONSUMERS (4), BATCH (100).
+# Environment: MEASURE (default 200000), ROUNDS (3), CONSUMERS (4), BATCH (100).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
 foqs_cargo_check
 depths=("$@")
 [ ${#depths[@]} -gt 0 ] || depths=(10000 1000000 10000000)
-measure=${MEASURE:-150000}
+measure=${MEASURE:-200000}
 rounds=${ROUNDS:-3}
 consumers=${CONSUMERS:-4}
 batch=${BATCH:-100}
@@ -110,10 +111,10 @@ for depth in "${depths[@]}"; do
   foqs_log "flushed ($dirty dirty pages left); measuring"
   start_foqsd
   rates=()
-  for _ in $(seq 1 "$rounds"); do
+  for r in $(seq 0 "$rounds"); do
     json=$(./target/release/foqs-bench --host "$listen" --ns bench --topic backlog \
-      --phases drain --items $((measure / rounds)) --consumers "$consumers" --batch "$batch" --max-seconds 600)
-    rates+=("$(echo "$json" | sed -E 's/.*"drain_items_per_s":([0-9]+).*/\1/')")
+      --phases drain --items $((measure / (rounds + 1))) --consumers "$consumers" --batch "$batch" --max-seconds 600)
+    [ "$r" -gt 0 ] && rates+=("$(echo "$json" | sed -E 's/.*"drain_items_per_s":([0-9]+).*/\1/')")
   done
   rss_kb=$(awk '/VmRSS/ {print $2}' "/proc/$foqsd_pid/status")
   stop_foqsd

@@ -8,6 +8,7 @@
 # (100-byte payloads, 10 topics, a tenth of them leased, a tenth deferred, one in a
 # hundred with a dedup key) with the SEQUENCE engine, starts foqsd on it and prints one
 # JSON line: {"rows", "migrate_ms" (from foqsd's log line), "start_ms" (until it listens)}.
+# The loader uses MariaDB's SEQUENCE engine (seq_1_to_N tables): MariaDB only.
 # The shard serves nothing until its migration is done; other shards open meanwhile.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -16,7 +17,9 @@ foqs_cargo_check
 foqs_mysql_ensure
 rows=${1:-1000000}
 cargo build --release --bin foqsd >&2
-client=$(command -v mariadb || command -v mysql)
+client=$(command -v mariadb || command -v mysql) ||
+  { foqs_log "needs the mariadb (or mysql) client"; exit 1; }
+command -v python3 >/dev/null || { foqs_log "needs python3"; exit 1; }
 hostport=${FOQS_MYSQL_URL#mysql://root@}
 sql() { "$client" -h"${hostport%:*}" -P"${hostport##*:}" -uroot "$@"; }
 db=foqs_bench_migrate
@@ -56,10 +59,12 @@ id = 0
 url = "mysql://root@$hostport/$db"
 TOML
 log="$FOQS_RUN/bench-migrate.log"
+! foqs_port_open 127.0.0.1 "${listen##*:}" || { foqs_log "port ${listen##*:} is taken: set FOQS_BENCH_LISTEN_PORT"; exit 1; }
 t0=$(date +%s%3N)
-RUST_LOG=warn ./target/release/foqsd --config "$config" --listen "$listen" >"$log" 2>&1 &
+RUST_LOG=warn,foqs::daemon=info ./target/release/foqsd --config "$config" --listen "$listen" >"$log" 2>&1 &
 foqsd_pid=$!
-for _ in $(seq 1 36000); do foqs_port_open 127.0.0.1 "${listen##*:}" && break; sleep 0.1; done
+until grep -q "listening" "$log" 2>/dev/null || ! kill -0 "$foqsd_pid" 2>/dev/null; do sleep 0.1; done
+kill -0 "$foqsd_pid" 2>/dev/null || { foqs_log "foqsd stopped:"; cat "$log" >&2; exit 1; }
 t1=$(date +%s%3N)
 took=$(sed -nE 's/.*took_ms=([0-9]+).*migrated the shard.*/\1/p; s/.*migrated the shard.*took_ms=([0-9]+).*/\1/p' "$log" | head -1)
 echo "{\"rows\":$rows,\"migrate_ms\":${took:-null},\"start_ms\":$((t1 - t0))}"

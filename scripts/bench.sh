@@ -83,7 +83,9 @@ rabbit_url="amqp://guest:guest@127.0.0.1:5672/%2f"
 with_rabbit=0
 if [ "${FOQS_BENCH_RABBITMQ:-1}" != 0 ] && foqs_port_open 127.0.0.1 5672; then with_rabbit=1; fi
 if [ "$mode" = counters ]; then
-  mysqld_pid=$(pgrep -x mariadbd || pgrep -x mysqld | head -1)
+  # The pid of the server foqsd talks to (other servers may run beside it).
+  pid_file=$("$client" -h"${hostport%:*}" -P"${hostport##*:}" -uroot -N -e "SELECT @@pid_file")
+  mysqld_pid=$(cat "$pid_file")
   status() {
     "$client" -h"${hostport%:*}" -P"${hostport##*:}" -uroot -N -e \
       "SHOW GLOBAL STATUS WHERE Variable_name REGEXP '^(Handler_(read_key|read_next|read_rnd_next|write|update|delete)|Innodb_rows_(read|inserted|updated|deleted)|Innodb_buffer_pool_(read|write)_requests|Innodb_data_written|Innodb_data_fsyncs|Com_(insert|update|delete|select))$'"

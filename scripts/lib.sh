@@ -95,7 +95,7 @@ foqs_cargo_check() {
     [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
   fi
   command -v cargo >/dev/null 2>&1 ||
-    { foqs_log "cargo is missing: install a Rust toolchain (1.80 or newer), e.g. with rustup"; return 1; }
+    { foqs_log "cargo is missing: install a Rust toolchain (1.89 or newer), e.g. with rustup"; return 1; }
   # etcd-client compiles etcd's .proto files when it builds, with `protoc`: the system's
   # when there is one, else the one the protoc-bin-vendored crate ships (a build
   # dependency, so `cargo fetch` brings it): no package to install.

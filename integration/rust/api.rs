@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
+use foqs::model::ItemState;
 use foqs::thrift_gen::{DeliveryPolicy, EnqueueItem, ErrorCode};
 
 const NS: &str = "api";
@@ -229,7 +230,11 @@ async fn exhausted_attempts_leave_the_item_dead_not_deleted() {
         c.topics(NS).is_empty(),
         "a dead item does not keep its topic active"
     );
-    assert_eq!(srv.db.count("state = 2").await, 1, "the dead item is kept");
+    assert_eq!(
+        srv.db.count_in(ItemState::Dead, "").await,
+        1,
+        "the dead item is kept"
+    );
 
     // Lease expiry exhausts attempts the same way.
     c.enqueue(vec![EnqueueItem {
@@ -240,7 +245,7 @@ async fn exhausted_attempts_leave_the_item_dead_not_deleted() {
     assert_eq!(c.dequeue(NS, "dies2", 1).len(), 1);
     eventually(Duration::from_secs(5), "expiry to dead", || {
         let n = tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(srv.db.count("state = 2"))
+            tokio::runtime::Handle::current().block_on(srv.db.count_in(ItemState::Dead, ""))
         });
         (n == 2).then_some(())
     })
@@ -782,7 +787,7 @@ async fn peek_on_a_busy_topic_shows_staged_items_as_ready() {
         );
     }
     assert!(
-        srv.db.count("state = 1").await > 300,
+        srv.db.count_in(ItemState::Leased, "").await > 300,
         "items were staged ahead"
     );
     let peeked = c.try_peek(NS, "busy-peek", 100).unwrap();

@@ -6,6 +6,7 @@ mod common;
 use std::collections::HashSet;
 
 use common::*;
+use foqs::model::ItemState;
 use foqs::thrift_gen::*;
 
 const NS: &str = "dlq";
@@ -181,13 +182,16 @@ async fn requeue_all_brings_back_100k_dead_items_in_batches() {
     }
     let srv = TestServer::start_on(db, "").await;
     let mut c = srv.client();
-    assert_eq!(srv.db.count("state = 2").await, 100_000);
+    assert_eq!(srv.db.count_in(ItemState::Dead, "").await, 100_000);
     assert_eq!(requeue_all(&mut c, "bulk", Some(10)), 10, "max is honoured");
     assert_eq!(requeue_all(&mut c, "bulk", None), 99_990);
-    assert_eq!(srv.db.count("state = 2").await, 0);
+    assert_eq!(srv.db.count_in(ItemState::Dead, "").await, 0);
     assert_eq!(
         srv.db
-            .count("state = 0 AND delivery_count = 0 AND tid IN (SELECT tid FROM topics WHERE topic = X'62756c6b')")
+            .count_in(
+                ItemState::Ready,
+                "delivery_count = 0 AND tid IN (SELECT tid FROM topics WHERE topic = X'62756c6b')"
+            )
             .await,
         100_001
     );

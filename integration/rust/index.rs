@@ -66,7 +66,7 @@ macro_rules! delegate {
 
 delegate! {
     open() -> StoreResult<Recovered>;
-    insert(rows: &[(u64, NewItem)], hwm: Option<u64>) -> StoreResult<()>;
+    insert(rows: &[(u64, NewItem)], hwm: Option<u64>, now_ms: i64) -> StoreResult<()>;
     claim(keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>>;
     fetch_ready(keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>>;
     dead_items(ns: &str, topic: &str, after: Option<ReadyKey>, limit: usize) -> StoreResult<Vec<(Item, i64)>>;

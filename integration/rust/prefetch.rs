@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
+use foqs::model::ItemState;
 
 const NS: &str = "prefetch";
 
@@ -26,10 +27,10 @@ async fn a_busy_topic_stages_ahead_and_shutdown_releases_what_was_staged() {
         }
     }
     assert_eq!(delivered.len(), 600);
-    let leased_in_mysql = srv.db.count("state = 1").await;
+    let leased_in_store = srv.db.count_in(ItemState::Leased, "").await;
     assert!(
-        leased_in_mysql > 600,
-        "nothing was staged ahead: {leased_in_mysql} leased rows"
+        leased_in_store > 600,
+        "nothing was staged ahead: {leased_in_store} leased rows"
     );
     // Staged items are leased rows, but ready as far as clients can tell.
     let topics = c.topics(NS);
@@ -37,16 +38,16 @@ async fn a_busy_topic_stages_ahead_and_shutdown_releases_what_was_staged() {
 
     let db = srv.stop().await;
     assert_eq!(
-        db.count("state = 1").await,
+        db.count_in(ItemState::Leased, "").await,
         600,
         "only what consumers hold stays leased"
     );
     assert_eq!(
-        db.count("state = 0 AND delivery_count > 0").await,
+        db.count_in(ItemState::Ready, "delivery_count > 0").await,
         0,
         "released items were not counted as delivered"
     );
-    assert_eq!(db.count("state = 0").await, 1400);
+    assert_eq!(db.count_in(ItemState::Ready, "").await, 1400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,11 +58,14 @@ async fn staged_items_expire_back_to_ready_if_nobody_takes_them() {
     for _ in 0..40 {
         c.dequeue(NS, "aging", 10);
     }
-    assert!(srv.db.count("state = 1").await > 400, "items were staged");
+    assert!(
+        srv.db.count_in(ItemState::Leased, "").await > 400,
+        "items were staged"
+    );
     // Nobody dequeues: staged items are released after prefetch_stage_max_ms.
     eventually(Duration::from_secs(5), "staged items released", || {
         let leased = tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(srv.db.count("state = 1"))
+            tokio::runtime::Handle::current().block_on(srv.db.count_in(ItemState::Leased, ""))
         });
         (leased == 400).then_some(())
     })

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use foqs::model::ItemState;
 use foqs::thrift_gen::{DeliveryPolicy, EnqueueItem};
 
 const NS: &str = "restart";
@@ -222,7 +223,7 @@ async fn kill_9_with_staged_items_brings_them_back_after_their_lease() {
         done.extend(ids);
     }
     assert_eq!(done.len(), 400);
-    let staged = db.count("state = 1").await;
+    let staged = db.count_in(ItemState::Leased, "").await;
     assert!(staged > 0, "the busy topic staged items ahead");
     p.sigkill();
 

@@ -65,7 +65,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         (5, mortal),
         (6, new_item("b", "t", 0, NOW - 10)),
     ];
-    s.insert(&rows, Some(100)).await.unwrap();
+    s.insert(&rows, Some(100), NOW).await.unwrap();
 
     // Ready order: priority, then deliver_after, then key; deferred items are not ready.
     let ready = s.ready_keys("a", "t", None, NOW, 10).await.unwrap();
@@ -299,13 +299,32 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     assert!(s.dedup_lookup("a", "u", &["d1"]).await.unwrap().is_empty());
     let mut keyed = new_item("a", "u", 0, NOW);
     keyed.dedup_key = Some("d1".into());
-    s.insert(&[(7, keyed)], None).await.unwrap();
+    s.insert(&[(7, keyed)], None, NOW).await.unwrap();
     assert_eq!(
         s.dedup_lookup("a", "u", &["d1"]).await.unwrap(),
         vec![("d1".to_string(), 7)]
     );
     s.apply(&[Change::Delete { key: 7 }], NOW).await.unwrap();
     assert!(s.dedup_lookup("a", "u", &["d1"]).await.unwrap().is_empty());
+    // A key whose item still lives keeps answering with it, even if a second item with
+    // the key gets written (a lookup that raced an insert of unknown outcome).
+    let mut first = new_item("a", "u", 0, NOW);
+    first.dedup_key = Some("d2".into());
+    let mut second = first.clone();
+    second.priority = 1;
+    s.insert(&[(8, first)], None, NOW).await.unwrap();
+    s.insert(&[(9, second)], None, NOW).await.unwrap();
+    assert_eq!(
+        s.dedup_lookup("a", "u", &["d2"]).await.unwrap(),
+        vec![("d2".to_string(), 8)]
+    );
+    s.delete(&[8, 9]).await.unwrap();
+    // A timer is never set behind the scan (a TTL that passed before the write).
+    let mut late = new_item("a", "late", 0, NOW - 10);
+    late.expires_at_ms = Some(NOW - 1);
+    s.insert(&[(10, late)], None, NOW).await.unwrap();
+    assert_eq!(meta(&s, 10).await.unwrap().next_event_ms, Some(NOW + 1));
+    s.delete(&[10]).await.unwrap();
 
     // Counts and totals.
     let counts = s.topic_counts("a", None, NOW, 10).await.unwrap();
@@ -399,7 +418,8 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     fence.close();
     assert!(matches!(f.lookup(&[1]).await, Err(StoreError::Fenced)));
     assert!(matches!(
-        f.insert(&[(50, new_item("a", "t", 0, NOW))], None).await,
+        f.insert(&[(50, new_item("a", "t", 0, NOW))], None, NOW)
+            .await,
         Err(StoreError::Fenced)
     ));
     f.close().await;

@@ -432,7 +432,7 @@ impl<S: ShardStore> ShardWorker<S> {
             futures::future::join_all(
                 inserts
                     .iter()
-                    .map(|g| timed(t, store.insert(&g.rows, g.key_high_water)))
+                    .map(|g| timed(t, store.insert(&g.rows, g.key_high_water, now)))
             ),
             async {
                 match &claim {

@@ -45,7 +45,7 @@ macro_rules! fenced {
 
 fenced! {
     open() -> Recovered;
-    insert(rows: &[(u64, NewItem)], key_high_water: Option<u64>) -> ();
+    insert(rows: &[(u64, NewItem)], key_high_water: Option<u64>, now_ms: i64) -> ();
     ready_keys(ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> Vec<ReadyKey>;
     claim(keys: &[u64], now_ms: i64, token: i64) -> Vec<Item>;
     fetch_ready(keys: &[u64], now_ms: i64) -> Vec<Item>;

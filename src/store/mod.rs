@@ -133,8 +133,9 @@ pub enum Change {
 /// The next thing that happens to an item by itself, by its state: a deferred item comes
 /// due, a lease ends, a TTL passes. Each row carries the earliest of those that apply
 /// (`ItemMeta::next_event_ms`), on one timer index that the background scan reads from a
-/// checkpoint. This computes it for a row in `state` at `now_ms`; never before `now_ms`,
-/// so a row rescheduled now cannot fall behind the scan's cursor.
+/// checkpoint. This computes it for a row in `state` at `now_ms`; never before
+/// `now_ms + 1`: the scan's cursor may already stand inside `now_ms` (after a full page),
+/// and a timer set behind it would never fire.
 pub fn next_event(
     state: ItemState,
     deliver_after_ms: i64,
@@ -151,7 +152,7 @@ pub fn next_event(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    t.map(|t| t.max(now_ms))
+    t.map(|t| t.max(now_ms + 1))
 }
 
 /// What a shard's store holds at start-up.
@@ -170,11 +171,13 @@ pub trait ShardStore: Send + Sync + 'static {
     fn open(&self) -> impl Future<Output = StoreResult<Recovered>> + Send;
 
     /// Inserts `rows` (their keys chosen by the worker) in one transaction; when
-    /// `key_high_water` is given, persists it in the same transaction.
+    /// `key_high_water` is given, persists it in the same transaction. Timers are set as
+    /// of `now_ms` (see [`next_event`]).
     fn insert(
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        now_ms: i64,
     ) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// Up to `limit` keys of ready items of a topic (`deliver_after_ms <= now_ms`), in

@@ -53,23 +53,26 @@ fn opt(v: Option<i64>) -> String {
 }
 
 /// A row's timer when its TTL is its only event (ready, dead): the TTL, never before
-/// `now` (see [`next_event`]); NULL without a TTL.
+/// `now + 1` (see [`next_event`]); NULL without a TTL.
 pub fn ttl_timer(now: i64) -> String {
-    format!("CASE WHEN expires_at_ms < {now} THEN {now} ELSE expires_at_ms END")
+    let floor = now + 1;
+    format!("CASE WHEN expires_at_ms < {floor} THEN {floor} ELSE expires_at_ms END")
 }
 
 /// A row's timer when `event` (SQL) is its own next event: the earlier of that and its
-/// TTL, never before `now`. Reads only `expires_at_ms`, which nothing changes, so it
+/// TTL, never before `now + 1`. Reads only `expires_at_ms`, which nothing changes, so it
 /// means the same whether the dialect evaluates `SET` with old or new values.
 pub fn timer_at(event: &str, now: i64) -> String {
+    let floor = now + 1;
     format!(
-        "CASE WHEN expires_at_ms < {event} THEN ({}) WHEN {event} < {now} THEN {now} ELSE {event} END",
+        "CASE WHEN expires_at_ms < {event} THEN ({}) WHEN {event} < {floor} THEN {floor} ELSE {event} END",
         ttl_timer(now)
     )
 }
 
-/// One multi-row INSERT of items; `tids[i]` is the topic id of `rows[i]`.
-pub fn insert_items(rows: &[(u64, NewItem)], tids: &[u32]) -> String {
+/// One multi-row INSERT of items; `tids[i]` is the topic id of `rows[i]`; timers as of
+/// `now` (the worker's clock at the write, not the enqueue's).
+pub fn insert_items(rows: &[(u64, NewItem)], tids: &[u32], now: i64) -> String {
     let bytes: usize = rows
         .iter()
         .map(|(_, it)| 2 * (it.payload.len() + it.metadata.len()) + 120)
@@ -87,7 +90,7 @@ pub fn insert_items(rows: &[(u64, NewItem)], tids: &[u32]) -> String {
             it.deliver_after_ms,
             0,
             it.expires_at_ms,
-            it.enqueued_at_ms,
+            now,
         );
         let _ = write!(
             sql,
@@ -130,8 +133,10 @@ pub fn insert_topics(dialect: Dialect, topics: &[(u32, &str, &str)]) -> String {
 }
 
 /// Records the dedup keys of new items: (topic id, key, item). A key whose item is gone
-/// may still have its row (deletes remove them in a second statement); the new item takes
-/// it over.
+/// may still have its row (the MySQL ack removes it in a second statement); the new item
+/// takes it over. A row whose item still lives is kept (a lookup and an insert of the
+/// same key that raced past each other, after an insert whose outcome was unknown): the
+/// key keeps answering with the older item.
 pub fn upsert_dedup(dialect: Dialect, keys: &[(u32, &str, u64)]) -> String {
     let mut sql = String::from("INSERT INTO dedup (tid, dedup_key, id) VALUES ");
     for (i, (tid, key, id)) in keys.iter().enumerate() {
@@ -143,8 +148,13 @@ pub fn upsert_dedup(dialect: Dialect, keys: &[(u32, &str, u64)]) -> String {
         let _ = write!(sql, ",{id})");
     }
     sql.push_str(match dialect {
-        Dialect::MySql => " ON DUPLICATE KEY UPDATE id = VALUES(id)",
-        Dialect::Sqlite => " ON CONFLICT (tid, dedup_key) DO UPDATE SET id = excluded.id",
+        Dialect::MySql => {
+            " ON DUPLICATE KEY UPDATE id = IF(EXISTS (SELECT 1 FROM items i WHERE i.id = dedup.id), dedup.id, VALUES(id))"
+        }
+        Dialect::Sqlite => {
+            " ON CONFLICT (tid, dedup_key) DO UPDATE SET id = excluded.id
+               WHERE NOT EXISTS (SELECT 1 FROM items i WHERE i.id = dedup.id)"
+        }
     });
     sql
 }
@@ -359,7 +369,12 @@ impl InsertPlan {
         InsertPlan { tids, new_topics }
     }
 
-    pub fn statements(&self, dialect: Dialect, rows: &[(u64, NewItem)]) -> Vec<Statement> {
+    pub fn statements(
+        &self,
+        dialect: Dialect,
+        rows: &[(u64, NewItem)],
+        now: i64,
+    ) -> Vec<Statement> {
         let mut out = Vec::new();
         if !self.new_topics.is_empty() {
             let mut names: Vec<(u32, &str, &str)> = Vec::new();
@@ -370,7 +385,7 @@ impl InsertPlan {
             }
             out.push((insert_topics(dialect, &names), None));
         }
-        out.push((insert_items(rows, &self.tids), None));
+        out.push((insert_items(rows, &self.tids, now), None));
         let keyed: Vec<(u32, &str, u64)> = rows
             .iter()
             .zip(&self.tids)

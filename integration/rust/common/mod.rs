@@ -128,6 +128,17 @@ impl TestDb {
         let _ = conn.disconnect().await;
     }
 
+    /// How many items are in `state` (and match `and`, SQL over the shared layout, when
+    /// not empty), over all shards: the states by name, not by their stored numbers.
+    pub async fn count_in(&self, state: foqs::model::ItemState, and: &str) -> i64 {
+        let cond = format!("state = {}", state as i8);
+        if and.is_empty() {
+            self.count(&cond).await
+        } else {
+            self.count(&format!("{cond} AND {and}")).await
+        }
+    }
+
     /// `SELECT COUNT(*) ... WHERE <cond>` summed over all shards.
     pub async fn count(&self, cond: &str) -> i64 {
         let mut total = 0;

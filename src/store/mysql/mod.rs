@@ -309,6 +309,7 @@ impl ShardStore for MySqlStore {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        now_ms: i64,
     ) -> StoreResult<()> {
         if rows.is_empty() {
             return Ok(());
@@ -321,7 +322,7 @@ impl ShardStore for MySqlStore {
             ));
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        statements.extend(plan.statements(Dialect::MySql, rows));
+        statements.extend(plan.statements(Dialect::MySql, rows, now_ms));
         self.run_all(statements).await?;
         plan.committed(&self.topics);
         Ok(())

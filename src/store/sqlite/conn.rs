@@ -148,7 +148,20 @@ fn in_savepoint<T>(
     f: impl FnOnce(&Connection) -> StoreResult<T>,
 ) -> StoreResult<T> {
     conn.execute_batch("SAVEPOINT job").map_err(store_error)?;
-    match f(conn) {
+    // A panicking job fails alone (logged), not the shard's thread.
+    let r =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))).unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(panic = %what, "sqlite: a store operation panicked");
+            Err(StoreError::Corrupt(format!(
+                "a store operation panicked: {what}"
+            )))
+        });
+    match r {
         Ok(v) => {
             conn.execute_batch("RELEASE job").map_err(store_error)?;
             Ok(v)
@@ -176,10 +189,30 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
             drop(group);
             continue;
         }
-        let dones: Vec<Done> = group.into_iter().map(|job| job(&conn)).collect();
-        let commit = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
-        if commit.is_err() {
+        let mut dones: Vec<Done> = Vec::with_capacity(group.len());
+        let mut lost = false;
+        for job in group {
+            if lost {
+                // Not run (see below); its caller sees a transient failure.
+                drop(job);
+                continue;
+            }
+            dones.push(job(&conn));
+            // SQLite rolls the whole transaction back by itself on some errors (a full
+            // disk, an I/O error): then the jobs before this one are undone, and the ones
+            // after it would each commit on their own. Run none of them; fail them all.
+            lost = conn.is_autocommit();
+        }
+        let commit = if lost {
+            Err("the transaction was rolled back by SQLite (I/O error or full disk)".to_string())
+        } else {
+            conn.execute_batch("COMMIT").map_err(|e| e.to_string())
+        };
+        if commit.is_err() && !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
+        }
+        if let Err(e) = &commit {
+            tracing::warn!(error = %e, "sqlite: a group of operations failed to commit");
         }
         for d in dones {
             d(&commit);

@@ -73,6 +73,8 @@ const SCHEMA: &str = "
 
 const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
 const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup";
+/// Every column of `items` at this schema version, to check a file at open.
+const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_event_ms, died_at_ms, enqueued_at_ms, lease_ms, lease_expires_ms, lease_token, expires_at_ms, policy, max_attempts, delivery_count, has_dedup, payload, metadata";
 
 /// The path of a `sqlite://PATH` url; a relative path is relative to `base` (the config
 /// file's folder).
@@ -234,7 +236,27 @@ fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
             .map_err(store_error)?;
             Ok(())
         }
-        Some(SCHEMA_VERSION) => Ok(()),
+        Some(SCHEMA_VERSION) => {
+            // A file of another build with other columns: say so now, not at the first
+            // write.
+            for (table, columns) in [
+                ("items", PROBE_COLUMNS),
+                (
+                    "topics",
+                    "tid, ns, topic, enqueued, delivered, acked, nacked, expired",
+                ),
+                ("dedup", "tid, dedup_key, id"),
+            ] {
+                if let Err(e) = conn.prepare(&format!("SELECT {columns} FROM {table} LIMIT 0")) {
+                    return Err(StoreError::Schema(format!(
+                        "{}: table {table} does not have the columns of schema version {SCHEMA_VERSION} ({e}); \
+                         it was made by another build: move the file away",
+                        path.display()
+                    )));
+                }
+            }
+            Ok(())
+        }
         Some(v) if v > SCHEMA_VERSION => Err(StoreError::Schema(format!(
             "{} has schema version {v}, made by a newer foqsd; this one knows {SCHEMA_VERSION}: \
              run the newer build, or move the file away",
@@ -337,6 +359,7 @@ impl ShardStore for SqliteStore {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        now_ms: i64,
     ) -> StoreResult<()> {
         if rows.is_empty() {
             return Ok(());
@@ -352,7 +375,7 @@ impl ShardStore for SqliteStore {
             ));
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        statements.extend(plan.statements(Dialect::Sqlite, rows));
+        statements.extend(plan.statements(Dialect::Sqlite, rows, now_ms));
         self.call(move |conn| run(conn, &statements)).await?;
         plan.committed(&self.topics);
         Ok(())
@@ -454,10 +477,27 @@ impl ShardStore for SqliteStore {
             return Ok(0);
         };
         self.call(move |conn| {
-            let sel = format!("SELECT id FROM items WHERE tid = {tid} AND state = 2 LIMIT {limit}");
+            let mut st = conn
+                .prepare(&format!(
+                    "SELECT id FROM items WHERE tid = {tid} AND state = 2 LIMIT {limit}"
+                ))
+                .map_err(store_error)?;
+            let keys = st
+                .query_map([], |r| r.get::<_, i64>(0).map(|k| k as u64))
+                .map_err(store_error)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(store_error)?;
+            if keys.is_empty() {
+                return Ok(0);
+            }
+            let list = key_list(&keys);
             let n = conn
-                .execute(&format!("DELETE FROM dedup WHERE id IN ({sel})"), [])
-                .and_then(|_| conn.execute(&format!("DELETE FROM items WHERE id IN ({sel})"), []))
+                .execute(
+                    &format!("DELETE FROM items WHERE id IN ({list}) AND state = 2"),
+                    [],
+                )
+                .map_err(store_error)?;
+            conn.execute(&format!("DELETE FROM dedup WHERE id IN ({list})"), [])
                 .map_err(store_error)?;
             Ok(n as u64)
         })
