@@ -67,11 +67,19 @@ config="$FOQS_RUN/bench-backlog.toml"
 foqs_config_for_mysql "$config" foqs_bench_
 listen="127.0.0.1:${FOQS_BENCH_LISTEN_PORT:-9191}"
 
+# Starts foqsd and waits until it serves: its port is bound before its shards are open
+# (reading a shard's counts at open is a scan of its items), so wait for the log line it
+# writes once every shard is open, or the measurement would include that scan.
 start_foqsd() {
-  RUST_LOG=warn ./target/release/foqsd --config "$config" --listen "$listen" >/dev/null 2>&1 &
+  local log="$FOQS_RUN/bench-backlog-foqsd.log"
+  RUST_LOG=warn,foqs::daemon=info ./target/release/foqsd --config "$config" --listen "$listen" >"$log" 2>&1 &
   foqsd_pid=$!
-  for _ in $(seq 1 600); do foqs_port_open 127.0.0.1 "${listen##*:}" && return 0; sleep 0.2; done
-  foqs_log "foqsd did not start"; return 1
+  for _ in $(seq 1 3000); do
+    grep -q "foqsd listening" "$log" && return 0
+    kill -0 "$foqsd_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  foqs_log "foqsd did not start; see $log"; return 1
 }
 stop_foqsd() { kill -TERM "$foqsd_pid"; wait "$foqsd_pid" || true; foqsd_pid=""; }
 
@@ -109,7 +117,18 @@ for depth in "${depths[@]}"; do
   done
   sql -e "SET GLOBAL innodb_max_dirty_pages_pct = 90"
   foqs_log "flushed ($dirty dirty pages left); measuring"
+  # How the refill and the timer scan read at this depth (shard 0), for the log.
+  sql foqs_bench_0 -e "EXPLAIN SELECT priority, deliver_after_ms, id FROM items FORCE INDEX (ready_order)
+      WHERE tid = 1 AND state = 0 AND (priority > 0 OR (priority = 0 AND (deliver_after_ms > $now_ms
+        OR (deliver_after_ms = $now_ms AND id > 1000)))) AND deliver_after_ms <= $now_ms + 600000
+      ORDER BY priority, deliver_after_ms, id LIMIT 2048;
+    EXPLAIN SELECT id FROM items FORCE INDEX (timer) WHERE next_event_ms > $now_ms
+      AND next_event_ms <= $now_ms + 600000 ORDER BY next_event_ms, id LIMIT 1000" >&2
   start_foqsd
+  status() {
+    sql -N -e "SHOW GLOBAL STATUS WHERE Variable_name REGEXP '^(Handler_(read_key|read_next|delete|update)|Innodb_buffer_pool_(reads|read_requests|write_requests)|Innodb_history_list_length)$'"
+  }
+  before=$(status)
   rates=()
   for r in $(seq 0 "$rounds"); do
     json=$(./target/release/foqs-bench --host "$listen" --ns bench --topic backlog \
@@ -117,9 +136,19 @@ for depth in "${depths[@]}"; do
     [ "$r" -gt 0 ] && rates+=("$(echo "$json" | sed -E 's/.*"drain_items_per_s":([0-9]+).*/\1/')")
   done
   rss_kb=$(awk '/VmRSS/ {print $2}' "/proc/$foqsd_pid/status")
+  after=$(status)
+  # MySQL's work per drained item at this depth (the warm-up round included); history
+  # list length is the purge backlog at the end, not a rate.
+  counters=$(python3 -c '
+import sys, json
+parse = lambda t: {l.split("\t")[0]: float(l.split("\t")[1]) for l in t.splitlines() if "\t" in l}
+b, a, n = parse(sys.argv[1]), parse(sys.argv[2]), float(sys.argv[3])
+out = {k: round((a[k] - b[k]) / n, 3) for k in sorted(a) if k != "Innodb_history_list_length"}
+out["Innodb_history_list_length"] = a.get("Innodb_history_list_length")
+print(json.dumps(out))' "$before" "$after" "$measure")
   stop_foqsd
   rate=$(printf '%s\n' "${rates[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}')
-  line="{\"depth\":$depth,\"measured_items\":$measure,\"drain_items_per_s\":$rate,\"rounds\":[$(IFS=,; echo "${rates[*]}")],\"rss_bytes\":$((rss_kb * 1024))}"
+  line="{\"depth\":$depth,\"measured_items\":$measure,\"drain_items_per_s\":$rate,\"rounds\":[$(IFS=,; echo "${rates[*]}")],\"rss_bytes\":$((rss_kb * 1024)),\"per_item\":$counters}"
   echo "$line"
   results+=("$depth $rate $((rss_kb * 1024))")
 done

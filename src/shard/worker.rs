@@ -151,13 +151,17 @@ impl<S: ShardStore> ShardWorker<S> {
         metrics: Arc<Metrics>,
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
         let recovered = store.open().await?;
+        // The one read of every item at open (a scan of the narrow `ready_order` index);
+        // the total comes from it too, not from a second scan.
         let mut counts = NsCounts::default();
+        let mut items = 0;
         for (ns, topic, state, sec, n) in store.state_counts().await? {
             counts.add(&ns, &topic, state, sec * 1000, n);
+            items += n;
         }
         let shared = Arc::new(ShardShared {
             healthy: AtomicBool::new(true),
-            items: AtomicI64::new(recovered.items),
+            items: AtomicI64::new(items),
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),
         });
@@ -207,7 +211,7 @@ impl<S: ShardStore> ShardWorker<S> {
         };
         tracing::info!(
             shard = id,
-            items = recovered.items,
+            items,
             next_key = recovered.key_high_water,
             "shard opened"
         );

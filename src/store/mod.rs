@@ -162,7 +162,6 @@ pub struct Recovered {
     pub key_high_water: u64,
     /// The timer scan's checkpoint: every event up to this millisecond was processed.
     pub checkpoint_ms: i64,
-    pub items: i64,
 }
 
 /// Everything a shard worker asks of its database.

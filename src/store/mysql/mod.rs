@@ -21,34 +21,14 @@ use mysql_async::{
     Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, TxOpts, Value,
 };
 
+mod errors;
 mod owner;
+mod rows;
 mod schema;
-
-/// MySQL's errors in the store's terms: a statement the server cannot run on this schema
-/// (no such table or column, a syntax error) will fail again; anything else (connection
-/// lost, deadlock, lock wait timeout, server gone) may succeed when retried.
-impl From<mysql_async::Error> for StoreError {
-    fn from(e: mysql_async::Error) -> StoreError {
-        // Statements this build should never send, or data it should never write:
-        // duplicate key, syntax, unknown column or table, too long, wrong value, out of
-        // range.
-        const CORRUPT: [u16; 7] = [1062, 1064, 1054, 1146, 1406, 1366, 1264];
-        // The server refuses this user or has no such database: configuration.
-        const SCHEMA: [u16; 4] = [1044, 1045, 1049, 1142];
-        match &e {
-            mysql_async::Error::Server(s) if CORRUPT.contains(&s.code) => {
-                StoreError::Corrupt(format!("mysql: {e}"))
-            }
-            mysql_async::Error::Server(s) if SCHEMA.contains(&s.code) => {
-                StoreError::Schema(format!("mysql: {e}"))
-            }
-            _ => StoreError::Transient(format!("mysql: {e}")),
-        }
-    }
-}
 
 pub use owner::OnLost;
 use owner::OwnerLock;
+use rows::column;
 use schema::meta_get;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,8 +37,7 @@ use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statem
 use super::topics::{state_counts, TopicIds};
 use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
 use crate::model::{
-    Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName,
-    TopicSnapshot, Totals,
+    Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
 
 const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
@@ -142,69 +121,6 @@ impl MySqlStore {
         self.topics.lock().expect("topics").get(ns, topic)
     }
 
-    fn names(&self, tid: u32) -> StoreResult<(String, String)> {
-        self.topics
-            .lock()
-            .expect("topics")
-            .name(tid)
-            .cloned()
-            .ok_or_else(|| StoreError::Corrupt(format!("row of unknown topic id {tid}")))
-    }
-
-    fn item_from_row(&self, mut row: mysql_async::Row) -> StoreResult<Item> {
-        let (ns, topic) = self.names(column(&mut row, 1)?)?;
-        Ok(Item {
-            id: ItemId {
-                shard: self.shard,
-                key: column(&mut row, 0)?,
-            },
-            ns,
-            topic,
-            priority: column(&mut row, 2)?,
-            payload: column(&mut row, 3)?,
-            metadata: column(&mut row, 4)?,
-            deliver_after_ms: column(&mut row, 5)?,
-            enqueued_at_ms: column(&mut row, 6)?,
-            delivery_count: column(&mut row, 7)?,
-            lease_expires_ms: column(&mut row, 8)?,
-            policy: policy_from_db(column(&mut row, 9)?)?,
-            expires_at_ms: column(&mut row, 10)?,
-            lease_token: column(&mut row, 11)?,
-        })
-    }
-
-    /// A row of `META_COLUMNS`, and whether the item has a dedup key.
-    fn meta_from_row(&self, mut row: mysql_async::Row) -> StoreResult<(ItemMeta, bool)> {
-        let (ns, topic) = self.names(column(&mut row, 1)?)?;
-        let state: i8 = column(&mut row, 4)?;
-        let has_dedup: i8 = column(&mut row, 12)?;
-        Ok((
-            ItemMeta {
-                key: column(&mut row, 0)?,
-                ns,
-                topic,
-                priority: column(&mut row, 2)?,
-                deliver_after_ms: column(&mut row, 3)?,
-                state: ItemState::from_i8(state)
-                    .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state}")))?,
-                delivery_count: column(&mut row, 5)?,
-                max_attempts: column(&mut row, 6)?,
-                policy: policy_from_db(column(&mut row, 7)?)?,
-                lease_expires_ms: column(&mut row, 8)?,
-                expires_at_ms: column(&mut row, 9)?,
-                lease_token: column(&mut row, 10)?,
-                next_event_ms: column(&mut row, 11)?,
-            },
-            has_dedup != 0,
-        ))
-    }
-
-    fn metas(&self, rows: Vec<mysql_async::Row>) -> StoreResult<Vec<ItemMeta>> {
-        rows.into_iter()
-            .map(|r| self.meta_from_row(r).map(|(m, _)| m))
-            .collect()
-    }
-
     /// Runs `statements` in one transaction (one alone in autocommit).
     async fn run_all(&self, statements: Vec<Statement>) -> StoreResult<()> {
         if statements.is_empty() {
@@ -231,19 +147,6 @@ async fn run<Q: Queryable>(q: &mut Q, (sql, blob): &Statement) -> StoreResult<()
         Some(b) => q.exec_drop(sql, (b.as_slice(),)).await?,
     }
     Ok(())
-}
-
-/// Column `i` of `row` as `T`.
-fn column<T: FromValue>(row: &mut mysql_async::Row, i: usize) -> StoreResult<T> {
-    match row.take_opt::<T, usize>(i) {
-        Some(Ok(v)) => Ok(v),
-        Some(Err(e)) => Err(StoreError::Corrupt(format!("column {i}: {e}"))),
-        None => Err(StoreError::Corrupt(format!("column {i} missing"))),
-    }
-}
-
-fn policy_from_db(v: i8) -> StoreResult<Policy> {
-    Policy::from_i32(v as i32).ok_or_else(|| StoreError::Corrupt(format!("unknown policy {v}")))
 }
 
 impl ShardStore for MySqlStore {
@@ -294,14 +197,9 @@ impl ShardStore for MySqlStore {
             .query_first("SELECT MAX(id) FROM items")
             .await?
             .flatten();
-        let items: i64 = conn
-            .query_first("SELECT COUNT(*) FROM items")
-            .await?
-            .unwrap_or(0);
         Ok(Recovered {
             key_high_water: hwm.max(max_key.map_or(1, |k| k + 1)),
             checkpoint_ms: meta_get(&mut conn, "checkpoint_ms").await?.unwrap_or(0),
-            items,
         })
     }
 
@@ -687,40 +585,5 @@ impl ShardStore for MySqlStore {
         let mut conn = self.conn().await?;
         conn.query_drop("SELECT 1").await?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn server(code: u16) -> mysql_async::Error {
-        mysql_async::Error::Server(mysql_async::ServerError {
-            code,
-            message: "x".into(),
-            state: "HY000".into(),
-        })
-    }
-
-    #[test]
-    fn mysql_errors_are_transient_unless_no_retry_can_fix_them() {
-        // Deadlock, lock wait timeout: retry.
-        assert!(matches!(
-            StoreError::from(server(1213)),
-            StoreError::Transient(_)
-        ));
-        assert!(matches!(
-            StoreError::from(server(1205)),
-            StoreError::Transient(_)
-        ));
-        // No such table, unknown column: the schema is not this build's.
-        assert!(matches!(
-            StoreError::from(server(1146)),
-            StoreError::Corrupt(_)
-        ));
-        assert!(matches!(
-            StoreError::from(server(1054)),
-            StoreError::Corrupt(_)
-        ));
     }
 }

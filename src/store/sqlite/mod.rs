@@ -8,73 +8,23 @@
 //! runs on the shard's own thread (`conn.rs`).
 
 mod conn;
+mod rows;
+mod schema;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, Row};
+use rusqlite::Connection;
 
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
 use super::topics::{state_counts, TopicIds};
 use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
 use crate::model::{
-    Item, ItemId, ItemState, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName,
-    TopicSnapshot, Totals,
+    Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
 use conn::{store_error, ShardThread};
-
-const SCHEMA_VERSION: i64 = 2;
-
-const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS topics (
-        tid INTEGER PRIMARY KEY,
-        ns BLOB NOT NULL,
-        topic BLOB NOT NULL,
-        enqueued INTEGER NOT NULL DEFAULT 0,
-        delivered INTEGER NOT NULL DEFAULT 0,
-        acked INTEGER NOT NULL DEFAULT 0,
-        nacked INTEGER NOT NULL DEFAULT 0,
-        expired INTEGER NOT NULL DEFAULT 0,
-        UNIQUE (ns, topic)
-    );
-    CREATE TABLE IF NOT EXISTS items (
-        id INTEGER PRIMARY KEY,
-        tid INTEGER NOT NULL,
-        priority INTEGER NOT NULL,
-        state INTEGER NOT NULL,
-        deliver_after_ms INTEGER NOT NULL,
-        next_event_ms INTEGER,
-        died_at_ms INTEGER,
-        enqueued_at_ms INTEGER NOT NULL,
-        lease_ms INTEGER NOT NULL,
-        lease_expires_ms INTEGER NOT NULL DEFAULT 0,
-        lease_token INTEGER NOT NULL DEFAULT 0,
-        expires_at_ms INTEGER,
-        policy INTEGER NOT NULL,
-        max_attempts INTEGER NOT NULL,
-        delivery_count INTEGER NOT NULL DEFAULT 0,
-        has_dedup INTEGER NOT NULL DEFAULT 0,
-        payload BLOB NOT NULL,
-        metadata BLOB NOT NULL
-    );
-    CREATE INDEX IF NOT EXISTS ready_order ON items (tid, state, priority, deliver_after_ms, id);
-    CREATE INDEX IF NOT EXISTS timer ON items (next_event_ms) WHERE next_event_ms IS NOT NULL;
-    CREATE TABLE IF NOT EXISTS dedup (
-        tid INTEGER NOT NULL,
-        dedup_key BLOB NOT NULL,
-        id INTEGER NOT NULL,
-        PRIMARY KEY (tid, dedup_key)
-    ) WITHOUT ROWID;
-    CREATE INDEX IF NOT EXISTS dedup_item ON dedup (id);
-    CREATE TABLE IF NOT EXISTS foqs_meta (
-        name TEXT NOT NULL PRIMARY KEY,
-        value INTEGER NOT NULL
-    );";
-
-const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
-const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup";
-/// Every column of `items` at this schema version, to check a file at open.
-const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_event_ms, died_at_ms, enqueued_at_ms, lease_ms, lease_expires_ms, lease_token, expires_at_ms, policy, max_attempts, delivery_count, has_dedup, payload, metadata";
+use rows::{run, Rows, ITEM_COLUMNS, META_COLUMNS};
+use schema::{meta_get, prepare};
 
 /// The path of a `sqlite://PATH` url; a relative path is relative to `base` (the config
 /// file's folder).
@@ -96,177 +46,6 @@ pub struct SqliteStore {
     path: PathBuf,
     thread: Mutex<Option<Arc<ShardThread>>>,
     topics: Arc<Mutex<TopicIds>>,
-}
-
-/// What the row readers need, owned, so that a job can take it to the shard's thread.
-#[derive(Clone)]
-struct Rows {
-    shard: ShardId,
-    topics: Arc<Mutex<TopicIds>>,
-}
-
-impl Rows {
-    fn names(&self, tid: u32) -> rusqlite::Result<(String, String)> {
-        self.topics
-            .lock()
-            .expect("topics")
-            .name(tid)
-            .cloned()
-            .ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    1,
-                    rusqlite::types::Type::Integer,
-                    format!("row of unknown topic id {tid}").into(),
-                )
-            })
-    }
-
-    fn item(&self, r: &Row) -> rusqlite::Result<Item> {
-        let (ns, topic) = self.names(r.get(1)?)?;
-        Ok(Item {
-            id: ItemId {
-                shard: self.shard,
-                key: r.get::<_, i64>(0)? as u64,
-            },
-            ns,
-            topic,
-            priority: r.get(2)?,
-            payload: r.get(3)?,
-            metadata: r.get(4)?,
-            deliver_after_ms: r.get(5)?,
-            enqueued_at_ms: r.get(6)?,
-            delivery_count: r.get(7)?,
-            lease_expires_ms: r.get(8)?,
-            policy: policy(r.get(9)?)?,
-            expires_at_ms: r.get(10)?,
-            lease_token: r.get(11)?,
-        })
-    }
-
-    fn meta(&self, r: &Row) -> rusqlite::Result<(ItemMeta, bool)> {
-        let (ns, topic) = self.names(r.get(1)?)?;
-        let state: i8 = r.get(4)?;
-        Ok((
-            ItemMeta {
-                key: r.get::<_, i64>(0)? as u64,
-                ns,
-                topic,
-                priority: r.get(2)?,
-                deliver_after_ms: r.get(3)?,
-                state: ItemState::from_i8(state).ok_or_else(|| bad(4, "state", state))?,
-                delivery_count: r.get(5)?,
-                max_attempts: r.get(6)?,
-                policy: policy(r.get(7)?)?,
-                lease_expires_ms: r.get(8)?,
-                expires_at_ms: r.get(9)?,
-                lease_token: r.get(10)?,
-                next_event_ms: r.get(11)?,
-            },
-            r.get::<_, i64>(12)? != 0,
-        ))
-    }
-
-    fn items(&self, conn: &Connection, sql: &str) -> StoreResult<Vec<Item>> {
-        let mut st = conn.prepare_cached(sql).map_err(store_error)?;
-        let rows = st
-            .query_map([], |r| self.item(r))
-            .map_err(store_error)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(store_error)?;
-        Ok(rows)
-    }
-
-    fn metas(&self, conn: &Connection, sql: &str) -> StoreResult<Vec<(ItemMeta, bool)>> {
-        let mut st = conn.prepare(sql).map_err(store_error)?;
-        let rows = st
-            .query_map([], |r| self.meta(r))
-            .map_err(store_error)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(store_error)?;
-        Ok(rows)
-    }
-}
-
-fn bad(col: usize, what: &str, v: i8) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(
-        col,
-        rusqlite::types::Type::Integer,
-        format!("unknown {what} {v}").into(),
-    )
-}
-
-fn policy(v: i8) -> rusqlite::Result<Policy> {
-    Policy::from_i32(v as i32).ok_or_else(|| bad(9, "policy", v))
-}
-
-fn run(conn: &Connection, statements: &[Statement]) -> StoreResult<()> {
-    for (sql, blob) in statements {
-        match blob {
-            None => conn.execute_batch(sql),
-            Some(b) => conn.execute(sql, [b]).map(|_| ()),
-        }
-        .map_err(store_error)?;
-    }
-    Ok(())
-}
-
-fn meta_get(conn: &Connection, name: &str) -> StoreResult<Option<i64>> {
-    use rusqlite::OptionalExtension;
-    conn.query_row("SELECT value FROM foqs_meta WHERE name = ?1", [name], |r| {
-        r.get(0)
-    })
-    .optional()
-    .map_err(store_error)
-}
-
-/// Creates the schema when the file is new; refuses a file of another version before
-/// touching any of its tables.
-fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS foqs_meta (name TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL)",
-    )
-    .map_err(store_error)?;
-    match meta_get(conn, "schema_version")? {
-        None => {
-            conn.execute_batch(&format!(
-                "BEGIN IMMEDIATE; {SCHEMA}
-                 INSERT INTO foqs_meta (name, value) VALUES ('schema_version', {SCHEMA_VERSION});
-                 COMMIT;"
-            ))
-            .map_err(store_error)?;
-            Ok(())
-        }
-        Some(SCHEMA_VERSION) => {
-            // A file of another build with other columns: say so now, not at the first
-            // write.
-            for (table, columns) in [
-                ("items", PROBE_COLUMNS),
-                (
-                    "topics",
-                    "tid, ns, topic, enqueued, delivered, acked, nacked, expired",
-                ),
-                ("dedup", "tid, dedup_key, id"),
-            ] {
-                if let Err(e) = conn.prepare(&format!("SELECT {columns} FROM {table} LIMIT 0")) {
-                    return Err(StoreError::Schema(format!(
-                        "{}: table {table} does not have the columns of schema version {SCHEMA_VERSION} ({e}); \
-                         it was made by another build: move the file away",
-                        path.display()
-                    )));
-                }
-            }
-            Ok(())
-        }
-        Some(v) if v > SCHEMA_VERSION => Err(StoreError::Schema(format!(
-            "{} has schema version {v}, made by a newer foqsd; this one knows {SCHEMA_VERSION}: \
-             run the newer build, or move the file away",
-            path.display()
-        ))),
-        Some(v) => Err(StoreError::Schema(format!(
-            "{} has schema version {v}; this foqsd knows {SCHEMA_VERSION}",
-            path.display()
-        ))),
-    }
 }
 
 impl SqliteStore {
@@ -336,17 +115,14 @@ impl ShardStore for SqliteStore {
                     .collect::<rusqlite::Result<Vec<_>>>()
                     .map_err(store_error)?;
                 let hwm = meta_get(conn, "key_high_water")?.unwrap_or(0).max(0) as u64;
-                let (max_key, items): (Option<i64>, i64) = conn
-                    .query_row("SELECT MAX(id), COUNT(*) FROM items", [], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })
+                let max_key: Option<i64> = conn
+                    .query_row("SELECT MAX(id) FROM items", [], |r| r.get(0))
                     .map_err(store_error)?;
                 Ok((
                     topics,
                     Recovered {
                         key_high_water: hwm.max(max_key.map_or(1, |k| k as u64 + 1)),
                         checkpoint_ms: meta_get(conn, "checkpoint_ms")?.unwrap_or(0),
-                        items,
                     },
                 ))
             })

@@ -1,0 +1,61 @@
+//! MySQL's errors in the store's terms.
+
+use crate::store::StoreError;
+
+/// MySQL's errors in the store's terms: a statement the server cannot run on this schema
+/// (no such table or column, a syntax error) will fail again; anything else (connection
+/// lost, deadlock, lock wait timeout, server gone) may succeed when retried.
+impl From<mysql_async::Error> for StoreError {
+    fn from(e: mysql_async::Error) -> StoreError {
+        // Statements this build should never send, or data it should never write:
+        // duplicate key, syntax, unknown column or table, too long, wrong value, out of
+        // range.
+        const CORRUPT: [u16; 7] = [1062, 1064, 1054, 1146, 1406, 1366, 1264];
+        // The server refuses this user or has no such database: configuration.
+        const SCHEMA: [u16; 4] = [1044, 1045, 1049, 1142];
+        match &e {
+            mysql_async::Error::Server(s) if CORRUPT.contains(&s.code) => {
+                StoreError::Corrupt(format!("mysql: {e}"))
+            }
+            mysql_async::Error::Server(s) if SCHEMA.contains(&s.code) => {
+                StoreError::Schema(format!("mysql: {e}"))
+            }
+            _ => StoreError::Transient(format!("mysql: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: u16) -> mysql_async::Error {
+        mysql_async::Error::Server(mysql_async::ServerError {
+            code,
+            message: "x".into(),
+            state: "HY000".into(),
+        })
+    }
+
+    #[test]
+    fn mysql_errors_are_transient_unless_no_retry_can_fix_them() {
+        // Deadlock, lock wait timeout: retry.
+        assert!(matches!(
+            StoreError::from(server(1213)),
+            StoreError::Transient(_)
+        ));
+        assert!(matches!(
+            StoreError::from(server(1205)),
+            StoreError::Transient(_)
+        ));
+        // No such table, unknown column: the schema is not this build's.
+        assert!(matches!(
+            StoreError::from(server(1146)),
+            StoreError::Corrupt(_)
+        ));
+        assert!(matches!(
+            StoreError::from(server(1054)),
+            StoreError::Corrupt(_)
+        ));
+    }
+}
