@@ -34,6 +34,7 @@ pool=${FOQS_BENCH_BUFFER_POOL:-4G}
 shards=4
 dir="$FOQS_RUN/bench-mariadb"
 
+command -v python3 >/dev/null || { foqs_log "needs python3"; exit 1; }
 cargo build --release --bins >&2
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || foqs_apt_install mariadb-server
 mariadbd=/usr/sbin/mariadbd

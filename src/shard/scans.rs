@@ -143,7 +143,7 @@ impl<S: ShardStore> ShardWorker<S> {
                         m.deliver_after_ms,
                         m.lease_expires_ms,
                         m.expires_at_ms,
-                        now + 1,
+                        now,
                     ),
                 }),
             }

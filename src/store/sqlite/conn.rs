@@ -161,13 +161,26 @@ fn in_savepoint<T>(
                 "a store operation panicked: {what}"
             )))
         });
-    match r {
-        Ok(v) => {
-            conn.execute_batch("RELEASE job").map_err(store_error)?;
-            Ok(v)
+    // When the savepoint can be neither released nor rolled back, whether this job's
+    // writes are undone is unknown: undo the whole group (the thread sees the transaction
+    // gone and fails every job of it), so nothing of a failed job is committed.
+    let abort_group = || {
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
         }
+    };
+    match r {
+        Ok(v) => match conn.execute_batch("RELEASE job") {
+            Ok(()) => Ok(v),
+            Err(e) => {
+                abort_group();
+                Err(store_error(e))
+            }
+        },
         Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
+            if conn.execute_batch("ROLLBACK TO job; RELEASE job").is_err() {
+                abort_group();
+            }
             Err(e)
         }
     }
@@ -191,10 +204,13 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
         }
         let mut dones: Vec<Done> = Vec::with_capacity(group.len());
         let mut lost = false;
+        let mut skipped = 0;
         for job in group {
             if lost {
-                // Not run (see below); its caller sees a transient failure.
+                // Not run (see below): dropping it drops its answer's sender, so its
+                // caller sees a transient failure and may retry.
                 drop(job);
+                skipped += 1;
                 continue;
             }
             dones.push(job(&conn));
@@ -212,7 +228,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
             let _ = conn.execute_batch("ROLLBACK");
         }
         if let Err(e) = &commit {
-            tracing::warn!(error = %e, "sqlite: a group of operations failed to commit");
+            tracing::warn!(error = %e, skipped, "sqlite: a group of operations failed to commit");
         }
         for d in dones {
             d(&commit);
