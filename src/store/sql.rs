@@ -113,6 +113,14 @@ pub fn insert_items(rows: &[(u64, NewItem)], tids: &[u32], now: i64) -> String {
     sql
 }
 
+/// `(tid,ns,topic` of a `topics` row, the parenthesis left open.
+fn push_topic(sql: &mut String, tid: u32, ns: &str, topic: &str) {
+    let _ = write!(sql, "({tid},");
+    push_hex(sql, ns.as_bytes());
+    sql.push(',');
+    push_hex(sql, topic.as_bytes());
+}
+
 /// Writes the `topics` rows of new topic ids, leaving existing ones alone.
 pub fn insert_topics(dialect: Dialect, topics: &[(u32, &str, &str)]) -> String {
     let mut sql = String::from(match dialect {
@@ -123,10 +131,7 @@ pub fn insert_topics(dialect: Dialect, topics: &[(u32, &str, &str)]) -> String {
         if i > 0 {
             sql.push(',');
         }
-        let _ = write!(sql, "({tid},");
-        push_hex(&mut sql, ns.as_bytes());
-        sql.push(',');
-        push_hex(&mut sql, topic.as_bytes());
+        push_topic(&mut sql, *tid, ns, topic);
         sql.push(')');
     }
     sql
@@ -168,10 +173,7 @@ pub fn add_totals(dialect: Dialect, rows: &[(u32, &str, &str, [i64; 5])]) -> Str
         if i > 0 {
             sql.push(',');
         }
-        let _ = write!(sql, "({tid},");
-        push_hex(&mut sql, ns.as_bytes());
-        sql.push(',');
-        push_hex(&mut sql, topic.as_bytes());
+        push_topic(&mut sql, *tid, ns, topic);
         let _ = write!(sql, ",{},{},{},{},{})", d[0], d[1], d[2], d[3], d[4]);
     }
     sql.push_str(match dialect {
@@ -369,13 +371,30 @@ impl InsertPlan {
         InsertPlan { tids, new_topics }
     }
 
+    /// Everything the batch writes, in one transaction: the key high-water mark when
+    /// given, new topics' rows, the items, their dedup keys.
     pub fn statements(
         &self,
         dialect: Dialect,
         rows: &[(u64, NewItem)],
+        key_high_water: Option<u64>,
         now: i64,
     ) -> Vec<Statement> {
         let mut out = Vec::new();
+        if let Some(hwm) = key_high_water {
+            let keep_larger = match dialect {
+                Dialect::MySql => "ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value))",
+                Dialect::Sqlite => {
+                    "ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)"
+                }
+            };
+            out.push((
+                format!(
+                    "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', {hwm}) {keep_larger}"
+                ),
+                None,
+            ));
+        }
         if !self.new_topics.is_empty() {
             let mut names: Vec<(u32, &str, &str)> = Vec::new();
             for ((_, it), tid) in rows.iter().zip(&self.tids) {

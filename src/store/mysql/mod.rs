@@ -212,15 +212,8 @@ impl ShardStore for MySqlStore {
         if rows.is_empty() {
             return Ok(());
         }
-        let mut statements: Vec<Statement> = Vec::new();
-        if let Some(hwm) = key_high_water {
-            statements.push((
-                format!("INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', {hwm}) ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value))"),
-                None,
-            ));
-        }
         let plan = InsertPlan::new(&self.topics, rows);
-        statements.extend(plan.statements(Dialect::MySql, rows, now_ms));
+        let statements = plan.statements(Dialect::MySql, rows, key_high_water, now_ms);
         self.run_all(statements).await?;
         plan.committed(&self.topics);
         Ok(())

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
-use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
+use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan};
 use super::topics::{state_counts, TopicIds};
 use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
 use crate::model::{
@@ -140,18 +140,8 @@ impl ShardStore for SqliteStore {
         if rows.is_empty() {
             return Ok(());
         }
-        let mut statements: Vec<Statement> = Vec::new();
-        if let Some(hwm) = key_high_water {
-            statements.push((
-                format!(
-                    "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', {hwm})
-                     ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)"
-                ),
-                None,
-            ));
-        }
         let plan = InsertPlan::new(&self.topics, rows);
-        statements.extend(plan.statements(Dialect::Sqlite, rows, now_ms));
+        let statements = plan.statements(Dialect::Sqlite, rows, key_high_water, now_ms);
         self.call(move |conn| run(conn, &statements)).await?;
         plan.committed(&self.topics);
         Ok(())
