@@ -10,7 +10,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 
 use super::topics::TopicIds;
-use super::{next_event, Change};
+use super::{next_event, Change, ItemMeta};
 use crate::model::{ItemState, NewItem, TopicName, Totals};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,6 +321,19 @@ pub fn apply_statements(changes: &[Change], now: i64) -> Vec<Statement> {
         ));
     }
     out
+}
+
+/// After deleting items (with whether each had a dedup key): the statement that deletes
+/// the dedup rows of the keyed ones, if any. Only keyed items have one; a crash before it
+/// runs leaves a row that no lookup counts (its item is gone), and the next item with the
+/// key takes it over.
+pub fn delete_dedup_of(deleted: &[(ItemMeta, bool)]) -> Option<String> {
+    let keyed: Vec<u64> = deleted
+        .iter()
+        .filter(|(_, keyed)| *keyed)
+        .map(|(m, _)| m.key)
+        .collect();
+    (!keyed.is_empty()).then(|| format!("DELETE FROM dedup WHERE id IN ({})", key_list(&keyed)))
 }
 
 /// `(priority, deliver_after_ms, id) > after`, spelled out so that the planner reads it as

@@ -73,8 +73,12 @@ impl TopicIds {
         }
     }
 
-    pub fn name(&self, id: u32) -> Option<&(String, String)> {
-        self.names.get(&id)
+    /// The (ns, topic) of an id; a row naming an id the map does not know is corrupt.
+    pub fn name(&self, id: u32) -> StoreResult<(String, String)> {
+        self.names
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| StoreError::Corrupt(format!("row of unknown topic id {id}")))
     }
 }
 
@@ -87,10 +91,7 @@ pub fn state_counts(
     let map = topics.lock().expect("topics");
     rows.into_iter()
         .map(|(tid, state, sec, n)| {
-            let (ns, topic) = map
-                .name(tid)
-                .cloned()
-                .ok_or_else(|| StoreError::Corrupt(format!("row of unknown topic id {tid}")))?;
+            let (ns, topic) = map.name(tid)?;
             let state = ItemState::from_i8(state)
                 .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state}")))?;
             Ok((ns, topic, state, sec, n))
@@ -114,6 +115,7 @@ mod tests {
         assert_eq!(ids.assign("b", "t"), (5, true));
         assert_eq!(ids.get("b", "t"), Some(5));
         assert_eq!(ids.get("b", "x"), None);
-        assert_eq!(ids.name(4), Some(&("a".to_string(), "u".to_string())));
+        assert_eq!(ids.name(4).unwrap(), ("a".to_string(), "u".to_string()));
+        assert!(ids.name(99).is_err());
     }
 }

@@ -412,19 +412,8 @@ impl ShardStore for MySqlStore {
             }
             found
         };
-        // Only keyed items have a dedup row; a crash in between leaves one that no
-        // lookup counts (its item is gone) and the next item with the key takes over.
-        let keyed: Vec<u64> = found
-            .iter()
-            .filter(|(_, d)| *d)
-            .map(|(m, _)| m.key)
-            .collect();
-        if !keyed.is_empty() {
-            conn.query_drop(format!(
-                "DELETE FROM dedup WHERE id IN ({})",
-                key_list(&keyed)
-            ))
-            .await?;
+        if let Some(sql) = text::delete_dedup_of(&found) {
+            conn.query_drop(sql).await?;
         }
         Ok(found.into_iter().map(|(m, _)| m).collect())
     }

@@ -8,12 +8,7 @@ use crate::store::{ItemMeta, StoreError, StoreResult};
 
 impl MySqlStore {
     pub(super) fn names(&self, tid: u32) -> StoreResult<(String, String)> {
-        self.topics
-            .lock()
-            .expect("topics")
-            .name(tid)
-            .cloned()
-            .ok_or_else(|| StoreError::Corrupt(format!("row of unknown topic id {tid}")))
+        self.topics.lock().expect("topics").name(tid)
     }
 
     pub(super) fn item_from_row(&self, mut row: mysql_async::Row) -> StoreResult<Item> {

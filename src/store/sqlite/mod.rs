@@ -338,17 +338,8 @@ impl ShardStore for SqliteStore {
         let found = self
             .call(move |conn| {
                 let found = rows.metas(conn, &sql)?;
-                let keyed: Vec<u64> = found
-                    .iter()
-                    .filter(|(_, d)| *d)
-                    .map(|(m, _)| m.key)
-                    .collect();
-                if !keyed.is_empty() {
-                    conn.execute_batch(&format!(
-                        "DELETE FROM dedup WHERE id IN ({})",
-                        key_list(&keyed)
-                    ))
-                    .map_err(store_error)?;
+                if let Some(sql) = text::delete_dedup_of(&found) {
+                    conn.execute_batch(&sql).map_err(store_error)?;
                 }
                 Ok(found)
             })

@@ -21,18 +21,9 @@ pub(super) struct Rows {
 
 impl Rows {
     fn names(&self, tid: u32) -> rusqlite::Result<(String, String)> {
-        self.topics
-            .lock()
-            .expect("topics")
-            .name(tid)
-            .cloned()
-            .ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    1,
-                    rusqlite::types::Type::Integer,
-                    format!("row of unknown topic id {tid}").into(),
-                )
-            })
+        self.topics.lock().expect("topics").name(tid).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Integer, e.into())
+        })
     }
 
     pub(super) fn item(&self, r: &Row) -> rusqlite::Result<Item> {
