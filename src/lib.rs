@@ -4,7 +4,9 @@
 //! # Layout
 //! One request flows top to bottom (see `DESIGN.md` in the team's shared notes):
 //! - [`server`]: tokio accept loop, TLS, connection limits (deadlines, eviction at the
-//!   cap), Thrift framing, graceful shutdown; and the metrics/health HTTP listener.
+//!   cap), graceful shutdown; and the metrics/health HTTP listener.
+//! - [`wire`]: the Thrift transports, sans I/O: which one a connection speaks (framed,
+//!   unframed, THeader, HTTP), where each message starts and ends, how a reply is framed.
 //! - [`rpc`]: the only module that sees generated Thrift types: decode → [`core`] → encode.
 //! - [`core`]: [`core::Host`], the transport-free queue engine: validation, namespace
 //!   policy and access rules, shard choice, the prefetch buffer and its k-way merge over
@@ -69,6 +71,7 @@ pub mod shard;
 pub mod store;
 pub mod tls;
 pub mod waiters;
+pub mod wire;
 
 #[path = "../gen/rs/foqs.rs"]
 #[allow(clippy::all, dead_code, unused_imports, unused_mut)]

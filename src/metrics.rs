@@ -49,6 +49,17 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabel {
+    pub transport: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportProtocol {
+    pub transport: &'static str,
+    pub protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PeerOutcome {
     pub peer: String,
     pub method: &'static str,
@@ -100,6 +111,8 @@ pub struct Metrics {
     pub connections_open: Gauge,
     pub connections_evicted: Counter,
     pub connections_closed: Family<ReasonLabel, Counter>,
+    pub transport_connections: Family<TransportLabel, Counter>,
+    pub transport_requests: Family<TransportProtocol, Counter>,
     pub forwarded: Family<PeerOutcome, Counter>,
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
@@ -208,8 +221,20 @@ impl Metrics {
         let connections_closed = Family::<ReasonLabel, Counter>::default();
         r.register(
             "connections_closed",
-            "Connections ended, by reason (closed by the client, idle_timeout, frame_timeout, handshake_timeout, evicted, refused, shutdown)",
+            "Connections ended, by reason (closed by the client, idle_timeout, frame_timeout, handshake_timeout, evicted, refused, shutdown; and for input foqs does not serve: unknown_transport, bad_frame, bad_header, bad_http, bad_message, too_large)",
             connections_closed.clone(),
+        );
+        let transport_connections = Family::<TransportLabel, Counter>::default();
+        r.register(
+            "transport_connections",
+            "Client connections by the transport their first request spoke (framed, unframed, header, http)",
+            transport_connections.clone(),
+        );
+        let transport_requests = Family::<TransportProtocol, Counter>::default();
+        r.register(
+            "transport_requests",
+            "Thrift requests by transport (framed, unframed, header, http) and protocol (binary, compact)",
+            transport_requests.clone(),
         );
         let forwarded = Family::<PeerOutcome, Counter>::default();
         r.register(
@@ -244,6 +269,8 @@ impl Metrics {
             connections_open,
             connections_evicted,
             connections_closed,
+            transport_connections,
+            transport_requests,
             forwarded,
             shards_owned,
             lease_renewals,
@@ -291,6 +318,21 @@ impl Metrics {
     pub fn connection_ended(&self, reason: &'static str) {
         self.connections_closed
             .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn connection_transport(&self, transport: &'static str) {
+        self.transport_connections
+            .get_or_create(&TransportLabel { transport })
+            .inc();
+    }
+
+    pub fn transport_request(&self, transport: &'static str, protocol: &'static str) {
+        self.transport_requests
+            .get_or_create(&TransportProtocol {
+                transport,
+                protocol,
+            })
             .inc();
     }
 

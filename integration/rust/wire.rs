@@ -1,4 +1,4 @@
-//! The Thrift edge under abuse: frame limits, unframed and garbage input, unknown methods,
+//! The Thrift edge under abuse: frame limits, garbage input, unknown methods,
 //! undecodable arguments and hostile lengths. Each bad frame either gets a
 //! TApplicationException on a connection that keeps working, or closes only its own
 //! connection; the server keeps serving.
@@ -206,12 +206,17 @@ async fn oversized_negative_and_unframed_input_close_only_that_connection() {
         ("huge", 0x7fff_ffffu32.to_be_bytes().to_vec()),
         ("negative", (-5i32).to_be_bytes().to_vec()),
         ("zero", 0u32.to_be_bytes().to_vec()),
-        // An unframed binary client: 0x80 0x01 reads as a negative length.
-        ("unframed", binary_call("getHostInfo", |_| {})),
-        // A frame whose message is neither binary nor compact.
+        // A frame whose message is neither binary nor compact (nor, starting with a
+        // control byte, an unframed non-strict call's name).
         ("garbage", {
             let mut f = 4u32.to_be_bytes().to_vec();
-            f.extend_from_slice(b"GET ");
+            f.extend_from_slice(b"\x07GET");
+            f
+        }),
+        // A frame whose message starts 0x00 (a non-strict call) but is not one.
+        ("bad non-strict", {
+            let mut f = 6u32.to_be_bytes().to_vec();
+            f.extend_from_slice(b"\x00\x00\x00\x09ab");
             f
         }),
     ];
@@ -222,6 +227,16 @@ async fn oversized_negative_and_unframed_input_close_only_that_connection() {
     }
     // The server itself is fine.
     still_works(&mut raw(srv.addr));
+    // An unframed client (0x80 0x01 would read as a negative length) is answered unframed.
+    let mut s = raw(srv.addr);
+    s.write_all(&binary_call("getHostInfo", |_| {})).unwrap();
+    let mut reply = vec![0u8; 4];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        &reply,
+        &[0x80, 0x01, 0x00, 0x02],
+        "an unframed strict binary reply"
+    );
     // A frame at the limit is read (and here rejected as an unknown method, not closed).
     let mut s = raw(srv.addr);
     let mut big = binary_call("padding", |o| {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use clap::{Parser, Subcommand};
-use foqs::client::{connect, connect_tls, new_item, Protocol, SyncClient};
+use foqs::client::{connect_tls_via, connect_via, new_item, ClientTransport, Protocol, SyncClient};
 use foqs::thrift_gen::*;
 use foqs::tls::{client_config, ClientTlsFiles};
 use serde_json::{json, Value};
@@ -33,6 +33,10 @@ struct Cli {
     host: String,
     #[arg(long, value_parser = ["binary", "compact"], default_value = "binary", global = true)]
     protocol: String,
+    /// How messages are framed: `framed` (a length before each), `unframed` (most Thrift
+    /// libraries' default) or `header` (THeader, as fbthrift clients send).
+    #[arg(long, value_parser = ["framed", "unframed", "header"], default_value = "framed", global = true)]
+    transport: String,
     /// One JSON object per line.
     #[arg(long, global = true)]
     json: bool,
@@ -58,11 +62,13 @@ fn open(cli: &Cli, protocol: Protocol) -> Result<SyncClient, String> {
         key_file: cli.tls_key.clone(),
     };
     let fail = |e: String| format!("cannot connect to {}: {e}", cli.host);
+    let transport = ClientTransport::parse(&cli.transport).expect("clap checked the value");
     if !files.enabled() {
-        return connect(&cli.host, protocol, timeout).map_err(|e| fail(describe(&e)));
+        return connect_via(&cli.host, protocol, transport, timeout)
+            .map_err(|e| fail(describe(&e)));
     }
     let cfg = client_config(&files).map_err(|e| fail(e.to_string()))?;
-    connect_tls(&cli.host, protocol, timeout, cfg).map_err(|e| fail(describe(&e)))
+    connect_tls_via(&cli.host, protocol, transport, timeout, cfg).map_err(|e| fail(describe(&e)))
 }
 
 #[derive(Subcommand)]

@@ -1,7 +1,8 @@
-//! Frames for testing the decoder: a valid call of every method in both protocols, and
-//! seeded mutations of them (bytes flipped, truncated, lengths changed, bytes inserted,
-//! spliced, garbage). Used by the randomized decoder test and the `cargo fuzz` target's
-//! corpus, so both exercise the same shapes.
+//! Input for testing the decoder: a valid call of every method in both protocols, each
+//! also as a connection's bytes in every transport ([`streams`]), and seeded mutations of
+//! them (bytes flipped, truncated, lengths changed, bytes inserted, spliced, garbage).
+//! Used by the randomized decoder test and the `cargo fuzz` target's corpus, so both
+//! exercise the same shapes.
 
 use thrift::protocol::{
     TBinaryOutputProtocol, TCompactOutputProtocol, TMessageIdentifier, TMessageType,
@@ -232,6 +233,117 @@ pub fn seeds() -> Vec<Vec<u8>> {
     out
 }
 
+/// Every seed call as a connection's input in every transport: framed; unframed (and two
+/// pipelined); THeader in its protocol (compact as fbthrift's version 2), with info
+/// headers of both kinds and with zlib; HTTP.
+pub fn streams() -> Vec<Vec<u8>> {
+    use crate::wire::{header, Envelope, Protocol};
+    let mut out = Vec::new();
+    for call in seeds() {
+        let protocol = Protocol::detect(&call).expect("a seed is binary or compact");
+        out.push(Envelope::Framed.wrap(&call));
+        out.push(call.clone());
+        out.push([&call[..], &call[..]].concat());
+        let mut v2 = call.clone();
+        if protocol == Protocol::Compact {
+            v2[1] = (v2[1] & 0xe0) | 2;
+        }
+        for zlib in [false, true] {
+            let reply = header::Reply {
+                seq_id: 7,
+                flags: 1,
+                proto: protocol,
+                zlib,
+            };
+            out.push(header::frame(&reply, &v2));
+        }
+        out.push(header_with_info(protocol, &v2));
+        let mut post = format!(
+            "POST / HTTP/1.1\r\nHost: foqs\r\nContent-Type: application/x-thrift\r\nContent-Length: {}\r\n\r\n",
+            call.len()
+        )
+        .into_bytes();
+        post.extend_from_slice(&call);
+        out.push(post);
+    }
+    out
+}
+
+/// A THeader frame as fbthrift writes one: flags 1, sequence id 7, a persistent key/value
+/// block before a key/value block, padding to the header size.
+pub fn header_with_info(protocol: crate::wire::Protocol, msg: &[u8]) -> Vec<u8> {
+    let kv = |out: &mut Vec<u8>, k: &str, v: &str| {
+        out.push(k.len() as u8);
+        out.extend_from_slice(k.as_bytes());
+        out.push(v.len() as u8);
+        out.extend_from_slice(v.as_bytes());
+    };
+    let mut h = vec![
+        if protocol == crate::wire::Protocol::Compact {
+            2
+        } else {
+            0
+        },
+        0,
+    ];
+    h.extend_from_slice(&[2, 1]);
+    kv(&mut h, "client_id", "fbthrift-go");
+    h.extend_from_slice(&[1, 2]);
+    kv(&mut h, "client_timeout", "5000");
+    kv(&mut h, "thrift_priority", "HIGH");
+    h.resize(h.len().div_ceil(4) * 4, 0);
+    let mut f = vec![0x0f, 0xff, 0x00, 0x01, 0, 0, 0, 7];
+    f.extend_from_slice(&((h.len() / 4) as u16).to_be_bytes());
+    f.extend_from_slice(&h);
+    f.extend_from_slice(msg);
+    let mut out = (f.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&f);
+    out
+}
+
+/// The reply message inside `bytes`, written to a request that came in `envelope`, and
+/// its protocol; an error when the framing is wrong. For checking every reply.
+pub fn reply_message(
+    envelope: &crate::wire::Envelope,
+    bytes: &[u8],
+) -> Result<(crate::wire::Protocol, Vec<u8>), String> {
+    use crate::wire::{header, Envelope, Protocol};
+    let body = match envelope {
+        Envelope::Framed => {
+            let len = bytes.get(..4).ok_or("no frame length")?;
+            let n = u32::from_be_bytes(len.try_into().unwrap()) as usize;
+            if n + 4 != bytes.len() {
+                return Err(format!("frame length {n} for {} bytes", bytes.len()));
+            }
+            bytes[4..].to_vec()
+        }
+        Envelope::Unframed => bytes.to_vec(),
+        Envelope::Header(want) => {
+            let r = header::parse(bytes.get(4..).ok_or("short")?, usize::MAX >> 1)
+                .map_err(|e| format!("{e:?}"))?;
+            if r.reply != *want {
+                return Err(format!("reply header {:?}, request's {want:?}", r.reply));
+            }
+            match r.payload {
+                header::Payload::Slice(s) => bytes[4 + s.start..4 + s.end].to_vec(),
+                header::Payload::Owned(v) => v,
+            }
+        }
+        Envelope::Http(_) => {
+            let at = bytes
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .ok_or("no end of the HTTP head")?;
+            if !bytes.starts_with(b"HTTP/1.1 200 OK\r\n") {
+                return Err("not a 200".into());
+            }
+            bytes[at + 4..].to_vec()
+        }
+    };
+    let protocol = Protocol::detect(&body).ok_or("reply in no protocol")?;
+    Ok((protocol, body))
+}
+
 const INTERESTING: [i32; 8] = [0, 1, -1, 127, 0x7fff, 0x7fff_ffff, i32::MIN, 1 << 20];
 
 /// One mutation of a seed (or garbage).
@@ -268,12 +380,18 @@ pub fn mangle(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
             f.truncate(cut);
             f.extend_from_slice(&other[rng.below(other.len())..]);
         }
-        // Garbage behind a protocol's first byte.
+        // Garbage behind a protocol's or a transport's first bytes.
         5 => {
+            const STARTS: [&[u8]; 5] = [
+                &[0x80],
+                &[0x82],
+                &[0x80, 0x01, 0x00, 0x01],
+                &[0x00, 0x00, 0x00, 0x20, 0x0f, 0xff],
+                b"POST / HTTP/1.1\r\n",
+            ];
             let n = rng.below(64);
-            f = std::iter::once(if rng.below(2) == 0 { 0x80 } else { 0x82 })
-                .chain((0..n).map(|_| rng.next_u64() as u8))
-                .collect();
+            f = STARTS[rng.below(STARTS.len())].to_vec();
+            f.extend((0..n).map(|_| rng.next_u64() as u8));
         }
         // Several of the above.
         _ => {

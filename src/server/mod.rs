@@ -1,5 +1,6 @@
-//! The network edge: a tokio accept loop, one task per connection, optional TLS, Thrift
-//! framed transport (4-byte big-endian length, then the message), and graceful shutdown:
+//! The network edge: a tokio accept loop, one task per connection, optional TLS, every
+//! Thrift transport a client library may default to (framed, unframed, THeader, HTTP;
+//! detected per connection by [`crate::wire`], inside TLS on a TLS port), and graceful shutdown:
 //! stop accepting, let each connection finish the request it is serving, then return so
 //! the caller can flush the shards.
 //!
@@ -13,6 +14,7 @@
 
 mod conns;
 mod http;
+pub mod session;
 
 /// At the cap with every connection busy, how often eviction is tried again.
 const EVICT_RETRY: Duration = Duration::from_millis(50);
@@ -31,7 +33,8 @@ pub use http::serve_http;
 
 use crate::core::{Caller, Host};
 use crate::metrics::Metrics;
-use crate::rpc::{self, Outcome};
+use crate::wire::{Decoder, Next};
+use session::Step;
 
 #[derive(Debug, Clone)]
 pub struct ServerLimits {
@@ -54,6 +57,8 @@ enum End {
     Evicted,
     Shutdown,
     Refused,
+    /// The input is not a request foqs serves (the reason is the metrics label).
+    Protocol(&'static str),
 }
 
 impl End {
@@ -66,6 +71,7 @@ impl End {
             End::Evicted => "evicted",
             End::Shutdown => "shutdown",
             End::Refused => "refused",
+            End::Protocol(reason) => reason,
         }
     }
 }
@@ -208,6 +214,9 @@ async fn connect(
     serve_connection(stream, peer, edge, slot, &caller, shutdown).await
 }
 
+/// Most bytes read from the socket at once.
+const READ_CHUNK: usize = 64 * 1024;
+
 async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     peer: SocketAddr,
@@ -219,86 +228,107 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     let limits = &edge.limits;
     let idle = Duration::from_millis(limits.idle_timeout_ms);
     let frame_timeout = Duration::from_millis(limits.frame_read_timeout_ms);
-    let mut frame = Vec::new();
+    let mut decoder = Decoder::new(limits.max_frame_bytes);
+    let mut counted = false;
+    // The bytes from the first request not yet answered on: a request that arrived with
+    // (pipelined behind) the previous one is already here.
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
     loop {
         if *shutdown.borrow() {
             return Ok(End::Shutdown);
         }
         slot.set(ConnState::Idle);
-        let mut len = [0u8; 4];
         // Between requests a connection may be closed (shutdown, idle, eviction); once a
-        // frame has started, only its deadline or an eviction ends it.
-        tokio::select! {
-            // An eviction already asked for wins over a request arriving now.
-            biased;
-            _ = slot.kick.notified() => return Ok(End::Evicted),
-            _ = shutdown.changed() => return Ok(End::Shutdown),
-            r = stream.read(&mut len[..1]) => if r? == 0 { return Ok(End::Closed) },
-            _ = tokio::time::sleep(idle) => return Ok(End::Idle),
+        // request has started, only its deadline or an eviction ends it.
+        if buf.is_empty() {
+            tokio::select! {
+                // An eviction already asked for wins over a request arriving now.
+                biased;
+                _ = slot.kick.notified() => return Ok(End::Evicted),
+                _ = shutdown.changed() => return Ok(End::Shutdown),
+                r = read_some(&mut stream, &mut buf, decoder.buffer_max()) => if r? == 0 { return Ok(End::Closed) },
+                _ = tokio::time::sleep(idle) => return Ok(End::Idle),
+            }
         }
         slot.set(ConnState::Reading);
         let deadline = tokio::time::Instant::now() + frame_timeout;
-        let read = read_frame(
-            &mut stream,
-            &mut len,
-            &mut frame,
-            limits.max_frame_bytes,
-            peer,
-        );
-        tokio::select! {
-            r = read => if !r? { return Ok(End::Closed) },
-            _ = tokio::time::sleep_until(deadline) => return Ok(End::FrameTimeout),
-            _ = slot.kick.notified() => return Ok(End::Evicted),
-        }
+        let next = loop {
+            match decoder.next(&buf) {
+                Next::Need => {}
+                other => break other,
+            }
+            if buf.len() >= decoder.buffer_max() {
+                // The decoder refuses what outgrows the limit before the buffer can.
+                return Ok(End::Protocol("too_large"));
+            }
+            tokio::select! {
+                r = read_some(&mut stream, &mut buf, decoder.buffer_max()) => if r? == 0 { return Ok(End::Closed) },
+                _ = tokio::time::sleep_until(deadline) => return Ok(End::FrameTimeout),
+                _ = slot.kick.notified() => return Ok(End::Evicted),
+            }
+        };
         slot.set(ConnState::Busy);
-        match rpc::handle(&frame, &edge.host, caller).await {
-            Outcome::Reply(msg) => {
-                let mut out = Vec::with_capacity(msg.len() + 4);
-                out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-                out.extend_from_slice(&msg);
+        let step = session::answer(next, &buf, &edge.host, caller).await;
+        match step {
+            Step::Write {
+                bytes,
+                consumed,
+                close_after,
+                envelope,
+            } => {
+                // A connection counts under the transport of its first request.
+                if let (false, Some(e)) = (counted, &envelope) {
+                    edge.metrics.connection_transport(e.transport().label());
+                    counted = true;
+                }
                 // A client that does not take its reply holds a slot: bound it too. The
                 // flush pushes out what TLS buffered (a plain socket has nothing to flush).
                 let write = async {
-                    stream.write_all(&out).await?;
+                    stream.write_all(&bytes).await?;
                     stream.flush().await
                 };
                 match tokio::time::timeout(frame_timeout, write).await {
                     Ok(r) => r?,
                     Err(_) => return Ok(End::FrameTimeout),
                 }
+                buf.drain(..consumed);
+                if close_after {
+                    return Ok(End::Closed);
+                }
             }
-            Outcome::Close(why) => {
-                tracing::warn!(%peer, why, "undecodable message; closing the connection");
-                return Ok(End::Closed);
+            Step::Close {
+                reason,
+                detail,
+                answer,
+            } => {
+                tracing::warn!(%peer, why = %detail, "refusing the connection's input; closing it");
+                if let Some(a) = answer {
+                    let _ = tokio::time::timeout(frame_timeout, async {
+                        stream.write_all(&a).await?;
+                        stream.flush().await
+                    })
+                    .await;
+                }
+                return Ok(End::Protocol(reason));
             }
         }
         // Do not keep a large buffer alive for a connection that sent one large request.
-        if frame.capacity() > 1 << 20 {
-            frame = Vec::new();
+        if buf.capacity() > 1 << 20 && buf.len() < 4096 {
+            buf.shrink_to(4096);
         }
     }
 }
 
-/// Reads the rest of a frame whose first length byte is in `len[0]`; false when the
-/// frame is refused (bad length) or the peer closed the connection mid-frame. The buffer
-/// grows with what arrives, so a client that announces a large frame and sends nothing
-/// costs nothing.
-async fn read_frame<S: AsyncRead + Unpin>(
+/// Reads what the socket has (at most [`READ_CHUNK`], and never past `max` buffered);
+/// 0 at end of stream. The buffer grows with what arrives, so a client that announces a
+/// large request and sends nothing costs nothing.
+async fn read_some<S: AsyncRead + Unpin>(
     stream: &mut S,
-    len: &mut [u8; 4],
-    frame: &mut Vec<u8>,
-    max_frame_bytes: usize,
-    peer: SocketAddr,
-) -> std::io::Result<bool> {
-    stream.read_exact(&mut len[1..]).await?;
-    let n = i32::from_be_bytes(*len);
-    // Also rejects unframed clients: a strict binary header 0x80 0x01 ... reads as a
-    // negative length.
-    if n <= 0 || n as usize > max_frame_bytes {
-        tracing::warn!(%peer, len = n, max = max_frame_bytes, "bad frame length; closing the connection");
-        return Ok(false);
-    }
-    frame.clear();
-    let got = (&mut *stream).take(n as u64).read_to_end(frame).await?;
-    Ok(got == n as usize)
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    let room = max.saturating_sub(buf.len()).clamp(1, READ_CHUNK);
+    buf.reserve(room);
+    let mut limited = (&mut *stream).take(room as u64);
+    limited.read_buf(buf).await
 }

@@ -1,0 +1,509 @@
+//! The transports: where each Thrift message starts and ends in a connection's bytes, and
+//! how its reply goes back. Sans I/O (bytes in, decisions out), so the server's loop, the
+//! Rust client, the fuzz target and the tests share one decoder.
+//!
+//! A connection's transport is detected from its first bytes, as fbthrift's server does
+//! (a frame length is at most 0x3FFFFFFF, so its first byte is at most 0x3F):
+//!
+//! | first bytes                          | transport                                |
+//! |--------------------------------------|------------------------------------------|
+//! | `80 01`                              | unframed binary (strict writer)          |
+//! | `82`, then a version of 1 or 2       | unframed compact                         |
+//! | a length, then `80 01`, `82` or `00` | framed (binary, compact, non-strict)     |
+//! | a length, then `0F FF`               | THeader ([`header`])                     |
+//! | a name length, then a letter         | unframed binary (non-strict writer)      |
+//! | `POST `                              | HTTP ([`http`])                          |
+//!
+//! Anything else closes the connection. Framed and THeader frames may alternate on one
+//! connection (both start with a length); the other transports keep to what they began
+//! with. `max_bytes` bounds every kind: a frame, an unframed message, an HTTP body, an
+//! inflated THeader payload.
+
+pub mod header;
+pub mod http;
+pub mod scan;
+
+use scan::{Scan, Scanner};
+
+/// The protocol of a message: binary (strict `80 01`, or non-strict) or compact (`82`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Binary,
+    Compact,
+}
+
+impl Protocol {
+    /// From a message's first byte: `80` strict binary, `00` non-strict binary (a name
+    /// length below 2^24), `82` compact.
+    pub fn detect(msg: &[u8]) -> Option<Protocol> {
+        match msg.first() {
+            Some(0x80) | Some(0x00) => Some(Protocol::Binary),
+            Some(0x82) => Some(Protocol::Compact),
+            _ => None,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::Binary => "binary",
+            Protocol::Compact => "compact",
+        }
+    }
+}
+
+/// A transport, for the metrics' `transport` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Framed,
+    Unframed,
+    Header,
+    Http,
+}
+
+impl Transport {
+    pub fn label(self) -> &'static str {
+        match self {
+            Transport::Framed => "framed",
+            Transport::Unframed => "unframed",
+            Transport::Header => "header",
+            Transport::Http => "http",
+        }
+    }
+}
+
+/// How a reply goes back: the request's framing, and what the framing must repeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Envelope {
+    Framed,
+    Unframed,
+    Header(header::Reply),
+    Http(http::Reply),
+}
+
+impl Envelope {
+    pub fn transport(&self) -> Transport {
+        match self {
+            Envelope::Framed => Transport::Framed,
+            Envelope::Unframed => Transport::Unframed,
+            Envelope::Header(_) => Transport::Header,
+            Envelope::Http(_) => Transport::Http,
+        }
+    }
+
+    /// The bytes that carry reply message `msg`.
+    pub fn wrap(&self, msg: &[u8]) -> Vec<u8> {
+        match self {
+            Envelope::Framed => {
+                let mut out = Vec::with_capacity(msg.len() + 4);
+                out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+                out.extend_from_slice(msg);
+                out
+            }
+            Envelope::Unframed => msg.to_vec(),
+            Envelope::Header(h) => header::frame(h, msg),
+            Envelope::Http(h) => http::ok(h, msg),
+        }
+    }
+
+    /// False when the connection must close after this reply (HTTP `Connection: close`).
+    pub fn keep_open(&self) -> bool {
+        match self {
+            Envelope::Http(h) => h.keep_alive,
+            _ => true,
+        }
+    }
+
+    /// What to send before closing over a message that cannot be answered: an HTTP client
+    /// is told why; the others just see the close, as before.
+    pub fn refusal(&self, why: &str) -> Option<Vec<u8>> {
+        match self {
+            Envelope::Http(_) => Some(http::error(400, why)),
+            _ => None,
+        }
+    }
+}
+
+/// Where a request's message is.
+#[derive(Debug)]
+pub enum Message {
+    /// A range of the bytes given to [`Decoder::next`].
+    Slice(std::ops::Range<usize>),
+    /// Inflated from a zlib-transformed THeader frame.
+    Owned(Vec<u8>),
+}
+
+impl Message {
+    pub fn bytes<'a>(&'a self, buf: &'a [u8]) -> &'a [u8] {
+        match self {
+            Message::Slice(r) => &buf[r.clone()],
+            Message::Owned(v) => v,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Request {
+    /// Bytes of the buffer this request took (the next one starts after them).
+    pub consumed: usize,
+    pub message: Message,
+    pub envelope: Envelope,
+    /// THeader's `client_timeout` (ms): a long poll must answer within it.
+    pub client_timeout_ms: Option<u64>,
+}
+
+/// What to do next with a connection's bytes.
+#[derive(Debug)]
+pub enum Next {
+    /// The bytes end inside a request: read more.
+    Need,
+    Request(Request),
+    /// Write these bytes, then read on (HTTP's `100 Continue`).
+    Interim(&'static [u8]),
+    /// Answer this request with a `TApplicationException` (a THeader frame with an unknown
+    /// transform or protocol); the connection goes on.
+    Exception {
+        consumed: usize,
+        envelope: Envelope,
+        protocol: Protocol,
+        kind: thrift::ApplicationErrorKind,
+        message: String,
+    },
+    /// Close the connection, after writing `answer` when there is one. `reason` is the
+    /// metrics label.
+    Close {
+        reason: &'static str,
+        detail: String,
+        answer: Option<Vec<u8>>,
+    },
+}
+
+/// Longest method name taken for a non-strict binary writer's (foqs's longest is 15).
+const NON_STRICT_NAME_MAX: u32 = 255;
+
+#[derive(Debug)]
+enum Mode {
+    Detect,
+    /// Length-prefixed: framed or THeader, per frame.
+    Framed,
+    Unframed(Scanner),
+    /// `continued`: `100 Continue` was sent for the request being read.
+    Http {
+        continued: bool,
+    },
+}
+
+/// One connection's decoder: feed it the bytes read so far (from the first byte of the
+/// request not yet taken) and it says what they hold.
+#[derive(Debug)]
+pub struct Decoder {
+    max_bytes: usize,
+    mode: Mode,
+}
+
+fn close(reason: &'static str, detail: impl Into<String>) -> Next {
+    Next::Close {
+        reason,
+        detail: detail.into(),
+        answer: None,
+    }
+}
+
+impl Decoder {
+    pub fn new(max_bytes: usize) -> Decoder {
+        Decoder {
+            max_bytes,
+            mode: Mode::Detect,
+        }
+    }
+
+    /// Largest request (with its framing) this decoder may need in its buffer.
+    pub fn buffer_max(&self) -> usize {
+        self.max_bytes + http::HEAD_BYTES_MAX + 4
+    }
+
+    pub fn next(&mut self, buf: &[u8]) -> Next {
+        if let Mode::Detect = self.mode {
+            match detect(buf, self.max_bytes) {
+                None => return Next::Need,
+                Some(Ok(mode)) => self.mode = mode,
+                Some(Err((reason, detail))) => return close(reason, detail),
+            }
+        }
+        match &mut self.mode {
+            Mode::Detect => unreachable!("detected above"),
+            Mode::Framed => framed(buf, self.max_bytes),
+            Mode::Unframed(scanner) => match scanner.scan(buf) {
+                Scan::Complete(n) => {
+                    scanner.reset();
+                    Next::Request(Request {
+                        consumed: n,
+                        message: Message::Slice(0..n),
+                        envelope: Envelope::Unframed,
+                        client_timeout_ms: None,
+                    })
+                }
+                Scan::Incomplete if buf.len() > self.max_bytes => close(
+                    "too_large",
+                    format!("unframed message over {} bytes", self.max_bytes),
+                ),
+                Scan::Incomplete => Next::Need,
+                Scan::Invalid(why) => close("bad_message", why),
+            },
+            Mode::Http { continued } => match http::head(buf, self.max_bytes) {
+                http::Head::Incomplete => Next::Need,
+                http::Head::Refuse { status, reason } => Next::Close {
+                    reason: if status == 413 {
+                        "too_large"
+                    } else {
+                        "bad_http"
+                    },
+                    answer: Some(http::error(status, &reason)),
+                    detail: format!("HTTP {status}: {reason}"),
+                },
+                http::Head::Request {
+                    head_len,
+                    body_len,
+                    reply,
+                    expect_continue,
+                } => {
+                    let end = head_len + body_len;
+                    if buf.len() < end {
+                        if expect_continue && !*continued {
+                            *continued = true;
+                            return Next::Interim(http::CONTINUE);
+                        }
+                        return Next::Need;
+                    }
+                    *continued = false;
+                    Next::Request(Request {
+                        consumed: end,
+                        message: Message::Slice(head_len..end),
+                        envelope: Envelope::Http(reply),
+                        client_timeout_ms: None,
+                    })
+                }
+            },
+        }
+    }
+}
+
+/// The transport a connection's first bytes announce; `None` until enough have arrived.
+/// A refusal carries its metrics label.
+fn detect(buf: &[u8], max_bytes: usize) -> Option<Result<Mode, (&'static str, String)>> {
+    let first = *buf.first()?;
+    let refuse = |what: &str| {
+        let start = &buf[..buf.len().min(8)];
+        Some(Err((
+            "unknown_transport",
+            format!("{what}: starts {start:02x?}"),
+        )))
+    };
+    match first {
+        0x80 | 0x82 => {
+            let second = *buf.get(1)?;
+            if first == 0x80 && second == 0x01 {
+                Some(Ok(Mode::Unframed(Scanner::new(Protocol::Binary))))
+            } else if first == 0x82 && (1..=2).contains(&(second & 0x1f)) {
+                Some(Ok(Mode::Unframed(Scanner::new(Protocol::Compact))))
+            } else {
+                refuse("neither binary version 1 nor compact version 1 or 2")
+            }
+        }
+        0x00..=0x3f => {
+            // A frame length (or a non-strict writer's name length) that no request may
+            // have is refused at once, without waiting for what follows it.
+            let n = u32::from_be_bytes(buf.get(..4)?.try_into().expect("four bytes"));
+            if n == 0 {
+                return Some(Err(("bad_frame", "frame length 0".into())));
+            }
+            if n as usize > max_bytes {
+                let why = format!("frame of {n} bytes over the {max_bytes}-byte limit");
+                return Some(Err(("too_large", why)));
+            }
+            match *buf.get(4)? {
+                0x80 | 0x82 | 0x00 | 0x0f => Some(Ok(Mode::Framed)),
+                // A non-strict binary writer's method name: its (short) length, then a
+                // letter. (A frame whose message starts with a letter reads the same way;
+                // it is not Thrift either, and its connection waits out the frame
+                // deadline instead of closing at once.)
+                b'A'..=b'Z' | b'a'..=b'z' | b'_' if n <= NON_STRICT_NAME_MAX => {
+                    Some(Ok(Mode::Unframed(Scanner::new(Protocol::Binary))))
+                }
+                _ => refuse("a length followed by neither a message nor a THeader"),
+            }
+        }
+        b'P' => {
+            let five = buf.get(..5)?;
+            if five == b"POST " {
+                Some(Ok(Mode::Http { continued: false }))
+            } else {
+                refuse("not a Thrift transport")
+            }
+        }
+        _ => refuse("not a Thrift transport"),
+    }
+}
+
+/// One length-prefixed frame: framed, or THeader when it starts with the magic.
+fn framed(buf: &[u8], max_bytes: usize) -> Next {
+    let Some(len) = buf.get(..4) else {
+        return Next::Need;
+    };
+    let n = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+    if n <= 0 {
+        return close("bad_frame", format!("frame length {n}"));
+    }
+    let n = n as usize;
+    if n > max_bytes {
+        return close(
+            "too_large",
+            format!("frame of {n} bytes over the {max_bytes}-byte limit"),
+        );
+    }
+    let Some(frame) = buf.get(4..4 + n) else {
+        return Next::Need;
+    };
+    let consumed = 4 + n;
+    if !frame.starts_with(&header::MAGIC) {
+        return Next::Request(Request {
+            consumed,
+            message: Message::Slice(4..consumed),
+            envelope: Envelope::Framed,
+            client_timeout_ms: None,
+        });
+    }
+    match header::parse(frame, max_bytes) {
+        Ok(r) => Next::Request(Request {
+            consumed,
+            message: match r.payload {
+                header::Payload::Slice(s) => Message::Slice(4 + s.start..4 + s.end),
+                header::Payload::Owned(v) => Message::Owned(v),
+            },
+            envelope: Envelope::Header(r.reply),
+            client_timeout_ms: r.client_timeout_ms,
+        }),
+        Err(header::Refusal::Answer {
+            reply,
+            kind,
+            message,
+        }) => Next::Exception {
+            consumed,
+            protocol: reply.proto,
+            envelope: Envelope::Header(reply),
+            kind,
+            message,
+        },
+        Err(header::Refusal::Malformed(why)) => close("bad_header", why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(d: &mut Decoder, buf: &[u8]) -> Request {
+        match d.next(buf) {
+            Next::Request(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_transport_is_detected_from_its_first_bytes() {
+        let call = crate::rpc::mangle::seeds().remove(0);
+        // Unframed, two pipelined.
+        let mut d = Decoder::new(1 << 20);
+        let mut two = call.clone();
+        two.extend_from_slice(&call);
+        let r = request(&mut d, &two);
+        assert_eq!(
+            (r.consumed, r.envelope.clone()),
+            (call.len(), Envelope::Unframed)
+        );
+        assert_eq!(request(&mut d, &two[r.consumed..]).consumed, call.len());
+        // Framed.
+        let framed = Envelope::Framed.wrap(&call);
+        let mut d = Decoder::new(1 << 20);
+        for end in 0..framed.len() {
+            assert!(matches!(d.next(&framed[..end]), Next::Need), "{end}");
+        }
+        let r = request(&mut d, &framed);
+        assert_eq!(r.message.bytes(&framed), &call[..]);
+        // THeader, then a framed frame on the same connection.
+        let h = header::Reply {
+            seq_id: 9,
+            flags: 0,
+            proto: Protocol::Binary,
+            zlib: true,
+        };
+        let mut both = header::frame(&h, &call);
+        both.extend_from_slice(&framed);
+        let mut d = Decoder::new(1 << 20);
+        let r = request(&mut d, &both);
+        assert_eq!(
+            (r.message.bytes(&both), r.envelope),
+            (&call[..], Envelope::Header(h))
+        );
+        assert_eq!(
+            request(&mut d, &both[r.consumed..]).envelope,
+            Envelope::Framed
+        );
+        // HTTP.
+        let mut post = format!(
+            "POST / HTTP/1.1\r\nContent-Type: application/x-thrift\r\nContent-Length: {}\r\n\r\n",
+            call.len()
+        )
+        .into_bytes();
+        post.extend_from_slice(&call);
+        let mut d = Decoder::new(1 << 20);
+        let r = request(&mut d, &post);
+        assert_eq!(r.message.bytes(&post), &call[..]);
+        assert_eq!(r.envelope.transport(), Transport::Http);
+        // Garbage, and a GET.
+        for junk in [
+            &b"\xff\xff\xff\xff"[..],
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"\x00\x00\x00\x05\x10",
+        ] {
+            assert!(matches!(
+                Decoder::new(100).next(junk),
+                Next::Close {
+                    reason: "unknown_transport",
+                    ..
+                }
+            ));
+        }
+    }
+
+    #[test]
+    fn every_kind_is_bounded() {
+        let mut d = Decoder::new(100);
+        assert!(matches!(
+            d.next(&1000u32.to_be_bytes()),
+            Next::Close {
+                reason: "too_large",
+                ..
+            }
+        ));
+        let mut d = Decoder::new(100);
+        let mut unframed = vec![0x80, 0x01, 0x00, 0x01, 0, 0, 0, 200];
+        unframed.resize(101, b'x');
+        assert!(matches!(
+            d.next(&unframed),
+            Next::Close {
+                reason: "too_large",
+                ..
+            }
+        ));
+        let mut d = Decoder::new(100);
+        let post =
+            b"POST / HTTP/1.1\r\nContent-Type: application/x-thrift\r\nContent-Length: 101\r\n\r\n";
+        let Next::Close {
+            answer: Some(a), ..
+        } = d.next(post)
+        else {
+            panic!("an HTTP body over the limit gets a 413");
+        };
+        assert!(a.starts_with(b"HTTP/1.1 413 "));
+    }
+}
