@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates gen/ (Rust and Python stubs) from thrift/foqs.thrift with Debian's thrift-compiler.
+# Regenerates gen/ (Rust, Python and Node.js stubs) from thrift/foqs.thrift with Debian's thrift-compiler.
 #   scripts/gen-thrift.sh          rewrite gen/
 #   scripts/gen-thrift.sh --check  fail when gen/ differs from what the IDL generates (CI runs this)
 set -euo pipefail
@@ -18,9 +18,10 @@ fi
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-mkdir -p "$out/rs" "$out/py"
+mkdir -p "$out/rs" "$out/py" "$out/js"
 thrift --gen rs -out "$out/rs" thrift/foqs.thrift
 thrift --gen py -out "$out/py" thrift/foqs.thrift
+thrift --gen js:node -out "$out/js" thrift/foqs.thrift
 
 # The generated per-method Foqs*Args / Foqs*Result structs are private; the server decodes
 # and encodes them itself (DESIGN.md §2), so make them, their fields and their codec pub.
@@ -50,8 +51,8 @@ if [ "${1:-}" = "--check" ]; then
   fi
   echo "gen-thrift: gen/ is up to date"
 else
-  rm -rf gen/rs gen/py
+  rm -rf gen/rs gen/py gen/js
   mkdir -p gen
-  cp -r "$out/rs" "$out/py" gen/
-  echo "gen-thrift: wrote gen/rs and gen/py"
+  cp -r "$out/rs" "$out/py" "$out/js" gen/
+  echo "gen-thrift: wrote gen/rs, gen/py and gen/js"
 fi

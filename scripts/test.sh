@@ -2,8 +2,9 @@
 # Runs the whole test suite: the generated code's freshness, Rust unit and integration
 # tests (against real MariaDB/MySQL; the store conformance suite on MySQL and SQLite; the
 # cluster tests with real etcd and foqsd processes), the integration tests that hold for
-# every backend again on SQLite, then the Python client suite and the foqsctl shell
-# pipeline against a running foqsd on the embedded default (and a TLS one on MySQL).
+# every backend again on SQLite, then the Python and Node.js client suites (every transport
+# their Thrift libraries offer) and the foqsctl shell pipeline against a running foqsd on
+# the embedded default (and a TLS one on MySQL).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
@@ -52,6 +53,9 @@ py_data=$(mktemp -d "$FOQS_RUN/data-py-XXXX")
 prefix="foqs_py_$$_"
 sed -e "s#sqlite://../.run/data/#sqlite://$py_data/#" conf/foqsd.toml >"$py_config"
 grep -q "sqlite://$py_data/" "$py_config" || { foqs_log "conf/foqsd.toml has no SQLite shards"; exit 1; }
+# Its metrics listener, so the client suites can see which transport foqsd served.
+metrics_port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "$metrics_port" >>"$py_config"
 RUST_LOG=warn ./target/debug/foqsd --config "$py_config" --listen "127.0.0.1:$port" &
 foqsd_pid=$!
 foqs_wait_port "$port" 30 || { foqs_log "foqsd did not start listening on $port"; exit 1; }
@@ -78,6 +82,11 @@ tls_pid=$!
 foqs_wait_port "$tls_port" 30 || { foqs_log "the TLS foqsd did not start listening on $tls_port"; exit 1; }
 FOQS_ADDR="127.0.0.1:$port" FOQS_TLS_ADDR="127.0.0.1:$tls_port" FOQS_CERTS="$certs" \
   "$venv/bin/python" -m pytest -q integration/python
+foqs_log "Node.js client tests (npm's thrift package) against the same foqsd"
+command -v npm >/dev/null 2>&1 || foqs_apt_install nodejs npm
+(cd integration/node && npm ci --silent --no-audit --no-fund)
+FOQS_ADDR="127.0.0.1:$port" FOQS_METRICS_ADDR="127.0.0.1:$metrics_port" \
+  NODE_PATH="$FOQS_ROOT/integration/node/node_modules" node --test integration/node/
 kill -TERM "$tls_pid"
 wait "$tls_pid" || { foqs_log "the TLS foqsd did not exit cleanly on SIGTERM"; exit 1; }
 tls_pid=""

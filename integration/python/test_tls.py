@@ -17,17 +17,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def client(who=None, ca="ca.pem", protocol="binary"):
+def client(who=None, ca="ca.pem", protocol="binary", transport="framed"):
     host, port = ADDR.rsplit(":", 1)
     cert = os.path.join(CERTS, who + ".pem") if who else None
     key = os.path.join(CERTS, who + ".key") if who else None
     ctx = tls_context(os.path.join(CERTS, ca), cert, key)
-    return Client(host, int(port), protocol=protocol, ssl_context=ctx)
+    return Client(host, int(port), protocol=protocol, ssl_context=ctx, transport=transport)
 
 
-@pytest.mark.parametrize("protocol", ["binary", "compact"])
-def test_alice_works_in_her_namespace_only(protocol, topic):
-    with client("alice", protocol=protocol) as c:
+# Inside TLS the transport is detected as on a plain port.
+@pytest.mark.parametrize("protocol,transport", [
+    ("binary", "framed"), ("compact", "framed"), ("binary", "unframed"), ("compact", "header"),
+])
+def test_alice_works_in_her_namespace_only(protocol, transport, topic):
+    with client("alice", protocol=protocol, transport=transport) as c:
         r = c.enqueue(ttypes.EnqueueRequest(items=[
             ttypes.EnqueueItem(ns="a", topic=topic, payload=b"mine"),
             ttypes.EnqueueItem(ns="b", topic=topic, payload=b"not mine"),

@@ -74,6 +74,18 @@ id=$("$ctl" enqueue --ns "$ns" --topic "$topic-dlq" --payload poison)
 "$ctl" stats --ns "$ns" --topic "$topic" | grep -q "^acked	20$" || fail "stats: 20 acked"
 ok
 
+# Every --transport (and protocol) carries the same calls.
+for t in framed unframed header; do
+  for p in binary compact; do
+    id=$("$ctl" --transport "$t" --protocol "$p" enqueue --ns "$ns" --topic "$topic-$t" --payload "via-$t-$p")
+    line=$("$ctl" --transport "$t" --protocol "$p" dequeue --ns "$ns" --topic "$topic-$t")
+    [ "${line##*$'\t'}" = "via-$t-$p" ] || fail "--transport $t --protocol $p: got '$line'"
+    "$ctl" --transport "$t" --protocol "$p" ack "$id" >/dev/null || fail "ack over $t $p"
+  done
+done
+[ "$(status "$ctl" --transport http host-info)" = 2 ] || fail "--transport http is a usage error"
+ok
+
 # Exit codes.
 [ "$(status "$ctl" dequeue --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty dequeue should exit 3"
 [ "$(status "$ctl" peek --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty peek should exit 3"
