@@ -7,6 +7,8 @@
 #                               followed by the same workload on RabbitMQ's durable priority
 #                               queue, and its medians print beside foqs's
 #   scripts/bench.sh latency    single-item latency at half the single-item peak rate
+#   scripts/bench.sh transports single-item mixed throughput over each transport
+#                               (framed, unframed, THeader), rounds interleaved, medians
 #   scripts/bench.sh counters   one run; MySQL's work per item in each phase: InnoDB's
 #                               Handler_* and Innodb_rows_* counters (SHOW GLOBAL STATUS
 #                               around the phase) and the server's CPU time
@@ -14,8 +16,9 @@
 # Each round runs foqs on MySQL (conf/mysql.toml's four shards, fresh databases
 # foqs_bench_0..3) and on SQLite (conf/foqsd.toml's four shards, fresh files in
 # .run/bench-sqlite); FOQS_BENCH_BACKENDS="mysql" (or "sqlite") runs one only.
-# FOQS_BENCH_BEFORE=path also runs that foqsd binary on MySQL each round (a build of an
-# older commit: before and after in one sitting); FOQS_BENCH_RABBITMQ=0 skips RabbitMQ.
+# FOQS_BENCH_BEFORE=path also runs that foqsd binary on each backend each round (a build
+# of an older commit: before and after in one sitting); FOQS_BENCH_RABBITMQ=0 skips
+# RabbitMQ.
 #
 # Throughput workload (the issue's): 200k items of 100 bytes, 4 producers, 4 consumers,
 # batches of 100; phases enqueue, drain (dequeue + ack), mixed.
@@ -62,8 +65,8 @@ bench() { ./target/release/foqs-bench --host "$listen" "$@"; }
 
 if [ "$mode" = latency ]; then
   targets=()
-  [ -n "${FOQS_BENCH_BEFORE:-}" ] && targets+=("mysql:$FOQS_BENCH_BEFORE:foqs-mysql-before")
   for backend in ${FOQS_BENCH_BACKENDS:-mysql sqlite}; do
+    [ -n "${FOQS_BENCH_BEFORE:-}" ] && targets+=("$backend:$FOQS_BENCH_BEFORE:foqs-$backend-before")
     targets+=("$backend:./target/release/foqsd:foqs-$backend")
   done
   for t in "${targets[@]}"; do
@@ -76,6 +79,29 @@ if [ "$mode" = latency ]; then
     line=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 --rate $((peak / 2)))
     echo "${line/\"system\":\"foqs\"/\"system\":\"$label\"}"
   done
+  exit 0
+fi
+
+if [ "$mode" = transports ]; then
+  # Requests, not storage, dominate at one item per call: the transport's cost shows most.
+  backend=${FOQS_BENCH_BACKENDS:-sqlite}
+  backend=${backend%% *}
+  rows=()
+  for i in 1 2 3; do
+    for t in framed unframed header; do
+      fresh_foqsd "$backend"
+      line=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 --transport "$t")
+      echo "$line"
+      rows+=("$line")
+    done
+  done
+  printf '%s\n' "${rows[@]}" | python3 -c '
+import json, sys, statistics
+rows = [json.loads(l) for l in sys.stdin]
+for t in ("framed", "unframed", "header"):
+    mine = [r["mixed_items_per_s"] for r in rows if r["transport"] == t]
+    print(json.dumps({"transport": t, "backend": sys.argv[1], "median_of": len(mine),
+                      "mixed_items_per_s": round(statistics.median(mine))}))' "$backend"
   exit 0
 fi
 
@@ -119,11 +145,11 @@ measure() {
   runs+=("$line")
 }
 for i in 1 2 3; do
-  if [ -n "${FOQS_BENCH_BEFORE:-}" ]; then
-    fresh_foqsd mysql "$FOQS_BENCH_BEFORE"
-    measure foqs-mysql-before
-  fi
   for backend in ${FOQS_BENCH_BACKENDS:-mysql sqlite}; do
+    if [ -n "${FOQS_BENCH_BEFORE:-}" ]; then
+      fresh_foqsd "$backend" "$FOQS_BENCH_BEFORE"
+      measure "foqs-$backend-before"
+    fi
     fresh_foqsd "$backend"
     measure "foqs-$backend"
   done
@@ -137,7 +163,7 @@ printf '%s\n' "${runs[@]}" | python3 -c '
 import json, sys, statistics
 rows = [json.loads(l) for l in sys.stdin]
 keys = ("enqueue_items_per_s", "drain_items_per_s", "mixed_items_per_s")
-for system in ("foqs-mysql-before", "foqs-mysql", "foqs-sqlite", "rabbitmq"):
+for system in ("foqs-mysql-before", "foqs-mysql", "foqs-sqlite-before", "foqs-sqlite", "rabbitmq"):
     mine = [r for r in rows if r.get("system") == system]
     if mine:
         med = {k: round(statistics.median(r[k] for r in mine)) for k in keys}

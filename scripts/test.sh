@@ -80,7 +80,8 @@ TOML
 RUST_LOG=warn ./target/debug/foqsd --config "$tls_config" --listen "127.0.0.1:$tls_port" &
 tls_pid=$!
 foqs_wait_port "$tls_port" 30 || { foqs_log "the TLS foqsd did not start listening on $tls_port"; exit 1; }
-FOQS_ADDR="127.0.0.1:$port" FOQS_TLS_ADDR="127.0.0.1:$tls_port" FOQS_CERTS="$certs" \
+FOQS_ADDR="127.0.0.1:$port" FOQS_METRICS_ADDR="127.0.0.1:$metrics_port" \
+  FOQS_TLS_ADDR="127.0.0.1:$tls_port" FOQS_CERTS="$certs" \
   "$venv/bin/python" -m pytest -q integration/python
 foqs_log "Node.js client tests (npm's thrift package) against the same foqsd"
 command -v npm >/dev/null 2>&1 || foqs_apt_install nodejs npm

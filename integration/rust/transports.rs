@@ -87,22 +87,36 @@ fn kv_block(out: &mut Vec<u8>, kind: u64, pairs: &[(&str, &str)]) {
 /// An fbthrift-style THeader frame: flags 1, header sequence id 7, protocol `proto_id`,
 /// the given transforms, a persistent key/value block then a key/value block, padded.
 fn fb_frame(proto_id: u64, transforms: &[u64], body: &[u8]) -> Vec<u8> {
+    let info: [(u64, &[(&str, &str)]); 2] = [
+        (2, &[("client_id", "fbthrift-go")]),
+        (
+            1,
+            &[
+                ("client_timeout", "2000"),
+                ("thrift_priority", "HIGH"),
+                ("client_metadata", "{\"agent\":\"test\"}"),
+            ],
+        ),
+    ];
+    fb_frame_with(proto_id, transforms, &info, body)
+}
+
+/// [`fb_frame`] with the given info blocks (kind 1 key/value, 2 persistent).
+fn fb_frame_with(
+    proto_id: u64,
+    transforms: &[u64],
+    info: &[(u64, &[(&str, &str)])],
+    body: &[u8],
+) -> Vec<u8> {
     let mut h = Vec::new();
     varint(&mut h, proto_id);
     varint(&mut h, transforms.len() as u64);
     for t in transforms {
         varint(&mut h, *t);
     }
-    kv_block(&mut h, 2, &[("client_id", "fbthrift-go")]);
-    kv_block(
-        &mut h,
-        1,
-        &[
-            ("client_timeout", "2000"),
-            ("thrift_priority", "HIGH"),
-            ("client_metadata", "{\"agent\":\"test\"}"),
-        ],
-    );
+    for (kind, pairs) in info {
+        kv_block(&mut h, *kind, pairs);
+    }
     h.resize(h.len().div_ceil(4) * 4, 0);
     let mut f = vec![0x0f, 0xff, 0x00, 0x01, 0, 0, 0, 7];
     f.extend_from_slice(&((h.len() / 4) as u16).to_be_bytes());
@@ -302,6 +316,20 @@ async fn fbthrift_style_header_frames_get_what_an_fbthrift_client_checks() {
             took >= Duration::from_millis(1500) && took < Duration::from_millis(2000),
             "the long poll ended within the client's timeout: {took:?}"
         );
+
+        // 6. A client_timeout sent once as a persistent header holds for the connection's
+        // later frames, which carry no headers (fbthrift sends persistent ones once).
+        let persistent: [(u64, &[(&str, &str)]); 1] = [(2, &[("client_timeout", "1000")])];
+        for info in [&persistent[..], &[]] {
+            let started = Instant::now();
+            s.write_all(&fb_frame_with(2, &[], info, &poll)).unwrap();
+            read_fb_reply(&mut s);
+            let took = started.elapsed();
+            assert!(
+                took >= Duration::from_millis(700) && took < Duration::from_millis(1000),
+                "a persistent client_timeout bounds the long poll: {took:?}"
+            );
+        }
     });
     srv.stop().await;
 }
@@ -349,11 +377,21 @@ async fn bad_input_of_every_transport_is_answered_or_closed_at_once() {
         ("unknown transform (snappy)", fb_frame(0, &[3], &info), "exception:8"),
         ("unknown protocol (JSON)", fb_frame(1, &[], &info), "exception:9"),
         ("zlib past the limit", fb_frame(0, &[1], &bomb), "exception:8"),
+        (
+            "a header that says binary over a compact payload",
+            fb_frame(0, &[], &call(true, "getHostInfo", 3, |o| FoqsGetHostInfoArgs {}.write_to_out_protocol(o))),
+            "exception:9",
+        ),
         // Closed.
         ("header size past the frame", too_big_header, "close"),
         ("HTTP that is not Thrift", b"POST / HTTP/1.1\r\nContent-Type: text/html\r\nContent-Length: 2\r\n\r\nhi".to_vec(), "http:415"),
         ("HTTP over the limit", format!("POST / HTTP/1.1\r\nContent-Type: application/x-thrift\r\nContent-Length: {}\r\n\r\n", MAX_FRAME + 1).into_bytes(), "http:413"),
-        ("a GET", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), "close"),
+        ("a GET", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), "http:405"),
+        ("HTTP over the limit, body sent along", {
+            let mut r = format!("POST / HTTP/1.1\r\nContent-Type: application/x-thrift\r\nContent-Length: {}\r\n\r\n", MAX_FRAME + 1).into_bytes();
+            r.resize(r.len() + MAX_FRAME / 2, b'b');
+            r
+        }, "http:413"),
         ("garbage", b"\xde\xad\xbe\xef garbage".to_vec(), "close"),
         ("unframed over the limit", {
             let mut m = info[..4].to_vec();

@@ -283,12 +283,14 @@ impl Config {
                 self.server.listen
             ));
         }
+        // The largest frame length a transport can be told from (THeader's spec: a length's
+        // first byte is at most 0x3F).
         if self.server.max_frame_bytes < MAX_FRAME_BYTES_MIN
-            || self.server.max_frame_bytes > i32::MAX as usize
+            || self.server.max_frame_bytes > crate::wire::FRAME_BYTES_MAX
         {
             problems.push(format!(
                 "server.max_frame_bytes must be in {MAX_FRAME_BYTES_MIN}..={}",
-                i32::MAX
+                crate::wire::FRAME_BYTES_MAX
             ));
         }
         if self.server.max_connections == 0 {

@@ -216,6 +216,63 @@ async fn connect(
 
 /// Most bytes read from the socket at once.
 const READ_CHUNK: usize = 64 * 1024;
+/// What an idle connection's buffer holds room for: a typical request in one read,
+/// without 64 KiB per idle connection.
+const IDLE_BYTES: usize = 4096;
+/// After answering with a refusal, how long (and how much of) the client's input is read
+/// and dropped before the close, so that the kernel does not reset the connection (and
+/// the answer with it) over unread bytes.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: u64 = 64 * 1024;
+
+/// The bytes read and not yet answered: `buf[start..]`. Answered requests are skipped
+/// by moving `start`, so pipelined requests are not shifted down one by one; the buffer
+/// is compacted only before it is read into again.
+struct Inbox {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Inbox {
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+            // Do not keep a large buffer alive for a connection that sent one large request.
+            if self.buf.capacity() > 2 * READ_CHUNK {
+                self.buf.shrink_to(IDLE_BYTES);
+            }
+        }
+    }
+
+    /// Reads what the socket has (at most [`READ_CHUNK`], and never past `max` pending);
+    /// 0 at end of stream. The buffer grows with what arrives, so a client that announces
+    /// a large request and sends nothing costs nothing.
+    async fn read<S: AsyncRead + Unpin>(
+        &mut self,
+        stream: &mut S,
+        max: usize,
+    ) -> std::io::Result<usize> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let chunk = if self.buf.is_empty() {
+            IDLE_BYTES
+        } else {
+            READ_CHUNK
+        };
+        let room = max.saturating_sub(self.buf.len()).clamp(1, chunk);
+        self.buf.reserve(room);
+        let mut limited = (&mut *stream).take(room as u64);
+        limited.read_buf(&mut self.buf).await
+    }
+}
 
 async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
@@ -229,10 +286,13 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     let idle = Duration::from_millis(limits.idle_timeout_ms);
     let frame_timeout = Duration::from_millis(limits.frame_read_timeout_ms);
     let mut decoder = Decoder::new(limits.max_frame_bytes);
+    let max = decoder.buffer_max();
     let mut counted = false;
-    // The bytes from the first request not yet answered on: a request that arrived with
-    // (pipelined behind) the previous one is already here.
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    // A request that arrived with (pipelined behind) the previous one is already here.
+    let mut inbox = Inbox {
+        buf: Vec::with_capacity(IDLE_BYTES),
+        start: 0,
+    };
     loop {
         if *shutdown.borrow() {
             return Ok(End::Shutdown);
@@ -240,35 +300,48 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
         slot.set(ConnState::Idle);
         // Between requests a connection may be closed (shutdown, idle, eviction); once a
         // request has started, only its deadline or an eviction ends it.
-        if buf.is_empty() {
+        if inbox.pending().is_empty() {
             tokio::select! {
                 // An eviction already asked for wins over a request arriving now.
                 biased;
                 _ = slot.kick.notified() => return Ok(End::Evicted),
                 _ = shutdown.changed() => return Ok(End::Shutdown),
-                r = read_some(&mut stream, &mut buf, decoder.buffer_max()) => if r? == 0 { return Ok(End::Closed) },
+                r = inbox.read(&mut stream, max) => if r? == 0 { return Ok(End::Closed) },
                 _ = tokio::time::sleep(idle) => return Ok(End::Idle),
             }
         }
         slot.set(ConnState::Reading);
         let deadline = tokio::time::Instant::now() + frame_timeout;
         let next = loop {
-            match decoder.next(&buf) {
+            match decoder.next(inbox.pending()) {
                 Next::Need => {}
+                // HTTP's 100 Continue: written, and the same request read on, under the
+                // same deadline.
+                Next::Interim(bytes) => {
+                    let write = async {
+                        stream.write_all(bytes).await?;
+                        stream.flush().await
+                    };
+                    match tokio::time::timeout_at(deadline, write).await {
+                        Ok(r) => r?,
+                        Err(_) => return Ok(End::FrameTimeout),
+                    }
+                    continue;
+                }
                 other => break other,
             }
-            if buf.len() >= decoder.buffer_max() {
+            if inbox.pending().len() >= max {
                 // The decoder refuses what outgrows the limit before the buffer can.
                 return Ok(End::Protocol("too_large"));
             }
             tokio::select! {
-                r = read_some(&mut stream, &mut buf, decoder.buffer_max()) => if r? == 0 { return Ok(End::Closed) },
+                r = inbox.read(&mut stream, max) => if r? == 0 { return Ok(End::Closed) },
                 _ = tokio::time::sleep_until(deadline) => return Ok(End::FrameTimeout),
                 _ = slot.kick.notified() => return Ok(End::Evicted),
             }
         };
         slot.set(ConnState::Busy);
-        let step = session::answer(next, &buf, &edge.host, caller).await;
+        let step = session::answer(next, inbox.pending(), &edge.host, caller).await;
         match step {
             Step::Write {
                 bytes,
@@ -291,7 +364,7 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                     Ok(r) => r?,
                     Err(_) => return Ok(End::FrameTimeout),
                 }
-                buf.drain(..consumed);
+                inbox.consume(consumed);
                 if close_after {
                     return Ok(End::Closed);
                 }
@@ -303,32 +376,17 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
             } => {
                 tracing::warn!(%peer, why = %detail, "refusing the connection's input; closing it");
                 if let Some(a) = answer {
-                    let _ = tokio::time::timeout(frame_timeout, async {
+                    let _ = tokio::time::timeout(LINGER, async {
                         stream.write_all(&a).await?;
-                        stream.flush().await
+                        stream.flush().await?;
+                        stream.shutdown().await?;
+                        let mut rest = (&mut stream).take(LINGER_BYTES);
+                        tokio::io::copy(&mut rest, &mut tokio::io::sink()).await
                     })
                     .await;
                 }
                 return Ok(End::Protocol(reason));
             }
         }
-        // Do not keep a large buffer alive for a connection that sent one large request.
-        if buf.capacity() > 1 << 20 && buf.len() < 4096 {
-            buf.shrink_to(4096);
-        }
     }
-}
-
-/// Reads what the socket has (at most [`READ_CHUNK`], and never past `max` buffered);
-/// 0 at end of stream. The buffer grows with what arrives, so a client that announces a
-/// large request and sends nothing costs nothing.
-async fn read_some<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<usize> {
-    let room = max.saturating_sub(buf.len()).clamp(1, READ_CHUNK);
-    buf.reserve(room);
-    let mut limited = (&mut *stream).take(room as u64);
-    limited.read_buf(buf).await
 }

@@ -60,8 +60,11 @@ pub struct Request {
     pub reply: Reply,
     /// The payload (inflated when the frame was zlib-transformed).
     pub payload: Payload,
-    /// `client_timeout` in milliseconds, when the client sent one.
+    /// `client_timeout` in milliseconds, from this frame's key/value headers.
     pub client_timeout_ms: Option<u64>,
+    /// `client_timeout` from persistent headers: it holds for the connection's later
+    /// frames too (fbthrift sends persistent headers once).
+    pub persistent_client_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -160,7 +163,7 @@ pub fn parse(frame: &[u8], max_bytes: usize) -> Result<Request, Refusal> {
             format!("transform {t} is not supported here (only zlib, 1)"),
         ));
     }
-    let client_timeout_ms = info_headers(&mut c);
+    let (client_timeout_ms, persistent_client_timeout_ms) = info_headers(&mut c);
     let body = &frame[header_end..];
     let payload =
         if reply.zlib {
@@ -174,14 +177,16 @@ pub fn parse(frame: &[u8], max_bytes: usize) -> Result<Request, Refusal> {
         reply,
         payload,
         client_timeout_ms,
+        persistent_client_timeout_ms,
     })
 }
 
-/// Reads the info headers and returns `client_timeout`; the others (`client_id`,
-/// `thrift_priority`, `client_metadata`, ...) are advisory and not kept. A malformed info
-/// header ends the reading: the payload's place is known from the header size anyway.
-fn info_headers(c: &mut Cursor) -> Option<u64> {
-    let mut client_timeout = None;
+/// Reads the info headers and returns `client_timeout` from the key/value and from the
+/// persistent key/value headers; the others (`client_id`, `thrift_priority`,
+/// `client_metadata`, ...) are advisory and not kept. A malformed info header ends the
+/// reading: the payload's place is known from the header size anyway.
+fn info_headers(c: &mut Cursor) -> (Option<u64>, Option<u64>) {
+    let (mut plain, mut persistent) = (None, None);
     let mut seen = 0;
     while c.at < c.buf.len() {
         let Ok(id) = c.varint() else { break };
@@ -191,30 +196,47 @@ fn info_headers(c: &mut Cursor) -> Option<u64> {
         let Ok(n) = c.varint() else { break };
         for _ in 0..n {
             let (Ok(k), Ok(v)) = (c.string().map(<[u8]>::to_vec), c.string()) else {
-                return client_timeout;
+                return (plain, persistent);
             };
             seen += 1;
             if seen > INFO_HEADERS_MAX {
-                return client_timeout;
+                return (plain, persistent);
             }
             if k == b"client_timeout" {
-                client_timeout = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
+                let ms = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
+                if id == INFO_PKEYVALUE {
+                    persistent = ms;
+                } else {
+                    plain = ms;
+                }
             }
         }
     }
-    client_timeout
+    (plain, persistent)
 }
 
+/// Most a zlib payload may inflate, as a multiple of its own size (plus
+/// [`INFLATE_SLACK_BYTES`]). Thrift messages compress a few times over; zlib can reach
+/// about 1000x, and inflating is work done on the connection's task: the ratio keeps that
+/// work in proportion to the bytes a client sends, like everything else it asks for.
+pub const INFLATE_RATIO_MAX: usize = 64;
+const INFLATE_SLACK_BYTES: usize = 64 * 1024;
+
 /// zlib-inflates `body`, refusing (at no more cost than the limit) anything that inflates
-/// past `max_bytes`.
+/// past `max_bytes` or past [`INFLATE_RATIO_MAX`] times its size.
 fn inflate(body: &[u8], max_bytes: usize) -> Result<Vec<u8>, String> {
+    let limit = max_bytes.min(
+        body.len()
+            .saturating_mul(INFLATE_RATIO_MAX)
+            .saturating_add(INFLATE_SLACK_BYTES),
+    );
     let mut out = Vec::new();
-    let mut d = flate2::read::ZlibDecoder::new(body).take(max_bytes as u64 + 1);
+    let mut d = flate2::read::ZlibDecoder::new(body).take(limit as u64 + 1);
     d.read_to_end(&mut out)
         .map_err(|e| format!("zlib payload does not inflate: {e}"))?;
-    if out.len() > max_bytes {
+    if out.len() > limit {
         return Err(format!(
-            "zlib payload inflates past the {max_bytes}-byte limit"
+            "zlib payload inflates past {limit} bytes (the frame limit, or {INFLATE_RATIO_MAX}x its size)"
         ));
     }
     Ok(out)
@@ -309,7 +331,10 @@ mod tests {
         f.extend_from_slice(&h);
         f.extend_from_slice(b"body");
         let r = parse(&f, 100).unwrap();
-        assert_eq!(r.client_timeout_ms, Some(250));
+        assert_eq!(
+            (r.client_timeout_ms, r.persistent_client_timeout_ms),
+            (Some(250), None)
+        );
         assert_eq!(payload(&f, &r), b"body");
         assert_eq!((r.reply.seq_id, r.reply.flags), (7, 1));
     }
@@ -338,12 +363,15 @@ mod tests {
                 ..
             })
         ));
-        // A zip bomb: a megabyte of zeros deflates to about a kilobyte.
+        // A zip bomb: a megabyte of zeros deflates to about a kilobyte; refused by the
+        // frame limit, and by the ratio under a large frame limit.
         let bomb = frame(&reply(true), &vec![0u8; 1 << 20]);
         assert!(bomb.len() < 8 << 10);
-        let Err(Refusal::Answer { message, .. }) = parse(&bomb[4..], 64 << 10) else {
-            panic!("a zip bomb is refused");
-        };
-        assert!(message.contains("limit"), "{message}");
+        for limit in [64 << 10, 16 << 20] {
+            let Err(Refusal::Answer { message, .. }) = parse(&bomb[4..], limit) else {
+                panic!("a zip bomb is refused");
+            };
+            assert!(message.contains("inflates past"), "{message}");
+        }
     }
 }

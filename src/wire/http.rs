@@ -52,9 +52,7 @@ pub fn head(buf: &[u8], max_body: usize) -> Head {
     };
     let head_len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() > HEAD_BYTES_MAX => {
-            return refuse(431, "request head too large")
-        }
+        Ok(httparse::Status::Partial) if buf.len() > HEAD_BYTES_MAX => return too_large_head(),
         Ok(httparse::Status::Partial) => return Head::Incomplete,
         Err(httparse::Error::TooManyHeaders) => return refuse(431, "too many headers"),
         Err(e) => return refuse(400, &format!("not an HTTP request: {e}")),
@@ -114,6 +112,14 @@ pub fn head(buf: &[u8], max_body: usize) -> Head {
             content_type,
         },
         expect_continue: expect.as_deref() == Some("100-continue"),
+    }
+}
+
+/// A head longer than [`HEAD_BYTES_MAX`].
+pub fn too_large_head() -> Head {
+    Head::Refuse {
+        status: 431,
+        reason: "request head too large".into(),
     }
 }
 

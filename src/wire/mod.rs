@@ -13,6 +13,7 @@
 //! | a length, then `0F FF`               | THeader ([`header`])                     |
 //! | a name length, then a letter         | unframed binary (non-strict writer)      |
 //! | `POST `                              | HTTP ([`http`])                          |
+//! | another HTTP method                  | HTTP, answered 405 and closed            |
 //!
 //! Anything else closes the connection. Framed and THeader frames may alternate on one
 //! connection (both start with a length); the other transports keep to what they began
@@ -177,19 +178,94 @@ pub enum Next {
     },
 }
 
+/// The largest frame length there is: a length's first byte is at most 0x3F, which is
+/// what tells a length from the other transports' first bytes.
+pub const FRAME_BYTES_MAX: usize = 0x3FFF_FFFF;
+
 /// Longest method name taken for a non-strict binary writer's (foqs's longest is 15).
 const NON_STRICT_NAME_MAX: u32 = 255;
 
 #[derive(Debug)]
 enum Mode {
     Detect,
-    /// Length-prefixed: framed or THeader, per frame.
-    Framed,
-    Unframed(Scanner),
-    /// `continued`: `100 Continue` was sent for the request being read.
-    Http {
-        continued: bool,
+    /// Length-prefixed: framed or THeader, per frame; `client_timeout` from the
+    /// connection's persistent THeader headers, when one came.
+    Framed {
+        persistent_timeout_ms: Option<u64>,
     },
+    Unframed(Scanner),
+    Http(HttpState),
+}
+
+/// The HTTP request being read: its head is parsed once, when its end has arrived.
+#[derive(Debug, Default)]
+struct HttpState {
+    /// Bytes already searched for the end of the head.
+    searched: usize,
+    head: Option<http::Head>,
+    /// `100 Continue` was sent for this request.
+    continued: bool,
+}
+
+impl HttpState {
+    fn next(&mut self, buf: &[u8], max_bytes: usize) -> Next {
+        if self.head.is_none() {
+            // Only the bytes that arrived since the last look are searched.
+            let from = self.searched.saturating_sub(3);
+            match buf[from..].windows(4).position(|w| w == b"\r\n\r\n") {
+                Some(at) => {
+                    let head_len = from + at + 4;
+                    self.head = Some(if head_len > http::HEAD_BYTES_MAX {
+                        http::too_large_head()
+                    } else {
+                        http::head(&buf[..head_len], max_bytes)
+                    });
+                }
+                None if buf.len() > http::HEAD_BYTES_MAX => {
+                    self.head = Some(http::too_large_head())
+                }
+                None => {
+                    self.searched = buf.len();
+                    return Next::Need;
+                }
+            }
+        }
+        match self.head.as_ref().expect("parsed above") {
+            http::Head::Incomplete => close("bad_http", "an HTTP head that does not parse whole"),
+            http::Head::Refuse { status, reason } => Next::Close {
+                reason: if *status == 413 {
+                    "too_large"
+                } else {
+                    "bad_http"
+                },
+                answer: Some(http::error(*status, reason)),
+                detail: format!("HTTP {status}: {reason}"),
+            },
+            http::Head::Request {
+                head_len,
+                body_len,
+                reply,
+                expect_continue,
+            } => {
+                let end = head_len + body_len;
+                if buf.len() < end {
+                    if *expect_continue && !self.continued {
+                        self.continued = true;
+                        return Next::Interim(http::CONTINUE);
+                    }
+                    return Next::Need;
+                }
+                let request = Request {
+                    consumed: end,
+                    message: Message::Slice(*head_len..end),
+                    envelope: Envelope::Http(reply.clone()),
+                    client_timeout_ms: None,
+                };
+                *self = HttpState::default();
+                Next::Request(request)
+            }
+        }
+    }
 }
 
 /// One connection's decoder: feed it the bytes read so far (from the first byte of the
@@ -231,7 +307,9 @@ impl Decoder {
         }
         match &mut self.mode {
             Mode::Detect => unreachable!("detected above"),
-            Mode::Framed => framed(buf, self.max_bytes),
+            Mode::Framed {
+                persistent_timeout_ms,
+            } => framed(buf, self.max_bytes, persistent_timeout_ms),
             Mode::Unframed(scanner) => match scanner.scan(buf) {
                 Scan::Complete(n) => {
                     scanner.reset();
@@ -242,47 +320,14 @@ impl Decoder {
                         client_timeout_ms: None,
                     })
                 }
-                Scan::Incomplete if buf.len() > self.max_bytes => close(
+                Scan::TooLarge => close(
                     "too_large",
                     format!("unframed message over {} bytes", self.max_bytes),
                 ),
                 Scan::Incomplete => Next::Need,
                 Scan::Invalid(why) => close("bad_message", why),
             },
-            Mode::Http { continued } => match http::head(buf, self.max_bytes) {
-                http::Head::Incomplete => Next::Need,
-                http::Head::Refuse { status, reason } => Next::Close {
-                    reason: if status == 413 {
-                        "too_large"
-                    } else {
-                        "bad_http"
-                    },
-                    answer: Some(http::error(status, &reason)),
-                    detail: format!("HTTP {status}: {reason}"),
-                },
-                http::Head::Request {
-                    head_len,
-                    body_len,
-                    reply,
-                    expect_continue,
-                } => {
-                    let end = head_len + body_len;
-                    if buf.len() < end {
-                        if expect_continue && !*continued {
-                            *continued = true;
-                            return Next::Interim(http::CONTINUE);
-                        }
-                        return Next::Need;
-                    }
-                    *continued = false;
-                    Next::Request(Request {
-                        consumed: end,
-                        message: Message::Slice(head_len..end),
-                        envelope: Envelope::Http(reply),
-                        client_timeout_ms: None,
-                    })
-                }
-            },
+            Mode::Http(state) => state.next(buf, self.max_bytes),
         }
     }
 }
@@ -302,9 +347,15 @@ fn detect(buf: &[u8], max_bytes: usize) -> Option<Result<Mode, (&'static str, St
         0x80 | 0x82 => {
             let second = *buf.get(1)?;
             if first == 0x80 && second == 0x01 {
-                Some(Ok(Mode::Unframed(Scanner::new(Protocol::Binary))))
+                Some(Ok(Mode::Unframed(Scanner::new(
+                    Protocol::Binary,
+                    max_bytes,
+                ))))
             } else if first == 0x82 && (1..=2).contains(&(second & 0x1f)) {
-                Some(Ok(Mode::Unframed(Scanner::new(Protocol::Compact))))
+                Some(Ok(Mode::Unframed(Scanner::new(
+                    Protocol::Compact,
+                    max_bytes,
+                ))))
             } else {
                 refuse("neither binary version 1 nor compact version 1 or 2")
             }
@@ -321,21 +372,29 @@ fn detect(buf: &[u8], max_bytes: usize) -> Option<Result<Mode, (&'static str, St
                 return Some(Err(("too_large", why)));
             }
             match *buf.get(4)? {
-                0x80 | 0x82 | 0x00 | 0x0f => Some(Ok(Mode::Framed)),
+                0x80 | 0x82 | 0x00 | 0x0f => Some(Ok(Mode::Framed {
+                    persistent_timeout_ms: None,
+                })),
                 // A non-strict binary writer's method name: its (short) length, then a
                 // letter. (A frame whose message starts with a letter reads the same way;
                 // it is not Thrift either, and its connection waits out the frame
                 // deadline instead of closing at once.)
-                b'A'..=b'Z' | b'a'..=b'z' | b'_' if n <= NON_STRICT_NAME_MAX => {
-                    Some(Ok(Mode::Unframed(Scanner::new(Protocol::Binary))))
-                }
+                b'A'..=b'Z' | b'a'..=b'z' | b'_' if n <= NON_STRICT_NAME_MAX => Some(Ok(
+                    Mode::Unframed(Scanner::new(Protocol::Binary, max_bytes)),
+                )),
                 _ => refuse("a length followed by neither a message nor a THeader"),
             }
         }
-        b'P' => {
+        // HTTP: only POST carries Thrift, but another method is told so (405) before
+        // the close, as a curl or browser user deserves.
+        b'C' | b'D' | b'G' | b'H' | b'O' | b'P' | b'T' => {
             let five = buf.get(..5)?;
-            if five == b"POST " {
-                Some(Ok(Mode::Http { continued: false }))
+            const METHODS: [&[u8]; 9] = [
+                b"POST ", b"GET /", b"HEAD ", b"PUT /", b"DELET", b"OPTIO", b"PATCH", b"CONNE",
+                b"TRACE",
+            ];
+            if METHODS.contains(&five) {
+                Some(Ok(Mode::Http(HttpState::default())))
             } else {
                 refuse("not a Thrift transport")
             }
@@ -345,7 +404,7 @@ fn detect(buf: &[u8], max_bytes: usize) -> Option<Result<Mode, (&'static str, St
 }
 
 /// One length-prefixed frame: framed, or THeader when it starts with the magic.
-fn framed(buf: &[u8], max_bytes: usize) -> Next {
+fn framed(buf: &[u8], max_bytes: usize, persistent_timeout_ms: &mut Option<u64>) -> Next {
     let Some(len) = buf.get(..4) else {
         return Next::Need;
     };
@@ -373,15 +432,21 @@ fn framed(buf: &[u8], max_bytes: usize) -> Next {
         });
     }
     match header::parse(frame, max_bytes) {
-        Ok(r) => Next::Request(Request {
-            consumed,
-            message: match r.payload {
-                header::Payload::Slice(s) => Message::Slice(4 + s.start..4 + s.end),
-                header::Payload::Owned(v) => Message::Owned(v),
-            },
-            envelope: Envelope::Header(r.reply),
-            client_timeout_ms: r.client_timeout_ms,
-        }),
+        Ok(r) => {
+            if r.persistent_client_timeout_ms.is_some() {
+                *persistent_timeout_ms = r.persistent_client_timeout_ms;
+            }
+            Next::Request(Request {
+                consumed,
+                message: match r.payload {
+                    header::Payload::Slice(s) => Message::Slice(4 + s.start..4 + s.end),
+                    header::Payload::Owned(v) => Message::Owned(v),
+                },
+                envelope: Envelope::Header(r.reply),
+                // A frame's own header wins over the persistent one, as in fbthrift.
+                client_timeout_ms: r.client_timeout_ms.or(*persistent_timeout_ms),
+            })
+        }
         Err(header::Refusal::Answer {
             reply,
             kind,
@@ -459,10 +524,10 @@ mod tests {
         let r = request(&mut d, &post);
         assert_eq!(r.message.bytes(&post), &call[..]);
         assert_eq!(r.envelope.transport(), Transport::Http);
-        // Garbage, and a GET.
+        // Garbage.
         for junk in [
             &b"\xff\xff\xff\xff"[..],
-            b"GET / HTTP/1.1\r\n\r\n",
+            b"GIT / HTTP/1.1\r\n\r\n",
             b"\x00\x00\x00\x05\x10",
         ] {
             assert!(matches!(
@@ -473,6 +538,14 @@ mod tests {
                 }
             ));
         }
+        // A GET is told that only POST carries Thrift.
+        let Next::Close {
+            answer: Some(a), ..
+        } = Decoder::new(100).next(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        else {
+            panic!("a GET gets an answer");
+        };
+        assert!(a.starts_with(b"HTTP/1.1 405 "));
     }
 
     #[test]
@@ -505,5 +578,26 @@ mod tests {
             panic!("an HTTP body over the limit gets a 413");
         };
         assert!(a.starts_with(b"HTTP/1.1 413 "));
+        // A whole unframed message over the limit, arriving at once.
+        let call = crate::rpc::mangle::seeds().remove(0);
+        let mut d = Decoder::new(call.len() - 1);
+        assert!(matches!(
+            d.next(&call),
+            Next::Close {
+                reason: "too_large",
+                ..
+            }
+        ));
+        // An HTTP head over its limit, arriving whole in one read.
+        let mut head = b"POST / HTTP/1.1\r\nX-Pad: ".to_vec();
+        head.resize(http::HEAD_BYTES_MAX + 10, b'p');
+        head.extend_from_slice(b"\r\n\r\n");
+        let Next::Close {
+            answer: Some(a), ..
+        } = Decoder::new(1 << 20).next(&head)
+        else {
+            panic!("a head over the limit gets a 431");
+        };
+        assert!(a.starts_with(b"HTTP/1.1 431 "));
     }
 }

@@ -21,6 +21,8 @@ pub enum Scan {
     Incomplete,
     /// Not a Thrift message of this protocol.
     Invalid(String),
+    /// The message is, or declares a string that makes it, longer than the limit.
+    TooLarge,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +47,8 @@ enum Frame {
 #[derive(Debug)]
 pub struct Scanner {
     proto: Protocol,
+    /// Longest message accepted.
+    max_bytes: usize,
     /// Bytes of the message walked so far.
     pos: usize,
     header_done: bool,
@@ -61,6 +65,7 @@ type Step<T> = Result<T, StepErr>;
 enum StepErr {
     Short,
     Bad(String),
+    TooLarge,
 }
 
 impl From<Short> for StepErr {
@@ -77,9 +82,20 @@ fn bad<T>(why: impl Into<String>) -> Step<T> {
 struct Cursor<'a> {
     buf: &'a [u8],
     at: usize,
+    max_bytes: usize,
 }
 
 impl Cursor<'_> {
+    /// Skips a string of `n` bytes; one that would end past the limit is refused as soon
+    /// as its length is read, without waiting for its bytes.
+    fn skip_string(&mut self, n: usize) -> Step<()> {
+        if self.at.saturating_add(n) > self.max_bytes {
+            return Err(StepErr::TooLarge);
+        }
+        self.take(n)?;
+        Ok(())
+    }
+
     fn take(&mut self, n: usize) -> Result<&[u8], Short> {
         let end = self.at.checked_add(n).ok_or(Short)?;
         let s = self.buf.get(self.at..end).ok_or(Short)?;
@@ -151,9 +167,10 @@ mod ct {
 }
 
 impl Scanner {
-    pub fn new(proto: Protocol) -> Scanner {
+    pub fn new(proto: Protocol, max_bytes: usize) -> Scanner {
         Scanner {
             proto,
+            max_bytes,
             pos: 0,
             header_done: false,
             stack: Vec::new(),
@@ -163,14 +180,18 @@ impl Scanner {
 
     /// Forgets the message walked, for the next one.
     pub fn reset(&mut self) {
-        *self = Scanner::new(self.proto);
+        *self = Scanner::new(self.proto, self.max_bytes);
     }
 
     /// Walks on through `buf`, which holds the message from its first byte (and what
     /// came of it before: the scanner remembers how far it got).
     pub fn scan(&mut self, buf: &[u8]) -> Scan {
         loop {
-            let mut c = Cursor { buf, at: self.pos };
+            let mut c = Cursor {
+                buf,
+                at: self.pos,
+                max_bytes: self.max_bytes,
+            };
             let step = if !self.header_done {
                 self.header(&mut c)
             } else {
@@ -179,11 +200,16 @@ impl Scanner {
             match step {
                 Ok(done) => {
                     self.pos = c.at;
+                    if self.pos > self.max_bytes {
+                        return Scan::TooLarge;
+                    }
                     if done {
                         return Scan::Complete(self.pos);
                     }
                 }
+                Err(StepErr::Short) if buf.len() > self.max_bytes => return Scan::TooLarge,
                 Err(StepErr::Short) => return Scan::Incomplete,
+                Err(StepErr::TooLarge) => return Scan::TooLarge,
                 Err(StepErr::Bad(why)) => return Scan::Invalid(why),
             }
         }
@@ -199,11 +225,11 @@ impl Scanner {
                         return bad(format!("bad binary version 0x{:08x}", first as u32));
                     }
                     let len = string_len(c.i32()?)?;
-                    c.take(len)?;
+                    c.skip_string(len)?;
                     c.i32()?;
                 } else {
                     // Non-strict: the name's length, the name, the type, the sequence id.
-                    c.take(string_len(first)?)?;
+                    c.skip_string(string_len(first)?)?;
                     c.u8()?;
                     c.i32()?;
                 }
@@ -216,7 +242,7 @@ impl Scanner {
                 }
                 c.varint(5)?; // sequence id
                 let len = c.varint(5)?;
-                c.take(usize::try_from(len).map_err(|_| StepErr::Short)?)?;
+                c.skip_string(usize::try_from(len).unwrap_or(usize::MAX))?;
             }
         }
         self.header_done = true;
@@ -317,7 +343,7 @@ impl Scanner {
                 bt::UUID => drop(c.take(16)?),
                 bt::STRING => {
                     let n = string_len(c.i32()?)?;
-                    c.take(n)?;
+                    c.skip_string(n)?;
                 }
                 bt::STRUCT => self.push(Frame::Struct { last_id: 0 })?,
                 bt::LIST | bt::SET => {
@@ -346,7 +372,7 @@ impl Scanner {
                 ct::UUID => drop(c.take(16)?),
                 ct::BINARY => {
                     let n = c.varint(5)?;
-                    c.take(usize::try_from(n).map_err(|_| StepErr::Short)?)?;
+                    c.skip_string(usize::try_from(n).unwrap_or(usize::MAX))?;
                 }
                 ct::STRUCT => self.push(Frame::Struct { last_id: 0 })?,
                 ct::LIST | ct::SET => {
@@ -400,16 +426,16 @@ mod tests {
     /// Every prefix of a message is incomplete and the whole is complete, fed whole or a
     /// byte at a time; what follows it is left alone.
     fn check(proto: Protocol, msg: &[u8]) {
-        let mut s = Scanner::new(proto);
+        let mut s = Scanner::new(proto, 1 << 20);
         assert_eq!(s.scan(msg), Scan::Complete(msg.len()));
-        let mut s = Scanner::new(proto);
+        let mut s = Scanner::new(proto, 1 << 20);
         for end in 0..msg.len() {
             assert_eq!(s.scan(&msg[..end]), Scan::Incomplete, "prefix of {end}");
         }
         assert_eq!(s.scan(msg), Scan::Complete(msg.len()));
         let mut two = msg.to_vec();
         two.extend_from_slice(msg);
-        let mut s = Scanner::new(proto);
+        let mut s = Scanner::new(proto, 1 << 20);
         assert_eq!(s.scan(&two), Scan::Complete(msg.len()));
     }
 
@@ -435,7 +461,7 @@ mod tests {
         let mut m = vec![0x80, 0x01, 0x00, 0x01];
         m.extend_from_slice(&(-3i32).to_be_bytes());
         assert!(matches!(
-            Scanner::new(Protocol::Binary).scan(&m),
+            Scanner::new(Protocol::Binary, 1 << 20).scan(&m),
             Scan::Invalid(_)
         ));
         // Nesting past the limit: struct fields that open structs, forever.
@@ -444,11 +470,27 @@ mod tests {
             m.extend_from_slice(&[bt::STRUCT, 0, 1]);
         }
         assert!(
-            matches!(Scanner::new(Protocol::Binary).scan(&m), Scan::Invalid(w) if w.contains("deeper"))
+            matches!(Scanner::new(Protocol::Binary, 1 << 20).scan(&m), Scan::Invalid(w) if w.contains("deeper"))
         );
-        // A list that announces two billion bytes: incomplete, not an allocation.
+        // A list that announces four billion bytes: incomplete, not an allocation.
         let mut m = vec![0x82, 0x21, 0x01, 0x01, b'x', 0x19, 0xf3];
-        m.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x07]);
-        assert_eq!(Scanner::new(Protocol::Compact).scan(&m), Scan::Incomplete);
+        m.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert_eq!(
+            Scanner::new(Protocol::Compact, 1 << 20).scan(&m),
+            Scan::Incomplete
+        );
+        // A string longer than the limit is refused once its length is read.
+        let mut m = vec![0x80, 0x01, 0x00, 0x01];
+        m.extend_from_slice(&(2u32 << 20).to_be_bytes());
+        assert_eq!(
+            Scanner::new(Protocol::Binary, 1 << 20).scan(&m),
+            Scan::TooLarge
+        );
+        // A whole message over the limit, arriving at once, is refused too.
+        let seed = crate::rpc::mangle::seeds().remove(0);
+        assert_eq!(
+            Scanner::new(Protocol::Binary, seed.len() - 1).scan(&seed),
+            Scan::TooLarge
+        );
     }
 }

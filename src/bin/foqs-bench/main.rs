@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use foqs::client::{connect, new_item, Protocol, SyncClient};
+use foqs::client::{connect_via, new_item, ClientTransport, Protocol, SyncClient};
 use foqs::thrift_gen::{AckRequest, DequeueRequest, EnqueueRequest, TFoqsSyncClient, TopicRequest};
 
 #[derive(Parser, Clone)]
@@ -59,6 +59,10 @@ struct Args {
     max_seconds: u64,
     #[arg(long, value_parser = ["binary", "compact"], default_value = "binary")]
     protocol: String,
+    /// How foqs-bench frames its messages: framed (what peers speak), unframed, or header
+    /// (THeader); foqsd detects each per connection.
+    #[arg(long, value_parser = ["framed", "unframed", "header"], default_value = "framed")]
+    transport: String,
     /// Run the workload against this RabbitMQ (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)
     /// instead of foqsd.
     #[arg(long)]
@@ -94,8 +98,14 @@ struct Run {
 
 impl Run {
     fn client(&self) -> anyhow::Result<foqs::client::SyncClient> {
-        connect(&self.args.host, self.protocol, Duration::from_secs(30))
-            .with_context(|| format!("connecting to {}", self.args.host))
+        let transport = ClientTransport::parse(&self.args.transport).expect("clap checked it");
+        connect_via(
+            &self.args.host,
+            self.protocol,
+            transport,
+            Duration::from_secs(30),
+        )
+        .with_context(|| format!("connecting to {}", self.args.host))
     }
 
     /// Runs `body` on `n` threads, each with its own connection and latency list; returns
@@ -279,6 +289,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     fields.insert(0, "\"system\":\"foqs\"".to_string());
+    fields.push(format!("\"transport\":\"{}\"", args.transport));
     let idle = AtomicBool::new(false);
     for phase in phases {
         match phase {
