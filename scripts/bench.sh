@@ -8,7 +8,8 @@
 #                               queue, and its medians print beside foqs's
 #   scripts/bench.sh latency    single-item latency at half the single-item peak rate
 #   scripts/bench.sh transports single-item mixed throughput over each transport
-#                               (framed, unframed, THeader), rounds interleaved, medians
+#                               (framed, unframed, THeader; and FOQS_BENCH_BEFORE's
+#                               binary, framed), 5 rounds interleaved, medians
 #   scripts/bench.sh counters   one run; MySQL's work per item in each phase: InnoDB's
 #                               Handler_* and Innodb_rows_* counters (SHOW GLOBAL STATUS
 #                               around the phase) and the server's CPU time
@@ -86,11 +87,20 @@ if [ "$mode" = transports ]; then
   # Requests, not storage, dominate at one item per call: the transport's cost shows most.
   backend=${FOQS_BENCH_BACKENDS:-sqlite}
   backend=${backend%% *}
+  # With FOQS_BENCH_BEFORE, that binary (framed only) runs in each round too.
   rows=()
-  for i in 1 2 3; do
-    for t in framed unframed header; do
-      fresh_foqsd "$backend"
-      line=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 --transport "$t")
+  for i in 1 2 3 4 5; do
+    targets=(framed unframed header)
+    [ -n "${FOQS_BENCH_BEFORE:-}" ] && targets=(before "${targets[@]}")
+    for t in "${targets[@]}"; do
+      if [ "$t" = before ]; then
+        fresh_foqsd "$backend" "$FOQS_BENCH_BEFORE"
+        line=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4)
+        line=${line/\"transport\":\"framed\"/\"transport\":\"framed-before\"}
+      else
+        fresh_foqsd "$backend"
+        line=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 --transport "$t")
+      fi
       echo "$line"
       rows+=("$line")
     done
@@ -98,10 +108,15 @@ if [ "$mode" = transports ]; then
   printf '%s\n' "${rows[@]}" | python3 -c '
 import json, sys, statistics
 rows = [json.loads(l) for l in sys.stdin]
-for t in ("framed", "unframed", "header"):
-    mine = [r["mixed_items_per_s"] for r in rows if r["transport"] == t]
+for t in ("framed-before", "framed", "unframed", "header"):
+    mine = [r for r in rows if r["transport"] == t]
+    if not mine:
+        continue
+    med = lambda f: round(statistics.median(f(r) for r in mine), 3)
     print(json.dumps({"transport": t, "backend": sys.argv[1], "median_of": len(mine),
-                      "mixed_items_per_s": round(statistics.median(mine))}))' "$backend"
+                      "mixed_items_per_s": round(med(lambda r: r["mixed_items_per_s"])),
+                      "enqueue_p50_ms": med(lambda r: r["mixed_enqueue_latency"]["p50_ms"]),
+                      "dequeue_ack_p99_ms": med(lambda r: r["mixed_dequeue_ack_latency"]["p99_ms"])}))' "$backend"
   exit 0
 fi
 

@@ -643,3 +643,47 @@ async fn the_rust_client_over_every_transport_shares_one_queue_and_the_metrics_c
     }
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_stalls_halfway_is_closed_at_the_frame_deadline_in_every_transport() {
+    let srv = TestServer::start_full(
+        TestDb::new(1),
+        "frame_read_timeout_ms = 300\nidle_timeout_ms = 60000",
+        "",
+    )
+    .await;
+    let info = call(false, "getHostInfo", 1, |o| {
+        FoqsGetHostInfoArgs {}.write_to_out_protocol(o)
+    });
+    let header = fb_frame(0, &[], &info);
+    let post = format!(
+        "POST / HTTP/1.1\r\nContent-Type: application/x-thrift\r\nContent-Length: {}\r\n\r\n",
+        info.len()
+    )
+    .into_bytes();
+    let halves: Vec<(&str, Vec<u8>)> = vec![
+        ("unframed", info[..info.len() / 2].to_vec()),
+        (
+            "framed",
+            [&(info.len() as u32).to_be_bytes()[..], &info[..3]].concat(),
+        ),
+        ("header", header[..header.len() - 3].to_vec()),
+        ("http head", post[..post.len() - 4].to_vec()),
+        ("http body", [&post[..], &info[..2]].concat()),
+    ];
+    tokio::task::block_in_place(|| {
+        for (what, half) in halves {
+            let started = Instant::now();
+            let mut s = raw(srv.addr);
+            s.write_all(&half).unwrap();
+            let (_, closed) = read_answer(&mut s, Duration::from_secs(5));
+            let took = started.elapsed();
+            assert!(closed, "{what}: closed");
+            assert!(
+                took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+                "{what}: closed at the 300 ms deadline, took {took:?}"
+            );
+        }
+    });
+    srv.stop().await;
+}
