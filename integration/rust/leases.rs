@@ -224,6 +224,54 @@ struct History {
 /// acks, nacks carrying the delivery's lease_id and touches; foqsd is killed with SIGKILL
 /// and restarted twice meanwhile. From the recorded history: no delivery follows a
 /// successful ack, no two leases on one item overlap, and nothing acknowledged is lost.
+/// A touch and a nack of one delivery, queued together, land in one turn of the shard's
+/// worker. They used to run there as two concurrent statements that both succeeded: the
+/// touch answered "extended" for an item the nack had made ready again. Here the worker
+/// is held in the turn before (an ack of another item waits on a row lock taken from
+/// outside), so both are queued when it goes on. The nack wins; the touch is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_touch_and_a_nack_of_one_delivery_in_one_turn_do_not_both_succeed() {
+    use mysql_async::prelude::Queryable;
+    let srv = TestServer::start(1, "").await;
+    let mut c = srv.client();
+    let ids = c.enqueue(vec![item(NS, "pair", 0, b"x"), item(NS, "pair", 1, b"y")]);
+    assert_eq!(c.dequeue(NS, "pair", 2).len(), 2);
+    let (x, y) = (ids[0].clone(), ids[1].clone());
+    let y_key: u64 = y.split(':').nth(1).unwrap().parse().unwrap();
+    let mut lock = mysql_async::Conn::from_url(srv.db.url(0)).await.unwrap();
+    lock.query_drop("START TRANSACTION").await.unwrap();
+    lock.query_drop(format!(
+        "SELECT id FROM items WHERE id = {y_key} FOR UPDATE"
+    ))
+    .await
+    .unwrap();
+    let addr = srv.addr;
+    let call = move |f: Box<dyn FnOnce(&mut Client) -> Vec<ItemResult> + Send>| {
+        std::thread::spawn(move || f(&mut Client::connect(addr, Proto::Binary)))
+    };
+    let acker = call(Box::new(move |c| c.ack(&[y])));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let x2 = x.clone();
+    let nacker = call(Box::new(move |c| c.nack(vec![nack(&x2, None, None)])));
+    let x3 = x.clone();
+    let toucher = call(Box::new(move |c| c.touch(&[(x3.as_str(), 60_000)])));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.query_drop("ROLLBACK").await.unwrap();
+    let _ = lock.disconnect().await;
+    let acked = tokio::task::block_in_place(|| acker.join().unwrap());
+    let nacked = tokio::task::block_in_place(|| nacker.join().unwrap());
+    let touched = tokio::task::block_in_place(|| toucher.join().unwrap());
+    assert!(acked[0].error.is_none(), "{acked:?}");
+    assert!(nacked[0].error.is_none(), "the nack wins: {nacked:?}");
+    assert!(
+        touched[0].error.is_some(),
+        "a touch of a delivery nacked in the same turn is refused: {touched:?}"
+    );
+    // And x is ready again, as the nack said.
+    assert_eq!(c.dequeue(NS, "pair", 1)[0].id.as_deref(), Some(x.as_str()));
+    srv.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_randomized_history_with_late_answers_and_kill_9_keeps_both_promises() {
     let db = TestDb::new(3);

@@ -5,8 +5,9 @@
 //! (in memory, refilling from MySQL when short), then every write of the turn at once, on
 //! separate pooled connections so that their commits share fsyncs: the enqueues as
 //! multi-row INSERTs, all claims as one UPDATE, all acks as one DELETE, all nacks and
-//! releases in one transaction each. Between turns, a ticker runs the background scans
-//! (`scans.rs`).
+//! releases in one transaction each. Between turns, once every scan interval, the
+//! background scans run (`scans.rs`): when their time has come, before the next turn,
+//! however much is queued.
 //!
 //! The writes of one turn never touch the same rows: claims take ready rows that the turn
 //! removed from the index, acks and nacks settle leased rows, releases return staged ones,
@@ -228,10 +229,19 @@ impl<S: ShardStore> ShardWorker<S> {
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        let mut ticker = tokio::time::interval(Duration::from_millis(self.cfg.scan_interval_ms));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let interval = Duration::from_millis(self.cfg.scan_interval_ms);
+        let mut background_at = tokio::time::Instant::now() + interval;
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         loop {
+            // Background work runs when its time has come, whatever is queued: a load
+            // that keeps the queue (or the put-off enqueues) from running dry must not
+            // stop lease expiry, due items, TTL and checkpoints. Its own work is bounded
+            // per tick (SCAN_STEPS_PER_TICK_MAX), so requests are not starved either.
+            if tokio::time::Instant::now() >= background_at {
+                self.background().await;
+                self.publish_events();
+                background_at = tokio::time::Instant::now() + interval;
+            }
             // Put-off enqueues go first, without waiting for a new command.
             let mut turn = std::mem::take(&mut self.deferred);
             if turn.is_empty() {
@@ -241,11 +251,7 @@ impl<S: ShardStore> ShardWorker<S> {
                         let Some(first) = first else { break };
                         turn.push(first);
                     }
-                    _ = ticker.tick() => {
-                        self.background().await;
-                        self.publish_events();
-                        continue;
-                    }
+                    _ = tokio::time::sleep_until(background_at) => continue,
                 }
             }
             while turn.len() < TURN_COMMANDS_MAX {
@@ -425,6 +431,20 @@ impl<S: ShardStore> ShardWorker<S> {
                     || claim.as_ref().is_some_and(|c| c.keys.contains(k))
             })
             .collect();
+        // A touch of a delivery that a nack of this turn gives back is refused: the two
+        // would run as concurrent statements, and whichever ran first, both could answer
+        // success, the touch for an item the nack had made ready again. The nack wins (the
+        // consumer let go), deterministically.
+        let nacked: HashSet<u64> = nacks
+            .iter()
+            .flat_map(|(n, _)| n.iter().map(|op| op.key))
+            .collect();
+        let touch_unheld: HashSet<u64> = touches
+            .iter()
+            .flat_map(|(t, _)| t.iter().map(|op| op.key))
+            .filter(|k| nacked.contains(k))
+            .chain(unheld.iter().copied())
+            .collect();
         let releases = ops::plan_releases(&self.shared.staged, releases);
         let release_changes = ops::release_changes(&releases);
         let now = self.clock.now_ms();
@@ -478,7 +498,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 if touch_ops.is_empty() {
                     None
                 } else {
-                    Some(timed(t, ops::touch_exec(&*store, &touch_ops, &unheld, now)).await)
+                    Some(timed(t, ops::touch_exec(&*store, &touch_ops, &touch_unheld, now)).await)
                 }
             },
         );
