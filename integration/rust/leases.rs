@@ -246,15 +246,21 @@ async fn a_touch_and_a_nack_of_one_delivery_in_one_turn_do_not_both_succeed() {
     .await
     .unwrap();
     let addr = srv.addr;
-    let call = move |f: Box<dyn FnOnce(&mut Client) -> Vec<ItemResult> + Send>| {
+    fn on_own_connection<F>(
+        addr: std::net::SocketAddr,
+        f: F,
+    ) -> std::thread::JoinHandle<Vec<ItemResult>>
+    where
+        F: FnOnce(&mut Client) -> Vec<ItemResult> + Send + 'static,
+    {
         std::thread::spawn(move || f(&mut Client::connect(addr, Proto::Binary)))
-    };
-    let acker = call(Box::new(move |c| c.ack(&[y])));
+    }
+    let acker = on_own_connection(addr, move |c| c.ack(&[y]));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let x2 = x.clone();
-    let nacker = call(Box::new(move |c| c.nack(vec![nack(&x2, None, None)])));
+    let nacker = on_own_connection(addr, move |c| c.nack(vec![nack(&x2, None, None)]));
     let x3 = x.clone();
-    let toucher = call(Box::new(move |c| c.touch(&[(x3.as_str(), 60_000)])));
+    let toucher = on_own_connection(addr, move |c| c.touch(&[(x3.as_str(), 60_000)]));
     tokio::time::sleep(Duration::from_millis(300)).await;
     lock.query_drop("ROLLBACK").await.unwrap();
     let _ = lock.disconnect().await;
