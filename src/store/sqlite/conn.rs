@@ -55,6 +55,28 @@ pub(super) fn store_error(e: rusqlite::Error) -> StoreError {
     }
 }
 
+/// `path` with every symlink and `..` resolved; the file itself need not exist yet (its
+/// folder does).
+fn canonical(path: &Path) -> StoreResult<PathBuf> {
+    let fail =
+        |e: std::io::Error| StoreError::Schema(format!("cannot resolve {}: {e}", path.display()));
+    match std::fs::canonicalize(path) {
+        Ok(p) => Ok(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(fail(e));
+            };
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            Ok(std::fs::canonicalize(dir).map_err(fail)?.join(name))
+        }
+        Err(e) => Err(fail(e)),
+    }
+}
+
 /// The shard's thread and the lock that makes this process its only writer.
 pub(super) struct ShardThread {
     jobs: mpsc::Sender<Job>,
@@ -74,6 +96,9 @@ impl ShardThread {
                 StoreError::Schema(format!("cannot create folder {}: {e}", dir.display()))
             })?;
         }
+        // One file, one lock, however the path is spelled (a symlink to the file or its
+        // folder, `..`): the lock and the database go by the file's real path.
+        let path = &canonical(path)?;
         let lock_path = PathBuf::from(format!("{}.lock", path.display()));
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -81,17 +106,38 @@ impl ShardThread {
             .write(true)
             .open(&lock_path)
             .map_err(|e| StoreError::Schema(format!("cannot open {}: {e}", lock_path.display())))?;
-        if lock.try_lock().is_err() {
-            return Err(StoreError::Owned(format!(
-                "shard {shard} (file {}) is served by another foqsd process (it holds {})",
-                path.display(),
-                lock_path.display()
-            )));
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Owned(format!(
+                    "shard {shard} (file {}) is served by another foqsd process (it holds {})",
+                    path.display(),
+                    lock_path.display()
+                )))
+            }
+            // Not another owner: the file system refused the lock (say, one without locks).
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::Schema(format!(
+                    "cannot lock {}: {e}",
+                    lock_path.display()
+                )))
+            }
         }
         let conn = Connection::open(path).map_err(store_error)?;
+        // WAL is what lets readers beside the writer and one fsync per commit; SQLite
+        // answers with the mode it took, which is not WAL where WAL cannot work (some
+        // network file systems): refuse that rather than run in another mode unawares.
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(store_error)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Schema(format!(
+                "{} cannot use write-ahead logging (SQLite chose journal mode {mode})",
+                path.display()
+            )));
+        }
         conn.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             PRAGMA synchronous = FULL;
+            "PRAGMA synchronous = FULL;
              PRAGMA busy_timeout = 5000;
              PRAGMA cache_size = -65536;
              PRAGMA temp_store = MEMORY;",
@@ -233,5 +279,59 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
         for d in dones {
             d(&commit);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder of its own under the system's temporary one, removed at the end.
+    struct Dir(PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn dir(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("foqs-conn-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    fn open(path: &Path) -> StoreResult<ShardThread> {
+        ShardThread::open(0, path, |_| Ok(()))
+    }
+
+    /// One file is one shard, however its path is spelled: through a symlink to the file
+    /// or to its folder, or with `..` in it, a second open finds the first's lock.
+    #[test]
+    fn a_file_reached_by_another_path_is_still_locked() {
+        let d = dir("alias");
+        let real = d.0.join("real");
+        std::fs::create_dir_all(&real).unwrap();
+        let file = real.join("shard.db");
+        let first = open(&file).expect("the first open takes the lock");
+        std::os::unix::fs::symlink(&file, d.0.join("link.db")).unwrap();
+        std::os::unix::fs::symlink(&real, d.0.join("linked")).unwrap();
+        for other in [
+            d.0.join("link.db"),
+            d.0.join("linked").join("shard.db"),
+            real.join("..").join("real").join("shard.db"),
+        ] {
+            match open(&other) {
+                Err(StoreError::Owned(why)) => assert!(why.contains("another"), "{why}"),
+                Err(e) => panic!("{}: {e}", other.display()),
+                Ok(_) => panic!("{} opened beside its other path", other.display()),
+            }
+        }
+        first.close();
+        // Released with the first: the aliased path now opens.
+        open(&d.0.join("link.db"))
+            .expect("opens once the first is closed")
+            .close();
     }
 }
