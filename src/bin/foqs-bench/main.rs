@@ -138,8 +138,15 @@ impl Run {
     }
 
     /// Producers enqueue `items` in total; returns (elapsed, latencies).
-    fn produce(&self, items: u64, deadline: Instant) -> anyhow::Result<(Duration, Latencies)> {
+    /// Producers enqueue until `items` are enqueued or the deadline; returns (elapsed,
+    /// latencies, items enqueued).
+    fn produce(
+        &self,
+        items: u64,
+        deadline: Instant,
+    ) -> anyhow::Result<(Duration, Latencies, u64)> {
         let next = AtomicU64::new(0);
+        let enqueued = AtomicU64::new(0);
         let started = Instant::now();
         let per_producer_rate = (self.args.rate as f64) / self.args.producers as f64;
         self.on_threads(self.args.producers, |p, c, lat| {
@@ -182,8 +189,10 @@ impl Run {
                     bail!("enqueue failed: {e:?}");
                 }
                 sent += n as u64;
+                enqueued.fetch_add(n as u64, Ordering::Relaxed);
             }
         })
+        .map(|(d, lat)| (d, lat, enqueued.load(Ordering::Relaxed)))
     }
 
     /// Consumers dequeue and ack until `items` are consumed; returns (elapsed, latencies,
@@ -294,11 +303,10 @@ fn main() -> anyhow::Result<()> {
     for phase in phases {
         match phase {
             "enqueue" => {
-                let (d, lat) = run.produce(args.items, Instant::now() + limit)?;
-                fields.push(format!(
-                    "\"enqueue_items_per_s\":{:.0}",
-                    rate(args.items, d)
-                ));
+                // What was enqueued, not what was asked: --max-seconds may stop it early.
+                let (d, lat, n) = run.produce(args.items, Instant::now() + limit)?;
+                fields.push(format!("\"enqueue_items_per_s\":{:.0}", rate(n, d)));
+                fields.push(format!("\"enqueue_items\":{n}"));
                 fields.push(format!("\"enqueue_latency\":{}", lat.summary()));
             }
             "drain" => {
@@ -318,7 +326,7 @@ fn main() -> anyhow::Result<()> {
                     (c.join().expect("consumers panicked"), p)
                 });
                 let (d, lat, acks, n) = consumed?;
-                let (_, plat) = produced?;
+                let (_, plat, _) = produced?;
                 fields.push(format!("\"mixed_items_per_s\":{:.0}", rate(n, d)));
                 fields.push(format!("\"mixed_items\":{n}"));
                 fields.push(format!("\"mixed_enqueue_latency\":{}", plat.summary()));
