@@ -29,7 +29,12 @@ impl<S: ShardStore> ShardWorker<S> {
         )
         .await;
         self.record(&r, took);
-        r.map_err(|e| storage_error(self.id, &e))?;
+        if let Err(e) = r {
+            for (ns, topic, _) in dead.values() {
+                self.outcome_unknown(ns, topic);
+            }
+            return Err(storage_error(self.id, &e));
+        }
         Ok(keys
             .iter()
             .map(|k| match dead.remove(k) {
@@ -67,7 +72,10 @@ impl<S: ShardStore> ShardWorker<S> {
         )
         .await;
         self.record(&r, took);
-        r.map_err(|e| storage_error(self.id, &e))?;
+        if let Err(e) = r {
+            self.outcome_unknown(&topic.ns, &topic.topic);
+            return Err(storage_error(self.id, &e));
+        }
         for (i, _) in &items {
             self.counts().moved(
                 &i.ns,

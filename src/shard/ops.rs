@@ -198,7 +198,7 @@ impl<S: ShardStore> ShardWorker<S> {
         self.record(&r, took);
         if let Err(e) = r {
             for (_, it) in &g.rows {
-                self.index().invalidate(&it.ns, &it.topic);
+                self.outcome_unknown(&it.ns, &it.topic);
             }
             fail_all(g.replies, &storage_error(self.id, &e));
             return;
@@ -293,7 +293,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
                 let err = storage_error(self.id, &e);
                 for (topic, _, reply) in plan.parts {
-                    self.index().invalidate(&topic.ns, &topic.topic);
+                    self.outcome_unknown(&topic.ns, &topic.topic);
                     let _ = reply.send(Err(err.clone()));
                 }
             }
@@ -316,7 +316,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     self.shared.staged.insert(key, token);
                 }
                 for t in plan.unclaimed {
-                    self.index().invalidate(&t.ns, &t.topic);
+                    self.outcome_unknown(&t.ns, &t.topic);
                 }
                 return fail_all(requests, &storage_error(self.id, &e));
             }
@@ -360,7 +360,7 @@ impl<S: ShardStore> ShardWorker<S> {
             match topics {
                 Some(topics) => {
                     for (ns, topic) in &topics {
-                        self.index().invalidate(ns, topic);
+                        self.outcome_unknown(ns, topic);
                     }
                 }
                 None => self.index().clear(),
@@ -400,7 +400,7 @@ impl<S: ShardStore> ShardWorker<S> {
         if let Err(e) = r {
             for (items, _) in &requests {
                 for i in items {
-                    self.index().invalidate(&i.ns, &i.topic);
+                    self.outcome_unknown(&i.ns, &i.topic);
                     // Still nobody's: lease expiry gives it back if nothing else does.
                     self.shared.staged.insert(i.id.key, i.lease_token);
                 }

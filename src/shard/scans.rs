@@ -153,7 +153,7 @@ impl<S: ShardStore> ShardWorker<S> {
             self.record(&r, took);
             if let Err(e) = r {
                 for (ns, topic, _) in readied.iter().chain(&removed) {
-                    self.index().invalidate(ns, topic);
+                    self.outcome_unknown(ns, topic);
                 }
                 // Still unseen: the next pass gives them back (or deletes them).
                 for (_, _, key, token) in &unseen {

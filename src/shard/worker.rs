@@ -659,6 +659,15 @@ impl<S: ShardStore> ShardWorker<S> {
     pub(super) fn index(&self) -> std::sync::MutexGuard<'_, ReadyIndex> {
         self.index.lock().expect("not poisoned")
     }
+
+    /// A write to `ns`/`topic` failed with an outcome the worker cannot know (a timeout,
+    /// a lost reply: the commit may have happened): its index forgets the topic, so that
+    /// the next use reloads it from storage, the truth. Every write's failure path comes
+    /// here, so that none leaves a topic indexed as holding nothing while storage may
+    /// hold rows the failed write made ready.
+    pub(super) fn outcome_unknown(&self, ns: &str, topic: &str) {
+        self.index().invalidate(ns, topic);
+    }
 }
 
 #[cfg(test)]

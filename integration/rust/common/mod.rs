@@ -3,6 +3,7 @@
 //! Thrift client (the generated one, over framed binary or compact protocol).
 #![allow(dead_code)]
 
+pub mod faulty;
 mod mariadb;
 mod procs;
 #[allow(unused_imports)] // used by some tests only

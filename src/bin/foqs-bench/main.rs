@@ -140,11 +140,7 @@ impl Run {
     /// Producers enqueue `items` in total; returns (elapsed, latencies).
     /// Producers enqueue until `items` are enqueued or the deadline; returns (elapsed,
     /// latencies, items enqueued).
-    fn produce(
-        &self,
-        items: u64,
-        deadline: Instant,
-    ) -> anyhow::Result<(Duration, Latencies, u64)> {
+    fn produce(&self, items: u64, deadline: Instant) -> anyhow::Result<(Duration, Latencies, u64)> {
         let next = AtomicU64::new(0);
         let enqueued = AtomicU64::new(0);
         let started = Instant::now();

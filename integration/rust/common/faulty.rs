@@ -1,0 +1,87 @@
+//! [`Faulty`]: a real store with faults armed from the test, per operation: fail before
+//! the operation runs, or run it and then report a timeout (a write whose outcome the
+//! worker cannot know: it happened). Test code only; the store underneath is real.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use foqs::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
+use foqs::store::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
+
+/// What an armed operation does, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Refused before it reaches the store.
+    FailBefore,
+    /// Runs (and commits), then the caller hears a timeout.
+    FailAfterCommit,
+}
+
+/// The faults armed, by operation name (`"apply"`, `"insert"`, ...); each fires once.
+#[derive(Default, Clone)]
+pub struct Faults(Arc<Mutex<HashMap<&'static str, Fault>>>);
+
+impl Faults {
+    pub fn arm(&self, op: &'static str, fault: Fault) {
+        self.0.lock().unwrap().insert(op, fault);
+    }
+
+    fn take(&self, op: &'static str) -> Option<Fault> {
+        self.0.lock().unwrap().remove(op)
+    }
+}
+
+pub struct Faulty<S> {
+    pub inner: S,
+    pub faults: Faults,
+}
+
+async fn with_fault<T>(
+    faults: &Faults,
+    op: &'static str,
+    run: impl std::future::Future<Output = StoreResult<T>>,
+) -> StoreResult<T> {
+    match faults.take(op) {
+        None => run.await,
+        Some(Fault::FailBefore) => Err(StoreError::Transient(format!("injected: {op} refused"))),
+        Some(Fault::FailAfterCommit) => {
+            let _ = run.await;
+            Err(StoreError::Timeout(1))
+        }
+    }
+}
+
+macro_rules! faulty {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        impl<S: ShardStore> ShardStore for Faulty<S> {
+            async fn close(&self) {
+                ShardStore::close(&self.inner).await
+            }
+
+            $(async fn $name(&self, $($arg: $ty),*) -> $out {
+                with_fault(&self.faults, stringify!($name), self.inner.$name($($arg),*)).await
+            })*
+        }
+    };
+}
+
+faulty! {
+    open() -> StoreResult<Recovered>;
+    insert(rows: &[(u64, NewItem)], hwm: Option<u64>, now_ms: i64) -> StoreResult<()>;
+    claim(keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>>;
+    fetch_ready(keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>>;
+    ready_keys(ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> StoreResult<Vec<ReadyKey>>;
+    dead_items(ns: &str, topic: &str, after: Option<ReadyKey>, limit: usize) -> StoreResult<Vec<(Item, i64)>>;
+    purge_dead(ns: &str, topic: &str, limit: usize) -> StoreResult<u64>;
+    dedup_lookup(ns: &str, topic: &str, keys: &[&str]) -> StoreResult<Vec<(String, u64)>>;
+    lookup(keys: &[u64]) -> StoreResult<Vec<ItemMeta>>;
+    delete(keys: &[u64]) -> StoreResult<Vec<ItemMeta>>;
+    apply(changes: &[Change], now_ms: i64) -> StoreResult<()>;
+    scan(after: (i64, u64), now_ms: i64, limit: usize) -> StoreResult<Vec<ItemMeta>>;
+    save_checkpoint(checkpoint_ms: i64) -> StoreResult<()>;
+    topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> StoreResult<Vec<TopicCounts>>;
+    topic_snapshot(ns: &str, topic: &str, now: i64) -> StoreResult<TopicSnapshot>;
+    add_totals(deltas: &[(TopicName, Totals)]) -> StoreResult<()>;
+    state_counts() -> StoreResult<Vec<StateCount>>;
+    ping() -> StoreResult<()>;
+}
