@@ -88,6 +88,9 @@ struct ShardOpener {
     /// lock, and a lost lock is reported here. Under etcd the lease and its fence are the
     /// authority (see README, "One writer per shard").
     lost: Option<mpsc::UnboundedSender<ShardId>>,
+    /// A shard whose worker died is reported here, under every manager: the follow loop
+    /// stops serving it and opens it anew.
+    died: mpsc::UnboundedSender<ShardId>,
     store_timeout_ms: u64,
     metrics: Arc<Metrics>,
 }
@@ -127,7 +130,7 @@ impl ShardOpener {
         id: ShardId,
         store: S,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
-        ShardWorker::start(
+        let (handle, worker) = ShardWorker::start(
             id,
             Fenced::new(store, self.fence.clone()),
             self.clock.clone(),
@@ -136,7 +139,20 @@ impl ShardOpener {
             self.metrics.clone(),
         )
         .await
-        .map_err(|source| StartError::Shard { shard: id, source })
+        .map_err(|source| StartError::Shard { shard: id, source })?;
+        // The worker's end is watched: one that panicked leaves its shard unhealthy
+        // (readiness, getHostInfo), counted and logged, and reported to be reopened. Its
+        // requests fail meanwhile with a retryable UNAVAILABLE (its queue is closed).
+        let (dead, died, metrics) = (handle.clone(), self.died.clone(), self.metrics.clone());
+        let supervised = tokio::spawn(async move {
+            if let Err(e) = worker.await {
+                dead.mark_dead();
+                metrics.worker_died(id);
+                tracing::error!(shard = id, error = %e, "shard worker died; reopening the shard");
+                let _ = died.send(id);
+            }
+        });
+        Ok((handle, supervised))
     }
 }
 
@@ -173,7 +189,7 @@ async fn follow_view(
 }
 
 /// Follows the manager's views until `stop`; retries shards that failed to open, and
-/// opens afresh a shard whose owner lock was lost.
+/// opens afresh a shard whose owner lock was lost or whose worker died.
 async fn follow(
     host: Arc<Host>,
     manager: Arc<dyn ShardManager>,
@@ -188,7 +204,8 @@ async fn follow(
             r = views.changed() => if r.is_err() { break },
             _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
             Some(shard) = lost.recv() => {
-                // Whatever it kept in memory may be stale now: stop it, open it anew.
+                // Whatever it kept in memory may be stale now (or its worker is gone):
+                // stop it, open it anew.
                 host.remove_shard(shard).await;
             }
             _ = stop.changed() => break,
@@ -282,7 +299,8 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         clock: clock.clone(),
         waiters: waiters.clone(),
         fence: manager.fence(),
-        lost: (c.manager != ManagerKind::Etcd).then_some(lost_tx),
+        lost: (c.manager != ManagerKind::Etcd).then_some(lost_tx.clone()),
+        died: lost_tx,
         store_timeout_ms: cfg.engine.store_timeout_ms,
         metrics: metrics.clone(),
     };

@@ -104,6 +104,7 @@ pub struct Metrics {
     pub items: Family<NsState, Gauge>,
     pub oldest_ready_age: Family<NsLabel, FloatGauge>,
     pub breaker_open: Family<ShardLabel, Gauge>,
+    pub worker_deaths: Family<ShardLabel, Counter>,
     pub shard_queue_depth: Family<ShardLabel, Gauge>,
     pub shard_turn_duration: Family<ShardLabel, Histogram, fn() -> Histogram>,
     pub store_duration: Family<ShardLabel, Histogram, fn() -> Histogram>,
@@ -171,6 +172,12 @@ impl Metrics {
             "How long the oldest ready item of the namespace has been ready",
             Unit::Seconds,
             oldest_ready_age.clone(),
+        );
+        let worker_deaths = Family::<ShardLabel, Counter>::default();
+        r.register(
+            "shard_worker_deaths",
+            "Shard workers that died (a panic); each shard is reopened by itself",
+            worker_deaths.clone(),
         );
         let breaker_open = Family::<ShardLabel, Gauge>::default();
         r.register(
@@ -262,6 +269,7 @@ impl Metrics {
             items,
             oldest_ready_age,
             breaker_open,
+            worker_deaths,
             shard_queue_depth,
             shard_turn_duration,
             store_duration,
@@ -318,6 +326,14 @@ impl Metrics {
     pub fn connection_ended(&self, reason: &'static str) {
         self.connections_closed
             .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn worker_died(&self, shard: crate::model::ShardId) {
+        self.worker_deaths
+            .get_or_create(&ShardLabel {
+                shard: shard.to_string(),
+            })
             .inc();
     }
 

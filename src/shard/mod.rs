@@ -188,7 +188,12 @@ impl ShardHandle {
         self.id
     }
 
-    /// False while the shard's circuit breaker is open.
+    /// Its worker died (a panic): unhealthy until the shard is reopened with a new one.
+    pub fn mark_dead(&self) {
+        self.shared.healthy.store(false, Ordering::Relaxed);
+    }
+
+    /// False while the shard's circuit breaker is open, or after its worker died.
     pub fn is_healthy(&self) -> bool {
         self.shared.healthy.load(Ordering::Relaxed)
     }

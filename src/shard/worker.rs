@@ -293,6 +293,9 @@ impl<S: ShardStore> ShardWorker<S> {
 
     /// Applies one turn's commands; returns the shutdown acknowledgement if one was asked.
     async fn turn(&mut self, commands: Vec<Command>) -> Option<oneshot::Sender<()>> {
+        // A worker that dies mid-turn (tests arm it; nothing without the `failpoints`
+        // feature): its shard must be noticed as dead and reopened.
+        fail::fail_point!(&format!("shard-{}-turn", self.id));
         let mut enqueues = Vec::new();
         let mut acks = Vec::new();
         let mut nacks = Vec::new();

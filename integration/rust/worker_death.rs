@@ -1,0 +1,110 @@
+//! A shard worker that dies (a panic, armed at a failpoint in its turn) is noticed: its
+//! shard shows unhealthy in getHostInfo, the death is counted and logged, the shard's
+//! requests fail with a retryable error instead of hanging, and the shard is reopened
+//! from storage by itself, with every item still there. Built with `--features
+//! failpoints` (scripts/test.sh does): the failpoint is nothing in other builds.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use foqs::thrift_gen::*;
+
+const NS: &str = "death";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_worker_is_noticed_and_its_shard_reopened_by_itself() {
+    let scenario = fail::FailScenario::setup();
+    let srv = TestServer::start_on(
+        TestDb::new(2),
+        &format!("{FAST_ENGINE}[metrics]\nlisten = \"127.0.0.1:0\"\n"),
+    )
+    .await;
+    let metrics = srv.running.as_ref().unwrap().metrics_addr.unwrap();
+    let mut c = srv.client();
+    // Items on both shards; one of shard 0's is delivered and not acked yet.
+    let ids = c.enqueue(
+        (0..20)
+            .map(|i| EnqueueItem {
+                lease_ms: Some(1_500),
+                ..item(NS, "t", i, b"p")
+            })
+            .collect(),
+    );
+    let on_0: Vec<&String> = ids.iter().filter(|id| id.starts_with("0:")).collect();
+    assert!(!on_0.is_empty(), "some items landed on shard 0: {ids:?}");
+    let delivered = c.dequeue(NS, "t", 20);
+    assert_eq!(delivered.len(), 20);
+    let victim = delivered
+        .iter()
+        .find(|i| i.id.as_deref().is_some_and(|id| id.starts_with("0:")))
+        .unwrap()
+        .id
+        .clone()
+        .unwrap();
+
+    // Shard 0's next turn panics: the ack that reaches it fails, retryably, at once.
+    fail::cfg("shard-0-turn", "1*panic").unwrap();
+    let started = Instant::now();
+    let r = c.call(|cl| {
+        cl.ack(AckRequest {
+            ids: Some(vec![victim.clone()]),
+            forwarded_by: None,
+            forwarded_for: None,
+        })
+    });
+    // UNAVAILABLE is retryable by its code (a per-item error) or says so (a call's).
+    let code = match r {
+        Ok(resp) => {
+            resp.results.unwrap()[0]
+                .error
+                .clone()
+                .expect("the ack failed")
+                .code
+        }
+        Err(e) => {
+            let e = foqs_error(e);
+            assert_eq!(e.retryable, Some(true));
+            e.code
+        }
+    };
+    assert_eq!(code, Some(ErrorCode::UNAVAILABLE));
+    assert!(started.elapsed() < Duration::from_secs(5), "no hang");
+
+    // Noticed (counted), and reopened by itself: healthy again, serving.
+    eventually(Duration::from_secs(15), "shard 0 reopened", || {
+        let (_, scrape) = http_get(metrics, "/metrics");
+        let died = sample(&scrape, "foqs_shard_worker_deaths_total{shard=\"0\"}");
+        let info = c.host_info();
+        let healthy = info
+            .shards
+            .unwrap()
+            .iter()
+            .any(|s| s.shard_id == Some(0) && s.healthy == Some(true));
+        (died == 1.0 && healthy).then_some(())
+    })
+    .await;
+    // Nothing lost: the acked-or-not item comes back when its lease ends (its ack never
+    // ran), and every other item is still there.
+    let acked: Vec<String> = delivered
+        .iter()
+        .filter_map(|i| i.id.clone())
+        .filter(|id| *id != victim)
+        .collect();
+    let results = c.ack(&acked);
+    assert!(results.iter().all(|r| r.error.is_none()), "{results:?}");
+    let back = eventually(
+        Duration::from_secs(15),
+        "the unacked item redelivered",
+        || {
+            let got = c.dequeue(NS, "t", 1);
+            got.first().and_then(|i| i.id.clone())
+        },
+    )
+    .await;
+    assert_eq!(back, victim);
+    assert!(c.ack(&[back])[0].error.is_none());
+    srv.stop().await;
+    scenario.teardown();
+}
