@@ -145,15 +145,27 @@ impl ShardOpener {
         // requests fail meanwhile with a retryable UNAVAILABLE (its queue is closed).
         let (dead, died, metrics) = (handle.clone(), self.died.clone(), self.metrics.clone());
         let supervised = tokio::spawn(async move {
-            if let Err(e) = worker.await {
-                dead.mark_dead();
-                metrics.worker_died(id);
-                tracing::error!(shard = id, error = %e, "shard worker died; reopening the shard");
-                let _ = died.send(id);
+            match worker.await {
+                Err(e) if e.is_panic() => {
+                    let why = panic_message(&*e.into_panic());
+                    dead.mark_dead();
+                    metrics.worker_died(id);
+                    tracing::error!(shard = id, error = %why, "shard worker died; reopening the shard");
+                    let _ = died.send(id);
+                }
+                _ => {}
             }
         });
         Ok((handle, supervised))
     }
+}
+
+/// What a panic said, for the log.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
 }
 
 /// Brings the host's shards in line with the view: stops serving the shards it lost
@@ -205,8 +217,13 @@ async fn follow(
             _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
             Some(shard) = lost.recv() => {
                 // Whatever it kept in memory may be stale now (or its worker is gone):
-                // stop it, open it anew.
+                // stop it, open it anew. If the view has meanwhile given it to another
+                // host, tell the manager it is free: nothing else would (follow_view
+                // releases only shards it stops serving itself).
                 host.remove_shard(shard).await;
+                if !views.borrow().shards_of(host.host_id()).contains(&shard) {
+                    manager.released(shard);
+                }
             }
             _ = stop.changed() => break,
         }

@@ -228,11 +228,17 @@ struct History {
 /// worker. They used to run there as two concurrent statements that both succeeded: the
 /// touch answered "extended" for an item the nack had made ready again. Here the worker
 /// is held in the turn before (an ack of another item waits on a row lock taken from
-/// outside), so both are queued when it goes on. The nack wins; the touch is refused.
+/// outside), so both are queued when it goes on. The touch now waits a turn and sees
+/// that the nack gave the item back: refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_touch_and_a_nack_of_one_delivery_in_one_turn_do_not_both_succeed() {
     use mysql_async::prelude::Queryable;
-    let srv = TestServer::start(1, "").await;
+    let srv = TestServer::start(1, "[metrics]\nlisten = \"127.0.0.1:0\"\n").await;
+    let metrics = srv.running.as_ref().unwrap().metrics_addr.unwrap();
+    let queued = || {
+        let (_, scrape) = http_get(metrics, "/metrics");
+        sample(&scrape, "foqs_shard_queue_depth{shard=\"0\"}")
+    };
     let mut c = srv.client();
     let ids = c.enqueue(vec![item(NS, "pair", 0, b"x"), item(NS, "pair", 1, b"y")]);
     assert_eq!(c.dequeue(NS, "pair", 2).len(), 2);
@@ -256,12 +262,24 @@ async fn a_touch_and_a_nack_of_one_delivery_in_one_turn_do_not_both_succeed() {
         std::thread::spawn(move || f(&mut Client::connect(addr, Proto::Binary)))
     }
     let acker = on_own_connection(addr, move |c| c.ack(&[y]));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The ack's turn has begun (and waits on the lock) once the queue is empty again.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::task::block_in_place(|| {
+        while queued() > 0.0 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
     let x2 = x.clone();
     let nacker = on_own_connection(addr, move |c| c.nack(vec![nack(&x2, None, None)]));
     let x3 = x.clone();
     let toucher = on_own_connection(addr, move |c| c.touch(&[(x3.as_str(), 60_000)]));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both wait in the worker's queue: they will be taken in one turn.
+    eventually(
+        Duration::from_secs(10),
+        "the nack and the touch queued",
+        || tokio::task::block_in_place(|| (queued() >= 2.0).then_some(())),
+    )
+    .await;
     lock.query_drop("ROLLBACK").await.unwrap();
     let _ = lock.disconnect().await;
     let acked = tokio::task::block_in_place(|| acker.join().unwrap());

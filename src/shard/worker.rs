@@ -434,20 +434,20 @@ impl<S: ShardStore> ShardWorker<S> {
                     || claim.as_ref().is_some_and(|c| c.keys.contains(k))
             })
             .collect();
-        // A touch of a delivery that a nack of this turn gives back is refused: the two
-        // would run as concurrent statements, and whichever ran first, both could answer
-        // success, the touch for an item the nack had made ready again. The nack wins (the
-        // consumer let go), deterministically.
+        // A touch of a delivery that a nack of this turn also settles waits for the next
+        // turn: run together, as concurrent statements, both could answer success, the
+        // touch for an item the nack had made ready again. Next turn the touch sees what
+        // the nack did (refused if it gave the item back, done if it was a stale nack).
         let nacked: HashSet<u64> = nacks
             .iter()
             .flat_map(|(n, _)| n.iter().map(|op| op.key))
             .collect();
-        let touch_unheld: HashSet<u64> = touches
-            .iter()
-            .flat_map(|(t, _)| t.iter().map(|op| op.key))
-            .filter(|k| nacked.contains(k))
-            .chain(unheld.iter().copied())
-            .collect();
+        let (later, touches): (Vec<_>, Vec<_>) = touches
+            .into_iter()
+            .partition(|(t, _)| t.iter().any(|op| nacked.contains(&op.key)));
+        for (ops, reply) in later {
+            self.deferred.push(Command::Touch { ops, reply });
+        }
         let releases = ops::plan_releases(&self.shared.staged, releases);
         let release_changes = ops::release_changes(&releases);
         let now = self.clock.now_ms();
@@ -501,7 +501,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 if touch_ops.is_empty() {
                     None
                 } else {
-                    Some(timed(t, ops::touch_exec(&*store, &touch_ops, &touch_unheld, now)).await)
+                    Some(timed(t, ops::touch_exec(&*store, &touch_ops, &unheld, now)).await)
                 }
             },
         );

@@ -63,6 +63,14 @@ fn canonical(path: &Path) -> StoreResult<PathBuf> {
     match std::fs::canonicalize(path) {
         Ok(p) => Ok(p),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // A symlink to a file not there yet would lock under the link's name while
+            // SQLite writes the target: refused (create the file, or name the real path).
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(StoreError::Schema(format!(
+                    "{} is a symlink to a file that does not exist: name the real path",
+                    path.display()
+                )));
+            }
             let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
                 return Err(fail(e));
             };
@@ -124,6 +132,10 @@ impl ShardThread {
             }
         }
         let conn = Connection::open(path).map_err(store_error)?;
+        // Set first: a reader that has the file open while it is created must not turn
+        // the journal-mode switch below into a refusal.
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(store_error)?;
         // WAL is what lets readers beside the writer and one fsync per commit; SQLite
         // answers with the mode it took, which is not WAL where WAL cannot work (some
         // network file systems): refuse that rather than run in another mode unawares.
@@ -138,7 +150,6 @@ impl ShardThread {
         }
         conn.execute_batch(
             "PRAGMA synchronous = FULL;
-             PRAGMA busy_timeout = 5000;
              PRAGMA cache_size = -65536;
              PRAGMA temp_store = MEMORY;",
         )
@@ -328,6 +339,12 @@ mod tests {
                 Ok(_) => panic!("{} opened beside its other path", other.display()),
             }
         }
+        // A symlink to a file that does not exist yet is refused, not locked by its name.
+        std::os::unix::fs::symlink(real.join("later.db"), d.0.join("dangling.db")).unwrap();
+        assert!(matches!(
+            open(&d.0.join("dangling.db")),
+            Err(StoreError::Schema(_))
+        ));
         first.close();
         // Released with the first: the aliased path now opens.
         open(&d.0.join("link.db"))
