@@ -254,7 +254,9 @@ impl ShardHandle {
         self.shared
             .counts
             .lock()
-            .expect("not poisoned")
+            // Poisoned only by a worker that died holding it: its shard is being reopened,
+            // and a reader must not die with it (see `ShardHandle::mark_dead`).
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .ready_topics(now_ms)
     }
 
@@ -263,7 +265,9 @@ impl ShardHandle {
         self.shared
             .counts
             .lock()
-            .expect("not poisoned")
+            // Poisoned only by a worker that died holding it: its shard is being reopened,
+            // and a reader must not die with it (see `ShardHandle::mark_dead`).
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .snapshot(now_ms)
     }
 
@@ -272,7 +276,11 @@ impl ShardHandle {
     pub async fn peek(&self, topic: TopicName, n: usize) -> Result<Vec<ReadyKey>> {
         {
             // Read-only: adding a topic here could evict one the worker is refilling.
-            let index = self.index.lock().expect("not poisoned");
+            // A worker that died holding it poisoned it; its shard is being reopened.
+            let index = self
+                .index
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(t) = index.get(&topic) {
                 if t.len() >= n || !t.is_partial() {
                     return Ok(t.head(n));

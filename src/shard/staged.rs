@@ -30,7 +30,11 @@ pub struct Staged {
 
 impl Staged {
     fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<u64, i64>> {
-        self.keys.lock().expect("not poisoned")
+        // Poisoned only by a worker that died holding it: its shard is being reopened, and
+        // the prefetch task that reads it must not die with it.
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Claimed, not handed out yet.
