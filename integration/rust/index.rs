@@ -15,7 +15,7 @@ use common::*;
 use foqs::clock::{SharedClock, SystemClock};
 use foqs::metrics::Metrics;
 use foqs::model::{Item, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
-use foqs::shard::{ShardWorker, WorkerConfig};
+use foqs::shard::ShardWorker;
 use foqs::store::{Change, ItemMeta, MySqlStore, Recovered, ShardStore, StateCount, StoreResult};
 use foqs::waiters::Waiters;
 use tokio::sync::Notify;
@@ -117,19 +117,7 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
         inner: MySqlStore::new(0, &db.url(0), 4).unwrap(),
         gate: gate.clone(),
     };
-    let cfg = WorkerConfig {
-        enqueue_batch_rows_max: 500,
-        worker_queue_max: 1024,
-        index_keys_per_topic_max: 1000,
-        index_topics_max: 10,
-        scan_interval_ms: 60_000,
-        scan_rows_max: 1000,
-        checkpoint_interval_ms: 60_000,
-        breaker_failures_max: 3,
-        breaker_slow_ms: 10_000,
-        breaker_open_ms: 1000,
-        store_timeout_ms: 20_000,
-    };
+    let cfg = common::faulty::worker_config();
     let clock: SharedClock = Arc::new(SystemClock);
     let (shard, worker) = ShardWorker::start(
         0,

@@ -49,18 +49,10 @@ async fn start(db: &TestDb) -> (ShardHandle, tokio::task::JoinHandle<()>, Faults
         inner: MySqlStore::new(0, &db.url(0), 4).unwrap(),
         faults: faults.clone(),
     };
+    // Injected failures must not open the breaker and hide the shard.
     let cfg = WorkerConfig {
-        enqueue_batch_rows_max: 500,
-        worker_queue_max: 1024,
-        index_keys_per_topic_max: 1000,
-        index_topics_max: 10,
-        scan_interval_ms: 60_000,
-        scan_rows_max: 1000,
-        checkpoint_interval_ms: 60_000,
         breaker_failures_max: 100,
-        breaker_slow_ms: 10_000,
-        breaker_open_ms: 1000,
-        store_timeout_ms: 20_000,
+        ..common::faulty::worker_config()
     };
     let clock: SharedClock = Arc::new(SystemClock);
     let (shard, worker) = ShardWorker::start(

@@ -31,6 +31,25 @@ impl Faults {
     }
 }
 
+/// A worker configuration for tests that drive a `ShardWorker` themselves: background
+/// scans a minute apart (so only the test's calls touch the index), a small index, no
+/// breaker in the way, a generous store timeout.
+pub fn worker_config() -> foqs::shard::WorkerConfig {
+    foqs::shard::WorkerConfig {
+        enqueue_batch_rows_max: 500,
+        worker_queue_max: 1024,
+        index_keys_per_topic_max: 1000,
+        index_topics_max: 10,
+        scan_interval_ms: 60_000,
+        scan_rows_max: 1000,
+        checkpoint_interval_ms: 60_000,
+        breaker_failures_max: 3,
+        breaker_slow_ms: 10_000,
+        breaker_open_ms: 1000,
+        store_timeout_ms: 20_000,
+    }
+}
+
 pub struct Faulty<S> {
     pub inner: S,
     pub faults: Faults,
