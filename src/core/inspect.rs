@@ -271,12 +271,25 @@ impl Host {
         // the first limit + 1 overall is then in the list of every shard that holds it, so
         // its summed counts are complete.
         let shards = self.shards();
-        let pages = join_all(
-            shards
-                .values()
-                .map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1)),
-        )
-        .await;
+        // The shards' counts are read between two reads of the stage, again when the stage
+        // moved meanwhile: items claimed into the stage while the counts were read would be
+        // counted ready twice (once by their shard, once as staged). A stage that never
+        // holds still within three tries is taken as it was last read.
+        let mut tries = 0;
+        let (pages, staged) = loop {
+            let before = self.prefetch.staged_counts(ns, self.staged_live());
+            let pages = join_all(
+                shards
+                    .values()
+                    .map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1)),
+            )
+            .await;
+            let staged = self.prefetch.staged_counts(ns, self.staged_live());
+            tries += 1;
+            if staged == before || tries == 3 {
+                break (pages, staged);
+            }
+        };
         let mut merged: BTreeMap<String, TopicCounts> = BTreeMap::new();
         for page in pages {
             for t in page? {
@@ -292,7 +305,7 @@ impl Host {
             }
         }
         // Staged items are leased in MySQL but nobody holds them: they count as ready.
-        for (topic, n) in self.prefetch.staged_counts(ns, self.staged_live()) {
+        for (topic, n) in staged {
             if let Some(m) = merged.get_mut(&topic) {
                 let n = n.min(m.leased);
                 m.leased -= n;
