@@ -103,7 +103,17 @@ impl Host {
     ) -> Result<(TopicSnapshot, i64)> {
         let topic = self.topic_name(ns, topic)?;
         let shards = self.shards();
-        let snaps = join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))).await;
+        // Between two reads of the stage, as in `local_active_topics`.
+        let mut tries = 0;
+        let (snaps, (staged, staged_oldest)) = loop {
+            let before = self.prefetch.staged_summary(&topic, self.staged_live());
+            let snaps = join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))).await;
+            let staged = self.prefetch.staged_summary(&topic, self.staged_live());
+            tries += 1;
+            if staged == before || tries == 3 {
+                break (snaps, staged);
+            }
+        };
         let mut all = TopicSnapshot::default();
         for s in snaps {
             let s = s?;
@@ -118,7 +128,6 @@ impl Host {
             all.totals.add(&s.totals);
         }
         // Staged items are leased rows, but ready as far as clients can tell.
-        let (staged, staged_oldest) = self.prefetch.staged_summary(&topic, self.staged_live());
         let staged = staged.min(all.leased);
         all.leased -= staged;
         all.ready += staged;
