@@ -7,38 +7,21 @@ mod common;
 
 use std::sync::Arc;
 
-use common::faulty::{Fault, Faults, Faulty};
+use common::faulty::{self, Fault, Faults, Faulty};
 use common::*;
-use foqs::clock::{Clock, SharedClock, SystemClock};
+use foqs::clock::{SharedClock, SystemClock};
 use foqs::metrics::Metrics;
-use foqs::model::{NewItem, Policy, TopicName};
+use foqs::model::{NewItem, TopicName};
 use foqs::shard::{NackOp, Settled, ShardHandle, ShardWorker, WorkerConfig};
 use foqs::store::MySqlStore;
 use foqs::waiters::Waiters;
 
-fn new_item(topic: &str) -> NewItem {
-    let now = SystemClock.now_ms();
-    NewItem {
-        ns: "out".into(),
-        topic: topic.into(),
-        priority: 0,
-        payload: b"x".to_vec(),
-        metadata: vec![],
-        deliver_after_ms: now,
-        enqueued_at_ms: now,
-        lease_ms: 60_000,
-        expires_at_ms: None,
-        policy: Policy::AtLeastOnce,
-        max_attempts: 5,
-        dedup_key: None,
-    }
+fn new_item(t: &str) -> NewItem {
+    faulty::new_item("out", t, 0)
 }
 
 fn topic(t: &str) -> TopicName {
-    TopicName {
-        ns: "out".into(),
-        topic: t.into(),
-    }
+    faulty::topic("out", t)
 }
 
 /// A worker over the real store of `db`'s shard 0 with faults the test arms; background

@@ -1,12 +1,16 @@
 //! [`Faulty`]: a real store with faults armed from the test, per operation: fail before
-//! the operation runs, or run it and then report a timeout (a write whose outcome the
-//! worker cannot know: it happened). Test code only; the store underneath is real.
+//! the operation runs, run it and then report a timeout (a write whose outcome the worker
+//! cannot know: it happened), or hold it until the test lets it go. Test code only; the
+//! store underneath is real. Also the small tools of tests that drive a `ShardWorker`
+//! themselves.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use foqs::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
+use foqs::clock::{Clock, SystemClock};
+use foqs::model::{Item, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
 use foqs::store::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
+use tokio::sync::Notify;
 
 /// What an armed operation does, once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,19 +19,26 @@ pub enum Fault {
     FailBefore,
     /// Runs (and commits), then the caller hears a timeout.
     FailAfterCommit,
+    /// Waits: [`Faults::waiting`] is notified when it gets there, and it goes on when the
+    /// test notifies [`Faults::open`].
+    Hold,
 }
 
 /// The faults armed, by operation name (`"apply"`, `"insert"`, ...); each fires once.
 #[derive(Default, Clone)]
-pub struct Faults(Arc<Mutex<HashMap<&'static str, Fault>>>);
+pub struct Faults {
+    armed: Arc<Mutex<HashMap<&'static str, Fault>>>,
+    pub waiting: Arc<Notify>,
+    pub open: Arc<Notify>,
+}
 
 impl Faults {
     pub fn arm(&self, op: &'static str, fault: Fault) {
-        self.0.lock().unwrap().insert(op, fault);
+        self.armed.lock().unwrap().insert(op, fault);
     }
 
     fn take(&self, op: &'static str) -> Option<Fault> {
-        self.0.lock().unwrap().remove(op)
+        self.armed.lock().unwrap().remove(op)
     }
 }
 
@@ -50,6 +61,32 @@ pub fn worker_config() -> foqs::shard::WorkerConfig {
     }
 }
 
+/// An item for `ns`/`topic` with every field set plainly (ready now, at-least-once).
+pub fn new_item(ns: &str, topic: &str, priority: i32) -> NewItem {
+    let now = SystemClock.now_ms();
+    NewItem {
+        ns: ns.into(),
+        topic: topic.into(),
+        priority,
+        payload: b"x".to_vec(),
+        metadata: vec![],
+        deliver_after_ms: now,
+        enqueued_at_ms: now,
+        lease_ms: 60_000,
+        expires_at_ms: None,
+        policy: Policy::AtLeastOnce,
+        max_attempts: 5,
+        dedup_key: None,
+    }
+}
+
+pub fn topic(ns: &str, topic: &str) -> TopicName {
+    TopicName {
+        ns: ns.into(),
+        topic: topic.into(),
+    }
+}
+
 pub struct Faulty<S> {
     pub inner: S,
     pub faults: Faults,
@@ -66,6 +103,12 @@ async fn with_fault<T>(
         Some(Fault::FailAfterCommit) => {
             let _ = run.await;
             Err(StoreError::Timeout(1))
+        }
+        Some(Fault::Hold) => {
+            let opened = faults.open.notified();
+            faults.waiting.notify_one();
+            opened.await;
+            run.await
         }
     }
 }
