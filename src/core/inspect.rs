@@ -103,17 +103,11 @@ impl Host {
     ) -> Result<(TopicSnapshot, i64)> {
         let topic = self.topic_name(ns, topic)?;
         let shards = self.shards();
-        // Between two reads of the stage, as in `local_active_topics`.
-        let mut tries = 0;
-        let (snaps, (staged, staged_oldest)) = loop {
-            let before = self.prefetch.staged_summary(&topic, self.staged_live());
-            let snaps = join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))).await;
-            let staged = self.prefetch.staged_summary(&topic, self.staged_live());
-            tries += 1;
-            if staged == before || tries == 3 {
-                break (snaps, staged);
-            }
-        };
+        let (snaps, (staged, staged_oldest)) = beside_stage(
+            || self.prefetch.staged_summary(&topic, self.staged_live()),
+            || join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))),
+        )
+        .await;
         let mut all = TopicSnapshot::default();
         for s in snaps {
             let s = s?;
@@ -280,25 +274,17 @@ impl Host {
         // the first limit + 1 overall is then in the list of every shard that holds it, so
         // its summed counts are complete.
         let shards = self.shards();
-        // The shards' counts are read between two reads of the stage, again when the stage
-        // moved meanwhile: items claimed into the stage while the counts were read would be
-        // counted ready twice (once by their shard, once as staged). A stage that never
-        // holds still within three tries is taken as it was last read.
-        let mut tries = 0;
-        let (pages, staged) = loop {
-            let before = self.prefetch.staged_counts(ns, self.staged_live());
-            let pages = join_all(
-                shards
-                    .values()
-                    .map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1)),
-            )
-            .await;
-            let staged = self.prefetch.staged_counts(ns, self.staged_live());
-            tries += 1;
-            if staged == before || tries == 3 {
-                break (pages, staged);
-            }
-        };
+        let (pages, staged) = beside_stage(
+            || self.prefetch.staged_counts(ns, self.staged_live()),
+            || {
+                join_all(
+                    shards
+                        .values()
+                        .map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1)),
+                )
+            },
+        )
+        .await;
         let mut merged: BTreeMap<String, TopicCounts> = BTreeMap::new();
         for page in pages {
             for t in page? {
@@ -329,5 +315,26 @@ impl Host {
             None
         };
         Ok(ActiveTopicsPage { topics, next_after })
+    }
+}
+
+/// Reads the shards (`read`) between two reads of the prefetch stage (`stage`), again
+/// when the stage moved meanwhile: items claimed into the stage while the shards were
+/// read would be counted ready twice (once by their shard, once as staged). A stage that
+/// never holds still within three tries is taken as it was last read.
+async fn beside_stage<S, T, F>(stage: impl Fn() -> S, read: impl Fn() -> F) -> (T, S)
+where
+    S: PartialEq,
+    F: std::future::Future<Output = T>,
+{
+    let mut tries = 0;
+    loop {
+        let before = stage();
+        let read = read().await;
+        let after = stage();
+        tries += 1;
+        if after == before || tries == 3 {
+            return (read, after);
+        }
     }
 }
