@@ -33,6 +33,8 @@ command -v mariadb-install-db >/dev/null 2>&1 || foqs_apt_install mariadb-server
 # The cluster tests run private etcd servers of their own (started and stopped by them).
 foqs_etcd_install
 foqs_log "MySQL for tests: $FOQS_TEST_MYSQL_URL"
+# Tests open hundreds of connections and threads: the limits they run under, for the record.
+foqs_log "limits: $(ulimit -n) open files, $(ulimit -u) processes"
 
 foqs_log "Rust unit and integration tests (MySQL; the store conformance suite on both stores)"
 cargo test --all-targets

@@ -140,10 +140,28 @@ async fn nacks_and_deferred_items_coming_due_wake_long_polls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_waiters_each_get_their_own_item() {
+    // Seen once in CI: some of the 300 waiters' connections reset or closed without a
+    // reply; not reproduced since (40 runs, loaded or not, both backends). The server's
+    // log says why it closed a connection, if it did.
+    logs_in_test_output();
     let srv = TestServer::start(3, "").await;
     let mut c = srv.client();
     let waiters: Vec<_> = (0..300)
-        .map(|_| poll(srv.addr, vec![topic_req(NS, "crowd", 1)], 20_000))
+        .map(|_| {
+            let addr = srv.addr;
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let mut c = Client::connect(addr, Proto::Binary);
+                let connected = t.elapsed();
+                c.try_dequeue_wait(vec![topic_req(NS, "crowd", 1)], Some(20_000))
+                    .map_err(|e| {
+                        format!(
+                            "{e} (connected in {connected:?}, failed after {:?})",
+                            t.elapsed()
+                        )
+                    })
+            })
+        })
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     c.enqueue((0..300).map(|i| item(NS, "crowd", i, b"x")).collect());
@@ -155,9 +173,15 @@ async fn hundreds_of_waiters_each_get_their_own_item() {
     })
     .await
     .unwrap();
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 300 long polls failed: {failed:?}",
+        failed.len()
+    );
     let ids: Vec<String> = results
         .into_iter()
-        .flat_map(|(got, _)| got.into_iter().map(|i| i.id.unwrap()))
+        .flat_map(|got| got.unwrap().into_iter().map(|i| i.id.unwrap()))
         .collect();
     let unique: HashSet<&String> = ids.iter().collect();
     assert_eq!(ids.len(), 300, "every waiter got an item");

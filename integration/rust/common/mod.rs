@@ -22,6 +22,16 @@ use foqs::daemon::Running;
 use foqs::thrift_gen::*;
 use mysql_async::prelude::*;
 
+/// Sends foqsd's own logs (info and up) to the test's captured output, so that a failing
+/// test shows why the server closed a connection or refused a request; a passing test's
+/// output is dropped as usual. Once per test binary; later calls do nothing.
+pub fn logs_in_test_output() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("foqs=info"))
+        .with_test_writer()
+        .try_init();
+}
+
 /// The MySQL server tests use: `FOQS_TEST_MYSQL_URL`, else the local one.
 pub fn mysql_base() -> String {
     std::env::var("FOQS_TEST_MYSQL_URL")
