@@ -38,8 +38,6 @@ foqs_log "limits: $(ulimit -n) open files, $(ulimit -u) processes"
 
 foqs_log "Rust unit and integration tests (MySQL; the store conformance suite on both stores)"
 cargo test --all-targets
-foqs_log "the tests that arm failpoints (a build with --features failpoints)"
-cargo test --features failpoints --test worker_death
 foqs_log "the integration tests that hold for every backend, again on SQLite shards"
 FOQS_TEST_BACKEND=sqlite cargo test --test api --test background --test dedup --test dlq --test longpoll \
   --test prefetch --test restart --test wire

@@ -109,7 +109,9 @@ impl ShardOpener {
             tracing::info!(shard = s.id, file = %path.display(), "opening shard");
             return self.start(id, SqliteStore::new(s.id, path)).await;
         }
-        let mut store = MySqlStore::new(s.id, &s.url, s.pool_connections_max).map_err(err)?;
+        let mut store = MySqlStore::new(s.id, &s.url, s.pool_connections_max)
+            .map_err(err)?
+            .with_statement_timeout(self.store_timeout_ms);
         if let Some(lost) = &self.lost {
             let lost = lost.clone();
             store = store.with_owner_lock(

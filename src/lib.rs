@@ -66,6 +66,7 @@ pub mod metrics;
 pub mod model;
 pub mod quota;
 pub mod rpc;
+pub mod seeded;
 pub mod server;
 pub mod shard;
 pub mod store;

@@ -10,12 +10,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::faulty::{self, Fault, Faults, Faulty};
+use common::shard as faulty;
 use common::*;
 use foqs::clock::{SharedClock, SystemClock};
 use foqs::metrics::Metrics;
 use foqs::model::{NewItem, TopicName};
 use foqs::shard::ShardWorker;
+use foqs::store::faulty::{Fault, Faults, Faulty};
 use foqs::store::MySqlStore;
 use foqs::waiters::Waiters;
 
@@ -31,11 +32,8 @@ fn topic(t: &str) -> TopicName {
 async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
     let db = TestDb::new(1);
     let gate = Faults::default();
-    let store = Faulty {
-        inner: MySqlStore::new(0, &db.url(0), 4).unwrap(),
-        faults: gate.clone(),
-    };
-    let cfg = common::faulty::worker_config();
+    let store = Faulty::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), gate.clone());
+    let cfg = faulty::worker_config();
     let clock: SharedClock = Arc::new(SystemClock);
     let (shard, worker) = ShardWorker::start(
         0,
@@ -68,7 +66,7 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
 
     // A peek of 50 needs a refill of "a": held at the gate.
     gate.arm("ready_keys", Fault::Hold);
-    let waiting = gate.waiting.notified();
+    let waiting = gate.waiting().notified();
     let refill = tokio::spawn({
         let s = shard.clone();
         async move { s.peek(topic("a"), 50).await.unwrap() }
@@ -82,7 +80,7 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    gate.open.notify_one();
+    gate.release();
     let head = refill.await.unwrap();
     for o in others {
         assert!(o.await.unwrap().unwrap().is_empty());

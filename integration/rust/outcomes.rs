@@ -6,13 +6,15 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use common::faulty::{self, Fault, Faults, Faulty};
+use common::shard as faulty;
 use common::*;
 use foqs::clock::{SharedClock, SystemClock};
 use foqs::metrics::Metrics;
 use foqs::model::{NewItem, TopicName};
 use foqs::shard::{NackOp, Settled, ShardHandle, ShardWorker, WorkerConfig};
+use foqs::store::faulty::{Fault, Faults, Faulty};
 use foqs::store::MySqlStore;
 use foqs::waiters::Waiters;
 
@@ -27,15 +29,19 @@ fn topic(t: &str) -> TopicName {
 /// A worker over the real store of `db`'s shard 0 with faults the test arms; background
 /// scans far apart, so that only the test's calls touch the index.
 async fn start(db: &TestDb) -> (ShardHandle, tokio::task::JoinHandle<()>, Faults) {
+    start_with(db, faulty::worker_config()).await
+}
+
+async fn start_with(
+    db: &TestDb,
+    cfg: WorkerConfig,
+) -> (ShardHandle, tokio::task::JoinHandle<()>, Faults) {
     let faults = Faults::default();
-    let store = Faulty {
-        inner: MySqlStore::new(0, &db.url(0), 4).unwrap(),
-        faults: faults.clone(),
-    };
+    let store = Faulty::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), faults.clone());
     // Injected failures must not open the breaker and hide the shard.
     let cfg = WorkerConfig {
         breaker_failures_max: 100,
-        ..common::faulty::worker_config()
+        ..cfg
     };
     let clock: SharedClock = Arc::new(SystemClock);
     let (shard, worker) = ShardWorker::start(
@@ -101,6 +107,75 @@ async fn a_dead_letter_requeue_whose_outcome_is_unknown_strands_nothing() {
     assert!(shard.revive_some(topic("all"), 10).await.is_err());
     let head = shard.peek(topic("all"), 10).await.unwrap();
     assert_eq!(head.first().map(|k| k.key), Some(y));
+    shard.shutdown().await;
+    worker.await.unwrap();
+}
+
+/// Risk 2 of issue 18: a nack whose statement the worker gave up on commits later (MySQL
+/// goes on running it). A refill between the timeout and the late commit finds the topic
+/// empty; without a second look once the outcome has settled, the item, ready in storage,
+/// would never be handed out (nor its lease expire: it has none) until a restart. The
+/// counts behind topicStats said "leased" meanwhile; they must say "ready" again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_that_commits_after_its_timeout_strands_nothing_and_the_counts_heal() {
+    let db = TestDb::mysql(1);
+    // A short store timeout (so a short settle window), scans often enough to settle.
+    let cfg = WorkerConfig {
+        store_timeout_ms: 300,
+        scan_interval_ms: 50,
+        ..faulty::worker_config()
+    };
+    let (shard, worker, faults) = start_with(&db, cfg).await;
+    let key = shard
+        .submit_enqueue(vec![new_item("late")])
+        .map_err(|(_, e)| e)
+        .unwrap()
+        .wait()
+        .await
+        .unwrap()[0]
+        .0;
+    let keys = shard.peek(topic("late"), 10).await.unwrap();
+    let claimed = shard.claim(topic("late"), keys).await.unwrap();
+    assert_eq!(shard.hand_out(claimed).len(), 1);
+    faults.arm("apply", Fault::CommitLate(Duration::from_millis(200)));
+    let nacked = shard
+        .nack(vec![NackOp {
+            key,
+            delay_ms: 0,
+            metadata: None,
+            to_dlq: false,
+            lease_id: None,
+        }])
+        .await;
+    assert!(nacked.is_err(), "the worker hears a timeout: {nacked:?}");
+    // The refill right after the failure reads the row still leased.
+    assert!(shard.peek(topic("late"), 10).await.unwrap().is_empty());
+    let t = std::time::Instant::now();
+    let found = loop {
+        let head = shard.peek(topic("late"), 10).await.unwrap();
+        if !head.is_empty() || t.elapsed() > Duration::from_secs(10) {
+            break head;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        found.first().map(|k| k.key),
+        Some(key),
+        "the nacked item, ready in storage, is never handed out"
+    );
+    // Found within the settle window (store timeout + 1 s) plus a scan interval or two.
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "found after {:?}",
+        t.elapsed()
+    );
+    let counts = eventually(Duration::from_secs(5), "counts say ready", || {
+        let snap = shard.ns_counts(now_ms());
+        let out = snap.iter().find(|(ns, _)| ns == "out")?.1;
+        (out.ready == 1 && out.leased == 0).then_some(out)
+    })
+    .await;
+    assert_eq!(counts.ready, 1);
     shard.shutdown().await;
     worker.await.unwrap();
 }

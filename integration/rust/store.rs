@@ -13,6 +13,7 @@ use common::*;
 use foqs::fence::Fence;
 use foqs::model::{ItemState, NewItem, Policy, ReadyKey, TopicName, Totals};
 use foqs::store::{Change, Fenced, ItemMeta, MySqlStore, ShardStore, SqliteStore, StoreError};
+use mysql_async::prelude::*;
 
 const NOW: i64 = 1_700_000_000_000;
 const LEASE: i64 = 30_000;
@@ -47,7 +48,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     let s = make();
     let r = s.open().await.unwrap();
     assert_eq!((r.key_high_water, r.checkpoint_ms), (1, 0));
-    assert!(s.state_counts().await.unwrap().is_empty());
+    assert!(s.state_counts(None).await.unwrap().is_empty());
 
     // One writer: a second store on the same shard refuses while the first is open.
     match make().open().await {
@@ -373,7 +374,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
             .enqueued,
         3
     );
-    let mut sc = s.state_counts().await.unwrap();
+    let mut sc = s.state_counts(None).await.unwrap();
     sc.sort_by_key(|c| c.3);
     // Grouped by the second of deliver_after (NOW - 100 and NOW - 50 share one).
     let t = |sec: i64, n: i64| ("a".to_string(), "t".to_string(), ItemState::Ready, sec, n);
@@ -385,6 +386,20 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
             t((NOW + 1_000).div_euclid(1000), 1),
         ]
     );
+    // One topic's counts alone (after a write whose outcome was unknown), and a topic that
+    // has no id has none.
+    let name = |ns: &str, topic: &str| TopicName {
+        ns: ns.into(),
+        topic: topic.into(),
+    };
+    let mut one = s.state_counts(Some(&name("a", "t"))).await.unwrap();
+    one.sort_by_key(|c| c.3);
+    assert_eq!(one, sc);
+    assert!(s
+        .state_counts(Some(&name("a", "nope")))
+        .await
+        .unwrap()
+        .is_empty());
 
     // What survives a reopen: rows, topic names, the key high-water mark, the checkpoint.
     s.save_checkpoint(NOW - 5).await.unwrap();
@@ -392,7 +407,13 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     let s = make();
     let r = s.open().await.unwrap();
     assert_eq!((r.key_high_water, r.checkpoint_ms), (100, NOW - 5));
-    let items: i64 = s.state_counts().await.unwrap().iter().map(|c| c.4).sum();
+    let items: i64 = s
+        .state_counts(None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.4)
+        .sum();
     assert_eq!(items, 4);
     assert_eq!(
         keys(&s.ready_keys("a", "t", None, NOW, 10).await.unwrap()),
@@ -455,4 +476,48 @@ async fn the_sqlite_store_conforms() {
     let db = TestDb::sqlite(1);
     let path = foqs::store::sqlite_path(&db.url(0), std::path::Path::new("/")).unwrap();
     conforms(&db, || SqliteStore::new(0, path.clone())).await;
+}
+
+/// A write that waits (here: on a row another connection holds locked) is stopped by the
+/// server at the statement bound, so a write the worker gave up on cannot commit long
+/// after (issue 18, risk 2). Without the bound it would wait for InnoDB's lock timeout
+/// (50 s by default) and then could still commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
+    let db = TestDb::mysql(1);
+    let s = MySqlStore::new(0, &db.url(0), 2)
+        .unwrap()
+        .with_statement_timeout(300);
+    s.open().await.unwrap();
+    s.insert(&[(1, new_item("a", "t", 0, NOW))], Some(100), NOW)
+        .await
+        .unwrap();
+    let claimed = s.claim(&[1], NOW, 7).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    // Another session locks the row and keeps the lock.
+    let mut locker = mysql_async::Conn::from_url(db.url(0)).await.unwrap();
+    locker
+        .query_drop("START TRANSACTION; SELECT id FROM items WHERE id = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let r = s
+        .apply(
+            &[Change::Ready {
+                key: 1,
+                deliver_after_ms: None,
+                metadata: None,
+            }],
+            NOW,
+        )
+        .await;
+    let took = t.elapsed();
+    let _ = locker.query_drop("ROLLBACK").await;
+    let _ = locker.disconnect().await;
+    assert!(r.is_err(), "the write waited out the lock and ran: {r:?}");
+    assert!(took < Duration::from_secs(5), "stopped after {took:?}");
+    // Statements that may rightly take long (the schema, the full count) are not bound,
+    // and the bound is back on the connection afterwards.
+    assert_eq!(s.state_counts(None).await.unwrap().len(), 1);
+    s.close().await;
 }

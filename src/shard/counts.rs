@@ -11,13 +11,15 @@
 //! waiting items.
 //!
 //! After a storage error whose outcome is unknown the counts may drift by the items
-//! involved until the shard is opened again (a restart counts afresh).
+//! involved, until the outcome has settled and the worker re-reads the topic's counts from
+//! the store ([`NsCounts::recount`], see `doubt.rs`).
 //!
 //! Lock order: the shard's counts lock is taken alone, never across an `.await`.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::model::ItemState;
+use crate::model::{ItemState, TopicName};
+use crate::store::StateCount;
 
 #[derive(Debug, Default, Clone)]
 struct Counts {
@@ -52,6 +54,10 @@ impl NsSnapshot {
 }
 
 impl Counts {
+    fn total(&self) -> i64 {
+        self.leased + self.dead + self.waiting.values().sum::<i64>()
+    }
+
     fn snapshot(&self, now_sec: i64) -> NsSnapshot {
         let mut s = NsSnapshot {
             leased: self.leased,
@@ -117,6 +123,46 @@ impl NsCounts {
                 self.by_ns.remove(ns);
             }
         }
+    }
+
+    /// Replaces what is counted of `topic` (every topic: `None`) by `rows`, as read from
+    /// the store (see `ShardStore::state_counts`); returns how many items that adds (< 0:
+    /// removes) to the shard's total.
+    pub fn recount(&mut self, topic: Option<&TopicName>, rows: Vec<StateCount>) -> i64 {
+        let before = match topic {
+            None => {
+                let all = self.total();
+                self.by_ns.clear();
+                all
+            }
+            Some(t) => {
+                let gone = self
+                    .by_ns
+                    .get_mut(&t.ns)
+                    .and_then(|topics| topics.remove(&t.topic));
+                if self.by_ns.get(&t.ns).is_some_and(|m| m.is_empty()) {
+                    self.by_ns.remove(&t.ns);
+                }
+                gone.map_or(0, |c| c.total())
+            }
+        };
+        let mut after = 0;
+        for (ns, name, state, sec, n) in rows {
+            if topic.is_some_and(|t| t.ns != ns || t.topic != name) {
+                continue;
+            }
+            self.add(&ns, &name, state, sec * 1000, n);
+            after += n;
+        }
+        after - before
+    }
+
+    fn total(&self) -> i64 {
+        self.by_ns
+            .values()
+            .flat_map(|topics| topics.values())
+            .map(Counts::total)
+            .sum()
     }
 
     /// Moves one item of a topic between states.

@@ -6,6 +6,7 @@
 mod breaker;
 mod counts;
 mod dlq;
+mod doubt;
 mod index;
 mod ops;
 mod scans;

@@ -363,7 +363,7 @@ impl<S: ShardStore> ShardWorker<S> {
                         self.outcome_unknown(ns, topic);
                     }
                 }
-                None => self.index().clear(),
+                None => self.all_unknown(),
             }
             e
         });

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::doubt::Settled;
 use super::worker::{timed, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
 use crate::model::{ItemState, Policy, TopicName, Totals};
 use crate::store::{next_event, Change, ShardStore, StoreError};
@@ -30,6 +31,7 @@ impl<S: ShardStore> ShardWorker<S> {
             }
             return;
         }
+        self.settle_doubts().await;
         for _ in 0..SCAN_STEPS_PER_TICK_MAX {
             match self.scan_step(now).await {
                 Ok(true) => continue,
@@ -41,6 +43,73 @@ impl<S: ShardStore> ShardWorker<S> {
             }
         }
         self.save_checkpoints(false).await;
+    }
+
+    /// Topics whose unknown write outcome has settled (see `doubt.rs`): their index is
+    /// forgotten again, so the next refill reads what the late commit did, and their
+    /// counts are read afresh from storage. Runs inside the worker, between turns, so no
+    /// write of this worker moves the counts while they are read.
+    async fn settle_doubts(&mut self) {
+        let settled = self.doubts().settled(std::time::Instant::now());
+        let Some(settled) = settled else { return };
+        let topic = match &settled {
+            Settled::All => {
+                self.index().clear();
+                None
+            }
+            Settled::Topics(ts) => {
+                let mut index = self.index();
+                for t in ts {
+                    index.invalidate(&t.ns, &t.topic);
+                }
+                drop(index);
+                Some(ts.clone())
+            }
+        };
+        let store = self.store.clone();
+        let t = self.timeout();
+        let fresh = match &topic {
+            None => {
+                let (r, took) = timed(t, store.state_counts(None)).await;
+                self.record(&r, took);
+                r.map(|rows| vec![(None, rows)])
+            }
+            Some(ts) => {
+                let mut all = Vec::with_capacity(ts.len());
+                let mut failed = None;
+                for name in ts {
+                    let (r, took) = timed(t, store.state_counts(Some(name))).await;
+                    self.record(&r, took);
+                    match r {
+                        Ok(rows) => all.push((Some(name.clone()), rows)),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+                match failed {
+                    None => Ok(all),
+                    Some(e) => Err(e),
+                }
+            }
+        };
+        match fresh {
+            Ok(counted) => {
+                let mut counts = self.counts();
+                let mut delta = 0;
+                for (name, rows) in counted {
+                    delta += counts.recount(name.as_ref(), rows);
+                }
+                drop(counts);
+                self.shared.items.fetch_add(delta, Ordering::Relaxed);
+                tracing::info!(shard = self.id, what = ?topic, drift = delta, "counts read afresh after writes whose outcome was unknown");
+            }
+            Err(e) => {
+                tracing::warn!(shard = self.id, error = %e, "re-counting after an unknown outcome failed; trying again");
+                self.doubts().retry(settled, std::time::Instant::now());
+            }
+        }
     }
 
     /// Processes the next rows of the timer index; true when there may be more due right

@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::doubt::Doubts;
 use super::ops::{self, nack_exec};
 use super::{Breaker, Command, NsCounts, ReadyIndex, Reply, ShardHandle, ShardShared};
 use crate::clock::SharedClock;
@@ -100,6 +101,10 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) totals: HashMap<TopicName, Totals>,
     /// Item events by namespace not published to the metrics yet (see `publish_events`).
     pub(super) events: HashMap<String, Totals>,
+    /// Topics whose last write's outcome is unknown (see `doubt.rs`); a lock only so that
+    /// the finish paths, which borrow the worker, can add to it. Never held across an
+    /// `.await`.
+    pub(super) doubts: std::sync::Mutex<Doubts>,
     pub(super) probes: Probes,
 }
 
@@ -109,6 +114,13 @@ pub(super) struct Probes {
     store_duration: Histogram,
     store_errors: Counter,
     turn_duration: Histogram,
+}
+
+/// How long after a write failed with an unknown outcome it may still commit: the store
+/// timeout (MariaDB's `max_statement_time` bounds a statement to it, see `doubt.rs`),
+/// plus a second for the statement to reach the server and the commit to be written.
+pub(super) fn settle_window(cfg: &WorkerConfig) -> Duration {
+    Duration::from_millis(cfg.store_timeout_ms + 1000)
 }
 
 /// Runs a storage operation under the shard's timeout; returns its outcome and how long it
@@ -156,7 +168,7 @@ impl<S: ShardStore> ShardWorker<S> {
         // the total comes from it too, not from a second scan.
         let mut counts = NsCounts::default();
         let mut items = 0;
-        for (ns, topic, state, sec, n) in store.state_counts().await? {
+        for (ns, topic, state, sec, n) in store.state_counts(None).await? {
             counts.add(&ns, &topic, state, sec * 1000, n);
             items += n;
         }
@@ -206,6 +218,7 @@ impl<S: ShardStore> ShardWorker<S> {
             totals: HashMap::new(),
             events: HashMap::new(),
             deferred: Vec::new(),
+            doubts: std::sync::Mutex::new(Doubts::new(settle_window(&cfg))),
             clock,
             cfg,
             probes,
@@ -670,6 +683,23 @@ impl<S: ShardStore> ShardWorker<S> {
     /// hold rows the failed write made ready.
     pub(super) fn outcome_unknown(&self, ns: &str, topic: &str) {
         self.index().invalidate(ns, topic);
+        let t = TopicName {
+            ns: ns.to_string(),
+            topic: topic.to_string(),
+        };
+        self.doubts().topic(t, std::time::Instant::now());
+    }
+
+    /// A write whose rows (and so topics) are unknown failed: the whole index is forgotten
+    /// now and again once the outcome has settled, and every count is re-read then.
+    pub(super) fn all_unknown(&self) {
+        self.index().clear();
+        self.doubts().everything(std::time::Instant::now());
+    }
+
+    pub(super) fn doubts(&self) -> std::sync::MutexGuard<'_, Doubts> {
+        // Plain data, consistent after any panic: a poisoned lock is taken over.
+        self.doubts.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -60,6 +60,6 @@ fenced! {
     topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
     topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
     add_totals(deltas: &[(TopicName, Totals)]) -> ();
-    state_counts() -> Vec<StateCount>;
+    state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
     ping() -> ();
 }

@@ -8,6 +8,9 @@
 //! only writer, so no method needs locking reads; guards in `WHERE` clauses are safety
 //! nets, not concurrency control.
 
+/// Fault injection around a real store, for tests only.
+#[cfg(feature = "faults")]
+pub mod faulty;
 mod fenced;
 mod mysql;
 pub mod sql;
@@ -283,9 +286,13 @@ pub trait ShardStore: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// How many items there are by topic and state, and for ready items by the second of
-    /// their `deliver_after_ms`: (ns, topic, state, second, count). Read once, when the
-    /// shard opens; the worker keeps the counts from then on.
-    fn state_counts(&self) -> impl Future<Output = StoreResult<Vec<StateCount>>> + Send;
+    /// their `deliver_after_ms`: (ns, topic, state, second, count), of every topic or of
+    /// `topic` only. Read when the shard opens (the worker keeps the counts from then on),
+    /// and for a topic again once a write's unknown outcome has settled.
+    fn state_counts(
+        &self,
+        topic: Option<&TopicName>,
+    ) -> impl Future<Output = StoreResult<Vec<StateCount>>> + Send;
 
     /// A cheap round trip, used to probe a shard whose breaker is open.
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;

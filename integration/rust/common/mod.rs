@@ -3,9 +3,9 @@
 //! Thrift client (the generated one, over framed binary or compact protocol).
 #![allow(dead_code)]
 
-pub mod faulty;
 mod mariadb;
 mod procs;
+pub mod shard;
 #[allow(unused_imports)] // used by some tests only
 pub use mariadb::PrivateMariaDb;
 #[allow(unused_imports)]

@@ -48,6 +48,8 @@ const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_ev
 pub struct MySqlStore {
     shard: ShardId,
     pool: Pool,
+    /// What the pool was made from (to remake it with a statement bound).
+    shard_opts: Opts,
     /// The same server without a database selected, to create the database.
     server_opts: Opts,
     database: String,
@@ -80,7 +82,8 @@ impl MySqlStore {
         let server_opts: Opts = OptsBuilder::from_opts(opts).db_name(None::<String>).into();
         Ok(MySqlStore {
             shard,
-            pool: Pool::new(shard_opts),
+            pool: Pool::new(shard_opts.clone()),
+            shard_opts,
             server_opts,
             database,
             returning: AtomicBool::new(false),
@@ -101,6 +104,24 @@ impl MySqlStore {
         self
     }
 
+    /// Bounds every statement on the server to `ms` (MariaDB's `max_statement_time`, set
+    /// on each new connection): a statement the worker gave up on at its timeout cannot go
+    /// on running, and commit, much later (see `shard/doubt.rs`). MySQL has no such bound
+    /// for writes; there the setting is skipped (a MariaDB-only executable comment) and a
+    /// timed-out write may commit later than the worker allows for.
+    pub fn with_statement_timeout(mut self, ms: u64) -> MySqlStore {
+        let secs = format!("{:.3}", ms as f64 / 1000.0);
+        let opts: Opts = OptsBuilder::from_opts(self.shard_opts.clone())
+            // `setup`, not `init`: it runs again after the pool resets a connection.
+            .setup(vec![format!(
+                "SET @foqs_session = 1 /*M! , SESSION max_statement_time = {secs} */"
+            )])
+            .into();
+        self.pool = Pool::new(opts.clone());
+        self.shard_opts = opts;
+        self
+    }
+
     pub fn database(&self) -> &str {
         &self.database
     }
@@ -115,6 +136,18 @@ impl MySqlStore {
             return Err(StoreError::Fenced);
         }
         Ok(self.pool.get_conn().await?)
+    }
+
+    /// A connection without the statement bound, for what may rightly take long and has
+    /// no timeout of its own: the schema work and the full count at open. (The pool's reset
+    /// puts the bound back when the connection returns.)
+    async fn unbounded_conn(&self) -> StoreResult<Conn> {
+        let mut conn = self.conn().await?;
+        conn.query_drop("SET @foqs_session = 1 /*M! , SESSION max_statement_time = 0 */")
+            .await?;
+        // Even when the URL turned resets off: this one must not go back unbounded.
+        conn.reset_connection(true);
+        Ok(conn)
     }
 
     fn tid(&self, ns: &str, topic: &str) -> Option<u32> {
@@ -171,7 +204,7 @@ impl ShardStore for MySqlStore {
         server.query_drop(create).await?;
         let _ = server.disconnect().await;
 
-        let mut conn = self.conn().await?;
+        let mut conn = self.unbounded_conn().await?;
         let version: String = conn
             .query_first("SELECT VERSION()")
             .await?
@@ -552,13 +585,24 @@ impl ShardStore for MySqlStore {
         }
     }
 
-    async fn state_counts(&self) -> StoreResult<Vec<StateCount>> {
-        let mut conn = self.conn().await?;
+    async fn state_counts(&self, topic: Option<&TopicName>) -> StoreResult<Vec<StateCount>> {
+        let only = match topic {
+            None => String::new(),
+            Some(t) => match self.tid(&t.ns, &t.topic) {
+                // A topic without an id has no rows.
+                None => return Ok(Vec::new()),
+                Some(tid) => format!("WHERE tid = {tid}"),
+            },
+        };
+        let mut conn = match topic {
+            None => self.unbounded_conn().await?,
+            Some(_) => self.conn().await?,
+        };
         let rows: Vec<(u32, i8, i64, i64)> = conn
-            .query(
+            .query(format!(
                 "SELECT tid, state, IF(state = 0, deliver_after_ms DIV 1000, 0) AS sec, COUNT(*)
-                 FROM items GROUP BY tid, state, sec",
-            )
+                 FROM items {only} GROUP BY tid, state, sec"
+            ))
             .await?;
         state_counts(&self.topics, rows)
     }

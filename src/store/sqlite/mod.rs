@@ -501,14 +501,22 @@ impl ShardStore for SqliteStore {
         Ok(())
     }
 
-    async fn state_counts(&self) -> StoreResult<Vec<StateCount>> {
+    async fn state_counts(&self, topic: Option<&TopicName>) -> StoreResult<Vec<StateCount>> {
+        let only = match topic {
+            None => String::new(),
+            Some(t) => match self.tid(&t.ns, &t.topic) {
+                // A topic without an id has no rows.
+                None => return Ok(Vec::new()),
+                Some(tid) => format!("WHERE tid = {tid}"),
+            },
+        };
         let rows = self
-            .call(|conn| {
+            .call(move |conn| {
                 let mut st = conn
-                    .prepare(
+                    .prepare(&format!(
                         "SELECT tid, state, CASE WHEN state = 0 THEN deliver_after_ms / 1000 ELSE 0 END AS sec, COUNT(*)
-                         FROM items GROUP BY tid, state, sec",
-                    )
+                         FROM items {only} GROUP BY tid, state, sec"
+                    ))
                     .map_err(store_error)?;
                 let rows = st
                     .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))

@@ -1,0 +1,140 @@
+//! [`Doubts`]: the topics of a shard whose last write failed with an outcome the worker
+//! cannot know, until that outcome has surely settled.
+//!
+//! A write that timed out may still commit: MySQL goes on running a statement after its
+//! client gave up (up to `max_statement_time`, which the MySQL store sets to the shard's
+//! store timeout on every connection), and SQLite's thread finishes a job whose caller no
+//! longer waits. The worker forgets such a topic's index at once, but a refill that runs
+//! before the late commit reads the old rows, may find the topic empty and index it as
+//! fully known; whatever the late commit made ready would then never be indexed. So the
+//! topic stays in doubt for one more `window` (the longest a late commit can take), and
+//! when that has passed the worker forgets its index again and re-counts it from storage:
+//! the next refill, and the counts behind topicStats, getActiveTopics and the metrics, see
+//! the write's real outcome.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::model::TopicName;
+
+/// What has settled and must be re-read from storage.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Every topic (a write whose rows are unknown).
+    All,
+    Topics(Vec<TopicName>),
+}
+
+#[derive(Debug)]
+pub struct Doubts {
+    window: Duration,
+    topics: HashMap<TopicName, Instant>,
+    /// Every topic is in doubt until then.
+    all: Option<Instant>,
+}
+
+impl Doubts {
+    pub fn new(window: Duration) -> Doubts {
+        Doubts {
+            window,
+            topics: HashMap::new(),
+            all: None,
+        }
+    }
+
+    /// A write to `topic` failed with an unknown outcome at `now`.
+    pub fn topic(&mut self, topic: TopicName, now: Instant) {
+        self.topics.insert(topic, now + self.window);
+    }
+
+    /// A write whose rows are unknown failed at `now`: every topic is in doubt.
+    pub fn everything(&mut self, now: Instant) {
+        self.all = Some(now + self.window);
+        self.topics.clear();
+    }
+
+    /// Takes out what has settled by `now`.
+    pub fn settled(&mut self, now: Instant) -> Option<Settled> {
+        if let Some(at) = self.all {
+            if at <= now {
+                self.all = None;
+                return Some(Settled::All);
+            }
+            return None;
+        }
+        let due: Vec<TopicName> = self
+            .topics
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(t, _)| t.clone())
+            .collect();
+        if due.is_empty() {
+            return None;
+        }
+        for t in &due {
+            self.topics.remove(t);
+        }
+        Some(Settled::Topics(due))
+    }
+
+    /// Re-reading `s` failed: try again at the next chance.
+    pub fn retry(&mut self, s: Settled, now: Instant) {
+        match s {
+            Settled::All => self.all = Some(self.all.map_or(now, |a| a.min(now))),
+            Settled::Topics(ts) => {
+                for t in ts {
+                    self.topics.entry(t).or_insert(now);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str) -> TopicName {
+        TopicName {
+            ns: "n".into(),
+            topic: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_topic_settles_one_window_after_its_last_unknown_outcome() {
+        let w = Duration::from_secs(5);
+        let mut d = Doubts::new(w);
+        let t0 = Instant::now();
+        d.topic(t("a"), t0);
+        d.topic(t("b"), t0 + Duration::from_secs(1));
+        assert_eq!(d.settled(t0 + Duration::from_secs(4)), None);
+        assert_eq!(d.settled(t0 + w), Some(Settled::Topics(vec![t("a")])));
+        // Another failure of b moves its settling later.
+        d.topic(t("b"), t0 + Duration::from_secs(3));
+        assert_eq!(d.settled(t0 + Duration::from_secs(7)), None);
+        assert_eq!(
+            d.settled(t0 + Duration::from_secs(8)),
+            Some(Settled::Topics(vec![t("b")]))
+        );
+        assert_eq!(d.settled(t0 + Duration::from_secs(3600)), None);
+        // A failed re-read comes back at the next chance.
+        d.retry(Settled::Topics(vec![t("b")]), t0 + Duration::from_secs(9));
+        assert_eq!(
+            d.settled(t0 + Duration::from_secs(9)),
+            Some(Settled::Topics(vec![t("b")]))
+        );
+    }
+
+    #[test]
+    fn doubt_about_everything_covers_every_topic() {
+        let w = Duration::from_secs(5);
+        let mut d = Doubts::new(w);
+        let t0 = Instant::now();
+        d.topic(t("a"), t0);
+        d.everything(t0 + Duration::from_secs(1));
+        assert_eq!(d.settled(t0 + w), None, "everything settles later");
+        assert_eq!(d.settled(t0 + Duration::from_secs(6)), Some(Settled::All));
+        assert_eq!(d.settled(t0 + Duration::from_secs(3600)), None);
+    }
+}
