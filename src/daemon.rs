@@ -93,7 +93,15 @@ struct ShardOpener {
     died: mpsc::UnboundedSender<ShardId>,
     store_timeout_ms: u64,
     metrics: Arc<Metrics>,
+    #[cfg_attr(not(feature = "faults"), allow(dead_code))]
+    faults: FaultPlan,
 }
+
+/// Faults to inject around shards' stores, by shard (tests only: feature `faults`).
+#[cfg(feature = "faults")]
+pub type FaultPlan = BTreeMap<ShardId, crate::store::faulty::Faults>;
+#[cfg(not(feature = "faults"))]
+type FaultPlan = ();
 
 impl ShardOpener {
     async fn open(&self, id: ShardId) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
@@ -125,9 +133,23 @@ impl ShardOpener {
         self.start(id, store).await
     }
 
+    /// Starts a shard's worker over `store`, with the faults a test planned for it.
+    async fn start<S: ShardStore>(
+        &self,
+        id: ShardId,
+        store: S,
+    ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
+        #[cfg(feature = "faults")]
+        if let Some(f) = self.faults.get(&id) {
+            let store = crate::store::faulty::Faulty::new(store, f.clone());
+            return self.start_worker(id, store).await;
+        }
+        self.start_worker(id, store).await
+    }
+
     /// Starts a shard's worker over `store`. Fencing wraps whatever store the shard has
     /// (see `store::Fenced`).
-    async fn start<S: ShardStore>(
+    async fn start_worker<S: ShardStore>(
         &self,
         id: ShardId,
         store: S,
@@ -249,6 +271,26 @@ async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), StartError> {
 }
 
 pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartError> {
+    // Without the `faults` feature the plan is `()`: nothing to inject.
+    #[allow(clippy::unit_arg)]
+    start_planned(cfg, clock, FaultPlan::default()).await
+}
+
+/// [`start`], with faults injected around the stores of the shards `plan` names.
+#[cfg(feature = "faults")]
+pub async fn start_with_faults(
+    cfg: &Config,
+    clock: SharedClock,
+    plan: FaultPlan,
+) -> Result<Running, StartError> {
+    start_planned(cfg, clock, plan).await
+}
+
+async fn start_planned(
+    cfg: &Config,
+    clock: SharedClock,
+    faults: FaultPlan,
+) -> Result<Running, StartError> {
     // TLS files are read before anything listens: a bad one fails the start.
     let tls = match &cfg.server.tls {
         Some(t) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
@@ -322,6 +364,7 @@ pub async fn start(cfg: &Config, clock: SharedClock) -> Result<Running, StartErr
         died: lost_tx,
         store_timeout_ms: cfg.engine.store_timeout_ms,
         metrics: metrics.clone(),
+        faults,
     };
     let prefetch = PrefetchConfig {
         window_ms: cfg.engine.prefetch_window_ms,

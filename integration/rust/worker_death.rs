@@ -2,7 +2,7 @@
 //! shard shows unhealthy in getHostInfo, the death is counted and logged, the shard's
 //! requests fail with a retryable error instead of hanging, and the shard is reopened
 //! from storage by itself, with every item still there. Built with `--features
-//! failpoints` (scripts/test.sh does): the failpoint is nothing in other builds.
+//! faults` (the test build has it: see Cargo.toml): the failpoint is nothing in other builds.
 
 mod common;
 

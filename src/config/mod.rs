@@ -131,6 +131,10 @@ pub struct EngineConfig {
     /// A MySQL operation with no answer after this long fails (and counts against the
     /// breaker), so a hung server cannot stall its shard's worker.
     pub store_timeout_ms: u64,
+    /// Opening a shard (its schema, and the one full count of its items) fails after this
+    /// long, to be retried, so that a stalled store cannot hold the host's other shards'
+    /// hand-overs (they open one after another).
+    pub shard_open_timeout_ms: u64,
     /// How long an open breaker waits before probing the shard again.
     pub breaker_open_ms: u64,
     /// A busy topic stages about this much of its dequeue rate in the prefetch buffer.
@@ -156,6 +160,7 @@ impl Default for EngineConfig {
             breaker_failures_max: 3,
             breaker_slow_ms: 1000,
             store_timeout_ms: 5000,
+            shard_open_timeout_ms: 60_000,
             breaker_open_ms: 2000,
             prefetch_window_ms: 100,
             prefetch_items_max: 1000,
@@ -343,6 +348,7 @@ impl Config {
             ("engine.breaker_open_ms", e.breaker_open_ms),
             ("engine.breaker_slow_ms", e.breaker_slow_ms),
             ("engine.store_timeout_ms", e.store_timeout_ms),
+            ("engine.shard_open_timeout_ms", e.shard_open_timeout_ms),
             ("engine.prefetch_stage_max_ms", e.prefetch_stage_max_ms),
             ("engine.prefetch_tick_ms", e.prefetch_tick_ms),
         ];

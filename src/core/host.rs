@@ -73,6 +73,9 @@ pub struct Host {
     pub(super) waiters: Arc<Waiters>,
     pub(super) next_shard: AtomicUsize,
     workers: Mutex<HashMap<ShardId, JoinHandle<()>>>,
+    /// Leases that a dead worker's claims left with nobody (see `remove_shard`), for the
+    /// shard's next worker here.
+    unseen: Mutex<HashMap<ShardId, Vec<(u64, i64)>>>,
     pub(super) cluster: ClusterState,
     pub(super) access: Access,
     metrics: Arc<Metrics>,
@@ -90,6 +93,7 @@ impl Host {
             waiters: p.waiters,
             next_shard: AtomicUsize::new(0),
             workers: Mutex::new(HashMap::new()),
+            unseen: Mutex::new(HashMap::new()),
             cluster: ClusterState::new(p.cluster, p.peers, p.quota_budget),
             access: p.access,
             metrics: p.metrics,
@@ -154,6 +158,19 @@ impl Host {
     /// Starts serving a shard whose worker was started (and its index rebuilt).
     pub fn add_shard(&self, handle: ShardHandle, worker: JoinHandle<()>) {
         let id = handle.id();
+        let unseen = self
+            .unseen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        if let Some(leases) = unseen {
+            tracing::info!(
+                shard = id,
+                leases = leases.len(),
+                "the new worker takes over leases nobody was handed"
+            );
+            handle.adopt_unseen(&leases);
+        }
         let mut shards = self.shards.write().expect("not poisoned");
         let mut next = (**shards).clone();
         next.insert(id, handle);
@@ -178,9 +195,27 @@ impl Host {
         };
         let Some(handle) = handle else { return };
         let staged = self.prefetch.drain_shard(id);
+        let mut released = staged.is_empty();
         if !staged.is_empty() {
-            if let Err(e) = handle.release(staged).await {
-                tracing::warn!(shard = id, error = %e, "releasing staged items of a lost shard failed");
+            match handle.release(staged).await {
+                Ok(()) => released = true,
+                Err(e) => {
+                    tracing::warn!(shard = id, error = %e, "releasing staged items of a lost shard failed")
+                }
+            }
+        }
+        // A worker that died (or could not release) leaves leases that nobody was handed:
+        // the staged items and the claims whose outcome it never learned. Its successor
+        // here gives them back uncounted when they end, as this one would have; without
+        // that, each would count as a delivery (an at-most-once item deleted unseen, an
+        // attempt used up).
+        if !released || !handle.is_alive() {
+            let leases = handle.unseen_leases();
+            if !leases.is_empty() {
+                self.unseen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, leases);
             }
         }
         handle.shutdown().await;

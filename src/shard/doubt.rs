@@ -31,6 +31,8 @@ pub struct Doubts {
     topics: HashMap<TopicName, Instant>,
     /// Every topic is in doubt until then.
     all: Option<Instant>,
+    /// The clock time (ms) of the earliest failure still in doubt.
+    earliest_ms: Option<i64>,
 }
 
 impl Doubts {
@@ -39,18 +41,37 @@ impl Doubts {
             window,
             topics: HashMap::new(),
             all: None,
+            earliest_ms: None,
         }
     }
 
-    /// A write to `topic` failed with an unknown outcome at `now`.
-    pub fn topic(&mut self, topic: TopicName, now: Instant) {
+    /// A write to `topic` failed with an unknown outcome at `now` (`now_ms` by the clock).
+    pub fn topic(&mut self, topic: TopicName, now: Instant, now_ms: i64) {
         self.topics.insert(topic, now + self.window);
+        self.note(now_ms);
     }
 
     /// A write whose rows are unknown failed at `now`: every topic is in doubt.
-    pub fn everything(&mut self, now: Instant) {
+    pub fn everything(&mut self, now: Instant, now_ms: i64) {
         self.all = Some(now + self.window);
         self.topics.clear();
+        self.note(now_ms);
+    }
+
+    fn note(&mut self, now_ms: i64) {
+        self.earliest_ms = Some(self.earliest_ms.map_or(now_ms, |e| e.min(now_ms)));
+    }
+
+    /// The clock time of the earliest failure in doubt, up to the last settling: a late
+    /// commit may have set timers from then on, which the background scan must read again.
+    pub fn earliest_ms(&self) -> Option<i64> {
+        self.earliest_ms
+    }
+
+    fn forget_earliest_when_clear(&mut self) {
+        if self.topics.is_empty() && self.all.is_none() {
+            self.earliest_ms = None;
+        }
     }
 
     /// Takes out what has settled by `now`.
@@ -58,6 +79,7 @@ impl Doubts {
         if let Some(at) = self.all {
             if at <= now {
                 self.all = None;
+                self.forget_earliest_when_clear();
                 return Some(Settled::All);
             }
             return None;
@@ -74,6 +96,7 @@ impl Doubts {
         for t in &due {
             self.topics.remove(t);
         }
+        self.forget_earliest_when_clear();
         Some(Settled::Topics(due))
     }
 
@@ -106,12 +129,13 @@ mod tests {
         let w = Duration::from_secs(5);
         let mut d = Doubts::new(w);
         let t0 = Instant::now();
-        d.topic(t("a"), t0);
-        d.topic(t("b"), t0 + Duration::from_secs(1));
+        d.topic(t("a"), t0, 100);
+        d.topic(t("b"), t0 + Duration::from_secs(1), 200);
+        assert_eq!(d.earliest_ms(), Some(100));
         assert_eq!(d.settled(t0 + Duration::from_secs(4)), None);
         assert_eq!(d.settled(t0 + w), Some(Settled::Topics(vec![t("a")])));
         // Another failure of b moves its settling later.
-        d.topic(t("b"), t0 + Duration::from_secs(3));
+        d.topic(t("b"), t0 + Duration::from_secs(3), 300);
         assert_eq!(d.settled(t0 + Duration::from_secs(7)), None);
         assert_eq!(
             d.settled(t0 + Duration::from_secs(8)),
@@ -131,8 +155,9 @@ mod tests {
         let w = Duration::from_secs(5);
         let mut d = Doubts::new(w);
         let t0 = Instant::now();
-        d.topic(t("a"), t0);
-        d.everything(t0 + Duration::from_secs(1));
+        d.topic(t("a"), t0, 100);
+        d.everything(t0 + Duration::from_secs(1), 50);
+        assert_eq!(d.earliest_ms(), Some(50));
         assert_eq!(d.settled(t0 + w), None, "everything settles later");
         assert_eq!(d.settled(t0 + Duration::from_secs(6)), Some(Settled::All));
         assert_eq!(d.settled(t0 + Duration::from_secs(3600)), None);

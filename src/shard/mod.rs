@@ -194,6 +194,26 @@ impl ShardHandle {
         self.shared.healthy.store(false, Ordering::Relaxed);
     }
 
+    /// The leases of this shard that nobody was handed (staged, or claimed by a claim
+    /// whose outcome was unknown): (key, token).
+    pub fn unseen_leases(&self) -> Vec<(u64, i64)> {
+        self.shared.staged.entries()
+    }
+
+    /// Takes over leases that a previous worker of this shard claimed and nobody was
+    /// handed (see `Host::remove_shard`): when they end, they are given back uncounted,
+    /// as this worker's own would be, instead of counting as a delivery.
+    pub fn adopt_unseen(&self, leases: &[(u64, i64)]) {
+        for (key, token) in leases {
+            self.shared.staged.insert(*key, *token);
+        }
+    }
+
+    /// False once its worker has ended (stopped, or died).
+    pub fn is_alive(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
     /// False while the shard's circuit breaker is open, or after its worker died.
     pub fn is_healthy(&self) -> bool {
         self.shared.healthy.load(Ordering::Relaxed)

@@ -50,8 +50,22 @@ impl<S: ShardStore> ShardWorker<S> {
     /// counts are read afresh from storage. Runs inside the worker, between turns, so no
     /// write of this worker moves the counts while they are read.
     async fn settle_doubts(&mut self) {
-        let settled = self.doubts().settled(std::time::Instant::now());
+        let (settled, earliest) = {
+            let mut d = self.doubts();
+            let earliest = d.earliest_ms();
+            (d.settled(std::time::Instant::now()), earliest)
+        };
         let Some(settled) = settled else { return };
+        // A late commit ran with its turn's clock, which is at most a store timeout before
+        // the failure: timers it set may lie behind the scan's cursor now, where the scan
+        // would never look again. The scan goes back over that stretch (re-reading rows it
+        // already handled changes nothing: each is handled by its state as it is now).
+        if let Some(ms) = earliest {
+            let back = ms - self.cfg.store_timeout_ms as i64 - 1000;
+            if back < self.cursor.0 {
+                self.cursor = (back, 0);
+            }
+        }
         let topic = match &settled {
             Settled::All => {
                 self.index().clear();

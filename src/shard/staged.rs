@@ -89,6 +89,11 @@ impl Staged {
         items
     }
 
+    /// Every (key, token) held: the leases nobody was handed.
+    pub fn entries(&self) -> Vec<(u64, i64)> {
+        self.keys().iter().map(|(k, t)| (*k, *t)).collect()
+    }
+
     pub fn len(&self) -> usize {
         self.keys().len()
     }

@@ -54,6 +54,7 @@ pub struct WorkerConfig {
     pub breaker_slow_ms: u64,
     pub breaker_open_ms: u64,
     pub store_timeout_ms: u64,
+    pub open_timeout_ms: u64,
 }
 
 impl From<&EngineConfig> for WorkerConfig {
@@ -70,6 +71,7 @@ impl From<&EngineConfig> for WorkerConfig {
             breaker_slow_ms: e.breaker_slow_ms,
             breaker_open_ms: e.breaker_open_ms,
             store_timeout_ms: e.store_timeout_ms,
+            open_timeout_ms: e.shard_open_timeout_ms,
         }
     }
 }
@@ -163,12 +165,14 @@ impl<S: ShardStore> ShardWorker<S> {
         waiters: Arc<Waiters>,
         metrics: Arc<Metrics>,
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
-        let recovered = store.open().await?;
+        // Bounded, as every other wait: a stalled store fails the open, which is retried.
+        let open_timeout = Duration::from_millis(cfg.open_timeout_ms);
+        let recovered = timed(open_timeout, store.open()).await.0?;
         // The one read of every item at open (a scan of the narrow `ready_order` index);
         // the total comes from it too, not from a second scan.
         let mut counts = NsCounts::default();
         let mut items = 0;
-        for (ns, topic, state, sec, n) in store.state_counts(None).await? {
+        for (ns, topic, state, sec, n) in timed(open_timeout, store.state_counts(None)).await.0? {
             counts.add(&ns, &topic, state, sec * 1000, n);
             items += n;
         }
@@ -687,14 +691,16 @@ impl<S: ShardStore> ShardWorker<S> {
             ns: ns.to_string(),
             topic: topic.to_string(),
         };
-        self.doubts().topic(t, std::time::Instant::now());
+        let now_ms = self.clock.now_ms();
+        self.doubts().topic(t, std::time::Instant::now(), now_ms);
     }
 
     /// A write whose rows (and so topics) are unknown failed: the whole index is forgotten
     /// now and again once the outcome has settled, and every count is re-read then.
     pub(super) fn all_unknown(&self) {
         self.index().clear();
-        self.doubts().everything(std::time::Instant::now());
+        let now_ms = self.clock.now_ms();
+        self.doubts().everything(std::time::Instant::now(), now_ms);
     }
 
     pub(super) fn doubts(&self) -> std::sync::MutexGuard<'_, Doubts> {

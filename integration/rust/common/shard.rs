@@ -20,6 +20,7 @@ pub fn worker_config() -> foqs::shard::WorkerConfig {
         breaker_slow_ms: 10_000,
         breaker_open_ms: 1000,
         store_timeout_ms: 20_000,
+        open_timeout_ms: 60_000,
     }
 }
 
