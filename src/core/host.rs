@@ -76,6 +76,10 @@ pub struct Host {
     /// Leases that a dead worker's claims left with nobody (see `remove_shard`), for the
     /// shard's next worker here.
     unseen: Mutex<HashMap<ShardId, Vec<(u64, i64)>>>,
+    /// Held (shared) by every dequeue and restock while it claims, stages and hands out;
+    /// a shard's removal takes it alone once the shard is out of the map, so that no item
+    /// claimed on the shard is left in flight, leased by nobody (see `remove_shard`).
+    claiming: tokio::sync::RwLock<()>,
     pub(super) cluster: ClusterState,
     pub(super) access: Access,
     metrics: Arc<Metrics>,
@@ -94,6 +98,7 @@ impl Host {
             next_shard: AtomicUsize::new(0),
             workers: Mutex::new(HashMap::new()),
             unseen: Mutex::new(HashMap::new()),
+            claiming: tokio::sync::RwLock::new(()),
             cluster: ClusterState::new(p.cluster, p.peers, p.quota_budget),
             access: p.access,
             metrics: p.metrics,
@@ -194,6 +199,10 @@ impl Host {
             handle
         };
         let Some(handle) = handle else { return };
+        // Dequeues already claiming may still get items of this shard: wait for them to
+        // hand those out (through the map they started with) or stage them, so that the
+        // drain below finds every one nobody was handed.
+        drop(self.claiming.write().await);
         let staged = self.prefetch.drain_shard(id);
         let mut released = staged.is_empty();
         if !staged.is_empty() {
@@ -332,6 +341,10 @@ impl Host {
     /// were claimed; when that leaves the reply short, it gathers again.
     pub(super) async fn dequeue_topic(&self, topic: &TopicName, count: usize) -> Result<Vec<Item>> {
         let mut out: Vec<Item> = Vec::new();
+        // The shards as this dequeue found them: an item claimed on a shard that is being
+        // removed meanwhile is still handed out through it (its lease is real).
+        let _claiming = self.claiming.read().await;
+        let shards = self.shards();
         for round in 0..DEQUEUE_ROUNDS_MAX {
             let gathered = match self.gather(topic, count - out.len(), round == 0).await {
                 Ok(g) => g,
@@ -339,7 +352,7 @@ impl Host {
                 Err(_) => break,
             };
             let n = gathered.len();
-            let delivered = self.hand_out(gathered);
+            let delivered = self.hand_out(&shards, gathered);
             let short = delivered.len() < n;
             out.extend(delivered);
             if !short || out.len() >= count {
@@ -352,8 +365,7 @@ impl Host {
 
     /// Hands claimed items to a consumer: each shard keeps those still waiting under
     /// their claim (see [`crate::shard::Staged`]) and drops the rest.
-    fn hand_out(&self, items: Vec<Item>) -> Vec<Item> {
-        let shards = self.shards();
+    fn hand_out(&self, shards: &ShardMap, items: Vec<Item>) -> Vec<Item> {
         let mut by_shard: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
         for i in items {
             by_shard.entry(i.id.shard).or_default().push(i);
@@ -478,6 +490,8 @@ impl Host {
             let (restock, release) = self.prefetch.sweep(now, self.staged_live());
             self.release(release);
             for (topic, n) in restock {
+                // Taken before the topic's claim lock, as a dequeue takes them.
+                let _in_flight = self.claiming.read().await;
                 let lock = self.prefetch.claim_lock(&topic);
                 // A dequeue claiming for this topic restocks it already.
                 let Ok(_claiming) = lock.try_lock() else {

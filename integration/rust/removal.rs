@@ -1,0 +1,80 @@
+//! A shard removed from a host (a hand-over, a lost lock, a dead worker) while a dequeue
+//! is claiming on it: the items that claim leased are handed out to that dequeue, not
+//! dropped leased by nobody (issue 18, risk 4: on the next owner their leases would have
+//! ended as real deliveries, an at-most-once item deleted unseen).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use foqs::clock::SystemClock;
+use foqs::config::Config;
+use foqs::core::{Caller, EnqueueRequestItem, TopicRequest};
+use foqs::store::faulty::{Fault, Faults};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_claimed_while_their_shard_is_removed_are_handed_out() {
+    let db = TestDb::new(1);
+    let cfg = Config::from_toml(&config_toml(&db, "", FAST_ENGINE)).unwrap();
+    let faults = Faults::default();
+    let plan = BTreeMap::from([(0, faults.clone())]);
+    let running = foqs::daemon::start_with_faults(&cfg, Arc::new(SystemClock), plan)
+        .await
+        .unwrap();
+    let host = running.host.clone();
+    let caller = Caller::anonymous();
+    let enqueued = host
+        .enqueue(
+            &caller,
+            vec![EnqueueRequestItem {
+                ns: "rm".into(),
+                topic: "t".into(),
+                payload: b"once".to_vec(),
+                policy: Some(2),
+                ..Default::default()
+            }],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(enqueued[0].is_ok());
+    // The dequeue's claim is held in the store; meanwhile the shard is removed.
+    faults.arm("claim", Fault::Hold);
+    let waiting = faults.waiting().notified();
+    let dequeue = tokio::spawn({
+        let host = host.clone();
+        async move {
+            let t = TopicRequest {
+                ns: "rm".into(),
+                topic: "t".into(),
+                count: 1,
+            };
+            host.dequeue(&Caller::anonymous(), vec![t], None, false)
+                .await
+        }
+    });
+    waiting.await;
+    let removal = tokio::spawn({
+        let host = host.clone();
+        async move { host.remove_shard(0).await }
+    });
+    // The removal has taken the shard out of the map and waits.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(host.shard_ids().is_empty());
+    faults.release();
+    let got = dequeue.await.unwrap().unwrap();
+    assert_eq!(
+        got.len(),
+        1,
+        "the item its claim leased was dropped, leased by nobody"
+    );
+    assert_eq!(got[0].payload, b"once");
+    tokio::time::timeout(Duration::from_secs(10), removal)
+        .await
+        .expect("the removal ends")
+        .unwrap();
+    running.shutdown().await;
+}
