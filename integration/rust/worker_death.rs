@@ -108,3 +108,69 @@ async fn a_dead_worker_is_noticed_and_its_shard_reopened_by_itself() {
     srv.stop().await;
     scenario.teardown();
 }
+
+/// A worker that is stuck (here: its thread blocked for 3 s at the turn's failpoint) does
+/// not hang its callers: a request waits for room in the queue at most one store timeout
+/// and for the answer at most eight, then fails with a retryable UNAVAILABLE (issue 18,
+/// risk 6). Before, both waits were unbounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_stuck_worker_answers_busy_within_its_bounds() {
+    use foqs::shard::{ShardWorker, WorkerConfig};
+    let scenario = fail::FailScenario::setup();
+    let db = TestDb::mysql(1);
+    let store = foqs::store::MySqlStore::new(7, &db.url(0), 2).unwrap();
+    let cfg = WorkerConfig {
+        store_timeout_ms: 100,
+        worker_queue_max: 1,
+        ..common::shard::worker_config()
+    };
+    let (shard, worker) = ShardWorker::start(
+        7,
+        store,
+        std::sync::Arc::new(foqs::clock::SystemClock),
+        cfg,
+        foqs::waiters::Waiters::new(),
+        std::sync::Arc::new(foqs::metrics::Metrics::new()),
+    )
+    .await
+    .unwrap();
+    fail::cfg("shard-7-turn", "1*sleep(3000)").unwrap();
+    let topic = common::shard::topic("stuck", "t");
+    let t = Instant::now();
+    // The first request's turn blocks; the second waits in the queue (its one place).
+    let first = tokio::spawn({
+        let (s, topic) = (shard.clone(), topic.clone());
+        async move { s.peek(topic, 1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let queued = tokio::spawn({
+        let (s, topic) = (shard.clone(), topic.clone());
+        async move { s.peek(topic, 1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The queue is full: a third waits for room one store timeout.
+    let third = shard.peek(topic.clone(), 1).await;
+    let e = third.expect_err("no room in a stuck worker's queue");
+    assert!(e.retryable && e.message.contains("busy"), "{e:?}");
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        t.elapsed()
+    );
+    // The first waits for its answer eight store timeouts.
+    let e = first
+        .await
+        .unwrap()
+        .expect_err("no answer from a stuck worker");
+    assert!(e.retryable && e.message.contains("did not answer"), "{e:?}");
+    assert!(
+        t.elapsed() < Duration::from_millis(2000),
+        "{:?}",
+        t.elapsed()
+    );
+    let _ = queued.await;
+    fail::remove("shard-7-turn");
+    shard.shutdown().await;
+    worker.await.unwrap();
+    scenario.teardown();
+}

@@ -149,12 +149,53 @@ pub(crate) enum Command {
 pub struct PendingEnqueue {
     id: ShardId,
     rx: oneshot::Receiver<Result<Vec<Enqueued>>>,
+    bounds: CallBounds,
 }
 
 impl PendingEnqueue {
     pub async fn wait(self) -> Result<Vec<Enqueued>> {
-        self.rx.await.map_err(|_| gone(self.id))?
+        match tokio::time::timeout(self.bounds.reply, self.rx).await {
+            Ok(r) => r.map_err(|_| gone(self.id))?,
+            Err(_) => Err(no_answer(self.id, self.bounds.reply)),
+        }
     }
+}
+
+/// How long a request waits for room in a shard's queue, and then for the worker's
+/// answer. Every storage operation of the worker has its own timeout, so these are
+/// reached only when the worker is stuck (a bug, a blocked thread): the caller then gets
+/// a retryable error rather than a hang.
+#[derive(Debug, Clone, Copy)]
+pub struct CallBounds {
+    pub room: std::time::Duration,
+    pub reply: std::time::Duration,
+}
+
+impl CallBounds {
+    /// Room: one store timeout (a turn's writes run together under it). Answer: eight (a
+    /// turn may run a refill, the dedup lookups, the writes, dead-letter work one after
+    /// another, and a request may wait one turn behind another).
+    pub fn for_store_timeout(store_timeout_ms: u64) -> CallBounds {
+        let t = std::time::Duration::from_millis(store_timeout_ms.max(1));
+        CallBounds {
+            room: t,
+            reply: t * 8,
+        }
+    }
+}
+
+fn busy(id: ShardId, waited: std::time::Duration) -> Error {
+    Error::unavailable(format!(
+        "shard {id} is busy: its queue stayed full for {} ms",
+        waited.as_millis()
+    ))
+}
+
+fn no_answer(id: ShardId, waited: std::time::Duration) -> Error {
+    Error::unavailable(format!(
+        "shard {id} did not answer within {} ms; the request may still take effect",
+        waited.as_millis()
+    ))
 }
 
 /// State a worker publishes for cheap reads by the host.
@@ -178,6 +219,7 @@ pub struct ShardHandle {
     /// trip through the worker's queue. Only the worker writes to it (a miss here goes to
     /// the worker).
     index: Arc<std::sync::Mutex<ReadyIndex>>,
+    bounds: CallBounds,
 }
 
 fn gone(id: ShardId) -> Error {
@@ -229,8 +271,14 @@ impl ShardHandle {
 
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command) -> Result<T> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(make(reply)).await.map_err(|_| gone(self.id))?;
-        rx.await.map_err(|_| gone(self.id))?
+        match tokio::time::timeout(self.bounds.room, self.tx.send(make(reply))).await {
+            Ok(sent) => sent.map_err(|_| gone(self.id))?,
+            Err(_) => return Err(busy(self.id, self.bounds.room)),
+        }
+        match tokio::time::timeout(self.bounds.reply, rx).await {
+            Ok(r) => r.map_err(|_| gone(self.id))?,
+            Err(_) => Err(no_answer(self.id, self.bounds.reply)),
+        }
     }
 
     /// Hands `items` to the shard for its next batched INSERT without waiting for room:
@@ -244,7 +292,11 @@ impl ShardHandle {
     ) -> std::result::Result<PendingEnqueue, (Vec<NewItem>, Error)> {
         let (reply, rx) = oneshot::channel();
         match self.tx.try_send(Command::Enqueue { items, reply }) {
-            Ok(()) => Ok(PendingEnqueue { id: self.id, rx }),
+            Ok(()) => Ok(PendingEnqueue {
+                id: self.id,
+                rx,
+                bounds: self.bounds,
+            }),
             Err(e) => {
                 let err = match &e {
                     mpsc::error::TrySendError::Full(_) => {

@@ -233,6 +233,7 @@ impl<S: ShardStore> ShardWorker<S> {
             next_key = recovered.key_high_water,
             "shard opened"
         );
+        let bounds = super::CallBounds::for_store_timeout(worker.cfg.store_timeout_ms);
         let join = tokio::spawn(worker.run(rx));
         Ok((
             ShardHandle {
@@ -240,6 +241,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 tx,
                 shared,
                 index,
+                bounds,
             },
             join,
         ))
