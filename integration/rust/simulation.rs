@@ -448,14 +448,37 @@ async fn run(seed: u64, db: TestDb) -> Vec<String> {
                 ));
             }
         }
-        // No overlapping leases: a delivery starts after the previous one ended.
-        for w in it.deliveries.windows(2) {
-            let ended = w[0]
-                .answered_ms
-                .map_or(w[0].lease_expires_ms, |a| a.min(w[0].lease_expires_ms));
-            if w[1].got_ms < ended {
-                problems.push(format!("{p}: leases overlap: {:?} then {:?}", w[0], w[1]));
+        // No overlapping leases: a consumer holds a live lease from when it got the item
+        // until the lease ends or it answers; no two of those stretches overlap. (A
+        // delivery that reached its consumer after its lease had ended is held by nobody:
+        // the host does not hand out an ended lease, but the way back can be slow.)
+        let held: Vec<(i64, i64, &Delivery)> = it
+            .deliveries
+            .iter()
+            .map(|d| {
+                let end = d
+                    .answered_ms
+                    .map_or(d.lease_expires_ms, |a| a.min(d.lease_expires_ms));
+                (d.got_ms, end, d)
+            })
+            .filter(|(got, end, _)| got < end)
+            .collect();
+        for (i, a) in held.iter().enumerate() {
+            for b in &held[i + 1..] {
+                if a.0 < b.1 && b.0 < a.1 {
+                    problems.push(format!("{p}: leases overlap: {:?} and {:?}", a.2, b.2));
+                }
             }
+        }
+        // The host never hands out a lease that has already ended.
+        if let Some(d) = it
+            .deliveries
+            .iter()
+            .find(|d| d.lease_expires_ms <= d.asked_ms)
+        {
+            problems.push(format!(
+                "{p}: handed out on a lease that ended before the dequeue: {d:?}"
+            ));
         }
         let Some(id) = &it.confirmed else { continue };
         if let Some(d) = it.deliveries.iter().find(|d| &d.id != id) {

@@ -167,6 +167,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.apply(
         &[Change::Extend {
             key: 3,
+            lease: 7,
             lease_expires_ms: NOW + 2_000,
         }],
         NOW,
@@ -193,10 +194,47 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         (ItemState::Ready, 0, 0, None)
     );
 
+    // A change on another lease (a late commit after the row was claimed anew) does
+    // nothing: neither a nack nor a death nor a touch.
+    s.apply(
+        &[
+            Change::Ready {
+                key: 3,
+                lease: 6,
+                deliver_after_ms: None,
+                metadata: Some(b"late".to_vec()),
+            },
+            Change::Ready {
+                key: 3,
+                lease: 6,
+                deliver_after_ms: None,
+                metadata: None,
+            },
+            Change::Dead {
+                key: 3,
+                lease: 6,
+                at_ms: NOW,
+            },
+            Change::Extend {
+                key: 3,
+                lease: 6,
+                lease_expires_ms: NOW + 9_000,
+            },
+        ],
+        NOW,
+    )
+    .await
+    .unwrap();
+    let m = meta(&s, 3).await.unwrap();
+    assert_eq!(
+        (m.state, m.lease_token, m.lease_expires_ms),
+        (ItemState::Leased, 7, NOW + 2_000)
+    );
     // A nack with a delay and new metadata: deferred until then, with its timer.
     s.apply(
         &[Change::Ready {
             key: 3,
+            lease: 7,
             deliver_after_ms: Some(NOW + 300),
             metadata: Some(b"m2".to_vec()),
         }],
@@ -219,6 +257,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.apply(
         &[Change::Ready {
             key: 1,
+            lease: 0,
             deliver_after_ms: Some(NOW + 9_999),
             metadata: None,
         }],
@@ -234,10 +273,12 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         &[
             Change::Dead {
                 key: 1,
+                lease: 9,
                 at_ms: NOW + 5,
             },
             Change::Dead {
                 key: 6,
+                lease: 9,
                 at_ms: NOW + 6,
             },
         ],
@@ -245,9 +286,16 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     )
     .await
     .unwrap();
-    s.apply(&[Change::Dead { key: 2, at_ms: NOW }], NOW)
-        .await
-        .unwrap();
+    s.apply(
+        &[Change::Dead {
+            key: 2,
+            lease: 0,
+            at_ms: NOW,
+        }],
+        NOW,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         meta(&s, 2).await.unwrap().state,
         ItemState::Ready,
@@ -505,6 +553,7 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
         .apply(
             &[Change::Ready {
                 key: 1,
+                lease: 7,
                 deliver_after_ms: None,
                 metadata: None,
             }],

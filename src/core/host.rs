@@ -365,9 +365,15 @@ impl Host {
 
     /// Hands claimed items to a consumer: each shard keeps those still waiting under
     /// their claim (see [`crate::shard::Staged`]) and drops the rest.
+    ///
+    /// An item whose lease has already ended (its claim was slow to come back, under a
+    /// stalled store) is not handed out: it stays staged, and the shard's scan gives it
+    /// back uncounted, instead of reaching a consumer on a lease that another consumer may
+    /// already hold.
     fn hand_out(&self, shards: &ShardMap, items: Vec<Item>) -> Vec<Item> {
+        let now = self.clock.now_ms();
         let mut by_shard: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
-        for i in items {
+        for i in items.into_iter().filter(|i| i.lease_expires_ms > now) {
             by_shard.entry(i.id.shard).or_default().push(i);
         }
         let delivered: Vec<Item> = by_shard

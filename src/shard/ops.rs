@@ -506,6 +506,7 @@ pub(super) async fn touch_exec<S: ShardStore>(
                     }
                     changes.push(Change::Extend {
                         key: op.key,
+                        lease: leased[&op.key].lease_token,
                         lease_expires_ms: now.saturating_add(op.extend_ms),
                     });
                     Settled::Done
@@ -574,6 +575,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
             if *to_dlq || m.delivery_count >= m.max_attempts {
                 changes.push(Change::Dead {
                     key: *key,
+                    lease: m.lease_token,
                     at_ms: now,
                 });
                 moves.push((m.ns.clone(), m.topic.clone(), ItemState::Dead, 0));
@@ -587,6 +589,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
                 ));
                 changes.push(Change::Ready {
                     key: *key,
+                    lease: m.lease_token,
                     deliver_after_ms: Some(deliver_after_ms),
                     metadata: metadata.clone(),
                 });

@@ -188,6 +188,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     } else if m.delivery_count >= m.max_attempts {
                         changes.push(Change::Dead {
                             key: m.key,
+                            lease: m.lease_token,
                             at_ms: now,
                         });
                         moves.push((
@@ -199,6 +200,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     } else {
                         changes.push(Change::Ready {
                             key: m.key,
+                            lease: m.lease_token,
                             deliver_after_ms: None,
                             metadata: None,
                         });

@@ -88,15 +88,18 @@ impl ItemMeta {
     }
 }
 
-/// One row's change, applied with others in one transaction. `Ready` and `Dead` apply only
-/// to a row that is still leased: they settle a lease, and must not touch a row that
-/// something else settled first.
+/// One row's change, applied with others in one transaction. `Ready`, `Dead` and `Extend`
+/// apply only to a row still on the lease they name (`lease`, its claim's token): they
+/// settle or extend that lease, and must not touch a row that something else settled
+/// first, nor one leased again since (a change whose commit came late, after the row was
+/// given back and claimed anew, would otherwise end the new consumer's lease).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     /// A leased row back to ready (or deferred): at `deliver_after_ms` when given, else at
     /// its old place in the order; new metadata when given.
     Ready {
         key: u64,
+        lease: i64,
         deliver_after_ms: Option<i64>,
         metadata: Option<Vec<u8>>,
     },
@@ -104,6 +107,7 @@ pub enum Change {
     /// never delivered, until requeued or purged.
     Dead {
         key: u64,
+        lease: i64,
         at_ms: i64,
     },
     /// A dead row ready again at its old place, its delivery count reset.
@@ -116,6 +120,7 @@ pub enum Change {
     /// A leased row's lease now ends at `lease_expires_ms` (touch).
     Extend {
         key: u64,
+        lease: i64,
         lease_expires_ms: i64,
     },
     /// Moves a row on the timer index only (the scan found its next event still ahead,

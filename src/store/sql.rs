@@ -201,18 +201,33 @@ pub fn claim(keys: &[u64], now: i64, token: i64) -> String {
     )
 }
 
+/// Rows still on the lease each names: `(key, lease token)` pairs, as a condition that
+/// both dialects read with the primary key (a `CASE` rather than row values, which MySQL
+/// and SQLite spell differently in a list).
+fn on_lease(rows: &[(u64, i64)]) -> String {
+    let keys: Vec<u64> = rows.iter().map(|(k, _)| *k).collect();
+    let cases: String = rows
+        .iter()
+        .map(|(k, t)| format!(" WHEN {k} THEN {t}"))
+        .collect();
+    format!(
+        "id IN ({}) AND state = 1 AND lease_token = CASE id{cases} END",
+        key_list(&keys)
+    )
+}
+
 /// The fewest statements that apply `changes` at `now`: one per kind of change (and per
 /// new time), except that a change carrying metadata updates its row alone.
 pub fn apply_statements(changes: &[Change], now: i64) -> Vec<Statement> {
     const READY: &str = "UPDATE items SET state = 0, lease_token = 0";
     let ttl = ttl_timer(now);
     let mut deletes = Vec::new();
-    let mut dead: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut dead: BTreeMap<i64, Vec<(u64, i64)>> = BTreeMap::new();
     let mut revived = Vec::new();
     let mut keep_place = Vec::new();
-    let mut at: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut at: BTreeMap<i64, Vec<(u64, i64)>> = BTreeMap::new();
     let mut released: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
-    let mut extended: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut extended: BTreeMap<i64, Vec<(u64, i64)>> = BTreeMap::new();
     let mut timers: BTreeMap<Option<i64>, Vec<u64>> = BTreeMap::new();
     let mut out: Vec<Statement> = Vec::new();
     // A nack to `t`: deferred until then, or ready at once at `t`.
@@ -227,26 +242,35 @@ pub fn apply_statements(changes: &[Change], now: i64) -> Vec<Statement> {
     for c in changes {
         match c {
             Change::Delete { key } => deletes.push(*key),
-            Change::Dead { key, at_ms } => dead.entry(*at_ms).or_default().push(*key),
+            Change::Dead { key, lease, at_ms } => {
+                dead.entry(*at_ms).or_default().push((*key, *lease))
+            }
             Change::Revive { key } => revived.push(*key),
             Change::Release { key, token } => released.entry(*token).or_default().push(*key),
             Change::Extend {
                 key,
+                lease,
                 lease_expires_ms,
-            } => extended.entry(*lease_expires_ms).or_default().push(*key),
+            } => extended
+                .entry(*lease_expires_ms)
+                .or_default()
+                .push((*key, *lease)),
             Change::Timer { key, at_ms } => timers.entry(*at_ms).or_default().push(*key),
             Change::Ready {
                 key,
+                lease,
                 deliver_after_ms: None,
                 metadata: None,
-            } => keep_place.push(*key),
+            } => keep_place.push((*key, *lease)),
             Change::Ready {
                 key,
+                lease,
                 deliver_after_ms: Some(t),
                 metadata: None,
-            } => at.entry(*t).or_default().push(*key),
+            } => at.entry(*t).or_default().push((*key, *lease)),
             Change::Ready {
                 key,
+                lease,
                 deliver_after_ms,
                 metadata: Some(m),
             } => {
@@ -255,7 +279,9 @@ pub fn apply_statements(changes: &[Change], now: i64) -> Vec<Statement> {
                     None => format!("{READY}, next_event_ms = {ttl}"),
                 };
                 out.push((
-                    format!("{set}, metadata = ? WHERE id = {key} AND state = 1"),
+                    format!(
+                        "{set}, metadata = ? WHERE id = {key} AND state = 1 AND lease_token = {lease}"
+                    ),
                     Some(m.clone()),
                 ));
             }
@@ -264,22 +290,18 @@ pub fn apply_statements(changes: &[Change], now: i64) -> Vec<Statement> {
     let mut push = |sql: String| out.push((sql, None));
     if !keep_place.is_empty() {
         push(format!(
-            "{READY}, next_event_ms = {ttl} WHERE id IN ({}) AND state = 1",
-            key_list(&keep_place)
+            "{READY}, next_event_ms = {ttl} WHERE {}",
+            on_lease(&keep_place)
         ));
     }
     for (t, keys) in at {
-        push(format!(
-            "{} WHERE id IN ({}) AND state = 1",
-            ready_at(t),
-            key_list(&keys)
-        ));
+        push(format!("{} WHERE {}", ready_at(t), on_lease(&keys)));
     }
     for (until, keys) in extended {
         push(format!(
-            "UPDATE items SET lease_expires_ms = {until}, next_event_ms = {} WHERE id IN ({}) AND state = 1",
+            "UPDATE items SET lease_expires_ms = {until}, next_event_ms = {} WHERE {}",
             timer_at(&until.to_string(), now),
-            key_list(&keys)
+            on_lease(&keys)
         ));
     }
     for (token, keys) in released {
@@ -292,8 +314,8 @@ pub fn apply_statements(changes: &[Change], now: i64) -> Vec<Statement> {
     for (at_ms, keys) in dead {
         push(format!(
             "UPDATE items SET state = 2, lease_token = 0, died_at_ms = {at_ms}, next_event_ms = {ttl}
-             WHERE id IN ({}) AND state = 1",
-            key_list(&keys)
+             WHERE {}",
+            on_lease(&keys)
         ));
     }
     if !revived.is_empty() {
