@@ -104,7 +104,13 @@ pub type FaultPlan = BTreeMap<ShardId, crate::store::faulty::Faults>;
 type FaultPlan = ();
 
 impl ShardOpener {
-    async fn open(&self, id: ShardId) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
+    /// `unseen`: leases a previous worker of the shard here left with nobody (see
+    /// `Host::remove_shard`), known to the new worker before it runs.
+    async fn open(
+        &self,
+        id: ShardId,
+        unseen: Vec<(u64, i64)>,
+    ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
         let err = |source| StartError::Shard { shard: id, source };
         let s = self.shards.get(&id).ok_or_else(|| {
             err(StoreError::Schema(format!(
@@ -115,7 +121,7 @@ impl ShardOpener {
             // A file of this host: its owner lock is a lock on the file (see
             // `store::sqlite`), and it is opened only under the `single` manager.
             tracing::info!(shard = s.id, file = %path.display(), "opening shard");
-            return self.start(id, SqliteStore::new(s.id, path)).await;
+            return self.start(id, SqliteStore::new(s.id, path), unseen).await;
         }
         let mut store = MySqlStore::new(s.id, &s.url, s.pool_connections_max)
             .map_err(err)?
@@ -130,7 +136,7 @@ impl ShardOpener {
             );
         }
         tracing::info!(shard = s.id, database = store.database(), "opening shard");
-        self.start(id, store).await
+        self.start(id, store, unseen).await
     }
 
     /// Starts a shard's worker over `store`, with the faults a test planned for it.
@@ -138,13 +144,14 @@ impl ShardOpener {
         &self,
         id: ShardId,
         store: S,
+        unseen: Vec<(u64, i64)>,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
         #[cfg(feature = "faults")]
         if let Some(f) = self.faults.get(&id) {
             let store = crate::store::faulty::Faulty::new(store, f.clone());
-            return self.start_worker(id, store).await;
+            return self.start_worker(id, store, unseen).await;
         }
-        self.start_worker(id, store).await
+        self.start_worker(id, store, unseen).await
     }
 
     /// Starts a shard's worker over `store`. Fencing wraps whatever store the shard has
@@ -153,14 +160,16 @@ impl ShardOpener {
         &self,
         id: ShardId,
         store: S,
+        unseen: Vec<(u64, i64)>,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
-        let (handle, worker) = ShardWorker::start(
+        let (handle, worker) = ShardWorker::start_inheriting(
             id,
             Fenced::new(store, self.fence.clone()),
             self.clock.clone(),
             self.workers.clone(),
             self.waiters.clone(),
             self.metrics.clone(),
+            &unseen,
         )
         .await
         .map_err(|source| StartError::Shard { shard: id, source })?;
@@ -211,7 +220,7 @@ async fn follow_view(
     .await;
     let opened = join_all(
         mine.difference(&served)
-            .map(|&s| async move { (s, opener.open(s).await) }),
+            .map(|&s| async move { (s, opener.open(s, host.unseen_leases(s)).await) }),
     )
     .await;
     let mut failed = Vec::new();

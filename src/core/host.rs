@@ -187,6 +187,17 @@ impl Host {
         tracing::info!(shard = id, "serving shard");
     }
 
+    /// Leases a dead worker of shard `id` left with nobody (kept until the shard's next
+    /// worker here is added), for that worker to know before it runs.
+    pub fn unseen_leases(&self, id: ShardId) -> Vec<(u64, i64)> {
+        self.unseen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Stops serving a shard: no new work reaches it, its staged items go back, its
     /// worker flushes what it buffered (or fails it, retryably, when it may not write any
     /// more) and stops. Returns when the worker is gone.

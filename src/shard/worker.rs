@@ -165,6 +165,21 @@ impl<S: ShardStore> ShardWorker<S> {
         waiters: Arc<Waiters>,
         metrics: Arc<Metrics>,
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
+        Self::start_inheriting(id, store, clock, cfg, waiters, metrics, &[]).await
+    }
+
+    /// [`Self::start`], knowing from the start the leases (key, token) that a previous
+    /// worker of this shard claimed and nobody was handed: when they end, they are given
+    /// back uncounted, even if that happens before the first scan.
+    pub async fn start_inheriting(
+        id: ShardId,
+        store: S,
+        clock: SharedClock,
+        cfg: WorkerConfig,
+        waiters: Arc<Waiters>,
+        metrics: Arc<Metrics>,
+        unseen: &[(u64, i64)],
+    ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
         // Bounded, as every other wait: a stalled store fails the open, which is retried.
         let open_timeout = Duration::from_millis(cfg.open_timeout_ms);
         let recovered = timed(open_timeout, store.open()).await.0?;
@@ -182,6 +197,9 @@ impl<S: ShardStore> ShardWorker<S> {
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),
         });
+        for (key, token) in unseen {
+            shared.staged.insert(*key, *token);
+        }
         let label = ShardLabel {
             shard: id.to_string(),
         };
