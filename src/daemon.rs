@@ -3,7 +3,7 @@
 //! schemas when missing) and keeps following it (opening gained shards, stopping lost
 //! ones), and serves until told to stop. Used by the binary and by the tests.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,6 +95,43 @@ struct ShardOpener {
     metrics: Arc<Metrics>,
     #[cfg_attr(not(feature = "faults"), allow(dead_code))]
     faults: FaultPlan,
+    /// Each shard's recent worker deaths, for the backoff before a reopen.
+    deaths: Arc<std::sync::Mutex<HashMap<ShardId, Deaths>>>,
+}
+
+/// A shard's worker deaths in a row (each within [`DEATHS_FORGOTTEN`] of the last): the
+/// first reopens at once, each further one waits twice as long as the one before (1 s,
+/// 2 s, 4 s ... up to [`REOPEN_BACKOFF_MAX`]), so that a worker that dies at every turn
+/// (a bug that storage state triggers) costs little and does not flood the log.
+#[derive(Debug, Clone, Copy)]
+struct Deaths {
+    in_a_row: u32,
+    last: std::time::Instant,
+}
+
+const DEATHS_FORGOTTEN: Duration = Duration::from_secs(60);
+const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+impl Deaths {
+    /// Records a death now; returns how long to wait before the reopen.
+    fn record(deaths: &mut HashMap<ShardId, Deaths>, id: ShardId) -> Duration {
+        let now = std::time::Instant::now();
+        let in_a_row = match deaths.get(&id) {
+            Some(d) if now.duration_since(d.last) < DEATHS_FORGOTTEN => d.in_a_row + 1,
+            _ => 1,
+        };
+        deaths.insert(
+            id,
+            Deaths {
+                in_a_row,
+                last: now,
+            },
+        );
+        match in_a_row {
+            1 => Duration::ZERO,
+            n => Duration::from_secs(1u64 << (n - 2).min(5)).min(REOPEN_BACKOFF_MAX),
+        }
+    }
 }
 
 /// Faults to inject around shards' stores, by shard (tests only: feature `faults`).
@@ -177,13 +214,17 @@ impl ShardOpener {
         // (readiness, getHostInfo), counted and logged, and reported to be reopened. Its
         // requests fail meanwhile with a retryable UNAVAILABLE (its queue is closed).
         let (dead, died, metrics) = (handle.clone(), self.died.clone(), self.metrics.clone());
+        let deaths = self.deaths.clone();
         let supervised = tokio::spawn(async move {
             match worker.await {
                 Err(e) if e.is_panic() => {
                     let why = panic_message(&*e.into_panic());
                     dead.mark_dead();
                     metrics.worker_died(id);
-                    tracing::error!(shard = id, error = %why, "shard worker died; reopening the shard");
+                    let wait =
+                        Deaths::record(&mut deaths.lock().unwrap_or_else(|p| p.into_inner()), id);
+                    tracing::error!(shard = id, error = %why, reopen_in_ms = wait.as_millis() as u64, "shard worker died; reopening the shard");
+                    tokio::time::sleep(wait).await;
                     let _ = died.send(id);
                 }
                 _ => {}
@@ -374,6 +415,7 @@ async fn start_planned(
         store_timeout_ms: cfg.engine.store_timeout_ms,
         metrics: metrics.clone(),
         faults,
+        deaths: Default::default(),
     };
     let prefetch = PrefetchConfig {
         window_ms: cfg.engine.prefetch_window_ms,
@@ -468,4 +510,23 @@ async fn start_planned(
         server,
         background,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reopens_after_deaths_in_a_row_back_off_and_a_quiet_minute_forgives() {
+        let mut d = HashMap::new();
+        let waits: Vec<u64> = (0..9)
+            .map(|_| Deaths::record(&mut d, 3).as_secs())
+            .collect();
+        assert_eq!(waits, vec![0, 1, 2, 4, 8, 16, 30, 30, 30]);
+        // Another shard's deaths are its own.
+        assert_eq!(Deaths::record(&mut d, 4), Duration::ZERO);
+        // A minute without a death: the next is a first again.
+        d.get_mut(&3).unwrap().last -= DEATHS_FORGOTTEN;
+        assert_eq!(Deaths::record(&mut d, 3), Duration::ZERO);
+    }
 }
