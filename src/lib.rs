@@ -62,6 +62,7 @@ pub mod core;
 pub mod daemon;
 pub mod error;
 pub mod fence;
+pub mod hash;
 pub mod metrics;
 pub mod model;
 pub mod quota;

@@ -432,6 +432,32 @@ async fn run(seed: u64, db: TestDb) -> Vec<String> {
     let rows = stored(&db).await;
     if settled_after.is_none() {
         let stuck: Vec<_> = rows.iter().filter(|(_, s)| **s != 2).take(10).collect();
+        // What storage says of them, to tell which timer or change went missing.
+        for (p, _) in stuck.iter().take(3) {
+            let mut row = Vec::new();
+            for col in [
+                "id",
+                "state",
+                "lease_token",
+                "lease_expires_ms",
+                "COALESCE(next_event_ms, -1)",
+                "delivery_count",
+                "deliver_after_ms",
+            ] {
+                for s in 0..SHARDS {
+                    let v = db
+                        .column(
+                            s,
+                            &format!("SELECT {col} FROM items WHERE CAST(payload AS SIGNED) = {p}"),
+                        )
+                        .await;
+                    if let Some(v) = v.first() {
+                        row.push(format!("{col}={v} (shard {s})"));
+                    }
+                }
+            }
+            problems.push(format!("stuck {p}: {} (now {})", row.join(", "), now_ms()));
+        }
         problems.push(format!(
             "not settled {BOUND:?} after the faults ended: rows still ready/leased (payload, state) {stuck:?}; shards {:?}",
             host.shard_status()

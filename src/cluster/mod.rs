@@ -142,11 +142,7 @@ pub fn assign<'a>(shards: &[ShardId], hosts: &[&'a str]) -> BTreeMap<ShardId, &'
 }
 
 fn score(host: &str, shard: ShardId) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in host.bytes().chain(shard.to_le_bytes()) {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let mut h = crate::hash::fnv1a([host.as_bytes(), &shard.to_le_bytes()[..]]);
     // splitmix64's finalizer: FNV alone leaves scores of similar names correlated.
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -157,13 +157,7 @@ impl Host {
     /// itself. Changing a tier's shard list changes where keys go; dedup across such a
     /// change is not guaranteed.
     fn dedup_shard(&self, tier: &str, ns: &str, topic: &str, key: &str) -> Result<ShardId> {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for part in [ns.as_bytes(), &[0], topic.as_bytes(), &[0], key.as_bytes()] {
-            for b in part {
-                h ^= *b as u64;
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
+        let h = crate::hash::fnv1a([ns.as_bytes(), &[0], topic.as_bytes(), &[0], key.as_bytes()]);
         let ids = self.cluster.tier_shards(tier);
         if ids.is_empty() {
             return Err(Error::unavailable(format!("tier {tier:?} has no shards")));

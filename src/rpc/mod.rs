@@ -9,6 +9,9 @@
 
 pub mod client;
 mod convert;
+/// Test support (seeded inputs for the decoder tests and the fuzz target): only in tests
+/// and builds with the `faults` feature, never in a release binary.
+#[cfg(any(test, feature = "faults"))]
 pub mod mangle;
 mod peer;
 

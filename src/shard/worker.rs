@@ -126,8 +126,10 @@ pub(super) fn settle_window(cfg: &WorkerConfig) -> Duration {
 }
 
 /// Runs a storage operation under the shard's timeout; returns its outcome and how long it
-/// took. A timed-out operation is dropped (its connection with it), so a hung server
-/// cannot hold the worker forever.
+/// took. A timed-out operation is dropped, so a hung server cannot hold the worker
+/// forever; what it started may still finish (MySQL runs a statement on, up to its
+/// `max_statement_time`; SQLite's thread finishes a job whose caller left): its outcome is
+/// unknown, see `doubt.rs`.
 pub(super) async fn timed<T>(
     timeout: Duration,
     f: impl std::future::Future<Output = StoreResult<T>>,

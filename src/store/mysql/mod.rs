@@ -126,8 +126,11 @@ impl MySqlStore {
         &self.database
     }
 
-    /// Closes the pool's connections.
-    pub async fn close(self) {
+    /// Closes the store for good: releases the owner lock (as `ShardStore::close` does)
+    /// and disconnects the pool's connections. (Named apart from the trait's `close`,
+    /// which it used to shadow, skipping the lock's release.)
+    pub async fn disconnect(self) {
+        ShardStore::close(&self).await;
         let _ = self.pool.disconnect().await;
     }
 

@@ -37,12 +37,7 @@ pub(super) fn lock_name(database: &str) -> String {
     if name.len() <= NAME_MAX {
         return name;
     }
-    // FNV-1a: stable across builds and platforms, unlike std's hasher.
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in database.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
+    let h = crate::hash::fnv1a([database.as_bytes()]);
     format!("foqs_shard_{h:016x}")
 }
 
