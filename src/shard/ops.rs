@@ -452,6 +452,25 @@ pub(super) fn release_changes(requests: &[(Vec<Item>, Reply<()>)]) -> Vec<Change
         .collect()
 }
 
+/// The leases a turn's nacks and touches may not settle: keys acked or being claimed in
+/// the turn, and keys staged (claimed, handed to nobody) under the claim that leases the
+/// row now. (A key may stay staged under an earlier claim whose outcome was unknown while
+/// a later claim's lease was handed out: that consumer's nack is its own.)
+pub(super) struct Unheld {
+    pub keys: HashSet<u64>,
+    pub staged: HashMap<u64, Vec<i64>>,
+}
+
+impl Unheld {
+    fn holds(&self, key: u64, lease_token: i64) -> bool {
+        self.keys.contains(&key)
+            || self
+                .staged
+                .get(&key)
+                .is_some_and(|ts| ts.contains(&lease_token))
+    }
+}
+
 /// The items among `keys` that are leased right now.
 async fn leased<S: ShardStore>(store: &S, keys: &[u64]) -> StoreResult<HashMap<u64, ItemMeta>> {
     Ok(store
@@ -468,13 +487,13 @@ async fn leased<S: ShardStore>(store: &S, keys: &[u64]) -> StoreResult<HashMap<u
 /// (`lease_id`), on that delivery's lease and before it ran out.
 fn held<'a>(
     leased: &'a HashMap<u64, ItemMeta>,
-    unheld: &HashSet<u64>,
+    unheld: &Unheld,
     key: u64,
     lease_id: Option<i64>,
     now: i64,
 ) -> Result<&'a ItemMeta, Settled> {
     let m = match leased.get(&key) {
-        Some(m) if !unheld.contains(&key) => m,
+        Some(m) if !unheld.holds(key, m.lease_token) => m,
         _ => return Err(Settled::NotFound),
     };
     match lease_id {
@@ -487,7 +506,7 @@ fn held<'a>(
 pub(super) async fn touch_exec<S: ShardStore>(
     store: &S,
     requests: &[&[TouchOp]],
-    unheld: &HashSet<u64>,
+    unheld: &Unheld,
     now: i64,
 ) -> StoreResult<Vec<Vec<Settled>>> {
     let keys: Vec<u64> = requests
@@ -542,7 +561,7 @@ impl<S: ShardStore> ShardWorker<S> {
 pub(super) async fn nack_exec<S: ShardStore>(
     store: &S,
     requests: &[&[NackOp]],
-    unheld: &HashSet<u64>,
+    unheld: &Unheld,
     now: i64,
 ) -> Result<NackOutcome, NackFailure> {
     let keys: Vec<u64> = requests

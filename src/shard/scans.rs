@@ -150,7 +150,7 @@ impl<S: ShardStore> ShardWorker<S> {
             let ttl_passed = m.expires_at_ms.is_some_and(|t| t <= now);
             match m.state {
                 _ if ttl_passed => {
-                    if let Some(token) = self.shared.staged.remove(m.key) {
+                    for token in self.shared.staged.remove(m.key) {
                         unseen_ttl.push((m.key, token));
                     }
                     changes.push(Change::Delete { key: m.key });

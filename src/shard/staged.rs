@@ -22,14 +22,37 @@ use std::sync::Mutex;
 
 use crate::model::Item;
 
+fn push(keys: &mut HashMap<u64, Vec<i64>>, key: u64, token: i64) {
+    let ts = keys.entry(key).or_default();
+    if !ts.contains(&token) {
+        ts.push(token);
+    }
+}
+
+fn take(keys: &mut HashMap<u64, Vec<i64>>, key: u64, token: i64) -> bool {
+    let Some(ts) = keys.get_mut(&key) else {
+        return false;
+    };
+    let Some(at) = ts.iter().position(|t| *t == token) else {
+        return false;
+    };
+    ts.swap_remove(at);
+    if ts.is_empty() {
+        keys.remove(&key);
+    }
+    true
+}
+
 #[derive(Debug, Default)]
 pub struct Staged {
-    /// Key → the token of the claim that leased it.
-    keys: Mutex<HashMap<u64, i64>>,
+    /// Key → the tokens of the claims that may have leased it and handed it to nobody:
+    /// one, usually; more when claims of the key failed with an unknown outcome (each may
+    /// yet commit late, and the lease it makes must come back uncounted too).
+    keys: Mutex<HashMap<u64, Vec<i64>>>,
 }
 
 impl Staged {
-    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<u64, i64>> {
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<i64>>> {
         // Poisoned only by a worker that died holding it: its shard is being reopened, and
         // the prefetch task that reads it must not die with it.
         self.keys
@@ -41,12 +64,12 @@ impl Staged {
     pub fn add(&self, items: &[Item]) {
         let mut keys = self.keys();
         for i in items {
-            keys.insert(i.id.key, i.lease_token);
+            push(&mut keys, i.id.key, i.lease_token);
         }
     }
 
     pub fn insert(&self, key: u64, token: i64) {
-        self.keys().insert(key, token);
+        push(&mut self.keys(), key, token);
     }
 
     /// Staged under any claim.
@@ -55,43 +78,38 @@ impl Staged {
     }
 
     pub fn contains(&self, key: u64, token: i64) -> bool {
-        self.keys().get(&key) == Some(&token)
+        self.keys().get(&key).is_some_and(|ts| ts.contains(&token))
     }
 
-    /// Takes `key` out, whatever its claim; returns that claim's token when it was in.
-    pub fn remove(&self, key: u64) -> Option<i64> {
-        self.keys().remove(&key)
+    /// The claims `key` is staged under (none: empty).
+    pub fn tokens(&self, key: u64) -> Vec<i64> {
+        self.keys().get(&key).cloned().unwrap_or_default()
     }
 
-    /// Takes `key` out when it is in under claim `token`.
+    /// Takes `key` out, whatever its claims; returns their tokens.
+    pub fn remove(&self, key: u64) -> Vec<i64> {
+        self.keys().remove(&key).unwrap_or_default()
+    }
+
+    /// Takes `key` out of claim `token` when it is in under it.
     pub fn take(&self, key: u64, token: i64) -> bool {
-        let mut keys = self.keys();
-        if keys.get(&key) == Some(&token) {
-            keys.remove(&key);
-            true
-        } else {
-            false
-        }
+        take(&mut self.keys(), key, token)
     }
 
     /// Keeps the items still waiting under their claim (taking them out: they are
     /// deliveries now), in order, and drops the rest.
     pub fn hand_out(&self, mut items: Vec<Item>) -> Vec<Item> {
         let mut keys = self.keys();
-        items.retain(|i| {
-            if keys.get(&i.id.key) == Some(&i.lease_token) {
-                keys.remove(&i.id.key);
-                true
-            } else {
-                false
-            }
-        });
+        items.retain(|i| take(&mut keys, i.id.key, i.lease_token));
         items
     }
 
     /// Every (key, token) held: the leases nobody was handed.
     pub fn entries(&self) -> Vec<(u64, i64)> {
-        self.keys().iter().map(|(k, t)| (*k, *t)).collect()
+        self.keys()
+            .iter()
+            .flat_map(|(k, ts)| ts.iter().map(move |t| (*k, *t)))
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -130,8 +148,9 @@ mod tests {
     fn each_claimed_item_is_handed_out_once_unless_settled_first() {
         let s = Staged::default();
         s.add(&[item(1, 10), item(2, 10), item(3, 10)]);
-        // An ack took key 2 out; key 3 was claimed again under another token.
-        assert_eq!(s.remove(2), Some(10));
+        // An ack took key 2 out; key 3 was released and claimed again under another token.
+        assert_eq!(s.remove(2), vec![10]);
+        assert!(s.take(3, 10));
         s.add(&[item(3, 11)]);
         let out = s.hand_out(vec![item(1, 10), item(2, 10), item(3, 10)]);
         assert_eq!(out.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![1]);
@@ -140,6 +159,25 @@ mod tests {
         assert!(!s.take(3, 10), "another claim's token");
         assert!(s.contains(3, 11));
         assert!(s.take(3, 11));
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn every_claim_with_an_unknown_outcome_keeps_its_own_token() {
+        // Two claims of key 5 failed with unknown outcomes; either may have leased it.
+        let s = Staged::default();
+        s.insert(5, 1);
+        s.insert(5, 2);
+        assert_eq!(s.entries().len(), 2);
+        // The first one's lease ends: it comes back uncounted (before, the second claim's
+        // token had replaced it, and the ending lease counted as a delivery).
+        assert!(s.take(5, 1));
+        assert!(s.contains(5, 2));
+        // A later successful claim's copy is handed out; the other unknown one stays.
+        s.add(&[item(5, 3)]);
+        assert_eq!(s.hand_out(vec![item(5, 3)]).len(), 1);
+        assert_eq!(s.tokens(5), vec![2]);
+        assert_eq!(s.remove(5), vec![2]);
         assert!(s.is_empty());
     }
 }

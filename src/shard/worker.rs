@@ -448,7 +448,7 @@ impl<S: ShardStore> ShardWorker<S> {
         // What the acks undo if their DELETE fails (see `AckPlan`).
         let mut ack_plan = ops::AckPlan::default();
         for k in &ack_keys {
-            if let Some(token) = self.shared.staged.remove(*k) {
+            for token in self.shared.staged.remove(*k) {
                 ack_plan.unstaged.push((*k, token));
             }
         }
@@ -463,16 +463,23 @@ impl<S: ShardStore> ShardWorker<S> {
         // Nacks and touches settle leases that consumers hold. A key staged (claimed, not
         // handed out) or claimed in this turn is ready as far as clients can tell; one
         // acked in this turn is being deleted.
-        let unheld: HashSet<u64> = nacks
+        let settling: Vec<u64> = nacks
             .iter()
             .flat_map(|(n, _)| n.iter().map(|op| op.key))
             .chain(touches.iter().flat_map(|(t, _)| t.iter().map(|op| op.key)))
-            .filter(|k| {
-                acked.contains(k)
-                    || self.shared.staged.contains_key(*k)
-                    || claim.as_ref().is_some_and(|c| c.keys.contains(k))
-            })
             .collect();
+        let unheld = ops::Unheld {
+            keys: settling
+                .iter()
+                .copied()
+                .filter(|k| acked.contains(k) || claim.as_ref().is_some_and(|c| c.keys.contains(k)))
+                .collect(),
+            staged: settling
+                .iter()
+                .map(|k| (*k, self.shared.staged.tokens(*k)))
+                .filter(|(_, ts)| !ts.is_empty())
+                .collect(),
+        };
         // A touch of a delivery that a nack of this turn also settles waits for the next
         // turn: run together, as concurrent statements, both could answer success, the
         // touch for an item the nack had made ready again. Next turn the touch sees what
