@@ -100,8 +100,11 @@ impl Doubts {
         Some(Settled::Topics(due))
     }
 
-    /// Re-reading `s` failed: try again at the next chance.
-    pub fn retry(&mut self, s: Settled, now: Instant) {
+    /// Re-reading `s` failed: try again at the next chance, from `earliest_ms` again.
+    pub fn retry(&mut self, s: Settled, now: Instant, earliest_ms: Option<i64>) {
+        if let Some(ms) = earliest_ms {
+            self.note(ms);
+        }
         match s {
             Settled::All => self.all = Some(self.all.map_or(now, |a| a.min(now))),
             Settled::Topics(ts) => {
@@ -143,7 +146,12 @@ mod tests {
         );
         assert_eq!(d.settled(t0 + Duration::from_secs(3600)), None);
         // A failed re-read comes back at the next chance.
-        d.retry(Settled::Topics(vec![t("b")]), t0 + Duration::from_secs(9));
+        d.retry(
+            Settled::Topics(vec![t("b")]),
+            t0 + Duration::from_secs(9),
+            Some(300),
+        );
+        assert_eq!(d.earliest_ms(), Some(300));
         assert_eq!(
             d.settled(t0 + Duration::from_secs(9)),
             Some(Settled::Topics(vec![t("b")]))

@@ -56,6 +56,16 @@ impl<S: ShardStore> ShardWorker<S> {
             (d.settled(std::time::Instant::now()), earliest)
         };
         let Some(settled) = settled else { return };
+        // SQLite runs the shard's jobs one after another on its thread: once this probe is
+        // answered, every job begun before it is done, a job whose caller gave up included.
+        // (On MySQL it is a probe only; there `max_statement_time` is the bound.)
+        let (r, took) = timed(self.timeout(), self.store.ping()).await;
+        self.record(&r, took);
+        if r.is_err() {
+            self.doubts()
+                .retry(settled, std::time::Instant::now(), earliest);
+            return;
+        }
         // A late commit ran with its turn's clock, which is at most a store timeout before
         // the failure: timers it set may lie behind the scan's cursor now, where the scan
         // would never look again. The scan goes back over that stretch (re-reading rows it
@@ -121,7 +131,8 @@ impl<S: ShardStore> ShardWorker<S> {
             }
             Err(e) => {
                 tracing::warn!(shard = self.id, error = %e, "re-counting after an unknown outcome failed; trying again");
-                self.doubts().retry(settled, std::time::Instant::now());
+                self.doubts()
+                    .retry(settled, std::time::Instant::now(), earliest);
             }
         }
     }
