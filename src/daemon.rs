@@ -146,7 +146,7 @@ impl ShardOpener {
     async fn open(
         &self,
         id: ShardId,
-        unseen: Vec<(u64, i64)>,
+        unseen: Option<Vec<(u64, i64)>>,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
         let err = |source| StartError::Shard { shard: id, source };
         let s = self.shards.get(&id).ok_or_else(|| {
@@ -181,7 +181,7 @@ impl ShardOpener {
         &self,
         id: ShardId,
         store: S,
-        unseen: Vec<(u64, i64)>,
+        unseen: Option<Vec<(u64, i64)>>,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
         #[cfg(feature = "faults")]
         if let Some(f) = self.faults.get(&id) {
@@ -197,7 +197,7 @@ impl ShardOpener {
         &self,
         id: ShardId,
         store: S,
-        unseen: Vec<(u64, i64)>,
+        unseen: Option<Vec<(u64, i64)>>,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
         let (handle, worker) = ShardWorker::start_inheriting(
             id,
@@ -206,7 +206,7 @@ impl ShardOpener {
             self.workers.clone(),
             self.waiters.clone(),
             self.metrics.clone(),
-            &unseen,
+            unseen.as_deref(),
         )
         .await
         .map_err(|source| StartError::Shard { shard: id, source })?;

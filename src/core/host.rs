@@ -189,13 +189,13 @@ impl Host {
 
     /// Leases a dead worker of shard `id` left with nobody (kept until the shard's next
     /// worker here is added), for that worker to know before it runs.
-    pub fn unseen_leases(&self, id: ShardId) -> Vec<(u64, i64)> {
+    /// `None`: the shard's previous worker here (if any) stopped cleanly.
+    pub fn unseen_leases(&self, id: ShardId) -> Option<Vec<(u64, i64)>> {
         self.unseen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
             .cloned()
-            .unwrap_or_default()
     }
 
     /// Stops serving a shard: no new work reaches it, its staged items go back, its
@@ -229,14 +229,14 @@ impl Host {
         // here gives them back uncounted when they end, as this one would have; without
         // that, each would count as a delivery (an at-most-once item deleted unseen, an
         // attempt used up).
+        // (Recorded even when there are none: the successor also doubts what the dead
+        // worker's last writes did, see `ShardWorker::start_inheriting`.)
         if !released || !handle.is_alive() {
             let leases = handle.unseen_leases();
-            if !leases.is_empty() {
-                self.unseen
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(id, leases);
-            }
+            self.unseen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, leases);
         }
         handle.shutdown().await;
         let worker = self.workers.lock().expect("not poisoned").remove(&id);

@@ -167,12 +167,14 @@ impl<S: ShardStore> ShardWorker<S> {
         waiters: Arc<Waiters>,
         metrics: Arc<Metrics>,
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
-        Self::start_inheriting(id, store, clock, cfg, waiters, metrics, &[]).await
+        Self::start_inheriting(id, store, clock, cfg, waiters, metrics, None).await
     }
 
-    /// [`Self::start`], knowing from the start the leases (key, token) that a previous
-    /// worker of this shard claimed and nobody was handed: when they end, they are given
-    /// back uncounted, even if that happens before the first scan.
+    /// [`Self::start`] after a previous worker of this shard died (`unseen`: `Some`): it
+    /// knows from the start the leases (key, token) that worker claimed and nobody was
+    /// handed (when they end, they are given back uncounted, even before the first scan),
+    /// and it doubts everything that worker's last writes did, as after a write whose
+    /// outcome is unknown (see `doubt.rs`): a write it gave up on may still commit.
     pub async fn start_inheriting(
         id: ShardId,
         store: S,
@@ -180,7 +182,7 @@ impl<S: ShardStore> ShardWorker<S> {
         cfg: WorkerConfig,
         waiters: Arc<Waiters>,
         metrics: Arc<Metrics>,
-        unseen: &[(u64, i64)],
+        unseen: Option<&[(u64, i64)]>,
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
         // Bounded, as every other wait: a stalled store fails the open, which is retried.
         let open_timeout = Duration::from_millis(cfg.open_timeout_ms);
@@ -199,7 +201,7 @@ impl<S: ShardStore> ShardWorker<S> {
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),
         });
-        for (key, token) in unseen {
+        for (key, token) in unseen.unwrap_or_default() {
             shared.staged.insert(*key, *token);
         }
         let label = ShardLabel {
@@ -242,7 +244,16 @@ impl<S: ShardStore> ShardWorker<S> {
             totals: HashMap::new(),
             events: HashMap::new(),
             deferred: Vec::new(),
-            doubts: std::sync::Mutex::new(Doubts::new(settle_window(&cfg))),
+            doubts: std::sync::Mutex::new({
+                let mut d = Doubts::new(settle_window(&cfg));
+                if unseen.is_some() {
+                    // Once settled, the scan goes back to where this worker began (the
+                    // checkpoint), over every timer a late write could have set.
+                    let from = cp.saturating_add(cfg.store_timeout_ms as i64 + 1000);
+                    d.everything(std::time::Instant::now(), from.min(now));
+                }
+                d
+            }),
             clock,
             cfg,
             probes,
