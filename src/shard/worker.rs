@@ -391,13 +391,25 @@ impl<S: ShardStore> ShardWorker<S> {
                         .await
                 }),
                 Command::TopicSnapshot { topic, reply } => {
-                    // The saved totals plus what this worker has not saved yet.
+                    // The saved totals plus what this worker has not saved yet, read in the
+                    // worker: beside it, a checkpoint could save the pending totals between
+                    // taking them and reading the saved ones, and count them twice.
+                    let now = self.clock.now_ms();
+                    let store = self.store.clone();
+                    let (r, took) = timed(
+                        self.timeout(),
+                        store.topic_snapshot(&topic.ns, &topic.topic, now),
+                    )
+                    .await;
+                    self.record(&r, took);
                     let pending = self.totals.get(&topic).copied().unwrap_or_default();
-                    self.read_beside(reply, move |store, now| async move {
-                        let mut s = store.topic_snapshot(&topic.ns, &topic.topic, now).await?;
-                        s.totals.add(&pending);
-                        Ok(s)
-                    })
+                    let r = r
+                        .map(|mut s| {
+                            s.totals.add(&pending);
+                            s
+                        })
+                        .map_err(|e| storage_error(self.id, &e));
+                    let _ = reply.send(r);
                 }
                 Command::FetchReady { keys, reply } => self
                     .read_beside(reply, move |store, now| async move {
