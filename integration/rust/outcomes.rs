@@ -57,9 +57,9 @@ async fn start_with(
     (shard, worker, faults)
 }
 
-/// Enqueues one item on `t`, delivers it and nacks it to the dead letters; the index then
-/// knows `t` holds nothing ready.
-async fn dead_item(shard: &ShardHandle, t: &str) -> u64 {
+/// Enqueues one item on `t` and delivers it (handed out: leased to a consumer; a staged
+/// item is ready as far as a nack knows); returns its key.
+async fn delivered_item(shard: &ShardHandle, t: &str) -> u64 {
     let key = shard
         .submit_enqueue(vec![new_item(t)])
         .map_err(|(_, e)| e)
@@ -70,8 +70,14 @@ async fn dead_item(shard: &ShardHandle, t: &str) -> u64 {
         .0;
     let keys = shard.peek(topic(t), 10).await.unwrap();
     let claimed = shard.claim(topic(t), keys).await.unwrap();
-    // Handed out: leased to a consumer (a staged item is ready as far as a nack knows).
     assert_eq!(shard.hand_out(claimed).len(), 1);
+    key
+}
+
+/// Enqueues one item on `t`, delivers it and nacks it to the dead letters; the index then
+/// knows `t` holds nothing ready.
+async fn dead_item(shard: &ShardHandle, t: &str) -> u64 {
+    let key = delivered_item(shard, t).await;
     let nacked = shard
         .nack(vec![NackOp {
             key,
@@ -126,17 +132,7 @@ async fn a_nack_that_commits_after_its_timeout_strands_nothing_and_the_counts_he
         ..faulty::worker_config()
     };
     let (shard, worker, faults) = start_with(&db, cfg).await;
-    let key = shard
-        .submit_enqueue(vec![new_item("late")])
-        .map_err(|(_, e)| e)
-        .unwrap()
-        .wait()
-        .await
-        .unwrap()[0]
-        .0;
-    let keys = shard.peek(topic("late"), 10).await.unwrap();
-    let claimed = shard.claim(topic("late"), keys).await.unwrap();
-    assert_eq!(shard.hand_out(claimed).len(), 1);
+    let key = delivered_item(&shard, "late").await;
     faults.arm("apply", Fault::CommitLate(Duration::from_millis(200)));
     let nacked = shard
         .nack(vec![NackOp {

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use super::{StateCount, StoreError, StoreResult};
-use crate::model::ItemState;
+use crate::model::{ItemState, TopicName};
 
 #[derive(Debug, Default)]
 pub struct TopicIds {
@@ -84,6 +84,18 @@ impl TopicIds {
 
 /// Rows of (topic id, state, second of `deliver_after_ms` for ready rows, count) with the
 /// topics' names.
+/// The `WHERE` of a count of `topic` (every topic: empty), given the topic's id if it has
+/// one; `None`: the topic has no id, so no rows.
+pub fn topic_filter(
+    topic: Option<&TopicName>,
+    tid: impl Fn(&TopicName) -> Option<u32>,
+) -> Option<String> {
+    match topic {
+        None => Some(String::new()),
+        Some(t) => tid(t).map(|id| format!("WHERE tid = {id}")),
+    }
+}
+
 pub fn state_counts(
     topics: &std::sync::Mutex<TopicIds>,
     rows: Vec<(u32, i8, i64, i64)>,

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::Connection;
 
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan};
-use super::topics::{state_counts, TopicIds};
+use super::topics::{state_counts, topic_filter, TopicIds};
 use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
 use crate::model::{
     Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
@@ -502,13 +502,8 @@ impl ShardStore for SqliteStore {
     }
 
     async fn state_counts(&self, topic: Option<&TopicName>) -> StoreResult<Vec<StateCount>> {
-        let only = match topic {
-            None => String::new(),
-            Some(t) => match self.tid(&t.ns, &t.topic) {
-                // A topic without an id has no rows.
-                None => return Ok(Vec::new()),
-                Some(tid) => format!("WHERE tid = {tid}"),
-            },
+        let Some(only) = topic_filter(topic, |t| self.tid(&t.ns, &t.topic)) else {
+            return Ok(Vec::new());
         };
         let rows = self
             .call(move |conn| {
