@@ -7,18 +7,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::shard as faulty;
 use common::*;
-use foqs::clock::{SharedClock, SystemClock};
-use foqs::metrics::Metrics;
 use foqs::model::{NewItem, TopicName};
-use foqs::shard::ShardWorker;
-use foqs::store::faulty::{Fault, Faults, Faulty};
-use foqs::store::MySqlStore;
-use foqs::waiters::Waiters;
+use foqs::store::faulty::Fault;
 
 fn new_item(topic: &str, priority: i32) -> NewItem {
     faulty::new_item("ix", topic, priority)
@@ -31,20 +25,7 @@ fn topic(t: &str) -> TopicName {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
     let db = TestDb::new(1);
-    let gate = Faults::default();
-    let store = Faulty::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), gate.clone());
-    let cfg = faulty::worker_config();
-    let clock: SharedClock = Arc::new(SystemClock);
-    let (shard, worker) = ShardWorker::start(
-        0,
-        store,
-        clock,
-        cfg,
-        Waiters::new(),
-        Arc::new(Metrics::new()),
-    )
-    .await
-    .unwrap();
+    let (shard, worker, gate) = faulty::faulty_worker(&db, faulty::worker_config()).await;
     let enqueue = |items: Vec<NewItem>| {
         let s = shard.clone();
         async move {

@@ -5,18 +5,13 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::shard as faulty;
 use common::*;
-use foqs::clock::{SharedClock, SystemClock};
-use foqs::metrics::Metrics;
 use foqs::model::{NewItem, TopicName};
-use foqs::shard::{NackOp, Settled, ShardHandle, ShardWorker, WorkerConfig};
-use foqs::store::faulty::{Fault, Faults, Faulty};
-use foqs::store::MySqlStore;
-use foqs::waiters::Waiters;
+use foqs::shard::{NackOp, Settled, ShardHandle, WorkerConfig};
+use foqs::store::faulty::{Fault, Faults};
 
 fn new_item(t: &str) -> NewItem {
     faulty::new_item("out", t, 0)
@@ -36,25 +31,12 @@ async fn start_with(
     db: &TestDb,
     cfg: WorkerConfig,
 ) -> (ShardHandle, tokio::task::JoinHandle<()>, Faults) {
-    let faults = Faults::default();
-    let store = Faulty::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), faults.clone());
     // Injected failures must not open the breaker and hide the shard.
     let cfg = WorkerConfig {
         breaker_failures_max: 100,
         ..cfg
     };
-    let clock: SharedClock = Arc::new(SystemClock);
-    let (shard, worker) = ShardWorker::start(
-        0,
-        store,
-        clock,
-        cfg,
-        Waiters::new(),
-        Arc::new(Metrics::new()),
-    )
-    .await
-    .unwrap();
-    (shard, worker, faults)
+    faulty::faulty_worker(db, cfg).await
 }
 
 /// Enqueues one item on `t` and delivers it (handed out: leased to a consumer; a staged

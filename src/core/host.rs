@@ -163,6 +163,8 @@ impl Host {
     /// Starts serving a shard whose worker was started (and its index rebuilt).
     pub fn add_shard(&self, handle: ShardHandle, worker: JoinHandle<()>) {
         let id = handle.id();
+        // Its worker was given the dead predecessor's unseen leases when it started
+        // (`unseen_leases`); the record is done with.
         let unseen = self
             .unseen
             .lock()
@@ -172,9 +174,8 @@ impl Host {
             tracing::info!(
                 shard = id,
                 leases = leases.len(),
-                "the new worker takes over leases nobody was handed"
+                "the new worker took over leases nobody was handed"
             );
-            handle.adopt_unseen(&leases);
         }
         let mut shards = self.shards.write().expect("not poisoned");
         let mut next = (**shards).clone();

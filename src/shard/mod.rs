@@ -242,15 +242,6 @@ impl ShardHandle {
         self.shared.staged.entries()
     }
 
-    /// Takes over leases that a previous worker of this shard claimed and nobody was
-    /// handed (see `Host::remove_shard`): when they end, they are given back uncounted,
-    /// as this worker's own would be, instead of counting as a delivery.
-    pub fn adopt_unseen(&self, leases: &[(u64, i64)]) {
-        for (key, token) in leases {
-            self.shared.staged.insert(*key, *token);
-        }
-    }
-
     /// False once its worker has ended (stopped, or died).
     pub fn is_alive(&self) -> bool {
         !self.tx.is_closed()

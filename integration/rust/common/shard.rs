@@ -49,3 +49,32 @@ pub fn topic(ns: &str, topic: &str) -> TopicName {
         topic: topic.into(),
     }
 }
+
+/// A worker over the real MySQL store of `db`'s shard 0, wrapped in the `Faulty` store
+/// whose faults the test arms (returned).
+pub async fn faulty_worker(
+    db: &super::TestDb,
+    cfg: foqs::shard::WorkerConfig,
+) -> (
+    foqs::shard::ShardHandle,
+    tokio::task::JoinHandle<()>,
+    foqs::store::faulty::Faults,
+) {
+    use foqs::store::faulty::{Faults, Faulty};
+    let faults = Faults::default();
+    let store = Faulty::new(
+        foqs::store::MySqlStore::new(0, &db.url(0), 4).unwrap(),
+        faults.clone(),
+    );
+    let (shard, worker) = foqs::shard::ShardWorker::start(
+        0,
+        store,
+        std::sync::Arc::new(SystemClock),
+        cfg,
+        foqs::waiters::Waiters::new(),
+        std::sync::Arc::new(foqs::metrics::Metrics::new()),
+    )
+    .await
+    .unwrap();
+    (shard, worker, faults)
+}
