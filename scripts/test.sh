@@ -34,7 +34,7 @@ command -v mariadb-install-db >/dev/null 2>&1 || foqs_apt_install mariadb-server
 foqs_etcd_install
 foqs_log "MySQL for tests: $FOQS_TEST_MYSQL_URL"
 # Tests open hundreds of connections and threads: the limits they run under, for the record.
-foqs_log "limits: $(ulimit -n) open files, $(ulimit -u) processes"
+foqs_log "limits: $(ulimit -n) open files, $(ulimit -u) processes, listen backlog cap (somaxconn) $(cat /proc/sys/net/core/somaxconn 2>/dev/null || echo unknown)"
 
 foqs_log "Rust unit and integration tests (MySQL; the store conformance suite on both stores)"
 cargo test --all-targets

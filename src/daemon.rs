@@ -310,12 +310,14 @@ async fn follow(
     }
 }
 
-async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), StartError> {
+async fn bind(addr: &str, backlog: u32) -> Result<(TcpListener, SocketAddr), StartError> {
     let listen_error = |source| StartError::Listen {
         addr: addr.to_string(),
         source,
     };
-    let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
+    let listener = crate::server::listen(addr, backlog)
+        .await
+        .map_err(listen_error)?;
     let bound = listener.local_addr().map_err(listen_error)?;
     Ok((listener, bound))
 }
@@ -356,9 +358,10 @@ async fn start_planned(
         })?),
         None => None,
     };
-    let (listener, addr) = bind(&cfg.server.listen).await?;
+    let backlog = cfg.server.listen_backlog;
+    let (listener, addr) = bind(&cfg.server.listen, backlog).await?;
     let metrics_listener = match &cfg.metrics.listen {
-        Some(l) => Some(bind(l).await?),
+        Some(l) => Some(bind(l, backlog).await?),
         None => None,
     };
     let metrics = Arc::new(Metrics::new());

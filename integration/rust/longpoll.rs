@@ -140,26 +140,36 @@ async fn nacks_and_deferred_items_coming_due_wake_long_polls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_waiters_each_get_their_own_item() {
-    // Seen once in CI: some of the 300 waiters' connections reset or closed without a
-    // reply; not reproduced since (40 runs, loaded or not, both backends). The server's
-    // log says why it closed a connection, if it did.
+    // Seen once in CI: one waiter's connection took 1.07 s to open (a dropped SYN) and
+    // was reset at its first request, and foqsd never logged it. A 1 s connect is the
+    // SYN retransmit after a listen-queue overflow (reproduced with a 16-deep backlog: 283
+    // of 300 connects took 1.0 s, ListenOverflows rose), so most likely CI's
+    // `net.core.somaxconn` capped the backlog below 300 (test.sh now prints it). What this test is about is the long polls, so the
+    // connections are opened, and each proven accepted with a call, one after another;
+    // all 300 polls then wait together. The kernel's listen counters say more if not.
     logs_in_test_output();
     let srv = TestServer::start(3, "").await;
     let mut c = srv.client();
-    let waiters: Vec<_> = (0..300)
-        .map(|_| {
-            let addr = srv.addr;
+    let before = listen_counters();
+    let addr = srv.addr;
+    let clients = tokio::task::spawn_blocking(move || {
+        (0..300)
+            .map(|_| {
+                let mut c = Client::connect(addr, Proto::Binary);
+                c.host_info();
+                c
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let waiters: Vec<_> = clients
+        .into_iter()
+        .map(|mut c| {
             std::thread::spawn(move || {
                 let t = Instant::now();
-                let mut c = Client::connect(addr, Proto::Binary);
-                let connected = t.elapsed();
                 c.try_dequeue_wait(vec![topic_req(NS, "crowd", 1)], Some(20_000))
-                    .map_err(|e| {
-                        format!(
-                            "{e} (connected in {connected:?}, failed after {:?})",
-                            t.elapsed()
-                        )
-                    })
+                    .map_err(|e| format!("{e} (after {:?})", t.elapsed()))
             })
         })
         .collect();
@@ -176,8 +186,9 @@ async fn hundreds_of_waiters_each_get_their_own_item() {
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(
         failed.is_empty(),
-        "{} of 300 long polls failed: {failed:?}",
-        failed.len()
+        "{} of 300 long polls failed: {failed:?}; kernel listen counters before {before:?}, after {:?}",
+        failed.len(),
+        listen_counters()
     );
     let ids: Vec<String> = results
         .into_iter()

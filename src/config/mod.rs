@@ -19,6 +19,8 @@ pub const MAX_FRAME_BYTES_DEFAULT: usize = 16 * 1024 * 1024;
 /// Below this, a maximal enqueue request (1000 items of 10 KiB) could not be framed at all.
 pub const MAX_FRAME_BYTES_MIN: usize = 1024;
 pub const MAX_CONNECTIONS_DEFAULT: usize = 1024;
+/// As many as a fleet of clients reconnecting at once after a restart may send together.
+pub const LISTEN_BACKLOG_DEFAULT: u32 = 4096;
 pub const LEASE_MS_DEFAULT: i64 = 30_000;
 pub const MAX_ATTEMPTS_DEFAULT: i32 = 5;
 
@@ -59,6 +61,9 @@ pub struct ServerConfig {
     pub host_id: Option<String>,
     pub max_frame_bytes: usize,
     pub max_connections: usize,
+    /// Connections the kernel holds for foqsd before it accepts them (the `listen(2)`
+    /// backlog; the kernel caps it at `net.core.somaxconn`).
+    pub listen_backlog: u32,
     /// On SIGTERM, how long to wait for connections to finish the request they are serving.
     pub shutdown_grace_ms: u64,
     /// A frame that has started must be complete within this long (and a reply taken by
@@ -79,6 +84,7 @@ impl Default for ServerConfig {
             host_id: None,
             max_frame_bytes: MAX_FRAME_BYTES_DEFAULT,
             max_connections: MAX_CONNECTIONS_DEFAULT,
+            listen_backlog: LISTEN_BACKLOG_DEFAULT,
             shutdown_grace_ms: 30_000,
             frame_read_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
@@ -300,6 +306,9 @@ impl Config {
         }
         if self.server.max_connections == 0 {
             problems.push("server.max_connections must be > 0".into());
+        }
+        if self.server.listen_backlog == 0 {
+            problems.push("server.listen_backlog must be > 0".into());
         }
         edge::check(self, &mut problems);
         if self.shards.is_empty() {
@@ -533,6 +542,7 @@ mod tests {
             r#"
             [server]
             listen = "nowhere"
+            listen_backlog = 0
             [engine]
             scan_interval_ms = 0
             index_keys_per_topic_max = 10
@@ -545,6 +555,7 @@ mod tests {
         let text = err.to_string();
         for want in [
             "server.listen",
+            "server.listen_backlog must be > 0",
             "no [[shards]]",
             "scan_interval_ms",
             "index_keys_per_topic_max",

@@ -14,7 +14,10 @@
 
 mod conns;
 mod http;
+mod listen;
 pub mod session;
+
+pub use listen::listen;
 
 /// At the cap with every connection busy, how often eviction is tried again.
 const EVICT_RETRY: Duration = Duration::from_millis(50);

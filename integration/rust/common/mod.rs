@@ -32,6 +32,22 @@ pub fn logs_in_test_output() {
         .try_init();
 }
 
+/// The kernel's counters of connections its listen queues dropped (from
+/// `/proc/net/netstat`), for a test's failure message: empty where there is no such file.
+pub fn listen_counters() -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return Vec::new();
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .filter(|(n, _)| n.starts_with("Listen") || n.starts_with("Syncookies"))
+        .filter_map(|(n, v)| Some((n.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
 /// The MySQL server tests use: `FOQS_TEST_MYSQL_URL`, else the local one.
 pub fn mysql_base() -> String {
     std::env::var("FOQS_TEST_MYSQL_URL")
