@@ -22,7 +22,7 @@ pub use breaker::Breaker;
 pub use counts::{NsCounts, NsSnapshot};
 pub use index::{ReadyIndex, TopicIndex};
 pub use staged::Staged;
-pub use worker::{ShardWorker, WorkerConfig};
+pub use worker::{ShardWorker, WorkerConfig, READS_BESIDE_MAX};
 
 use crate::error::{Error, Result};
 use crate::model::{

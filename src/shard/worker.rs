@@ -107,8 +107,15 @@ pub struct ShardWorker<S: ShardStore> {
     /// the finish paths, which borrow the worker, can add to it. Never held across an
     /// `.await`.
     pub(super) doubts: std::sync::Mutex<Doubts>,
+    /// Reads running beside the loop; at [`READS_BESIDE_MAX`] more are refused as busy.
+    pub(super) reads: Arc<tokio::sync::Semaphore>,
     pub(super) probes: Probes,
 }
+
+/// Reads beside the loop one shard runs at once at most (each holds a pooled connection
+/// or a place in SQLite's reader queue while it runs): a burst beyond it is answered
+/// "busy" at once, retryable, instead of piling up tasks that wait on the pool.
+pub const READS_BESIDE_MAX: usize = 128;
 
 /// This shard's metrics, resolved once.
 pub(super) struct Probes {
@@ -254,6 +261,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
                 d
             }),
+            reads: Arc::new(tokio::sync::Semaphore::new(READS_BESIDE_MAX)),
             clock,
             cfg,
             probes,
@@ -595,7 +603,8 @@ impl<S: ShardStore> ShardWorker<S> {
         shutdown
     }
 
-    /// Answers `reply` with a storage read run in its own task, under the shard's timeout.
+    /// Answers `reply` with a storage read run in its own task, under the shard's timeout;
+    /// with [`READS_BESIDE_MAX`] already running, at once with a retryable busy error.
     fn read_beside<T, Fut>(
         &self,
         reply: Reply<T>,
@@ -604,10 +613,18 @@ impl<S: ShardStore> ShardWorker<S> {
         T: Send + 'static,
         Fut: std::future::Future<Output = StoreResult<T>> + Send + 'static,
     {
+        let Ok(permit) = self.reads.clone().try_acquire_owned() else {
+            let _ = reply.send(Err(Error::unavailable(format!(
+                "shard {} is busy: {READS_BESIDE_MAX} reads are running; retry",
+                self.id
+            ))));
+            return;
+        };
         let store = self.store.clone();
         let (id, now, timeout) = (self.id, self.clock.now_ms(), self.timeout());
         tokio::spawn(async move {
             let (r, _) = timed(timeout, read(store, now)).await;
+            drop(permit);
             let _ = reply.send(r.map_err(|e| storage_error(id, &e)));
         });
     }

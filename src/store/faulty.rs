@@ -98,6 +98,7 @@ pub struct Faults {
 #[derive(Default)]
 struct Inner {
     armed: Mutex<BTreeMap<&'static str, Fault>>,
+    always: Mutex<BTreeMap<&'static str, Fault>>,
     storm: Mutex<Option<Storm>>,
     full: AtomicBool,
     /// Faults met so far, by (operation, kind).
@@ -113,6 +114,11 @@ impl Faults {
         self.inner.armed.lock().unwrap().insert(op, fault);
     }
 
+    /// Every call of `op` meets `fault`, until [`Self::calm`].
+    pub fn always(&self, op: &'static str, fault: Fault) {
+        self.inner.always.lock().unwrap().insert(op, fault);
+    }
+
     /// Every call meets a fault drawn from `storm`, until [`Self::calm`].
     pub fn storm(&self, storm: Storm) {
         *self.inner.storm.lock().unwrap() = Some(storm);
@@ -123,6 +129,7 @@ impl Faults {
     pub fn calm(&self) {
         *self.inner.storm.lock().unwrap() = None;
         self.inner.armed.lock().unwrap().clear();
+        self.inner.always.lock().unwrap().clear();
         self.set_full(false);
     }
 
@@ -150,10 +157,13 @@ impl Faults {
     }
 
     fn draw(&self, op: &'static str, write: bool) -> Option<Fault> {
-        let fault = self.inner.armed.lock().unwrap().remove(op).or_else(|| {
-            let mut storm = self.inner.storm.lock().unwrap();
-            storm.as_mut().and_then(|s| s.draw(write))
-        });
+        let always = self.inner.always.lock().unwrap().get(op).copied();
+        let fault = always
+            .or_else(|| self.inner.armed.lock().unwrap().remove(op))
+            .or_else(|| {
+                let mut storm = self.inner.storm.lock().unwrap();
+                storm.as_mut().and_then(|s| s.draw(write))
+            });
         if let Some(f) = fault {
             *self
                 .inner

@@ -25,10 +25,14 @@ use crate::store::{StoreError, StoreResult};
 
 /// Jobs committed together at most.
 const GROUP_JOBS_MAX: usize = 256;
+/// Jobs waiting for the thread at most (the worker's own writes are a few per turn; a
+/// stalled disk must not let ones given up on pile up without end): more fail at once.
+pub(super) const JOBS_QUEUED_MAX: usize = 1024;
 
 /// What runs after the group's commit, with its outcome.
 type Done = Box<dyn FnOnce(&Result<(), String>) + Send>;
-type Job = Box<dyn FnOnce(&Connection) -> Done + Send>;
+/// Run on the connection, or (`None`) refused unrun, the reason then given to its `Done`.
+type Job = Box<dyn FnOnce(Option<&Connection>) -> Done + Send>;
 
 /// SQLite's errors in the store's terms.
 pub(super) fn store_error(e: rusqlite::Error) -> StoreError {
@@ -87,7 +91,10 @@ fn canonical(path: &Path) -> StoreResult<PathBuf> {
 
 /// The shard's thread and the lock that makes this process its only writer.
 pub(super) struct ShardThread {
-    jobs: mpsc::Sender<Job>,
+    shard: ShardId,
+    /// The database's real path (symlinks resolved), which the reader opens too.
+    path: PathBuf,
+    jobs: mpsc::SyncSender<Job>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -131,40 +138,28 @@ impl ShardThread {
                 )))
             }
         }
-        let conn = Connection::open(path).map_err(store_error)?;
-        // Set first: a reader that has the file open while it is created must not turn
-        // the journal-mode switch below into a refusal.
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(store_error)?;
-        // WAL is what lets readers beside the writer and one fsync per commit; SQLite
-        // answers with the mode it took, which is not WAL where WAL cannot work (some
-        // network file systems): refuse that rather than run in another mode unawares.
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(store_error)?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Schema(format!(
-                "{} cannot use write-ahead logging (SQLite chose journal mode {mode})",
-                path.display()
-            )));
-        }
-        conn.execute_batch(
-            "PRAGMA synchronous = FULL;
-             PRAGMA cache_size = -65536;
-             PRAGMA temp_store = MEMORY;",
-        )
-        .map_err(store_error)?;
+        let conn = connect(path)?;
         setup(&conn)?;
-        let (jobs, rx) = mpsc::channel::<Job>();
+        let (jobs, rx) = mpsc::sync_channel::<Job>(JOBS_QUEUED_MAX);
+        let real = path.clone();
         let thread = std::thread::Builder::new()
             .name(format!("foqs-sqlite-{shard}"))
             .spawn(move || {
-                run(conn, rx);
+                run(conn, &real, rx);
                 // Only once the connection is closed may another process take the shard.
                 drop(lock);
             })
             .map_err(|e| StoreError::Transient(format!("cannot start the shard's thread: {e}")))?;
-        Ok(ShardThread { jobs, thread })
+        Ok(ShardThread {
+            shard,
+            path: path.clone(),
+            jobs,
+            thread,
+        })
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Runs `f` on the shard's thread, inside a group transaction; answers once it is
@@ -174,20 +169,30 @@ impl ShardThread {
         f: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn: &Connection| {
-            let r = in_savepoint(conn, f);
+        let job: Job = Box::new(move |conn: Option<&Connection>| {
+            let r = conn.map(|conn| in_savepoint(conn, f));
             Box::new(move |commit: &Result<(), String>| {
                 let r = match (r, commit) {
-                    (Ok(v), Ok(())) => Ok(v),
-                    (Err(e), _) => Err(e),
-                    (Ok(_), Err(e)) => Err(StoreError::Transient(format!("sqlite commit: {e}"))),
+                    (Some(Ok(v)), Ok(())) => Ok(v),
+                    (Some(Err(e)), _) => Err(e),
+                    (Some(Ok(_)), Err(e)) => {
+                        Err(StoreError::Transient(format!("sqlite commit: {e}")))
+                    }
+                    (None, Err(e)) => Err(StoreError::Transient(format!("sqlite, not run: {e}"))),
+                    (None, Ok(())) => Err(StoreError::Transient("sqlite: not run".into())),
                 };
                 let _ = tx.send(r);
             })
         });
-        self.jobs
-            .send(job)
-            .map_err(|_| StoreError::Transient("the shard's SQLite thread stopped".into()))?;
+        self.jobs.try_send(job).map_err(|e| match e {
+            mpsc::TrySendError::Full(_) => StoreError::Transient(format!(
+                "busy: shard {}'s SQLite thread has {JOBS_QUEUED_MAX} operations waiting",
+                self.shard
+            )),
+            mpsc::TrySendError::Disconnected(_) => {
+                StoreError::Transient("the shard's SQLite thread stopped".into())
+            }
+        })?;
         rx.await
             .map_err(|_| StoreError::Transient("the shard's SQLite thread stopped".into()))?
     }
@@ -198,6 +203,52 @@ impl ShardThread {
         drop(self.jobs);
         let _ = self.thread.join();
     }
+}
+
+/// A connection to the shard's file as the writer uses it: WAL, a synced commit.
+fn connect(path: &Path) -> StoreResult<Connection> {
+    let conn = Connection::open(path).map_err(store_error)?;
+    // Set first: a reader that has the file open while it is created must not turn
+    // the journal-mode switch below into a refusal.
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(store_error)?;
+    // WAL is what lets readers beside the writer and one fsync per commit; SQLite
+    // answers with the mode it took, which is not WAL where WAL cannot work (some
+    // network file systems): refuse that rather than run in another mode unawares.
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(store_error)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Schema(format!(
+            "{} cannot use write-ahead logging (SQLite chose journal mode {mode})",
+            path.display()
+        )));
+    }
+    conn.execute_batch(
+        "PRAGMA synchronous = FULL;
+         PRAGMA cache_size = -65536;
+         PRAGMA temp_store = MEMORY;",
+    )
+    .map_err(store_error)?;
+    Ok(conn)
+}
+
+/// Makes sure no transaction is left open before a group begins (one is after a
+/// `ROLLBACK` that failed: every later `BEGIN` would fail, for good). It is rolled back,
+/// or, when that fails too, the connection is replaced by a new one (closing a
+/// connection discards its open transaction); the owner lock is held throughout.
+fn ready_for_group(conn: &mut Connection, path: &Path) -> Result<(), String> {
+    if conn.is_autocommit() {
+        return Ok(());
+    }
+    match conn.execute_batch("ROLLBACK") {
+        Ok(()) if conn.is_autocommit() => return Ok(()),
+        Ok(()) => {}
+        Err(e) => tracing::warn!(error = %e, "sqlite: cannot roll back a transaction left open"),
+    }
+    tracing::warn!("sqlite: reopening the shard's connection to end a transaction left open");
+    *conn = connect(path).map_err(|e| format!("cannot reopen the connection: {e}"))?;
+    Ok(())
 }
 
 fn in_savepoint<T>(
@@ -243,7 +294,7 @@ fn in_savepoint<T>(
     }
 }
 
-fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
+fn run(mut conn: Connection, path: &Path, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
         while group.len() < GROUP_JOBS_MAX {
@@ -252,11 +303,17 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-            // Not run: dropping a job drops its answer's sender, so its caller sees a
-            // transient failure.
-            tracing::warn!(error = %e, "sqlite: cannot begin a transaction");
-            drop(group);
+        let begun = ready_for_group(&mut conn, path).and_then(|()| {
+            conn.execute_batch("BEGIN IMMEDIATE")
+                .map_err(|e| format!("cannot begin a transaction: {e}"))
+        });
+        if let Err(e) = begun {
+            // Not run: each caller learns why, and may retry.
+            tracing::warn!(error = %e, jobs = group.len(), "sqlite: a group of operations was not run");
+            let why = Err(e);
+            for job in group {
+                job(None)(&why);
+            }
             continue;
         }
         let mut dones: Vec<Done> = Vec::with_capacity(group.len());
@@ -264,13 +321,12 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
         let mut skipped = 0;
         for job in group {
             if lost {
-                // Not run (see below): dropping it drops its answer's sender, so its
-                // caller sees a transient failure and may retry.
-                drop(job);
+                // Not run (see below): its caller sees a transient failure and may retry.
+                dones.push(job(None));
                 skipped += 1;
                 continue;
             }
-            dones.push(job(&conn));
+            dones.push(job(Some(&conn)));
             // SQLite rolls the whole transaction back by itself on some errors (a full
             // disk, an I/O error): then the jobs before this one are undone, and the ones
             // after it would each commit on their own. Run none of them; fail them all.
@@ -281,8 +337,12 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
         } else {
             conn.execute_batch("COMMIT").map_err(|e| e.to_string())
         };
+        // A failed COMMIT leaves the transaction open; a ROLLBACK that fails too is dealt
+        // with before the next group (`ready_for_group`).
         if commit.is_err() && !conn.is_autocommit() {
-            let _ = conn.execute_batch("ROLLBACK");
+            if let Err(e) = conn.execute_batch("ROLLBACK") {
+                tracing::warn!(error = %e, "sqlite: cannot roll back a group that failed to commit");
+            }
         }
         if let Err(e) = &commit {
             tracing::warn!(error = %e, skipped, "sqlite: a group of operations failed to commit");
@@ -350,5 +410,69 @@ mod tests {
         open(&d.0.join("link.db"))
             .expect("opens once the first is closed")
             .close();
+    }
+
+    /// A transaction left open (a ROLLBACK after a failed COMMIT that failed too) would
+    /// fail every later group's BEGIN for good: the next group ends it first, and runs.
+    #[test]
+    fn a_transaction_left_open_is_ended_before_the_next_group() {
+        let d = dir("left-open");
+        let path = d.0.join("shard.db");
+        let mut conn = connect(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE t (v INTEGER); BEGIN IMMEDIATE; INSERT INTO t VALUES (1);",
+        )
+        .unwrap();
+        assert!(!conn.is_autocommit());
+        ready_for_group(&mut conn, &path).unwrap();
+        assert!(conn.is_autocommit());
+        conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (2); COMMIT;")
+            .unwrap();
+        let n: i64 = conn
+            .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(
+            n, 1,
+            "the row of the transaction left open is not committed"
+        );
+    }
+
+    /// A job the thread refuses unrun (its queue full) is answered at once, as busy.
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once() {
+        let d = dir("full-queue");
+        let t = std::sync::Arc::new(open(&d.0.join("shard.db")).unwrap());
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        // The first job holds the thread; the queue behind it fills.
+        let first = {
+            let t = t.clone();
+            tokio::spawn(async move {
+                t.call(move |_| {
+                    let _ = hold_rx.recv();
+                    Ok(())
+                })
+                .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let queued: Vec<_> = (0..JOBS_QUEUED_MAX + 10)
+            .map(|_| {
+                let t = t.clone();
+                tokio::spawn(async move { t.call(|_| Ok(())).await })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        hold_tx.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        let mut busy = 0;
+        for q in queued {
+            match q.await.unwrap() {
+                Ok(()) => {}
+                Err(StoreError::Transient(m)) if m.starts_with("busy") => busy += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(busy >= 10, "{busy} refused");
+        std::sync::Arc::try_unwrap(t).ok().unwrap().close();
     }
 }

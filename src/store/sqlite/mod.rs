@@ -4,10 +4,13 @@
 //!
 //! The layout is the MySQL store's schema version 2 (`topics`, `items` with `ready_order`
 //! and `timer` indexes, `dedup`, `foqs_meta`), and the writes are the same statements
-//! (`store::sql`); only reads with dialect-specific SQL are written here. Every operation
-//! runs on the shard's own thread (`conn.rs`).
+//! (`store::sql`); only reads with dialect-specific SQL are written here. Every write,
+//! and every read the worker orders after its writes, runs on the shard's own thread
+//! (`conn.rs`); the reads beside the worker (listings, counts, snapshots) run on a
+//! read-only connection of their own (`reader.rs`), outside the writer's transaction.
 
 mod conn;
+mod reader;
 mod rows;
 mod schema;
 
@@ -23,6 +26,7 @@ use crate::model::{
     Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
 use conn::{store_error, ShardThread};
+use reader::ReadThread;
 use rows::{run, Rows, ITEM_COLUMNS, META_COLUMNS};
 use schema::{meta_get, prepare};
 
@@ -45,8 +49,13 @@ pub struct SqliteStore {
     shard: ShardId,
     path: PathBuf,
     thread: Mutex<Option<Arc<ShardThread>>>,
+    reader: Mutex<Option<Arc<ReadThread>>>,
     topics: Arc<Mutex<TopicIds>>,
 }
+
+/// Bytes the breaker's probe writes (and rolls back): about one batch of items, so that a
+/// disk with no room for a batch fails it (`SELECT 1` passes on a full disk).
+const PROBE_BYTES: usize = 64 * 1024;
 
 impl SqliteStore {
     pub fn new(shard: ShardId, path: PathBuf) -> SqliteStore {
@@ -54,6 +63,7 @@ impl SqliteStore {
             shard,
             path,
             thread: Mutex::new(None),
+            reader: Mutex::new(None),
             topics: Arc::new(Mutex::new(TopicIds::default())),
         }
     }
@@ -85,6 +95,38 @@ impl SqliteStore {
             .ok_or_else(|| StoreError::Transient("the shard is not open".into()))?;
         thread.call(f).await
     }
+
+    /// Makes the file as good as full (`full`: no page may be added to it, as on a disk
+    /// with no room; SQLite then fails with `SQLITE_FULL`) or lets it grow again. For
+    /// tests of a full disk without one; on the writer's connection only.
+    #[cfg(feature = "faults")]
+    pub async fn simulate_full_disk(&self, full: bool) -> StoreResult<()> {
+        self.call(move |conn| {
+            let pages: i64 = if full {
+                conn.query_row("PRAGMA page_count", [], |r| r.get(0))
+                    .map_err(store_error)?
+            } else {
+                i64::from(u32::MAX - 1)
+            };
+            conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
+                .map_err(store_error)
+        })
+        .await
+    }
+
+    /// Runs a read that needs no order with the worker's writes on the reader.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        let reader = self
+            .reader
+            .lock()
+            .expect("reader")
+            .clone()
+            .ok_or_else(|| StoreError::Transient("the shard is not open".into()))?;
+        reader.call(f).await
+    }
 }
 
 impl ShardStore for SqliteStore {
@@ -95,7 +137,12 @@ impl ShardStore for SqliteStore {
         })
         .await
         .map_err(|e| StoreError::Transient(format!("opening the shard: {e}")))??;
+        let real = thread.path().to_path_buf();
         *self.thread.lock().expect("thread") = Some(Arc::new(thread));
+        let reader = tokio::task::spawn_blocking(move || ReadThread::open(shard, &real))
+            .await
+            .map_err(|e| StoreError::Transient(format!("opening the shard's reader: {e}")))??;
+        *self.reader.lock().expect("reader") = Some(Arc::new(reader));
         let (topics, recovered) = self
             .call(|conn| {
                 let mut st = conn
@@ -204,7 +251,7 @@ impl ShardStore for SqliteStore {
             key_list(keys)
         );
         let rows = self.rows();
-        self.call(move |conn| rows.items(conn, &sql)).await
+        self.read(move |conn| rows.items(conn, &sql)).await
     }
 
     async fn dead_items(
@@ -224,7 +271,7 @@ impl ShardStore for SqliteStore {
             text::after_ready(after)
         );
         let rows = self.rows();
-        self.call(move |conn| {
+        self.read(move |conn| {
             let mut st = conn.prepare(&sql).map_err(store_error)?;
             let out = st
                 .query_map([], |r| {
@@ -394,7 +441,7 @@ impl ShardStore for SqliteStore {
             ns.as_bytes().to_vec(),
             after.unwrap_or("").as_bytes().to_vec(),
         );
-        self.call(move |conn| {
+        self.read(move |conn| {
             let mut st = conn
                 .prepare(&format!(
                     "SELECT t.topic,
@@ -435,7 +482,7 @@ impl ShardStore for SqliteStore {
         let Some(tid) = self.tid(ns, topic) else {
             return Ok(TopicSnapshot::default());
         };
-        self.call(move |conn| {
+        self.read(move |conn| {
             let counts = conn
                 .query_row(
                     &format!(
@@ -506,7 +553,7 @@ impl ShardStore for SqliteStore {
             return Ok(Vec::new());
         };
         let rows = self
-            .call(move |conn| {
+            .read(move |conn| {
                 let mut st = conn
                     .prepare(&format!(
                         "SELECT tid, state, CASE WHEN state = 0 THEN deliver_after_ms / 1000 ELSE 0 END AS sec, COUNT(*)
@@ -525,14 +572,31 @@ impl ShardStore for SqliteStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
+        // On the writer's thread, behind every write given to it before (the settling of
+        // doubts counts on that). `SELECT 1` passes on a full disk; this asks for what a
+        // write needs: a committed change (a WAL append, which fails when the log cannot
+        // grow), and room in the file for about a batch, allocated and given back.
         self.call(|conn| {
-            conn.execute_batch("SELECT 1").map_err(store_error)?;
-            Ok(())
+            conn.execute_batch(&format!(
+                "INSERT INTO foqs_meta (name, value) VALUES ('probe_count', 1)
+                   ON CONFLICT (name) DO UPDATE SET value = value + 1;
+                 SAVEPOINT room;
+                 INSERT INTO foqs_meta (name, value) VALUES ('probe_room', zeroblob({PROBE_BYTES}));
+                 ROLLBACK TO room;
+                 RELEASE room;"
+            ))
+            .map_err(store_error)
         })
         .await
     }
 
     async fn close(&self) {
+        let reader = self.reader.lock().expect("reader").take();
+        if let Some(reader) = reader {
+            if let Ok(reader) = Arc::try_unwrap(reader) {
+                let _ = tokio::task::spawn_blocking(move || reader.close()).await;
+            }
+        }
         let thread = self.thread.lock().expect("thread").take();
         if let Some(thread) = thread {
             // Jobs still in flight hold the thread too; the last one out closes it.
