@@ -450,6 +450,7 @@ async fn start_planned(
         quota_budget: budget,
         access: Access::new(cfg.access.clone()),
         metrics: metrics.clone(),
+        dlq_call_bound: Duration::from_millis(cfg.engine.dlq_call_ms_max),
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened

@@ -225,7 +225,47 @@ pub struct TopicSnapshot {
 pub struct ShardStatus {
     pub shard: ShardId,
     pub healthy: bool,
+    pub state: ShardState,
     pub items: i64,
+}
+
+/// What a shard on this host is doing, for operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardState {
+    Serving,
+    /// Its storage is failing or slow: no new enqueues go to it.
+    BreakerOpen,
+    /// Its worker panicked; the shard is reopened by itself.
+    WorkerDead,
+    /// Its worker stopped (the shard is being handed over, or the host stops).
+    Stopped,
+}
+
+impl ShardState {
+    /// As `getHostInfo` and `/readyz` say it.
+    pub fn label(self) -> &'static str {
+        match self {
+            ShardState::Serving => "serving",
+            ShardState::BreakerOpen => "breaker_open",
+            ShardState::WorkerDead => "worker_dead",
+            ShardState::Stopped => "stopped",
+        }
+    }
+}
+
+/// How far a batched admin call (`dlqRequeueAll`, `dlqPurge`) got within its time bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub count: i64,
+    /// It stopped at its bound with work left: call again.
+    pub more: bool,
+}
+
+impl Progress {
+    pub fn add(&mut self, other: Progress) {
+        self.count += other.count;
+        self.more |= other.more;
+    }
 }
 
 /// The tier of shards and namespaces that name none.

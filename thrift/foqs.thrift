@@ -279,6 +279,9 @@ struct DlqPurgeRequest {
 
 struct DlqCountResponse {
   1: i64 count,
+  // True when the call stopped at its time bound (engine.dlq_call_ms_max) with dead items
+  // left to requeue or purge: call again for the rest. Absent or false: all done.
+  2: optional bool more,
 }
 
 struct TopicStatsRequest {
@@ -338,6 +341,9 @@ struct ShardInfo {
   1: i32 shard_id,
   2: bool healthy,
   3: i64 items,
+  // "serving", "breaker_open" (its storage is failing or slow: no new enqueues go to it),
+  // "worker_dead" (its worker died; it is reopened by itself) or "stopped".
+  4: optional string state,
 }
 
 // Another host of the cluster, as this host sees it.

@@ -2602,9 +2602,13 @@ DlqPurgeRequest.prototype.write = function(output) {
 
 var DlqCountResponse = module.exports.DlqCountResponse = function(args) {
   this.count = null;
+  this.more = null;
   if (args) {
     if (args.count !== undefined && args.count !== null) {
       this.count = args.count;
+    }
+    if (args.more !== undefined && args.more !== null) {
+      this.more = args.more;
     }
   }
 };
@@ -2626,9 +2630,13 @@ DlqCountResponse.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
-      case 0:
+      case 2:
+      if (ftype == Thrift.Type.BOOL) {
+        this.more = input.readBool();
+      } else {
         input.skip(ftype);
-        break;
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -2643,6 +2651,11 @@ DlqCountResponse.prototype.write = function(output) {
   if (this.count !== null && this.count !== undefined) {
     output.writeFieldBegin('count', Thrift.Type.I64, 1);
     output.writeI64(this.count);
+    output.writeFieldEnd();
+  }
+  if (this.more !== null && this.more !== undefined) {
+    output.writeFieldBegin('more', Thrift.Type.BOOL, 2);
+    output.writeBool(this.more);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -3224,6 +3237,7 @@ var ShardInfo = module.exports.ShardInfo = function(args) {
   this.shard_id = null;
   this.healthy = null;
   this.items = null;
+  this.state = null;
   if (args) {
     if (args.shard_id !== undefined && args.shard_id !== null) {
       this.shard_id = args.shard_id;
@@ -3233,6 +3247,9 @@ var ShardInfo = module.exports.ShardInfo = function(args) {
     }
     if (args.items !== undefined && args.items !== null) {
       this.items = args.items;
+    }
+    if (args.state !== undefined && args.state !== null) {
+      this.state = args.state;
     }
   }
 };
@@ -3268,6 +3285,13 @@ ShardInfo.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.STRING) {
+        this.state = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -3292,6 +3316,11 @@ ShardInfo.prototype.write = function(output) {
   if (this.items !== null && this.items !== undefined) {
     output.writeFieldBegin('items', Thrift.Type.I64, 3);
     output.writeI64(this.items);
+    output.writeFieldEnd();
+  }
+  if (this.state !== null && this.state !== undefined) {
+    output.writeFieldBegin('state', Thrift.Type.STRING, 4);
+    output.writeString(this.state);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

@@ -3011,12 +3011,14 @@ impl Default for DlqPurgeRequest {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 pub struct DlqCountResponse {
   pub count: Option<i64>,
+  pub more: Option<bool>,
 }
 
 impl DlqCountResponse {
-  pub fn new<F1>(count: F1) -> DlqCountResponse where F1: Into<Option<i64>> {
+  pub fn new<F1, F2>(count: F1, more: F2) -> DlqCountResponse where F1: Into<Option<i64>>, F2: Into<Option<bool>> {
     DlqCountResponse {
       count: count.into(),
+      more: more.into(),
     }
   }
 }
@@ -3025,6 +3027,7 @@ impl TSerializable for DlqCountResponse {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<DlqCountResponse> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<i64> = Some(0);
+    let mut f_2: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3036,6 +3039,10 @@ impl TSerializable for DlqCountResponse {
           let val = i_prot.read_i64()?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_bool()?;
+          f_2 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3045,6 +3052,7 @@ impl TSerializable for DlqCountResponse {
     i_prot.read_struct_end()?;
     let ret = DlqCountResponse {
       count: f_1,
+      more: f_2,
     };
     Ok(ret)
   }
@@ -3056,6 +3064,11 @@ impl TSerializable for DlqCountResponse {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.more {
+      o_prot.write_field_begin(&TFieldIdentifier::new("more", TType::Bool, 2))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3065,6 +3078,7 @@ impl Default for DlqCountResponse {
   fn default() -> Self {
     DlqCountResponse{
       count: Some(0),
+      more: Some(false),
     }
   }
 }
@@ -3689,14 +3703,16 @@ pub struct ShardInfo {
   pub shard_id: Option<i32>,
   pub healthy: Option<bool>,
   pub items: Option<i64>,
+  pub state: Option<String>,
 }
 
 impl ShardInfo {
-  pub fn new<F1, F2, F3>(shard_id: F1, healthy: F2, items: F3) -> ShardInfo where F1: Into<Option<i32>>, F2: Into<Option<bool>>, F3: Into<Option<i64>> {
+  pub fn new<F1, F2, F3, F4>(shard_id: F1, healthy: F2, items: F3, state: F4) -> ShardInfo where F1: Into<Option<i32>>, F2: Into<Option<bool>>, F3: Into<Option<i64>>, F4: Into<Option<String>> {
     ShardInfo {
       shard_id: shard_id.into(),
       healthy: healthy.into(),
       items: items.into(),
+      state: state.into(),
     }
   }
 }
@@ -3707,6 +3723,7 @@ impl TSerializable for ShardInfo {
     let mut f_1: Option<i32> = Some(0);
     let mut f_2: Option<bool> = Some(false);
     let mut f_3: Option<i64> = Some(0);
+    let mut f_4: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3726,6 +3743,10 @@ impl TSerializable for ShardInfo {
           let val = i_prot.read_i64()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3737,6 +3758,7 @@ impl TSerializable for ShardInfo {
       shard_id: f_1,
       healthy: f_2,
       items: f_3,
+      state: f_4,
     };
     Ok(ret)
   }
@@ -3758,6 +3780,11 @@ impl TSerializable for ShardInfo {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.state {
+      o_prot.write_field_begin(&TFieldIdentifier::new("state", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3769,6 +3796,7 @@ impl Default for ShardInfo {
       shard_id: Some(0),
       healthy: Some(false),
       items: Some(0),
+      state: Some("".to_owned()),
     }
   }
 }

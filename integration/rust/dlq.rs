@@ -22,17 +22,16 @@ fn list(c: &mut Client, topic: &str, limit: Option<i32>, after: Option<String>) 
     c.call(|c| c.dlq_list(req)).expect("dlqList")
 }
 
-fn requeue_all(c: &mut Client, topic: &str, max: Option<i64>) -> i64 {
+/// One dlqRequeueAll call: (count, more).
+fn requeue_all(c: &mut Client, topic: &str, max: Option<i64>) -> (i64, bool) {
     let req = DlqRequeueAllRequest {
         ns: Some(NS.into()),
         topic: Some(topic.into()),
         max,
         local_only: None,
     };
-    c.call(|c| c.dlq_requeue_all(req))
-        .expect("dlqRequeueAll")
-        .count
-        .unwrap()
+    let r = c.call(|c| c.dlq_requeue_all(req)).expect("dlqRequeueAll");
+    (r.count.unwrap(), r.more.unwrap())
 }
 
 fn to_dlq(id: &str) -> NackItem {
@@ -180,11 +179,27 @@ async fn requeue_all_brings_back_100k_dead_items_in_batches() {
         );
         db.exec(s as usize, &sql).await;
     }
-    let srv = TestServer::start_on(db, "").await;
+    // Each call works 300 ms at most, then says there is more.
+    let srv = TestServer::start_on(db, &format!("{FAST_ENGINE}dlq_call_ms_max = 300\n")).await;
     let mut c = srv.client();
     assert_eq!(srv.db.count_in(ItemState::Dead, "").await, 100_000);
-    assert_eq!(requeue_all(&mut c, "bulk", Some(10)), 10, "max is honoured");
-    assert_eq!(requeue_all(&mut c, "bulk", None), 99_990);
+    assert_eq!(
+        requeue_all(&mut c, "bulk", Some(10)),
+        (10, false),
+        "max is honoured"
+    );
+    let (mut total, mut calls) = (0, 0);
+    loop {
+        let (n, more) = requeue_all(&mut c, "bulk", None);
+        calls += 1;
+        total += n;
+        if !more {
+            break;
+        }
+        assert!(n >= 1_000, "every call makes progress: {n}");
+    }
+    assert_eq!(total, 99_990);
+    assert!(calls > 1, "99,990 requeued in one call within 300 ms?");
     assert_eq!(srv.db.count_in(ItemState::Dead, "").await, 0);
     assert_eq!(
         srv.db
@@ -220,7 +235,8 @@ async fn purge_deletes_a_topics_dead_letters_only() {
         topic: Some("purge".into()),
         local_only: None,
     };
-    assert_eq!(c.call(|c| c.dlq_purge(req)).unwrap().count, Some(50));
+    let purged = c.call(|c| c.dlq_purge(req)).unwrap();
+    assert_eq!((purged.count, purged.more), (Some(50), Some(false)));
     assert!(list(&mut c, "purge", None, None).items.unwrap().is_empty());
     assert_eq!(srv.db.count("1").await, 1, "the live item stays");
     assert_eq!(

@@ -147,7 +147,13 @@ async fn metrics_and_health_follow_known_traffic_and_survive_a_restart() {
     let metrics = srv.running.as_ref().unwrap().metrics_addr.unwrap();
     assert_eq!(http_get(metrics, "/healthz").0, 200);
     let (status, body) = http_get(metrics, "/readyz");
-    assert_eq!((status, body.trim()), (200, "ready: 3 of 3 shards healthy"));
+    assert_eq!(
+        (status, body.trim()),
+        (
+            200,
+            "ready: 3 of 3 shards healthy\nshard 0: serving\nshard 1: serving\nshard 2: serving"
+        )
+    );
 
     let mut c = srv.client();
     let later = now_ms() + 3_600_000;

@@ -44,8 +44,9 @@ async fn a_dead_worker_is_noticed_and_its_shard_reopened_by_itself() {
         .clone()
         .unwrap();
 
-    // Shard 0's next turn panics: the ack that reaches it fails, retryably, at once.
-    fail::cfg("shard-0-turn", "1*panic").unwrap();
+    // Shard 0's next turn panics, and so does its reopened worker's first: the ack that
+    // reaches it fails, retryably, at once; the second death in a row backs off 1 s.
+    fail::cfg("shard-0-turn", "2*panic").unwrap();
     let started = Instant::now();
     let r = c.call(|cl| {
         cl.ack(AckRequest {
@@ -72,17 +73,36 @@ async fn a_dead_worker_is_noticed_and_its_shard_reopened_by_itself() {
     assert_eq!(code, Some(ErrorCode::UNAVAILABLE));
     assert!(started.elapsed() < Duration::from_secs(5), "no hang");
 
+    // While it waits to be reopened, readiness and getHostInfo say which shard is dead;
+    // the host stays ready on its other shard.
+    let dead_state = |c: &mut Client| {
+        c.host_info()
+            .shards
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.shard_id.unwrap(), s.state.unwrap()))
+            .collect::<Vec<_>>()
+    };
+    eventually(Duration::from_secs(10), "shard 0 shown dead", || {
+        let (status, body) = http_get(metrics, "/readyz");
+        let states = dead_state(&mut c);
+        (status == 200
+            && body.contains("shard 0: worker_dead")
+            && body.contains("shard 1: serving")
+            && states == vec![(0, "worker_dead".to_string()), (1, "serving".to_string())])
+        .then_some(())
+    })
+    .await;
     // Noticed (counted), and reopened by itself: healthy again, serving.
     eventually(Duration::from_secs(15), "shard 0 reopened", || {
         let (_, scrape) = http_get(metrics, "/metrics");
         let died = sample(&scrape, "foqs_shard_worker_deaths_total{shard=\"0\"}");
-        let info = c.host_info();
-        let healthy = info
-            .shards
-            .unwrap()
-            .iter()
-            .any(|s| s.shard_id == Some(0) && s.healthy == Some(true));
-        (died == 1.0 && healthy).then_some(())
+        let (_, ready) = http_get(metrics, "/readyz");
+        let states = dead_state(&mut c);
+        (died == 2.0
+            && ready.contains("shard 0: serving")
+            && states.contains(&(0, "serving".to_string())))
+        .then_some(())
     })
     .await;
     // Nothing lost: the acked-or-not item comes back when its lease ends (its ack never

@@ -609,16 +609,22 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 cli.json,
             ),
             DlqCmd::RequeueAll { ns, topic, max } => {
-                let n = c
-                    .dlq_requeue_all(DlqRequeueAllRequest {
-                        ns: Some(ns.clone()),
-                        topic: Some(topic.clone()),
-                        max: *max,
-                        local_only: None,
-                    })
-                    .map_err(e)?
-                    .count
-                    .unwrap_or(0);
+                // Each call works within the server's bound; `more`: call again.
+                let mut n = 0i64;
+                loop {
+                    let r = c
+                        .dlq_requeue_all(DlqRequeueAllRequest {
+                            ns: Some(ns.clone()),
+                            topic: Some(topic.clone()),
+                            max: max.map(|m| m - n),
+                            local_only: None,
+                        })
+                        .map_err(e)?;
+                    n += r.count.unwrap_or(0);
+                    if !r.more.unwrap_or(false) || max.is_some_and(|m| n >= m) {
+                        break;
+                    }
+                }
                 out(&if cli.json {
                     json!({"requeued": n}).to_string()
                 } else {
@@ -627,15 +633,20 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 Ok(Outcome::Done)
             }
             DlqCmd::Purge { ns, topic } => {
-                let n = c
-                    .dlq_purge(DlqPurgeRequest {
-                        ns: Some(ns.clone()),
-                        topic: Some(topic.clone()),
-                        local_only: None,
-                    })
-                    .map_err(e)?
-                    .count
-                    .unwrap_or(0);
+                let mut n = 0i64;
+                loop {
+                    let r = c
+                        .dlq_purge(DlqPurgeRequest {
+                            ns: Some(ns.clone()),
+                            topic: Some(topic.clone()),
+                            local_only: None,
+                        })
+                        .map_err(e)?;
+                    n += r.count.unwrap_or(0);
+                    if !r.more.unwrap_or(false) {
+                        break;
+                    }
+                }
                 out(&if cli.json {
                     json!({"purged": n}).to_string()
                 } else {
@@ -650,7 +661,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 .shards
                 .unwrap_or_default()
                 .into_iter()
-                .map(|s| json!({"shard_id": s.shard_id, "healthy": s.healthy, "items": s.items}))
+                .map(|s| json!({"shard_id": s.shard_id, "healthy": s.healthy, "state": s.state, "items": s.items}))
                 .collect();
             let peers: Vec<Value> = h
                 .peers
@@ -682,8 +693,11 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 ))?;
                 for s in shards {
                     out(&format!(
-                        "shard {}\thealthy={}\titems={}",
-                        s["shard_id"], s["healthy"], s["items"]
+                        "shard {}\thealthy={}\titems={}\tstate={}",
+                        s["shard_id"],
+                        s["healthy"],
+                        s["items"],
+                        s["state"].as_str().unwrap_or("unknown")
                     ))?;
                 }
                 for p in peers {

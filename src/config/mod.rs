@@ -141,6 +141,9 @@ pub struct EngineConfig {
     /// long, to be retried, so that a stalled store cannot hold the host's other shards'
     /// hand-overs (they open one after another).
     pub shard_open_timeout_ms: u64,
+    /// One `dlqRequeueAll` or `dlqPurge` works this long at most, then answers with
+    /// `more = true` (call again), so that no admin call outlasts a client's timeout.
+    pub dlq_call_ms_max: u64,
     /// How long an open breaker waits before probing the shard again.
     pub breaker_open_ms: u64,
     /// A busy topic stages about this much of its dequeue rate in the prefetch buffer.
@@ -167,6 +170,7 @@ impl Default for EngineConfig {
             breaker_slow_ms: 1000,
             store_timeout_ms: 5000,
             shard_open_timeout_ms: 60_000,
+            dlq_call_ms_max: 5_000,
             breaker_open_ms: 2000,
             prefetch_window_ms: 100,
             prefetch_items_max: 1000,
@@ -358,6 +362,7 @@ impl Config {
             ("engine.breaker_slow_ms", e.breaker_slow_ms),
             ("engine.store_timeout_ms", e.store_timeout_ms),
             ("engine.shard_open_timeout_ms", e.shard_open_timeout_ms),
+            ("engine.dlq_call_ms_max", e.dlq_call_ms_max),
             ("engine.prefetch_stage_max_ms", e.prefetch_stage_max_ms),
             ("engine.prefetch_tick_ms", e.prefetch_tick_ms),
         ];

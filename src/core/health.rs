@@ -9,16 +9,24 @@ use crate::shard::NsSnapshot;
 
 impl Host {
     /// `Ok(why)` when this host can serve now: it has a healthy shard, or (in a cluster)
-    /// a reachable peer to forward to; `Err(why not)` otherwise.
+    /// a reachable peer to forward to; `Err(why not)` otherwise. Either way the text ends
+    /// with one line per shard: `shard N: STATE` (see [`crate::model::ShardState::label`]).
     pub fn readiness(&self) -> Result<String, String> {
         let shards = self.shard_status();
         let healthy = shards.iter().filter(|s| s.healthy).count();
+        let mut each = String::new();
+        for s in &shards {
+            each.push_str(&format!("\nshard {}: {}", s.shard, s.state.label()));
+        }
         if healthy > 0 {
-            return Ok(format!("{healthy} of {} shards healthy", shards.len()));
+            return Ok(format!(
+                "{healthy} of {} shards healthy{each}",
+                shards.len()
+            ));
         }
         if let Some(p) = self.peer_statuses().iter().find(|p| p.load.reachable) {
             return Ok(format!(
-                "no healthy shard here; forwarding to peer {} ({})",
+                "no healthy shard here; forwarding to peer {} ({}){each}",
                 p.host_id, p.addr
             ));
         }
@@ -26,7 +34,7 @@ impl Host {
             Err("this host serves no shard, and no peer can be reached".into())
         } else {
             Err(format!(
-                "every one of its {} shards has its circuit breaker open, and no peer can be reached",
+                "none of its {} shards is healthy, and no peer can be reached{each}",
                 shards.len()
             ))
         }

@@ -63,6 +63,8 @@ pub struct HostParts {
     pub quota_budget: Arc<dyn QuotaBudget>,
     pub access: Access,
     pub metrics: Arc<Metrics>,
+    /// How long one `dlqRequeueAll` or `dlqPurge` works before it answers `more`.
+    pub dlq_call_bound: std::time::Duration,
 }
 
 pub struct Host {
@@ -83,6 +85,7 @@ pub struct Host {
     pub(super) cluster: ClusterState,
     pub(super) access: Access,
     metrics: Arc<Metrics>,
+    pub(super) dlq_call_bound: std::time::Duration,
 }
 
 impl Host {
@@ -102,6 +105,7 @@ impl Host {
             cluster: ClusterState::new(p.cluster, p.peers, p.quota_budget),
             access: p.access,
             metrics: p.metrics,
+            dlq_call_bound: p.dlq_call_bound,
         }
     }
 
@@ -137,6 +141,7 @@ impl Host {
             quota_budget: Arc::new(crate::quota::LocalBudget::new(1, clock)),
             access: Access::default(),
             metrics: Arc::new(Metrics::new()),
+            dlq_call_bound: std::time::Duration::from_secs(5),
         });
         host.stop_waiting();
         host

@@ -2,6 +2,7 @@
 //! and stats, listing, requeueing and purging dead items. None of it leases anything.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
 use futures::future::join_all;
 
@@ -11,7 +12,7 @@ use super::settle::Remote;
 use super::validate::limits;
 use super::{kway_merge, ActiveTopicsPage};
 use crate::error::{Error, Result};
-use crate::model::{GlobalKey, Item, ReadyKey, ShardId, TopicCounts, TopicSnapshot};
+use crate::model::{GlobalKey, Item, Progress, ReadyKey, ShardId, TopicCounts, TopicSnapshot};
 use crate::shard::ShardHandle;
 use futures::future::BoxFuture;
 
@@ -168,28 +169,36 @@ impl Host {
             .await)
     }
 
-    /// Makes up to `max` (default: all) of a topic's dead items ready again, in batches;
-    /// returns how many.
+    /// Makes up to `max` (default: all) of a topic's dead items ready again, in batches,
+    /// until done or `until` (then `more`).
     pub(super) async fn local_dlq_requeue_all(
         &self,
         ns: &str,
         topic: &str,
         max: Option<i64>,
-    ) -> Result<i64> {
+        until: Instant,
+    ) -> Result<Progress> {
         let topic = self.topic_name(ns, topic)?;
         let max = max.unwrap_or(i64::MAX);
         if max < 0 {
             return Err(Error::invalid(format!("max must be >= 0, got {max}")));
         }
-        let mut done = 0i64;
+        let mut done = Progress::default();
+        let mut ran = false;
         for shard in self.shards().values() {
             loop {
-                let n = (max - done).min(limits::DLQ_BATCH as i64) as usize;
+                let n = (max - done.count).min(limits::DLQ_BATCH as i64) as usize;
                 if n == 0 {
                     return Ok(done);
                 }
+                // At least one batch per call, so that every call makes progress.
+                if ran && Instant::now() >= until {
+                    done.more = true;
+                    return Ok(done);
+                }
+                ran = true;
                 let got = shard.revive_some(topic.clone(), n).await?;
-                done += got as i64;
+                done.count += got as i64;
                 if (got as usize) < n {
                     break;
                 }
@@ -198,14 +207,26 @@ impl Host {
         Ok(done)
     }
 
-    /// Deletes all of a topic's dead items, in batches; returns how many.
-    pub(super) async fn local_dlq_purge(&self, ns: &str, topic: &str) -> Result<i64> {
+    /// Deletes a topic's dead items, in batches, until none is left or `until` (then
+    /// `more`).
+    pub(super) async fn local_dlq_purge(
+        &self,
+        ns: &str,
+        topic: &str,
+        until: Instant,
+    ) -> Result<Progress> {
         let topic = self.topic_name(ns, topic)?;
-        let mut done = 0i64;
+        let mut done = Progress::default();
+        let mut ran = false;
         for shard in self.shards().values() {
             loop {
+                if ran && Instant::now() >= until {
+                    done.more = true;
+                    return Ok(done);
+                }
+                ran = true;
                 let got = shard.purge_some(topic.clone(), limits::DLQ_BATCH).await?;
-                done += got as i64;
+                done.count += got as i64;
                 if got < limits::DLQ_BATCH as u64 {
                     break;
                 }

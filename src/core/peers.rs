@@ -16,7 +16,7 @@ use super::api::{
 };
 use super::host::Host;
 use crate::error::Result;
-use crate::model::{ClusterView, Item, ShardId, ShardStatus, TopicName, TopicSnapshot};
+use crate::model::{ClusterView, Item, Progress, ShardId, ShardStatus, TopicName, TopicSnapshot};
 use crate::quota::{QuotaBudget, Quotas};
 
 /// Most topics a host lists in its ready summary (the fullest first).
@@ -114,8 +114,12 @@ pub trait Peers: Send + Sync {
         addr: &'a str,
         topic: &'a TopicName,
         max: Option<i64>,
-    ) -> BoxFuture<'a, Result<i64>>;
-    fn dlq_purge<'a>(&'a self, addr: &'a str, topic: &'a TopicName) -> BoxFuture<'a, Result<i64>>;
+    ) -> BoxFuture<'a, Result<Progress>>;
+    fn dlq_purge<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+    ) -> BoxFuture<'a, Result<Progress>>;
     /// The peer's own topics only (`local_only`).
     fn active_topics<'a>(
         &'a self,

@@ -12,6 +12,7 @@
 //! retryable `UNAVAILABLE` when a peer cannot be reached.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use futures::future::join_all;
 
@@ -20,7 +21,7 @@ use super::host::Host;
 use super::peers::{ClusterState, DeadItem, PeerLoad};
 use super::ActiveTopicsPage;
 use crate::error::{Error, Result};
-use crate::model::{Item, ShardId, TopicName, TopicSnapshot};
+use crate::model::{Item, Progress, ShardId, TopicName, TopicSnapshot};
 
 impl ClusterState {
     /// May a request (forwarded already or not) be forwarded from here?
@@ -352,7 +353,8 @@ impl Host {
     }
 
     /// Makes up to `max` (default: all) of a topic's dead items ready again, over the
-    /// tier; returns how many.
+    /// tier, within the host's time bound for a call (each peer within its own); returns
+    /// how many, and whether some are left (`more`: call again).
     pub async fn dlq_requeue_all(
         &self,
         caller: &Caller,
@@ -360,22 +362,28 @@ impl Host {
         topic: &str,
         max: Option<i64>,
         local_only: bool,
-    ) -> Result<i64> {
+    ) -> Result<Progress> {
         self.allow(caller, ns, Kind::Admin)?;
         self.every_shard_owned(ns, local_only)?;
-        let mut done = self.local_dlq_requeue_all(ns, topic, max).await?;
+        let until = Instant::now() + self.dlq_call_bound;
+        let mut done = self.local_dlq_requeue_all(ns, topic, max, until).await?;
         let name = self.topic_name(ns, topic)?;
         for (id, addr) in self.tier_peers_of(ns, local_only) {
-            let left = max.map(|m| m - done);
+            let left = max.map(|m| m - done.count);
             if left.is_some_and(|l| l <= 0) {
                 break;
             }
-            done += self
-                .cluster
-                .peers
-                .dlq_requeue_all(&addr, &name, left)
-                .await
-                .map_err(|e| incomplete(&id, "requeue its dead letters", &e))?;
+            if done.more || Instant::now() >= until {
+                done.more = true;
+                break;
+            }
+            done.add(
+                self.cluster
+                    .peers
+                    .dlq_requeue_all(&addr, &name, left)
+                    .await
+                    .map_err(|e| incomplete(&id, "requeue its dead letters", &e))?,
+            );
         }
         Ok(done)
     }
@@ -387,10 +395,12 @@ impl Host {
         ns: &str,
         topic: &str,
         local_only: bool,
-    ) -> Result<i64> {
+    ) -> Result<Progress> {
         self.allow(caller, ns, Kind::Admin)?;
         self.every_shard_owned(ns, local_only)?;
-        let mut done = self.local_dlq_purge(ns, topic).await?;
+        // The peers purge at the same time, each within its own bound.
+        let until = Instant::now() + self.dlq_call_bound;
+        let mut done = self.local_dlq_purge(ns, topic, until).await?;
         let name = self.topic_name(ns, topic)?;
         let peers = self.tier_peers_of(ns, local_only);
         let answers = join_all(
@@ -400,7 +410,7 @@ impl Host {
         )
         .await;
         for ((id, _), r) in peers.iter().zip(answers) {
-            done += r.map_err(|e| incomplete(id, "purge its dead letters", &e))?;
+            done.add(r.map_err(|e| incomplete(id, "purge its dead letters", &e))?);
         }
         Ok(done)
     }

@@ -172,6 +172,7 @@ fn shard_infos(shards: Vec<ShardStatus>) -> Vec<t::ShardInfo> {
             shard_id: Some(s.shard as i32),
             healthy: Some(s.healthy),
             items: Some(s.items),
+            state: Some(s.state.label().to_string()),
         })
         .collect()
 }

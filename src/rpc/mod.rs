@@ -550,7 +550,10 @@ async fn execute(
                     req.local_only.unwrap_or(false),
                 )
                 .await
-                .map(|count| t::DlqCountResponse { count: Some(count) });
+                .map(|p| t::DlqCountResponse {
+                    count: Some(p.count),
+                    more: Some(p.more),
+                });
             let (result_value, err) = split(r);
             Reply::DlqRequeueAll(t::FoqsDlqRequeueAllResult { result_value, err })
         }
@@ -559,7 +562,10 @@ async fn execute(
             let r = host
                 .dlq_purge(caller, &ns, &topic, req.local_only.unwrap_or(false))
                 .await
-                .map(|count| t::DlqCountResponse { count: Some(count) });
+                .map(|p| t::DlqCountResponse {
+                    count: Some(p.count),
+                    more: Some(p.more),
+                });
             let (result_value, err) = split(r);
             Reply::DlqPurge(t::FoqsDlqPurgeResult { result_value, err })
         }

@@ -21,7 +21,7 @@ use crate::core::{
 };
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::model::{Item, TopicName, TopicSnapshot};
+use crate::model::{Item, Progress, TopicName, TopicSnapshot};
 use crate::thrift_gen as t;
 
 /// Largest reply frame accepted from a peer (a full dequeue-sized reply fits many times).
@@ -246,6 +246,14 @@ macro_rules! call_method {
 }
 
 /// A method's declared error, or its value.
+/// A batched admin call's answer.
+fn progress(v: t::DlqCountResponse) -> Progress {
+    Progress {
+        count: v.count.unwrap_or(0),
+        more: v.more.unwrap_or(false),
+    }
+}
+
 fn outcome<T>(value: Option<T>, err: Option<t::FoqsError>) -> Result<T> {
     match (value, err) {
         (_, Some(e)) => Err(convert::error_from_wire(e)),
@@ -546,7 +554,7 @@ impl Peers for PeerClient {
         addr: &'a str,
         topic: &'a TopicName,
         max: Option<i64>,
-    ) -> BoxFuture<'a, Result<i64>> {
+    ) -> BoxFuture<'a, Result<Progress>> {
         let args = t::FoqsDlqRequeueAllArgs {
             req: t::DlqRequeueAllRequest {
                 ns: Some(topic.ns.clone()),
@@ -561,11 +569,15 @@ impl Peers for PeerClient {
             "dlqRequeueAll",
             args,
             t::FoqsDlqRequeueAllResult,
-            |v| v.count.unwrap_or(0)
+            progress
         )
     }
 
-    fn dlq_purge<'a>(&'a self, addr: &'a str, topic: &'a TopicName) -> BoxFuture<'a, Result<i64>> {
+    fn dlq_purge<'a>(
+        &'a self,
+        addr: &'a str,
+        topic: &'a TopicName,
+    ) -> BoxFuture<'a, Result<Progress>> {
         let args = t::FoqsDlqPurgeArgs {
             req: t::DlqPurgeRequest {
                 ns: Some(topic.ns.clone()),
@@ -573,8 +585,13 @@ impl Peers for PeerClient {
                 local_only: Some(true),
             },
         };
-        call_method!(self, addr, "dlqPurge", args, t::FoqsDlqPurgeResult, |v| {
-            v.count.unwrap_or(0)
-        })
+        call_method!(
+            self,
+            addr,
+            "dlqPurge",
+            args,
+            t::FoqsDlqPurgeResult,
+            progress
+        )
     }
 }

@@ -26,7 +26,8 @@ pub use worker::{ShardWorker, WorkerConfig, READS_BESIDE_MAX};
 
 use crate::error::{Error, Result};
 use crate::model::{
-    Item, NewItem, ReadyKey, ShardId, ShardStatus, TopicCounts, TopicName, TopicSnapshot,
+    Item, NewItem, ReadyKey, ShardId, ShardState, ShardStatus, TopicCounts, TopicName,
+    TopicSnapshot,
 };
 use crate::store::ItemMeta;
 
@@ -202,6 +203,8 @@ fn no_answer(id: ShardId, waited: std::time::Duration) -> Error {
 #[derive(Debug)]
 pub(crate) struct ShardShared {
     pub healthy: AtomicBool,
+    /// Its worker panicked (see [`ShardHandle::mark_dead`]).
+    pub died: AtomicBool,
     pub items: AtomicI64,
     /// Claimed items not handed to a consumer yet (see [`Staged`]).
     pub staged: Staged,
@@ -233,6 +236,7 @@ impl ShardHandle {
 
     /// Its worker died (a panic): unhealthy until the shard is reopened with a new one.
     pub fn mark_dead(&self) {
+        self.shared.died.store(true, Ordering::Relaxed);
         self.shared.healthy.store(false, Ordering::Relaxed);
     }
 
@@ -253,9 +257,19 @@ impl ShardHandle {
     }
 
     pub fn status(&self) -> ShardStatus {
+        let state = if self.shared.died.load(Ordering::Relaxed) {
+            ShardState::WorkerDead
+        } else if !self.is_alive() {
+            ShardState::Stopped
+        } else if !self.is_healthy() {
+            ShardState::BreakerOpen
+        } else {
+            ShardState::Serving
+        };
         ShardStatus {
             shard: self.id,
             healthy: self.is_healthy(),
+            state,
             items: self.shared.items.load(Ordering::Relaxed),
         }
     }

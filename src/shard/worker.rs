@@ -204,6 +204,7 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         let shared = Arc::new(ShardShared {
             healthy: AtomicBool::new(true),
+            died: AtomicBool::new(false),
             items: AtomicI64::new(items),
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),

@@ -2509,12 +2509,14 @@ class DlqCountResponse(object):
     """
     Attributes:
      - count
+     - more
 
     """
 
 
-    def __init__(self, count=None,):
+    def __init__(self, count=None, more=None,):
         self.count = count
+        self.more = more
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2530,6 +2532,11 @@ class DlqCountResponse(object):
                     self.count = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.BOOL:
+                    self.more = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2543,6 +2550,10 @@ class DlqCountResponse(object):
         if self.count is not None:
             oprot.writeFieldBegin('count', TType.I64, 1)
             oprot.writeI64(self.count)
+            oprot.writeFieldEnd()
+        if self.more is not None:
+            oprot.writeFieldBegin('more', TType.BOOL, 2)
+            oprot.writeBool(self.more)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3079,14 +3090,16 @@ class ShardInfo(object):
      - shard_id
      - healthy
      - items
+     - state
 
     """
 
 
-    def __init__(self, shard_id=None, healthy=None, items=None,):
+    def __init__(self, shard_id=None, healthy=None, items=None, state=None,):
         self.shard_id = shard_id
         self.healthy = healthy
         self.items = items
+        self.state = state
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3112,6 +3125,11 @@ class ShardInfo(object):
                     self.items = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.state = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3133,6 +3151,10 @@ class ShardInfo(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.I64, 3)
             oprot.writeI64(self.items)
+            oprot.writeFieldEnd()
+        if self.state is not None:
+            oprot.writeFieldBegin('state', TType.STRING, 4)
+            oprot.writeString(self.state.encode('utf-8') if sys.version_info[0] == 2 else self.state)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3805,6 +3827,7 @@ all_structs.append(DlqCountResponse)
 DlqCountResponse.thrift_spec = (
     None,  # 0
     (1, TType.I64, 'count', None, None, ),  # 1
+    (2, TType.BOOL, 'more', None, None, ),  # 2
 )
 all_structs.append(TopicStatsRequest)
 TopicStatsRequest.thrift_spec = (
@@ -3856,6 +3879,7 @@ ShardInfo.thrift_spec = (
     (1, TType.I32, 'shard_id', None, None, ),  # 1
     (2, TType.BOOL, 'healthy', None, None, ),  # 2
     (3, TType.I64, 'items', None, None, ),  # 3
+    (4, TType.STRING, 'state', 'UTF8', None, ),  # 4
 )
 all_structs.append(PeerInfo)
 PeerInfo.thrift_spec = (
