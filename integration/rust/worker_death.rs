@@ -194,3 +194,55 @@ async fn a_stuck_worker_answers_busy_within_its_bounds() {
     worker.await.unwrap();
     scenario.teardown();
 }
+
+/// A worker that panics while it holds the shard's index (shared with its handle) poisons
+/// the lock: the handle's readers take it over instead of panicking on request paths, and
+/// calls that need the worker fail with a retryable UNAVAILABLE (issue 18, risk 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
+    use foqs::shard::ShardWorker;
+    let scenario = fail::FailScenario::setup();
+    let db = TestDb::mysql(1);
+    let store = foqs::store::MySqlStore::new(8, &db.url(0), 2).unwrap();
+    let (shard, worker) = ShardWorker::start(
+        8,
+        store,
+        std::sync::Arc::new(foqs::clock::SystemClock),
+        common::shard::worker_config(),
+        foqs::waiters::Waiters::new(),
+        std::sync::Arc::new(foqs::metrics::Metrics::new()),
+    )
+    .await
+    .unwrap();
+    let topic = common::shard::topic("poison", "t");
+    shard
+        .submit_enqueue(vec![common::shard::new_item("poison", "t", 0)])
+        .map_err(|(_, e)| e)
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    let keys = shard.peek(topic.clone(), 1).await.unwrap();
+    assert_eq!(keys.len(), 1);
+    fail::cfg("shard-8-claim-holding-index", "1*panic").unwrap();
+    let e = shard
+        .claim(topic.clone(), keys)
+        .await
+        .expect_err("the worker died in the claim");
+    assert!(e.retryable, "{e:?}");
+    let died = worker.await.expect_err("the worker panicked");
+    assert!(died.is_panic());
+    // Every reader of the poisoned index and counts answers; calls fail retryably.
+    let peeked = shard.peek(topic.clone(), 1).await;
+    assert!(
+        peeked.as_ref().map_or_else(|e| e.retryable, |_| true),
+        "{peeked:?}"
+    );
+    let now = foqs::clock::Clock::now_ms(&foqs::clock::SystemClock);
+    let _ = shard.ready_topics(now);
+    let _ = shard.ns_counts(now);
+    assert_eq!(shard.status().state, foqs::model::ShardState::Stopped);
+    let acked = shard.ack(vec![1]).await.expect_err("no worker to ack");
+    assert!(acked.retryable, "{acked:?}");
+    scenario.teardown();
+}

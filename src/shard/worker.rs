@@ -380,6 +380,8 @@ impl<S: ShardStore> ShardWorker<S> {
                     let t = index.topic(&topic);
                     let free: Vec<u64> =
                         keys.iter().filter(|k| t.remove(k)).map(|k| k.key).collect();
+                    // A worker that dies holding the index poisons it (tests arm it).
+                    fail::fail_point!(&format!("shard-{}-claim-holding-index", self.id));
                     drop(index);
                     claims.push((topic, free, reply));
                 }
