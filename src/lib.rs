@@ -1,5 +1,5 @@
 //! foqs: a Thrift-compatible implementation of FOQS, Meta's distributed priority queue,
-//! storing items in sharded MySQL (MariaDB works).
+//! storing items in sharded MySQL (MariaDB works) or, on one machine, in SQLite files.
 //!
 //! # Layout
 //! One request flows top to bottom (see `DESIGN.md` in the team's shared notes):
@@ -13,7 +13,9 @@
 //!   shard heads, ack/nack routing, readiness.
 //! - [`shard`]: one [`shard::ShardWorker`] per shard, the only writer of that shard: batched
 //!   writes, the bounded in-memory ready index, background scans, circuit breaker.
-//! - [`store`]: the narrow [`store::ShardStore`] trait and [`store::MySqlStore`].
+//! - [`store`]: the narrow [`store::ShardStore`] trait, [`store::MySqlStore`] and
+//!   [`store::SqliteStore`], the fence around them, and (feature `faults`, tests only)
+//!   the fault-injecting `store::faulty::Faulty`.
 //! - [`cluster`]: the pluggable [`cluster::ShardManager`] (single host, static, etcd) that
 //!   says which host owns which shard, tiers, and the cluster-wide enqueue quota budget.
 //! - [`fence`]: until when this host may write its shards (lease-based fencing).
@@ -35,23 +37,30 @@
 //!
 //! # Locks
 //! Which locks may be held together, and in which order; no other nesting exists. A
-//! std `Mutex`/`RwLock` is never held across an `.await`; the tokio mutexes named below are, on
-//! purpose, as said.
+//! std `Mutex`/`RwLock` is never held across an `.await`; the tokio locks named below are,
+//! on purpose, as said.
+//! - `Host.claiming` (tokio `RwLock`): held shared by every dequeue and restock across its
+//!   claim, stage and hand-out; a shard's removal takes it alone (after the shard left the
+//!   map), so that nothing claimed on the shard is in flight. Taken before the claim lock.
 //! - Per-topic claim lock (`Prefetch` stage's `claim_lock`, tokio): held across the awaits
 //!   of one claim (merge, claim, stage) and of a peek, so that no item is between the
-//!   shards' indexes and the stage unseen. Under it: any of the locks below, briefly.
+//!   shards' indexes and the stage unseen. Under it: any of the std locks below, briefly.
 //! - `Prefetch.topics`, then a shard's `Staged.keys` (through the stage's `live` and
 //!   `hand_out` checks). Never the other way: `Staged.keys` is taken alone or last.
 //! - `ClusterState.loads`, then `ClusterState.ready` (the peer poll writes both).
 //! - `Waiters.announce`, then `Waiters.announced` (announcing a ready topic).
-//! - Taken alone (a snapshot is cloned and the lock dropped): `Host.shards`, `Host.workers`,
-//!   `ClusterState.view`, a shard's ready index (written by its worker only), its
-//!   `NsCounts`, `Waiters.topics`, `ConnTable.conns`, the metrics' namespace labels,
-//!   `Quotas.held` and the local budget's buckets.
 //! - `Quotas` per-namespace slot (tokio): held across one budget call (an etcd
-//!   transaction), so that concurrent requests of a namespace share its chunk; nothing
-//!   else is taken under it.
+//!   transaction, or the local budget's buckets, briefly), so that concurrent requests of
+//!   a namespace share its chunk.
+//! - Taken alone (a snapshot is cloned, or a value read, and the lock dropped):
+//!   `Host.shards`, `Host.workers`, `Host.unseen`, `ClusterState.view`,
+//!   `Quotas.held`; a shard's ready index (written by its worker only), its `NsCounts`
+//!   and its worker's `Doubts`; a store's `TopicIds`; the SQLite store's writer and reader
+//!   slots; the peer client's pools; `Waiters.topics`, `ConnTable.conns`, the metrics'
+//!   namespace labels and the local budget's buckets (outside a slot).
 //! - The MySQL store's owner-lock slot (tokio): only in `open` and `close`.
+//! - The SQLite shard's thread and reader run one job at a time each and take none of
+//!   these.
 
 /// The blocking Rust client (it speaks Thrift, so it lives in [`rpc`]).
 pub use rpc::client;

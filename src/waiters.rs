@@ -1,6 +1,6 @@
 //! Who waits for which topic: long-polling dequeues park here, and whatever makes an item
 //! ready (an enqueue committing, a nack, an expired lease, a deferred item coming due, a
-//! staged item released) wakes the waiters of its topic. Waiting costs no MySQL query.
+//! staged item released) wakes the waiters of its topic. Waiting costs no storage query.
 //!
 //! In a cluster, a topic that gets a ready item here is also announced to the peers (at
 //! most once per peer poll, see [`Waiters::announce_to`]), so that long polls routed

@@ -12,7 +12,7 @@ use foqs::config::{Config, LogFormat};
 #[derive(Parser)]
 #[command(
     version,
-    about = "foqsd: the foqs priority-queue host (FOQS over sharded MySQL)"
+    about = "foqsd: the foqs priority-queue host (FOQS over sharded MySQL or local SQLite files)"
 )]
 struct Args {
     /// The TOML configuration file (every key overridable as FOQS__SECTION__KEY).

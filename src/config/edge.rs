@@ -93,7 +93,7 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
                 rule.identity
             ));
         }
-        let only_peer = rule.allow.iter().all(|k| *k == crate::core::Kind::Peer);
+        let only_peer = rule.allow.iter().all(|k| *k == super::Kind::Peer);
         if rule.namespaces.is_empty() && !only_peer {
             problems.push(format!(
                 "access entry {} ({:?}): namespaces is empty (use [\"*\"] for all)",

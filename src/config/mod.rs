@@ -7,8 +7,10 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+mod access;
 mod edge;
 
+pub use access::{AccessRule, Kind};
 pub use edge::{LogConfig, LogFormat, MetricsConfig};
 
 use crate::cluster::config::{self as cluster_config, ClusterConfig, TierConfig, TIER_DEFAULT};
@@ -46,7 +48,7 @@ pub struct Config {
     pub tiers: Vec<TierConfig>,
     /// Who may do what in which namespace; none: everything is allowed.
     #[serde(default)]
-    pub access: Vec<crate::core::AccessRule>,
+    pub access: Vec<AccessRule>,
     #[serde(default)]
     pub metrics: MetricsConfig,
     #[serde(default)]
@@ -122,19 +124,19 @@ pub struct EngineConfig {
     /// largest dequeue count, so a single shard can answer any one request).
     pub index_keys_per_topic_max: usize,
     /// Topics one shard keeps an index for; the least recently dequeued are forgotten
-    /// (and reloaded from MySQL when used again).
+    /// (and reloaded from storage when used again).
     pub index_topics_max: usize,
     /// How often each shard promotes due items, expires leases and purges TTLs.
     pub scan_interval_ms: u64,
     /// Most rows one background scan step reads.
     pub scan_rows_max: usize,
-    /// How often scan checkpoints are written to MySQL.
+    /// How often scan checkpoints are written to the shard's storage.
     pub checkpoint_interval_ms: u64,
-    /// Consecutive MySQL failures that open a shard's circuit breaker.
+    /// Consecutive storage failures that open a shard's circuit breaker.
     pub breaker_failures_max: u32,
     /// A shard whose recent median operation latency exceeds this is isolated too.
     pub breaker_slow_ms: u64,
-    /// A MySQL operation with no answer after this long fails (and counts against the
+    /// A storage operation with no answer after this long fails (and counts against the
     /// breaker), so a hung server cannot stall its shard's worker.
     pub store_timeout_ms: u64,
     /// Opening a shard (its schema, and the one full count of its items) fails after this

@@ -9,41 +9,9 @@
 //! forwards, marked with `forwarded_by`, was checked by that host, or names the identity
 //! it acts for in `forwarded_for`, which is then checked here). getHostInfo is open.
 
-use serde::Deserialize;
-
 use crate::error::{Error, ErrorCode, Result};
 
-/// A kind of call, as named in `allow`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Produce,
-    Consume,
-    Admin,
-    Peer,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Produce => "produce",
-            Kind::Consume => "consume",
-            Kind::Admin => "admin",
-            Kind::Peer => "peer",
-        }
-    }
-}
-
-/// One `[[access]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AccessRule {
-    /// A client identity, or `*` for any client (anonymous included).
-    pub identity: String,
-    /// Namespaces, or `["*"]` for all.
-    pub namespaces: Vec<String>,
-    pub allow: Vec<Kind>,
-}
+pub use crate::config::{AccessRule, Kind};
 
 /// Who is calling, as far as access goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -132,12 +132,7 @@ impl Host {
                 forwarding: false,
                 tier_shards: Default::default(),
             },
-            peers: Arc::new(crate::rpc::PeerClient::new(
-                1,
-                std::time::Duration::from_millis(100),
-                None,
-                Arc::new(Metrics::new()),
-            )),
+            peers: Arc::new(super::peers::NoPeers),
             quota_budget: Arc::new(crate::quota::LocalBudget::new(1, clock)),
             access: Access::default(),
             metrics: Arc::new(Metrics::new()),
@@ -182,10 +177,12 @@ impl Host {
                 "the new worker took over leases nobody was handed"
             );
         }
-        let mut shards = self.shards.write().expect("not poisoned");
-        let mut next = (**shards).clone();
-        next.insert(id, handle);
-        *shards = Arc::new(next);
+        {
+            let mut shards = self.shards.write().expect("not poisoned");
+            let mut next = (**shards).clone();
+            next.insert(id, handle);
+            *shards = Arc::new(next);
+        }
         self.workers
             .lock()
             .expect("not poisoned")
@@ -269,7 +266,7 @@ impl Host {
 
     /// Dequeues from each requested topic, most urgent first across every shard. With
     /// `wait_ms`, when nothing is ready, waits up to that long for an item to become ready
-    /// in any of the topics (a long poll; waiting costs no MySQL query).
+    /// in any of the topics (a long poll; waiting costs no storage query).
     /// Dequeues across the namespace's tier (see `routing.rs`), or from this host's
     /// shards only with `local_only`.
     pub async fn dequeue(

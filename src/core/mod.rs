@@ -4,6 +4,7 @@
 
 mod access;
 mod api;
+mod cluster;
 mod enqueue;
 mod health;
 mod host;

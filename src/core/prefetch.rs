@@ -1,4 +1,4 @@
-//! The prefetch buffer: per (namespace, topic), items already claimed (leased in MySQL)
+//! The prefetch buffer: per (namespace, topic), items already claimed (leased in storage)
 //! and staged in memory, so that a dequeue on a busy topic is served from memory and the
 //! claims happen in large batches, off the consumer's path.
 //!
@@ -8,7 +8,7 @@
 //!
 //! A staged item's lease runs from its claim, so it is handed out only while at least half
 //! of that lease is left, its TTL has not passed and it has been staged no longer than
-//! `prefetch_stage_max_ms`; otherwise it is released: made ready again in MySQL with the
+//! `prefetch_stage_max_ms`; otherwise it is released: made ready again in storage with the
 //! unseen delivery uncounted. On shutdown every staged item is released. After a crash,
 //! staged items are leased rows and come back when their leases expire (with that one
 //! unseen delivery counted).
@@ -45,14 +45,14 @@ pub struct PrefetchConfig {
     pub stage_max_ms: i64,
 }
 
-struct Staged {
+struct StagedItem {
     item: Item,
     staged_at_ms: i64,
 }
 
 #[derive(Default)]
 struct Stage {
-    items: BTreeMap<GlobalKey, Staged>,
+    items: BTreeMap<GlobalKey, StagedItem>,
     /// Held while claiming for this topic: a dequeue that finds the stage short waits for
     /// a claim in flight and then looks again, so items in transit between the index and
     /// the stage are never missed (a dequeue returns min(count, ready)).
@@ -77,7 +77,7 @@ impl Stage {
     }
 }
 
-fn fit(s: &Staged, now_ms: i64, stage_max_ms: i64) -> bool {
+fn fit(s: &StagedItem, now_ms: i64, stage_max_ms: i64) -> bool {
     let lease_total = s.item.lease_expires_ms - s.staged_at_ms;
     let held = now_ms - s.staged_at_ms;
     held <= stage_max_ms
@@ -175,7 +175,7 @@ impl Prefetch {
             }
             stage.items.insert(
                 item.global_key(),
-                Staged {
+                StagedItem {
                     item,
                     staged_at_ms: now_ms,
                 },
@@ -311,7 +311,7 @@ impl Prefetch {
             .collect()
     }
 
-    /// Staged items per topic of `ns`: leased in MySQL, but ready as far as clients go.
+    /// Staged items per topic of `ns`: leased in storage, but ready as far as clients go.
     pub fn staged_counts(&self, ns: &str, live: impl Fn(&Item) -> bool) -> HashMap<String, i64> {
         self.staged_topics(live)
             .into_iter()

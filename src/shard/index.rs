@@ -2,13 +2,13 @@
 //! memory and bounded, so `foqsd` memory does not grow with the backlog.
 //!
 //! Invariant (per topic): the index holds exactly the ready items whose key is at or below
-//! the watermark. Items above it live only in MySQL and are read, in key order, by a refill
+//! the watermark. Items above it live only in storage and are read, in key order, by a refill
 //! when the index runs low. Keeping the invariant is what lets the index be partial:
-//! - a new ready item at or below the watermark is inserted; above it, MySQL has it;
+//! - a new ready item at or below the watermark is inserted; above it, storage has it;
 //! - when an insert overflows the bound, the largest key is dropped and the watermark
 //!   moves down to the new largest key;
 //! - a refill reads keys strictly above the watermark and raises it to the last key read,
-//!   or to "everything" when MySQL returned fewer than asked.
+//!   or to "everything" when storage returned fewer than asked.
 //!
 //! A topic never seen since start-up (or whose state is doubtful after a storage error) is
 //! `Unloaded`: its watermark is below every key, so nothing is inserted until the first
@@ -58,7 +58,7 @@ impl TopicIndex {
         self.keys.is_empty()
     }
 
-    /// True when MySQL may hold ready items that the index does not.
+    /// True when storage may hold ready items that the index does not.
     pub fn is_partial(&self) -> bool {
         self.watermark != Watermark::All
     }
@@ -71,7 +71,7 @@ impl TopicIndex {
         }
     }
 
-    /// Records the result of a refill that asked MySQL for `asked` keys after
+    /// Records the result of a refill that asked storage for `asked` keys after
     /// [`Self::refill_after`].
     pub fn apply_refill(&mut self, loaded: &[ReadyKey], asked: usize, cap: usize) {
         self.keys.extend(loaded.iter().copied());
@@ -111,7 +111,7 @@ impl TopicIndex {
 }
 
 /// All topics of one shard, at most `topics_max` of them: past that, the least recently
-/// dequeued tenth is forgotten (unloaded), to be reloaded from MySQL when used again. So
+/// dequeued tenth is forgotten (unloaded), to be reloaded from storage when used again. So
 /// memory is bounded by topics_max * keys_per_topic_max keys, however many topics exist.
 #[derive(Debug)]
 pub struct ReadyIndex {
@@ -177,7 +177,7 @@ impl ReadyIndex {
         });
     }
 
-    /// Offers a key to a topic that is loaded; an unloaded topic will read it from MySQL.
+    /// Offers a key to a topic that is loaded; an unloaded topic will read it from storage.
     pub fn offer(&mut self, ns: &str, topic: &str, k: ReadyKey) {
         let cap = self.cap;
         if let Some(t) = self.get_mut(ns, topic) {
@@ -191,7 +191,7 @@ impl ReadyIndex {
         }
     }
 
-    /// Forgets what the index knows of a topic; the next use reloads it from MySQL. Used
+    /// Forgets what the index knows of a topic; the next use reloads it from storage. Used
     /// after a storage error, when the outcome of a write is unknown.
     pub fn invalidate(&mut self, ns: &str, topic: &str) {
         self.topics.remove(&TopicName {
@@ -248,7 +248,7 @@ mod tests {
         t.apply_refill(&[k(1, 1), k(5, 2)], 2, 10);
         assert!(t.is_partial());
         assert_eq!(t.refill_after(), Some(k(5, 2)));
-        t.offer(k(7, 3), 10); // above the watermark: MySQL has it, a refill will read it
+        t.offer(k(7, 3), 10); // above the watermark: storage has it, a refill will read it
         t.offer(k(3, 4), 10); // below: must be indexed, a refill would never read it
         assert_eq!(t.head(10), vec![k(1, 1), k(3, 4), k(5, 2)]);
     }

@@ -7,10 +7,13 @@ mod breaker;
 mod counts;
 mod dlq;
 mod doubt;
+mod exec;
 mod index;
 mod ops;
 mod scans;
 mod staged;
+mod store_call;
+mod turn;
 mod worker;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

@@ -276,10 +276,10 @@ impl<S: ShardStore> ShardWorker<S> {
             .items
             .fetch_sub(deleted as i64, Ordering::Relaxed);
         for (ns, topic) in expired {
-            self.count(&ns, &topic, |t| t.expired += 1);
+            self.tally(&ns, &topic, |t| t.expired += 1);
         }
         for (ns, topic, _, _) in unseen {
-            self.count(&ns, &topic, |t| t.delivered -= 1);
+            self.tally(&ns, &topic, |t| t.delivered -= 1);
         }
         for (ns, topic, k) in readied {
             self.ready(&ns, &topic, k);

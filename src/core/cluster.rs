@@ -1,0 +1,262 @@
+//! What a host does with its cluster: it adopts the shard manager's views, keeps its
+//! peers' loads and ready topics fresh, and reports itself (`getHostInfo`). The data it
+//! keeps is `peers::ClusterState`; talking to a peer is the `peers::Peers` seam.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::future::join_all;
+
+use super::access::{Caller, Kind};
+use super::host::Host;
+use super::peers::*;
+use crate::error::Result;
+use crate::model::{ClusterView, TopicName};
+
+/// Most topics in one announcement.
+const ANNOUNCE_BATCH_MAX: usize = 1000;
+
+impl Host {
+    /// Adopts the shard manager's latest view (owners and peers).
+    pub fn set_view(&self, view: Arc<ClusterView>) {
+        let live: Vec<String> = view.hosts.keys().cloned().collect();
+        *self.cluster.view.write().expect("not poisoned") = view;
+        self.cluster
+            .loads
+            .lock()
+            .expect("not poisoned")
+            .retain(|id, _| live.contains(id));
+        self.cluster
+            .ready
+            .lock()
+            .expect("not poisoned")
+            .retain(|id, _| live.contains(id));
+    }
+
+    /// How much more this host can buffer: free slots in its healthy shards' queues.
+    pub fn spare_capacity(&self) -> i64 {
+        self.shards()
+            .values()
+            .filter(|s| s.is_healthy())
+            .map(|s| s.spare() as i64)
+            .sum()
+    }
+
+    /// Topics with ready items on this host's shards, the fullest first, at most
+    /// `READY_TOPICS_MAX`; from the shards' in-memory counts, plus the items the prefetch
+    /// stage holds (leased in storage, ready for clients: without them a busy topic whose
+    /// ready items are all staged would vanish from the summary, and routed dequeues
+    /// would stall until the stage releases them).
+    pub fn ready_topics(&self) -> Vec<(TopicName, i64)> {
+        let now = self.clock.now_ms();
+        let mut sum: HashMap<TopicName, i64> = HashMap::new();
+        for s in self.shards().values() {
+            for (ns, topic, n) in s.ready_topics(now) {
+                *sum.entry(TopicName { ns, topic }).or_default() += n;
+            }
+        }
+        for (t, n) in self.prefetch.staged_topics(self.staged_live()) {
+            *sum.entry(t).or_default() += n;
+        }
+        let mut out: Vec<(TopicName, i64)> = sum.into_iter().collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        out.truncate(READY_TOPICS_MAX);
+        out
+    }
+
+    /// Polls every peer every `every_ms` (spare capacity, ready topics) until `stop`
+    /// turns true; topics may be announced again after each poll.
+    pub async fn run_peer_poll(
+        self: Arc<Self>,
+        every_ms: u64,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(every_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => break,
+            }
+            self.waiters.reset_announced();
+            let since = self
+                .cluster
+                .announcements
+                .load(std::sync::atomic::Ordering::SeqCst);
+            let view = self.cluster.view();
+            let me = &self.cluster.settings.host_id;
+            let asks = view
+                .hosts
+                .iter()
+                .filter(|(id, _)| *id != me)
+                .map(|(id, h)| {
+                    let peers = self.cluster.peers.clone();
+                    async move {
+                        let r = peers.poll(&h.addr).await;
+                        if let Err(e) = &r {
+                            tracing::debug!(peer = %id, error = %e, "peer unreachable");
+                        }
+                        (id.clone(), r.ok())
+                    }
+                });
+            let polled = join_all(asks).await;
+            let mut woken = Vec::new();
+            {
+                let mut loads = self.cluster.loads.lock().expect("not poisoned");
+                let mut ready = self.cluster.ready.lock().expect("not poisoned");
+                for (id, summary) in polled {
+                    let Some(s) = summary else {
+                        loads.insert(id.clone(), PeerLoad::default());
+                        ready.remove(&id);
+                        continue;
+                    };
+                    loads.insert(
+                        id.clone(),
+                        PeerLoad {
+                            reachable: true,
+                            spare: s.spare,
+                        },
+                    );
+                    let old = ready.remove(&id).unwrap_or_default();
+                    let mut new: ReadyTopics =
+                        s.ready.into_iter().map(|(t, n)| (t, (n, 0))).collect();
+                    // Announcements that came after this poll was sent are newer than it.
+                    for (t, (n, seq)) in &old {
+                        if *seq > since {
+                            new.entry(t.clone()).or_insert((*n, *seq));
+                        }
+                    }
+                    // A topic that appears here may have a long poll waiting for it (its
+                    // announcement may have been spent or missed).
+                    woken.extend(new.keys().filter(|t| !old.contains_key(*t)).cloned());
+                    ready.insert(id, new);
+                }
+            }
+            for t in &woken {
+                self.waiters.wake_remote(t);
+            }
+        }
+    }
+
+    /// Sends the topics that got ready items here to the peers of this host's tier, in
+    /// small batches, until `stop` turns true (see [`crate::waiters::Waiters::wake`]).
+    pub async fn run_announcer(
+        self: Arc<Self>,
+        mut topics: tokio::sync::mpsc::UnboundedReceiver<TopicName>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        loop {
+            let first = tokio::select! {
+                t = topics.recv() => match t {
+                    Some(t) => t,
+                    None => break,
+                },
+                _ = stop.changed() => break,
+            };
+            let mut batch = vec![(first, 1)];
+            let mut seen = std::collections::HashSet::new();
+            seen.insert(batch[0].0.clone());
+            while batch.len() < ANNOUNCE_BATCH_MAX {
+                let Ok(t) = topics.try_recv() else { break };
+                if seen.insert(t.clone()) {
+                    batch.push((t, 1));
+                }
+            }
+            let host: &Host = &self;
+            // Every peer, whatever its tier: a host routes a namespace's calls to that
+            // namespace's tier, so any of them may hold a long poll for these topics. A
+            // peer known to be unreachable is skipped, so it cannot slow the others.
+            let me = host.host_id();
+            let loads = host.cluster.loads.lock().expect("not poisoned").clone();
+            let peers: Vec<(String, String)> = host
+                .cluster
+                .view()
+                .hosts
+                .iter()
+                .filter(|(id, _)| id.as_str() != me)
+                .filter(|(id, _)| loads.get(*id).is_none_or(|l| l.reachable))
+                .map(|(id, h)| (id.clone(), h.addr.clone()))
+                .collect();
+            join_all(peers.iter().map(|(id, addr)| {
+                let batch = batch.clone();
+                async move {
+                    if let Err(e) = host.cluster.peers.notify_ready(addr, me, batch).await {
+                        tracing::debug!(peer = %id, error = %e, "announcing ready topics failed");
+                    }
+                }
+            }))
+            .await;
+        }
+    }
+
+    /// A peer announced ready items of `topics`: route dequeues there, and wake the long
+    /// polls waiting for them here.
+    pub fn peer_ready(
+        &self,
+        caller: &Caller,
+        host_id: &str,
+        topics: Vec<(TopicName, i64)>,
+    ) -> Result<()> {
+        self.allow(caller, "", Kind::Peer)?;
+        if !self.cluster.view().hosts.contains_key(host_id) || host_id == self.host_id() {
+            // Not a member of the cluster as this host sees it: nothing to route to.
+            return Ok(());
+        }
+        let seq = self
+            .cluster
+            .announcements
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        {
+            let mut ready = self.cluster.ready.lock().expect("not poisoned");
+            let known = ready.entry(host_id.to_string()).or_default();
+            for (t, n) in &topics {
+                let e = known.entry(t.clone()).or_default();
+                *e = (e.0.max(*n), seq);
+            }
+        }
+        for (t, _) in &topics {
+            self.waiters.wake_remote(t);
+        }
+        Ok(())
+    }
+
+    /// Every peer as this host sees it now.
+    pub fn peer_statuses(&self) -> Vec<PeerStatus> {
+        let view = self.cluster.view();
+        let loads = self.cluster.loads.lock().expect("not poisoned").clone();
+        view.hosts
+            .iter()
+            .filter(|(id, _)| **id != self.cluster.settings.host_id)
+            .map(|(id, h)| PeerStatus {
+                host_id: id.clone(),
+                addr: h.addr.clone(),
+                tier: h.tier.clone(),
+                shards: view.shards_of(id),
+                load: loads.get(id).copied().unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// This host, its shards and its peers as it sees them, for `getHostInfo`. The ready
+    /// topics (names of every namespace's topics) only for callers allowed `peer` (or
+    /// when there are no access rules).
+    pub fn host_status(&self, caller: &Caller) -> HostStatus {
+        let s = &self.cluster.settings;
+        let peers = self.peer_statuses();
+        HostStatus {
+            host_id: s.host_id.clone(),
+            addr: s.addr.clone(),
+            tier: s.tier.clone(),
+            manager: s.manager,
+            shards: self.shard_status(),
+            spare: self.spare_capacity(),
+            peers,
+            ready_topics: if self.access.allows(caller, "", Kind::Peer) {
+                self.ready_topics()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
