@@ -55,6 +55,8 @@ pub struct Running {
     stop: watch::Sender<bool>,
     server: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
+    /// How long the shards get to stop (`server.shutdown_grace_ms`).
+    grace: Duration,
 }
 
 impl Running {
@@ -69,7 +71,7 @@ impl Running {
         for task in self.background {
             let _ = task.await;
         }
-        self.host.shutdown().await;
+        self.host.shutdown(self.grace).await;
         // Leaving gives up every shard at once (etcd: the lease is revoked).
         self.manager.leave().await;
     }
@@ -459,7 +461,8 @@ async fn start_planned(
     let failed = follow_view(&host, &*manager, &opener, first).await;
     if c.manager != ManagerKind::Etcd {
         if let Some((_, e)) = failed.into_iter().next() {
-            host.shutdown().await;
+            host.shutdown(Duration::from_millis(cfg.server.shutdown_grace_ms))
+                .await;
             return Err(e);
         }
     }
@@ -513,6 +516,7 @@ async fn start_planned(
         stop,
         server,
         background,
+        grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
     })
 }
 

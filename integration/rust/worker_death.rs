@@ -246,3 +246,46 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
     assert!(acked.retryable, "{acked:?}");
     scenario.teardown();
 }
+
+/// A shard whose worker is stuck (its thread blocked 6 s at the turn's failpoint) does
+/// not hold the host's stop: after `server.shutdown_grace_ms` the shard is left behind,
+/// logged, and the stop returns (issue 18, risk 6). Before, the stop waited for the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_stuck_shard_does_not_hold_the_stop() {
+    let scenario = fail::FailScenario::setup();
+    let srv = TestServer::start_full(
+        TestDb::new(1),
+        "shutdown_grace_ms = 1000",
+        &format!("{FAST_ENGINE}[metrics]\nlisten = \"127.0.0.1:0\"\n"),
+    )
+    .await;
+    let metrics = srv.running.as_ref().unwrap().metrics_addr.unwrap();
+    let addr = srv.addr;
+    fail::cfg("shard-0-turn", "1*sleep(6000)").unwrap();
+    // Two enqueues: the first's turn blocks the worker, the second waits in its queue.
+    let callers: Vec<_> = (0..2)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr, Proto::Binary);
+                let _ = c.try_enqueue(vec![item("stuck", "t", i, b"x")]);
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), "the worker stuck", || {
+        let (_, scrape) = http_get(metrics, "/metrics");
+        (sample(&scrape, "foqs_shard_queue_depth{shard=\"0\"}") >= 1.0).then_some(())
+    })
+    .await;
+    let t = Instant::now();
+    srv.stop().await;
+    let took = t.elapsed();
+    // The connections' grace, then the shards'.
+    assert!(
+        took < Duration::from_millis(3500),
+        "the stop waited {took:?} for a stuck shard"
+    );
+    for c in callers {
+        let _ = tokio::task::spawn_blocking(move || c.join()).await;
+    }
+    scenario.teardown();
+}

@@ -607,9 +607,13 @@ impl Host {
         self.shards().values().map(|s| s.status()).collect()
     }
 
-    /// Flushes every shard's buffers, saves checkpoints and stops the workers. Call after
+    /// Flushes every shard's buffers, saves checkpoints and stops the workers, within
+    /// `within`: a shard whose storage hangs is left behind (logged) rather than holding
+    /// the stop for ever. Nothing confirmed is lost by that: a confirmed write is
+    /// committed, and what was staged or leased comes back when its lease ends. Call after
     /// the server has stopped taking requests.
-    pub async fn shutdown(&self) {
+    pub async fn shutdown(&self, within: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + within;
         // Staged items go back before the workers stop, so none waits for its lease.
         let shards = self.shards();
         let shards = &shards;
@@ -617,17 +621,37 @@ impl Host {
         for i in self.prefetch.drain() {
             by_shard.entry(i.id.shard).or_default().push(i);
         }
-        join_all(by_shard.into_iter().map(|(id, items)| async move {
+        let released = join_all(by_shard.into_iter().map(|(id, items)| async move {
             let Some(shard) = shards.get(&id) else { return };
             if let Err(e) = shard.release(items).await {
                 tracing::warn!(shard = id, error = %e, "releasing staged items at shutdown failed");
             }
-        }))
-        .await;
-        join_all(shards.values().map(|s| s.shutdown())).await;
+        }));
+        if tokio::time::timeout_at(deadline, released).await.is_err() {
+            tracing::warn!(
+                "releasing staged items at shutdown did not finish in time; their leases will end"
+            );
+        }
+        let stopped = join_all(shards.iter().map(|(id, s)| async move {
+            if tokio::time::timeout_at(deadline, s.shutdown())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    shard = id,
+                    "the shard's worker did not stop in time; left behind"
+                );
+            }
+        }));
+        stopped.await;
         let workers = std::mem::take(&mut *self.workers.lock().expect("not poisoned"));
-        for w in workers.into_values() {
-            let _ = w.await;
+        for (id, w) in workers {
+            if tokio::time::timeout_at(deadline, w).await.is_err() {
+                tracing::warn!(
+                    shard = id,
+                    "the shard's worker did not end in time; left behind"
+                );
+            }
         }
     }
 }
