@@ -218,13 +218,17 @@ fn disk_full() -> StoreError {
 }
 
 /// Runs `run` under `fault`; `late` is the same operation over owned arguments, for a
-/// commit that lands after its caller gave up.
+/// commit that lands after its caller gave up. Over a store that `runs_in_order` (SQLite's
+/// one thread), a late commit takes its place in the store's queue now, as a real job
+/// whose caller gave up does, and lands when the queue gets to it; elsewhere (MySQL) it
+/// starts `after` later, so that the caller's next operations can overtake it.
 async fn under<T, F, L>(
     faults: &Faults,
     op: &'static str,
     fault: Option<Fault>,
     run: F,
     late: Option<L>,
+    in_order: bool,
 ) -> StoreResult<T>
 where
     F: Future<Output = StoreResult<T>>,
@@ -240,10 +244,18 @@ where
         }
         Some(Fault::CommitLate(after)) => {
             if let Some(late) = late {
-                tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    let _ = late.await;
-                });
+                if in_order {
+                    // One poll puts the job in the queue; the rest runs on its own.
+                    let mut late = Box::pin(late);
+                    if futures::poll!(late.as_mut()).is_pending() {
+                        tokio::spawn(late);
+                    }
+                } else {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = late.await;
+                    });
+                }
             }
             Err(HEARD)
         }
@@ -267,7 +279,7 @@ macro_rules! reads {
         $(async fn $name(&self, $($arg: $ty),*) -> StoreResult<$out> {
             let fault = self.faults.draw(stringify!($name), false);
             let none: Option<std::future::Ready<StoreResult<$out>>> = None;
-            under(&self.faults, stringify!($name), fault, self.inner.$name($($arg),*), none).await
+            under(&self.faults, stringify!($name), fault, self.inner.$name($($arg),*), none, false).await
         })*
     };
 }
@@ -290,7 +302,7 @@ macro_rules! writes {
                 }
                 _ => None,
             };
-            under(&self.faults, op, fault, self.inner.$name($($arg),*), late).await
+            under(&self.faults, op, fault, self.inner.$name($($arg),*), late, self.inner.runs_in_order()).await
         })*
     };
 }
@@ -325,6 +337,10 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         self.inner.close().await
     }
 
+    fn runs_in_order(&self) -> bool {
+        self.inner.runs_in_order()
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         // The breaker's probe: refused on a full disk as a write is, else as a read.
         if self.faults.full("ping") {
@@ -332,7 +348,7 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         }
         let fault = self.faults.draw("ping", false);
         let none: Option<std::future::Ready<StoreResult<()>>> = None;
-        under(&self.faults, "ping", fault, self.inner.ping(), none).await
+        under(&self.faults, "ping", fault, self.inner.ping(), none, false).await
     }
 
     writes! {

@@ -39,6 +39,10 @@ macro_rules! fenced {
                 // Letting go is always allowed.
                 self.inner.close().await
             }
+
+            fn runs_in_order(&self) -> bool {
+                self.inner.runs_in_order()
+            }
         }
     };
 }

@@ -305,4 +305,12 @@ pub trait ShardStore: Send + Sync + 'static {
     /// Lets the shard go (its owner lock, when the store takes one); called once, when
     /// the worker stops.
     fn close(&self) -> impl Future<Output = ()> + Send;
+
+    /// True when the store runs its writes one after another in the order they were
+    /// called, a write whose caller gave up included (SQLite's one thread): then an
+    /// operation answered has every earlier one behind it. MySQL's connections run
+    /// statements side by side.
+    fn runs_in_order(&self) -> bool {
+        false
+    }
 }

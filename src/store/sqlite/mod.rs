@@ -590,6 +590,11 @@ impl ShardStore for SqliteStore {
         .await
     }
 
+    fn runs_in_order(&self) -> bool {
+        // Every write is a job on the shard's one thread, in the order it was given.
+        true
+    }
+
     async fn close(&self) {
         let reader = self.reader.lock().expect("reader").take();
         if let Some(reader) = reader {
