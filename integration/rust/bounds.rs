@@ -51,6 +51,7 @@ async fn reads_beyond_the_limit_are_busy_at_once_and_writes_go_on() {
                 assert!(at - t >= Duration::from_millis(1400), "answered early");
             }
             Err(e) => {
+                let e = foqs::error::Error::from(e);
                 assert_eq!(
                     (e.code, e.retryable),
                     (ErrorCode::Unavailable, true),

@@ -165,7 +165,7 @@ async fn with_every_shard_open_enqueue_fails_fast_and_retryably() {
     let metrics = running.metrics_addr.unwrap();
     let (status, body) = tokio::task::block_in_place(|| http_get(metrics, "/readyz"));
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("circuit breaker open"), "{body}");
+    assert!(body.contains("shard 0: breaker_open"), "{body}");
     let (_, scrape) = tokio::task::block_in_place(|| http_get(metrics, "/metrics"));
     assert_eq!(sample(&scrape, "foqs_shard_breaker_open{shard=\"0\"}"), 1.0);
     assert!(sample(&scrape, "foqs_store_errors_total{shard=\"0\"}") >= 3.0);

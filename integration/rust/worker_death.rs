@@ -171,7 +171,7 @@ async fn a_stuck_worker_answers_busy_within_its_bounds() {
     // The queue is full: a third waits for room one store timeout.
     let third = shard.peek(topic.clone(), 1).await;
     let e = third.expect_err("no room in a stuck worker's queue");
-    assert!(e.retryable && e.message.contains("busy"), "{e:?}");
+    assert!(e.retryable() && e.to_string().contains("busy"), "{e:?}");
     assert!(
         t.elapsed() < Duration::from_millis(1000),
         "{:?}",
@@ -182,7 +182,10 @@ async fn a_stuck_worker_answers_busy_within_its_bounds() {
         .await
         .unwrap()
         .expect_err("no answer from a stuck worker");
-    assert!(e.retryable && e.message.contains("did not answer"), "{e:?}");
+    assert!(
+        e.retryable() && e.to_string().contains("did not answer"),
+        "{e:?}"
+    );
     assert!(
         t.elapsed() < Duration::from_millis(2000),
         "{:?}",
@@ -229,13 +232,13 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
         .claim(topic.clone(), keys)
         .await
         .expect_err("the worker died in the claim");
-    assert!(e.retryable, "{e:?}");
+    assert!(e.retryable(), "{e:?}");
     let died = worker.await.expect_err("the worker panicked");
     assert!(died.is_panic());
     // Every reader of the poisoned index and counts answers; calls fail retryably.
     let peeked = shard.peek(topic.clone(), 1).await;
     assert!(
-        peeked.as_ref().map_or_else(|e| e.retryable, |_| true),
+        peeked.as_ref().map_or_else(|e| e.retryable(), |_| true),
         "{peeked:?}"
     );
     let now = foqs::clock::Clock::now_ms(&foqs::clock::SystemClock);
@@ -243,7 +246,7 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
     let _ = shard.ns_counts(now);
     assert_eq!(shard.status().state, foqs::model::ShardState::Stopped);
     let acked = shard.ack(vec![1]).await.expect_err("no worker to ack");
-    assert!(acked.retryable, "{acked:?}");
+    assert!(acked.retryable(), "{acked:?}");
     scenario.teardown();
 }
 

@@ -184,12 +184,12 @@ impl Host {
         };
         match dest {
             Dest::Shard(id) => match self.submit_to_shard(id, items) {
-                Ok(pending) => spread(id, pending.wait().await),
+                Ok(pending) => spread(id, pending.wait().await.map_err(Error::from)),
                 Err(e) => vec![Err(e); n],
             },
             Dest::Peer(addr) => self.forward_enqueue(&addr, items, now).await,
             Dest::AnyLocal => match self.submit_to_some_shard(items) {
-                Ok((id, pending)) => spread(id, pending.wait().await),
+                Ok((id, pending)) => spread(id, pending.wait().await.map_err(Error::from)),
                 // Nothing was written: another host of the tier may take the batch.
                 Err((items, e)) => match self.cluster.spare_peer(forwarded) {
                     Some(addr) => {
@@ -245,7 +245,7 @@ impl Host {
                 "shard {id}, which owns these dedup keys, is unhealthy"
             )));
         }
-        shard.submit_enqueue(items).map_err(|(_, e)| e)
+        shard.submit_enqueue(items).map_err(|(_, e)| Error::from(e))
     }
 
     /// Hands the whole batch to one healthy shard, round-robin, so it is one INSERT.
@@ -275,7 +275,7 @@ impl Host {
                 Ok(pending) => return Ok((shard.id(), pending)),
                 Err((back, e)) => {
                     items = back;
-                    last_err = Some(e);
+                    last_err = Some(Error::from(e));
                 }
             }
         }

@@ -587,7 +587,7 @@ impl Host {
         }
         if got.is_empty() {
             if let Some(e) = last_err {
-                return Err(e);
+                return Err(e.into());
             }
         }
         got.sort_by_key(Item::global_key);

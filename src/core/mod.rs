@@ -14,6 +14,7 @@ mod peers;
 mod prefetch;
 mod routing;
 mod settle;
+mod shard_error;
 mod validate;
 
 pub use access::{Access, AccessRule, Caller, Kind};

@@ -38,7 +38,7 @@ impl Host {
     ) -> Vec<Result<()>>
     where
         F: Fn(ShardHandle, Vec<(u64, T)>) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<Settled>>>,
+        Fut: std::future::Future<Output = crate::shard::Result<Vec<Settled>>>,
     {
         let shards = self.shards();
         let mut results: Vec<Option<Result<()>>> = vec![None; ids.len()];
@@ -77,7 +77,7 @@ impl Host {
             .await;
         let local = join_all(groups.into_iter().map(|(shard, (positions, keys))| {
             let fut = op(shards[&shard].clone(), keys);
-            async move { (positions, fut.await) }
+            async move { (positions, fut.await.map_err(Error::from)) }
         }));
         let forwarded = join_all(elsewhere.into_iter().map(|(addr, positions)| async move {
             let remote = remote.expect("only routed elsewhere with a remote");
@@ -140,7 +140,7 @@ impl Host {
         let lookups = join_all(groups.iter().map(|(id, (_, keys))| {
             let keys: Vec<u64> = keys.iter().map(|(k, _)| *k).collect();
             let shard = shards[id].clone();
-            async move { (*id, shard.lookup(keys).await) }
+            async move { (*id, shard.lookup(keys).await.map_err(Error::from)) }
         }))
         .await;
         for (id, found) in lookups {

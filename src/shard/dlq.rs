@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use super::worker::{storage_error, timed, ShardWorker};
+use super::Result;
 use super::Settled;
-use crate::error::Result;
 use crate::model::{ItemState, ReadyKey, TopicName};
 use crate::store::{Change, ShardStore};
 

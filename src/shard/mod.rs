@@ -7,6 +7,7 @@ mod breaker;
 mod counts;
 mod dlq;
 mod doubt;
+mod error;
 mod exec;
 mod index;
 mod ops;
@@ -27,12 +28,12 @@ pub use index::{ReadyIndex, TopicIndex};
 pub use staged::Staged;
 pub use worker::{ShardWorker, WorkerConfig, READS_BESIDE_MAX};
 
-use crate::error::{Error, Result};
 use crate::model::{
     Item, NewItem, ReadyKey, ShardId, ShardState, ShardStatus, TopicCounts, TopicName,
     TopicSnapshot,
 };
 use crate::store::ItemMeta;
+pub use error::{Result, ShardError};
 
 /// The outcome of one ack or nack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,18 +189,18 @@ impl CallBounds {
     }
 }
 
-fn busy(id: ShardId, waited: std::time::Duration) -> Error {
-    Error::unavailable(format!(
-        "shard {id} is busy: its queue stayed full for {} ms",
-        waited.as_millis()
-    ))
+fn busy(id: ShardId, waited: std::time::Duration) -> ShardError {
+    ShardError::Busy {
+        shard: id,
+        why: format!("its queue stayed full for {} ms", waited.as_millis()),
+    }
 }
 
-fn no_answer(id: ShardId, waited: std::time::Duration) -> Error {
-    Error::unavailable(format!(
-        "shard {id} did not answer within {} ms; the request may still take effect",
-        waited.as_millis()
-    ))
+fn no_answer(id: ShardId, waited: std::time::Duration) -> ShardError {
+    ShardError::NoAnswer {
+        shard: id,
+        waited_ms: waited.as_millis() as u64,
+    }
 }
 
 /// State a worker publishes for cheap reads by the host.
@@ -228,8 +229,8 @@ pub struct ShardHandle {
     bounds: CallBounds,
 }
 
-fn gone(id: ShardId) -> Error {
-    Error::unavailable(format!("shard {id} is shutting down"))
+fn gone(id: ShardId) -> ShardError {
+    ShardError::Gone(id)
 }
 
 impl ShardHandle {
@@ -297,7 +298,7 @@ impl ShardHandle {
     pub fn submit_enqueue(
         &self,
         items: Vec<NewItem>,
-    ) -> std::result::Result<PendingEnqueue, (Vec<NewItem>, Error)> {
+    ) -> std::result::Result<PendingEnqueue, (Vec<NewItem>, ShardError)> {
         let (reply, rx) = oneshot::channel();
         match self.tx.try_send(Command::Enqueue { items, reply }) {
             Ok(()) => Ok(PendingEnqueue {
@@ -307,9 +308,10 @@ impl ShardHandle {
             }),
             Err(e) => {
                 let err = match &e {
-                    mpsc::error::TrySendError::Full(_) => {
-                        Error::unavailable(format!("shard {} is busy", self.id))
-                    }
+                    mpsc::error::TrySendError::Full(_) => ShardError::Busy {
+                        shard: self.id,
+                        why: "its queue is full".into(),
+                    },
                     mpsc::error::TrySendError::Closed(_) => gone(self.id),
                 };
                 let Command::Enqueue { items, .. } = e.into_inner() else {

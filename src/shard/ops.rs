@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering;
 
 use super::exec::{AckPlan, NackFailure, NackOutcome};
 use super::worker::{storage_error, timed, ShardWorker};
+use super::ShardError;
 use super::{Command, Enqueued, NackOp, Reply, Settled, TouchOp};
-use crate::error::Error;
 use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
 use crate::store::{ItemMeta, ShardStore, StoreResult};
 
@@ -42,7 +42,7 @@ pub(super) struct ClaimPlan {
     parts: Vec<(TopicName, Vec<u64>, Reply<Vec<Item>>)>,
 }
 
-fn fail_all<T, U>(requests: Vec<(T, Reply<U>)>, err: &Error) {
+fn fail_all<T, U>(requests: Vec<(T, Reply<U>)>, err: &ShardError) {
     for (_, reply) in requests {
         let _ = reply.send(Err(err.clone()));
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::error::Error;
+use super::ShardError;
 use crate::model::ShardId;
 use crate::store::{StoreError, StoreResult};
 
@@ -24,41 +24,33 @@ pub(super) async fn timed<T>(
     (r, started.elapsed().as_millis() as u64)
 }
 
-/// A storage failure as the shard's callers see it: retryable `UNAVAILABLE`, except data
-/// or a schema this build cannot use, which no retry fixes: `INTERNAL`, logged.
-pub(super) fn storage_error(id: ShardId, e: &StoreError) -> Error {
-    match e {
-        StoreError::Corrupt(_) | StoreError::Schema(_) => {
-            tracing::error!(shard = id, error = %e, "storage holds what this build cannot use");
-            Error::new(
-                crate::error::ErrorCode::Internal,
-                format!("shard {id}: {e}"),
-            )
-        }
-        _ => Error::unavailable(format!("shard {id}: storage error: {e}")),
+/// A storage failure as the shard's callers see it (retryable, except data or a schema
+/// this build cannot use: those are logged here, once).
+pub(super) fn storage_error(id: ShardId, e: &StoreError) -> ShardError {
+    if matches!(e, StoreError::Corrupt(_) | StoreError::Schema(_)) {
+        tracing::error!(shard = id, error = %e, "storage holds what this build cannot use");
+    }
+    ShardError::Storage {
+        shard: id,
+        error: e.clone(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorCode;
 
     #[test]
-    fn only_storage_that_no_retry_can_fix_is_internal() {
+    fn only_storage_that_no_retry_can_fix_is_final() {
         let corrupt = storage_error(3, &StoreError::Corrupt("unknown state 9".into()));
-        assert_eq!(
-            (corrupt.code, corrupt.retryable),
-            (ErrorCode::Internal, false)
-        );
-        assert!(corrupt.message.contains("shard 3"));
+        assert!(!corrupt.retryable());
+        assert!(corrupt.to_string().contains("shard 3"));
         for e in [
             StoreError::Transient("connection reset".into()),
             StoreError::Timeout(5000),
             StoreError::Fenced,
         ] {
-            let e = storage_error(3, &e);
-            assert_eq!((e.code, e.retryable), (ErrorCode::Unavailable, true));
+            assert!(storage_error(3, &e).retryable(), "{e}");
         }
     }
 }

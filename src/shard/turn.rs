@@ -10,8 +10,8 @@ use tokio::sync::oneshot;
 
 use super::exec::{self, nack_exec};
 use super::worker::{storage_error, timed, ShardWorker, READS_BESIDE_MAX};
+use super::ShardError;
 use super::{Command, Reply};
-use crate::error::Error;
 use crate::store::{ShardStore, StoreError, StoreResult};
 
 impl<S: ShardStore> ShardWorker<S> {
@@ -282,10 +282,10 @@ impl<S: ShardStore> ShardWorker<S> {
         Fut: std::future::Future<Output = StoreResult<T>> + Send + 'static,
     {
         let Ok(permit) = self.reads.clone().try_acquire_owned() else {
-            let _ = reply.send(Err(Error::unavailable(format!(
-                "shard {} is busy: {READS_BESIDE_MAX} reads are running; retry",
-                self.id
-            ))));
+            let _ = reply.send(Err(ShardError::Busy {
+                shard: self.id,
+                why: format!("{READS_BESIDE_MAX} reads are running"),
+            }));
             return;
         };
         let store = self.store.clone();

@@ -25,10 +25,10 @@ use tokio::task::JoinHandle;
 
 use super::doubt::Doubts;
 pub(super) use super::store_call::{storage_error, timed};
+use super::Result;
 use super::{Breaker, Command, NsCounts, ReadyIndex, ShardHandle, ShardShared};
 use crate::clock::SharedClock;
 use crate::config::EngineConfig;
-use crate::error::Result;
 use crate::metrics::{ItemEvent, Metrics, ShardLabel};
 use crate::model::{ItemState, ReadyKey, ShardId, TopicName, Totals};
 use crate::store::{ShardStore, StoreError, StoreResult};

@@ -30,7 +30,7 @@ use crate::model::{
 /// What went wrong, in the terms the shard needs to decide (no backend's own types): a
 /// transient failure, a timeout or a fence are worth retrying elsewhere or later; corrupt
 /// data or a schema this build cannot use are not, and become `INTERNAL`.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The storage could not be reached, or refused for now (connection lost, deadlock,
     /// server shutting down): retrying may help.
