@@ -71,7 +71,7 @@ impl<S: ShardStore> ShardWorker<S> {
         // would never look again. The scan goes back over that stretch (re-reading rows it
         // already handled changes nothing: each is handled by its state as it is now).
         if let Some(ms) = earliest {
-            let back = ms - self.cfg.store_timeout_ms as i64 - 1000;
+            let back = rewind_point(ms, self.cfg.store_timeout_ms);
             if back < self.cursor.0 {
                 self.cursor = (back, 0);
             }
@@ -315,7 +315,13 @@ impl<S: ShardStore> ShardWorker<S> {
             }
         }
         let (ms, key) = self.cursor;
-        let cp = if key == u64::MAX { ms } else { ms - 1 };
+        let mut cp = if key == u64::MAX { ms } else { ms - 1 };
+        // Not past a write still in doubt: a late commit may yet set timers from a store
+        // timeout (and a second) before its failure on, and the next worker of this shard
+        // (after a death, or a restart) starts its scan at the checkpoint.
+        if let Some(earliest) = self.doubts().earliest_ms() {
+            cp = cp.min(rewind_point(earliest, self.cfg.store_timeout_ms));
+        }
         if cp == self.saved {
             self.last_checkpoint_ms = now;
             return;
@@ -327,4 +333,11 @@ impl<S: ShardStore> ShardWorker<S> {
             self.last_checkpoint_ms = now;
         }
     }
+}
+
+/// How far back the scan must read again for a write that failed with an unknown outcome
+/// at `failed_ms`: its statement ran with its turn's clock, at most a store timeout
+/// before, and a second more for the clocks of the statement's way.
+fn rewind_point(failed_ms: i64, store_timeout_ms: u64) -> i64 {
+    failed_ms - store_timeout_ms as i64 - 1000
 }

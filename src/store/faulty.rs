@@ -205,6 +205,9 @@ impl<S: ShardStore> Faulty<S> {
     }
 }
 
+/// How long a late commit over MySQL may take once it starts (see `under`).
+const LATE_RUN_MAX: Duration = Duration::from_millis(200);
+
 /// The timeout a caller hears when the store "did not answer": its length is not known
 /// here (the worker's own timeout is what ends a real wait).
 const HEARD: StoreError = StoreError::Timeout(0);
@@ -251,10 +254,15 @@ where
                         tokio::spawn(late);
                     }
                 } else {
-                    tokio::spawn(async move {
+                    // A statement the server runs on after its client gave up is bounded
+                    // (MariaDB's max_statement_time, which the MySQL store sets): one that
+                    // cannot start and finish in time here (a busy pool, a starved
+                    // runtime) is dropped, as the server would kill it, rather than land
+                    // later than any real one could.
+                    tokio::spawn(tokio::time::timeout(after + LATE_RUN_MAX, async move {
                         tokio::time::sleep(after).await;
                         let _ = late.await;
-                    });
+                    }));
                 }
             }
             Err(HEARD)
