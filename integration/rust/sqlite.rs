@@ -74,7 +74,9 @@ async fn a_burst_of_reads_does_not_delay_a_commit() {
         assert_eq!(r.await.unwrap().unwrap()[0].ready, 15_000);
     }
     let all_reads = t.elapsed();
-    eprintln!("one read {one_read:?}; a commit behind 24 reads {commit:?}; all reads {all_reads:?}");
+    eprintln!(
+        "one read {one_read:?}; a commit behind 24 reads {commit:?}; all reads {all_reads:?}"
+    );
     // Inside the writer's transaction the insert waited for every read queued before it
     // (seen before the reader: commit ≈ all the reads); beside it, for none.
     assert!(

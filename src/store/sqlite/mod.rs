@@ -87,13 +87,7 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
-        let thread = self
-            .thread
-            .lock()
-            .expect("thread")
-            .clone()
-            .ok_or_else(|| StoreError::Transient("the shard is not open".into()))?;
-        thread.call(f).await
+        opened(&self.thread)?.call(f).await
     }
 
     /// Makes the file as good as full (`full`: no page may be added to it, as on a disk
@@ -119,14 +113,16 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
-        let reader = self
-            .reader
-            .lock()
-            .expect("reader")
-            .clone()
-            .ok_or_else(|| StoreError::Transient("the shard is not open".into()))?;
-        reader.call(f).await
+        opened(&self.reader)?.call(f).await
     }
+}
+
+/// What a slot holds while the shard is open (the writer's thread, the reader).
+fn opened<T>(slot: &Mutex<Option<Arc<T>>>) -> StoreResult<Arc<T>> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+        .ok_or_else(|| StoreError::Transient("the shard is not open".into()))
 }
 
 impl ShardStore for SqliteStore {
