@@ -453,6 +453,7 @@ async fn start_planned(
         access: Access::new(cfg.access.clone()),
         metrics: metrics.clone(),
         dlq_call_bound: Duration::from_millis(cfg.engine.dlq_call_ms_max),
+        dlq_routed_bound: Duration::from_millis(c.peer_timeout_ms / 2),
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened

@@ -65,6 +65,8 @@ pub struct HostParts {
     pub metrics: Arc<Metrics>,
     /// How long one `dlqRequeueAll` or `dlqPurge` works before it answers `more`.
     pub dlq_call_bound: std::time::Duration,
+    /// The same for one that a peer routed here: half the peers' call timeout.
+    pub dlq_routed_bound: std::time::Duration,
 }
 
 pub struct Host {
@@ -86,6 +88,7 @@ pub struct Host {
     pub(super) access: Access,
     metrics: Arc<Metrics>,
     pub(super) dlq_call_bound: std::time::Duration,
+    pub(super) dlq_routed_bound: std::time::Duration,
 }
 
 impl Host {
@@ -106,6 +109,7 @@ impl Host {
             access: p.access,
             metrics: p.metrics,
             dlq_call_bound: p.dlq_call_bound,
+            dlq_routed_bound: p.dlq_routed_bound,
         }
     }
 
@@ -137,6 +141,7 @@ impl Host {
             access: Access::default(),
             metrics: Arc::new(Metrics::new()),
             dlq_call_bound: std::time::Duration::from_secs(5),
+            dlq_routed_bound: std::time::Duration::from_secs(1),
         });
         host.stop_waiting();
         host
@@ -607,43 +612,39 @@ impl Host {
         self.shards().values().map(|s| s.status()).collect()
     }
 
-    /// Flushes every shard's buffers, saves checkpoints and stops the workers, within
-    /// `within`: a shard whose storage hangs is left behind (logged) rather than holding
-    /// the stop for ever. Nothing confirmed is lost by that: a confirmed write is
-    /// committed, and what was staged or leased comes back when its lease ends. Call after
-    /// the server has stopped taking requests.
+    /// Flushes every shard's buffers, saves checkpoints and stops the workers, each shard
+    /// on its own within `within`: a shard whose storage hangs is left behind (logged)
+    /// rather than holding the stop for ever, or the other shards' time. What that costs:
+    /// a confirmed write is committed; its staged items were not given back, so they come
+    /// back as after a crash, when their leases end (an at-least-once item counted as an
+    /// attempt, an at-most-once one deleted as delivered). Call after the server has
+    /// stopped taking requests.
     pub async fn shutdown(&self, within: std::time::Duration) {
         let deadline = tokio::time::Instant::now() + within;
-        // Staged items go back before the workers stop, so none waits for its lease.
         let shards = self.shards();
-        let shards = &shards;
-        let mut by_shard: HashMap<ShardId, Vec<Item>> = HashMap::new();
+        let mut staged: HashMap<ShardId, Vec<Item>> = HashMap::new();
         for i in self.prefetch.drain() {
-            by_shard.entry(i.id.shard).or_default().push(i);
+            staged.entry(i.id.shard).or_default().push(i);
         }
-        let released = join_all(by_shard.into_iter().map(|(id, items)| async move {
-            let Some(shard) = shards.get(&id) else { return };
-            if let Err(e) = shard.release(items).await {
-                tracing::warn!(shard = id, error = %e, "releasing staged items at shutdown failed");
+        // Each shard gives its staged items back (so none waits for its lease), then
+        // stops; one that hangs uses up only its own time.
+        join_all(shards.iter().map(|(&id, shard)| {
+            let items = staged.remove(&id).unwrap_or_default();
+            async move {
+                let stop = async {
+                    if !items.is_empty() {
+                        if let Err(e) = shard.release(items).await {
+                            tracing::warn!(shard = id, error = %e, "releasing staged items at shutdown failed");
+                        }
+                    }
+                    shard.shutdown().await;
+                };
+                if tokio::time::timeout_at(deadline, stop).await.is_err() {
+                    tracing::warn!(shard = id, "the shard's worker did not stop in time; left behind");
+                }
             }
-        }));
-        if tokio::time::timeout_at(deadline, released).await.is_err() {
-            tracing::warn!(
-                "releasing staged items at shutdown did not finish in time; their leases will end"
-            );
-        }
-        let stopped = join_all(shards.iter().map(|(id, s)| async move {
-            if tokio::time::timeout_at(deadline, s.shutdown())
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    shard = id,
-                    "the shard's worker did not stop in time; left behind"
-                );
-            }
-        }));
-        stopped.await;
+        }))
+        .await;
         let workers = std::mem::take(&mut *self.workers.lock().expect("not poisoned"));
         for (id, w) in workers {
             if tokio::time::timeout_at(deadline, w).await.is_err() {

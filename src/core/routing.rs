@@ -352,6 +352,17 @@ impl Host {
         Ok((all, next))
     }
 
+    /// How long one dead-letter bulk call works here: a call a peer routed here
+    /// (`local_only`) must answer within that peer's `cluster.peer_timeout_ms`, so it
+    /// gets at most half of it.
+    fn dlq_bound(&self, local_only: bool) -> std::time::Duration {
+        if local_only {
+            self.dlq_call_bound.min(self.dlq_routed_bound)
+        } else {
+            self.dlq_call_bound
+        }
+    }
+
     /// Makes up to `max` (default: all) of a topic's dead items ready again, over the
     /// tier, within the host's time bound for a call (each peer within its own); returns
     /// how many, and whether some are left (`more`: call again).
@@ -365,7 +376,7 @@ impl Host {
     ) -> Result<Progress> {
         self.allow(caller, ns, Kind::Admin)?;
         self.every_shard_owned(ns, local_only)?;
-        let until = Instant::now() + self.dlq_call_bound;
+        let until = Instant::now() + self.dlq_bound(local_only);
         let mut done = self.local_dlq_requeue_all(ns, topic, max, until).await?;
         let name = self.topic_name(ns, topic)?;
         for (id, addr) in self.tier_peers_of(ns, local_only) {
@@ -398,17 +409,19 @@ impl Host {
     ) -> Result<Progress> {
         self.allow(caller, ns, Kind::Admin)?;
         self.every_shard_owned(ns, local_only)?;
-        // The peers purge at the same time, each within its own bound.
-        let until = Instant::now() + self.dlq_call_bound;
-        let mut done = self.local_dlq_purge(ns, topic, until).await?;
+        // The peers purge at the same time as this host, each within its own bound.
+        let until = Instant::now() + self.dlq_bound(local_only);
         let name = self.topic_name(ns, topic)?;
         let peers = self.tier_peers_of(ns, local_only);
-        let answers = join_all(
-            peers
-                .iter()
-                .map(|(_, addr)| self.cluster.peers.dlq_purge(addr, &name)),
-        )
-        .await;
+        let (local, answers) = futures::join!(
+            self.local_dlq_purge(ns, topic, until),
+            join_all(
+                peers
+                    .iter()
+                    .map(|(_, addr)| self.cluster.peers.dlq_purge(addr, &name)),
+            )
+        );
+        let mut done = local?;
         for ((id, _), r) in peers.iter().zip(answers) {
             done.add(r.map_err(|e| incomplete(id, "purge its dead letters", &e))?);
         }

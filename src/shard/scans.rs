@@ -94,16 +94,15 @@ impl<S: ShardStore> ShardWorker<S> {
         let t = self.timeout();
         let fresh = match &topic {
             None => {
-                let (r, took) = timed(t, store.state_counts(None)).await;
-                self.record(&r, took);
+                // Reads (on SQLite, on the reader): not the breaker's business.
+                let (r, _) = timed(t, store.state_counts(None)).await;
                 r.map(|rows| vec![(None, rows)])
             }
             Some(ts) => {
                 let mut all = Vec::with_capacity(ts.len());
                 let mut failed = None;
                 for name in ts {
-                    let (r, took) = timed(t, store.state_counts(Some(name))).await;
-                    self.record(&r, took);
+                    let (r, _) = timed(t, store.state_counts(Some(name))).await;
                     match r {
                         Ok(rows) => all.push((Some(name.clone()), rows)),
                         Err(e) => {

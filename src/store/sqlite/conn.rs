@@ -205,6 +205,11 @@ impl ShardThread {
     }
 }
 
+thread_local! {
+    /// Set on the shard's thread by a job that had to abort its group (see `in_savepoint`).
+    static GROUP_ABORTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// A connection to the shard's file as the writer uses it: WAL, a synced commit.
 fn connect(path: &Path) -> StoreResult<Connection> {
     let conn = Connection::open(path).map_err(store_error)?;
@@ -273,6 +278,9 @@ fn in_savepoint<T>(
     // writes are undone is unknown: undo the whole group (the thread sees the transaction
     // gone and fails every job of it), so nothing of a failed job is committed.
     let abort_group = || {
+        // The group must not commit now, whatever the ROLLBACK does: a failed one leaves
+        // the transaction open with this job's partial writes in it.
+        GROUP_ABORTED.with(|a| a.set(true));
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -326,12 +334,15 @@ fn run(mut conn: Connection, path: &Path, rx: mpsc::Receiver<Job>) {
                 skipped += 1;
                 continue;
             }
+            GROUP_ABORTED.with(|a| a.set(false));
             dones.push(job(Some(&conn)));
             // SQLite rolls the whole transaction back by itself on some errors (a full
             // disk, an I/O error): then the jobs before this one are undone, and the ones
             // after it would each commit on their own. Run none of them; fail them all.
-            lost = conn.is_autocommit();
+            // (So too when a job had to abort the group itself.)
+            lost = conn.is_autocommit() || GROUP_ABORTED.with(|a| a.get());
         }
+        GROUP_ABORTED.with(|a| a.set(false));
         let commit = if lost {
             Err("the transaction was rolled back by SQLite (I/O error or full disk)".to_string())
         } else {

@@ -6,8 +6,9 @@
 //! and `timer` indexes, `dedup`, `foqs_meta`), and the writes are the same statements
 //! (`store::sql`); only reads with dialect-specific SQL are written here. Every write,
 //! and every read the worker orders after its writes, runs on the shard's own thread
-//! (`conn.rs`); the reads beside the worker (listings, counts, snapshots) run on a
-//! read-only connection of their own (`reader.rs`), outside the writer's transaction.
+//! (`conn.rs`); the reads beside the worker (counts, snapshots, peeks) run on a read-only
+//! connection of their own (`reader.rs`), outside the writer's transaction. (Dead-item
+//! listings stay on the writer: requeuing them reads them in the worker's order.)
 
 mod conn;
 mod reader;
@@ -117,6 +118,21 @@ impl SqliteStore {
     }
 }
 
+/// Writes `PROBE_BYTES` to `scratch`, syncs and removes it: fails when the disk has no
+/// room for them (a write or the fsync says `ENOSPC`).
+fn room_on_disk(scratch: &Path) -> StoreResult<()> {
+    use std::io::Write;
+    let fail = |e: std::io::Error| {
+        let _ = std::fs::remove_file(scratch);
+        StoreError::Transient(format!("no room on the disk ({}): {e}", scratch.display()))
+    };
+    let mut f = std::fs::File::create(scratch).map_err(fail)?;
+    f.write_all(&[0u8; PROBE_BYTES]).map_err(fail)?;
+    f.sync_all().map_err(fail)?;
+    drop(f);
+    std::fs::remove_file(scratch).map_err(fail)
+}
+
 /// What a slot holds while the shard is open (the writer's thread, the reader).
 fn opened<T>(slot: &Mutex<Option<Arc<T>>>) -> StoreResult<Arc<T>> {
     slot.lock()
@@ -137,8 +153,16 @@ impl ShardStore for SqliteStore {
         *self.thread.lock().expect("thread") = Some(Arc::new(thread));
         let reader = tokio::task::spawn_blocking(move || ReadThread::open(shard, &real))
             .await
-            .map_err(|e| StoreError::Transient(format!("opening the shard's reader: {e}")))??;
-        *self.reader.lock().expect("reader") = Some(Arc::new(reader));
+            .map_err(|e| StoreError::Transient(format!("opening the shard's reader: {e}")))
+            .and_then(|r| r);
+        match reader {
+            Ok(reader) => *self.reader.lock().expect("reader") = Some(Arc::new(reader)),
+            Err(e) => {
+                // Not half open: the writer lets go of the file (and its owner lock).
+                self.close().await;
+                return Err(e);
+            }
+        }
         let (topics, recovered) = self
             .call(|conn| {
                 let mut st = conn
@@ -267,7 +291,7 @@ impl ShardStore for SqliteStore {
             text::after_ready(after)
         );
         let rows = self.rows();
-        self.read(move |conn| {
+        self.call(move |conn| {
             let mut st = conn.prepare(&sql).map_err(store_error)?;
             let out = st
                 .query_map([], |r| {
@@ -570,9 +594,13 @@ impl ShardStore for SqliteStore {
     async fn ping(&self) -> StoreResult<()> {
         // On the writer's thread, behind every write given to it before (the settling of
         // doubts counts on that). `SELECT 1` passes on a full disk; this asks for what a
-        // write needs: a committed change (a WAL append, which fails when the log cannot
-        // grow), and room in the file for about a batch, allocated and given back.
-        self.call(|conn| {
+        // write needs: room on the disk for about a batch (a scratch file beside the
+        // database, written, synced and removed: a page cache cannot hide a full disk
+        // from an fsync), room in the file (allocated and given back: `max_page_count`),
+        // and a committed change.
+        let scratch = PathBuf::from(format!("{}.probe", opened(&self.thread)?.path().display()));
+        self.call(move |conn| {
+            room_on_disk(&scratch)?;
             conn.execute_batch(&format!(
                 "INSERT INTO foqs_meta (name, value) VALUES ('probe_count', 1)
                    ON CONFLICT (name) DO UPDATE SET value = value + 1;

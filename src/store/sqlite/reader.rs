@@ -1,8 +1,7 @@
 //! The SQLite shard's reads beside its writer: a read-only connection on a thread of its
 //! own. WAL lets it read the last commit while the writer's group transaction is open, so
-//! a burst of `getActiveTopics`, `topicStats` or dead-letter listings (GROUP BYs over a
-//! topic's rows) no longer runs inside the writer's `BEGIN IMMEDIATE` and delays its
-//! commits. Only reads that need no order with the worker's writes come here (see
+//! a burst of `getActiveTopics` or `topicStats` (GROUP BYs over a topic's rows) no longer
+//! runs inside the writer's `BEGIN IMMEDIATE` and delays its commits. Only reads that need no order with the worker's writes come here (see
 //! `SqliteStore`); a read the worker sequences after its own writes stays on the writer's
 //! thread, behind them.
 //!
