@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::doubt::Settled;
-use super::worker::{timed, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
+use super::worker::{settle_window, timed, ShardWorker, WorkerConfig, SCAN_STEPS_PER_TICK_MAX};
 use crate::model::{ItemState, Policy, TopicName, Totals};
 use crate::store::{next_event, Change, ShardStore, StoreError};
 
@@ -71,7 +71,7 @@ impl<S: ShardStore> ShardWorker<S> {
         // would never look again. The scan goes back over that stretch (re-reading rows it
         // already handled changes nothing: each is handled by its state as it is now).
         if let Some(ms) = earliest {
-            let back = rewind_point(ms, self.cfg.store_timeout_ms);
+            let back = rewind_point(ms, &self.cfg);
             if back < self.cursor.0 {
                 self.cursor = (back, 0);
             }
@@ -319,7 +319,7 @@ impl<S: ShardStore> ShardWorker<S> {
         // timeout (and a second) before its failure on, and the next worker of this shard
         // (after a death, or a restart) starts its scan at the checkpoint.
         if let Some(earliest) = self.doubts().earliest_ms() {
-            cp = cp.min(rewind_point(earliest, self.cfg.store_timeout_ms));
+            cp = cp.min(rewind_point(earliest, &self.cfg));
         }
         if cp == self.saved {
             self.last_checkpoint_ms = now;
@@ -335,8 +335,8 @@ impl<S: ShardStore> ShardWorker<S> {
 }
 
 /// How far back the scan must read again for a write that failed with an unknown outcome
-/// at `failed_ms`: its statement ran with its turn's clock, at most a store timeout
-/// before, and a second more for the clocks of the statement's way.
-fn rewind_point(failed_ms: i64, store_timeout_ms: u64) -> i64 {
-    failed_ms - store_timeout_ms as i64 - 1000
+/// at `failed_ms`: one settle window (its statement ran with its turn's clock, at most a
+/// store timeout before, and a second more for the clocks of the statement's way).
+fn rewind_point(failed_ms: i64, cfg: &WorkerConfig) -> i64 {
+    failed_ms - settle_window(cfg).as_millis() as i64
 }

@@ -225,7 +225,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 if unseen.is_some() {
                     // Once settled, the scan goes back to where this worker began (the
                     // checkpoint), over every timer a late write could have set.
-                    let from = cp.saturating_add(cfg.store_timeout_ms as i64 + 1000);
+                    let from = cp.saturating_add(settle_window(&cfg).as_millis() as i64);
                     d.everything(std::time::Instant::now(), from.min(now));
                 }
                 d
