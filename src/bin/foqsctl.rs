@@ -609,22 +609,15 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 cli.json,
             ),
             DlqCmd::RequeueAll { ns, topic, max } => {
-                // Each call works within the server's bound; `more`: call again.
-                let mut n = 0i64;
-                loop {
-                    let r = c
-                        .dlq_requeue_all(DlqRequeueAllRequest {
-                            ns: Some(ns.clone()),
-                            topic: Some(topic.clone()),
-                            max: max.map(|m| m - n),
-                            local_only: None,
-                        })
-                        .map_err(e)?;
-                    n += r.count.unwrap_or(0);
-                    if !r.more.unwrap_or(false) || max.is_some_and(|m| n >= m) {
-                        break;
-                    }
-                }
+                let n = until_done(*max, |left| {
+                    c.dlq_requeue_all(DlqRequeueAllRequest {
+                        ns: Some(ns.clone()),
+                        topic: Some(topic.clone()),
+                        max: left,
+                        local_only: None,
+                    })
+                })
+                .map_err(e)?;
                 out(&if cli.json {
                     json!({"requeued": n}).to_string()
                 } else {
@@ -633,20 +626,14 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 Ok(Outcome::Done)
             }
             DlqCmd::Purge { ns, topic } => {
-                let mut n = 0i64;
-                loop {
-                    let r = c
-                        .dlq_purge(DlqPurgeRequest {
-                            ns: Some(ns.clone()),
-                            topic: Some(topic.clone()),
-                            local_only: None,
-                        })
-                        .map_err(e)?;
-                    n += r.count.unwrap_or(0);
-                    if !r.more.unwrap_or(false) {
-                        break;
-                    }
-                }
+                let n = until_done(None, |_| {
+                    c.dlq_purge(DlqPurgeRequest {
+                        ns: Some(ns.clone()),
+                        topic: Some(topic.clone()),
+                        local_only: None,
+                    })
+                })
+                .map_err(e)?;
                 out(&if cli.json {
                     json!({"purged": n}).to_string()
                 } else {
@@ -713,6 +700,23 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 }
             }
             Ok(Outcome::Done)
+        }
+    }
+}
+
+/// Calls a bulk dead-letter call until it says it is done (each call works within the
+/// server's bound and answers `more` when some are left), or until `max` are counted;
+/// `call` gets how many are still wanted. Returns the total.
+fn until_done<E>(
+    max: Option<i64>,
+    mut call: impl FnMut(Option<i64>) -> Result<DlqCountResponse, E>,
+) -> Result<i64, E> {
+    let mut n = 0i64;
+    loop {
+        let r = call(max.map(|m| m - n))?;
+        n += r.count.unwrap_or(0);
+        if !r.more.unwrap_or(false) || max.is_some_and(|m| n >= m) {
+            return Ok(n);
         }
     }
 }
