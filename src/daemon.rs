@@ -16,13 +16,13 @@ use tokio::task::JoinHandle;
 use crate::clock::SharedClock;
 use crate::cluster::config::tier_shards;
 use crate::cluster::{
-    ClusterView, EtcdBudget, EtcdManager, ManagerKind, Member, ShardManager, StaticManager,
+    ClusterView, EtcdBudget, EtcdManager, ManagerKind, Member, Report, ShardManager, StaticManager,
 };
 use crate::config::{Config, Namespaces, ShardConfig};
 use crate::core::{Access, ClusterSettings, Host, HostParts, PrefetchConfig};
 use crate::fence::Fence;
 use crate::metrics::Metrics;
-use crate::model::ShardId;
+use crate::model::{PrimaryRecord, PrimaryState, ShardId};
 use crate::quota::{LocalBudget, QuotaBudget};
 use crate::rpc::PeerClient;
 use crate::server::{serve, serve_http, ServerLimits};
@@ -99,6 +99,17 @@ struct ShardOpener {
     faults: FaultPlan,
     /// Each shard's recent worker deaths, for the backoff before a reopen.
     deaths: Arc<std::sync::Mutex<HashMap<ShardId, Deaths>>>,
+    /// Replicated shards: the generation each served shard was opened with, and the
+    /// shards this host owns but does not serve (paused for a switch, or failing to open).
+    replicated: Arc<std::sync::Mutex<Replicated>>,
+}
+
+#[derive(Default)]
+struct Replicated {
+    generation: HashMap<ShardId, u64>,
+    unserved: BTreeSet<ShardId>,
+    /// (shard, generation) pauses already reported.
+    paused: BTreeSet<(ShardId, u64)>,
 }
 
 /// A shard's worker deaths in a row (each within [`DEATHS_FORGOTTEN`] of the last): the
@@ -143,12 +154,18 @@ pub type FaultPlan = BTreeMap<ShardId, crate::store::faulty::Faults>;
 type FaultPlan = ();
 
 impl ShardOpener {
+    /// The shard has replicas: it is served only on the primary etcd names.
+    fn replicas_of(&self, id: ShardId) -> bool {
+        self.shards.get(&id).is_some_and(|s| !s.replicas.is_empty())
+    }
+
     /// `unseen`: leases a previous worker of the shard here left with nobody (see
     /// `Host::remove_shard`), known to the new worker before it runs.
     async fn open(
         &self,
         id: ShardId,
         unseen: Option<Vec<(u64, i64)>>,
+        primary: Option<&PrimaryRecord>,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
         let err = |source| StartError::Shard { shard: id, source };
         let s = self.shards.get(&id).ok_or_else(|| {
@@ -162,7 +179,12 @@ impl ShardOpener {
             tracing::info!(shard = s.id, file = %path.display(), "opening shard");
             return self.start(id, SqliteStore::new(s.id, path), unseen).await;
         }
-        let mut store = MySqlStore::new(s.id, &s.url, s.pool_connections_max)
+        // A replicated shard is opened on the primary etcd names, never on another.
+        let url = match primary {
+            Some(p) => crate::replication::url_on(&s.url, &p.addr),
+            None => s.url.clone(),
+        };
+        let mut store = MySqlStore::new(s.id, &url, s.pool_connections_max)
             .map_err(err)?
             .with_statement_timeout(self.store_timeout_ms);
         if let Some(lost) = &self.lost {
@@ -174,7 +196,7 @@ impl ShardOpener {
                 self.store_timeout_ms,
             );
         }
-        tracing::info!(shard = s.id, database = store.database(), "opening shard");
+        tracing::info!(shard = s.id, database = store.database(), server = %crate::replication::server_addr(&url).unwrap_or_default(), generation = primary.map(|p| p.generation), "opening shard");
         self.start(id, store, unseen).await
     }
 
@@ -254,23 +276,95 @@ async fn follow_view(
     view: Arc<ClusterView>,
 ) -> Vec<(ShardId, StartError)> {
     host.set_view(view.clone());
-    let mine: BTreeSet<ShardId> = view.shards_of(host.host_id()).into_iter().collect();
+    let owned: BTreeSet<ShardId> = view.shards_of(host.host_id()).into_iter().collect();
+    let replicated = |s: &ShardId| opener.replicas_of(*s);
+    // A replicated shard is served only while its primary is serving, and only on the
+    // generation it was opened with: a switch stops it (and reopens it on the new primary).
+    let serving = |s: &ShardId| match view.primaries.get(s) {
+        Some(p) => p.state == PrimaryState::Serving,
+        None => !replicated(s),
+    };
+    let mine: BTreeSet<ShardId> = owned.iter().copied().filter(serving).collect();
     let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
-    join_all(served.difference(&mine).map(|&s| async move {
+    let stale: BTreeSet<ShardId> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        served
+            .iter()
+            .copied()
+            .filter(|s| {
+                view.primaries
+                    .get(s)
+                    .is_some_and(|p| r.generation.get(s) != Some(&p.generation))
+            })
+            .collect()
+    };
+    let stop: BTreeSet<ShardId> = served.difference(&mine).chain(&stale).copied().collect();
+    join_all(stop.iter().map(|&s| async move {
         host.remove_shard(s).await;
-        manager.released(s);
+        opener
+            .replicated
+            .lock()
+            .expect("not poisoned")
+            .generation
+            .remove(&s);
     }))
     .await;
-    let opened = join_all(
-        mine.difference(&served)
-            .map(|&s| async move { (s, opener.open(s, host.unseen_leases(s)).await) }),
-    )
+    {
+        // Shards this host let go of: released to their next owner (whether it served
+        // them until now or held them unserved); shards it keeps unserved are remembered.
+        let mut r = opener.replicated.lock().expect("not poisoned");
+        let unserved: Vec<ShardId> = stop.iter().chain(&r.unserved).copied().collect();
+        r.unserved.clear();
+        for s in unserved {
+            if owned.contains(&s) {
+                r.unserved.insert(s);
+            } else {
+                manager.released(s);
+            }
+        }
+        // Paused for a switch: say so, once per generation.
+        for s in &owned {
+            if let Some(p) = view.primaries.get(s) {
+                if p.state == PrimaryState::Paused && r.paused.insert((*s, p.generation)) {
+                    r.unserved.insert(*s);
+                    manager.report(*s, p.generation, Report::Paused);
+                }
+            }
+        }
+    }
+    let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
+    let opened = join_all(mine.difference(&served).map(|&s| {
+        let primary = view.primaries.get(&s);
+        async move {
+            (
+                s,
+                primary,
+                opener.open(s, host.unseen_leases(s), primary).await,
+            )
+        }
+    }))
     .await;
     let mut failed = Vec::new();
-    for (s, r) in opened {
+    for (s, primary, r) in opened {
         match r {
-            Ok((handle, worker)) => host.add_shard(handle, worker),
-            Err(e) => failed.push((s, e)),
+            Ok((handle, worker)) => {
+                host.add_shard(handle, worker);
+                let mut rep = opener.replicated.lock().expect("not poisoned");
+                rep.unserved.remove(&s);
+                if let Some(p) = primary {
+                    rep.generation.insert(s, p.generation);
+                    manager.report(s, p.generation, Report::Served);
+                }
+            }
+            Err(e) => {
+                opener
+                    .replicated
+                    .lock()
+                    .expect("not poisoned")
+                    .unserved
+                    .insert(s);
+                failed.push((s, e));
+            }
         }
     }
     failed
@@ -372,6 +466,8 @@ async fn start_planned(
     let advertise = c.advertise.clone().unwrap_or_else(|| addr.to_string());
     let shard_ids: Vec<ShardId> = cfg.shards.iter().map(|s| s.id).collect();
     let tier_shards = tier_shards(&cfg.tiers, &shard_ids);
+    let layout = crate::replication::Layout::from_config(cfg);
+    let mut etcd_client = None;
     let (manager, budget): (Arc<dyn ShardManager>, Arc<dyn QuotaBudget>) = match c.manager {
         ManagerKind::Single => (
             Arc::new(StaticManager::single(
@@ -391,7 +487,23 @@ async fn start_planned(
                 host_id: host_id.clone(),
                 addr: advertise.clone(),
                 tier: c.tier.clone(),
+                region: c.region.clone(),
                 tier_shards: tier_shards.get(&c.tier).cloned().unwrap_or_default(),
+                primaries: layout
+                    .initial()
+                    .into_iter()
+                    .map(|(s, srv)| {
+                        (
+                            s,
+                            PrimaryRecord {
+                                addr: srv.addr,
+                                region: srv.region,
+                                generation: 1,
+                                state: PrimaryState::Serving,
+                            },
+                        )
+                    })
+                    .collect(),
             };
             let (m, client) = EtcdManager::start(
                 &c.etcd,
@@ -401,6 +513,7 @@ async fn start_planned(
             )
             .await
             .map_err(|e| StartError::Cluster(e.to_string()))?;
+            etcd_client = Some(client.clone());
             (
                 m,
                 Arc::new(EtcdBudget::new(client, &c.etcd.prefix, clock.clone())),
@@ -421,6 +534,7 @@ async fn start_planned(
         metrics: metrics.clone(),
         faults,
         deaths: Default::default(),
+        replicated: Default::default(),
     };
     let prefetch = PrefetchConfig {
         window_ms: cfg.engine.prefetch_window_ms,
@@ -428,7 +542,7 @@ async fn start_planned(
         stage_max_ms: cfg.engine.prefetch_stage_max_ms as i64,
     };
     let settings = ClusterSettings {
-        host_id,
+        host_id: host_id.clone(),
         addr: advertise,
         tier: c.tier.clone(),
         manager: manager.kind(),
@@ -442,6 +556,29 @@ async fn start_planned(
         peer_tls,
         metrics.clone(),
     ));
+    // Replicated shards: switches driven from this host when asked, and the monitor of
+    // the replica sets it leads (heartbeats, failover, demoted servers' rejoin).
+    let driver = match (&etcd_client, layout.is_empty()) {
+        (Some(client), false) => {
+            let data_user = cfg
+                .shards
+                .iter()
+                .find(|s| !s.replicas.is_empty())
+                .and_then(|s| mysql_async::Opts::from_url(&s.url).ok())
+                .and_then(|o| o.user().map(str::to_string))
+                .unwrap_or_default();
+            Some(Arc::new(crate::replication::driver::Driver::new(
+                client.clone(),
+                &c.etcd.prefix,
+                &host_id,
+                layout.clone(),
+                cfg.replication.clone(),
+                manager.watch(),
+                data_user,
+            )))
+        }
+        _ => None,
+    };
     let host = Arc::new(Host::new(HostParts {
         namespaces: Namespaces::from_config(cfg),
         prefetch,
@@ -454,6 +591,9 @@ async fn start_planned(
         metrics: metrics.clone(),
         dlq_call_bound: Duration::from_millis(cfg.engine.dlq_call_ms_max),
         dlq_routed_bound: Duration::from_millis(c.peer_timeout_ms / 2),
+        switchboard: driver
+            .clone()
+            .map(|d| d as Arc<dyn crate::replication::Switchboard>),
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened
@@ -491,6 +631,12 @@ async fn start_planned(
             stop_rx.clone(),
         )),
     ];
+    if let Some(d) = driver {
+        background.push(tokio::spawn(crate::replication::failover::run_monitor(
+            d,
+            stop_rx.clone(),
+        )));
+    }
     if c.manager != ManagerKind::Single {
         background.push(tokio::spawn(
             host.clone().run_peer_poll(c.peer_poll_ms, stop_rx.clone()),

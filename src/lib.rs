@@ -75,6 +75,7 @@ pub mod hash;
 pub mod metrics;
 pub mod model;
 pub mod quota;
+pub mod replication;
 pub mod rpc;
 pub mod seeded;
 pub mod server;

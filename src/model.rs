@@ -277,6 +277,30 @@ pub struct HostAddr {
     /// "host:port" clients and peers use.
     pub addr: String,
     pub tier: String,
+    /// `cluster.region` of the host ("" when it names none).
+    pub region: String,
+}
+
+/// A replicated shard's current primary, as etcd holds it (see `crate::replication`):
+/// every switch raises the generation, and a host writes only the server named by the
+/// generation it opened the shard with.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PrimaryRecord {
+    /// "host:port" of the MySQL server.
+    pub addr: String,
+    pub region: String,
+    pub generation: u64,
+    pub state: PrimaryState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrimaryState {
+    /// Hosts serve the shard on `addr`.
+    Serving,
+    /// A switch is under way: no host serves the shard; its owner pauses it (buffers
+    /// flushed, worker stopped) and says so.
+    Paused,
 }
 
 /// The cluster as a shard manager sees it at one moment.
@@ -286,6 +310,8 @@ pub struct ClusterView {
     pub hosts: BTreeMap<String, HostAddr>,
     /// The owner (host id) of each shard that has one now; a shard that is moving has none.
     pub owners: BTreeMap<ShardId, String>,
+    /// The current primary of each replicated shard (none for a shard without replicas).
+    pub primaries: BTreeMap<ShardId, PrimaryRecord>,
 }
 
 impl ClusterView {

@@ -390,6 +390,91 @@ struct NotifyReadyRequest {
   2: list<ReadyTopic> topics,
 }
 
+// Replicated shards (see README, "Replication and region drain"). A replica set is a
+// primary server and its replicas; the shards on one server switch together.
+struct SwitchoverRequest {
+  1: i32 shard_id,
+  // "host:port" (or a mysql:// URL) of the replica to promote; absent: the most caught-up
+  // replica outside the primary's region.
+  2: optional string to,
+}
+
+struct RegionDrainRequest {
+  // Every replica set whose primary is in this region moves out of it.
+  1: string from_region,
+  // Absent: to the most caught-up replica in any other region.
+  2: optional string to_region,
+}
+
+struct FailoverRequest {
+  1: i32 shard_id,
+  // Promote even when no semi-synchronous replica can vouch for every acknowledged
+  // transaction (some acknowledged items may be lost).
+  2: optional bool allow_loss,
+}
+
+struct SwitchReport {
+  // "switchover" or "failover".
+  1: string kind,
+  2: list<i32> shards,
+  3: string from_server,
+  4: string to_server,
+  5: string to_region,
+  // The generation the shards have now (every switch raises it, an undone one too).
+  6: i64 generation,
+  // False: nothing moved (the reason in error).
+  7: bool ok,
+  8: optional string error,
+  // Pause asked for -> every owner paused.
+  9: i64 pause_ms,
+  // Old primary read-only (failover: fenced) -> new primary writable and serving.
+  10: i64 read_only_ms,
+  11: i64 catchup_ms,
+  // Transactions the promoted replica lacks (only with allow_loss).
+  12: i64 lost_transactions,
+}
+
+struct SwitchResponse {
+  1: list<SwitchReport> switches,
+}
+
+struct ReplicaInfo {
+  1: string server,
+  2: string region,
+  3: bool reachable,
+  4: bool read_only,
+  // Transactions the primary has that it has not applied.
+  5: optional i64 lag_transactions,
+  // From the heartbeat row the primary's owner writes every replication.probe_interval_ms.
+  6: optional i64 lag_ms,
+  7: bool io_running,
+  8: bool sql_running,
+  // It acknowledges commits (semi-synchronous replica).
+  9: bool semi_sync,
+  10: optional string error,
+}
+
+struct ShardReplicationInfo {
+  1: i32 shard_id,
+  // "host:port" of the current primary (no account, no password).
+  2: string primary,
+  3: string primary_region,
+  4: i64 generation,
+  // "serving" or "paused" (a switch is under way).
+  5: string state,
+  6: optional string owner,
+  7: bool primary_reachable,
+  // The primary waits for a replica's acknowledgement of every commit.
+  8: bool semi_sync_on,
+  // Commits that fell back to asynchronous (should stay 0: an alert otherwise).
+  9: i64 semi_sync_no_tx,
+  10: list<ReplicaInfo> replicas,
+}
+
+struct ReplicationResponse {
+  1: list<ShardReplicationInfo> shards,
+}
+
 service Foqs {
   EnqueueResponse enqueue(1: EnqueueRequest req) throws (1: FoqsError err),
   DequeueResponse dequeue(1: DequeueRequest req) throws (1: FoqsError err),
@@ -411,4 +496,10 @@ service Foqs {
   // Between hosts of a cluster: topics that just got ready items on the sender, so that
   // long polls routed elsewhere wake at once. Needs "peer" under access rules.
   void notifyReady(1: NotifyReadyRequest req) throws (1: FoqsError err),
+  // Replication (needs "admin" on every namespace, "*", under access rules). Any host
+  // drives the switch through etcd; a call returns when the switch is done or undone.
+  SwitchResponse shardSwitchover(1: SwitchoverRequest req) throws (1: FoqsError err),
+  SwitchResponse regionDrain(1: RegionDrainRequest req) throws (1: FoqsError err),
+  SwitchResponse shardFailover(1: FailoverRequest req) throws (1: FoqsError err),
+  ReplicationResponse getReplication() throws (1: FoqsError err),
 }

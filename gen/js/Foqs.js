@@ -1654,6 +1654,460 @@ Foqs_notifyReady_result.prototype.write = function(output) {
   return;
 };
 
+var Foqs_shardSwitchover_args = function(args) {
+  this.req = null;
+  if (args) {
+    if (args.req !== undefined && args.req !== null) {
+      this.req = new ttypes.SwitchoverRequest(args.req);
+    }
+  }
+};
+Foqs_shardSwitchover_args.prototype = {};
+Foqs_shardSwitchover_args.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.req = new ttypes.SwitchoverRequest();
+        this.req.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 0:
+        input.skip(ftype);
+        break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_shardSwitchover_args.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_shardSwitchover_args');
+  if (this.req !== null && this.req !== undefined) {
+    output.writeFieldBegin('req', Thrift.Type.STRUCT, 1);
+    this.req.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var Foqs_shardSwitchover_result = function(args) {
+  this.success = null;
+  this.err = null;
+  if (args instanceof ttypes.FoqsError) {
+    this.err = args;
+    return;
+  }
+  if (args) {
+    if (args.success !== undefined && args.success !== null) {
+      this.success = new ttypes.SwitchResponse(args.success);
+    }
+    if (args.err !== undefined && args.err !== null) {
+      this.err = args.err;
+    }
+  }
+};
+Foqs_shardSwitchover_result.prototype = {};
+Foqs_shardSwitchover_result.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 0:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.success = new ttypes.SwitchResponse();
+        this.success.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.err = new ttypes.FoqsError();
+        this.err.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_shardSwitchover_result.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_shardSwitchover_result');
+  if (this.success !== null && this.success !== undefined) {
+    output.writeFieldBegin('success', Thrift.Type.STRUCT, 0);
+    this.success.write(output);
+    output.writeFieldEnd();
+  }
+  if (this.err !== null && this.err !== undefined) {
+    output.writeFieldBegin('err', Thrift.Type.STRUCT, 1);
+    this.err.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var Foqs_regionDrain_args = function(args) {
+  this.req = null;
+  if (args) {
+    if (args.req !== undefined && args.req !== null) {
+      this.req = new ttypes.RegionDrainRequest(args.req);
+    }
+  }
+};
+Foqs_regionDrain_args.prototype = {};
+Foqs_regionDrain_args.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.req = new ttypes.RegionDrainRequest();
+        this.req.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 0:
+        input.skip(ftype);
+        break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_regionDrain_args.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_regionDrain_args');
+  if (this.req !== null && this.req !== undefined) {
+    output.writeFieldBegin('req', Thrift.Type.STRUCT, 1);
+    this.req.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var Foqs_regionDrain_result = function(args) {
+  this.success = null;
+  this.err = null;
+  if (args instanceof ttypes.FoqsError) {
+    this.err = args;
+    return;
+  }
+  if (args) {
+    if (args.success !== undefined && args.success !== null) {
+      this.success = new ttypes.SwitchResponse(args.success);
+    }
+    if (args.err !== undefined && args.err !== null) {
+      this.err = args.err;
+    }
+  }
+};
+Foqs_regionDrain_result.prototype = {};
+Foqs_regionDrain_result.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 0:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.success = new ttypes.SwitchResponse();
+        this.success.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.err = new ttypes.FoqsError();
+        this.err.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_regionDrain_result.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_regionDrain_result');
+  if (this.success !== null && this.success !== undefined) {
+    output.writeFieldBegin('success', Thrift.Type.STRUCT, 0);
+    this.success.write(output);
+    output.writeFieldEnd();
+  }
+  if (this.err !== null && this.err !== undefined) {
+    output.writeFieldBegin('err', Thrift.Type.STRUCT, 1);
+    this.err.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var Foqs_shardFailover_args = function(args) {
+  this.req = null;
+  if (args) {
+    if (args.req !== undefined && args.req !== null) {
+      this.req = new ttypes.FailoverRequest(args.req);
+    }
+  }
+};
+Foqs_shardFailover_args.prototype = {};
+Foqs_shardFailover_args.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.req = new ttypes.FailoverRequest();
+        this.req.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 0:
+        input.skip(ftype);
+        break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_shardFailover_args.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_shardFailover_args');
+  if (this.req !== null && this.req !== undefined) {
+    output.writeFieldBegin('req', Thrift.Type.STRUCT, 1);
+    this.req.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var Foqs_shardFailover_result = function(args) {
+  this.success = null;
+  this.err = null;
+  if (args instanceof ttypes.FoqsError) {
+    this.err = args;
+    return;
+  }
+  if (args) {
+    if (args.success !== undefined && args.success !== null) {
+      this.success = new ttypes.SwitchResponse(args.success);
+    }
+    if (args.err !== undefined && args.err !== null) {
+      this.err = args.err;
+    }
+  }
+};
+Foqs_shardFailover_result.prototype = {};
+Foqs_shardFailover_result.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 0:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.success = new ttypes.SwitchResponse();
+        this.success.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.err = new ttypes.FoqsError();
+        this.err.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_shardFailover_result.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_shardFailover_result');
+  if (this.success !== null && this.success !== undefined) {
+    output.writeFieldBegin('success', Thrift.Type.STRUCT, 0);
+    this.success.write(output);
+    output.writeFieldEnd();
+  }
+  if (this.err !== null && this.err !== undefined) {
+    output.writeFieldBegin('err', Thrift.Type.STRUCT, 1);
+    this.err.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var Foqs_getReplication_args = function(args) {
+};
+Foqs_getReplication_args.prototype = {};
+Foqs_getReplication_args.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    input.skip(ftype);
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_getReplication_args.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_getReplication_args');
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var Foqs_getReplication_result = function(args) {
+  this.success = null;
+  this.err = null;
+  if (args instanceof ttypes.FoqsError) {
+    this.err = args;
+    return;
+  }
+  if (args) {
+    if (args.success !== undefined && args.success !== null) {
+      this.success = new ttypes.ReplicationResponse(args.success);
+    }
+    if (args.err !== undefined && args.err !== null) {
+      this.err = args.err;
+    }
+  }
+};
+Foqs_getReplication_result.prototype = {};
+Foqs_getReplication_result.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 0:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.success = new ttypes.ReplicationResponse();
+        this.success.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.err = new ttypes.FoqsError();
+        this.err.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_getReplication_result.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_getReplication_result');
+  if (this.success !== null && this.success !== undefined) {
+    output.writeFieldBegin('success', Thrift.Type.STRUCT, 0);
+    this.success.write(output);
+    output.writeFieldEnd();
+  }
+  if (this.err !== null && this.err !== undefined) {
+    output.writeFieldBegin('err', Thrift.Type.STRUCT, 1);
+    this.err.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
 var FoqsClient = exports.Client = function(output, pClass) {
   this.output = output;
   this.pClass = pClass;
@@ -2525,6 +2979,251 @@ FoqsClient.prototype.recv_notifyReady = function(input,mtype,rseqid) {
   }
   callback(null);
 };
+
+FoqsClient.prototype.shardSwitchover = function(req, callback) {
+  this._seqid = this.new_seqid();
+  if (callback === undefined) {
+    var _defer = Q.defer();
+    this._reqs[this.seqid()] = function(error, result) {
+      if (error) {
+        _defer.reject(error);
+      } else {
+        _defer.resolve(result);
+      }
+    };
+    this.send_shardSwitchover(req);
+    return _defer.promise;
+  } else {
+    this._reqs[this.seqid()] = callback;
+    this.send_shardSwitchover(req);
+  }
+};
+
+FoqsClient.prototype.send_shardSwitchover = function(req) {
+  var output = new this.pClass(this.output);
+  var params = {
+    req: req
+  };
+  var args = new Foqs_shardSwitchover_args(params);
+  try {
+    output.writeMessageBegin('shardSwitchover', Thrift.MessageType.CALL, this.seqid());
+    args.write(output);
+    output.writeMessageEnd();
+    return this.output.flush();
+  }
+  catch (e) {
+    delete this._reqs[this.seqid()];
+    if (typeof output.reset === 'function') {
+      output.reset();
+    }
+    throw e;
+  }
+};
+
+FoqsClient.prototype.recv_shardSwitchover = function(input,mtype,rseqid) {
+  var callback = this._reqs[rseqid] || function() {};
+  delete this._reqs[rseqid];
+  if (mtype == Thrift.MessageType.EXCEPTION) {
+    var x = new Thrift.TApplicationException();
+    x.read(input);
+    input.readMessageEnd();
+    return callback(x);
+  }
+  var result = new Foqs_shardSwitchover_result();
+  result.read(input);
+  input.readMessageEnd();
+
+  if (null !== result.err) {
+    return callback(result.err);
+  }
+  if (null !== result.success) {
+    return callback(null, result.success);
+  }
+  return callback('shardSwitchover failed: unknown result');
+};
+
+FoqsClient.prototype.regionDrain = function(req, callback) {
+  this._seqid = this.new_seqid();
+  if (callback === undefined) {
+    var _defer = Q.defer();
+    this._reqs[this.seqid()] = function(error, result) {
+      if (error) {
+        _defer.reject(error);
+      } else {
+        _defer.resolve(result);
+      }
+    };
+    this.send_regionDrain(req);
+    return _defer.promise;
+  } else {
+    this._reqs[this.seqid()] = callback;
+    this.send_regionDrain(req);
+  }
+};
+
+FoqsClient.prototype.send_regionDrain = function(req) {
+  var output = new this.pClass(this.output);
+  var params = {
+    req: req
+  };
+  var args = new Foqs_regionDrain_args(params);
+  try {
+    output.writeMessageBegin('regionDrain', Thrift.MessageType.CALL, this.seqid());
+    args.write(output);
+    output.writeMessageEnd();
+    return this.output.flush();
+  }
+  catch (e) {
+    delete this._reqs[this.seqid()];
+    if (typeof output.reset === 'function') {
+      output.reset();
+    }
+    throw e;
+  }
+};
+
+FoqsClient.prototype.recv_regionDrain = function(input,mtype,rseqid) {
+  var callback = this._reqs[rseqid] || function() {};
+  delete this._reqs[rseqid];
+  if (mtype == Thrift.MessageType.EXCEPTION) {
+    var x = new Thrift.TApplicationException();
+    x.read(input);
+    input.readMessageEnd();
+    return callback(x);
+  }
+  var result = new Foqs_regionDrain_result();
+  result.read(input);
+  input.readMessageEnd();
+
+  if (null !== result.err) {
+    return callback(result.err);
+  }
+  if (null !== result.success) {
+    return callback(null, result.success);
+  }
+  return callback('regionDrain failed: unknown result');
+};
+
+FoqsClient.prototype.shardFailover = function(req, callback) {
+  this._seqid = this.new_seqid();
+  if (callback === undefined) {
+    var _defer = Q.defer();
+    this._reqs[this.seqid()] = function(error, result) {
+      if (error) {
+        _defer.reject(error);
+      } else {
+        _defer.resolve(result);
+      }
+    };
+    this.send_shardFailover(req);
+    return _defer.promise;
+  } else {
+    this._reqs[this.seqid()] = callback;
+    this.send_shardFailover(req);
+  }
+};
+
+FoqsClient.prototype.send_shardFailover = function(req) {
+  var output = new this.pClass(this.output);
+  var params = {
+    req: req
+  };
+  var args = new Foqs_shardFailover_args(params);
+  try {
+    output.writeMessageBegin('shardFailover', Thrift.MessageType.CALL, this.seqid());
+    args.write(output);
+    output.writeMessageEnd();
+    return this.output.flush();
+  }
+  catch (e) {
+    delete this._reqs[this.seqid()];
+    if (typeof output.reset === 'function') {
+      output.reset();
+    }
+    throw e;
+  }
+};
+
+FoqsClient.prototype.recv_shardFailover = function(input,mtype,rseqid) {
+  var callback = this._reqs[rseqid] || function() {};
+  delete this._reqs[rseqid];
+  if (mtype == Thrift.MessageType.EXCEPTION) {
+    var x = new Thrift.TApplicationException();
+    x.read(input);
+    input.readMessageEnd();
+    return callback(x);
+  }
+  var result = new Foqs_shardFailover_result();
+  result.read(input);
+  input.readMessageEnd();
+
+  if (null !== result.err) {
+    return callback(result.err);
+  }
+  if (null !== result.success) {
+    return callback(null, result.success);
+  }
+  return callback('shardFailover failed: unknown result');
+};
+
+FoqsClient.prototype.getReplication = function(callback) {
+  this._seqid = this.new_seqid();
+  if (callback === undefined) {
+    var _defer = Q.defer();
+    this._reqs[this.seqid()] = function(error, result) {
+      if (error) {
+        _defer.reject(error);
+      } else {
+        _defer.resolve(result);
+      }
+    };
+    this.send_getReplication();
+    return _defer.promise;
+  } else {
+    this._reqs[this.seqid()] = callback;
+    this.send_getReplication();
+  }
+};
+
+FoqsClient.prototype.send_getReplication = function() {
+  var output = new this.pClass(this.output);
+  var args = new Foqs_getReplication_args();
+  try {
+    output.writeMessageBegin('getReplication', Thrift.MessageType.CALL, this.seqid());
+    args.write(output);
+    output.writeMessageEnd();
+    return this.output.flush();
+  }
+  catch (e) {
+    delete this._reqs[this.seqid()];
+    if (typeof output.reset === 'function') {
+      output.reset();
+    }
+    throw e;
+  }
+};
+
+FoqsClient.prototype.recv_getReplication = function(input,mtype,rseqid) {
+  var callback = this._reqs[rseqid] || function() {};
+  delete this._reqs[rseqid];
+  if (mtype == Thrift.MessageType.EXCEPTION) {
+    var x = new Thrift.TApplicationException();
+    x.read(input);
+    input.readMessageEnd();
+    return callback(x);
+  }
+  var result = new Foqs_getReplication_result();
+  result.read(input);
+  input.readMessageEnd();
+
+  if (null !== result.err) {
+    return callback(result.err);
+  }
+  if (null !== result.success) {
+    return callback(null, result.success);
+  }
+  return callback('getReplication failed: unknown result');
+};
 var FoqsProcessor = exports.Processor = function(handler) {
   this._handler = handler;
 };
@@ -3122,6 +3821,173 @@ FoqsProcessor.prototype.process_notifyReady = function(seqid, input, output) {
       } else {
         result_obj = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
         output.writeMessageBegin("notifyReady", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  }
+};
+FoqsProcessor.prototype.process_shardSwitchover = function(seqid, input, output) {
+  var args = new Foqs_shardSwitchover_args();
+  args.read(input);
+  input.readMessageEnd();
+  if (this._handler.shardSwitchover.length === 1) {
+    Q.fcall(this._handler.shardSwitchover.bind(this._handler),
+      args.req
+    ).then(function(result) {
+      var result_obj = new Foqs_shardSwitchover_result({success: result});
+      output.writeMessageBegin("shardSwitchover", Thrift.MessageType.REPLY, seqid);
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    }).catch(function (err) {
+      var result;
+      if (err instanceof ttypes.FoqsError) {
+        result = new Foqs_shardSwitchover_result(err);
+        output.writeMessageBegin("shardSwitchover", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("shardSwitchover", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  } else {
+    this._handler.shardSwitchover(args.req, function (err, result) {
+      var result_obj;
+      if ((err === null || typeof err === 'undefined') || err instanceof ttypes.FoqsError) {
+        result_obj = new Foqs_shardSwitchover_result((err !== null || typeof err === 'undefined') ? err : {success: result});
+        output.writeMessageBegin("shardSwitchover", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result_obj = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("shardSwitchover", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  }
+};
+FoqsProcessor.prototype.process_regionDrain = function(seqid, input, output) {
+  var args = new Foqs_regionDrain_args();
+  args.read(input);
+  input.readMessageEnd();
+  if (this._handler.regionDrain.length === 1) {
+    Q.fcall(this._handler.regionDrain.bind(this._handler),
+      args.req
+    ).then(function(result) {
+      var result_obj = new Foqs_regionDrain_result({success: result});
+      output.writeMessageBegin("regionDrain", Thrift.MessageType.REPLY, seqid);
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    }).catch(function (err) {
+      var result;
+      if (err instanceof ttypes.FoqsError) {
+        result = new Foqs_regionDrain_result(err);
+        output.writeMessageBegin("regionDrain", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("regionDrain", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  } else {
+    this._handler.regionDrain(args.req, function (err, result) {
+      var result_obj;
+      if ((err === null || typeof err === 'undefined') || err instanceof ttypes.FoqsError) {
+        result_obj = new Foqs_regionDrain_result((err !== null || typeof err === 'undefined') ? err : {success: result});
+        output.writeMessageBegin("regionDrain", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result_obj = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("regionDrain", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  }
+};
+FoqsProcessor.prototype.process_shardFailover = function(seqid, input, output) {
+  var args = new Foqs_shardFailover_args();
+  args.read(input);
+  input.readMessageEnd();
+  if (this._handler.shardFailover.length === 1) {
+    Q.fcall(this._handler.shardFailover.bind(this._handler),
+      args.req
+    ).then(function(result) {
+      var result_obj = new Foqs_shardFailover_result({success: result});
+      output.writeMessageBegin("shardFailover", Thrift.MessageType.REPLY, seqid);
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    }).catch(function (err) {
+      var result;
+      if (err instanceof ttypes.FoqsError) {
+        result = new Foqs_shardFailover_result(err);
+        output.writeMessageBegin("shardFailover", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("shardFailover", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  } else {
+    this._handler.shardFailover(args.req, function (err, result) {
+      var result_obj;
+      if ((err === null || typeof err === 'undefined') || err instanceof ttypes.FoqsError) {
+        result_obj = new Foqs_shardFailover_result((err !== null || typeof err === 'undefined') ? err : {success: result});
+        output.writeMessageBegin("shardFailover", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result_obj = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("shardFailover", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  }
+};
+FoqsProcessor.prototype.process_getReplication = function(seqid, input, output) {
+  var args = new Foqs_getReplication_args();
+  args.read(input);
+  input.readMessageEnd();
+  if (this._handler.getReplication.length === 0) {
+    Q.fcall(this._handler.getReplication.bind(this._handler)
+    ).then(function(result) {
+      var result_obj = new Foqs_getReplication_result({success: result});
+      output.writeMessageBegin("getReplication", Thrift.MessageType.REPLY, seqid);
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    }).catch(function (err) {
+      var result;
+      if (err instanceof ttypes.FoqsError) {
+        result = new Foqs_getReplication_result(err);
+        output.writeMessageBegin("getReplication", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("getReplication", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  } else {
+    this._handler.getReplication(function (err, result) {
+      var result_obj;
+      if ((err === null || typeof err === 'undefined') || err instanceof ttypes.FoqsError) {
+        result_obj = new Foqs_getReplication_result((err !== null || typeof err === 'undefined') ? err : {success: result});
+        output.writeMessageBegin("getReplication", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result_obj = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("getReplication", Thrift.MessageType.EXCEPTION, seqid);
       }
       result_obj.write(output);
       output.writeMessageEnd();

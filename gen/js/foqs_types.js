@@ -3851,3 +3851,960 @@ NotifyReadyRequest.prototype.write = function(output) {
   return;
 };
 
+var SwitchoverRequest = module.exports.SwitchoverRequest = function(args) {
+  this.shard_id = null;
+  this.to = null;
+  if (args) {
+    if (args.shard_id !== undefined && args.shard_id !== null) {
+      this.shard_id = args.shard_id;
+    }
+    if (args.to !== undefined && args.to !== null) {
+      this.to = args.to;
+    }
+  }
+};
+SwitchoverRequest.prototype = {};
+SwitchoverRequest.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.I32) {
+        this.shard_id = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.STRING) {
+        this.to = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+SwitchoverRequest.prototype.write = function(output) {
+  output.writeStructBegin('SwitchoverRequest');
+  if (this.shard_id !== null && this.shard_id !== undefined) {
+    output.writeFieldBegin('shard_id', Thrift.Type.I32, 1);
+    output.writeI32(this.shard_id);
+    output.writeFieldEnd();
+  }
+  if (this.to !== null && this.to !== undefined) {
+    output.writeFieldBegin('to', Thrift.Type.STRING, 2);
+    output.writeString(this.to);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var RegionDrainRequest = module.exports.RegionDrainRequest = function(args) {
+  this.from_region = null;
+  this.to_region = null;
+  if (args) {
+    if (args.from_region !== undefined && args.from_region !== null) {
+      this.from_region = args.from_region;
+    }
+    if (args.to_region !== undefined && args.to_region !== null) {
+      this.to_region = args.to_region;
+    }
+  }
+};
+RegionDrainRequest.prototype = {};
+RegionDrainRequest.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRING) {
+        this.from_region = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.STRING) {
+        this.to_region = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+RegionDrainRequest.prototype.write = function(output) {
+  output.writeStructBegin('RegionDrainRequest');
+  if (this.from_region !== null && this.from_region !== undefined) {
+    output.writeFieldBegin('from_region', Thrift.Type.STRING, 1);
+    output.writeString(this.from_region);
+    output.writeFieldEnd();
+  }
+  if (this.to_region !== null && this.to_region !== undefined) {
+    output.writeFieldBegin('to_region', Thrift.Type.STRING, 2);
+    output.writeString(this.to_region);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var FailoverRequest = module.exports.FailoverRequest = function(args) {
+  this.shard_id = null;
+  this.allow_loss = null;
+  if (args) {
+    if (args.shard_id !== undefined && args.shard_id !== null) {
+      this.shard_id = args.shard_id;
+    }
+    if (args.allow_loss !== undefined && args.allow_loss !== null) {
+      this.allow_loss = args.allow_loss;
+    }
+  }
+};
+FailoverRequest.prototype = {};
+FailoverRequest.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.I32) {
+        this.shard_id = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.BOOL) {
+        this.allow_loss = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+FailoverRequest.prototype.write = function(output) {
+  output.writeStructBegin('FailoverRequest');
+  if (this.shard_id !== null && this.shard_id !== undefined) {
+    output.writeFieldBegin('shard_id', Thrift.Type.I32, 1);
+    output.writeI32(this.shard_id);
+    output.writeFieldEnd();
+  }
+  if (this.allow_loss !== null && this.allow_loss !== undefined) {
+    output.writeFieldBegin('allow_loss', Thrift.Type.BOOL, 2);
+    output.writeBool(this.allow_loss);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var SwitchReport = module.exports.SwitchReport = function(args) {
+  this.kind = null;
+  this.shards = null;
+  this.from_server = null;
+  this.to_server = null;
+  this.to_region = null;
+  this.generation = null;
+  this.ok = null;
+  this.error = null;
+  this.pause_ms = null;
+  this.read_only_ms = null;
+  this.catchup_ms = null;
+  this.lost_transactions = null;
+  if (args) {
+    if (args.kind !== undefined && args.kind !== null) {
+      this.kind = args.kind;
+    }
+    if (args.shards !== undefined && args.shards !== null) {
+      this.shards = Thrift.copyList(args.shards, [null]);
+    }
+    if (args.from_server !== undefined && args.from_server !== null) {
+      this.from_server = args.from_server;
+    }
+    if (args.to_server !== undefined && args.to_server !== null) {
+      this.to_server = args.to_server;
+    }
+    if (args.to_region !== undefined && args.to_region !== null) {
+      this.to_region = args.to_region;
+    }
+    if (args.generation !== undefined && args.generation !== null) {
+      this.generation = args.generation;
+    }
+    if (args.ok !== undefined && args.ok !== null) {
+      this.ok = args.ok;
+    }
+    if (args.error !== undefined && args.error !== null) {
+      this.error = args.error;
+    }
+    if (args.pause_ms !== undefined && args.pause_ms !== null) {
+      this.pause_ms = args.pause_ms;
+    }
+    if (args.read_only_ms !== undefined && args.read_only_ms !== null) {
+      this.read_only_ms = args.read_only_ms;
+    }
+    if (args.catchup_ms !== undefined && args.catchup_ms !== null) {
+      this.catchup_ms = args.catchup_ms;
+    }
+    if (args.lost_transactions !== undefined && args.lost_transactions !== null) {
+      this.lost_transactions = args.lost_transactions;
+    }
+  }
+};
+SwitchReport.prototype = {};
+SwitchReport.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRING) {
+        this.kind = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.LIST) {
+        this.shards = [];
+        var _rtmp3106 = input.readListBegin();
+        var _size105 = _rtmp3106.size || 0;
+        for (var _i107 = 0; _i107 < _size105; ++_i107) {
+          var elem108 = null;
+          elem108 = input.readI32();
+          this.shards.push(elem108);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 3:
+      if (ftype == Thrift.Type.STRING) {
+        this.from_server = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 4:
+      if (ftype == Thrift.Type.STRING) {
+        this.to_server = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 5:
+      if (ftype == Thrift.Type.STRING) {
+        this.to_region = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 6:
+      if (ftype == Thrift.Type.I64) {
+        this.generation = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 7:
+      if (ftype == Thrift.Type.BOOL) {
+        this.ok = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 8:
+      if (ftype == Thrift.Type.STRING) {
+        this.error = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 9:
+      if (ftype == Thrift.Type.I64) {
+        this.pause_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 10:
+      if (ftype == Thrift.Type.I64) {
+        this.read_only_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 11:
+      if (ftype == Thrift.Type.I64) {
+        this.catchup_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 12:
+      if (ftype == Thrift.Type.I64) {
+        this.lost_transactions = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+SwitchReport.prototype.write = function(output) {
+  output.writeStructBegin('SwitchReport');
+  if (this.kind !== null && this.kind !== undefined) {
+    output.writeFieldBegin('kind', Thrift.Type.STRING, 1);
+    output.writeString(this.kind);
+    output.writeFieldEnd();
+  }
+  if (this.shards !== null && this.shards !== undefined) {
+    output.writeFieldBegin('shards', Thrift.Type.LIST, 2);
+    output.writeListBegin(Thrift.Type.I32, this.shards.length);
+    for (var iter109 in this.shards) {
+      if (this.shards.hasOwnProperty(iter109)) {
+        iter109 = this.shards[iter109];
+        output.writeI32(iter109);
+      }
+    }
+    output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  if (this.from_server !== null && this.from_server !== undefined) {
+    output.writeFieldBegin('from_server', Thrift.Type.STRING, 3);
+    output.writeString(this.from_server);
+    output.writeFieldEnd();
+  }
+  if (this.to_server !== null && this.to_server !== undefined) {
+    output.writeFieldBegin('to_server', Thrift.Type.STRING, 4);
+    output.writeString(this.to_server);
+    output.writeFieldEnd();
+  }
+  if (this.to_region !== null && this.to_region !== undefined) {
+    output.writeFieldBegin('to_region', Thrift.Type.STRING, 5);
+    output.writeString(this.to_region);
+    output.writeFieldEnd();
+  }
+  if (this.generation !== null && this.generation !== undefined) {
+    output.writeFieldBegin('generation', Thrift.Type.I64, 6);
+    output.writeI64(this.generation);
+    output.writeFieldEnd();
+  }
+  if (this.ok !== null && this.ok !== undefined) {
+    output.writeFieldBegin('ok', Thrift.Type.BOOL, 7);
+    output.writeBool(this.ok);
+    output.writeFieldEnd();
+  }
+  if (this.error !== null && this.error !== undefined) {
+    output.writeFieldBegin('error', Thrift.Type.STRING, 8);
+    output.writeString(this.error);
+    output.writeFieldEnd();
+  }
+  if (this.pause_ms !== null && this.pause_ms !== undefined) {
+    output.writeFieldBegin('pause_ms', Thrift.Type.I64, 9);
+    output.writeI64(this.pause_ms);
+    output.writeFieldEnd();
+  }
+  if (this.read_only_ms !== null && this.read_only_ms !== undefined) {
+    output.writeFieldBegin('read_only_ms', Thrift.Type.I64, 10);
+    output.writeI64(this.read_only_ms);
+    output.writeFieldEnd();
+  }
+  if (this.catchup_ms !== null && this.catchup_ms !== undefined) {
+    output.writeFieldBegin('catchup_ms', Thrift.Type.I64, 11);
+    output.writeI64(this.catchup_ms);
+    output.writeFieldEnd();
+  }
+  if (this.lost_transactions !== null && this.lost_transactions !== undefined) {
+    output.writeFieldBegin('lost_transactions', Thrift.Type.I64, 12);
+    output.writeI64(this.lost_transactions);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var SwitchResponse = module.exports.SwitchResponse = function(args) {
+  this.switches = null;
+  if (args) {
+    if (args.switches !== undefined && args.switches !== null) {
+      this.switches = Thrift.copyList(args.switches, [ttypes.SwitchReport]);
+    }
+  }
+};
+SwitchResponse.prototype = {};
+SwitchResponse.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.LIST) {
+        this.switches = [];
+        var _rtmp3111 = input.readListBegin();
+        var _size110 = _rtmp3111.size || 0;
+        for (var _i112 = 0; _i112 < _size110; ++_i112) {
+          var elem113 = null;
+          elem113 = new ttypes.SwitchReport();
+          elem113.read(input);
+          this.switches.push(elem113);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 0:
+        input.skip(ftype);
+        break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+SwitchResponse.prototype.write = function(output) {
+  output.writeStructBegin('SwitchResponse');
+  if (this.switches !== null && this.switches !== undefined) {
+    output.writeFieldBegin('switches', Thrift.Type.LIST, 1);
+    output.writeListBegin(Thrift.Type.STRUCT, this.switches.length);
+    for (var iter114 in this.switches) {
+      if (this.switches.hasOwnProperty(iter114)) {
+        iter114 = this.switches[iter114];
+        iter114.write(output);
+      }
+    }
+    output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var ReplicaInfo = module.exports.ReplicaInfo = function(args) {
+  this.server = null;
+  this.region = null;
+  this.reachable = null;
+  this.read_only = null;
+  this.lag_transactions = null;
+  this.lag_ms = null;
+  this.io_running = null;
+  this.sql_running = null;
+  this.semi_sync = null;
+  this.error = null;
+  if (args) {
+    if (args.server !== undefined && args.server !== null) {
+      this.server = args.server;
+    }
+    if (args.region !== undefined && args.region !== null) {
+      this.region = args.region;
+    }
+    if (args.reachable !== undefined && args.reachable !== null) {
+      this.reachable = args.reachable;
+    }
+    if (args.read_only !== undefined && args.read_only !== null) {
+      this.read_only = args.read_only;
+    }
+    if (args.lag_transactions !== undefined && args.lag_transactions !== null) {
+      this.lag_transactions = args.lag_transactions;
+    }
+    if (args.lag_ms !== undefined && args.lag_ms !== null) {
+      this.lag_ms = args.lag_ms;
+    }
+    if (args.io_running !== undefined && args.io_running !== null) {
+      this.io_running = args.io_running;
+    }
+    if (args.sql_running !== undefined && args.sql_running !== null) {
+      this.sql_running = args.sql_running;
+    }
+    if (args.semi_sync !== undefined && args.semi_sync !== null) {
+      this.semi_sync = args.semi_sync;
+    }
+    if (args.error !== undefined && args.error !== null) {
+      this.error = args.error;
+    }
+  }
+};
+ReplicaInfo.prototype = {};
+ReplicaInfo.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRING) {
+        this.server = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.STRING) {
+        this.region = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 3:
+      if (ftype == Thrift.Type.BOOL) {
+        this.reachable = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 4:
+      if (ftype == Thrift.Type.BOOL) {
+        this.read_only = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 5:
+      if (ftype == Thrift.Type.I64) {
+        this.lag_transactions = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 6:
+      if (ftype == Thrift.Type.I64) {
+        this.lag_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 7:
+      if (ftype == Thrift.Type.BOOL) {
+        this.io_running = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 8:
+      if (ftype == Thrift.Type.BOOL) {
+        this.sql_running = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 9:
+      if (ftype == Thrift.Type.BOOL) {
+        this.semi_sync = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 10:
+      if (ftype == Thrift.Type.STRING) {
+        this.error = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+ReplicaInfo.prototype.write = function(output) {
+  output.writeStructBegin('ReplicaInfo');
+  if (this.server !== null && this.server !== undefined) {
+    output.writeFieldBegin('server', Thrift.Type.STRING, 1);
+    output.writeString(this.server);
+    output.writeFieldEnd();
+  }
+  if (this.region !== null && this.region !== undefined) {
+    output.writeFieldBegin('region', Thrift.Type.STRING, 2);
+    output.writeString(this.region);
+    output.writeFieldEnd();
+  }
+  if (this.reachable !== null && this.reachable !== undefined) {
+    output.writeFieldBegin('reachable', Thrift.Type.BOOL, 3);
+    output.writeBool(this.reachable);
+    output.writeFieldEnd();
+  }
+  if (this.read_only !== null && this.read_only !== undefined) {
+    output.writeFieldBegin('read_only', Thrift.Type.BOOL, 4);
+    output.writeBool(this.read_only);
+    output.writeFieldEnd();
+  }
+  if (this.lag_transactions !== null && this.lag_transactions !== undefined) {
+    output.writeFieldBegin('lag_transactions', Thrift.Type.I64, 5);
+    output.writeI64(this.lag_transactions);
+    output.writeFieldEnd();
+  }
+  if (this.lag_ms !== null && this.lag_ms !== undefined) {
+    output.writeFieldBegin('lag_ms', Thrift.Type.I64, 6);
+    output.writeI64(this.lag_ms);
+    output.writeFieldEnd();
+  }
+  if (this.io_running !== null && this.io_running !== undefined) {
+    output.writeFieldBegin('io_running', Thrift.Type.BOOL, 7);
+    output.writeBool(this.io_running);
+    output.writeFieldEnd();
+  }
+  if (this.sql_running !== null && this.sql_running !== undefined) {
+    output.writeFieldBegin('sql_running', Thrift.Type.BOOL, 8);
+    output.writeBool(this.sql_running);
+    output.writeFieldEnd();
+  }
+  if (this.semi_sync !== null && this.semi_sync !== undefined) {
+    output.writeFieldBegin('semi_sync', Thrift.Type.BOOL, 9);
+    output.writeBool(this.semi_sync);
+    output.writeFieldEnd();
+  }
+  if (this.error !== null && this.error !== undefined) {
+    output.writeFieldBegin('error', Thrift.Type.STRING, 10);
+    output.writeString(this.error);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var ShardReplicationInfo = module.exports.ShardReplicationInfo = function(args) {
+  this.shard_id = null;
+  this.primary = null;
+  this.primary_region = null;
+  this.generation = null;
+  this.state = null;
+  this.owner = null;
+  this.primary_reachable = null;
+  this.semi_sync_on = null;
+  this.semi_sync_no_tx = null;
+  this.replicas = null;
+  if (args) {
+    if (args.shard_id !== undefined && args.shard_id !== null) {
+      this.shard_id = args.shard_id;
+    }
+    if (args.primary !== undefined && args.primary !== null) {
+      this.primary = args.primary;
+    }
+    if (args.primary_region !== undefined && args.primary_region !== null) {
+      this.primary_region = args.primary_region;
+    }
+    if (args.generation !== undefined && args.generation !== null) {
+      this.generation = args.generation;
+    }
+    if (args.state !== undefined && args.state !== null) {
+      this.state = args.state;
+    }
+    if (args.owner !== undefined && args.owner !== null) {
+      this.owner = args.owner;
+    }
+    if (args.primary_reachable !== undefined && args.primary_reachable !== null) {
+      this.primary_reachable = args.primary_reachable;
+    }
+    if (args.semi_sync_on !== undefined && args.semi_sync_on !== null) {
+      this.semi_sync_on = args.semi_sync_on;
+    }
+    if (args.semi_sync_no_tx !== undefined && args.semi_sync_no_tx !== null) {
+      this.semi_sync_no_tx = args.semi_sync_no_tx;
+    }
+    if (args.replicas !== undefined && args.replicas !== null) {
+      this.replicas = Thrift.copyList(args.replicas, [ttypes.ReplicaInfo]);
+    }
+  }
+};
+ShardReplicationInfo.prototype = {};
+ShardReplicationInfo.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.I32) {
+        this.shard_id = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.STRING) {
+        this.primary = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 3:
+      if (ftype == Thrift.Type.STRING) {
+        this.primary_region = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 4:
+      if (ftype == Thrift.Type.I64) {
+        this.generation = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 5:
+      if (ftype == Thrift.Type.STRING) {
+        this.state = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 6:
+      if (ftype == Thrift.Type.STRING) {
+        this.owner = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 7:
+      if (ftype == Thrift.Type.BOOL) {
+        this.primary_reachable = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 8:
+      if (ftype == Thrift.Type.BOOL) {
+        this.semi_sync_on = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 9:
+      if (ftype == Thrift.Type.I64) {
+        this.semi_sync_no_tx = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 10:
+      if (ftype == Thrift.Type.LIST) {
+        this.replicas = [];
+        var _rtmp3116 = input.readListBegin();
+        var _size115 = _rtmp3116.size || 0;
+        for (var _i117 = 0; _i117 < _size115; ++_i117) {
+          var elem118 = null;
+          elem118 = new ttypes.ReplicaInfo();
+          elem118.read(input);
+          this.replicas.push(elem118);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+ShardReplicationInfo.prototype.write = function(output) {
+  output.writeStructBegin('ShardReplicationInfo');
+  if (this.shard_id !== null && this.shard_id !== undefined) {
+    output.writeFieldBegin('shard_id', Thrift.Type.I32, 1);
+    output.writeI32(this.shard_id);
+    output.writeFieldEnd();
+  }
+  if (this.primary !== null && this.primary !== undefined) {
+    output.writeFieldBegin('primary', Thrift.Type.STRING, 2);
+    output.writeString(this.primary);
+    output.writeFieldEnd();
+  }
+  if (this.primary_region !== null && this.primary_region !== undefined) {
+    output.writeFieldBegin('primary_region', Thrift.Type.STRING, 3);
+    output.writeString(this.primary_region);
+    output.writeFieldEnd();
+  }
+  if (this.generation !== null && this.generation !== undefined) {
+    output.writeFieldBegin('generation', Thrift.Type.I64, 4);
+    output.writeI64(this.generation);
+    output.writeFieldEnd();
+  }
+  if (this.state !== null && this.state !== undefined) {
+    output.writeFieldBegin('state', Thrift.Type.STRING, 5);
+    output.writeString(this.state);
+    output.writeFieldEnd();
+  }
+  if (this.owner !== null && this.owner !== undefined) {
+    output.writeFieldBegin('owner', Thrift.Type.STRING, 6);
+    output.writeString(this.owner);
+    output.writeFieldEnd();
+  }
+  if (this.primary_reachable !== null && this.primary_reachable !== undefined) {
+    output.writeFieldBegin('primary_reachable', Thrift.Type.BOOL, 7);
+    output.writeBool(this.primary_reachable);
+    output.writeFieldEnd();
+  }
+  if (this.semi_sync_on !== null && this.semi_sync_on !== undefined) {
+    output.writeFieldBegin('semi_sync_on', Thrift.Type.BOOL, 8);
+    output.writeBool(this.semi_sync_on);
+    output.writeFieldEnd();
+  }
+  if (this.semi_sync_no_tx !== null && this.semi_sync_no_tx !== undefined) {
+    output.writeFieldBegin('semi_sync_no_tx', Thrift.Type.I64, 9);
+    output.writeI64(this.semi_sync_no_tx);
+    output.writeFieldEnd();
+  }
+  if (this.replicas !== null && this.replicas !== undefined) {
+    output.writeFieldBegin('replicas', Thrift.Type.LIST, 10);
+    output.writeListBegin(Thrift.Type.STRUCT, this.replicas.length);
+    for (var iter119 in this.replicas) {
+      if (this.replicas.hasOwnProperty(iter119)) {
+        iter119 = this.replicas[iter119];
+        iter119.write(output);
+      }
+    }
+    output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var ReplicationResponse = module.exports.ReplicationResponse = function(args) {
+  this.shards = null;
+  if (args) {
+    if (args.shards !== undefined && args.shards !== null) {
+      this.shards = Thrift.copyList(args.shards, [ttypes.ShardReplicationInfo]);
+    }
+  }
+};
+ReplicationResponse.prototype = {};
+ReplicationResponse.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.LIST) {
+        this.shards = [];
+        var _rtmp3121 = input.readListBegin();
+        var _size120 = _rtmp3121.size || 0;
+        for (var _i122 = 0; _i122 < _size120; ++_i122) {
+          var elem123 = null;
+          elem123 = new ttypes.ShardReplicationInfo();
+          elem123.read(input);
+          this.shards.push(elem123);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 0:
+        input.skip(ftype);
+        break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+ReplicationResponse.prototype.write = function(output) {
+  output.writeStructBegin('ReplicationResponse');
+  if (this.shards !== null && this.shards !== undefined) {
+    output.writeFieldBegin('shards', Thrift.Type.LIST, 1);
+    output.writeListBegin(Thrift.Type.STRUCT, this.shards.length);
+    for (var iter124 in this.shards) {
+      if (this.shards.hasOwnProperty(iter124)) {
+        iter124 = this.shards[iter124];
+        iter124.write(output);
+      }
+    }
+    output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+

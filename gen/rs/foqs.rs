@@ -4336,6 +4336,1014 @@ impl Default for NotifyReadyRequest {
 }
 
 //
+// SwitchoverRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct SwitchoverRequest {
+  pub shard_id: Option<i32>,
+  pub to: Option<String>,
+}
+
+impl SwitchoverRequest {
+  pub fn new<F1, F2>(shard_id: F1, to: F2) -> SwitchoverRequest where F1: Into<Option<i32>>, F2: Into<Option<String>> {
+    SwitchoverRequest {
+      shard_id: shard_id.into(),
+      to: to.into(),
+    }
+  }
+}
+
+impl TSerializable for SwitchoverRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<SwitchoverRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<i32> = Some(0);
+    let mut f_2: Option<String> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_i32()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = SwitchoverRequest {
+      shard_id: f_1,
+      to: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("SwitchoverRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(fld_var) = self.shard_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shard_id", TType::I32, 1))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.to {
+      o_prot.write_field_begin(&TFieldIdentifier::new("to", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for SwitchoverRequest {
+  fn default() -> Self {
+    SwitchoverRequest{
+      shard_id: Some(0),
+      to: Some("".to_owned()),
+    }
+  }
+}
+
+//
+// RegionDrainRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct RegionDrainRequest {
+  pub from_region: Option<String>,
+  pub to_region: Option<String>,
+}
+
+impl RegionDrainRequest {
+  pub fn new<F1, F2>(from_region: F1, to_region: F2) -> RegionDrainRequest where F1: Into<Option<String>>, F2: Into<Option<String>> {
+    RegionDrainRequest {
+      from_region: from_region.into(),
+      to_region: to_region.into(),
+    }
+  }
+}
+
+impl TSerializable for RegionDrainRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<RegionDrainRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = RegionDrainRequest {
+      from_region: f_1,
+      to_region: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("RegionDrainRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.from_region {
+      o_prot.write_field_begin(&TFieldIdentifier::new("from_region", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.to_region {
+      o_prot.write_field_begin(&TFieldIdentifier::new("to_region", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for RegionDrainRequest {
+  fn default() -> Self {
+    RegionDrainRequest{
+      from_region: Some("".to_owned()),
+      to_region: Some("".to_owned()),
+    }
+  }
+}
+
+//
+// FailoverRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FailoverRequest {
+  pub shard_id: Option<i32>,
+  pub allow_loss: Option<bool>,
+}
+
+impl FailoverRequest {
+  pub fn new<F1, F2>(shard_id: F1, allow_loss: F2) -> FailoverRequest where F1: Into<Option<i32>>, F2: Into<Option<bool>> {
+    FailoverRequest {
+      shard_id: shard_id.into(),
+      allow_loss: allow_loss.into(),
+    }
+  }
+}
+
+impl TSerializable for FailoverRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FailoverRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<i32> = Some(0);
+    let mut f_2: Option<bool> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_i32()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_bool()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FailoverRequest {
+      shard_id: f_1,
+      allow_loss: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FailoverRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(fld_var) = self.shard_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shard_id", TType::I32, 1))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.allow_loss {
+      o_prot.write_field_begin(&TFieldIdentifier::new("allow_loss", TType::Bool, 2))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for FailoverRequest {
+  fn default() -> Self {
+    FailoverRequest{
+      shard_id: Some(0),
+      allow_loss: Some(false),
+    }
+  }
+}
+
+//
+// SwitchReport
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct SwitchReport {
+  pub kind: Option<String>,
+  pub shards: Option<Vec<i32>>,
+  pub from_server: Option<String>,
+  pub to_server: Option<String>,
+  pub to_region: Option<String>,
+  pub generation: Option<i64>,
+  pub ok: Option<bool>,
+  pub error: Option<String>,
+  pub pause_ms: Option<i64>,
+  pub read_only_ms: Option<i64>,
+  pub catchup_ms: Option<i64>,
+  pub lost_transactions: Option<i64>,
+}
+
+impl SwitchReport {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10, F11, F12>(kind: F1, shards: F2, from_server: F3, to_server: F4, to_region: F5, generation: F6, ok: F7, error: F8, pause_ms: F9, read_only_ms: F10, catchup_ms: F11, lost_transactions: F12) -> SwitchReport where F1: Into<Option<String>>, F2: Into<Option<Vec<i32>>>, F3: Into<Option<String>>, F4: Into<Option<String>>, F5: Into<Option<String>>, F6: Into<Option<i64>>, F7: Into<Option<bool>>, F8: Into<Option<String>>, F9: Into<Option<i64>>, F10: Into<Option<i64>>, F11: Into<Option<i64>>, F12: Into<Option<i64>> {
+    SwitchReport {
+      kind: kind.into(),
+      shards: shards.into(),
+      from_server: from_server.into(),
+      to_server: to_server.into(),
+      to_region: to_region.into(),
+      generation: generation.into(),
+      ok: ok.into(),
+      error: error.into(),
+      pause_ms: pause_ms.into(),
+      read_only_ms: read_only_ms.into(),
+      catchup_ms: catchup_ms.into(),
+      lost_transactions: lost_transactions.into(),
+    }
+  }
+}
+
+impl TSerializable for SwitchReport {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<SwitchReport> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<Vec<i32>> = Some(Vec::new());
+    let mut f_3: Option<String> = Some("".to_owned());
+    let mut f_4: Option<String> = Some("".to_owned());
+    let mut f_5: Option<String> = Some("".to_owned());
+    let mut f_6: Option<i64> = Some(0);
+    let mut f_7: Option<bool> = Some(false);
+    let mut f_8: Option<String> = None;
+    let mut f_9: Option<i64> = Some(0);
+    let mut f_10: Option<i64> = Some(0);
+    let mut f_11: Option<i64> = Some(0);
+    let mut f_12: Option<i64> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<i32> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_21 = i_prot.read_i32()?;
+            val.push(list_elem_21);
+          }
+          i_prot.read_list_end()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_string()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_string()?;
+          f_5 = Some(val);
+        },
+        6 => {
+          let val = i_prot.read_i64()?;
+          f_6 = Some(val);
+        },
+        7 => {
+          let val = i_prot.read_bool()?;
+          f_7 = Some(val);
+        },
+        8 => {
+          let val = i_prot.read_string()?;
+          f_8 = Some(val);
+        },
+        9 => {
+          let val = i_prot.read_i64()?;
+          f_9 = Some(val);
+        },
+        10 => {
+          let val = i_prot.read_i64()?;
+          f_10 = Some(val);
+        },
+        11 => {
+          let val = i_prot.read_i64()?;
+          f_11 = Some(val);
+        },
+        12 => {
+          let val = i_prot.read_i64()?;
+          f_12 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = SwitchReport {
+      kind: f_1,
+      shards: f_2,
+      from_server: f_3,
+      to_server: f_4,
+      to_region: f_5,
+      generation: f_6,
+      ok: f_7,
+      error: f_8,
+      pause_ms: f_9,
+      read_only_ms: f_10,
+      catchup_ms: f_11,
+      lost_transactions: f_12,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("SwitchReport");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.kind {
+      o_prot.write_field_begin(&TFieldIdentifier::new("kind", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.shards {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shards", TType::List, 2))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::I32, fld_var.len() as i32))?;
+      for e in fld_var {
+        o_prot.write_i32(*e)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.from_server {
+      o_prot.write_field_begin(&TFieldIdentifier::new("from_server", TType::String, 3))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.to_server {
+      o_prot.write_field_begin(&TFieldIdentifier::new("to_server", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.to_region {
+      o_prot.write_field_begin(&TFieldIdentifier::new("to_region", TType::String, 5))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.generation {
+      o_prot.write_field_begin(&TFieldIdentifier::new("generation", TType::I64, 6))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.ok {
+      o_prot.write_field_begin(&TFieldIdentifier::new("ok", TType::Bool, 7))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.error {
+      o_prot.write_field_begin(&TFieldIdentifier::new("error", TType::String, 8))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.pause_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("pause_ms", TType::I64, 9))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.read_only_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("read_only_ms", TType::I64, 10))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.catchup_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("catchup_ms", TType::I64, 11))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.lost_transactions {
+      o_prot.write_field_begin(&TFieldIdentifier::new("lost_transactions", TType::I64, 12))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for SwitchReport {
+  fn default() -> Self {
+    SwitchReport{
+      kind: Some("".to_owned()),
+      shards: Some(Vec::new()),
+      from_server: Some("".to_owned()),
+      to_server: Some("".to_owned()),
+      to_region: Some("".to_owned()),
+      generation: Some(0),
+      ok: Some(false),
+      error: Some("".to_owned()),
+      pause_ms: Some(0),
+      read_only_ms: Some(0),
+      catchup_ms: Some(0),
+      lost_transactions: Some(0),
+    }
+  }
+}
+
+//
+// SwitchResponse
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct SwitchResponse {
+  pub switches: Option<Vec<SwitchReport>>,
+}
+
+impl SwitchResponse {
+  pub fn new<F1>(switches: F1) -> SwitchResponse where F1: Into<Option<Vec<SwitchReport>>> {
+    SwitchResponse {
+      switches: switches.into(),
+    }
+  }
+}
+
+impl TSerializable for SwitchResponse {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<SwitchResponse> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<SwitchReport>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<SwitchReport> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_22 = SwitchReport::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_22);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = SwitchResponse {
+      switches: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("SwitchResponse");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.switches {
+      o_prot.write_field_begin(&TFieldIdentifier::new("switches", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for SwitchResponse {
+  fn default() -> Self {
+    SwitchResponse{
+      switches: Some(Vec::new()),
+    }
+  }
+}
+
+//
+// ReplicaInfo
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct ReplicaInfo {
+  pub server: Option<String>,
+  pub region: Option<String>,
+  pub reachable: Option<bool>,
+  pub read_only: Option<bool>,
+  pub lag_transactions: Option<i64>,
+  pub lag_ms: Option<i64>,
+  pub io_running: Option<bool>,
+  pub sql_running: Option<bool>,
+  pub semi_sync: Option<bool>,
+  pub error: Option<String>,
+}
+
+impl ReplicaInfo {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10>(server: F1, region: F2, reachable: F3, read_only: F4, lag_transactions: F5, lag_ms: F6, io_running: F7, sql_running: F8, semi_sync: F9, error: F10) -> ReplicaInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<bool>>, F4: Into<Option<bool>>, F5: Into<Option<i64>>, F6: Into<Option<i64>>, F7: Into<Option<bool>>, F8: Into<Option<bool>>, F9: Into<Option<bool>>, F10: Into<Option<String>> {
+    ReplicaInfo {
+      server: server.into(),
+      region: region.into(),
+      reachable: reachable.into(),
+      read_only: read_only.into(),
+      lag_transactions: lag_transactions.into(),
+      lag_ms: lag_ms.into(),
+      io_running: io_running.into(),
+      sql_running: sql_running.into(),
+      semi_sync: semi_sync.into(),
+      error: error.into(),
+    }
+  }
+}
+
+impl TSerializable for ReplicaInfo {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ReplicaInfo> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<bool> = Some(false);
+    let mut f_4: Option<bool> = Some(false);
+    let mut f_5: Option<i64> = None;
+    let mut f_6: Option<i64> = None;
+    let mut f_7: Option<bool> = Some(false);
+    let mut f_8: Option<bool> = Some(false);
+    let mut f_9: Option<bool> = Some(false);
+    let mut f_10: Option<String> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_bool()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_bool()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_i64()?;
+          f_5 = Some(val);
+        },
+        6 => {
+          let val = i_prot.read_i64()?;
+          f_6 = Some(val);
+        },
+        7 => {
+          let val = i_prot.read_bool()?;
+          f_7 = Some(val);
+        },
+        8 => {
+          let val = i_prot.read_bool()?;
+          f_8 = Some(val);
+        },
+        9 => {
+          let val = i_prot.read_bool()?;
+          f_9 = Some(val);
+        },
+        10 => {
+          let val = i_prot.read_string()?;
+          f_10 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = ReplicaInfo {
+      server: f_1,
+      region: f_2,
+      reachable: f_3,
+      read_only: f_4,
+      lag_transactions: f_5,
+      lag_ms: f_6,
+      io_running: f_7,
+      sql_running: f_8,
+      semi_sync: f_9,
+      error: f_10,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("ReplicaInfo");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.server {
+      o_prot.write_field_begin(&TFieldIdentifier::new("server", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.region {
+      o_prot.write_field_begin(&TFieldIdentifier::new("region", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.reachable {
+      o_prot.write_field_begin(&TFieldIdentifier::new("reachable", TType::Bool, 3))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.read_only {
+      o_prot.write_field_begin(&TFieldIdentifier::new("read_only", TType::Bool, 4))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.lag_transactions {
+      o_prot.write_field_begin(&TFieldIdentifier::new("lag_transactions", TType::I64, 5))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.lag_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("lag_ms", TType::I64, 6))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.io_running {
+      o_prot.write_field_begin(&TFieldIdentifier::new("io_running", TType::Bool, 7))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.sql_running {
+      o_prot.write_field_begin(&TFieldIdentifier::new("sql_running", TType::Bool, 8))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.semi_sync {
+      o_prot.write_field_begin(&TFieldIdentifier::new("semi_sync", TType::Bool, 9))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.error {
+      o_prot.write_field_begin(&TFieldIdentifier::new("error", TType::String, 10))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for ReplicaInfo {
+  fn default() -> Self {
+    ReplicaInfo{
+      server: Some("".to_owned()),
+      region: Some("".to_owned()),
+      reachable: Some(false),
+      read_only: Some(false),
+      lag_transactions: Some(0),
+      lag_ms: Some(0),
+      io_running: Some(false),
+      sql_running: Some(false),
+      semi_sync: Some(false),
+      error: Some("".to_owned()),
+    }
+  }
+}
+
+//
+// ShardReplicationInfo
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct ShardReplicationInfo {
+  pub shard_id: Option<i32>,
+  pub primary: Option<String>,
+  pub primary_region: Option<String>,
+  pub generation: Option<i64>,
+  pub state: Option<String>,
+  pub owner: Option<String>,
+  pub primary_reachable: Option<bool>,
+  pub semi_sync_on: Option<bool>,
+  pub semi_sync_no_tx: Option<i64>,
+  pub replicas: Option<Vec<ReplicaInfo>>,
+}
+
+impl ShardReplicationInfo {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10>(shard_id: F1, primary: F2, primary_region: F3, generation: F4, state: F5, owner: F6, primary_reachable: F7, semi_sync_on: F8, semi_sync_no_tx: F9, replicas: F10) -> ShardReplicationInfo where F1: Into<Option<i32>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<i64>>, F5: Into<Option<String>>, F6: Into<Option<String>>, F7: Into<Option<bool>>, F8: Into<Option<bool>>, F9: Into<Option<i64>>, F10: Into<Option<Vec<ReplicaInfo>>> {
+    ShardReplicationInfo {
+      shard_id: shard_id.into(),
+      primary: primary.into(),
+      primary_region: primary_region.into(),
+      generation: generation.into(),
+      state: state.into(),
+      owner: owner.into(),
+      primary_reachable: primary_reachable.into(),
+      semi_sync_on: semi_sync_on.into(),
+      semi_sync_no_tx: semi_sync_no_tx.into(),
+      replicas: replicas.into(),
+    }
+  }
+}
+
+impl TSerializable for ShardReplicationInfo {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ShardReplicationInfo> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<i32> = Some(0);
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<String> = Some("".to_owned());
+    let mut f_4: Option<i64> = Some(0);
+    let mut f_5: Option<String> = Some("".to_owned());
+    let mut f_6: Option<String> = None;
+    let mut f_7: Option<bool> = Some(false);
+    let mut f_8: Option<bool> = Some(false);
+    let mut f_9: Option<i64> = Some(0);
+    let mut f_10: Option<Vec<ReplicaInfo>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_i32()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_string()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_i64()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_string()?;
+          f_5 = Some(val);
+        },
+        6 => {
+          let val = i_prot.read_string()?;
+          f_6 = Some(val);
+        },
+        7 => {
+          let val = i_prot.read_bool()?;
+          f_7 = Some(val);
+        },
+        8 => {
+          let val = i_prot.read_bool()?;
+          f_8 = Some(val);
+        },
+        9 => {
+          let val = i_prot.read_i64()?;
+          f_9 = Some(val);
+        },
+        10 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<ReplicaInfo> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_23 = ReplicaInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_23);
+          }
+          i_prot.read_list_end()?;
+          f_10 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = ShardReplicationInfo {
+      shard_id: f_1,
+      primary: f_2,
+      primary_region: f_3,
+      generation: f_4,
+      state: f_5,
+      owner: f_6,
+      primary_reachable: f_7,
+      semi_sync_on: f_8,
+      semi_sync_no_tx: f_9,
+      replicas: f_10,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("ShardReplicationInfo");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(fld_var) = self.shard_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shard_id", TType::I32, 1))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.primary {
+      o_prot.write_field_begin(&TFieldIdentifier::new("primary", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.primary_region {
+      o_prot.write_field_begin(&TFieldIdentifier::new("primary_region", TType::String, 3))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.generation {
+      o_prot.write_field_begin(&TFieldIdentifier::new("generation", TType::I64, 4))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.state {
+      o_prot.write_field_begin(&TFieldIdentifier::new("state", TType::String, 5))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.owner {
+      o_prot.write_field_begin(&TFieldIdentifier::new("owner", TType::String, 6))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.primary_reachable {
+      o_prot.write_field_begin(&TFieldIdentifier::new("primary_reachable", TType::Bool, 7))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.semi_sync_on {
+      o_prot.write_field_begin(&TFieldIdentifier::new("semi_sync_on", TType::Bool, 8))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.semi_sync_no_tx {
+      o_prot.write_field_begin(&TFieldIdentifier::new("semi_sync_no_tx", TType::I64, 9))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.replicas {
+      o_prot.write_field_begin(&TFieldIdentifier::new("replicas", TType::List, 10))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for ShardReplicationInfo {
+  fn default() -> Self {
+    ShardReplicationInfo{
+      shard_id: Some(0),
+      primary: Some("".to_owned()),
+      primary_region: Some("".to_owned()),
+      generation: Some(0),
+      state: Some("".to_owned()),
+      owner: Some("".to_owned()),
+      primary_reachable: Some(false),
+      semi_sync_on: Some(false),
+      semi_sync_no_tx: Some(0),
+      replicas: Some(Vec::new()),
+    }
+  }
+}
+
+//
+// ReplicationResponse
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct ReplicationResponse {
+  pub shards: Option<Vec<ShardReplicationInfo>>,
+}
+
+impl ReplicationResponse {
+  pub fn new<F1>(shards: F1) -> ReplicationResponse where F1: Into<Option<Vec<ShardReplicationInfo>>> {
+    ReplicationResponse {
+      shards: shards.into(),
+    }
+  }
+}
+
+impl TSerializable for ReplicationResponse {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ReplicationResponse> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<ShardReplicationInfo>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<ShardReplicationInfo> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_24 = ShardReplicationInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_24);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = ReplicationResponse {
+      shards: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("ReplicationResponse");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.shards {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shards", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for ReplicationResponse {
+  fn default() -> Self {
+    ReplicationResponse{
+      shards: Some(Vec::new()),
+    }
+  }
+}
+
+//
 // Foqs service client
 //
 
@@ -4354,6 +5362,10 @@ pub trait TFoqsSyncClient {
   fn dlq_requeue_all(&mut self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
   fn dlq_purge(&mut self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
   fn notify_ready(&mut self, req: NotifyReadyRequest) -> thrift::Result<()>;
+  fn shard_switchover(&mut self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse>;
+  fn region_drain(&mut self, req: RegionDrainRequest) -> thrift::Result<SwitchResponse>;
+  fn shard_failover(&mut self, req: FailoverRequest) -> thrift::Result<SwitchResponse>;
+  fn get_replication(&mut self) -> thrift::Result<ReplicationResponse>;
 }
 
 pub trait TFoqsSyncClientMarker {}
@@ -4758,6 +5770,114 @@ impl <C: TThriftClient + TFoqsSyncClientMarker> TFoqsSyncClient for C {
       result.ok_or()
     }
   }
+  fn shard_switchover(&mut self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("shardSwitchover", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsShardSwitchoverArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("shardSwitchover", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsShardSwitchoverResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
+  fn region_drain(&mut self, req: RegionDrainRequest) -> thrift::Result<SwitchResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("regionDrain", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsRegionDrainArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("regionDrain", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsRegionDrainResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
+  fn shard_failover(&mut self, req: FailoverRequest) -> thrift::Result<SwitchResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("shardFailover", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsShardFailoverArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("shardFailover", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsShardFailoverResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
+  fn get_replication(&mut self) -> thrift::Result<ReplicationResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("getReplication", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsGetReplicationArgs {  };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("getReplication", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsGetReplicationResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
 }
 
 //
@@ -4779,6 +5899,10 @@ pub trait FoqsSyncHandler {
   fn handle_dlq_requeue_all(&self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
   fn handle_dlq_purge(&self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
   fn handle_notify_ready(&self, req: NotifyReadyRequest) -> thrift::Result<()>;
+  fn handle_shard_switchover(&self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse>;
+  fn handle_region_drain(&self, req: RegionDrainRequest) -> thrift::Result<SwitchResponse>;
+  fn handle_shard_failover(&self, req: FailoverRequest) -> thrift::Result<SwitchResponse>;
+  fn handle_get_replication(&self) -> thrift::Result<ReplicationResponse>;
 }
 
 pub struct FoqsSyncProcessor<H: FoqsSyncHandler> {
@@ -4832,6 +5956,18 @@ impl <H: FoqsSyncHandler> FoqsSyncProcessor<H> {
   }
   fn process_notify_ready(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_notify_ready(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_shard_switchover(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_shard_switchover(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_region_drain(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_region_drain(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_shard_failover(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_shard_failover(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_get_replication(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_get_replication(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
 }
 
@@ -5678,6 +6814,246 @@ impl TFoqsProcessFunctions {
       },
     }
   }
+  pub fn process_shard_switchover<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsShardSwitchoverArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_shard_switchover(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("shardSwitchover", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsShardSwitchoverResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsShardSwitchoverResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("shardSwitchover", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("shardSwitchover", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("shardSwitchover", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("shardSwitchover", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
+  pub fn process_region_drain<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsRegionDrainArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_region_drain(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("regionDrain", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsRegionDrainResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsRegionDrainResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("regionDrain", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("regionDrain", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("regionDrain", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("regionDrain", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
+  pub fn process_shard_failover<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsShardFailoverArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_shard_failover(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("shardFailover", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsShardFailoverResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsShardFailoverResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("shardFailover", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("shardFailover", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("shardFailover", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("shardFailover", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
+  pub fn process_get_replication<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let _ = FoqsGetReplicationArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_get_replication() {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("getReplication", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsGetReplicationResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsGetReplicationResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("getReplication", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("getReplication", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("getReplication", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("getReplication", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
 }
 
 impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
@@ -5725,6 +7101,18 @@ impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
       },
       "notifyReady" => {
         self.process_notify_ready(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "shardSwitchover" => {
+        self.process_shard_switchover(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "regionDrain" => {
+        self.process_region_drain(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "shardFailover" => {
+        self.process_shard_failover(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "getReplication" => {
+        self.process_get_replication(message_ident.sequence_number, i_prot, o_prot)
       },
       method => {
         Err(
@@ -7448,6 +8836,494 @@ impl FoqsNotifyReadyResult {
   pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let struct_ident = TStructIdentifier::new("FoqsNotifyReadyResult");
     o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsShardSwitchoverArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsShardSwitchoverArgs {
+  pub req: SwitchoverRequest,
+}
+
+impl FoqsShardSwitchoverArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsShardSwitchoverArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<SwitchoverRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = SwitchoverRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsShardSwitchoverArgs.req", &f_1)?;
+    let ret = FoqsShardSwitchoverArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("shardSwitchover_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsShardSwitchoverResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsShardSwitchoverResult {
+  pub result_value: Option<SwitchResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsShardSwitchoverResult {
+  pub fn ok_or(self) -> thrift::Result<SwitchResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsShardSwitchover"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsShardSwitchoverResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<SwitchResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = SwitchResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsShardSwitchoverResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsShardSwitchoverResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsRegionDrainArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsRegionDrainArgs {
+  pub req: RegionDrainRequest,
+}
+
+impl FoqsRegionDrainArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsRegionDrainArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<RegionDrainRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = RegionDrainRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsRegionDrainArgs.req", &f_1)?;
+    let ret = FoqsRegionDrainArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("regionDrain_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsRegionDrainResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsRegionDrainResult {
+  pub result_value: Option<SwitchResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsRegionDrainResult {
+  pub fn ok_or(self) -> thrift::Result<SwitchResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsRegionDrain"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsRegionDrainResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<SwitchResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = SwitchResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsRegionDrainResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsRegionDrainResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsShardFailoverArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsShardFailoverArgs {
+  pub req: FailoverRequest,
+}
+
+impl FoqsShardFailoverArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsShardFailoverArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<FailoverRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = FailoverRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsShardFailoverArgs.req", &f_1)?;
+    let ret = FoqsShardFailoverArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("shardFailover_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsShardFailoverResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsShardFailoverResult {
+  pub result_value: Option<SwitchResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsShardFailoverResult {
+  pub fn ok_or(self) -> thrift::Result<SwitchResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsShardFailover"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsShardFailoverResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<SwitchResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = SwitchResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsShardFailoverResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsShardFailoverResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsGetReplicationArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsGetReplicationArgs {
+}
+
+impl FoqsGetReplicationArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsGetReplicationArgs> {
+    i_prot.read_struct_begin()?;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsGetReplicationArgs {};
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("getReplication_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsGetReplicationResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsGetReplicationResult {
+  pub result_value: Option<ReplicationResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsGetReplicationResult {
+  pub fn ok_or(self) -> thrift::Result<ReplicationResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsGetReplication"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsGetReplicationResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<ReplicationResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = ReplicationResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsGetReplicationResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsGetReplicationResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
     if let Some(ref fld_var) = self.err {
       o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
       fld_var.write_to_out_protocol(o_prot)?;

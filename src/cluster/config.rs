@@ -42,6 +42,9 @@ pub struct ClusterConfig {
     pub advertise: Option<String>,
     /// The tier this host serves.
     pub tier: String,
+    /// The region this host runs in: a replicated shard is owned by a host of its
+    /// primary's region when the tier has one there.
+    pub region: String,
     /// Forward what this host cannot serve (enqueues for another tier or when it has no
     /// capacity, acks/nacks/touches for shards owned elsewhere) to the host that can.
     /// Off: such calls fail with `WRONG_HOST` and `redirect_host`.
@@ -69,6 +72,7 @@ impl Default for ClusterConfig {
             manager: ManagerKind::Single,
             advertise: None,
             tier: TIER_DEFAULT.to_string(),
+            region: String::new(),
             forwarding: true,
             peer_connections_max: 8,
             peer_timeout_ms: 2000,

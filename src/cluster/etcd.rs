@@ -4,7 +4,8 @@
 //! Keys, under the configured prefix P:
 //! - `P/hosts/<host_id>` = `{"addr":..,"tier":..}`, attached to the host's lease;
 //! - `P/shards/<shard>` = the owner's host id, attached to the owner's lease;
-//! - `P/quota/<ns>` = `{"tokens":..,"last_ms":..}` (no lease).
+//! - `P/quota/<ns>` = `{"tokens":..,"last_ms":..}` (no lease);
+//! - the replicated shards' primaries and acks (see `primaries.rs`).
 //!
 //! Every `poll_ms` a host renews its lease, reads the hosts and owners, and computes the
 //! owner each shard of its tier should have ([`super::assign`]: rendezvous hashing with
@@ -13,7 +14,10 @@
 //! only if the key is absent, so a shard has one owner key at a time), and gives back
 //! shards that should be elsewhere: first the host stops serving them (buffers flushed),
 //! then the key is deleted and the new owner creates it. A dead host's keys vanish with
-//! its lease, and the survivors take its shards.
+//! its lease, and the survivors take its shards. A replicated shard goes to a host of
+//! its primary's region when the tier has one there. Besides the poll, a watch on the
+//! hosts, owners and primaries reconciles at once when one changes (a switch's pause and
+//! a shard's move take milliseconds, not a poll interval).
 //!
 //! Fencing: after each successful renewal (sent at t) the lease cannot expire before
 //! t + TTL; the host may write until t + TTL - `fence_margin_ms` (store timeout + 500 ms,
@@ -27,24 +31,28 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, Txn, TxnOp,
+    PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use futures::future::BoxFuture;
+use futures::stream::{SelectAll, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::config::{fence_margin_ms, EtcdConfig};
-use super::{assign, ClusterView, HostAddr, ShardManager};
+use super::primaries::{self, Ack};
+use super::{assign_regional, ClusterView, HostAddr, Report, ShardManager};
 use crate::clock::SharedClock;
 use crate::fence::Fence;
-use crate::model::ShardId;
+use crate::model::{PrimaryRecord, ShardId};
 use crate::quota::{burst, refilled, QuotaBudget};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct HostRecord {
     addr: String,
     tier: String,
+    #[serde(default)]
+    region: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -59,14 +67,19 @@ pub struct Member {
     pub host_id: String,
     pub addr: String,
     pub tier: String,
+    pub region: String,
     /// The shards of this host's tier: the ones it may be given.
     pub tier_shards: Vec<ShardId>,
+    /// The replicated shards' first primaries (the config's layout), written to etcd
+    /// when it has none yet.
+    pub primaries: BTreeMap<ShardId, PrimaryRecord>,
 }
 
 pub struct EtcdManager {
     view: watch::Sender<Arc<ClusterView>>,
     fence: Fence,
     released: mpsc::UnboundedSender<ShardId>,
+    reports: mpsc::UnboundedSender<(ShardId, u64, Report)>,
     leave: Mutex<Option<(tokio::sync::oneshot::Sender<()>, JoinHandle<()>)>>,
 }
 
@@ -79,10 +92,12 @@ impl EtcdManager {
         store_timeout_ms: u64,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<(Arc<EtcdManager>, Client), etcd_client::Error> {
-        let client = connect(cfg).await?;
+        let mut client = connect(cfg).await?;
+        primaries::init(&mut client, &cfg.prefix, &member.primaries).await?;
         let fence = Fence::closed();
         let view = watch::Sender::new(Arc::new(ClusterView::default()));
         let (released_tx, released_rx) = mpsc::unbounded_channel();
+        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
         let (leave_tx, leave_rx) = tokio::sync::oneshot::channel();
         let follower = Follower {
             client: client.clone(),
@@ -98,13 +113,18 @@ impl EtcdManager {
             in_trouble: false,
             metrics,
         };
-        let task =
-            tokio::spawn(follower.run(Duration::from_millis(cfg.poll_ms), released_rx, leave_rx));
+        let task = tokio::spawn(follower.run(
+            Duration::from_millis(cfg.poll_ms),
+            released_rx,
+            reports_rx,
+            leave_rx,
+        ));
         Ok((
             Arc::new(EtcdManager {
                 view,
                 fence,
                 released: released_tx,
+                reports: reports_tx,
                 leave: Mutex::new(Some((leave_tx, task))),
             }),
             client,
@@ -131,6 +151,9 @@ impl ShardManager for EtcdManager {
     }
     fn released(&self, shard: ShardId) {
         let _ = self.released.send(shard);
+    }
+    fn report(&self, shard: ShardId, generation: u64, what: Report) {
+        let _ = self.reports.send((shard, generation, what));
     }
     fn leave(&self) -> BoxFuture<'_, ()> {
         let taken = self.leave.lock().expect("not poisoned").take();
@@ -192,20 +215,33 @@ impl Follower {
         mut self,
         poll: Duration,
         mut released: mpsc::UnboundedReceiver<ShardId>,
+        mut reports: mpsc::UnboundedReceiver<(ShardId, u64, Report)>,
         mut leave: tokio::sync::oneshot::Receiver<()>,
     ) {
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut watch: Option<SelectAll<WatchStream>> = None;
         loop {
+            let mut ticked = false;
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tick.tick() => ticked = true,
                 Some(s) = released.recv() => self.give_back(s).await,
+                Some(r) = reports.recv() => self.report(r).await,
+                changed = next_change(&mut watch) => if !changed { watch = None },
                 _ = &mut leave => break,
             }
             while let Ok(s) = released.try_recv() {
                 self.give_back(s).await;
             }
-            self.renew().await;
+            while let Ok(r) = reports.try_recv() {
+                self.report(r).await;
+            }
+            if ticked {
+                self.renew().await;
+                if watch.is_none() {
+                    watch = self.open_watch().await;
+                }
+            }
             match self.reconcile().await {
                 Ok(()) if self.lease.is_some() => self.recovered(),
                 Ok(()) => {}
@@ -225,6 +261,43 @@ impl Follower {
             let _ = self.client.lease_revoke(lease.id).await;
         }
         tracing::info!(host_id = %self.member.host_id, "left the cluster");
+    }
+
+    /// Watches the hosts, owners and primaries (None when etcd cannot be reached: the
+    /// poll goes on, and the next tick tries again).
+    async fn open_watch(&mut self) -> Option<SelectAll<WatchStream>> {
+        let mut streams = Vec::new();
+        for dir in ["hosts", "shards", "primaries"] {
+            let k = format!("{}/{dir}/", self.prefix);
+            let stream = self
+                .client
+                .watch(k, Some(WatchOptions::new().with_prefix()))
+                .await
+                .ok()?;
+            streams.push(stream);
+        }
+        Some(futures::stream::select_all(streams))
+    }
+
+    /// Puts the ack of a paused or served shard under this host's lease.
+    async fn report(&mut self, (s, generation, what): (ShardId, u64, Report)) {
+        let Some(lease) = self.lease.as_ref().map(|l| l.id) else {
+            return;
+        };
+        if !self.held.contains(&s) {
+            return;
+        }
+        let dir = match what {
+            Report::Paused => "paused",
+            Report::Served => "served",
+        };
+        let a = Ack {
+            generation,
+            host: self.member.host_id.clone(),
+        };
+        if let Err(e) = primaries::ack(&mut self.client, &self.prefix, dir, s, &a, lease).await {
+            tracing::warn!(shard = s, error = %e, "etcd: cannot say the shard is {dir}");
+        }
     }
 
     /// The host stopped serving `s`: delete its key (only if still ours) so that its new
@@ -327,6 +400,7 @@ impl Follower {
         let record = serde_json::to_string(&HostRecord {
             addr: self.member.addr.clone(),
             tier: self.member.tier.clone(),
+            region: self.member.region.clone(),
         })
         .expect("serializable");
         // A key left by this host's previous life (same id, older lease) blocks the
@@ -396,6 +470,7 @@ impl Follower {
                     HostAddr {
                         addr: r.addr,
                         tier: r.tier,
+                        region: r.region,
                     },
                 );
             }
@@ -422,13 +497,23 @@ impl Follower {
             self.held.remove(&s);
             self.releasing.remove(&s);
         }
-        let tier_hosts: Vec<&str> = hosts
+        let primaries: BTreeMap<ShardId, PrimaryRecord> =
+            primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
+                .await?
+                .into_iter()
+                .map(|(s, (r, _))| (s, r))
+                .collect();
+        let tier_hosts: Vec<(&str, &str)> = hosts
             .iter()
             .filter(|(_, h)| h.tier == self.member.tier)
-            .map(|(id, _)| id.as_str())
+            .map(|(id, h)| (id.as_str(), h.region.as_str()))
             .collect();
         let registered = hosts.contains_key(&me) && my_lease.is_some();
-        let plan = assign(&self.member.tier_shards, &tier_hosts);
+        let regions: BTreeMap<ShardId, &str> = primaries
+            .iter()
+            .map(|(s, r)| (*s, r.region.as_str()))
+            .collect();
+        let plan = assign_regional(&self.member.tier_shards, &tier_hosts, &regions);
         for &s in &self.member.tier_shards.clone() {
             let desired = plan.get(&s).copied();
             if self.held.contains(&s) {
@@ -469,7 +554,11 @@ impl Follower {
             })
             .map(|(s, (owner, _))| (s, owner))
             .collect();
-        let view = ClusterView { hosts, owners };
+        let view = ClusterView {
+            hosts,
+            owners,
+            primaries,
+        };
         self.view.send_if_modified(|v| {
             if **v == view {
                 return false;
@@ -478,6 +567,15 @@ impl Follower {
             true
         });
         Ok(())
+    }
+}
+
+/// Waits for the next change the watch reports; false when the watch ended (or there
+/// is none: then it never returns).
+async fn next_change(watch: &mut Option<SelectAll<WatchStream>>) -> bool {
+    match watch {
+        Some(w) => matches!(w.next().await, Some(Ok(_))),
+        None => std::future::pending().await,
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod config;
 mod etcd;
+pub mod primaries;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -37,9 +38,19 @@ pub trait ShardManager: Send + Sync {
     /// The host has stopped serving `shard` (buffers flushed, worker stopped): another
     /// host may take it now.
     fn released(&self, shard: ShardId);
+    /// A replicated shard was paused for a switch of `generation`, or is served on the
+    /// primary of `generation` (etcd: acks the switch driver waits for).
+    fn report(&self, _shard: ShardId, _generation: u64, _what: Report) {}
     /// Leaves the cluster at shutdown, after every shard was released, so that the others
     /// take its shards at once instead of after the lease expires.
     fn leave(&self) -> BoxFuture<'_, ()>;
+}
+
+/// What a host says of a replicated shard (see [`ShardManager::report`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    Paused,
+    Served,
 }
 
 /// Single host or a fixed cluster: the view never changes and the fence never closes.
@@ -57,9 +68,11 @@ impl StaticManager {
                 HostAddr {
                     addr: addr.to_string(),
                     tier: tier.to_string(),
+                    region: String::new(),
                 },
             )]),
             owners: shards.iter().map(|s| (*s, host_id.to_string())).collect(),
+            primaries: BTreeMap::new(),
         };
         StaticManager {
             kind: "single",
@@ -76,6 +89,7 @@ impl StaticManager {
                 HostAddr {
                     addr: h.addr.clone(),
                     tier: h.tier.clone(),
+                    region: String::new(),
                 },
             );
             for s in &h.shards {
@@ -141,6 +155,33 @@ pub fn assign<'a>(shards: &[ShardId], hosts: &[&'a str]) -> BTreeMap<ShardId, &'
     out
 }
 
+/// [`assign`] with region affinity: a shard whose primary is in a region where the tier
+/// has hosts goes to one of those (bounded loads among them); the rest to any host.
+pub fn assign_regional<'a>(
+    shards: &[ShardId],
+    hosts: &[(&'a str, &str)],
+    regions: &BTreeMap<ShardId, &str>,
+) -> BTreeMap<ShardId, &'a str> {
+    let mut groups: BTreeMap<Option<&str>, Vec<ShardId>> = BTreeMap::new();
+    for s in shards {
+        let r = regions
+            .get(s)
+            .copied()
+            .filter(|r| !r.is_empty() && hosts.iter().any(|(_, hr)| hr == r));
+        groups.entry(r).or_default().push(*s);
+    }
+    let mut out = BTreeMap::new();
+    for (region, group) in groups {
+        let pool: Vec<&'a str> = hosts
+            .iter()
+            .filter(|(_, hr)| region.is_none_or(|r| *hr == r))
+            .map(|(h, _)| *h)
+            .collect();
+        out.extend(assign(&group, &pool));
+    }
+    out
+}
+
 fn score(host: &str, shard: ShardId) -> u64 {
     let mut h = crate::hash::fnv1a([host.as_bytes(), &shard.to_le_bytes()[..]]);
     // splitmix64's finalizer: FNV alone leaves scores of similar names correlated.
@@ -154,6 +195,19 @@ fn score(host: &str, shard: ShardId) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replicated_shard_goes_to_a_host_of_its_primarys_region() {
+        let hosts = [("a1", "r1"), ("a2", "r1"), ("b1", "r2"), ("c1", "r3")];
+        let regions = BTreeMap::from([(0, "r2"), (1, "r2"), (2, "r1"), (3, "r9")]);
+        let plan = assign_regional(&[0, 1, 2, 3, 4], &hosts, &regions);
+        assert_eq!(plan[&0], "b1");
+        assert_eq!(plan[&1], "b1");
+        assert!(["a1", "a2"].contains(&plan[&2]));
+        // No host in its region, or no region: any host.
+        assert!(plan.contains_key(&3) && plan.contains_key(&4));
+        assert_eq!(plan.len(), 5);
+    }
 
     fn pure(hosts: &[&str], shards: u32) -> BTreeMap<ShardId, String> {
         (0..shards)

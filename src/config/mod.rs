@@ -53,6 +53,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     #[serde(default)]
     pub log: LogConfig,
+    #[serde(default)]
+    pub replication: crate::replication::ReplicationConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -106,6 +108,13 @@ pub struct ShardConfig {
     pub url: String,
     #[serde(default = "pool_connections_max_default")]
     pub pool_connections_max: usize,
+    /// The region of the primary `url` names (needed with replicas).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// The shard's replicas (MySQL only, `cluster.manager = "etcd"`): the initial layout;
+    /// etcd holds the current primary from then on (see `crate::replication`).
+    #[serde(default)]
+    pub replicas: Vec<crate::replication::ReplicaConfig>,
 }
 
 fn pool_connections_max_default() -> usize {
@@ -418,6 +427,7 @@ impl Config {
             self.engine.store_timeout_ms,
             &mut problems,
         );
+        crate::replication::config::check(self, &mut problems);
         let tiers = cluster_config::tier_shards(&self.tiers, &shard_ids);
         let named = std::iter::once(("defaults".to_string(), &self.defaults.tier)).chain(
             self.namespaces

@@ -67,6 +67,8 @@ pub struct HostParts {
     pub dlq_call_bound: std::time::Duration,
     /// The same for one that a peer routed here: half the peers' call timeout.
     pub dlq_routed_bound: std::time::Duration,
+    /// Drives the replicated shards' switches (absent: no shard has replicas).
+    pub switchboard: Option<Arc<dyn crate::replication::Switchboard>>,
 }
 
 pub struct Host {
@@ -89,6 +91,7 @@ pub struct Host {
     metrics: Arc<Metrics>,
     pub(super) dlq_call_bound: std::time::Duration,
     pub(super) dlq_routed_bound: std::time::Duration,
+    pub(super) switchboard: Option<Arc<dyn crate::replication::Switchboard>>,
 }
 
 impl Host {
@@ -110,6 +113,7 @@ impl Host {
             metrics: p.metrics,
             dlq_call_bound: p.dlq_call_bound,
             dlq_routed_bound: p.dlq_routed_bound,
+            switchboard: p.switchboard,
         }
     }
 
@@ -142,6 +146,7 @@ impl Host {
             metrics: Arc::new(Metrics::new()),
             dlq_call_bound: std::time::Duration::from_secs(5),
             dlq_routed_bound: std::time::Duration::from_secs(1),
+            switchboard: None,
         });
         host.stop_waiting();
         host

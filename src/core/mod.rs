@@ -12,6 +12,7 @@ mod inspect;
 mod merge;
 mod peers;
 mod prefetch;
+mod replication;
 mod routing;
 mod settle;
 mod shard_error;

@@ -14,6 +14,7 @@ mod convert;
 #[cfg(any(test, feature = "faults"))]
 pub mod mangle;
 mod peer;
+mod replication;
 
 pub use peer::PeerClient;
 
@@ -62,6 +63,7 @@ enum Call {
     DlqRequeueAll(t::DlqRequeueAllRequest),
     DlqPurge(t::DlqPurgeRequest),
     NotifyReady(t::NotifyReadyRequest),
+    Replication(replication::Call),
 }
 
 enum Reply {
@@ -79,6 +81,7 @@ enum Reply {
     DlqRequeueAll(t::FoqsDlqRequeueAllResult),
     DlqPurge(t::FoqsDlqPurgeResult),
     NotifyReady(t::FoqsNotifyReadyResult),
+    Replication(replication::Reply),
     Exception(ApplicationError),
 }
 
@@ -270,6 +273,9 @@ fn decode(
         "notifyReady" => {
             t::FoqsNotifyReadyArgs::read_from_in_protocol(i).map(|a| Call::NotifyReady(a.req))
         }
+        other if replication::METHODS.contains(&other) => replication::decode(other, i)
+            .expect("a replication method")
+            .map(Call::Replication),
         other => {
             let _ = i.skip(TType::Struct);
             let e = ApplicationError::new(
@@ -314,6 +320,7 @@ fn encode(
         Reply::DlqRequeueAll(r) => r.write_to_out_protocol(o)?,
         Reply::DlqPurge(r) => r.write_to_out_protocol(o)?,
         Reply::NotifyReady(r) => r.write_to_out_protocol(o)?,
+        Reply::Replication(r) => r.write(o)?,
         Reply::Exception(e) => thrift::Error::write_application_error_to_out_protocol(e, o)?,
     }
     o.write_message_end()?;
@@ -368,6 +375,7 @@ fn method_label(name: &str) -> &'static str {
     ];
     METHODS
         .iter()
+        .chain(&replication::METHODS)
         .find(|m| **m == name)
         .copied()
         .unwrap_or("unknown")
@@ -407,6 +415,7 @@ impl Reply {
             Reply::DlqRequeueAll(r) => r.err.as_ref(),
             Reply::DlqPurge(r) => r.err.as_ref(),
             Reply::NotifyReady(r) => r.err.as_ref(),
+            Reply::Replication(r) => r.err(),
             Reply::Exception(e) => {
                 return match e.kind {
                     ApplicationErrorKind::UnknownMethod => "UNKNOWN_METHOD",
@@ -607,6 +616,9 @@ async fn execute(
                 .err()
                 .map(convert::foqs_error);
             Reply::NotifyReady(t::FoqsNotifyReadyResult { err })
+        }
+        Call::Replication(call) => {
+            Reply::Replication(replication::dispatch(host, caller, call).await)
         }
         Call::GetHostInfo => {
             let info = convert::host_info(host.host_status(caller));

@@ -3620,6 +3620,849 @@ class NotifyReadyRequest(object):
 
     def __ne__(self, other):
         return not (self == other)
+
+
+class SwitchoverRequest(object):
+    """
+    Attributes:
+     - shard_id
+     - to
+
+    """
+
+
+    def __init__(self, shard_id=None, to=None,):
+        self.shard_id = shard_id
+        self.to = to
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.shard_id = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.to = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('SwitchoverRequest')
+        if self.shard_id is not None:
+            oprot.writeFieldBegin('shard_id', TType.I32, 1)
+            oprot.writeI32(self.shard_id)
+            oprot.writeFieldEnd()
+        if self.to is not None:
+            oprot.writeFieldBegin('to', TType.STRING, 2)
+            oprot.writeString(self.to.encode('utf-8') if sys.version_info[0] == 2 else self.to)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class RegionDrainRequest(object):
+    """
+    Attributes:
+     - from_region
+     - to_region
+
+    """
+
+
+    def __init__(self, from_region=None, to_region=None,):
+        self.from_region = from_region
+        self.to_region = to_region
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.from_region = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.to_region = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('RegionDrainRequest')
+        if self.from_region is not None:
+            oprot.writeFieldBegin('from_region', TType.STRING, 1)
+            oprot.writeString(self.from_region.encode('utf-8') if sys.version_info[0] == 2 else self.from_region)
+            oprot.writeFieldEnd()
+        if self.to_region is not None:
+            oprot.writeFieldBegin('to_region', TType.STRING, 2)
+            oprot.writeString(self.to_region.encode('utf-8') if sys.version_info[0] == 2 else self.to_region)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class FailoverRequest(object):
+    """
+    Attributes:
+     - shard_id
+     - allow_loss
+
+    """
+
+
+    def __init__(self, shard_id=None, allow_loss=None,):
+        self.shard_id = shard_id
+        self.allow_loss = allow_loss
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.shard_id = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.BOOL:
+                    self.allow_loss = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('FailoverRequest')
+        if self.shard_id is not None:
+            oprot.writeFieldBegin('shard_id', TType.I32, 1)
+            oprot.writeI32(self.shard_id)
+            oprot.writeFieldEnd()
+        if self.allow_loss is not None:
+            oprot.writeFieldBegin('allow_loss', TType.BOOL, 2)
+            oprot.writeBool(self.allow_loss)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class SwitchReport(object):
+    """
+    Attributes:
+     - kind
+     - shards
+     - from_server
+     - to_server
+     - to_region
+     - generation
+     - ok
+     - error
+     - pause_ms
+     - read_only_ms
+     - catchup_ms
+     - lost_transactions
+
+    """
+
+
+    def __init__(self, kind=None, shards=None, from_server=None, to_server=None, to_region=None, generation=None, ok=None, error=None, pause_ms=None, read_only_ms=None, catchup_ms=None, lost_transactions=None,):
+        self.kind = kind
+        self.shards = shards
+        self.from_server = from_server
+        self.to_server = to_server
+        self.to_region = to_region
+        self.generation = generation
+        self.ok = ok
+        self.error = error
+        self.pause_ms = pause_ms
+        self.read_only_ms = read_only_ms
+        self.catchup_ms = catchup_ms
+        self.lost_transactions = lost_transactions
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.kind = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.LIST:
+                    self.shards = []
+                    (_etype150, _size147) = iprot.readListBegin()
+                    for _i151 in range(_size147):
+                        _elem152 = iprot.readI32()
+                        self.shards.append(_elem152)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.from_server = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.to_server = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.to_region = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I64:
+                    self.generation = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.BOOL:
+                    self.ok = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.STRING:
+                    self.error = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.I64:
+                    self.pause_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.I64:
+                    self.read_only_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.I64:
+                    self.catchup_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 12:
+                if ftype == TType.I64:
+                    self.lost_transactions = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('SwitchReport')
+        if self.kind is not None:
+            oprot.writeFieldBegin('kind', TType.STRING, 1)
+            oprot.writeString(self.kind.encode('utf-8') if sys.version_info[0] == 2 else self.kind)
+            oprot.writeFieldEnd()
+        if self.shards is not None:
+            oprot.writeFieldBegin('shards', TType.LIST, 2)
+            oprot.writeListBegin(TType.I32, len(self.shards))
+            for iter153 in self.shards:
+                oprot.writeI32(iter153)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.from_server is not None:
+            oprot.writeFieldBegin('from_server', TType.STRING, 3)
+            oprot.writeString(self.from_server.encode('utf-8') if sys.version_info[0] == 2 else self.from_server)
+            oprot.writeFieldEnd()
+        if self.to_server is not None:
+            oprot.writeFieldBegin('to_server', TType.STRING, 4)
+            oprot.writeString(self.to_server.encode('utf-8') if sys.version_info[0] == 2 else self.to_server)
+            oprot.writeFieldEnd()
+        if self.to_region is not None:
+            oprot.writeFieldBegin('to_region', TType.STRING, 5)
+            oprot.writeString(self.to_region.encode('utf-8') if sys.version_info[0] == 2 else self.to_region)
+            oprot.writeFieldEnd()
+        if self.generation is not None:
+            oprot.writeFieldBegin('generation', TType.I64, 6)
+            oprot.writeI64(self.generation)
+            oprot.writeFieldEnd()
+        if self.ok is not None:
+            oprot.writeFieldBegin('ok', TType.BOOL, 7)
+            oprot.writeBool(self.ok)
+            oprot.writeFieldEnd()
+        if self.error is not None:
+            oprot.writeFieldBegin('error', TType.STRING, 8)
+            oprot.writeString(self.error.encode('utf-8') if sys.version_info[0] == 2 else self.error)
+            oprot.writeFieldEnd()
+        if self.pause_ms is not None:
+            oprot.writeFieldBegin('pause_ms', TType.I64, 9)
+            oprot.writeI64(self.pause_ms)
+            oprot.writeFieldEnd()
+        if self.read_only_ms is not None:
+            oprot.writeFieldBegin('read_only_ms', TType.I64, 10)
+            oprot.writeI64(self.read_only_ms)
+            oprot.writeFieldEnd()
+        if self.catchup_ms is not None:
+            oprot.writeFieldBegin('catchup_ms', TType.I64, 11)
+            oprot.writeI64(self.catchup_ms)
+            oprot.writeFieldEnd()
+        if self.lost_transactions is not None:
+            oprot.writeFieldBegin('lost_transactions', TType.I64, 12)
+            oprot.writeI64(self.lost_transactions)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class SwitchResponse(object):
+    """
+    Attributes:
+     - switches
+
+    """
+
+
+    def __init__(self, switches=None,):
+        self.switches = switches
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.switches = []
+                    (_etype157, _size154) = iprot.readListBegin()
+                    for _i158 in range(_size154):
+                        _elem159 = SwitchReport()
+                        _elem159.read(iprot)
+                        self.switches.append(_elem159)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('SwitchResponse')
+        if self.switches is not None:
+            oprot.writeFieldBegin('switches', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRUCT, len(self.switches))
+            for iter160 in self.switches:
+                iter160.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class ReplicaInfo(object):
+    """
+    Attributes:
+     - server
+     - region
+     - reachable
+     - read_only
+     - lag_transactions
+     - lag_ms
+     - io_running
+     - sql_running
+     - semi_sync
+     - error
+
+    """
+
+
+    def __init__(self, server=None, region=None, reachable=None, read_only=None, lag_transactions=None, lag_ms=None, io_running=None, sql_running=None, semi_sync=None, error=None,):
+        self.server = server
+        self.region = region
+        self.reachable = reachable
+        self.read_only = read_only
+        self.lag_transactions = lag_transactions
+        self.lag_ms = lag_ms
+        self.io_running = io_running
+        self.sql_running = sql_running
+        self.semi_sync = semi_sync
+        self.error = error
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.server = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.region = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.BOOL:
+                    self.reachable = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.BOOL:
+                    self.read_only = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I64:
+                    self.lag_transactions = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I64:
+                    self.lag_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.BOOL:
+                    self.io_running = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.BOOL:
+                    self.sql_running = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.BOOL:
+                    self.semi_sync = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.STRING:
+                    self.error = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('ReplicaInfo')
+        if self.server is not None:
+            oprot.writeFieldBegin('server', TType.STRING, 1)
+            oprot.writeString(self.server.encode('utf-8') if sys.version_info[0] == 2 else self.server)
+            oprot.writeFieldEnd()
+        if self.region is not None:
+            oprot.writeFieldBegin('region', TType.STRING, 2)
+            oprot.writeString(self.region.encode('utf-8') if sys.version_info[0] == 2 else self.region)
+            oprot.writeFieldEnd()
+        if self.reachable is not None:
+            oprot.writeFieldBegin('reachable', TType.BOOL, 3)
+            oprot.writeBool(self.reachable)
+            oprot.writeFieldEnd()
+        if self.read_only is not None:
+            oprot.writeFieldBegin('read_only', TType.BOOL, 4)
+            oprot.writeBool(self.read_only)
+            oprot.writeFieldEnd()
+        if self.lag_transactions is not None:
+            oprot.writeFieldBegin('lag_transactions', TType.I64, 5)
+            oprot.writeI64(self.lag_transactions)
+            oprot.writeFieldEnd()
+        if self.lag_ms is not None:
+            oprot.writeFieldBegin('lag_ms', TType.I64, 6)
+            oprot.writeI64(self.lag_ms)
+            oprot.writeFieldEnd()
+        if self.io_running is not None:
+            oprot.writeFieldBegin('io_running', TType.BOOL, 7)
+            oprot.writeBool(self.io_running)
+            oprot.writeFieldEnd()
+        if self.sql_running is not None:
+            oprot.writeFieldBegin('sql_running', TType.BOOL, 8)
+            oprot.writeBool(self.sql_running)
+            oprot.writeFieldEnd()
+        if self.semi_sync is not None:
+            oprot.writeFieldBegin('semi_sync', TType.BOOL, 9)
+            oprot.writeBool(self.semi_sync)
+            oprot.writeFieldEnd()
+        if self.error is not None:
+            oprot.writeFieldBegin('error', TType.STRING, 10)
+            oprot.writeString(self.error.encode('utf-8') if sys.version_info[0] == 2 else self.error)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class ShardReplicationInfo(object):
+    """
+    Attributes:
+     - shard_id
+     - primary
+     - primary_region
+     - generation
+     - state
+     - owner
+     - primary_reachable
+     - semi_sync_on
+     - semi_sync_no_tx
+     - replicas
+
+    """
+
+
+    def __init__(self, shard_id=None, primary=None, primary_region=None, generation=None, state=None, owner=None, primary_reachable=None, semi_sync_on=None, semi_sync_no_tx=None, replicas=None,):
+        self.shard_id = shard_id
+        self.primary = primary
+        self.primary_region = primary_region
+        self.generation = generation
+        self.state = state
+        self.owner = owner
+        self.primary_reachable = primary_reachable
+        self.semi_sync_on = semi_sync_on
+        self.semi_sync_no_tx = semi_sync_no_tx
+        self.replicas = replicas
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.shard_id = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.primary = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.primary_region = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I64:
+                    self.generation = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.state = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.STRING:
+                    self.owner = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.BOOL:
+                    self.primary_reachable = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.BOOL:
+                    self.semi_sync_on = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.I64:
+                    self.semi_sync_no_tx = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.LIST:
+                    self.replicas = []
+                    (_etype164, _size161) = iprot.readListBegin()
+                    for _i165 in range(_size161):
+                        _elem166 = ReplicaInfo()
+                        _elem166.read(iprot)
+                        self.replicas.append(_elem166)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('ShardReplicationInfo')
+        if self.shard_id is not None:
+            oprot.writeFieldBegin('shard_id', TType.I32, 1)
+            oprot.writeI32(self.shard_id)
+            oprot.writeFieldEnd()
+        if self.primary is not None:
+            oprot.writeFieldBegin('primary', TType.STRING, 2)
+            oprot.writeString(self.primary.encode('utf-8') if sys.version_info[0] == 2 else self.primary)
+            oprot.writeFieldEnd()
+        if self.primary_region is not None:
+            oprot.writeFieldBegin('primary_region', TType.STRING, 3)
+            oprot.writeString(self.primary_region.encode('utf-8') if sys.version_info[0] == 2 else self.primary_region)
+            oprot.writeFieldEnd()
+        if self.generation is not None:
+            oprot.writeFieldBegin('generation', TType.I64, 4)
+            oprot.writeI64(self.generation)
+            oprot.writeFieldEnd()
+        if self.state is not None:
+            oprot.writeFieldBegin('state', TType.STRING, 5)
+            oprot.writeString(self.state.encode('utf-8') if sys.version_info[0] == 2 else self.state)
+            oprot.writeFieldEnd()
+        if self.owner is not None:
+            oprot.writeFieldBegin('owner', TType.STRING, 6)
+            oprot.writeString(self.owner.encode('utf-8') if sys.version_info[0] == 2 else self.owner)
+            oprot.writeFieldEnd()
+        if self.primary_reachable is not None:
+            oprot.writeFieldBegin('primary_reachable', TType.BOOL, 7)
+            oprot.writeBool(self.primary_reachable)
+            oprot.writeFieldEnd()
+        if self.semi_sync_on is not None:
+            oprot.writeFieldBegin('semi_sync_on', TType.BOOL, 8)
+            oprot.writeBool(self.semi_sync_on)
+            oprot.writeFieldEnd()
+        if self.semi_sync_no_tx is not None:
+            oprot.writeFieldBegin('semi_sync_no_tx', TType.I64, 9)
+            oprot.writeI64(self.semi_sync_no_tx)
+            oprot.writeFieldEnd()
+        if self.replicas is not None:
+            oprot.writeFieldBegin('replicas', TType.LIST, 10)
+            oprot.writeListBegin(TType.STRUCT, len(self.replicas))
+            for iter167 in self.replicas:
+                iter167.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class ReplicationResponse(object):
+    """
+    Attributes:
+     - shards
+
+    """
+
+
+    def __init__(self, shards=None,):
+        self.shards = shards
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.shards = []
+                    (_etype171, _size168) = iprot.readListBegin()
+                    for _i172 in range(_size168):
+                        _elem173 = ShardReplicationInfo()
+                        _elem173.read(iprot)
+                        self.shards.append(_elem173)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('ReplicationResponse')
+        if self.shards is not None:
+            oprot.writeFieldBegin('shards', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRUCT, len(self.shards))
+            for iter174 in self.shards:
+                iter174.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
 all_structs.append(FoqsError)
 FoqsError.thrift_spec = (
     None,  # 0
@@ -3916,6 +4759,78 @@ NotifyReadyRequest.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'host_id', 'UTF8', None, ),  # 1
     (2, TType.LIST, 'topics', (TType.STRUCT, [ReadyTopic, None], False), None, ),  # 2
+)
+all_structs.append(SwitchoverRequest)
+SwitchoverRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'shard_id', None, None, ),  # 1
+    (2, TType.STRING, 'to', 'UTF8', None, ),  # 2
+)
+all_structs.append(RegionDrainRequest)
+RegionDrainRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'from_region', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'to_region', 'UTF8', None, ),  # 2
+)
+all_structs.append(FailoverRequest)
+FailoverRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'shard_id', None, None, ),  # 1
+    (2, TType.BOOL, 'allow_loss', None, None, ),  # 2
+)
+all_structs.append(SwitchReport)
+SwitchReport.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'kind', 'UTF8', None, ),  # 1
+    (2, TType.LIST, 'shards', (TType.I32, None, False), None, ),  # 2
+    (3, TType.STRING, 'from_server', 'UTF8', None, ),  # 3
+    (4, TType.STRING, 'to_server', 'UTF8', None, ),  # 4
+    (5, TType.STRING, 'to_region', 'UTF8', None, ),  # 5
+    (6, TType.I64, 'generation', None, None, ),  # 6
+    (7, TType.BOOL, 'ok', None, None, ),  # 7
+    (8, TType.STRING, 'error', 'UTF8', None, ),  # 8
+    (9, TType.I64, 'pause_ms', None, None, ),  # 9
+    (10, TType.I64, 'read_only_ms', None, None, ),  # 10
+    (11, TType.I64, 'catchup_ms', None, None, ),  # 11
+    (12, TType.I64, 'lost_transactions', None, None, ),  # 12
+)
+all_structs.append(SwitchResponse)
+SwitchResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'switches', (TType.STRUCT, [SwitchReport, None], False), None, ),  # 1
+)
+all_structs.append(ReplicaInfo)
+ReplicaInfo.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'server', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'region', 'UTF8', None, ),  # 2
+    (3, TType.BOOL, 'reachable', None, None, ),  # 3
+    (4, TType.BOOL, 'read_only', None, None, ),  # 4
+    (5, TType.I64, 'lag_transactions', None, None, ),  # 5
+    (6, TType.I64, 'lag_ms', None, None, ),  # 6
+    (7, TType.BOOL, 'io_running', None, None, ),  # 7
+    (8, TType.BOOL, 'sql_running', None, None, ),  # 8
+    (9, TType.BOOL, 'semi_sync', None, None, ),  # 9
+    (10, TType.STRING, 'error', 'UTF8', None, ),  # 10
+)
+all_structs.append(ShardReplicationInfo)
+ShardReplicationInfo.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'shard_id', None, None, ),  # 1
+    (2, TType.STRING, 'primary', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'primary_region', 'UTF8', None, ),  # 3
+    (4, TType.I64, 'generation', None, None, ),  # 4
+    (5, TType.STRING, 'state', 'UTF8', None, ),  # 5
+    (6, TType.STRING, 'owner', 'UTF8', None, ),  # 6
+    (7, TType.BOOL, 'primary_reachable', None, None, ),  # 7
+    (8, TType.BOOL, 'semi_sync_on', None, None, ),  # 8
+    (9, TType.I64, 'semi_sync_no_tx', None, None, ),  # 9
+    (10, TType.LIST, 'replicas', (TType.STRUCT, [ReplicaInfo, None], False), None, ),  # 10
+)
+all_structs.append(ReplicationResponse)
+ReplicationResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'shards', (TType.STRUCT, [ShardReplicationInfo, None], False), None, ),  # 1
 )
 fix_spec(all_structs)
 del all_structs

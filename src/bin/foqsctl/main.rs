@@ -17,6 +17,8 @@ use foqs::thrift_gen::*;
 use foqs::tls::{client_config, ClientTlsFiles};
 use serde_json::{json, Value};
 
+mod replication;
+
 #[derive(Parser)]
 #[command(
     version,
@@ -174,6 +176,19 @@ enum Cmd {
     },
     /// The host's id, version and shards.
     HostInfo,
+    /// Replicated shards: every shard's primary, its replicas and their lag, semi-sync
+    /// status, owner and generation.
+    Shards,
+    /// Replicated shards: planned switchover or failover of a shard's replica set.
+    Shard {
+        #[command(subcommand)]
+        cmd: replication::ShardCmd,
+    },
+    /// Replicated shards: drain a region of its primaries.
+    Region {
+        #[command(subcommand)]
+        cmd: replication::RegionCmd,
+    },
 }
 
 #[derive(Subcommand)]
@@ -642,6 +657,18 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 Ok(Outcome::Done)
             }
         },
+        Cmd::Shards => {
+            replication::shards(c, cli.json, &mut |l| out(l), e)?;
+            Ok(Outcome::Done)
+        }
+        Cmd::Shard { cmd } => {
+            replication::shard(c, cmd, cli.json, &mut |l| out(l), e)?;
+            Ok(Outcome::Done)
+        }
+        Cmd::Region { cmd } => {
+            replication::region(c, cmd, cli.json, &mut |l| out(l), e)?;
+            Ok(Outcome::Done)
+        }
         Cmd::HostInfo => {
             let h = c.get_host_info().map_err(e)?;
             let shards: Vec<Value> = h

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Three private MariaDB servers standing for three regions, replicating one another with
+# MariaDB's own replication (GTID, semi-synchronous), for the replication tests and drills.
+#
+#   scripts/replicas.sh up     [--dir D] [--port P]   start them; server 1 (port P, region
+#                                                      r1) is the primary, 2 and 3 replicate
+#   scripts/replicas.sh down   [--dir D]              stop them (by pid) and remove D
+#   scripts/replicas.sh rejoin N PRIMARY_PORT [--dir D]
+#                                                      kill -9 server N and start it again:
+#                                                      it drops the transactions no replica
+#                                                      acknowledged and replicates from the
+#                                                      primary on PRIMARY_PORT
+#   scripts/replicas.sh start N [--dir D]             start server N again (as a supervisor
+#                                                      would after a crash): read-only,
+#                                                      replicating from nobody until foqsd
+#                                                      repoints it
+#   scripts/replicas.sh kill N | stop N | cont N [--dir D]   kill -9, SIGSTOP, SIGCONT
+#
+# D defaults to .run/replicas, P to 3410 (servers on P, P+1, P+2). Every server:
+# - binlog in ROW format with GTIDs (domain 0, strict mode), `log_slave_updates`, and
+#   `sync_binlog = 1` / `innodb_flush_log_at_trx_commit = 1` (what a reply promised is on disk);
+# - semi-synchronous replication armed both ways (`AFTER_SYNC`, `wait_no_slave = ON`,
+#   a one-hour timeout so that it never falls back to asynchronous unnoticed); the
+#   primary's side is switched on only on the primary, by a promotion;
+# - starts with `read_only = ON` (only a promotion turns it off) and `init_rpl_role =
+#   SLAVE`, so that after a crash it discards the transactions no replica acknowledged.
+# Users (created on the primary, replicated): `foqs`/`foqs` owns the databases `foqs%` and
+# has neither SUPER nor READ ONLY ADMIN, so `read_only` stops its writes; `foqs_repl`/
+# `foqs_repl` replicates; root (no password, from 127.0.0.1) administers.
+# `D/servers` lists "N PORT REGION" per server.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+cmd=${1:-}
+shift || true
+dir="$FOQS_RUN/replicas"
+port=3410
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dir) dir=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+
+mariadbd_bin() {
+  command -v mariadbd 2>/dev/null || { [ -x /usr/sbin/mariadbd ] && echo /usr/sbin/mariadbd; } || echo ""
+}
+
+sql() { # sql PORT STATEMENTS
+  mariadb --protocol=tcp -h127.0.0.1 -P"$1" -uroot --batch --skip-column-names -e "$2"
+}
+
+port_of() { awk -v n="$1" '$1 == n { print $2 }' "$dir/servers"; }
+
+start_server() { # start_server N PORT
+  local n=$1 p=$2 s="$dir/s$1"
+  local user
+  user=$(id -un)
+  "$(mariadbd_bin)" --no-defaults \
+    --datadir="$s/data" --port="$p" --bind-address=127.0.0.1 --socket="$s/sock" \
+    --pid-file="$s/pid" --user="$user" --skip-name-resolve --log-error="$s/error.log" \
+    --innodb-buffer-pool-size=64M --max-connections=500 \
+    --server-id="$n" --log-bin="$s/binlog" --binlog-format=ROW --log-slave-updates \
+    --gtid-strict-mode=ON --gtid-domain-id=0 --sync-binlog=1 --innodb-flush-log-at-trx-commit=1 \
+    --read-only=ON --init-rpl-role=SLAVE \
+    --rpl-semi-sync-slave-enabled=ON --rpl-semi-sync-master-wait-point=AFTER_SYNC \
+    --rpl-semi-sync-master-wait-no-slave=ON --rpl-semi-sync-master-timeout=3600000 \
+    --slave-net-timeout=2 --slave-parallel-threads=0 \
+    >/dev/null 2>&1 &
+  local i
+  for i in $(seq 1 240); do
+    foqs_port_open 127.0.0.1 "$p" && return 0
+    sleep 0.25
+  done
+  foqs_log "server $n did not start on port $p; see $s/error.log"
+  return 1
+}
+
+replicate_from() { # replicate_from PORT PRIMARY_PORT POS_KIND
+  sql "$1" "STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$2, MASTER_USER='foqs_repl', MASTER_PASSWORD='foqs_repl', MASTER_USE_GTID=$3, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=0.25; START SLAVE;"
+}
+
+up() {
+  [ -n "$(mariadbd_bin)" ] || foqs_apt_install mariadb-server
+  if [ -f "$dir/servers" ]; then
+    local all=1 n p r
+    while read -r n p r; do foqs_port_open 127.0.0.1 "$p" || all=0; done <"$dir/servers"
+    if [ $all = 1 ]; then foqs_log "replicas already up in $dir"; cat "$dir/servers"; return 0; fi
+    down
+  fi
+  mkdir -p "$dir"
+  local n p
+  for n in 1 2 3; do
+    p=$((port + n - 1))
+    if foqs_port_open 127.0.0.1 "$p"; then foqs_log "port $p is taken; choose another with --port"; return 1; fi
+    mkdir -p "$dir/s$n/tmp"
+    TMPDIR="$dir/s$n/tmp" mariadb-install-db --no-defaults --datadir="$dir/s$n/data" --user="$(id -un)" \
+      --auth-root-authentication-method=normal --skip-test-db >"$dir/s$n/install.log" 2>&1 &
+  done
+  wait
+  : >"$dir/servers"
+  for n in 1 2 3; do
+    p=$((port + n - 1))
+    start_server "$n" "$p"
+    echo "$n $p r$n" >>"$dir/servers"
+    sql "$p" "RESET MASTER;"
+  done
+  local primary=$port
+  # The users, created on the primary and replicated from its first transaction on.
+  sql "$primary" "
+    CREATE USER 'foqs'@'127.0.0.1' IDENTIFIED BY 'foqs';
+    GRANT ALL PRIVILEGES ON \`foqs%\`.* TO 'foqs'@'127.0.0.1';
+    CREATE USER 'foqs_repl'@'127.0.0.1' IDENTIFIED BY 'foqs_repl';
+    GRANT REPLICATION SLAVE ON *.* TO 'foqs_repl'@'127.0.0.1';"
+  for n in 2 3; do replicate_from $((port + n - 1)) "$primary" slave_pos; done
+  # Promote server 1: the primary side of semi-sync on, writable.
+  sql "$primary" "SET GLOBAL rpl_semi_sync_master_enabled = ON; SET GLOBAL read_only = OFF;"
+  local i
+  for i in $(seq 1 40); do
+    [ "$(sql "$primary" "SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'" | awk '{print $2}')" = 2 ] && break
+    sleep 0.25
+  done
+  foqs_log "replicas up in $dir: primary 127.0.0.1:$primary (r1), replicas 127.0.0.1:$((port + 1)) (r2), 127.0.0.1:$((port + 2)) (r3)"
+  cat "$dir/servers"
+}
+
+down() {
+  [ -d "$dir" ] || return 0
+  local n pid
+  for n in 1 2 3; do
+    [ -f "$dir/s$n/pid" ] || continue
+    pid=$(cat "$dir/s$n/pid")
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  sleep 0.2
+  rm -rf "$dir"
+}
+
+signal() { # signal SIG N
+  local pid
+  pid=$(cat "$dir/s$2/pid")
+  kill "-$1" "$pid"
+}
+
+rejoin() { # rejoin N PRIMARY_PORT
+  local n=$1 primary=$2 p pid
+  p=$(port_of "$n")
+  if [ -f "$dir/s$n/pid" ]; then
+    pid=$(cat "$dir/s$n/pid")
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -9 "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  fi
+  rm -f "$dir/s$n/pid"
+  start_server "$n" "$p"
+  # Crash recovery as a replica discarded what no replica acknowledged: its binlog is a
+  # prefix of the primary's, and it goes on from its own last transaction.
+  sql "$p" "SET GLOBAL rpl_semi_sync_master_enabled = OFF;"
+  replicate_from "$p" "$primary" current_pos
+  foqs_log "server $n (port $p) rejoined as a replica of 127.0.0.1:$primary"
+}
+
+case "$cmd" in
+  up) up ;;
+  down) down ;;
+  rejoin) rejoin "${args[0]}" "${args[1]}" ;;
+  start) start_server "${args[0]}" "$(port_of "${args[0]}")" ;;
+  kill) signal 9 "${args[0]}" ;;
+  stop) signal STOP "${args[0]}" ;;
+  cont) signal CONT "${args[0]}" ;;
+  *) echo "usage: $0 up|down|rejoin N PRIMARY_PORT|start N|kill N|stop N|cont N [--dir D] [--port P]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,213 @@
+//! The replicated shards' records in etcd, under the cluster's prefix P:
+//! - `P/primaries/<shard>` = [`PrimaryRecord`] (no lease): the current primary, its
+//!   generation and whether it is being switched;
+//! - `P/paused/<shard>` and `P/served/<shard>` = [`Ack`], under the owner's lease: the
+//!   owner paused the shard for a switch, or serves it on the primary of a generation;
+//! - `P/switching/<server>` = the driving host, under the driver's own lease: one switch
+//!   of a replica set at a time;
+//! - `P/demoted/<server>` = [`Demoted`] (no lease): a primary that was failed over while it
+//!   did not answer, to be made read-only and repointed when it answers again.
+
+use std::collections::BTreeMap;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{PrimaryRecord, ShardId};
+
+pub type EtcdResult<T> = Result<T, etcd_client::Error>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub generation: u64,
+    pub host: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Demoted {
+    /// The primary that replaced it.
+    pub primary: String,
+    pub generation: u64,
+}
+
+pub fn key(prefix: &str, dir: &str, name: impl std::fmt::Display) -> String {
+    format!("{}/{dir}/{name}", prefix.trim_end_matches('/'))
+}
+
+/// Creates the records of shards that have none (the config's initial layout).
+pub async fn init(
+    client: &mut Client,
+    prefix: &str,
+    initial: &BTreeMap<ShardId, PrimaryRecord>,
+) -> EtcdResult<()> {
+    for (s, r) in initial {
+        let k = key(prefix, "primaries", s);
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                k,
+                serde_json::to_vec(r).expect("serializable"),
+                None,
+            )]);
+        client.txn(txn).await?;
+    }
+    Ok(())
+}
+
+/// Every record of `dir` by shard, with its mod revision.
+pub async fn read<T: for<'de> Deserialize<'de>>(
+    client: &mut Client,
+    prefix: &str,
+    dir: &str,
+) -> EtcdResult<BTreeMap<ShardId, (T, i64)>> {
+    let resp = client
+        .get(key(prefix, dir, ""), Some(GetOptions::new().with_prefix()))
+        .await?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let s: ShardId = kv.key_str().ok()?.rsplit('/').next()?.parse().ok()?;
+            Some((
+                s,
+                (serde_json::from_slice(kv.value()).ok()?, kv.mod_revision()),
+            ))
+        })
+        .collect())
+}
+
+/// Writes `records` in one transaction, if every one is still at the revision read.
+pub async fn publish(
+    client: &mut Client,
+    prefix: &str,
+    records: &[(ShardId, PrimaryRecord, i64)],
+) -> EtcdResult<bool> {
+    let when: Vec<Compare> = records
+        .iter()
+        .map(|(s, _, rev)| {
+            Compare::mod_revision(key(prefix, "primaries", s), CompareOp::Equal, *rev)
+        })
+        .collect();
+    let then: Vec<TxnOp> = records
+        .iter()
+        .map(|(s, r, _)| {
+            TxnOp::put(
+                key(prefix, "primaries", s),
+                serde_json::to_vec(r).expect("serializable"),
+                None,
+            )
+        })
+        .collect();
+    Ok(client
+        .txn(Txn::new().when(when).and_then(then))
+        .await?
+        .succeeded())
+}
+
+/// Puts an ack under `lease`.
+pub async fn ack(
+    client: &mut Client,
+    prefix: &str,
+    dir: &str,
+    shard: ShardId,
+    a: &Ack,
+    lease: i64,
+) -> EtcdResult<()> {
+    client
+        .put(
+            key(prefix, dir, shard),
+            serde_json::to_vec(a).expect("serializable"),
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Takes `P/switching/<name>` under a lease of its own (`ttl_s`); the lease id, or None
+/// when another host holds it.
+pub async fn lock(
+    client: &mut Client,
+    prefix: &str,
+    name: &str,
+    holder: &str,
+    ttl_s: i64,
+) -> EtcdResult<Option<i64>> {
+    let lease = client.lease_grant(ttl_s, None).await?.id();
+    let k = key(prefix, "switching", name);
+    let txn = Txn::new()
+        .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            k,
+            holder,
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    if client.txn(txn).await?.succeeded() {
+        Ok(Some(lease))
+    } else {
+        let _ = client.lease_revoke(lease).await;
+        Ok(None)
+    }
+}
+
+pub async fn unlock(client: &mut Client, lease: i64) {
+    let _ = client.lease_revoke(lease).await;
+}
+
+pub async fn put_demoted(
+    client: &mut Client,
+    prefix: &str,
+    server: &str,
+    d: &Demoted,
+) -> EtcdResult<()> {
+    client
+        .put(
+            key(prefix, "demoted", server),
+            serde_json::to_vec(d).expect("serializable"),
+            None,
+        )
+        .await?;
+    Ok(())
+}
+
+pub async fn demoted(client: &mut Client, prefix: &str) -> EtcdResult<Vec<(String, Demoted)>> {
+    let resp = client
+        .get(
+            key(prefix, "demoted", ""),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let name = kv.key_str().ok()?.rsplit('/').next()?.to_string();
+            Some((name, serde_json::from_slice(kv.value()).ok()?))
+        })
+        .collect())
+}
+
+pub async fn clear_demoted(client: &mut Client, prefix: &str, server: &str) -> EtcdResult<()> {
+    client.delete(key(prefix, "demoted", server), None).await?;
+    Ok(())
+}
+
+/// Each shard's owner key (`P/shards/<shard>` = host id).
+pub async fn read_owners(
+    client: &mut Client,
+    prefix: &str,
+) -> EtcdResult<BTreeMap<ShardId, String>> {
+    let resp = client
+        .get(
+            key(prefix, "shards", ""),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let s: ShardId = kv.key_str().ok()?.rsplit('/').next()?.parse().ok()?;
+            Some((s, kv.value_str().ok()?.to_string()))
+        })
+        .collect())
+}

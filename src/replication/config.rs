@@ -1,0 +1,215 @@
+//! `[replication]` and the replicas of `[[shards]]`, and their checks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Deserialize;
+
+use super::server_addr;
+use crate::cluster::config::ManagerKind;
+use crate::config::Config;
+
+/// `[[shards.replicas]]`: a server holding a copy of the shard's database.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaConfig {
+    /// `mysql://user:password@host:port/database`: the same account and database as the
+    /// shard's `url`, on another server.
+    pub url: String,
+    pub region: String,
+}
+
+/// How foqsd drives MariaDB's replication.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicationConfig {
+    /// The account that switches `read_only`, promotes and repoints servers (it needs
+    /// SUPER, or READ_ONLY ADMIN, REPLICATION SLAVE ADMIN, REPLICATION MASTER ADMIN,
+    /// BINLOG MONITOR and CONNECTION ADMIN). Not the account of the shards' URLs: that one
+    /// must have none of these, so that `read_only` stops it.
+    pub admin_user: String,
+    pub admin_password: String,
+    /// The account replicas replicate with (`REPLICATION SLAVE`).
+    pub repl_user: String,
+    pub repl_password: String,
+    /// A primary that has not answered for this long is replaced by a replica.
+    pub failover_after_ms: u64,
+    /// How often the primaries are probed (and the heartbeat row written).
+    pub probe_interval_ms: u64,
+    /// A switchover refuses a target further behind than this (heartbeat lag).
+    pub lag_max_ms: u64,
+    /// How long a switch waits for the target to apply the old primary's last
+    /// transaction (`MASTER_GTID_WAIT`) before it undoes itself.
+    pub catchup_timeout_ms: u64,
+    /// How long a switch waits for the owners to pause the shards before it undoes itself.
+    pub pause_timeout_ms: u64,
+    /// Replica sets one region drain switches at once.
+    pub drain_parallel_max: usize,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            admin_user: "root".into(),
+            admin_password: String::new(),
+            repl_user: "foqs_repl".into(),
+            repl_password: "foqs_repl".into(),
+            failover_after_ms: 3000,
+            probe_interval_ms: 250,
+            lag_max_ms: 2000,
+            catchup_timeout_ms: 2000,
+            pause_timeout_ms: 2000,
+            drain_parallel_max: 4,
+        }
+    }
+}
+
+/// Problems of the replication settings.
+pub fn check(cfg: &Config, problems: &mut Vec<String>) {
+    let replicated: Vec<_> = cfg
+        .shards
+        .iter()
+        .filter(|s| !s.replicas.is_empty())
+        .collect();
+    if replicated.is_empty() {
+        return;
+    }
+    if cfg.cluster.manager != ManagerKind::Etcd {
+        problems.push(format!(
+            "shard {} has replicas: replication needs cluster.manager = \"etcd\" (etcd holds each shard's current primary and its generation, so that no two servers of a shard are written)",
+            replicated[0].id
+        ));
+    }
+    let r = &cfg.replication;
+    for (name, v) in [
+        ("replication.failover_after_ms", r.failover_after_ms),
+        ("replication.probe_interval_ms", r.probe_interval_ms),
+        ("replication.catchup_timeout_ms", r.catchup_timeout_ms),
+        ("replication.pause_timeout_ms", r.pause_timeout_ms),
+        (
+            "replication.drain_parallel_max",
+            r.drain_parallel_max as u64,
+        ),
+    ] {
+        if v == 0 {
+            problems.push(format!("{name} must be > 0"));
+        }
+    }
+    if r.failover_after_ms < 2 * r.probe_interval_ms {
+        problems.push(
+            "replication.failover_after_ms must be at least 2 x replication.probe_interval_ms"
+                .into(),
+        );
+    }
+    if r.admin_user.is_empty() || r.repl_user.is_empty() {
+        problems.push("replication.admin_user and replication.repl_user must be set".into());
+    }
+    // Servers of a shard by primary: shards on one primary form a replica set (read_only
+    // is a server's, so they switch together) and must list the same replicas.
+    let mut sets: BTreeMap<String, (u32, BTreeSet<String>)> = BTreeMap::new();
+    for s in &replicated {
+        let Some(primary) = server_addr(&s.url) else {
+            problems.push(format!(
+                "shard {}: url {:?} names no MySQL server",
+                s.id, s.url
+            ));
+            continue;
+        };
+        if s.region.as_deref().unwrap_or("").is_empty() {
+            problems.push(format!(
+                "shard {}: has replicas, so it needs region (of its primary)",
+                s.id
+            ));
+        }
+        let db = mysql_async::Opts::from_url(&s.url)
+            .ok()
+            .and_then(|o| o.db_name().map(str::to_string));
+        let mut servers = BTreeSet::from([primary.clone()]);
+        for rep in &s.replicas {
+            let Some(a) = server_addr(&rep.url) else {
+                problems.push(format!(
+                    "shard {}: replica url {:?} names no MySQL server",
+                    s.id, rep.url
+                ));
+                continue;
+            };
+            let rdb = mysql_async::Opts::from_url(&rep.url)
+                .ok()
+                .and_then(|o| o.db_name().map(str::to_string));
+            if rdb != db {
+                problems.push(format!("shard {}: replica {a} must hold the same database as the primary ({db:?}, not {rdb:?})", s.id));
+            }
+            if rep.region.is_empty() {
+                problems.push(format!("shard {}: replica {a} needs a region", s.id));
+            }
+            if !servers.insert(a.clone()) {
+                problems.push(format!("shard {}: server {a} is listed twice", s.id));
+            }
+        }
+        match sets.get(&primary) {
+            Some((first, prev)) if *prev != servers => problems.push(format!(
+                "shards {first} and {} share the primary {primary} but not their replicas: shards on one server switch together, so they must list the same servers",
+                s.id
+            )),
+            Some(_) => {}
+            None => {
+                sets.insert(primary, (s.id, servers));
+            }
+        }
+    }
+    for s in cfg.shards.iter().filter(|s| s.replicas.is_empty()) {
+        if let Some(a) = server_addr(&s.url) {
+            if sets.values().any(|(_, servers)| servers.contains(&a)) {
+                problems.push(format!(
+                    "shard {}: its server {a} is replicated for other shards, so it must list the same replicas",
+                    s.id
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn shards(manager: &str, second_replica: &str) -> String {
+        format!(
+            "[cluster]\nmanager = \"{manager}\"\n\
+             [[shards]]\nid = 0\nurl = \"mysql://foqs:foqs@10.0.0.1:3306/s0\"\nregion = \"r1\"\n\
+             replicas = [{{ url = \"mysql://foqs:foqs@10.0.0.2:3306/s0\", region = \"r2\" }}]\n\
+             [[shards]]\nid = 1\nurl = \"mysql://foqs:foqs@10.0.0.1:3306/s1\"\nregion = \"r1\"\n\
+             replicas = [{{ url = \"mysql://foqs:foqs@{second_replica}/s1\", region = \"r2\" }}]\n"
+        )
+    }
+
+    fn problems(toml: &str) -> String {
+        match Config::from_toml(toml) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn replicas_need_etcd_and_a_server_has_one_replica_set() {
+        assert_eq!(problems(&shards("etcd", "10.0.0.2:3306")), "");
+        let single = problems(&shards("single", "10.0.0.2:3306"));
+        assert!(
+            single.contains("replication needs cluster.manager = \"etcd\""),
+            "{single}"
+        );
+        let split = problems(&shards("etcd", "10.0.0.3:3306"));
+        assert!(
+            split.contains("share the primary 10.0.0.1:3306 but not their replicas"),
+            "{split}"
+        );
+        let other_db = problems(
+            &shards("etcd", "10.0.0.2:3306").replace("10.0.0.2:3306/s1", "10.0.0.2:3306/elsewhere"),
+        );
+        assert!(
+            other_db.contains("must hold the same database"),
+            "{other_db}"
+        );
+        let no_region = problems(&shards("etcd", "10.0.0.2:3306").replace("region = \"r1\"\n", ""));
+        assert!(no_region.contains("needs region"), "{no_region}");
+    }
+}

@@ -1,0 +1,654 @@
+//! [`Driver`]: switches replica sets through etcd (planned switchover, region drain,
+//! failover), one at a time per set under an etcd lock, from whichever host was asked.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+use futures::future::BoxFuture;
+use futures::stream::StreamExt;
+use tokio::sync::watch;
+
+use super::server::{self as srv, ServerAdmin};
+use super::{
+    Layout, Refused, ReplicaState, ReplicationConfig, SetLayout, ShardReplication, SwitchReport,
+    Switchboard, Switched,
+};
+use crate::cluster::primaries::{self, Ack, Demoted};
+use crate::model::{ClusterView, PrimaryRecord, PrimaryState, ShardId};
+
+/// How long a switch waits for the shards to be served on the new primary.
+const SERVED_WAIT: Duration = Duration::from_secs(10);
+/// How often a switch reads the owners' acks.
+const ACK_POLL: Duration = Duration::from_millis(5);
+/// The switch lock's lease: a driver that dies mid-switch frees the set this long after.
+const LOCK_TTL_S: i64 = 30;
+
+pub struct Driver {
+    pub(super) client: Client,
+    pub(super) prefix: String,
+    pub(super) host_id: String,
+    pub(super) layout: Layout,
+    pub(super) cfg: ReplicationConfig,
+    pub(super) views: watch::Receiver<Arc<ClusterView>>,
+    /// The shards' account (its connections are ended at a fence).
+    pub(super) data_user: String,
+}
+
+/// The records of one set's shards as read, all at one generation and primary.
+struct SetRecords {
+    records: Vec<(ShardId, PrimaryRecord, i64)>,
+    current: PrimaryRecord,
+}
+
+impl Driver {
+    pub fn new(
+        client: Client,
+        prefix: &str,
+        host_id: &str,
+        layout: Layout,
+        cfg: ReplicationConfig,
+        views: watch::Receiver<Arc<ClusterView>>,
+        data_user: String,
+    ) -> Driver {
+        Driver {
+            client,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            host_id: host_id.to_string(),
+            layout,
+            cfg,
+            views,
+            data_user,
+        }
+    }
+
+    pub(super) fn admin(&self, addr: &str) -> ServerAdmin {
+        ServerAdmin::new(
+            addr,
+            &self.cfg.admin_user,
+            &self.cfg.admin_password,
+            Duration::from_millis(self.cfg.probe_interval_ms.max(250) * 2),
+        )
+    }
+
+    fn step_bound(&self) -> Duration {
+        Duration::from_millis(self.cfg.catchup_timeout_ms + 2000)
+    }
+
+    async fn records(&self, set: &SetLayout) -> Result<SetRecords, String> {
+        let mut client = self.client.clone();
+        let all = primaries::read::<PrimaryRecord>(&mut client, &self.prefix, "primaries")
+            .await
+            .map_err(|e| format!("etcd: {e}"))?;
+        let mut records = Vec::new();
+        for s in &set.shards {
+            let (r, rev) = all
+                .get(s)
+                .cloned()
+                .ok_or_else(|| format!("shard {s} has no primary record in etcd yet"))?;
+            records.push((*s, r, rev));
+        }
+        let current = records[0].1.clone();
+        if records
+            .iter()
+            .any(|(_, r, _)| r.addr != current.addr || r.generation != current.generation)
+        {
+            return Err("the shards of this replica set disagree in etcd (a switch was interrupted); run a switchover to settle them".into());
+        }
+        Ok(SetRecords { records, current })
+    }
+
+    async fn publish(&self, recs: &SetRecords, to: PrimaryRecord) -> Result<SetRecords, String> {
+        let mut client = self.client.clone();
+        let next: Vec<_> = recs
+            .records
+            .iter()
+            .map(|(s, _, rev)| (*s, to.clone(), *rev))
+            .collect();
+        if !primaries::publish(&mut client, &self.prefix, &next)
+            .await
+            .map_err(|e| format!("etcd: {e}"))?
+        {
+            return Err("the primary records changed under the switch".into());
+        }
+        let set = self
+            .layout
+            .set_of(recs.records[0].0)
+            .expect("a set's shard");
+        self.records(set).await
+    }
+
+    /// Waits until every shard of `recs` that has an owner acked `dir` at `generation`.
+    async fn acks(&self, shards: &[ShardId], dir: &str, generation: u64, within: Duration) -> bool {
+        let mut client = self.client.clone();
+        let end = Instant::now() + within;
+        loop {
+            let owners = primaries::read_owners(&mut client, &self.prefix).await;
+            let acks = primaries::read::<Ack>(&mut client, &self.prefix, dir).await;
+            if let (Ok(owners), Ok(acks)) = (owners, acks) {
+                let done = shards.iter().all(|s| match owners.get(s) {
+                    // No owner: nobody serves it (nobody opens a paused shard).
+                    None => dir == "paused",
+                    Some(owner) => acks
+                        .get(s)
+                        .is_some_and(|(a, _)| a.generation == generation && &a.host == owner),
+                });
+                if done {
+                    return true;
+                }
+            }
+            if Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(ACK_POLL).await;
+        }
+    }
+
+    async fn locked<F, T>(&self, set: &SetLayout, f: F) -> Result<T, String>
+    where
+        F: std::future::Future<Output = Result<T, String>>,
+    {
+        let mut client = self.client.clone();
+        let name = &set.servers[0].addr;
+        let lease = primaries::lock(&mut client, &self.prefix, name, &self.host_id, LOCK_TTL_S)
+            .await
+            .map_err(|e| format!("etcd: {e}"))?
+            .ok_or_else(|| {
+                format!(
+                    "another switch of the replica set of shards {:?} is under way",
+                    set.shards
+                )
+            })?;
+        let r = f.await;
+        primaries::unlock(&mut client, lease).await;
+        r
+    }
+
+    /// Lag of `addr` behind `primary`: transactions (domain 0) and heartbeat milliseconds.
+    async fn lag(&self, set: &SetLayout, primary: &str, addr: &str) -> ReplicaState {
+        let mut st = ReplicaState {
+            addr: addr.to_string(),
+            region: set.region_of(addr).unwrap_or_default().to_string(),
+            ..Default::default()
+        };
+        let bound = Duration::from_millis(1000);
+        let db = heartbeat_db(&set.heartbeat_url);
+        let p = self
+            .admin(primary)
+            .with(bound, |c| {
+                let db = db.clone();
+                Box::pin(async move { Ok((srv::binlog_pos(c).await?, heartbeat(c, &db).await)) })
+            })
+            .await;
+        let r = self
+            .admin(addr)
+            .with(bound, |c| {
+                let db = db.clone();
+                Box::pin(async move {
+                    Ok((
+                        srv::replica_status(c).await?,
+                        heartbeat(c, &db).await,
+                        srv::read_only(c).await?,
+                        srv::semi_sync(c).await?,
+                    ))
+                })
+            })
+            .await;
+        match r {
+            Err(e) => st.error = e,
+            Ok((status, beat, ro, semi)) => {
+                st.reachable = true;
+                st.read_only = ro;
+                st.semi_sync_replica = semi.replica_enabled;
+                if let Some(s) = status {
+                    st.io_running = s.io_running;
+                    st.sql_running = s.sql_running;
+                    st.error = s.error;
+                    if let Ok((ppos, pbeat)) = &p {
+                        if let (Some(a), Some(b)) =
+                            (srv::seq_of(ppos, 0), srv::seq_of(&s.slave_pos, 0))
+                        {
+                            st.lag_transactions = Some(a as i64 - b as i64);
+                        }
+                        if let (Some(a), Some(b)) = (pbeat, beat) {
+                            st.lag_ms = Some((a - b).max(0));
+                        }
+                    }
+                } else if st.error.is_empty() {
+                    st.error = "replicates from nobody".into();
+                }
+            }
+        }
+        st
+    }
+
+    /// The planned switch of `set` to `target` (None: the most caught-up replica, in
+    /// `region` when given, else outside the current primary's region).
+    async fn switch(
+        &self,
+        set: &SetLayout,
+        target: Option<String>,
+        region: Option<String>,
+    ) -> SwitchReport {
+        let mut report = SwitchReport {
+            kind: "switchover".into(),
+            shards: set.shards.clone(),
+            ..Default::default()
+        };
+        let r = self
+            .locked(set, self.switch_locked(set, target, region, &mut report))
+            .await;
+        if let Err(e) = r {
+            report.ok = false;
+            report.error = Some(e);
+        }
+        report
+    }
+
+    async fn switch_locked(
+        &self,
+        set: &SetLayout,
+        target: Option<String>,
+        region: Option<String>,
+        report: &mut SwitchReport,
+    ) -> Result<(), String> {
+        let recs = self.records(set).await?;
+        let from = recs.current.addr.clone();
+        report.from = from.clone();
+        report.generation = recs.current.generation;
+        if recs.current.state != PrimaryState::Serving {
+            return Err(format!("shards {:?} are paused at generation {} (a switch did not finish); fail them over to settle them", set.shards, recs.current.generation));
+        }
+        let from_region = set.region_of(&from).unwrap_or_default().to_string();
+        // The target: named, or the most caught-up eligible replica.
+        let mut candidates = Vec::new();
+        for s in set.servers.iter().filter(|s| s.addr != from) {
+            let named = target
+                .as_deref()
+                .map(|t| super::server_addr(t).unwrap_or_else(|| t.to_string()));
+            let eligible = match (&named, &region) {
+                (Some(t), _) => *t == s.addr,
+                (None, Some(r)) => s.region == *r,
+                (None, None) => s.region != from_region,
+            };
+            if eligible {
+                candidates.push(self.lag(set, &from, &s.addr).await);
+            }
+        }
+        if candidates.is_empty() {
+            return Err(match (&target, &region) {
+                (Some(t), _) => format!(
+                    "{t} is not a replica of shards {:?} (servers: {})",
+                    set.shards,
+                    servers(set)
+                ),
+                (None, Some(r)) => {
+                    format!("shards {:?} have no replica in region {r:?}", set.shards)
+                }
+                (None, None) => format!(
+                    "shards {:?} have no replica outside region {from_region:?}",
+                    set.shards
+                ),
+            });
+        }
+        let lag_max = self.cfg.lag_max_ms as i64;
+        let ready = |c: &ReplicaState| {
+            c.reachable && c.io_running && c.sql_running && c.lag_ms.is_some_and(|l| l <= lag_max)
+        };
+        candidates.sort_by_key(|c| (!ready(c), c.lag_transactions.unwrap_or(i64::MAX)));
+        let t = candidates.remove(0);
+        if !ready(&t) {
+            return Err(format!(
+                "target {} is not ready: reachable {}, replicating {}/{}, lag {:?} ms (at most {lag_max}) {}",
+                t.addr, t.reachable, t.io_running, t.sql_running, t.lag_ms, t.error
+            ));
+        }
+        let to = t.addr.clone();
+        report.to = to.clone();
+        report.to_region = t.region.clone();
+        let g = recs.current.generation + 1;
+        report.generation = g;
+        // 1. Pause: owners flush their buffers and stop the shards.
+        let paused_at = Instant::now();
+        let recs = self
+            .publish(
+                &recs,
+                PrimaryRecord {
+                    state: PrimaryState::Paused,
+                    generation: g,
+                    ..recs.current.clone()
+                },
+            )
+            .await?;
+        let pause_within = Duration::from_millis(self.cfg.pause_timeout_ms);
+        if !self.acks(&set.shards, "paused", g, pause_within).await {
+            self.publish(
+                &recs,
+                PrimaryRecord {
+                    state: PrimaryState::Serving,
+                    ..recs.current.clone()
+                },
+            )
+            .await?;
+            return Err(format!(
+                "the owners did not pause shards {:?} within {pause_within:?}; undone",
+                set.shards
+            ));
+        }
+        report.pause_ms = paused_at.elapsed().as_millis() as u64;
+        // 2. The old primary read-only, and its last transaction.
+        let bound = self.step_bound();
+        let ro_at = Instant::now();
+        let pos = self
+            .admin(&from)
+            .with(bound, |c| {
+                Box::pin(async move {
+                    srv::set_read_only(c, true).await?;
+                    srv::binlog_pos(c).await
+                })
+            })
+            .await;
+        let pos = match pos {
+            Ok(p) => p,
+            Err(e) => {
+                self.undo(&from, &recs).await;
+                return Err(format!(
+                    "cannot make the old primary read-only: {e}; undone"
+                ));
+            }
+        };
+        // 3. The target applies it.
+        let catchup = Duration::from_millis(self.cfg.catchup_timeout_ms);
+        let caught = self
+            .admin(&to)
+            .with(bound, |c| {
+                let pos = pos.clone();
+                Box::pin(async move { srv::wait_for(c, &pos, catchup).await })
+            })
+            .await;
+        report.catchup_ms = ro_at.elapsed().as_millis() as u64;
+        if caught != Ok(true) {
+            self.undo(&from, &recs).await;
+            return Err(format!(
+                "{to} did not reach {pos} within {catchup:?} ({caught:?}); undone"
+            ));
+        }
+        // 4. Promote it, and let the others replicate from it before anyone writes to
+        // it (semi-sync waits for a replica that acknowledges).
+        if let Err(e) = self
+            .admin(&to)
+            .with(bound, |c| Box::pin(srv::promote(c)))
+            .await
+        {
+            self.undo(&from, &recs).await;
+            return Err(format!("cannot promote {to}: {e}; undone"));
+        }
+        let mut problems = self.repoint(set, &to, None).await;
+        // 5. Serve it.
+        self.publish(
+            &recs,
+            PrimaryRecord {
+                addr: to.clone(),
+                region: t.region.clone(),
+                generation: g,
+                state: PrimaryState::Serving,
+            },
+        )
+        .await?;
+        let served = self.acks(&set.shards, "served", g, SERVED_WAIT).await;
+        report.read_only_ms = ro_at.elapsed().as_millis() as u64;
+        if !served {
+            problems.push(format!("not every shard was served within {SERVED_WAIT:?}"));
+        }
+        report.ok = true;
+        if !problems.is_empty() {
+            report.error = Some(problems.join("; "));
+        }
+        tracing::info!(shards = ?set.shards, from, to, generation = g, read_only_ms = report.read_only_ms, "switched replica set");
+        Ok(())
+    }
+
+    /// After a failed switch step: the old primary writable again, the shards served on it.
+    async fn undo(&self, from: &str, recs: &SetRecords) {
+        let r = self
+            .admin(from)
+            .with(self.step_bound(), |c| {
+                Box::pin(srv::set_read_only(c, false))
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(server = from, error = %e, "switch undo: cannot make the old primary writable again");
+        }
+        let back = PrimaryRecord {
+            state: PrimaryState::Serving,
+            ..recs.current.clone()
+        };
+        if let Err(e) = self.publish(recs, back).await {
+            tracing::error!(error = %e, "switch undo: cannot serve the shards again");
+        }
+    }
+
+    /// Every server of `set` but `primary` (and `skip`) replicates from `primary`.
+    pub(super) async fn repoint(
+        &self,
+        set: &SetLayout,
+        primary: &str,
+        skip: Option<&str>,
+    ) -> Vec<String> {
+        let bound = self.step_bound();
+        let (user, pw) = (self.cfg.repl_user.clone(), self.cfg.repl_password.clone());
+        let others = set
+            .servers
+            .iter()
+            .filter(|s| s.addr != primary && Some(s.addr.as_str()) != skip);
+        let results = futures::future::join_all(others.map(|s| {
+            let (user, pw) = (user.clone(), pw.clone());
+            let admin = self.admin(&s.addr);
+            let primary = primary.to_string();
+            async move {
+                admin
+                    .with(bound, |c| {
+                        Box::pin(async move { srv::follow(c, &primary, &user, &pw).await })
+                    })
+                    .await
+            }
+        }))
+        .await;
+        let mut problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        // Wait (briefly) for a replica that acknowledges commits.
+        let end = Instant::now() + Duration::from_secs(2);
+        loop {
+            let s = self
+                .admin(primary)
+                .with(bound, |c| Box::pin(srv::semi_sync(c)))
+                .await;
+            if matches!(&s, Ok(s) if s.clients > 0) {
+                break;
+            }
+            if Instant::now() >= end {
+                problems.push(format!("no semi-sync replica connected to {primary} yet"));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        problems
+    }
+
+    pub(super) fn set_of(&self, shard: ShardId) -> Result<&SetLayout, Refused> {
+        self.layout
+            .set_of(shard)
+            .ok_or_else(|| Refused::Invalid(format!("shard {shard} has no replicas")))
+    }
+
+    async fn drain_all(&self, from: String, to: Option<String>) -> Switched {
+        if to.as_ref() == Some(&from) {
+            return Err(Refused::Invalid(
+                "a drain moves primaries to another region".into(),
+            ));
+        }
+        let known = |r: &str| {
+            self.layout
+                .sets
+                .iter()
+                .any(|s| s.servers.iter().any(|x| x.region == r))
+        };
+        for r in std::iter::once(&from).chain(&to) {
+            if !known(r) {
+                return Err(Refused::Invalid(format!(
+                    "no server of a replicated shard is in region {r:?}"
+                )));
+            }
+        }
+        let mut sets = Vec::new();
+        for (i, set) in self.layout.sets.iter().enumerate() {
+            let recs = self.records(set).await.map_err(Refused::Unavailable)?;
+            if recs.current.region == from {
+                sets.push(i);
+            }
+        }
+        let reports = futures::stream::iter(sets)
+            .map(|i| self.switch(&self.layout.sets[i], None, to.clone()))
+            .buffer_unordered(self.cfg.drain_parallel_max)
+            .collect::<Vec<_>>()
+            .await;
+        Ok(reports)
+    }
+
+    pub(super) async fn put_demoted(&self, server: &str, d: &Demoted) -> Result<(), String> {
+        let mut client = self.client.clone();
+        primaries::put_demoted(&mut client, &self.prefix, server, d)
+            .await
+            .map_err(|e| format!("etcd: {e}"))
+    }
+
+    pub(super) async fn status_of(&self, set: &SetLayout) -> Vec<ShardReplication> {
+        let view = self.views.borrow().clone();
+        let Some(rec) = view.primaries.get(&set.shards[0]).cloned() else {
+            return Vec::new();
+        };
+        let mut replicas = Vec::new();
+        for s in set.servers.iter().filter(|s| s.addr != rec.addr) {
+            replicas.push(self.lag(set, &rec.addr, &s.addr).await);
+        }
+        let semi = self
+            .admin(&rec.addr)
+            .with(Duration::from_secs(1), |c| Box::pin(srv::semi_sync(c)))
+            .await;
+        set.shards
+            .iter()
+            .map(|s| ShardReplication {
+                shard: *s,
+                primary: rec.addr.clone(),
+                primary_region: rec.region.clone(),
+                generation: rec.generation,
+                state: match rec.state {
+                    PrimaryState::Serving => "serving".into(),
+                    PrimaryState::Paused => "paused".into(),
+                },
+                owner: view.owners.get(s).cloned(),
+                primary_reachable: semi.is_ok(),
+                semi_sync_on: semi.as_ref().is_ok_and(|x| x.on),
+                semi_sync_no_tx: semi.as_ref().map(|x| x.no_tx).unwrap_or(0),
+                replicas: replicas.clone(),
+            })
+            .collect()
+    }
+
+    pub(super) async fn failover_set(&self, set: &SetLayout, allow_loss: bool) -> SwitchReport {
+        let mut report = SwitchReport {
+            kind: "failover".into(),
+            shards: set.shards.clone(),
+            ..Default::default()
+        };
+        let r = self
+            .locked(
+                set,
+                super::failover::failover(self, set, allow_loss, &mut report),
+            )
+            .await;
+        if let Err(e) = r {
+            report.ok = false;
+            report.error = Some(e);
+        }
+        report
+    }
+
+    pub(super) async fn records_of(
+        &self,
+        set: &SetLayout,
+    ) -> Result<(Vec<(ShardId, PrimaryRecord, i64)>, PrimaryRecord), String> {
+        let r = self.records(set).await?;
+        Ok((r.records, r.current))
+    }
+
+    pub(super) async fn publish_records(
+        &self,
+        records: Vec<(ShardId, PrimaryRecord, i64)>,
+        current: PrimaryRecord,
+        to: PrimaryRecord,
+    ) -> Result<(Vec<(ShardId, PrimaryRecord, i64)>, PrimaryRecord), String> {
+        let r = self.publish(&SetRecords { records, current }, to).await?;
+        Ok((r.records, r.current))
+    }
+
+    pub(super) async fn served(&self, set: &SetLayout, generation: u64) -> bool {
+        self.acks(&set.shards, "served", generation, SERVED_WAIT)
+            .await
+    }
+}
+
+fn servers(set: &SetLayout) -> String {
+    set.servers
+        .iter()
+        .map(|s| s.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The database of a shard URL (where the heartbeat row lives).
+pub(super) fn heartbeat_db(url: &str) -> String {
+    mysql_async::Opts::from_url(url)
+        .ok()
+        .and_then(|o| o.db_name().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The heartbeat row's time on this server, if it has one.
+pub(super) async fn heartbeat(c: &mut mysql_async::Conn, db: &str) -> Option<i64> {
+    use mysql_async::prelude::*;
+    let q = format!(
+        "SELECT at_ms FROM `{}`.foqs_heartbeat WHERE id = 0",
+        db.replace('`', "``")
+    );
+    c.query_first::<i64, _>(q).await.ok().flatten()
+}
+
+impl Switchboard for Driver {
+    fn switchover(&self, shard: ShardId, to: Option<String>) -> BoxFuture<'_, Switched> {
+        Box::pin(async move {
+            let set = self.set_of(shard)?;
+            Ok(vec![self.switch(set, to, None).await])
+        })
+    }
+
+    fn drain(&self, from: String, to: Option<String>) -> BoxFuture<'_, Switched> {
+        Box::pin(self.drain_all(from, to))
+    }
+
+    fn failover(&self, shard: ShardId, allow_loss: bool) -> BoxFuture<'_, Switched> {
+        Box::pin(async move {
+            let set = self.set_of(shard)?;
+            Ok(vec![self.failover_set(set, allow_loss).await])
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Vec<ShardReplication>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for set in &self.layout.sets {
+                out.extend(self.status_of(set).await);
+            }
+            out
+        })
+    }
+}

@@ -1,0 +1,356 @@
+//! Unplanned failover, and the monitor that calls for it: the host owning a replica set's
+//! lowest shard writes the set's heartbeat row on its primary every
+//! `replication.probe_interval_ms`; a primary that has not answered for
+//! `replication.failover_after_ms` is replaced. A primary failed over while it did not
+//! answer is marked demoted, and made read-only and repointed once it answers again.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::*;
+use tokio::sync::watch;
+
+use super::driver::Driver;
+use super::server::{self as srv};
+use super::{SetLayout, SwitchReport};
+use crate::cluster::primaries::{self, Demoted};
+use crate::model::{PrimaryRecord, PrimaryState};
+
+/// One candidate for promotion, as it answered.
+struct Candidate {
+    addr: String,
+    region: String,
+    received: u64,
+    io_pos: String,
+    semi_sync: bool,
+}
+
+/// Replaces the primary of `set` (it is not answering, or an operator says so).
+pub(super) async fn failover(
+    d: &Driver,
+    set: &SetLayout,
+    allow_loss: bool,
+    report: &mut SwitchReport,
+) -> Result<(), String> {
+    let (records, current) = d.records_of(set).await?;
+    let from = current.addr.clone();
+    report.from = from.clone();
+    let g = current.generation + 1;
+    report.generation = g;
+    // 1. Fenced by the generation: no host serves the shards on `from` from now on.
+    let started = Instant::now();
+    let (records, current) = d
+        .publish_records(
+            records,
+            current.clone(),
+            PrimaryRecord {
+                state: PrimaryState::Paused,
+                generation: g,
+                ..current
+            },
+        )
+        .await?;
+    // And on the server itself when it answers at all: read-only, foqsd's connections ended.
+    let user = d.data_user.clone();
+    let fenced = d
+        .admin(&from)
+        .with(Duration::from_millis(500), |c| {
+            Box::pin(async move {
+                let _ = srv::set_read_only(c, true).await;
+                srv::kill_user(c, &user).await
+            })
+        })
+        .await;
+    // 2. The candidates: what each replica received.
+    let mut answered = Vec::new();
+    let mut silent = Vec::new();
+    for s in set.servers.iter().filter(|s| s.addr != from) {
+        let r = d
+            .admin(&s.addr)
+            .with(Duration::from_secs(1), |c| {
+                Box::pin(
+                    async move { Ok((srv::replica_status(c).await?, srv::semi_sync(c).await?)) },
+                )
+            })
+            .await;
+        match r {
+            Ok((Some(st), semi)) => answered.push(Candidate {
+                addr: s.addr.clone(),
+                region: s.region.clone(),
+                received: srv::seq_of(&st.io_pos, 0)
+                    .unwrap_or(0)
+                    .max(srv::seq_of(&st.slave_pos, 0).unwrap_or(0)),
+                io_pos: if st.io_pos.is_empty() {
+                    st.slave_pos
+                } else {
+                    st.io_pos
+                },
+                semi_sync: semi.replica_enabled,
+            }),
+            Ok((None, _)) => silent.push(format!("{} replicates from nobody", s.addr)),
+            Err(e) => silent.push(e),
+        }
+    }
+    let most = answered.iter().map(|c| c.received).max().unwrap_or(0);
+    let best_semi = answered
+        .iter()
+        .filter(|c| c.semi_sync)
+        .max_by_key(|c| c.received);
+    let refuse = |why: String| {
+        let (records, current) = (records.clone(), current.clone());
+        async move {
+            // Nothing promoted: the shards stay on the old primary (and keep failing)
+            // until it answers or an operator forces a promotion.
+            let back = PrimaryRecord {
+                state: PrimaryState::Serving,
+                generation: g,
+                ..current.clone()
+            };
+            let _ = d.publish_records(records, current, back).await;
+            Err(why)
+        }
+    };
+    let chosen = match best_semi {
+        Some(c) if silent.is_empty() || allow_loss => c,
+        Some(_) => {
+            return refuse(format!(
+                "not every replica answered ({}): one of them may hold acknowledged transactions the others lack; --allow-loss promotes the best of the rest",
+                silent.join("; ")
+            ))
+            .await
+        }
+        None if allow_loss && !answered.is_empty() => answered.iter().max_by_key(|c| c.received).expect("non-empty"),
+        None => {
+            return refuse(format!(
+                "no semi-synchronous replica answered ({}): an asynchronous one may lack acknowledged transactions; --allow-loss promotes it anyway",
+                silent.join("; ")
+            ))
+            .await
+        }
+    };
+    report.lost_transactions = most.saturating_sub(chosen.received);
+    report.to = chosen.addr.clone();
+    report.to_region = chosen.region.clone();
+    // 3. It applies what it received, then becomes the primary.
+    let catchup = Duration::from_millis(d.cfg.catchup_timeout_ms);
+    let pos = chosen.io_pos.clone();
+    let applied = d
+        .admin(&chosen.addr)
+        .with(catchup + Duration::from_secs(2), |c| {
+            Box::pin(async move {
+                c.query_drop("STOP SLAVE IO_THREAD")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                srv::wait_for(c, &pos, catchup).await
+            })
+        })
+        .await;
+    report.catchup_ms = started.elapsed().as_millis() as u64;
+    if applied != Ok(true) && !allow_loss {
+        return refuse(format!(
+            "{} did not apply its relay log up to {} within {catchup:?} ({applied:?})",
+            chosen.addr, chosen.io_pos
+        ))
+        .await;
+    }
+    if let Err(e) = d
+        .admin(&chosen.addr)
+        .with(Duration::from_secs(3), |c| Box::pin(srv::promote(c)))
+        .await
+    {
+        return refuse(format!("cannot promote {}: {e}", chosen.addr)).await;
+    }
+    let mut problems = d.repoint(set, &chosen.addr, Some(&from)).await;
+    let demoted = Demoted {
+        primary: chosen.addr.clone(),
+        generation: g,
+    };
+    if let Err(e) = d.put_demoted(&from, &demoted).await {
+        problems.push(format!("cannot mark {from} demoted: {e}"));
+    }
+    d.publish_records(
+        records,
+        current,
+        PrimaryRecord {
+            addr: chosen.addr.clone(),
+            region: chosen.region.clone(),
+            generation: g,
+            state: PrimaryState::Serving,
+        },
+    )
+    .await?;
+    if !d.served(set, g).await {
+        problems.push("not every shard was served on the new primary in time".into());
+    }
+    report.read_only_ms = started.elapsed().as_millis() as u64;
+    report.ok = true;
+    if fenced.is_ok() {
+        problems.push(format!("{from} answered the fence: it was made read-only"));
+    }
+    if !problems.is_empty() {
+        report.error = Some(problems.join("; "));
+    }
+    tracing::warn!(shards = ?set.shards, from, to = %chosen.addr, generation = g, outage_ms = report.read_only_ms, lost = report.lost_transactions, "failed over replica set");
+    Ok(())
+}
+
+/// The heartbeat connection of one set: the shards' account on the current primary.
+struct Beat {
+    addr: String,
+    conn: Option<mysql_async::Conn>,
+}
+
+/// Writes the heartbeat row; true when the server answered (a refusal, such as
+/// `read_only`, is an answer).
+async fn beat(b: &mut Beat, url: &str, bound: Duration, now_ms: i64) -> bool {
+    let run = async {
+        if b.conn.is_none() {
+            let opts = mysql_async::Opts::from_url(url)
+                .map_err(|e| mysql_async::Error::Other(Box::new(e)))?;
+            let mut c = mysql_async::Conn::new(opts).await?;
+            c.query_drop("CREATE TABLE IF NOT EXISTS foqs_heartbeat (id INT PRIMARY KEY, at_ms BIGINT NOT NULL)")
+                .await?;
+            b.conn = Some(c);
+        }
+        let c = b.conn.as_mut().expect("connected");
+        c.exec_drop(
+            "INSERT INTO foqs_heartbeat (id, at_ms) VALUES (0, ?) ON DUPLICATE KEY UPDATE at_ms = VALUES(at_ms)",
+            (now_ms,),
+        )
+        .await
+    };
+    match tokio::time::timeout(bound, run).await {
+        Ok(Ok(())) => true,
+        Ok(Err(mysql_async::Error::Server(_))) => true,
+        Ok(Err(_)) | Err(_) => {
+            b.conn = None;
+            false
+        }
+    }
+}
+
+/// Runs until `stop`: heartbeats, failure detection and demoted servers' rejoin, for
+/// the replica sets whose lowest shard this host owns.
+pub async fn run_monitor(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
+    let every = Duration::from_millis(d.cfg.probe_interval_ms);
+    let after = Duration::from_millis(d.cfg.failover_after_ms);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut down_since: HashMap<usize, Instant> = HashMap::new();
+    let mut beats: HashMap<usize, Beat> = HashMap::new();
+    let mut warned: BTreeSet<String> = BTreeSet::new();
+    let mut last_demoted = Instant::now() - Duration::from_secs(10);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let view = d.views.borrow().clone();
+        let mut led = Vec::new();
+        for (i, set) in d.layout.sets.iter().enumerate() {
+            let rec = view.primaries.get(&set.shards[0]).cloned();
+            let leads = view.owners.get(&set.shards[0]) == Some(&d.host_id);
+            let Some(rec) = rec.filter(|r| leads && r.state == PrimaryState::Serving) else {
+                down_since.remove(&i);
+                continue;
+            };
+            led.push((set, rec.clone()));
+            let b = beats.entry(i).or_insert(Beat {
+                addr: rec.addr.clone(),
+                conn: None,
+            });
+            if b.addr != rec.addr {
+                *b = Beat {
+                    addr: rec.addr.clone(),
+                    conn: None,
+                };
+            }
+            let url = super::url_on(&set.heartbeat_url, &rec.addr);
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            if beat(b, &url, every * 2, now_ms).await {
+                down_since.remove(&i);
+                continue;
+            }
+            let since = *down_since.entry(i).or_insert_with(Instant::now);
+            if since.elapsed() >= after {
+                tracing::warn!(shards = ?set.shards, primary = %rec.addr, silent_ms = since.elapsed().as_millis() as u64, "primary does not answer; failing over");
+                let r = d.failover_set(set, false).await;
+                if !r.ok {
+                    tracing::error!(shards = ?set.shards, error = ?r.error, "failover refused or failed; retrying while the primary is silent");
+                }
+                down_since.remove(&i);
+                b.conn = None;
+            }
+        }
+        if led.is_empty() || last_demoted.elapsed() < Duration::from_secs(1) {
+            continue;
+        }
+        last_demoted = Instant::now();
+        let mut client = d.client.clone();
+        let Ok(demoted) = primaries::demoted(&mut client, &d.prefix).await else {
+            continue;
+        };
+        for (server, dem) in demoted {
+            let Some((set, rec)) = led.iter().find(|(s, _)| s.region_of(&server).is_some()) else {
+                continue;
+            };
+            if rec.addr == server {
+                // Promoted again since: nothing to rejoin.
+                let _ = primaries::clear_demoted(&mut client, &d.prefix, &server).await;
+                continue;
+            }
+            match rejoin(&d, &server, &rec.addr).await {
+                Ok(()) => {
+                    tracing::info!(server, primary = %rec.addr, generation = dem.generation, shards = ?set.shards, "demoted primary rejoined as a replica");
+                    let _ = primaries::clear_demoted(&mut client, &d.prefix, &server).await;
+                    warned.remove(&server);
+                }
+                Err(e) => {
+                    if warned.insert(server.clone()) {
+                        tracing::warn!(server, error = %e, "demoted primary cannot rejoin yet");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Makes a demoted primary read-only and, if its history is a prefix of `primary`'s,
+/// a replica of it.
+async fn rejoin(d: &Driver, server: &str, primary: &str) -> Result<(), String> {
+    let user = d.data_user.clone();
+    let old = d
+        .admin(server)
+        .with(Duration::from_secs(3), |c| {
+            Box::pin(async move {
+                let _ = srv::set_read_only(c, true).await;
+                let _ = srv::kill_user(c, &user).await;
+                srv::binlog_state_of(c).await
+            })
+        })
+        .await?;
+    let new = d
+        .admin(primary)
+        .with(Duration::from_secs(2), |c| {
+            Box::pin(srv::binlog_state_of(c))
+        })
+        .await?;
+    let errant = srv::errant(&old, &new);
+    if !errant.is_empty() {
+        return Err(format!(
+            "it holds transactions {} that {primary} lacks (never acknowledged to a client): rebuild it (scripts/replicas.sh rejoin) and it rejoins by itself",
+            errant.join(",")
+        ));
+    }
+    let (u, p) = (d.cfg.repl_user.clone(), d.cfg.repl_password.clone());
+    let primary = primary.to_string();
+    d.admin(server)
+        .with(Duration::from_secs(3), |c| {
+            Box::pin(async move { srv::follow(c, &primary, &u, &p).await })
+        })
+        .await
+}

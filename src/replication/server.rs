@@ -1,0 +1,333 @@
+//! One MariaDB server, as the replication driver administers it: `read_only`, GTID
+//! positions, replica status, promotion and repointing, through the admin account
+//! (`replication.admin_user`), one short-lived connection per step.
+
+use std::time::Duration;
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Opts, OptsBuilder, Row};
+
+/// A failed step, in words for the report.
+pub type Step<T> = Result<T, String>;
+
+fn words(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// How to reach one server as the admin account.
+#[derive(Clone)]
+pub struct ServerAdmin {
+    pub addr: String,
+    opts: Opts,
+    timeout: Duration,
+}
+
+impl ServerAdmin {
+    pub fn new(addr: &str, user: &str, password: &str, timeout: Duration) -> ServerAdmin {
+        let (host, port) = addr.rsplit_once(':').unwrap_or((addr, "3306"));
+        let opts = OptsBuilder::default()
+            .ip_or_hostname(host.to_string())
+            .tcp_port(port.parse().unwrap_or(3306))
+            .user(Some(user.to_string()))
+            .pass((!password.is_empty()).then(|| password.to_string()))
+            .prefer_socket(false)
+            .into();
+        ServerAdmin {
+            addr: addr.to_string(),
+            opts,
+            timeout,
+        }
+    }
+
+    /// A connection, within the timeout (a frozen server accepts TCP but never answers).
+    pub async fn connect(&self) -> Step<Conn> {
+        match tokio::time::timeout(self.timeout, Conn::new(self.opts.clone())).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(format!("{}: {e}", self.addr)),
+            Err(_) => Err(format!(
+                "{}: no answer within {:?}",
+                self.addr, self.timeout
+            )),
+        }
+    }
+
+    /// Runs `f` on a new connection, the whole of it within `bound`.
+    pub async fn with<T, F>(&self, bound: Duration, f: F) -> Step<T>
+    where
+        F: for<'c> FnOnce(&'c mut Conn) -> futures::future::BoxFuture<'c, Step<T>>,
+    {
+        let addr = self.addr.clone();
+        let run = async {
+            let mut c = self.connect().await?;
+            let r = f(&mut c).await;
+            let _ = c.disconnect().await;
+            r
+        };
+        match tokio::time::timeout(bound, run).await {
+            Ok(r) => r.map_err(|e| {
+                if e.starts_with(&addr) {
+                    e
+                } else {
+                    format!("{addr}: {e}")
+                }
+            }),
+            Err(_) => Err(format!("{addr}: no answer within {bound:?}")),
+        }
+    }
+}
+
+/// The sequence number of `domain` in a GTID position such as `0-1-42,1-2-7`.
+pub fn seq_of(pos: &str, domain: u32) -> Option<u64> {
+    pos.split(',').find_map(|g| {
+        let mut it = g.trim().splitn(3, '-');
+        let d: u32 = it.next()?.parse().ok()?;
+        let _server: u32 = it.next()?.parse().ok()?;
+        let seq: u64 = it.next()?.parse().ok()?;
+        (d == domain).then_some(seq)
+    })
+}
+
+/// The last sequence number of each (domain, server id) in a `gtid_binlog_state`.
+pub fn binlog_state(state: &str) -> Vec<(u32, u32, u64)> {
+    state
+        .split(',')
+        .filter_map(|g| {
+            let mut it = g.trim().splitn(3, '-');
+            Some((
+                it.next()?.parse().ok()?,
+                it.next()?.parse().ok()?,
+                it.next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The GTIDs `old` holds that `new` lacks: for each (domain, server) the sequence
+/// numbers of `old`'s state above `new`'s. Empty: `old`'s history is a prefix of `new`'s.
+pub fn errant(old_state: &str, new_state: &str) -> Vec<String> {
+    let new = binlog_state(new_state);
+    binlog_state(old_state)
+        .into_iter()
+        .filter(|(d, s, seq)| {
+            let have = new
+                .iter()
+                .filter(|(nd, ns, _)| nd == d && ns == s)
+                .map(|(_, _, n)| *n)
+                .max();
+            have.is_none_or(|h| h < *seq)
+        })
+        .map(|(d, s, seq)| format!("{d}-{s}-{seq}"))
+        .collect()
+}
+
+pub async fn set_read_only(c: &mut Conn, on: bool) -> Step<()> {
+    // Bounded: read_only waits for running commits, which a stalled replica can hold.
+    c.query_drop("SET SESSION lock_wait_timeout = 2")
+        .await
+        .map_err(words)?;
+    c.query_drop(format!(
+        "SET GLOBAL read_only = {}",
+        if on { "ON" } else { "OFF" }
+    ))
+    .await
+    .map_err(words)
+}
+
+pub async fn read_only(c: &mut Conn) -> Step<bool> {
+    let v: Option<i64> = c
+        .query_first("SELECT @@global.read_only")
+        .await
+        .map_err(words)?;
+    Ok(v == Some(1))
+}
+
+/// `gtid_binlog_pos`: the last transaction of each domain in the binlog.
+pub async fn binlog_pos(c: &mut Conn) -> Step<String> {
+    let v: Option<String> = c
+        .query_first("SELECT @@global.gtid_binlog_pos")
+        .await
+        .map_err(words)?;
+    Ok(v.unwrap_or_default())
+}
+
+pub async fn binlog_state_of(c: &mut Conn) -> Step<String> {
+    let v: Option<String> = c
+        .query_first("SELECT @@global.gtid_binlog_state")
+        .await
+        .map_err(words)?;
+    Ok(v.unwrap_or_default())
+}
+
+/// What `SHOW SLAVE STATUS` says of the default connection; `None` on a server that
+/// replicates from nobody.
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaStatus {
+    pub master: String,
+    pub io_running: bool,
+    pub sql_running: bool,
+    /// The last transaction received (relay log).
+    pub io_pos: String,
+    /// The last transaction applied.
+    pub slave_pos: String,
+    pub error: String,
+}
+
+pub async fn replica_status(c: &mut Conn) -> Step<Option<ReplicaStatus>> {
+    let row: Option<Row> = c.query_first("SHOW SLAVE STATUS").await.map_err(words)?;
+    let Some(row) = row else { return Ok(None) };
+    let text = |name: &str| -> String {
+        row.get_opt::<Option<String>, &str>(name)
+            .and_then(|r| r.ok())
+            .flatten()
+            .unwrap_or_default()
+    };
+    let slave_pos: Option<String> = c
+        .query_first("SELECT @@global.gtid_slave_pos")
+        .await
+        .map_err(words)?;
+    let error = [text("Last_IO_Error"), text("Last_SQL_Error")]
+        .into_iter()
+        .filter(|e| !e.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Ok(Some(ReplicaStatus {
+        master: format!("{}:{}", text("Master_Host"), text("Master_Port")),
+        io_running: text("Slave_IO_Running") == "Yes",
+        sql_running: text("Slave_SQL_Running") == "Yes",
+        io_pos: text("Gtid_IO_Pos"),
+        slave_pos: slave_pos.unwrap_or_default(),
+        error,
+    }))
+}
+
+/// Waits until this server has applied `pos`; false at the timeout.
+pub async fn wait_for(c: &mut Conn, pos: &str, timeout: Duration) -> Step<bool> {
+    let v: Option<i64> = c
+        .exec_first(
+            "SELECT MASTER_GTID_WAIT(?, ?)",
+            (pos, timeout.as_secs_f64()),
+        )
+        .await
+        .map_err(words)?;
+    Ok(v == Some(0))
+}
+
+/// Semi-synchronous replication as the primary's side sees it: on, commits that got no
+/// acknowledgement (fell back to asynchronous), replicas that acknowledge.
+#[derive(Debug, Clone, Default)]
+pub struct SemiSync {
+    pub on: bool,
+    pub no_tx: i64,
+    pub clients: i64,
+    pub replica_enabled: bool,
+}
+
+pub async fn semi_sync(c: &mut Conn) -> Step<SemiSync> {
+    let rows: Vec<(String, String)> = c
+        .query("SHOW GLOBAL STATUS WHERE Variable_name IN ('Rpl_semi_sync_master_status', 'Rpl_semi_sync_master_no_tx', 'Rpl_semi_sync_master_clients')")
+        .await
+        .map_err(words)?;
+    let mut s = SemiSync::default();
+    for (k, v) in rows {
+        match k.as_str() {
+            "Rpl_semi_sync_master_status" => s.on = v == "ON",
+            "Rpl_semi_sync_master_no_tx" => s.no_tx = v.parse().unwrap_or(0),
+            "Rpl_semi_sync_master_clients" => s.clients = v.parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+    let r: Option<i64> = c
+        .query_first("SELECT @@global.rpl_semi_sync_slave_enabled")
+        .await
+        .map_err(words)?;
+    s.replica_enabled = r == Some(1);
+    Ok(s)
+}
+
+/// Stops replicating (the relay log applied up to what was received), forgets the old
+/// primary, becomes a semi-synchronous primary and writable.
+pub async fn promote(c: &mut Conn) -> Step<()> {
+    for q in [
+        "STOP SLAVE",
+        "RESET SLAVE ALL",
+        "SET GLOBAL rpl_semi_sync_master_enabled = ON",
+        "SET SESSION lock_wait_timeout = 2",
+        "SET GLOBAL read_only = OFF",
+    ] {
+        c.query_drop(q).await.map_err(|e| format!("{q}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Replicates from `primary` from this server's own last transaction on (`current_pos`:
+/// a demoted primary's binlog, or a replica's applied position), read-only, its primary
+/// side of semi-sync off.
+pub async fn follow(c: &mut Conn, primary: &str, user: &str, password: &str) -> Step<()> {
+    let (host, port) = primary.rsplit_once(':').ok_or("primary is not HOST:PORT")?;
+    let port: u16 = port.parse().map_err(words)?;
+    c.query_drop("SET SESSION lock_wait_timeout = 2")
+        .await
+        .map_err(words)?;
+    c.query_drop("SET GLOBAL read_only = ON")
+        .await
+        .map_err(words)?;
+    c.query_drop("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+        .await
+        .map_err(words)?;
+    c.query_drop("STOP SLAVE").await.map_err(words)?;
+    // CHANGE MASTER takes no placeholders: its strings are spliced in as quoted literals.
+    c.query_drop(format!(
+        "CHANGE MASTER TO MASTER_HOST = {}, MASTER_PORT = {port}, MASTER_USER = {}, MASTER_PASSWORD = {}, \
+         MASTER_USE_GTID = current_pos, MASTER_CONNECT_RETRY = 1, MASTER_HEARTBEAT_PERIOD = 0.25",
+        quoted(host),
+        quoted(user),
+        quoted(password)
+    ))
+    .await
+    .map_err(|e| format!("CHANGE MASTER: {e}"))?;
+    c.query_drop("START SLAVE").await.map_err(words)
+}
+
+/// `s` as an SQL string literal (backslashes and quotes escaped).
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// Ends every connection of `user` (the old primary's foqsd connections, at a fence).
+pub async fn kill_user(c: &mut Conn, user: &str) -> Step<u64> {
+    let ids: Vec<u64> = c
+        .exec(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = ?",
+            (user,),
+        )
+        .await
+        .map_err(words)?;
+    let mut n = 0;
+    for id in ids {
+        if c.query_drop(format!("KILL CONNECTION {id}")).await.is_ok() {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_quoted() {
+        assert_eq!(quoted("a'b\\c"), "'a\\'b\\\\c'");
+    }
+
+    #[test]
+    fn positions_and_errant_transactions() {
+        assert_eq!(seq_of("0-1-42", 0), Some(42));
+        assert_eq!(seq_of("1-3-7,0-2-9", 0), Some(9));
+        assert_eq!(seq_of("", 0), None);
+        // The new primary (server 2) took over at 0-1-40 and wrote on.
+        assert!(errant("0-1-40", "0-1-40,0-2-55").is_empty());
+        assert_eq!(errant("0-1-42", "0-1-40,0-2-55"), vec!["0-1-42"]);
+        assert_eq!(errant("0-3-1", "0-1-40"), vec!["0-3-1"]);
+    }
+}
