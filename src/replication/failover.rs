@@ -51,21 +51,19 @@ pub(super) async fn failover(
             },
         )
         .await?;
-    // And on the server itself when it answers at all: read-only, foqsd's connections ended.
+    // And on the server itself when it answers at all: read-only, foqsd's connections
+    // ended (while the replicas are asked what they received).
     let user = d.data_user.clone();
-    let fenced = d
-        .admin(&from)
-        .with(Duration::from_millis(500), |c| {
-            Box::pin(async move {
-                let _ = srv::set_read_only(c, true).await;
-                srv::kill_user(c, &user).await
-            })
+    let old = d.admin(&from);
+    let fence = old.with(Duration::from_millis(500), |c| {
+        Box::pin(async move {
+            let _ = srv::set_read_only(c, true).await;
+            srv::kill_user(c, &user).await
         })
-        .await;
+    });
     // 2. The candidates: what each replica received.
-    let mut answered = Vec::new();
-    let mut silent = Vec::new();
-    for s in set.servers.iter().filter(|s| s.addr != from) {
+    let others = set.servers.iter().filter(|s| s.addr != from);
+    let asked = futures::future::join_all(others.map(|s| async move {
         let r = d
             .admin(&s.addr)
             .with(Duration::from_secs(1), |c| {
@@ -74,6 +72,13 @@ pub(super) async fn failover(
                 )
             })
             .await;
+        (s, r)
+    }));
+    let (fenced, asked) = futures::join!(fence, asked);
+    let mut steps = vec![("fence_and_candidates", started.elapsed().as_millis() as u64)];
+    let mut answered = Vec::new();
+    let mut silent = Vec::new();
+    for (s, r) in asked {
         match r {
             Ok((Some(st), semi)) => answered.push(Candidate {
                 addr: s.addr.clone(),
@@ -139,9 +144,7 @@ pub(super) async fn failover(
         .admin(&chosen.addr)
         .with(catchup + Duration::from_secs(2), |c| {
             Box::pin(async move {
-                c.query_drop("STOP SLAVE IO_THREAD")
-                    .await
-                    .map_err(|e| e.to_string())?;
+                srv::stop_io(c).await?;
                 srv::wait_for(c, &pos, catchup).await
             })
         })
@@ -161,7 +164,9 @@ pub(super) async fn failover(
     {
         return refuse(format!("cannot promote {}: {e}", chosen.addr)).await;
     }
+    steps.push(("promoted", started.elapsed().as_millis() as u64));
     let mut problems = d.repoint(set, &chosen.addr, Some(&from)).await;
+    steps.push(("repointed", started.elapsed().as_millis() as u64));
     let demoted = Demoted {
         primary: chosen.addr.clone(),
         generation: g,
@@ -180,6 +185,7 @@ pub(super) async fn failover(
         },
     )
     .await?;
+    steps.push(("published", started.elapsed().as_millis() as u64));
     if !d.served(set, g).await {
         problems.push("not every shard was served on the new primary in time".into());
     }
@@ -191,7 +197,7 @@ pub(super) async fn failover(
     if !problems.is_empty() {
         report.error = Some(problems.join("; "));
     }
-    tracing::warn!(shards = ?set.shards, from, to = %chosen.addr, generation = g, outage_ms = report.read_only_ms, lost = report.lost_transactions, "failed over replica set");
+    tracing::warn!(shards = ?set.shards, from, to = %chosen.addr, generation = g, outage_ms = report.read_only_ms, lost = report.lost_transactions, steps_ms = ?steps, notes = ?report.error, "failed over replica set");
     Ok(())
 }
 
@@ -248,11 +254,14 @@ pub async fn run_monitor(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
         }
         let view = d.views.borrow().clone();
         let mut led = Vec::new();
+        let mut switched = false;
         for (i, set) in d.layout.sets.iter().enumerate() {
             let rec = view.primaries.get(&set.shards[0]).cloned();
             let leads = view.owners.get(&set.shards[0]) == Some(&d.host_id);
             let Some(rec) = rec.filter(|r| leads && r.state == PrimaryState::Serving) else {
                 down_since.remove(&i);
+                // Not ours (any more): no connection of ours stays on its primary.
+                beats.remove(&i);
                 continue;
             };
             led.push((set, rec.clone()));
@@ -284,9 +293,12 @@ pub async fn run_monitor(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
                 }
                 down_since.remove(&i);
                 b.conn = None;
+                switched = true;
             }
         }
-        if led.is_empty() || last_demoted.elapsed() < Duration::from_secs(1) {
+        // The demoted servers are looked at with the primaries of a view taken after any
+        // switch (the one read above may predate a failover made just now).
+        if switched || led.is_empty() || last_demoted.elapsed() < Duration::from_secs(1) {
             continue;
         }
         last_demoted = Instant::now();
@@ -320,15 +332,16 @@ pub async fn run_monitor(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
 }
 
 /// Makes a demoted primary read-only and, if its history is a prefix of `primary`'s,
-/// a replica of it.
+/// a replica of it. Commits stuck on it waiting for an acknowledgement that will never
+/// come (it was frozen mid-commit) are left alone until then: ending their connections
+/// could let them commit; setting `read_only` waits for them and gives up, and no foqsd
+/// writes the server meanwhile, as etcd names another primary.
 async fn rejoin(d: &Driver, server: &str, primary: &str) -> Result<(), String> {
-    let user = d.data_user.clone();
     let old = d
         .admin(server)
         .with(Duration::from_secs(3), |c| {
             Box::pin(async move {
                 let _ = srv::set_read_only(c, true).await;
-                let _ = srv::kill_user(c, &user).await;
                 srv::binlog_state_of(c).await
             })
         })
@@ -342,15 +355,18 @@ async fn rejoin(d: &Driver, server: &str, primary: &str) -> Result<(), String> {
     let errant = srv::errant(&old, &new);
     if !errant.is_empty() {
         return Err(format!(
-            "it holds transactions {} that {primary} lacks (never acknowledged to a client): rebuild it (scripts/replicas.sh rejoin) and it rejoins by itself",
+            "it holds transactions up to {} that {primary} lacks (never acknowledged to a client): restart it as a replica (scripts/replicas.sh rejoin; init_rpl_role = SLAVE drops them) and it rejoins by itself",
             errant.join(",")
         ));
     }
     let (u, p) = (d.cfg.repl_user.clone(), d.cfg.repl_password.clone());
-    let primary = primary.to_string();
+    let (primary, user) = (primary.to_string(), d.data_user.clone());
     d.admin(server)
         .with(Duration::from_secs(3), |c| {
-            Box::pin(async move { srv::follow(c, &primary, &u, &p).await })
+            Box::pin(async move {
+                srv::follow(c, &primary, &u, &p).await?;
+                srv::kill_user(c, &user).await.map(|_| ())
+            })
         })
         .await
 }

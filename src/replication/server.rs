@@ -244,9 +244,23 @@ pub async fn semi_sync(c: &mut Conn) -> Step<SemiSync> {
     Ok(s)
 }
 
+/// Stops the replication IO thread at once: `STOP SLAVE` waits for a thread stuck
+/// connecting to a frozen primary (up to `slave_net_timeout`), killing it does not.
+pub async fn stop_io(c: &mut Conn) -> Step<()> {
+    let ids: Vec<u64> = c
+        .query("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = 'system user' AND COMMAND IN ('Connect', 'Slave_IO')")
+        .await
+        .map_err(words)?;
+    for id in ids {
+        let _ = c.query_drop(format!("KILL {id}")).await;
+    }
+    c.query_drop("STOP SLAVE IO_THREAD").await.map_err(words)
+}
+
 /// Stops replicating (the relay log applied up to what was received), forgets the old
 /// primary, becomes a semi-synchronous primary and writable.
 pub async fn promote(c: &mut Conn) -> Step<()> {
+    stop_io(c).await?;
     for q in [
         "STOP SLAVE",
         "RESET SLAVE ALL",
@@ -274,6 +288,7 @@ pub async fn follow(c: &mut Conn, primary: &str, user: &str, password: &str) -> 
     c.query_drop("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
         .await
         .map_err(words)?;
+    stop_io(c).await?;
     c.query_drop("STOP SLAVE").await.map_err(words)?;
     // CHANGE MASTER takes no placeholders: its strings are spliced in as quoted literals.
     c.query_drop(format!(
