@@ -266,6 +266,11 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic".into())
 }
 
+/// How long stopping a shard whose primary was fenced (a failover) waits for the
+/// worker's last writes to it: they cannot succeed, and the new primary waits for this
+/// host to let the shard go.
+const FENCED_STOP_MAX: Duration = Duration::from_millis(200);
+
 /// Brings the host's shards in line with the view: stops serving the shards it lost
 /// (then tells the manager they are free) and opens the ones it gained. Returns the
 /// shards that failed to open, to be retried.
@@ -299,8 +304,22 @@ async fn follow_view(
             .collect()
     };
     let stop: BTreeSet<ShardId> = served.difference(&mine).chain(&stale).copied().collect();
+    let fenced: BTreeSet<ShardId> = stop
+        .iter()
+        .copied()
+        .filter(|s| {
+            view.primaries
+                .get(s)
+                .is_some_and(|p| p.state == PrimaryState::Fenced)
+        })
+        .collect();
+    let fenced = &fenced;
     join_all(stop.iter().map(|&s| async move {
-        host.remove_shard(s).await;
+        if fenced.contains(&s) {
+            host.abandon_shard(s, FENCED_STOP_MAX).await
+        } else {
+            host.remove_shard(s).await
+        }
         opener
             .replicated
             .lock()

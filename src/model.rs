@@ -301,6 +301,9 @@ pub enum PrimaryState {
     /// A switch is under way: no host serves the shard; its owner pauses it (buffers
     /// flushed, worker stopped) and says so.
     Paused,
+    /// A failover is under way (the primary does not answer): no host serves the shard,
+    /// and its owner stops it without writing to the fenced primary on the way out.
+    Fenced,
 }
 
 /// The cluster as a shard manager sees it at one moment.

@@ -92,8 +92,7 @@ impl EtcdManager {
         store_timeout_ms: u64,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<(Arc<EtcdManager>, Client), etcd_client::Error> {
-        let mut client = connect(cfg).await?;
-        primaries::init(&mut client, &cfg.prefix, &member.primaries).await?;
+        let client = connect(cfg).await?;
         let fence = Fence::closed();
         let view = watch::Sender::new(Arc::new(ClusterView::default()));
         let (released_tx, released_rx) = mpsc::unbounded_channel();
@@ -497,12 +496,30 @@ impl Follower {
             self.held.remove(&s);
             self.releasing.remove(&s);
         }
-        let primaries: BTreeMap<ShardId, PrimaryRecord> =
+        let mut primaries: BTreeMap<ShardId, PrimaryRecord> =
             primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
                 .await?
                 .into_iter()
                 .map(|(s, (r, _))| (s, r))
                 .collect();
+        // The config's layout, for the replicated shards etcd has no record of yet (the
+        // first host to get here writes them; a record once written is etcd's to change).
+        let missing: BTreeMap<ShardId, PrimaryRecord> = self
+            .member
+            .primaries
+            .iter()
+            .filter(|(s, _)| !primaries.contains_key(s))
+            .map(|(s, r)| (*s, r.clone()))
+            .collect();
+        if !missing.is_empty() {
+            primaries::init(&mut self.client, &self.prefix, &missing).await?;
+            primaries =
+                primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
+                    .await?
+                    .into_iter()
+                    .map(|(s, (r, _))| (s, r))
+                    .collect();
+        }
         let tier_hosts: Vec<(&str, &str)> = hosts
             .iter()
             .filter(|(_, h)| h.tier == self.member.tier)

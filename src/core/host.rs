@@ -215,6 +215,18 @@ impl Host {
     /// worker flushes what it buffered (or fails it, retryably, when it may not write any
     /// more) and stops. Returns when the worker is gone.
     pub async fn remove_shard(&self, id: ShardId) {
+        self.stop_shard(id, None).await
+    }
+
+    /// [`Host::remove_shard`] for a shard whose storage is gone for good (its primary was
+    /// fenced for a failover): nothing is written to it on the way out (staged items are
+    /// left as leases nobody was handed, for a successor here), and the stop waits for the
+    /// worker's last writes at most `bound` (they fail on their own later).
+    pub async fn abandon_shard(&self, id: ShardId, bound: std::time::Duration) {
+        self.stop_shard(id, Some(bound)).await
+    }
+
+    async fn stop_shard(&self, id: ShardId, abandon: Option<std::time::Duration>) {
         let handle = {
             let mut shards = self.shards.write().expect("not poisoned");
             let mut next = (**shards).clone();
@@ -229,7 +241,7 @@ impl Host {
         drop(self.claiming.write().await);
         let staged = self.prefetch.drain_shard(id);
         let mut released = staged.is_empty();
-        if !staged.is_empty() {
+        if !staged.is_empty() && abandon.is_none() {
             match handle.release(staged).await {
                 Ok(()) => released = true,
                 Err(e) => {
@@ -251,10 +263,20 @@ impl Host {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, leases);
         }
-        handle.shutdown().await;
         let worker = self.workers.lock().expect("not poisoned").remove(&id);
-        if let Some(w) = worker {
-            let _ = w.await;
+        let stop = async {
+            handle.shutdown().await;
+            if let Some(w) = worker {
+                let _ = w.await;
+            }
+        };
+        match abandon {
+            None => stop.await,
+            Some(bound) => {
+                if tokio::time::timeout(bound, stop).await.is_err() {
+                    tracing::warn!(shard = id, "abandoned shard: its worker's last writes to the fenced storage are left to fail");
+                }
+            }
         }
         tracing::info!(shard = id, "stopped serving shard");
     }

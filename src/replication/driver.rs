@@ -544,6 +544,7 @@ impl Driver {
                 state: match rec.state {
                     PrimaryState::Serving => "serving".into(),
                     PrimaryState::Paused => "paused".into(),
+                    PrimaryState::Fenced => "fenced".into(),
                 },
                 owner: view.owners.get(s).cloned(),
                 primary_reachable: semi.is_ok(),

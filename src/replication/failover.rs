@@ -45,7 +45,7 @@ pub(super) async fn failover(
             records,
             current.clone(),
             PrimaryRecord {
-                state: PrimaryState::Paused,
+                state: PrimaryState::Fenced,
                 generation: g,
                 ..current
             },

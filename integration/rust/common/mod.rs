@@ -5,6 +5,7 @@
 
 mod mariadb;
 mod procs;
+pub mod replicas;
 pub mod shard;
 #[allow(unused_imports)] // used by some tests only
 pub use mariadb::PrivateMariaDb;

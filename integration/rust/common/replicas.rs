@@ -1,0 +1,141 @@
+//! Three private MariaDB servers replicating one another, started and stopped through
+//! `scripts/replicas.sh` (the same servers the drill script and operators use), and the
+//! SQL the replication tests read them with (through the `mariadb` client, as root).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+pub struct Replicas {
+    pub dir: PathBuf,
+    /// Server n (1..=3) listens on `base + n - 1`, region `r<n>`.
+    pub base: u16,
+}
+
+fn script(args: &[&str]) -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("bash")
+        .arg(format!("{root}/scripts/replicas.sh"))
+        .args(args)
+        .output()
+        .expect("run scripts/replicas.sh");
+    assert!(
+        out.status.success(),
+        "replicas.sh {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Three consecutive ports free now.
+fn free_ports() -> u16 {
+    for _ in 0..100 {
+        let base = super::free_port();
+        if base > 65000 {
+            continue;
+        }
+        if (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no three consecutive free ports");
+}
+
+impl Replicas {
+    pub fn up() -> Replicas {
+        let base = free_ports();
+        let dir = std::env::temp_dir().join(format!("foqs-replicas-{}-{base}", std::process::id()));
+        let r = Replicas { dir, base };
+        script(&[
+            "up",
+            "--dir",
+            r.dir.to_str().unwrap(),
+            "--port",
+            &base.to_string(),
+        ]);
+        r
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--dir", self.dir.to_str().unwrap()]);
+        script(&all)
+    }
+
+    pub fn port(&self, n: u16) -> u16 {
+        self.base + n - 1
+    }
+
+    pub fn addr(&self, n: u16) -> String {
+        format!("127.0.0.1:{}", self.port(n))
+    }
+
+    /// The server number of "127.0.0.1:PORT".
+    pub fn number(&self, addr: &str) -> u16 {
+        let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+        port - self.base + 1
+    }
+
+    pub fn kill(&self, n: u16) {
+        self.run(&["kill", &n.to_string()]);
+    }
+    pub fn start(&self, n: u16) {
+        self.run(&["start", &n.to_string()]);
+    }
+    pub fn freeze(&self, n: u16) {
+        self.run(&["stop", &n.to_string()]);
+    }
+    pub fn thaw(&self, n: u16) {
+        self.run(&["cont", &n.to_string()]);
+    }
+    /// Restarts n as a replica of `primary` (dropping what no replica acknowledged).
+    pub fn rejoin(&self, n: u16, primary: u16) {
+        self.run(&["rejoin", &n.to_string(), &self.port(primary).to_string()]);
+    }
+
+    /// The rows of `sql` on server n, tab-separated, or None when it does not answer.
+    pub fn query(&self, n: u16, sql: &str) -> Option<Vec<String>> {
+        let out = Command::new("timeout")
+            .args([
+                "5",
+                "mariadb",
+                "--protocol=tcp",
+                "-h127.0.0.1",
+                "-uroot",
+                "-N",
+                "--batch",
+            ])
+            .arg(format!("-P{}", self.port(n)))
+            .args(["-e", sql])
+            .output()
+            .ok()?;
+        out.status.success().then(|| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect()
+        })
+    }
+
+    pub fn value(&self, n: u16, sql: &str) -> Option<String> {
+        self.query(n, sql)?.into_iter().next()
+    }
+
+    pub fn status(&self, n: u16, var: &str) -> i64 {
+        self.query(n, &format!("SHOW GLOBAL STATUS LIKE '{var}'"))
+            .and_then(|rows| rows.first()?.split('\t').nth(1)?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(format!(
+                "{}/scripts/replicas.sh",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .args(["down", "--dir", self.dir.to_str().unwrap()])
+            .status();
+    }
+}
