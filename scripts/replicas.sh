@@ -79,6 +79,13 @@ start_server() { # start_server N PORT
 }
 
 replicate_from() { # replicate_from PORT PRIMARY_PORT POS_KIND
+  # Retried: foqsd may repoint the same server at the same moment (a demoted primary that
+  # answers again is repointed by the host that leads its replica set).
+  local i
+  for i in 1 2 3 4 5; do
+    sql "$1" "STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$2, MASTER_USER='foqs_repl', MASTER_PASSWORD='foqs_repl', MASTER_USE_GTID=$3, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=0.25; START SLAVE;" 2>/dev/null && return 0
+    sleep 0.2
+  done
   sql "$1" "STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$2, MASTER_USER='foqs_repl', MASTER_PASSWORD='foqs_repl', MASTER_USE_GTID=$3, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=0.25; START SLAVE;"
 }
 

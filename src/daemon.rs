@@ -594,6 +594,7 @@ async fn start_planned(
                 cfg.replication.clone(),
                 manager.watch(),
                 data_user,
+                metrics.clone(),
             )))
         }
         _ => None,
@@ -613,6 +614,7 @@ async fn start_planned(
         switchboard: driver
             .clone()
             .map(|d| d as Arc<dyn crate::replication::Switchboard>),
+        enqueue_hold: Duration::from_millis(cfg.replication.enqueue_hold_ms),
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened

@@ -71,6 +71,17 @@ pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServerLabel {
+    pub server: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SwitchLabel {
+    pub kind: String,
+    pub outcome: &'static str,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Distinct namespaces labelled; later ones share the label `_other`, so a client that
@@ -117,6 +128,10 @@ pub struct Metrics {
     pub forwarded: Family<PeerOutcome, Counter>,
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
+    pub semi_sync_on: Family<ServerLabel, Gauge>,
+    pub semi_sync_no_tx: Family<ServerLabel, Gauge>,
+    pub replica_lag_ms: Family<ServerLabel, Gauge>,
+    pub switches: Family<SwitchLabel, Counter>,
     labelled_ns: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
@@ -261,6 +276,30 @@ impl Metrics {
             "Renewals of this host's cluster lease (etcd), by outcome",
             lease_renewals.clone(),
         );
+        let semi_sync_on = Family::<ServerLabel, Gauge>::default();
+        r.register(
+            "replication_semi_sync_on",
+            "1 while a replicated shards' primary waits for a replica's acknowledgement of every commit (0: it fell back to asynchronous: an alert)",
+            semi_sync_on.clone(),
+        );
+        let semi_sync_no_tx = Family::<ServerLabel, Gauge>::default();
+        r.register(
+            "replication_semi_sync_no_tx",
+            "Commits a primary made without a replica's acknowledgement (Rpl_semi_sync_master_no_tx since it started; should stay 0)",
+            semi_sync_no_tx.clone(),
+        );
+        let replica_lag_ms = Family::<ServerLabel, Gauge>::default();
+        r.register(
+            "replication_replica_lag_ms",
+            "How far a replica's heartbeat row is behind its primary's (-1: it does not answer or replicate)",
+            replica_lag_ms.clone(),
+        );
+        let switches = Family::<SwitchLabel, Counter>::default();
+        r.register(
+            "replication_switches",
+            "Switches of a replica set this host drove, by kind (switchover, failover) and outcome",
+            switches.clone(),
+        );
         Metrics {
             registry: r,
             requests,
@@ -282,6 +321,10 @@ impl Metrics {
             forwarded,
             shards_owned,
             lease_renewals,
+            semi_sync_on,
+            semi_sync_no_tx,
+            replica_lag_ms,
+            switches,
             labelled_ns: Default::default(),
         }
     }

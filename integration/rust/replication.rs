@@ -76,6 +76,9 @@ struct Ledger {
     enqueued_at: Vec<Instant>,
     /// Enqueues admitted in the quota's namespace.
     quota_admitted: u64,
+    /// Items whose ack call failed (it may have deleted them).
+    ack_unknown: HashSet<String>,
+    ack_errors: BTreeMap<String, u64>,
 }
 
 struct Load {
@@ -256,16 +259,28 @@ impl Load {
                         Ok(r) => {
                             let mut l = ledger.lock().unwrap();
                             for (id, res) in ids.iter().zip(r.results.unwrap_or_default()) {
-                                if res.error.is_none() {
-                                    let pl = by_id[id].clone();
-                                    l.leased.remove(&pl);
-                                    l.acked.insert(pl);
+                                let pl = by_id[id].clone();
+                                match &res.error {
+                                    None => {
+                                        l.leased.remove(&pl);
+                                        l.acked.insert(pl);
+                                    }
+                                    // A failed ack may still have deleted the item (a
+                                    // retryable error: the delete's outcome is unknown).
+                                    Some(e) => {
+                                        let code = format!("{:?}", e.code);
+                                        *l.ack_errors.entry(code).or_default() += 1;
+                                        l.ack_unknown.insert(pl);
+                                    }
                                 }
                             }
                         }
                         Err(_) => {
-                            // Not acked: the leases run out and the items come back.
+                            // Outcome unknown: not acked, and the leases run out and
+                            // the items come back; or acked, and the reply was lost.
                             failed.fetch_add(1, Ordering::Relaxed);
+                            let mut l = ledger.lock().unwrap();
+                            l.ack_unknown.extend(by_id.into_values());
                             c = None;
                         }
                     }
@@ -334,7 +349,8 @@ impl Load {
         let lost = l
             .acknowledged
             .keys()
-            .filter(|p| !l.acked.contains(*p))
+            // Never acked, and in no ack whose outcome is unknown.
+            .filter(|p| !l.acked.contains(*p) && !l.ack_unknown.contains(*p))
             .count() as u64;
         (l, lost)
     }
@@ -535,13 +551,26 @@ fn region_drill_loses_nothing_acknowledged() {
     let after_stop = cluster.settled_without(&primary, Duration::from_secs(30));
     let stop_outage = load.gap_ms(t0, Instant::now());
     r.thaw(frozen);
+    // What it committed: its tables' checksums, at once and two seconds later. (Its binlog
+    // may grow by statements that were in its sockets when it froze: they wait for a
+    // replica's acknowledgement that never comes, uncommitted, and the rejoin drops them.)
+    let tables = (0..SHARDS)
+        .map(|s| format!("foqs_{tag}_{s}.items"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sums = || r.query(frozen, &format!("CHECKSUM TABLE {tables}"));
     let at_resume = r.value(frozen, "SELECT @@global.gtid_binlog_pos");
+    let sums_at_resume = sums();
     std::thread::sleep(Duration::from_secs(2));
     let later = r.value(frozen, "SELECT @@global.gtid_binlog_pos");
-    let wrote_after_resume = at_resume != later;
+    let stuck = r
+        .value(frozen, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE LIKE '%semi-sync%' OR STATE = 'Commit'")
+        .unwrap_or_default();
+    let wrote_after_resume = sums_at_resume.is_none() || sums() != sums_at_resume;
     lines.push(
         json!({"switch": "failover", "cause": "SIGSTOP", "from": primary, "to": after_stop,
-        "client_gap_ms": stop_outage, "binlog_at_resume": at_resume, "binlog_2s_later": later}),
+        "client_gap_ms": stop_outage, "binlog_at_resume": at_resume, "binlog_2s_later": later,
+        "commits_stuck_waiting_for_ack": stuck}),
     );
     // Its commits that were waiting for an acknowledgement when it froze are dropped by
     // a restart as a replica (init_rpl_role = SLAVE).
@@ -552,6 +581,29 @@ fn region_drill_loses_nothing_acknowledged() {
     let quota_secs = load_started.elapsed().as_secs_f64();
     let (ledger, lost) = load.finish(Duration::from_secs(if long { 60 } else { 40 }));
     let (same, errant) = converged(&r, r.number(&primary), &tag);
+    // An item whose ack failed and that never came back must be gone from storage (the
+    // ack took effect); one still stored is stuck: counted as lost.
+    let unknown: Vec<&String> = ledger
+        .ack_unknown
+        .iter()
+        .filter(|p| !ledger.acked.contains(*p))
+        .collect();
+    let stuck_after_failed_ack = unknown
+        .iter()
+        .filter(|pl| {
+            let Some(id) = ledger.acknowledged.get(**pl) else {
+                return false;
+            };
+            let (shard, key) = id.split_once(':').unwrap();
+            r.value(
+                r.number(&primary),
+                &format!("SELECT COUNT(*) FROM foqs_{tag}_{shard}.items WHERE id = {key}"),
+            )
+            .as_deref()
+                != Some("0")
+        })
+        .count() as u64;
+    let lost = lost + stuck_after_failed_ack;
     let no_tx: i64 = (1..=3)
         .map(|n| r.status(n, "Rpl_semi_sync_master_no_tx"))
         .sum();
@@ -571,10 +623,31 @@ fn region_drill_loses_nothing_acknowledged() {
         "rpl_semi_sync_master_no_tx": no_tx, "errant_gtids": errant.len(),
         "converged": same, "wrote_after_resume": wrote_after_resume,
         "failed_calls": failed_calls,
+        "ack_failed_and_gone": unknown.len() as u64 - stuck_after_failed_ack,
+        "ack_errors": ledger.ack_errors,
         "quota_admitted": ledger.quota_admitted,
         "quota_allowed": quota_allowed(quota_secs),
     });
     println!("{summary}");
+    // What became of the items lost, as every server holds them (for the failure message).
+    let primary_n = r.number(&primary);
+    for (pl, id) in ledger
+        .acknowledged
+        .iter()
+        .filter(|(p, _)| !ledger.acked.contains(*p) && !ledger.ack_unknown.contains(*p))
+        .take(10)
+    {
+        let (shard, key) = id.split_once(':').unwrap();
+        let rows: Vec<_> = (1..=3)
+            .map(|n| {
+                r.value(n, &format!("SELECT CONCAT_WS(' ', state, delivery_count, lease_expires_ms, next_event_ms) FROM foqs_{tag}_{shard}.items WHERE id = {key}"))
+            })
+            .collect();
+        println!(
+            "lost {pl} {id}: last lease {:?}; servers 1..3 (primary {primary_n}) hold {rows:?}",
+            ledger.leased.get(pl)
+        );
+    }
     assert!(
         (ledger.quota_admitted as f64) <= quota_allowed(quota_secs) * 1.1 + 5.0,
         "the quota did not hold across the switches: {summary}"
@@ -596,6 +669,66 @@ fn region_drill_loses_nothing_acknowledged() {
     assert!(
         percentile(planned, 1.0) < 2000,
         "a planned switch was read-only too long: {summary}"
+    );
+    if std::env::var("FOQS_DRILL_NEGATIVE").as_deref() == Ok("1") {
+        negative_control(&r, &cluster, &primary);
+    }
+}
+
+/// The checker can see loss: with semi-sync off and the replicas' IO threads stopped,
+/// the primary's acknowledged items are on it alone; a forced failover after its kill -9
+/// must show them lost.
+fn negative_control(r: &Replicas, cluster: &Cluster, primary: &str) {
+    let p = r.number(primary);
+    r.query(p, "SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+        .expect("semi-sync off");
+    for n in (1..=3).filter(|n| *n != p) {
+        r.query(
+            n,
+            "STOP SLAVE IO_THREAD; SET GLOBAL rpl_semi_sync_slave_enabled = OFF",
+        )
+        .expect("IO thread stopped");
+    }
+    let load = Load::start(&cluster.addrs());
+    std::thread::sleep(Duration::from_secs(2));
+    r.kill(p);
+    // The monitor refuses: no semi-synchronous replica can vouch for what was acknowledged.
+    std::thread::sleep(Duration::from_millis(2500));
+    let refused = cluster
+        .replication()
+        .iter()
+        .all(|s| s.primary.as_deref() == Some(primary));
+    // (Retried while the monitor's own attempt holds the set's switch lock.)
+    let mut tries = 0;
+    let resp = loop {
+        let r = cluster.admin(tries).shard_failover(FailoverRequest {
+            shard_id: Some(0),
+            allow_loss: Some(true),
+        });
+        match r {
+            Ok(resp) => break resp,
+            Err(e) if tries < 20 => {
+                eprintln!("shardFailover: {e}; again");
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("shardFailover --allow-loss: {e}"),
+        }
+    };
+    let report = resp.switches.unwrap_or_default().pop().expect("a report");
+    cluster.settled_without(primary, Duration::from_secs(30));
+    let (ledger, lost) = load.finish(Duration::from_secs(15));
+    let line = json!({"negative_control": true, "refused_without_allow_loss": refused,
+        "acknowledged": ledger.acknowledged.len(), "lost": lost,
+        "lost_transactions": report.lost_transactions, "failover": switch_line(&report, 0)});
+    println!("{line}");
+    assert!(
+        refused,
+        "the monitor promoted an asynchronous replica by itself: {line}"
+    );
+    assert!(
+        lost > 0,
+        "the checker saw no loss where there must be some: {line}"
     );
 }
 

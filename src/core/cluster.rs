@@ -18,6 +18,23 @@ const ANNOUNCE_BATCH_MAX: usize = 1000;
 
 impl Host {
     /// Adopts the shard manager's latest view (owners and peers).
+    /// A replicated shard is paused for a switch, or not served yet after one (it has no
+    /// owner, or this host owns it and has not reopened it): enqueues wait a little.
+    pub(super) fn switching_here(&self) -> bool {
+        let view = self.cluster.view();
+        if view.primaries.is_empty() {
+            return false;
+        }
+        let served = self.shards();
+        view.primaries.iter().any(|(s, p)| {
+            p.state != crate::model::PrimaryState::Serving
+                || match view.owners.get(s) {
+                    None => true,
+                    Some(h) => h == self.host_id() && !served.contains_key(s),
+                }
+        })
+    }
+
     pub fn set_view(&self, view: Arc<ClusterView>) {
         let live: Vec<String> = view.hosts.keys().cloned().collect();
         *self.cluster.view.write().expect("not poisoned") = view;

@@ -15,6 +15,9 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::model::{ItemId, NewItem, ShardId};
 use crate::shard::{Enqueued, PendingEnqueue};
 
+/// How often an enqueue held during a switch looks for a shard again.
+const HOLD_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Where a group of a request's items goes.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Dest {
@@ -188,17 +191,34 @@ impl Host {
                 Err(e) => vec![Err(e); n],
             },
             Dest::Peer(addr) => self.forward_enqueue(&addr, items, now).await,
-            Dest::AnyLocal => match self.submit_to_some_shard(items) {
-                Ok((id, pending)) => spread(id, pending.wait().await.map_err(Error::from)),
+            Dest::AnyLocal => {
+                // While a switch pauses this host's replicated shards, the batch waits
+                // for them (up to the hold), then goes to another host, then fails.
+                let hold_until = std::time::Instant::now() + self.enqueue_hold;
+                let mut items = items;
+                let (items, e) = loop {
+                    match self.submit_to_some_shard(items) {
+                        Ok((id, pending)) => {
+                            return spread(id, pending.wait().await.map_err(Error::from))
+                        }
+                        Err((back, e)) => {
+                            if !self.switching_here() || std::time::Instant::now() >= hold_until {
+                                break (back, e);
+                            }
+                            items = back;
+                            tokio::time::sleep(HOLD_POLL).await;
+                        }
+                    }
+                };
                 // Nothing was written: another host of the tier may take the batch.
-                Err((items, e)) => match self.cluster.spare_peer(forwarded) {
+                match self.cluster.spare_peer(forwarded) {
                     Some(addr) => {
                         tracing::debug!(peer = addr, error = %e, "forwarding an enqueue");
                         self.forward_enqueue(&addr, items, now).await
                     }
                     None => vec![Err(e); n],
-                },
-            },
+                }
+            }
         }
     }
 

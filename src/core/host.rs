@@ -69,6 +69,8 @@ pub struct HostParts {
     pub dlq_routed_bound: std::time::Duration,
     /// Drives the replicated shards' switches (absent: no shard has replicas).
     pub switchboard: Option<Arc<dyn crate::replication::Switchboard>>,
+    /// How long an enqueue waits for this host's shards while a switch pauses them.
+    pub enqueue_hold: std::time::Duration,
 }
 
 pub struct Host {
@@ -92,6 +94,7 @@ pub struct Host {
     pub(super) dlq_call_bound: std::time::Duration,
     pub(super) dlq_routed_bound: std::time::Duration,
     pub(super) switchboard: Option<Arc<dyn crate::replication::Switchboard>>,
+    pub(super) enqueue_hold: std::time::Duration,
 }
 
 impl Host {
@@ -114,6 +117,7 @@ impl Host {
             dlq_call_bound: p.dlq_call_bound,
             dlq_routed_bound: p.dlq_routed_bound,
             switchboard: p.switchboard,
+            enqueue_hold: p.enqueue_hold,
         }
     }
 
@@ -147,6 +151,7 @@ impl Host {
             dlq_call_bound: std::time::Duration::from_secs(5),
             dlq_routed_bound: std::time::Duration::from_secs(1),
             switchboard: None,
+            enqueue_hold: std::time::Duration::ZERO,
         });
         host.stop_waiting();
         host

@@ -44,6 +44,9 @@ pub struct ReplicationConfig {
     pub pause_timeout_ms: u64,
     /// Replica sets one region drain switches at once.
     pub drain_parallel_max: usize,
+    /// How long an enqueue waits for its host's shards while a switch pauses them, before
+    /// it goes to another host (or fails with `UNAVAILABLE`, retryable).
+    pub enqueue_hold_ms: u64,
 }
 
 impl Default for ReplicationConfig {
@@ -59,6 +62,7 @@ impl Default for ReplicationConfig {
             catchup_timeout_ms: 2000,
             pause_timeout_ms: 2000,
             drain_parallel_max: 4,
+            enqueue_hold_ms: 1000,
         }
     }
 }

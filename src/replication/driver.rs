@@ -33,6 +33,7 @@ pub struct Driver {
     pub(super) views: watch::Receiver<Arc<ClusterView>>,
     /// The shards' account (its connections are ended at a fence).
     pub(super) data_user: String,
+    pub(super) metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The records of one set's shards as read, all at one generation and primary.
@@ -50,6 +51,7 @@ impl Driver {
         cfg: ReplicationConfig,
         views: watch::Receiver<Arc<ClusterView>>,
         data_user: String,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Driver {
         Driver {
             client,
@@ -59,6 +61,52 @@ impl Driver {
             cfg,
             views,
             data_user,
+            metrics,
+        }
+    }
+
+    fn count(&self, r: &SwitchReport) {
+        let outcome = if r.ok { "ok" } else { "failed" };
+        self.metrics
+            .switches
+            .get_or_create(&crate::metrics::SwitchLabel {
+                kind: r.kind.clone(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// Sets the gauges of `set`: its primary's semi-sync, its replicas' lag.
+    pub(super) async fn observe(&self, set: &SetLayout, primary: &str) {
+        use crate::metrics::ServerLabel;
+        let label = |s: &str| ServerLabel {
+            server: s.to_string(),
+        };
+        let semi = self
+            .admin(primary)
+            .with(Duration::from_secs(1), |c| Box::pin(srv::semi_sync(c)))
+            .await;
+        if let Ok(s) = semi {
+            self.metrics
+                .semi_sync_on
+                .get_or_create(&label(primary))
+                .set(i64::from(s.on));
+            self.metrics
+                .semi_sync_no_tx
+                .get_or_create(&label(primary))
+                .set(s.no_tx);
+        }
+        for s in set.servers.iter().filter(|s| s.addr != primary) {
+            let st = self.lag(set, primary, &s.addr).await;
+            let lag = if st.io_running && st.sql_running {
+                st.lag_ms.unwrap_or(-1)
+            } else {
+                -1
+            };
+            self.metrics
+                .replica_lag_ms
+                .get_or_create(&label(&s.addr))
+                .set(lag);
         }
     }
 
@@ -242,6 +290,7 @@ impl Driver {
             report.ok = false;
             report.error = Some(e);
         }
+        self.count(&report);
         report
     }
 
@@ -571,6 +620,7 @@ impl Driver {
             report.ok = false;
             report.error = Some(e);
         }
+        self.count(&report);
         report
     }
 

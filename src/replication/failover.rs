@@ -301,6 +301,9 @@ pub async fn run_monitor(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
         if switched || led.is_empty() || last_demoted.elapsed() < Duration::from_secs(1) {
             continue;
         }
+        for (set, rec) in &led {
+            d.observe(set, &rec.addr).await;
+        }
         last_demoted = Instant::now();
         let mut client = d.client.clone();
         let Ok(demoted) = primaries::demoted(&mut client, &d.prefix).await else {
