@@ -588,12 +588,14 @@ async fn start_planned(
                 .unwrap_or_default();
             Some(Arc::new(crate::replication::driver::Driver::new(
                 client.clone(),
-                &c.etcd.prefix,
-                &host_id,
-                layout.clone(),
-                cfg.replication.clone(),
+                crate::replication::driver::Setup {
+                    prefix: c.etcd.prefix.clone(),
+                    host_id: host_id.clone(),
+                    layout: layout.clone(),
+                    cfg: cfg.replication.clone(),
+                    data_user,
+                },
                 manager.watch(),
-                data_user,
                 metrics.clone(),
             )))
         }

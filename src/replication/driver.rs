@@ -42,25 +42,32 @@ struct SetRecords {
     current: PrimaryRecord,
 }
 
+/// What a [`Driver`] is made of, besides its etcd client, the view and the metrics.
+pub struct Setup {
+    /// The cluster's etcd prefix.
+    pub prefix: String,
+    pub host_id: String,
+    pub layout: Layout,
+    pub cfg: ReplicationConfig,
+    /// The shards' account (its connections are ended at a fence).
+    pub data_user: String,
+}
+
 impl Driver {
     pub fn new(
         client: Client,
-        prefix: &str,
-        host_id: &str,
-        layout: Layout,
-        cfg: ReplicationConfig,
+        setup: Setup,
         views: watch::Receiver<Arc<ClusterView>>,
-        data_user: String,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Driver {
         Driver {
             client,
-            prefix: prefix.trim_end_matches('/').to_string(),
-            host_id: host_id.to_string(),
-            layout,
-            cfg,
+            prefix: setup.prefix.trim_end_matches('/').to_string(),
+            host_id: setup.host_id,
+            layout: setup.layout,
+            cfg: setup.cfg,
             views,
-            data_user,
+            data_user: setup.data_user,
             metrics,
         }
     }
