@@ -705,7 +705,16 @@ fn negative_control(r: &Replicas, cluster: &Cluster, primary: &str) {
             shard_id: Some(0),
             allow_loss: Some(true),
         });
+        let busy = |resp: &SwitchResponse| {
+            resp.switches.iter().flatten().any(|s| {
+                s.ok != Some(true) && s.error.as_deref().is_some_and(|e| e.contains("under way"))
+            })
+        };
         match r {
+            Ok(resp) if busy(&resp) && tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(300));
+            }
             Ok(resp) => break resp,
             Err(e) if tries < 20 => {
                 eprintln!("shardFailover: {e}; again");

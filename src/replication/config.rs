@@ -194,6 +194,16 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_replicated_example_is_valid() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/replicated.toml");
+        let cfg = Config::load(&path).expect("conf/replicated.toml");
+        let layout = crate::replication::Layout::from_config(&cfg);
+        assert_eq!(layout.sets.len(), 1);
+        assert_eq!(layout.sets[0].shards, vec![0, 1, 2, 3]);
+        assert_eq!(layout.sets[0].servers.len(), 3);
+    }
+
+    #[test]
     fn replicas_need_etcd_and_a_server_has_one_replica_set() {
         assert_eq!(problems(&shards("etcd", "10.0.0.2:3306")), "");
         let single = problems(&shards("single", "10.0.0.2:3306"));

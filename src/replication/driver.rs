@@ -362,6 +362,13 @@ impl Driver {
         let to = t.addr.clone();
         report.to = to.clone();
         report.to_region = t.region.clone();
+        // The new primary waits for acknowledgements as the old one did.
+        let semi = self
+            .admin(&from)
+            .with(Duration::from_secs(1), |c| Box::pin(srv::semi_sync(c)))
+            .await
+            .map(|s| s.on)
+            .map_err(|e| format!("cannot read the old primary's semi-sync state: {e}"))?;
         let g = recs.current.generation + 1;
         report.generation = g;
         // 1. Pause: owners flush their buffers and stop the shards.
@@ -433,13 +440,13 @@ impl Driver {
         // it (semi-sync waits for a replica that acknowledges).
         if let Err(e) = self
             .admin(&to)
-            .with(bound, |c| Box::pin(srv::promote(c)))
+            .with(bound, |c| Box::pin(srv::promote(c, semi)))
             .await
         {
             self.undo(&from, &recs).await;
             return Err(format!("cannot promote {to}: {e}; undone"));
         }
-        let mut problems = self.repoint(set, &to, None).await;
+        let mut problems = self.repoint(set, &to, None, semi).await;
         // 5. Serve it.
         self.publish(
             &recs,
@@ -485,11 +492,13 @@ impl Driver {
     }
 
     /// Every server of `set` but `primary` (and `skip`) replicates from `primary`.
+    /// With `semi`, waits (briefly) until a replica that acknowledges commits is connected.
     pub(super) async fn repoint(
         &self,
         set: &SetLayout,
         primary: &str,
         skip: Option<&str>,
+        semi: bool,
     ) -> Vec<String> {
         let bound = self.step_bound();
         let (user, pw) = (self.cfg.repl_user.clone(), self.cfg.repl_password.clone());
@@ -513,7 +522,7 @@ impl Driver {
         let mut problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
         // Wait (briefly) for a replica that acknowledges commits.
         let end = Instant::now() + Duration::from_secs(2);
-        loop {
+        while semi {
             let s = self
                 .admin(primary)
                 .with(bound, |c| Box::pin(srv::semi_sync(c)))

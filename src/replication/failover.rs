@@ -137,6 +137,11 @@ pub(super) async fn failover(
     report.lost_transactions = most.saturating_sub(chosen.received);
     report.to = chosen.addr.clone();
     report.to_region = chosen.region.clone();
+    // The new primary waits for acknowledgements when a replica left can give them (with
+    // none, waiting would stop every write until one comes back).
+    let semi = answered
+        .iter()
+        .any(|c| c.semi_sync && c.addr != chosen.addr);
     // 3. It applies what it received, then becomes the primary.
     let catchup = Duration::from_millis(d.cfg.catchup_timeout_ms);
     let pos = chosen.io_pos.clone();
@@ -159,13 +164,13 @@ pub(super) async fn failover(
     }
     if let Err(e) = d
         .admin(&chosen.addr)
-        .with(Duration::from_secs(3), |c| Box::pin(srv::promote(c)))
+        .with(Duration::from_secs(3), |c| Box::pin(srv::promote(c, semi)))
         .await
     {
         return refuse(format!("cannot promote {}: {e}", chosen.addr)).await;
     }
     steps.push(("promoted", started.elapsed().as_millis() as u64));
-    let mut problems = d.repoint(set, &chosen.addr, Some(&from)).await;
+    let mut problems = d.repoint(set, &chosen.addr, Some(&from), semi).await;
     steps.push(("repointed", started.elapsed().as_millis() as u64));
     let demoted = Demoted {
         primary: chosen.addr.clone(),

@@ -258,13 +258,19 @@ pub async fn stop_io(c: &mut Conn) -> Step<()> {
 }
 
 /// Stops replicating (the relay log applied up to what was received), forgets the old
-/// primary, becomes a semi-synchronous primary and writable.
-pub async fn promote(c: &mut Conn) -> Step<()> {
+/// primary, becomes a primary (waiting for a replica's acknowledgement of every commit
+/// when `semi_sync`) and writable.
+pub async fn promote(c: &mut Conn, semi_sync: bool) -> Step<()> {
     stop_io(c).await?;
+    let semi = if semi_sync {
+        "SET GLOBAL rpl_semi_sync_master_enabled = ON"
+    } else {
+        "SET GLOBAL rpl_semi_sync_master_enabled = OFF"
+    };
     for q in [
         "STOP SLAVE",
         "RESET SLAVE ALL",
-        "SET GLOBAL rpl_semi_sync_master_enabled = ON",
+        semi,
         "SET SESSION lock_wait_timeout = 2",
         "SET GLOBAL read_only = OFF",
     ] {
