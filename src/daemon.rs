@@ -106,7 +106,8 @@ struct ShardOpener {
 
 #[derive(Default)]
 struct Replicated {
-    generation: HashMap<ShardId, u64>,
+    /// The generation and server each served replicated shard was opened with.
+    generation: HashMap<ShardId, (u64, String)>,
     unserved: BTreeSet<ShardId>,
     /// (shard, generation) pauses already reported.
     paused: BTreeSet<(ShardId, u64)>,
@@ -299,20 +300,26 @@ async fn follow_view(
             .filter(|s| {
                 view.primaries
                     .get(s)
-                    .is_some_and(|p| r.generation.get(s) != Some(&p.generation))
+                    .is_some_and(|p| r.generation.get(s).map(|g| g.0) != Some(p.generation))
             })
             .collect()
     };
     let stop: BTreeSet<ShardId> = served.difference(&mine).chain(&stale).copied().collect();
-    let fenced: BTreeSet<ShardId> = stop
-        .iter()
-        .copied()
-        .filter(|s| {
-            view.primaries
-                .get(s)
-                .is_some_and(|p| p.state == PrimaryState::Fenced)
-        })
-        .collect();
+    // Stopped without writing to its server: a failover fenced it, or the view moved the
+    // shard to another server without this host seeing the fence (a failover it missed).
+    let fenced: BTreeSet<ShardId> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        stop.iter()
+            .copied()
+            .filter(|s| {
+                view.primaries.get(s).is_some_and(|p| {
+                    p.state == PrimaryState::Fenced
+                        || (p.state == PrimaryState::Serving
+                            && r.generation.get(s).is_some_and(|(_, a)| *a != p.addr))
+                })
+            })
+            .collect()
+    };
     let fenced = &fenced;
     join_all(stop.iter().map(|&s| async move {
         if fenced.contains(&s) {
@@ -371,7 +378,7 @@ async fn follow_view(
                 let mut rep = opener.replicated.lock().expect("not poisoned");
                 rep.unserved.remove(&s);
                 if let Some(p) = primary {
-                    rep.generation.insert(s, p.generation);
+                    rep.generation.insert(s, (p.generation, p.addr.clone()));
                     manager.report(s, p.generation, Report::Served);
                 }
             }

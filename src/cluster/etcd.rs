@@ -504,13 +504,20 @@ impl Follower {
                 .collect();
         // The config's layout, for the replicated shards etcd has no record of yet (the
         // first host to get here writes them; a record once written is etcd's to change).
-        let missing: BTreeMap<ShardId, PrimaryRecord> = self
-            .member
-            .primaries
-            .iter()
-            .filter(|(s, _)| !primaries.contains_key(s))
-            .map(|(s, r)| (*s, r.clone()))
-            .collect();
+        // A shard added to a replica set that has switched since takes the set's
+        // current record (a set's shards share their config's first primary).
+        let missing: BTreeMap<ShardId, PrimaryRecord> =
+            self.member
+                .primaries
+                .iter()
+                .filter(|(s, _)| !primaries.contains_key(s))
+                .map(|(s, r)| {
+                    let sibling = self.member.primaries.iter().find_map(|(t, tr)| {
+                        (tr.addr == r.addr).then(|| primaries.get(t)).flatten()
+                    });
+                    (*s, sibling.cloned().unwrap_or_else(|| r.clone()))
+                })
+                .collect();
         if !missing.is_empty() {
             primaries::init(&mut self.client, &self.prefix, &missing).await?;
             primaries =

@@ -44,6 +44,10 @@ pub struct ReplicationConfig {
     pub pause_timeout_ms: u64,
     /// Replica sets one region drain switches at once.
     pub drain_parallel_max: usize,
+    /// Every commit waits for a replica's acknowledgement (MariaDB semi-sync): a promotion
+    /// turns it on, and it is turned back on when a replica that can acknowledge is back.
+    /// Off: asynchronous (a failover needs `--allow-loss`).
+    pub semi_sync: bool,
     /// How long an enqueue waits for its host's shards while a switch pauses them, before
     /// it goes to another host (or fails with `UNAVAILABLE`, retryable).
     pub enqueue_hold_ms: u64,
@@ -62,6 +66,7 @@ impl Default for ReplicationConfig {
             catchup_timeout_ms: 2000,
             pause_timeout_ms: 2000,
             drain_parallel_max: 4,
+            semi_sync: true,
             enqueue_hold_ms: 1000,
         }
     }
@@ -157,6 +162,18 @@ pub fn check(cfg: &Config, problems: &mut Vec<String>) {
             Some(_) => {}
             None => {
                 sets.insert(primary, (s.id, servers));
+            }
+        }
+    }
+    // A server belongs to one replica set: a promotion or repointing of one set would
+    // reconfigure another's primary.
+    let sets_v: Vec<_> = sets.iter().collect();
+    for (i, (pa, (fa, sa))) in sets_v.iter().enumerate() {
+        for (pb, (fb, sb)) in &sets_v[i + 1..] {
+            if let Some(shared) = sa.intersection(sb).next() {
+                problems.push(format!(
+                    "server {shared} is in two replica sets (shards {fa} on {pa} and {fb} on {pb}): a server replicates one set"
+                ));
             }
         }
     }

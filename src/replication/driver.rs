@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use etcd_client::Client;
 use futures::future::BoxFuture;
 use futures::stream::StreamExt;
+use mysql_async::prelude::Queryable;
 use tokio::sync::watch;
 
 use super::server::{self as srv, ServerAdmin};
@@ -34,6 +35,8 @@ pub struct Driver {
     /// The shards' account (its connections are ended at a fence).
     pub(super) data_user: String,
     pub(super) metrics: Arc<crate::metrics::Metrics>,
+    /// Whether each primary was last seen waiting for acknowledgements (by `observe`).
+    pub(super) semi_seen: std::sync::Mutex<std::collections::HashMap<String, bool>>,
 }
 
 /// The records of one set's shards as read, all at one generation and primary.
@@ -69,6 +72,7 @@ impl Driver {
             views,
             data_user: setup.data_user,
             metrics,
+            semi_seen: Default::default(),
         }
     }
 
@@ -93,7 +97,11 @@ impl Driver {
             .admin(primary)
             .with(Duration::from_secs(1), |c| Box::pin(srv::semi_sync(c)))
             .await;
-        if let Ok(s) = semi {
+        if let Ok(s) = &semi {
+            self.semi_seen
+                .lock()
+                .expect("not poisoned")
+                .insert(primary.to_string(), s.on);
             self.metrics
                 .semi_sync_on
                 .get_or_create(&label(primary))
@@ -103,6 +111,7 @@ impl Driver {
                 .get_or_create(&label(primary))
                 .set(s.no_tx);
         }
+        let mut can_ack = false;
         for s in set.servers.iter().filter(|s| s.addr != primary) {
             let st = self.lag(set, primary, &s.addr).await;
             let lag = if st.io_running && st.sql_running {
@@ -114,6 +123,30 @@ impl Driver {
                 .replica_lag_ms
                 .get_or_create(&label(&s.addr))
                 .set(lag);
+            can_ack |= st.io_running && st.semi_sync_replica;
+        }
+        // Semi-sync off on the primary (a promotion with no replica left to acknowledge)
+        // while one that can is back: on again.
+        if let Ok(s) = semi {
+            if self.cfg.semi_sync && !s.enabled && can_ack {
+                let r = self
+                    .admin(primary)
+                    .with(Duration::from_secs(1), |c| {
+                        Box::pin(async move {
+                            c.query_drop("SET GLOBAL rpl_semi_sync_master_enabled = ON")
+                                .await
+                                .map_err(|e| e.to_string())
+                        })
+                    })
+                    .await;
+                match r {
+                    Ok(()) => tracing::info!(
+                        primary,
+                        "semi-sync back on: a replica that acknowledges is back"
+                    ),
+                    Err(e) => tracing::warn!(primary, error = %e, "cannot turn semi-sync back on"),
+                }
+            }
         }
     }
 
@@ -143,12 +176,16 @@ impl Driver {
                 .ok_or_else(|| format!("shard {s} has no primary record in etcd yet"))?;
             records.push((*s, r, rev));
         }
-        let current = records[0].1.clone();
-        if records
+        // The shards of a set are written together; should they ever disagree (a switch
+        // interrupted between etcd writes), the newest generation is the set's, and the
+        // next publish writes it to all of them.
+        let current = records
             .iter()
-            .any(|(_, r, _)| r.addr != current.addr || r.generation != current.generation)
-        {
-            return Err("the shards of this replica set disagree in etcd (a switch was interrupted); run a switchover to settle them".into());
+            .max_by_key(|(_, r, _)| r.generation)
+            .map(|(_, r, _)| r.clone())
+            .expect("a set has shards");
+        if records.iter().any(|(_, r, _)| *r != current) {
+            tracing::warn!(shards = ?set.shards, generation = current.generation, "the shards of a replica set disagree in etcd; taking the newest record");
         }
         Ok(SetRecords { records, current })
     }
@@ -199,13 +236,16 @@ impl Driver {
         }
     }
 
-    async fn locked<F, T>(&self, set: &SetLayout, f: F) -> Result<T, String>
+    pub(super) async fn locked<F, T>(&self, set: &SetLayout, f: F) -> Result<T, String>
     where
         F: std::future::Future<Output = Result<T, String>>,
     {
         let mut client = self.client.clone();
-        let name = &set.servers[0].addr;
-        let lease = primaries::lock(&mut client, &self.prefix, name, &self.host_id, LOCK_TTL_S)
+        // Named by every server of the set, so that any host takes the same lock.
+        let mut names: Vec<&str> = set.servers.iter().map(|s| s.addr.as_str()).collect();
+        names.sort_unstable();
+        let name = names.join(",");
+        let lease = primaries::lock(&mut client, &self.prefix, &name, &self.host_id, LOCK_TTL_S)
             .await
             .map_err(|e| format!("etcd: {e}"))?
             .ok_or_else(|| {
@@ -214,9 +254,46 @@ impl Driver {
                     set.shards
                 )
             })?;
-        let r = f.await;
+        // The lease lives as long as the switch does (its steps' bounds add up to more
+        // than the TTL when catch-up is slow).
+        let keep = async {
+            if let Ok((mut keeper, mut stream)) = client.clone().lease_keep_alive(lease).await {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(LOCK_TTL_S as u64 / 3)).await;
+                    if keeper.keep_alive().await.is_err() || stream.message().await.is_err() {
+                        tracing::warn!("etcd: cannot renew the switch lock");
+                    }
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        let r = tokio::select! {
+            r = f => r,
+            _ = keep => unreachable!("the keeper never ends"),
+        };
         primaries::unlock(&mut client, lease).await;
         r
+    }
+
+    /// The last publish of a switch, retried: the new primary is writable by now.
+    async fn publish_final(
+        &self,
+        recs: &SetRecords,
+        to: PrimaryRecord,
+    ) -> Result<SetRecords, String> {
+        let mut last = String::new();
+        for _ in 0..10 {
+            match self.publish(recs, to.clone()).await {
+                Ok(r) => return Ok(r),
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tracing::error!(shards = ?recs.records.iter().map(|r| r.0).collect::<Vec<_>>(), primary = %to.addr, error = %last, "the new primary is writable but etcd could not be told");
+        Err(format!(
+            "{} is the new primary (writable) but etcd could not be told ({last}); the shards stay {:?} until a switch is run again",
+            to.addr, recs.current.state
+        ))
     }
 
     /// Lag of `addr` behind `primary`: transactions (domain 0) and heartbeat milliseconds.
@@ -362,13 +439,7 @@ impl Driver {
         let to = t.addr.clone();
         report.to = to.clone();
         report.to_region = t.region.clone();
-        // The new primary waits for acknowledgements as the old one did.
-        let semi = self
-            .admin(&from)
-            .with(Duration::from_secs(1), |c| Box::pin(srv::semi_sync(c)))
-            .await
-            .map(|s| s.on)
-            .map_err(|e| format!("cannot read the old primary's semi-sync state: {e}"))?;
+        let semi = self.cfg.semi_sync;
         let g = recs.current.generation + 1;
         report.generation = g;
         // 1. Pause: owners flush their buffers and stop the shards.
@@ -443,12 +514,23 @@ impl Driver {
             .with(bound, |c| Box::pin(srv::promote(c, semi)))
             .await
         {
+            // Half promoted, maybe: back to a read-only replica of the old primary.
+            let (u, p) = (self.cfg.repl_user.clone(), self.cfg.repl_password.clone());
+            let old = from.clone();
+            let back = self
+                .admin(&to)
+                .with(bound, |c| {
+                    Box::pin(async move { srv::follow(c, &old, &u, &p).await })
+                })
+                .await;
             self.undo(&from, &recs).await;
-            return Err(format!("cannot promote {to}: {e}; undone"));
+            return Err(format!(
+                "cannot promote {to}: {e}; undone (target back to a replica: {back:?})"
+            ));
         }
         let mut problems = self.repoint(set, &to, None, semi).await;
         // 5. Serve it.
-        self.publish(
+        self.publish_final(
             &recs,
             PrimaryRecord {
                 addr: to.clone(),
@@ -522,19 +604,21 @@ impl Driver {
         let mut problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
         // Wait (briefly) for a replica that acknowledges commits.
         let end = Instant::now() + Duration::from_secs(2);
-        while semi {
-            let s = self
-                .admin(primary)
-                .with(bound, |c| Box::pin(srv::semi_sync(c)))
-                .await;
-            if matches!(&s, Ok(s) if s.clients > 0) {
-                break;
+        if semi {
+            loop {
+                let s = self
+                    .admin(primary)
+                    .with(bound, |c| Box::pin(srv::semi_sync(c)))
+                    .await;
+                if matches!(&s, Ok(s) if s.clients > 0) {
+                    break;
+                }
+                if Instant::now() >= end {
+                    problems.push(format!("no semi-sync replica connected to {primary} yet"));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            if Instant::now() >= end {
-                problems.push(format!("no semi-sync replica connected to {primary} yet"));
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         problems
     }
@@ -646,6 +730,17 @@ impl Driver {
     ) -> Result<(Vec<(ShardId, PrimaryRecord, i64)>, PrimaryRecord), String> {
         let r = self.records(set).await?;
         Ok((r.records, r.current))
+    }
+
+    pub(super) async fn publish_records_final(
+        &self,
+        records: Vec<(ShardId, PrimaryRecord, i64)>,
+        current: PrimaryRecord,
+        to: PrimaryRecord,
+    ) -> Result<(), String> {
+        self.publish_final(&SetRecords { records, current }, to)
+            .await
+            .map(|_| ())
     }
 
     pub(super) async fn publish_records(

@@ -52,24 +52,29 @@ pub(super) async fn failover(
         )
         .await?;
     // And on the server itself when it answers at all: read-only, foqsd's connections
-    // ended (while the replicas are asked what they received).
+    // ended.
     let user = d.data_user.clone();
     let old = d.admin(&from);
     let fence = old.with(Duration::from_millis(500), |c| {
         Box::pin(async move {
-            let _ = srv::set_read_only(c, true).await;
+            srv::set_read_only(c, true).await?;
             srv::kill_user(c, &user).await
         })
     });
-    // 2. The candidates: what each replica received.
+    // 2. The candidates: each stops receiving first, then says what it received (a
+    // position read while it still receives could miss a commit it acknowledged next).
     let others = set.servers.iter().filter(|s| s.addr != from);
     let asked = futures::future::join_all(others.map(|s| async move {
         let r = d
             .admin(&s.addr)
-            .with(Duration::from_secs(1), |c| {
-                Box::pin(
-                    async move { Ok((srv::replica_status(c).await?, srv::semi_sync(c).await?)) },
-                )
+            .with(Duration::from_secs(3), |c| {
+                Box::pin(async move {
+                    let status = srv::replica_status(c).await?;
+                    if status.is_some() {
+                        srv::stop_io(c).await?;
+                    }
+                    Ok((srv::replica_status(c).await?, srv::semi_sync(c).await?))
+                })
             })
             .await;
         (s, r)
@@ -78,6 +83,7 @@ pub(super) async fn failover(
     let mut steps = vec![("fence_and_candidates", started.elapsed().as_millis() as u64)];
     let mut answered = Vec::new();
     let mut silent = Vec::new();
+    let mut idle = Vec::new();
     for (s, r) in asked {
         match r {
             Ok((Some(st), semi)) => answered.push(Candidate {
@@ -93,7 +99,9 @@ pub(super) async fn failover(
                 },
                 semi_sync: semi.replica_enabled,
             }),
-            Ok((None, _)) => silent.push(format!("{} replicates from nobody", s.addr)),
+            // Answers but replicates from nobody (a demoted primary not rejoined yet):
+            // it acknowledged nothing of this primary's, and is no candidate.
+            Ok((None, _)) => idle.push(s.addr.clone()),
             Err(e) => silent.push(e),
         }
     }
@@ -102,11 +110,36 @@ pub(super) async fn failover(
         .iter()
         .filter(|c| c.semi_sync)
         .max_by_key(|c| c.received);
+    let fence_held = fenced.is_ok();
+    let answered_addrs: Vec<String> = answered.iter().map(|c| c.addr.clone()).collect();
     let refuse = |why: String| {
         let (records, current) = (records.clone(), current.clone());
+        let answered_addrs = answered_addrs.clone();
+        let from = from.clone();
         async move {
-            // Nothing promoted: the shards stay on the old primary (and keep failing)
-            // until it answers or an operator forces a promotion.
+            // Nothing promoted: the replicas receive again, the old primary is writable
+            // again if the fence reached it, and the shards stay on it (failing while it
+            // does not answer) until it answers or an operator forces a promotion.
+            for a in &answered_addrs {
+                let _ = d
+                    .admin(a)
+                    .with(Duration::from_secs(2), |c| {
+                        Box::pin(async move {
+                            c.query_drop("START SLAVE IO_THREAD")
+                                .await
+                                .map_err(|e| e.to_string())
+                        })
+                    })
+                    .await;
+            }
+            if fence_held {
+                let _ = d
+                    .admin(&from)
+                    .with(Duration::from_secs(2), |c| {
+                        Box::pin(srv::set_read_only(c, false))
+                    })
+                    .await;
+            }
             let back = PrimaryRecord {
                 state: PrimaryState::Serving,
                 generation: g,
@@ -116,6 +149,19 @@ pub(super) async fn failover(
             Err(why)
         }
     };
+    if !idle.is_empty() {
+        steps.push(("idle_servers", idle.len() as u64));
+    }
+    // A primary last seen not waiting for acknowledgements may have acknowledged
+    // commits no replica has.
+    let async_primary =
+        d.semi_seen.lock().expect("not poisoned").get(&from) == Some(&false) || !d.cfg.semi_sync;
+    if async_primary && !allow_loss {
+        return refuse(format!(
+            "{from} was running without semi-sync acknowledgements: a replica may lack acknowledged transactions; --allow-loss promotes the most advanced one anyway"
+        ))
+        .await;
+    }
     let chosen = match best_semi {
         Some(c) if silent.is_empty() || allow_loss => c,
         Some(_) => {
@@ -139,9 +185,10 @@ pub(super) async fn failover(
     report.to_region = chosen.region.clone();
     // The new primary waits for acknowledgements when a replica left can give them (with
     // none, waiting would stop every write until one comes back).
-    let semi = answered
-        .iter()
-        .any(|c| c.semi_sync && c.addr != chosen.addr);
+    let semi = d.cfg.semi_sync
+        && answered
+            .iter()
+            .any(|c| c.semi_sync && c.addr != chosen.addr);
     // 3. It applies what it received, then becomes the primary.
     let catchup = Duration::from_millis(d.cfg.catchup_timeout_ms);
     let pos = chosen.io_pos.clone();
@@ -179,7 +226,7 @@ pub(super) async fn failover(
     if let Err(e) = d.put_demoted(&from, &demoted).await {
         problems.push(format!("cannot mark {from} demoted: {e}"));
     }
-    d.publish_records(
+    d.publish_records_final(
         records,
         current,
         PrimaryRecord {
@@ -196,8 +243,10 @@ pub(super) async fn failover(
     }
     report.read_only_ms = started.elapsed().as_millis() as u64;
     report.ok = true;
-    if fenced.is_ok() {
-        problems.push(format!("{from} answered the fence: it was made read-only"));
+    if fence_held {
+        problems.push(format!(
+            "{from} answered the fence: it was made read-only and foqsd's connections to it ended"
+        ));
     }
     if !problems.is_empty() {
         report.error = Some(problems.join("; "));
@@ -241,35 +290,47 @@ async fn beat(b: &mut Beat, url: &str, bound: Duration, now_ms: i64) -> bool {
     }
 }
 
-/// Runs until `stop`: heartbeats, failure detection and demoted servers' rejoin, for
-/// the replica sets whose lowest shard this host owns.
-pub async fn run_monitor(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
+/// The replica sets whose lowest shard this host owns (it leads them), with their
+/// records, when they are served.
+fn led(d: &Driver) -> Vec<(usize, PrimaryRecord)> {
+    let view = d.views.borrow().clone();
+    d.layout
+        .sets
+        .iter()
+        .enumerate()
+        .filter(|(_, set)| view.owners.get(&set.shards[0]) == Some(&d.host_id))
+        .filter_map(|(i, set)| {
+            let rec = view.primaries.get(&set.shards[0])?;
+            (rec.state == PrimaryState::Serving).then(|| (i, rec.clone()))
+        })
+        .collect()
+}
+
+/// Runs until `stop`, for the replica sets this host leads: heartbeats and failure
+/// detection every `probe_interval_ms`; beside them (so that a slow server does not
+/// delay detection), every second, the gauges and the rejoin of demoted servers.
+pub async fn run_monitor(d: Arc<Driver>, stop: watch::Receiver<bool>) {
+    tokio::join!(detect(d.clone(), stop.clone()), housekeep(d, stop));
+}
+
+async fn detect(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
     let every = Duration::from_millis(d.cfg.probe_interval_ms);
     let after = Duration::from_millis(d.cfg.failover_after_ms);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut down_since: HashMap<usize, Instant> = HashMap::new();
     let mut beats: HashMap<usize, Beat> = HashMap::new();
-    let mut warned: BTreeSet<String> = BTreeSet::new();
-    let mut last_demoted = Instant::now() - Duration::from_secs(10);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        let view = d.views.borrow().clone();
-        let mut led = Vec::new();
-        let mut switched = false;
-        for (i, set) in d.layout.sets.iter().enumerate() {
-            let rec = view.primaries.get(&set.shards[0]).cloned();
-            let leads = view.owners.get(&set.shards[0]) == Some(&d.host_id);
-            let Some(rec) = rec.filter(|r| leads && r.state == PrimaryState::Serving) else {
-                down_since.remove(&i);
-                // Not ours (any more): no connection of ours stays on its primary.
-                beats.remove(&i);
-                continue;
-            };
-            led.push((set, rec.clone()));
+        let led = led(&d);
+        // Sets not led (any more): no connection of ours stays on their primaries.
+        down_since.retain(|i, _| led.iter().any(|(j, _)| j == i));
+        beats.retain(|i, _| led.iter().any(|(j, _)| j == i));
+        for (i, rec) in led {
+            let set = &d.layout.sets[i];
             let b = beats.entry(i).or_insert(Beat {
                 addr: rec.addr.clone(),
                 conn: None,
@@ -298,37 +359,65 @@ pub async fn run_monitor(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
                 }
                 down_since.remove(&i);
                 b.conn = None;
-                switched = true;
             }
         }
-        // The demoted servers are looked at with the primaries of a view taken after any
-        // switch (the one read above may predate a failover made just now).
-        if switched || led.is_empty() || last_demoted.elapsed() < Duration::from_secs(1) {
+    }
+}
+
+async fn housekeep(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned: BTreeSet<String> = BTreeSet::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let led = led(&d);
+        if led.is_empty() {
             continue;
         }
-        for (set, rec) in &led {
-            d.observe(set, &rec.addr).await;
+        for (i, rec) in &led {
+            d.observe(&d.layout.sets[*i], &rec.addr).await;
         }
-        last_demoted = Instant::now();
         let mut client = d.client.clone();
         let Ok(demoted) = primaries::demoted(&mut client, &d.prefix).await else {
             continue;
         };
         for (server, dem) in demoted {
-            let Some((set, rec)) = led.iter().find(|(s, _)| s.region_of(&server).is_some()) else {
+            let Some((i, _)) = led
+                .iter()
+                .find(|(i, _)| d.layout.sets[*i].region_of(&server).is_some())
+            else {
                 continue;
             };
-            if rec.addr == server {
-                // Promoted again since: nothing to rejoin.
-                let _ = primaries::clear_demoted(&mut client, &d.prefix, &server).await;
-                continue;
-            }
-            match rejoin(&d, &server, &rec.addr).await {
-                Ok(()) => {
-                    tracing::info!(server, primary = %rec.addr, generation = dem.generation, shards = ?set.shards, "demoted primary rejoined as a replica");
+            let set = &d.layout.sets[*i];
+            // Under the set's switch lock, against the primary etcd names now (a view
+            // read before a failover made meanwhile would name the demoted server).
+            let r = d
+                .locked(set, async {
+                    let (_, rec) = d.records_of(set).await?;
+                    if rec.state != PrimaryState::Serving {
+                        return Err("a switch is under way".to_string());
+                    }
+                    if rec.addr == server {
+                        // Promoted again since: nothing to rejoin.
+                        let mut client = d.client.clone();
+                        let _ = primaries::clear_demoted(&mut client, &d.prefix, &server).await;
+                        return Ok(None);
+                    }
+                    rejoin(&d, &server, &rec.addr).await?;
+                    let mut client = d.client.clone();
                     let _ = primaries::clear_demoted(&mut client, &d.prefix, &server).await;
+                    Ok(Some(rec.addr))
+                })
+                .await;
+            match r {
+                Ok(Some(primary)) => {
+                    tracing::info!(server, primary, generation = dem.generation, shards = ?set.shards, "demoted primary rejoined as a replica");
                     warned.remove(&server);
                 }
+                Ok(None) => {}
                 Err(e) => {
                     if warned.insert(server.clone()) {
                         tracing::warn!(server, error = %e, "demoted primary cannot rejoin yet");

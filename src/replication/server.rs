@@ -216,7 +216,10 @@ pub async fn wait_for(c: &mut Conn, pos: &str, timeout: Duration) -> Step<bool> 
 /// acknowledgement (fell back to asynchronous), replicas that acknowledge.
 #[derive(Debug, Clone, Default)]
 pub struct SemiSync {
+    /// Waiting for acknowledgements now (`Rpl_semi_sync_master_status`).
     pub on: bool,
+    /// Configured to (`rpl_semi_sync_master_enabled`).
+    pub enabled: bool,
     pub no_tx: i64,
     pub clients: i64,
     pub replica_enabled: bool,
@@ -241,6 +244,11 @@ pub async fn semi_sync(c: &mut Conn) -> Step<SemiSync> {
         .await
         .map_err(words)?;
     s.replica_enabled = r == Some(1);
+    let m: Option<i64> = c
+        .query_first("SELECT @@global.rpl_semi_sync_master_enabled")
+        .await
+        .map_err(words)?;
+    s.enabled = m == Some(1);
     Ok(s)
 }
 
