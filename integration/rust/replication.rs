@@ -79,6 +79,7 @@ struct Ledger {
     /// Items whose ack call failed (it may have deleted them).
     ack_unknown: HashSet<String>,
     ack_errors: BTreeMap<String, u64>,
+    last_ack_failure: Option<Instant>,
 }
 
 struct Load {
@@ -271,6 +272,7 @@ impl Load {
                                         let code = format!("{:?}", e.code);
                                         *l.ack_errors.entry(code).or_default() += 1;
                                         l.ack_unknown.insert(pl);
+                                        l.last_ack_failure = Some(Instant::now());
                                     }
                                 }
                             }
@@ -281,6 +283,7 @@ impl Load {
                             failed.fetch_add(1, Ordering::Relaxed);
                             let mut l = ledger.lock().unwrap();
                             l.ack_unknown.extend(by_id.into_values());
+                            l.last_ack_failure = Some(Instant::now());
                             c = None;
                         }
                     }
@@ -325,14 +328,26 @@ impl Load {
         self.producing.store(false, Ordering::SeqCst);
         let end = Instant::now() + within;
         loop {
-            let missing = {
+            // Done when every acknowledged item was acked, but for those in a failed ack
+            // (maybe deleted by it): those get one lease (and a little) to come back.
+            let (missing, settled) = {
                 let l = self.ledger.lock().unwrap();
-                l.acknowledged
+                let missing = l
+                    .acknowledged
                     .keys()
+                    .filter(|p| !l.acked.contains(*p) && !l.ack_unknown.contains(*p))
+                    .count();
+                let lease_over = l
+                    .last_ack_failure
+                    .is_none_or(|t| t.elapsed() > Duration::from_millis(LEASE_MS as u64 + 2000));
+                let unknown = l
+                    .ack_unknown
+                    .iter()
                     .filter(|p| !l.acked.contains(*p))
-                    .count()
+                    .count();
+                (missing, unknown == 0 || lease_over)
             };
-            if missing == 0 || Instant::now() > end {
+            if (missing == 0 && settled) || Instant::now() > end {
                 break;
             }
             std::thread::sleep(Duration::from_millis(200));

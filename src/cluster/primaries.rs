@@ -54,12 +54,14 @@ pub async fn init(
     Ok(())
 }
 
-/// Every record of `dir` by shard, with its mod revision.
-pub async fn read<T: for<'de> Deserialize<'de>>(
+/// Every key under `P/<dir>/`, each as `f(its last path segment, value, mod revision)`
+/// (keys `f` cannot read are left out).
+async fn scan<T>(
     client: &mut Client,
     prefix: &str,
     dir: &str,
-) -> EtcdResult<BTreeMap<ShardId, (T, i64)>> {
+    f: impl Fn(&str, &[u8], i64) -> Option<T>,
+) -> EtcdResult<Vec<T>> {
     let resp = client
         .get(key(prefix, dir, ""), Some(GetOptions::new().with_prefix()))
         .await?;
@@ -67,13 +69,26 @@ pub async fn read<T: for<'de> Deserialize<'de>>(
         .kvs()
         .iter()
         .filter_map(|kv| {
-            let s: ShardId = kv.key_str().ok()?.rsplit('/').next()?.parse().ok()?;
-            Some((
-                s,
-                (serde_json::from_slice(kv.value()).ok()?, kv.mod_revision()),
-            ))
+            let name = kv.key_str().ok()?.rsplit('/').next()?;
+            f(name, kv.value(), kv.mod_revision())
         })
         .collect())
+}
+
+/// Every record of `dir` by shard, with its mod revision.
+pub async fn read<T: for<'de> Deserialize<'de>>(
+    client: &mut Client,
+    prefix: &str,
+    dir: &str,
+) -> EtcdResult<BTreeMap<ShardId, (T, i64)>> {
+    let all = scan(client, prefix, dir, |name, value, rev| {
+        Some((
+            name.parse().ok()?,
+            (serde_json::from_slice(value).ok()?, rev),
+        ))
+    })
+    .await?;
+    Ok(all.into_iter().collect())
 }
 
 /// Writes `records` in one transaction, if every one is still at the revision read.
@@ -170,20 +185,10 @@ pub async fn put_demoted(
 }
 
 pub async fn demoted(client: &mut Client, prefix: &str) -> EtcdResult<Vec<(String, Demoted)>> {
-    let resp = client
-        .get(
-            key(prefix, "demoted", ""),
-            Some(GetOptions::new().with_prefix()),
-        )
-        .await?;
-    Ok(resp
-        .kvs()
-        .iter()
-        .filter_map(|kv| {
-            let name = kv.key_str().ok()?.rsplit('/').next()?.to_string();
-            Some((name, serde_json::from_slice(kv.value()).ok()?))
-        })
-        .collect())
+    scan(client, prefix, "demoted", |name, value, _| {
+        Some((name.to_string(), serde_json::from_slice(value).ok()?))
+    })
+    .await
 }
 
 pub async fn clear_demoted(client: &mut Client, prefix: &str, server: &str) -> EtcdResult<()> {
@@ -196,18 +201,9 @@ pub async fn read_owners(
     client: &mut Client,
     prefix: &str,
 ) -> EtcdResult<BTreeMap<ShardId, String>> {
-    let resp = client
-        .get(
-            key(prefix, "shards", ""),
-            Some(GetOptions::new().with_prefix()),
-        )
-        .await?;
-    Ok(resp
-        .kvs()
-        .iter()
-        .filter_map(|kv| {
-            let s: ShardId = kv.key_str().ok()?.rsplit('/').next()?.parse().ok()?;
-            Some((s, kv.value_str().ok()?.to_string()))
-        })
-        .collect())
+    let all = scan(client, prefix, "shards", |name, value, _| {
+        Some((name.parse().ok()?, String::from_utf8(value.to_vec()).ok()?))
+    })
+    .await?;
+    Ok(all.into_iter().collect())
 }

@@ -370,6 +370,11 @@ impl Driver {
         let r = self
             .locked(set, self.switch_locked(set, target, region, &mut report))
             .await;
+        self.finish(report, r)
+    }
+
+    /// The report of a switch that ended with `r`, counted.
+    fn finish(&self, mut report: SwitchReport, r: Result<(), String>) -> SwitchReport {
         if let Err(e) = r {
             report.ok = false;
             report.error = Some(e);
@@ -716,12 +721,7 @@ impl Driver {
                 super::failover::failover(self, set, allow_loss, &mut report),
             )
             .await;
-        if let Err(e) = r {
-            report.ok = false;
-            report.error = Some(e);
-        }
-        self.count(&report);
-        report
+        self.finish(report, r)
     }
 
     pub(super) async fn records_of(
