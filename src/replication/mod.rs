@@ -22,6 +22,7 @@ pub mod config;
 pub mod driver;
 pub mod failover;
 pub mod server;
+mod switch;
 
 use std::collections::BTreeMap;
 

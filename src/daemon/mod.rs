@@ -3,21 +3,20 @@
 //! schemas when missing) and keeps following it (opening gained shards, stopping lost
 //! ones), and serves until told to stop. Used by the binary and by the tests.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod follow;
+
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::join_all;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::clock::SharedClock;
 use crate::cluster::config::tier_shards;
-use crate::cluster::{
-    ClusterView, EtcdBudget, EtcdManager, ManagerKind, Member, Report, ShardManager, StaticManager,
-};
+use crate::cluster::{EtcdBudget, EtcdManager, ManagerKind, Member, ShardManager, StaticManager};
 use crate::config::{Config, Namespaces, ShardConfig};
 use crate::core::{Access, ClusterSettings, Host, HostParts, PrefetchConfig};
 use crate::fence::Fence;
@@ -101,16 +100,7 @@ struct ShardOpener {
     deaths: Arc<std::sync::Mutex<HashMap<ShardId, Deaths>>>,
     /// Replicated shards: the generation each served shard was opened with, and the
     /// shards this host owns but does not serve (paused for a switch, or failing to open).
-    replicated: Arc<std::sync::Mutex<Replicated>>,
-}
-
-#[derive(Default)]
-struct Replicated {
-    /// The generation and server each served replicated shard was opened with.
-    generation: HashMap<ShardId, (u64, String)>,
-    unserved: BTreeSet<ShardId>,
-    /// (shard, generation) pauses already reported.
-    paused: BTreeSet<(ShardId, u64)>,
+    replicated: Arc<std::sync::Mutex<follow::Replicated>>,
 }
 
 /// A shard's worker deaths in a row (each within [`DEATHS_FORGOTTEN`] of the last): the
@@ -265,171 +255,6 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".into())
-}
-
-/// How long stopping a shard whose primary was fenced (a failover) waits for the
-/// worker's last writes to it: they cannot succeed, and the new primary waits for this
-/// host to let the shard go.
-const FENCED_STOP_MAX: Duration = Duration::from_millis(200);
-
-/// Brings the host's shards in line with the view: stops serving the shards it lost
-/// (then tells the manager they are free) and opens the ones it gained. Returns the
-/// shards that failed to open, to be retried.
-async fn follow_view(
-    host: &Host,
-    manager: &dyn ShardManager,
-    opener: &ShardOpener,
-    view: Arc<ClusterView>,
-) -> Vec<(ShardId, StartError)> {
-    host.set_view(view.clone());
-    let owned: BTreeSet<ShardId> = view.shards_of(host.host_id()).into_iter().collect();
-    let replicated = |s: &ShardId| opener.replicas_of(*s);
-    // A replicated shard is served only while its primary is serving, and only on the
-    // generation it was opened with: a switch stops it (and reopens it on the new primary).
-    let serving = |s: &ShardId| match view.primaries.get(s) {
-        Some(p) => p.state == PrimaryState::Serving,
-        None => !replicated(s),
-    };
-    let mine: BTreeSet<ShardId> = owned.iter().copied().filter(serving).collect();
-    let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
-    let stale: BTreeSet<ShardId> = {
-        let r = opener.replicated.lock().expect("not poisoned");
-        served
-            .iter()
-            .copied()
-            .filter(|s| {
-                view.primaries
-                    .get(s)
-                    .is_some_and(|p| r.generation.get(s).map(|g| g.0) != Some(p.generation))
-            })
-            .collect()
-    };
-    let stop: BTreeSet<ShardId> = served.difference(&mine).chain(&stale).copied().collect();
-    // Stopped without writing to its server: a failover fenced it, or the view moved the
-    // shard to another server without this host seeing the fence (a failover it missed).
-    let fenced: BTreeSet<ShardId> = {
-        let r = opener.replicated.lock().expect("not poisoned");
-        stop.iter()
-            .copied()
-            .filter(|s| {
-                view.primaries.get(s).is_some_and(|p| {
-                    p.state == PrimaryState::Fenced
-                        || (p.state == PrimaryState::Serving
-                            && r.generation.get(s).is_some_and(|(_, a)| *a != p.addr))
-                })
-            })
-            .collect()
-    };
-    let fenced = &fenced;
-    join_all(stop.iter().map(|&s| async move {
-        if fenced.contains(&s) {
-            host.abandon_shard(s, FENCED_STOP_MAX).await
-        } else {
-            host.remove_shard(s).await
-        }
-        opener
-            .replicated
-            .lock()
-            .expect("not poisoned")
-            .generation
-            .remove(&s);
-    }))
-    .await;
-    {
-        // Shards this host let go of: released to their next owner (whether it served
-        // them until now or held them unserved); shards it keeps unserved are remembered.
-        let mut r = opener.replicated.lock().expect("not poisoned");
-        let unserved: Vec<ShardId> = stop.iter().chain(&r.unserved).copied().collect();
-        r.unserved.clear();
-        for s in unserved {
-            if owned.contains(&s) {
-                r.unserved.insert(s);
-            } else {
-                manager.released(s);
-            }
-        }
-        // Paused for a switch: say so, once per generation.
-        for s in &owned {
-            if let Some(p) = view.primaries.get(s) {
-                if p.state == PrimaryState::Paused && r.paused.insert((*s, p.generation)) {
-                    r.unserved.insert(*s);
-                    manager.report(*s, p.generation, Report::Paused);
-                }
-            }
-        }
-    }
-    let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
-    let opened = join_all(mine.difference(&served).map(|&s| {
-        let primary = view.primaries.get(&s);
-        async move {
-            (
-                s,
-                primary,
-                opener.open(s, host.unseen_leases(s), primary).await,
-            )
-        }
-    }))
-    .await;
-    let mut failed = Vec::new();
-    for (s, primary, r) in opened {
-        match r {
-            Ok((handle, worker)) => {
-                host.add_shard(handle, worker);
-                let mut rep = opener.replicated.lock().expect("not poisoned");
-                rep.unserved.remove(&s);
-                if let Some(p) = primary {
-                    rep.generation.insert(s, (p.generation, p.addr.clone()));
-                    manager.report(s, p.generation, Report::Served);
-                }
-            }
-            Err(e) => {
-                opener
-                    .replicated
-                    .lock()
-                    .expect("not poisoned")
-                    .unserved
-                    .insert(s);
-                failed.push((s, e));
-            }
-        }
-    }
-    failed
-}
-
-/// Follows the manager's views until `stop`; retries shards that failed to open, and
-/// opens afresh a shard whose owner lock was lost or whose worker died.
-async fn follow(
-    host: Arc<Host>,
-    manager: Arc<dyn ShardManager>,
-    opener: ShardOpener,
-    mut views: watch::Receiver<Arc<ClusterView>>,
-    mut lost: mpsc::UnboundedReceiver<ShardId>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut retry = false;
-    loop {
-        tokio::select! {
-            r = views.changed() => if r.is_err() { break },
-            _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
-            Some(shard) = lost.recv() => {
-                // Whatever it kept in memory may be stale now (or its worker is gone):
-                // stop it, open it anew. If the view has meanwhile given it to another
-                // host, tell the manager it is free: nothing else would (follow_view
-                // releases only shards it stops serving itself).
-                host.remove_shard(shard).await;
-                if !views.borrow().shards_of(host.host_id()).contains(&shard) {
-                    manager.released(shard);
-                }
-            }
-            _ = stop.changed() => break,
-        }
-        let view = views.borrow_and_update().clone();
-        let failed = follow_view(&host, &*manager, &opener, view).await;
-        for (s, e) in &failed {
-            tracing::warn!(shard = s, error = %e, "cannot open shard; retrying");
-        }
-        retry = !failed.is_empty();
-    }
 }
 
 async fn bind(addr: &str, backlog: u32) -> Result<(TcpListener, SocketAddr), StartError> {
@@ -629,7 +454,7 @@ async fn start_planned(
     // A fixed assignment is opened before serving, and a shard that cannot be opened
     // fails the start; under etcd, shards arrive (and are retried) while serving.
     let first = views.borrow_and_update().clone();
-    let failed = follow_view(&host, &*manager, &opener, first).await;
+    let failed = follow::follow_view(&host, &*manager, &opener, first).await;
     if c.manager != ManagerKind::Etcd {
         if let Some((_, e)) = failed.into_iter().next() {
             host.shutdown(Duration::from_millis(cfg.server.shutdown_grace_ms))
@@ -652,7 +477,7 @@ async fn start_planned(
             host.clone()
                 .run_prefetch(cfg.engine.prefetch_tick_ms, stop_rx.clone()),
         ),
-        tokio::spawn(follow(
+        tokio::spawn(follow::follow(
             host.clone(),
             manager.clone(),
             opener,

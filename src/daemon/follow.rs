@@ -1,0 +1,191 @@
+//! Following the shard manager: the shards this host serves, in line with each view
+//! (opened, stopped, released), and a replicated shard only on the primary and
+//! generation etcd names (see `crate::replication`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::sync::{mpsc, watch};
+
+use super::{ShardOpener, StartError};
+use crate::cluster::{ClusterView, Report, ShardManager};
+use crate::core::Host;
+use crate::model::{PrimaryState, ShardId};
+
+/// Replicated shards: the generation and server each served shard was opened with, and
+/// the shards this host owns but does not serve (paused for a switch, or failing to open).
+#[derive(Default)]
+pub(super) struct Replicated {
+    /// The generation and server each served replicated shard was opened with.
+    generation: HashMap<ShardId, (u64, String)>,
+    unserved: BTreeSet<ShardId>,
+    /// (shard, generation) pauses already reported.
+    paused: BTreeSet<(ShardId, u64)>,
+}
+
+/// How long stopping a shard whose primary was fenced (a failover) waits for the
+/// worker's last writes to it: they cannot succeed, and the new primary waits for this
+/// host to let the shard go.
+const FENCED_STOP_MAX: Duration = Duration::from_millis(200);
+
+/// Brings the host's shards in line with the view: stops serving the shards it lost
+/// (then tells the manager they are free) and opens the ones it gained. Returns the
+/// shards that failed to open, to be retried.
+pub(super) async fn follow_view(
+    host: &Host,
+    manager: &dyn ShardManager,
+    opener: &ShardOpener,
+    view: Arc<ClusterView>,
+) -> Vec<(ShardId, StartError)> {
+    host.set_view(view.clone());
+    let owned: BTreeSet<ShardId> = view.shards_of(host.host_id()).into_iter().collect();
+    let replicated = |s: &ShardId| opener.replicas_of(*s);
+    // A replicated shard is served only while its primary is serving, and only on the
+    // generation it was opened with: a switch stops it (and reopens it on the new primary).
+    let serving = |s: &ShardId| match view.primaries.get(s) {
+        Some(p) => p.state == PrimaryState::Serving,
+        None => !replicated(s),
+    };
+    let mine: BTreeSet<ShardId> = owned.iter().copied().filter(serving).collect();
+    let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
+    let stale: BTreeSet<ShardId> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        served
+            .iter()
+            .copied()
+            .filter(|s| {
+                view.primaries
+                    .get(s)
+                    .is_some_and(|p| r.generation.get(s).map(|g| g.0) != Some(p.generation))
+            })
+            .collect()
+    };
+    let stop: BTreeSet<ShardId> = served.difference(&mine).chain(&stale).copied().collect();
+    // Stopped without writing to its server: a failover fenced it, or the view moved the
+    // shard to another server without this host seeing the fence (a failover it missed).
+    let fenced: BTreeSet<ShardId> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        stop.iter()
+            .copied()
+            .filter(|s| {
+                view.primaries.get(s).is_some_and(|p| {
+                    p.state == PrimaryState::Fenced
+                        || (p.state == PrimaryState::Serving
+                            && r.generation.get(s).is_some_and(|(_, a)| *a != p.addr))
+                })
+            })
+            .collect()
+    };
+    let fenced = &fenced;
+    join_all(stop.iter().map(|&s| async move {
+        if fenced.contains(&s) {
+            host.abandon_shard(s, FENCED_STOP_MAX).await
+        } else {
+            host.remove_shard(s).await
+        }
+        opener
+            .replicated
+            .lock()
+            .expect("not poisoned")
+            .generation
+            .remove(&s);
+    }))
+    .await;
+    {
+        // Shards this host let go of: released to their next owner (whether it served
+        // them until now or held them unserved); shards it keeps unserved are remembered.
+        let mut r = opener.replicated.lock().expect("not poisoned");
+        let unserved: Vec<ShardId> = stop.iter().chain(&r.unserved).copied().collect();
+        r.unserved.clear();
+        for s in unserved {
+            if owned.contains(&s) {
+                r.unserved.insert(s);
+            } else {
+                manager.released(s);
+            }
+        }
+        // Paused for a switch: say so, once per generation.
+        for s in &owned {
+            if let Some(p) = view.primaries.get(s) {
+                if p.state == PrimaryState::Paused && r.paused.insert((*s, p.generation)) {
+                    r.unserved.insert(*s);
+                    manager.report(*s, p.generation, Report::Paused);
+                }
+            }
+        }
+    }
+    let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
+    let opened = join_all(mine.difference(&served).map(|&s| {
+        let primary = view.primaries.get(&s);
+        async move {
+            (
+                s,
+                primary,
+                opener.open(s, host.unseen_leases(s), primary).await,
+            )
+        }
+    }))
+    .await;
+    let mut failed = Vec::new();
+    for (s, primary, r) in opened {
+        match r {
+            Ok((handle, worker)) => {
+                host.add_shard(handle, worker);
+                let mut rep = opener.replicated.lock().expect("not poisoned");
+                rep.unserved.remove(&s);
+                if let Some(p) = primary {
+                    rep.generation.insert(s, (p.generation, p.addr.clone()));
+                    manager.report(s, p.generation, Report::Served);
+                }
+            }
+            Err(e) => {
+                opener
+                    .replicated
+                    .lock()
+                    .expect("not poisoned")
+                    .unserved
+                    .insert(s);
+                failed.push((s, e));
+            }
+        }
+    }
+    failed
+}
+
+/// Follows the manager's views until `stop`; retries shards that failed to open, and
+/// opens afresh a shard whose owner lock was lost or whose worker died.
+pub(super) async fn follow(
+    host: Arc<Host>,
+    manager: Arc<dyn ShardManager>,
+    opener: ShardOpener,
+    mut views: watch::Receiver<Arc<ClusterView>>,
+    mut lost: mpsc::UnboundedReceiver<ShardId>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut retry = false;
+    loop {
+        tokio::select! {
+            r = views.changed() => if r.is_err() { break },
+            _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
+            Some(shard) = lost.recv() => {
+                // Whatever it kept in memory may be stale now (or its worker is gone):
+                // stop it, open it anew. If the view has meanwhile given it to another
+                // host, tell the manager it is free: nothing else would (follow_view
+                // releases only shards it stops serving itself).
+                host.remove_shard(shard).await;
+                if !views.borrow().shards_of(host.host_id()).contains(&shard) {
+                    manager.released(shard);
+                }
+            }
+            _ = stop.changed() => break,
+        }
+        let view = views.borrow_and_update().clone();
+        let failed = follow_view(&host, &*manager, &opener, view).await;
+        for (s, e) in &failed {
+            tracing::warn!(shard = s, error = %e, "cannot open shard; retrying");
+        }
+        retry = !failed.is_empty();
+    }
+}

@@ -1,0 +1,322 @@
+//! The planned switch of a replica set (switchover, and each set of a region drain):
+//! pause, read-only, catch-up, promotion, repointing, publication; every failed step
+//! undone (see the module docs of `crate::replication`).
+
+use std::time::{Duration, Instant};
+
+use futures::stream::StreamExt;
+
+use super::driver::{servers, Driver, SetRecords, SERVED_WAIT};
+use super::server::{self as srv};
+use super::{Refused, ReplicaState, SetLayout, SwitchReport, Switched};
+use crate::model::{PrimaryRecord, PrimaryState};
+
+impl Driver {
+    /// The planned switch of `set` to `target` (None: the most caught-up replica, in
+    /// `region` when given, else outside the current primary's region).
+    pub(super) async fn switch(
+        &self,
+        set: &SetLayout,
+        target: Option<String>,
+        region: Option<String>,
+    ) -> SwitchReport {
+        let mut report = SwitchReport {
+            kind: "switchover".into(),
+            shards: set.shards.clone(),
+            ..Default::default()
+        };
+        let r = self
+            .locked(set, self.switch_locked(set, target, region, &mut report))
+            .await;
+        self.finish(report, r)
+    }
+
+    /// The report of a switch that ended with `r`, counted.
+    pub(super) fn finish(&self, mut report: SwitchReport, r: Result<(), String>) -> SwitchReport {
+        if let Err(e) = r {
+            report.ok = false;
+            report.error = Some(e);
+        }
+        self.count(&report);
+        report
+    }
+
+    async fn switch_locked(
+        &self,
+        set: &SetLayout,
+        target: Option<String>,
+        region: Option<String>,
+        report: &mut SwitchReport,
+    ) -> Result<(), String> {
+        let recs = self.records(set).await?;
+        let from = recs.current.addr.clone();
+        report.from = from.clone();
+        report.generation = recs.current.generation;
+        if recs.current.state != PrimaryState::Serving {
+            return Err(format!("shards {:?} are paused at generation {} (a switch did not finish); fail them over to settle them", set.shards, recs.current.generation));
+        }
+        let from_region = set.region_of(&from).unwrap_or_default().to_string();
+        // The target: named, or the most caught-up eligible replica.
+        let mut candidates = Vec::new();
+        for s in set.servers.iter().filter(|s| s.addr != from) {
+            let named = target
+                .as_deref()
+                .map(|t| super::server_addr(t).unwrap_or_else(|| t.to_string()));
+            let eligible = match (&named, &region) {
+                (Some(t), _) => *t == s.addr,
+                (None, Some(r)) => s.region == *r,
+                (None, None) => s.region != from_region,
+            };
+            if eligible {
+                candidates.push(self.lag(set, &from, &s.addr).await);
+            }
+        }
+        if candidates.is_empty() {
+            return Err(match (&target, &region) {
+                (Some(t), _) => format!(
+                    "{t} is not a replica of shards {:?} (servers: {})",
+                    set.shards,
+                    servers(set)
+                ),
+                (None, Some(r)) => {
+                    format!("shards {:?} have no replica in region {r:?}", set.shards)
+                }
+                (None, None) => format!(
+                    "shards {:?} have no replica outside region {from_region:?}",
+                    set.shards
+                ),
+            });
+        }
+        let lag_max = self.cfg.lag_max_ms as i64;
+        let ready = |c: &ReplicaState| {
+            c.reachable && c.io_running && c.sql_running && c.lag_ms.is_some_and(|l| l <= lag_max)
+        };
+        candidates.sort_by_key(|c| (!ready(c), c.lag_transactions.unwrap_or(i64::MAX)));
+        let t = candidates.remove(0);
+        if !ready(&t) {
+            return Err(format!(
+                "target {} is not ready: reachable {}, replicating {}/{}, lag {:?} ms (at most {lag_max}) {}",
+                t.addr, t.reachable, t.io_running, t.sql_running, t.lag_ms, t.error
+            ));
+        }
+        let to = t.addr.clone();
+        report.to = to.clone();
+        report.to_region = t.region.clone();
+        let semi = self.cfg.semi_sync;
+        let g = recs.current.generation + 1;
+        report.generation = g;
+        // 1. Pause: owners flush their buffers and stop the shards.
+        let paused_at = Instant::now();
+        let recs = self
+            .publish(
+                &recs,
+                PrimaryRecord {
+                    state: PrimaryState::Paused,
+                    generation: g,
+                    ..recs.current.clone()
+                },
+            )
+            .await?;
+        let pause_within = Duration::from_millis(self.cfg.pause_timeout_ms);
+        if !self.acks(&set.shards, "paused", g, pause_within).await {
+            self.publish(
+                &recs,
+                PrimaryRecord {
+                    state: PrimaryState::Serving,
+                    ..recs.current.clone()
+                },
+            )
+            .await?;
+            return Err(format!(
+                "the owners did not pause shards {:?} within {pause_within:?}; undone",
+                set.shards
+            ));
+        }
+        report.pause_ms = paused_at.elapsed().as_millis() as u64;
+        // 2. The old primary read-only, and its last transaction.
+        let bound = self.step_bound();
+        let ro_at = Instant::now();
+        let pos = self
+            .admin(&from)
+            .with(bound, |c| {
+                Box::pin(async move {
+                    srv::set_read_only(c, true).await?;
+                    srv::binlog_pos(c).await
+                })
+            })
+            .await;
+        let pos = match pos {
+            Ok(p) => p,
+            Err(e) => {
+                self.undo(&from, &recs).await;
+                return Err(format!(
+                    "cannot make the old primary read-only: {e}; undone"
+                ));
+            }
+        };
+        // 3. The target applies it.
+        let catchup = Duration::from_millis(self.cfg.catchup_timeout_ms);
+        let caught = self
+            .admin(&to)
+            .with(bound, |c| {
+                let pos = pos.clone();
+                Box::pin(async move { srv::wait_for(c, &pos, catchup).await })
+            })
+            .await;
+        report.catchup_ms = ro_at.elapsed().as_millis() as u64;
+        if caught != Ok(true) {
+            self.undo(&from, &recs).await;
+            return Err(format!(
+                "{to} did not reach {pos} within {catchup:?} ({caught:?}); undone"
+            ));
+        }
+        // 4. Promote it, and let the others replicate from it before anyone writes to
+        // it (semi-sync waits for a replica that acknowledges).
+        if let Err(e) = self
+            .admin(&to)
+            .with(bound, |c| Box::pin(srv::promote(c, semi)))
+            .await
+        {
+            // Half promoted, maybe: back to a read-only replica of the old primary.
+            let (u, p) = (self.cfg.repl_user.clone(), self.cfg.repl_password.clone());
+            let old = from.clone();
+            let back = self
+                .admin(&to)
+                .with(bound, |c| {
+                    Box::pin(async move { srv::follow(c, &old, &u, &p).await })
+                })
+                .await;
+            self.undo(&from, &recs).await;
+            return Err(format!(
+                "cannot promote {to}: {e}; undone (target back to a replica: {back:?})"
+            ));
+        }
+        let mut problems = self.repoint(set, &to, None, semi).await;
+        // 5. Serve it.
+        self.publish_final(
+            &recs,
+            PrimaryRecord {
+                addr: to.clone(),
+                region: t.region.clone(),
+                generation: g,
+                state: PrimaryState::Serving,
+            },
+        )
+        .await?;
+        let served = self.acks(&set.shards, "served", g, SERVED_WAIT).await;
+        report.read_only_ms = ro_at.elapsed().as_millis() as u64;
+        if !served {
+            problems.push(format!("not every shard was served within {SERVED_WAIT:?}"));
+        }
+        report.ok = true;
+        if !problems.is_empty() {
+            report.error = Some(problems.join("; "));
+        }
+        tracing::info!(shards = ?set.shards, from, to, generation = g, read_only_ms = report.read_only_ms, "switched replica set");
+        Ok(())
+    }
+
+    /// After a failed switch step: the old primary writable again, the shards served on it.
+    async fn undo(&self, from: &str, recs: &SetRecords) {
+        let r = self
+            .admin(from)
+            .with(self.step_bound(), |c| {
+                Box::pin(srv::set_read_only(c, false))
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(server = from, error = %e, "switch undo: cannot make the old primary writable again");
+        }
+        let back = PrimaryRecord {
+            state: PrimaryState::Serving,
+            ..recs.current.clone()
+        };
+        if let Err(e) = self.publish(recs, back).await {
+            tracing::error!(error = %e, "switch undo: cannot serve the shards again");
+        }
+    }
+
+    /// Every server of `set` but `primary` (and `skip`) replicates from `primary`.
+    /// With `semi`, waits (briefly) until a replica that acknowledges commits is connected.
+    pub(super) async fn repoint(
+        &self,
+        set: &SetLayout,
+        primary: &str,
+        skip: Option<&str>,
+        semi: bool,
+    ) -> Vec<String> {
+        let bound = self.step_bound();
+        let (user, pw) = (self.cfg.repl_user.clone(), self.cfg.repl_password.clone());
+        let others = set
+            .servers
+            .iter()
+            .filter(|s| s.addr != primary && Some(s.addr.as_str()) != skip);
+        let results = futures::future::join_all(others.map(|s| {
+            let (user, pw) = (user.clone(), pw.clone());
+            let admin = self.admin(&s.addr);
+            let primary = primary.to_string();
+            async move {
+                admin
+                    .with(bound, |c| {
+                        Box::pin(async move { srv::follow(c, &primary, &user, &pw).await })
+                    })
+                    .await
+            }
+        }))
+        .await;
+        let mut problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        // Wait (briefly) for a replica that acknowledges commits.
+        let end = Instant::now() + Duration::from_secs(2);
+        if semi {
+            loop {
+                let s = self
+                    .admin(primary)
+                    .with(bound, |c| Box::pin(srv::semi_sync(c)))
+                    .await;
+                if matches!(&s, Ok(s) if s.clients > 0) {
+                    break;
+                }
+                if Instant::now() >= end {
+                    problems.push(format!("no semi-sync replica connected to {primary} yet"));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        problems
+    }
+
+    pub(super) async fn drain_all(&self, from: String, to: Option<String>) -> Switched {
+        if to.as_ref() == Some(&from) {
+            return Err(Refused::Invalid(
+                "a drain moves primaries to another region".into(),
+            ));
+        }
+        let known = |r: &str| {
+            self.layout
+                .sets
+                .iter()
+                .any(|s| s.servers.iter().any(|x| x.region == r))
+        };
+        for r in std::iter::once(&from).chain(&to) {
+            if !known(r) {
+                return Err(Refused::Invalid(format!(
+                    "no server of a replicated shard is in region {r:?}"
+                )));
+            }
+        }
+        let mut sets = Vec::new();
+        for (i, set) in self.layout.sets.iter().enumerate() {
+            let recs = self.records(set).await.map_err(Refused::Unavailable)?;
+            if recs.current.region == from {
+                sets.push(i);
+            }
+        }
+        let reports = futures::stream::iter(sets)
+            .map(|i| self.switch(&self.layout.sets[i], None, to.clone()))
+            .buffer_unordered(self.cfg.drain_parallel_max)
+            .collect::<Vec<_>>()
+            .await;
+        Ok(reports)
+    }
+}
