@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds foqsd in release mode and runs it (listening on 127.0.0.1:9090).
+# Builds foqsd and foqsctl in release mode and runs foqsd (listening on 127.0.0.1:9090).
 #
 #   bash scripts/run.sh                            on local SQLite files (conf/foqsd.toml,
 #                                                  data in .run/data): nothing to start
@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 foqs_cargo_check
-cargo build --release --bin foqsd
+cargo build --release --bin foqsd --bin foqsctl
 mkdir -p "$FOQS_RUN"
 if grep -q '^url = "mysql://' "$config"; then
   foqs_mysql_ensure

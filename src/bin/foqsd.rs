@@ -21,6 +21,10 @@ struct Args {
     /// HOST:PORT to listen on, overriding server.listen.
     #[arg(long)]
     listen: Option<String>,
+    /// Checks FILE as --config would load it (environment overrides included, TLS files
+    /// read) and exits: 0 when it is valid, 1 with every problem found otherwise.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "listen"])]
+    check_config: Option<PathBuf>,
 }
 
 #[global_allocator]
@@ -44,6 +48,14 @@ fn init_logs(format: LogFormat) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(path) = &args.check_config {
+        // The problems alone (no backtrace, whatever RUST_BACKTRACE says): for scripts.
+        if let Err(e) = check_config(path) {
+            eprintln!("foqsd: {e:#}");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     let mut cfg =
         Config::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
     if let Some(listen) = args.listen {
@@ -59,6 +71,22 @@ async fn main() -> anyhow::Result<()> {
     // A shard left behind may still have a thread in a hung disk call: the runtime would
     // wait for it when dropped. Everything this process had to save is saved.
     std::process::exit(0)
+}
+
+/// `--check-config`: what a start would refuse, without starting.
+fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
+    let cfg = Config::load(path).with_context(|| format!("checking {}", path.display()))?;
+    if let Some(t) = &cfg.server.tls {
+        foqs::tls::server_config(t).with_context(|| format!("checking {}", path.display()))?;
+    }
+    println!(
+        "{}: valid ({} shards, cluster.manager = {}, listen {})",
+        path.display(),
+        cfg.shards.len(),
+        format!("{:?}", cfg.cluster.manager).to_lowercase(),
+        cfg.server.listen
+    );
+    Ok(())
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {
