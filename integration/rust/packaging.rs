@@ -1,14 +1,21 @@
 //! What packaging and operators rely on outside the API: `foqsd --check-config` accepts
-//! every configuration the project ships and refuses a broken one, naming every problem.
+//! every configuration the project ships and refuses a broken one, naming every problem;
+//! the shipped systemd unit and container recipe load a config that passes, run as a
+//! user of their own, stop with SIGTERM within the graceful stop, and check /readyz.
 
 use std::path::Path;
 use std::process::Command;
 
 fn check(path: &Path) -> (bool, String) {
+    check_with(path, &[])
+}
+
+fn check_with(path: &Path, env: &[(&str, &str)]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_foqsd"))
         .arg("--check-config")
         .arg(path)
         .env_remove("FOQS__SERVER__LISTEN")
+        .envs(env.iter().copied())
         .output()
         .expect("run foqsd --check-config");
     let text = format!(
@@ -23,7 +30,10 @@ fn check(path: &Path) -> (bool, String) {
 fn every_shipped_config_passes_check_config() {
     let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
     let mut checked = 0;
-    for entry in std::fs::read_dir(&conf).unwrap() {
+    let entries = std::fs::read_dir(&conf)
+        .unwrap()
+        .chain(std::fs::read_dir(conf.join("deploy")).unwrap());
+    for entry in entries {
         let path = entry.unwrap().path();
         if path.extension().and_then(|e| e.to_str()) != Some("toml") {
             continue;
@@ -33,7 +43,84 @@ fn every_shipped_config_passes_check_config() {
         assert!(text.contains("valid"), "{text}");
         checked += 1;
     }
-    assert!(checked >= 4, "only {checked} configs under conf/");
+    assert!(checked >= 5, "only {checked} configs under conf/");
+}
+
+fn deploy(file: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("conf/deploy")
+        .join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The value of `key=` (systemd) or the rest of an instruction line (Containerfile).
+fn line_after<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix(key))
+        .map(str::trim)
+        .collect()
+}
+
+#[test]
+fn the_shipped_unit_and_container_load_a_config_that_passes() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/deploy/foqsd.toml");
+    let config = std::fs::read_to_string(&shipped).unwrap();
+    let grace_ms: u64 = line_after(&config, "shutdown_grace_ms =")[0]
+        .parse()
+        .unwrap();
+    // The unit: it checks and loads /etc/foqs/foqsd.toml (conf/deploy/foqsd.toml installed).
+    let unit = deploy("foqsd.service");
+    let pre = line_after(&unit, "ExecStartPre=");
+    let start = line_after(&unit, "ExecStart=");
+    assert_eq!(
+        pre,
+        ["/usr/local/bin/foqsd --check-config /etc/foqs/foqsd.toml"]
+    );
+    assert_eq!(
+        start,
+        ["/usr/local/bin/foqsd --config /etc/foqs/foqsd.toml"]
+    );
+    assert!(unit.contains("install -D -m 644 conf/deploy/foqsd.toml /etc/foqs/foqsd.toml"));
+    let (ok, text) = check(&shipped);
+    assert!(ok, "{text}");
+    let user = line_after(&unit, "User=");
+    assert!(user.len() == 1 && user[0] != "root", "{user:?}");
+    assert_eq!(line_after(&unit, "KillSignal="), ["SIGTERM"]);
+    let stop_s: u64 = line_after(&unit, "TimeoutStopSec=")[0].parse().unwrap();
+    assert!(
+        stop_s * 1000 > grace_ms,
+        "the unit kills foqsd before its graceful stop ends"
+    );
+    assert!(config.contains("sqlite:///var/lib/foqs/") && unit.contains("StateDirectory=foqs"));
+    // The container: the same file, a user of its own, SIGTERM, /readyz, a volume for the
+    // data, and the listen overrides it sets still pass.
+    let recipe = deploy("Containerfile");
+    assert!(recipe.contains("COPY conf/deploy/foqsd.toml /etc/foqs/foqsd.toml"));
+    assert!(recipe.contains(r#"ENTRYPOINT ["foqsd", "--config", "/etc/foqs/foqsd.toml"]"#));
+    assert_eq!(line_after(&recipe, "USER "), ["foqs"]);
+    assert_eq!(line_after(&recipe, "STOPSIGNAL "), ["SIGTERM"]);
+    assert_eq!(line_after(&recipe, "VOLUME "), ["/var/lib/foqs"]);
+    let health = line_after(&recipe, "HEALTHCHECK ");
+    assert!(
+        health.len() == 1 && health[0].contains("/readyz"),
+        "{health:?}"
+    );
+    let env = line_after(&recipe, "ENV ")[0];
+    let pairs: Vec<(&str, &str)> = env
+        .split_whitespace()
+        .map(|kv| kv.split_once('=').unwrap())
+        .collect();
+    let (ok, text) = check_with(&shipped, &pairs);
+    assert!(ok && text.contains("listen 0.0.0.0:9090"), "{text}");
+    for (_, v) in &pairs {
+        let port = v.rsplit(':').next().unwrap();
+        assert!(
+            line_after(&recipe, "EXPOSE ")[0]
+                .split_whitespace()
+                .any(|p| p == port),
+            "port {port} is not exposed"
+        );
+    }
 }
 
 #[test]
