@@ -106,7 +106,10 @@ pub(super) async fn follow_view(
                 manager.released(s);
             }
         }
-        // Paused for a switch: say so, once per generation.
+        // Paused for a switch: say so, once per generation (generations only rise: the
+        // pauses of older ones are forgotten).
+        r.paused
+            .retain(|(s, g)| view.primaries.get(s).is_some_and(|p| p.generation <= *g));
         for s in &owned {
             if let Some(p) = view.primaries.get(s) {
                 if p.state == PrimaryState::Paused && r.paused.insert((*s, p.generation)) {

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use etcd_client::Client;
 use futures::future::BoxFuture;
-use mysql_async::prelude::Queryable;
 use tokio::sync::watch;
 
 use super::server::{self as srv, ServerAdmin};
@@ -130,13 +129,10 @@ impl Driver {
             if self.cfg.semi_sync && !s.enabled && can_ack {
                 let r = self
                     .admin(primary)
-                    .with(Duration::from_secs(1), |c| {
-                        Box::pin(async move {
-                            c.query_drop("SET GLOBAL rpl_semi_sync_master_enabled = ON")
-                                .await
-                                .map_err(|e| e.to_string())
-                        })
-                    })
+                    .exec(
+                        Duration::from_secs(1),
+                        "SET GLOBAL rpl_semi_sync_master_enabled = ON",
+                    )
                     .await;
                 match r {
                     Ok(()) => tracing::info!(
@@ -423,35 +419,6 @@ impl Driver {
             )
             .await;
         self.finish(report, r)
-    }
-
-    pub(super) async fn records_of(
-        &self,
-        set: &SetLayout,
-    ) -> Result<(Vec<(ShardId, PrimaryRecord, i64)>, PrimaryRecord), String> {
-        let r = self.records(set).await?;
-        Ok((r.records, r.current))
-    }
-
-    pub(super) async fn publish_records_final(
-        &self,
-        records: Vec<(ShardId, PrimaryRecord, i64)>,
-        current: PrimaryRecord,
-        to: PrimaryRecord,
-    ) -> Result<(), String> {
-        self.publish_final(&SetRecords { records, current }, to)
-            .await
-            .map(|_| ())
-    }
-
-    pub(super) async fn publish_records(
-        &self,
-        records: Vec<(ShardId, PrimaryRecord, i64)>,
-        current: PrimaryRecord,
-        to: PrimaryRecord,
-    ) -> Result<(Vec<(ShardId, PrimaryRecord, i64)>, PrimaryRecord), String> {
-        let r = self.publish(&SetRecords { records, current }, to).await?;
-        Ok((r.records, r.current))
     }
 
     pub(super) async fn served(&self, set: &SetLayout, generation: u64) -> bool {

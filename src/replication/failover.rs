@@ -33,24 +33,19 @@ pub(super) async fn failover(
     allow_loss: bool,
     report: &mut SwitchReport,
 ) -> Result<(), String> {
-    let (records, current) = d.records_of(set).await?;
-    let from = current.addr.clone();
+    let recs = d.records(set).await?;
+    let from = recs.current.addr.clone();
     report.from = from.clone();
-    let g = current.generation + 1;
+    let g = recs.current.generation + 1;
     report.generation = g;
     // 1. Fenced by the generation: no host serves the shards on `from` from now on.
     let started = Instant::now();
-    let (records, current) = d
-        .publish_records(
-            records,
-            current.clone(),
-            PrimaryRecord {
-                state: PrimaryState::Fenced,
-                generation: g,
-                ..current
-            },
-        )
-        .await?;
+    let fenced_record = PrimaryRecord {
+        state: PrimaryState::Fenced,
+        generation: g,
+        ..recs.current.clone()
+    };
+    let recs = d.publish(&recs, fenced_record).await?;
     // And on the server itself when it answers at all: read-only, foqsd's connections
     // ended.
     let user = d.data_user.clone();
@@ -113,7 +108,7 @@ pub(super) async fn failover(
     let fence_held = fenced.is_ok();
     let answered_addrs: Vec<String> = answered.iter().map(|c| c.addr.clone()).collect();
     let refuse = |why: String| {
-        let (records, current) = (records.clone(), current.clone());
+        let recs = &recs;
         let answered_addrs = answered_addrs.clone();
         let from = from.clone();
         async move {
@@ -123,13 +118,7 @@ pub(super) async fn failover(
             for a in &answered_addrs {
                 let _ = d
                     .admin(a)
-                    .with(Duration::from_secs(2), |c| {
-                        Box::pin(async move {
-                            c.query_drop("START SLAVE IO_THREAD")
-                                .await
-                                .map_err(|e| e.to_string())
-                        })
-                    })
+                    .exec(Duration::from_secs(2), "START SLAVE IO_THREAD")
                     .await;
             }
             if fence_held {
@@ -143,9 +132,9 @@ pub(super) async fn failover(
             let back = PrimaryRecord {
                 state: PrimaryState::Serving,
                 generation: g,
-                ..current.clone()
+                ..recs.current.clone()
             };
-            let _ = d.publish_records(records, current, back).await;
+            let _ = d.publish(recs, back).await;
             Err(why)
         }
     };
@@ -226,9 +215,8 @@ pub(super) async fn failover(
     if let Err(e) = d.put_demoted(&from, &demoted).await {
         problems.push(format!("cannot mark {from} demoted: {e}"));
     }
-    d.publish_records_final(
-        records,
-        current,
+    d.publish_final(
+        &recs,
         PrimaryRecord {
             addr: chosen.addr.clone(),
             region: chosen.region.clone(),
@@ -396,7 +384,7 @@ async fn housekeep(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
             // read before a failover made meanwhile would name the demoted server).
             let r = d
                 .locked(set, async {
-                    let (_, rec) = d.records_of(set).await?;
+                    let rec = d.records(set).await?.current;
                     if rec.state != PrimaryState::Serving {
                         return Err("a switch is under way".to_string());
                     }

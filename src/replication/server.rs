@@ -51,6 +51,14 @@ impl ServerAdmin {
         }
     }
 
+    /// Runs one statement on a new connection, within `bound`.
+    pub async fn exec(&self, bound: Duration, sql: &'static str) -> Step<()> {
+        self.with(bound, |c| {
+            Box::pin(async move { c.query_drop(sql).await.map_err(words) })
+        })
+        .await
+    }
+
     /// Runs `f` on a new connection, the whole of it within `bound`.
     pub async fn with<T, F>(&self, bound: Duration, f: F) -> Step<T>
     where
@@ -143,18 +151,16 @@ pub async fn read_only(c: &mut Conn) -> Step<bool> {
 
 /// `gtid_binlog_pos`: the last transaction of each domain in the binlog.
 pub async fn binlog_pos(c: &mut Conn) -> Step<String> {
-    let v: Option<String> = c
-        .query_first("SELECT @@global.gtid_binlog_pos")
-        .await
-        .map_err(words)?;
-    Ok(v.unwrap_or_default())
+    text_of(c, "SELECT @@global.gtid_binlog_pos").await
 }
 
+/// `gtid_binlog_state`: the last transaction of each (domain, server) in the binlog.
 pub async fn binlog_state_of(c: &mut Conn) -> Step<String> {
-    let v: Option<String> = c
-        .query_first("SELECT @@global.gtid_binlog_state")
-        .await
-        .map_err(words)?;
+    text_of(c, "SELECT @@global.gtid_binlog_state").await
+}
+
+async fn text_of(c: &mut Conn, sql: &str) -> Step<String> {
+    let v: Option<String> = c.query_first(sql).await.map_err(words)?;
     Ok(v.unwrap_or_default())
 }
 
