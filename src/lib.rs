@@ -67,6 +67,7 @@ pub use rpc::client;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod console;
 pub mod core;
 pub mod daemon;
 pub mod error;

@@ -133,6 +133,8 @@ pub struct Metrics {
     pub replica_lag_ms: Family<ServerLabel, Gauge>,
     pub switches: Family<SwitchLabel, Counter>,
     labelled_ns: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Every namespace's item events together, by [`ItemEvent`] (the console's rates).
+    event_totals: [AtomicU64; 6],
 }
 
 impl Default for Metrics {
@@ -326,6 +328,7 @@ impl Metrics {
             replica_lag_ms,
             switches,
             labelled_ns: Default::default(),
+            event_totals: Default::default(),
         }
     }
 
@@ -354,12 +357,28 @@ impl Metrics {
         if n == 0 {
             return;
         }
+        self.event_totals[event as usize].fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         let family = &self.item_events[event as usize];
         family
             .get_or_create(&NsLabel {
                 ns: self.ns_label(ns),
             })
             .inc_by(n);
+    }
+
+    /// How many `event`s happened to any namespace's items since the host started.
+    pub fn event_total(&self, event: ItemEvent) -> u64 {
+        self.event_totals[event as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many `event`s happened to `ns`'s items since the host started (namespaces
+    /// past [`NS_LABELS_MAX`] share one count).
+    pub fn ns_event_total(&self, ns: &str, event: ItemEvent) -> u64 {
+        self.item_events[event as usize]
+            .get_or_create(&NsLabel {
+                ns: self.ns_label(ns),
+            })
+            .get()
     }
 
     pub fn connection_evicted(&self) {

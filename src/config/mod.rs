@@ -8,9 +8,11 @@ use std::path::Path;
 use serde::Deserialize;
 
 mod access;
+mod console;
 mod edge;
 
 pub use access::{AccessRule, Kind};
+pub use console::{ConsoleConfig, ConsoleRole, ConsoleUser, CONSOLE_REFRESH_MS_DEFAULT};
 pub use edge::{LogConfig, LogFormat, MetricsConfig};
 
 use crate::cluster::config::{self as cluster_config, ClusterConfig, TierConfig, TIER_DEFAULT};
@@ -51,6 +53,8 @@ pub struct Config {
     pub access: Vec<AccessRule>,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub console: ConsoleConfig,
     #[serde(default)]
     pub log: LogConfig,
     #[serde(default)]
@@ -326,6 +330,7 @@ impl Config {
             problems.push("server.listen_backlog must be > 0".into());
         }
         edge::check(self, &mut problems);
+        console::check(self, &mut problems);
         if self.shards.is_empty() {
             problems.push("no [[shards]]: at least one shard is needed".into());
         }
@@ -537,6 +542,11 @@ impl Namespaces {
     /// The tier that serves `ns`.
     pub fn tier(&self, ns: &str) -> &str {
         self.tiers.get(ns).unwrap_or(&self.default_tier)
+    }
+
+    /// The listed namespaces (none: any name is accepted).
+    pub fn listed(&self) -> impl Iterator<Item = &str> {
+        self.listed.keys().map(String::as_str)
     }
 
     /// `None` when namespaces are listed and `ns` is not one of them.

@@ -10,6 +10,7 @@ mod health;
 mod host;
 mod inspect;
 mod merge;
+mod overview;
 mod peers;
 mod prefetch;
 mod replication;
@@ -25,8 +26,9 @@ pub use api::{
 };
 pub use host::{Host, HostParts};
 pub use merge::kway_merge;
+pub use overview::{NamespaceRow, TopicRow};
 pub use peers::{
     ClusterSettings, DeadItem, Forwarded, HostStatus, PeerLoad, PeerStatus, PeerSummary, Peers,
 };
 pub use prefetch::PrefetchConfig;
-pub use validate::{limits, validate_item};
+pub use validate::{check_name, limits, validate_item};

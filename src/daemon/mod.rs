@@ -49,6 +49,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Where `/metrics`, `/healthz` and `/readyz` are served, when configured.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the web console is served, when configured.
+    pub console_addr: Option<SocketAddr>,
     pub host: Arc<Host>,
     manager: Arc<dyn ShardManager>,
     stop: watch::Sender<bool>,
@@ -311,6 +313,10 @@ async fn start_planned(
         Some(l) => Some(bind(l, backlog).await?),
         None => None,
     };
+    let console_listener = match &cfg.console.listen {
+        Some(l) => Some(bind(l, backlog).await?),
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new());
     let c = &cfg.cluster;
     let host_id = cfg.host_id();
@@ -509,10 +515,34 @@ async fn start_planned(
         tracing::info!(addr = %a, "metrics and health on http://{a}/metrics, /healthz, /readyz");
         background.push(tokio::spawn(serve_http(l, host.clone(), stop_rx.clone())));
     }
+    let console_addr = console_listener.as_ref().map(|(_, a)| *a);
+    if let Some((l, a)) = console_listener {
+        if !a.ip().is_loopback() && cfg.console.users.is_empty() {
+            tracing::warn!(addr = %a, "the console listens beyond this machine with no [[console.users]]: anyone who reaches it may requeue and purge");
+        }
+        tracing::info!(addr = %a, "web console on http://{a}/");
+        let series = Arc::new(crate::console::Series::default());
+        background.push(tokio::spawn(crate::console::run_sampler(
+            series.clone(),
+            host.clone(),
+            stop_rx.clone(),
+        )));
+        let console = Arc::new(crate::console::Console::new(
+            host.clone(),
+            &cfg.console,
+            series,
+        ));
+        background.push(tokio::spawn(crate::console::serve_console(
+            l,
+            console,
+            stop_rx.clone(),
+        )));
+    }
     let server = tokio::spawn(serve(listener, host.clone(), limits, tls, metrics, stop_rx));
     Ok(Running {
         addr,
         metrics_addr,
+        console_addr,
         host,
         manager,
         stop,

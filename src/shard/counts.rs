@@ -186,6 +186,19 @@ impl NsCounts {
             .collect()
     }
 
+    /// One namespace's topics and their counts at `now_ms` (for the console's topic
+    /// list: memory only, no query, whatever the number of topics).
+    pub fn topics(&self, ns: &str, now_ms: i64) -> Vec<(String, NsSnapshot)> {
+        let now_sec = now_ms.div_euclid(1000);
+        self.by_ns.get(ns).map_or_else(Vec::new, |topics| {
+            topics
+                .iter()
+                .map(|(t, c)| (t.clone(), c.snapshot(now_sec)))
+                .filter(|(_, s)| s.ready + s.deferred + s.leased + s.dead > 0)
+                .collect()
+        })
+    }
+
     /// Topics with ready items at `now_ms` and how many: (ns, topic, ready).
     pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
         let now_sec = now_ms.div_euclid(1000);

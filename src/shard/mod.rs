@@ -354,6 +354,15 @@ impl ShardHandle {
             .snapshot(now_ms)
     }
 
+    /// One namespace's topics on this shard and their counts, from the worker's memory.
+    pub fn topic_table(&self, ns: &str, now_ms: i64) -> Vec<(String, NsSnapshot)> {
+        self.shared
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .topics(ns, now_ms)
+    }
+
     /// Up to `n` keys of the topic's most urgent ready items, without leasing them: from
     /// memory when the index holds enough (or everything), else the worker refills it.
     pub async fn peek(&self, topic: TopicName, n: usize) -> Result<Vec<ReadyKey>> {

@@ -1,0 +1,53 @@
+//! What the console changes, through the host's own calls under the console's caller:
+//! a test enqueue and the requeue of single dead letters (requeue-all and purge are the
+//! host's calls as they are).
+
+use super::Console;
+use crate::core::EnqueueRequestItem;
+use crate::error::{Error, Result};
+
+impl Console {
+    /// Enqueues one item as a client would (the namespace's defaults apply); its id.
+    pub async fn enqueue_test(
+        &self,
+        ns: &str,
+        topic: &str,
+        payload: Vec<u8>,
+        priority: i32,
+        delay_ms: i64,
+    ) -> Result<String> {
+        let now = self.host.clock_ms();
+        let item = EnqueueRequestItem {
+            ns: ns.to_string(),
+            topic: topic.to_string(),
+            priority,
+            payload,
+            deliver_after_ms: (delay_ms > 0).then(|| now.saturating_add(delay_ms)),
+            ..Default::default()
+        };
+        let mut out = self.host.enqueue(&self.caller, vec![item], None).await?;
+        match out.pop() {
+            Some(Ok((id, _))) => Ok(id.to_string()),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::new(
+                crate::error::ErrorCode::Internal,
+                "the enqueue returned no outcome",
+            )),
+        }
+    }
+
+    /// Makes dead items ready again; the first id that failed fails the call.
+    pub async fn dlq_requeue(&self, ids: &[String]) -> Result<()> {
+        let out = self
+            .host
+            .dlq_requeue(&self.caller, ids.to_vec(), (None, None))
+            .await?;
+        for (id, r) in ids.iter().zip(out) {
+            r.map_err(|e| Error {
+                message: format!("{id}: {}", e.message),
+                ..e
+            })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! The console's JSON API (`/api/v1/`): the data of each page, for the pages' scripts
+//! (the chart) and for operators' own. Errors are `{"error": {"code", "message"}}` with
+//! an HTTP status that matches the code. State changes are POSTs with a JSON body (see
+//! the module above for the origin rule).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::data::TopicQuery;
+use super::Console;
+use crate::error::Error;
+
+type C = State<Arc<Console>>;
+
+pub fn routes() -> Router<Arc<Console>> {
+    Router::new()
+        .route("/overview", get(overview))
+        .route("/series", get(series))
+        .route("/namespaces", get(namespaces))
+        .route("/namespaces/{ns}/topics", get(topics))
+        .route("/namespaces/{ns}/topics/{topic}", get(topic))
+        .route("/namespaces/{ns}/topics/{topic}/enqueue", post(enqueue))
+        .route("/namespaces/{ns}/topics/{topic}/dlq", get(dlq))
+        .route("/namespaces/{ns}/topics/{topic}/dlq/requeue", post(requeue))
+        .route(
+            "/namespaces/{ns}/topics/{topic}/dlq/requeue-all",
+            post(requeue_all),
+        )
+        .route("/namespaces/{ns}/topics/{topic}/dlq/purge", post(purge))
+        .route("/cluster", get(cluster))
+}
+
+fn err(e: Error) -> Response {
+    let status = super::pages::status_of(&e);
+    (
+        status,
+        Json(json!({"error": {"code": format!("{:?}", e.code), "message": e.message}})),
+    )
+        .into_response()
+}
+
+fn ok<T: serde::Serialize>(r: crate::error::Result<T>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => err(e),
+    }
+}
+
+async fn overview(State(c): C) -> Response {
+    Json(c.overview()).into_response()
+}
+
+async fn series(State(c): C) -> Response {
+    Json(c.series.view()).into_response()
+}
+
+async fn namespaces(State(c): C) -> Response {
+    Json(json!({"namespaces": c.namespaces()})).into_response()
+}
+
+async fn topics(State(c): C, Path(ns): Path<String>, Query(q): Query<TopicQuery>) -> Response {
+    ok(c.topics(&ns, &q))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct PeekQuery {
+    count: Option<i32>,
+}
+
+async fn topic(
+    State(c): C,
+    Path((ns, topic)): Path<(String, String)>,
+    Query(q): Query<PeekQuery>,
+) -> Response {
+    ok(c.topic(&ns, &topic, q.count).await)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnqueueBody {
+    /// UTF-8 text.
+    payload: String,
+    #[serde(default)]
+    priority: i32,
+    #[serde(default)]
+    delay_ms: i64,
+}
+
+async fn enqueue(
+    State(c): C,
+    Path((ns, topic)): Path<(String, String)>,
+    Json(b): Json<EnqueueBody>,
+) -> Response {
+    ok(
+        c.enqueue_test(&ns, &topic, b.payload.into_bytes(), b.priority, b.delay_ms)
+            .await
+            .map(|id| json!({"id": id})),
+    )
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct DlqQuery {
+    after: Option<String>,
+    limit: Option<i32>,
+}
+
+async fn dlq(
+    State(c): C,
+    Path((ns, topic)): Path<(String, String)>,
+    Query(q): Query<DlqQuery>,
+) -> Response {
+    ok(c.dlq(&ns, &topic, q.after, q.limit).await)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdsBody {
+    ids: Vec<String>,
+}
+
+async fn requeue(State(c): C, Json(b): Json<IdsBody>) -> Response {
+    ok(c.dlq_requeue(&b.ids)
+        .await
+        .map(|()| json!({"requeued": b.ids.len()})))
+}
+
+async fn requeue_all(State(c): C, Path((ns, topic)): Path<(String, String)>) -> Response {
+    ok(c.host
+        .dlq_requeue_all(&c.caller, &ns, &topic, None, false)
+        .await
+        .map(|p| json!({"count": p.count, "more": p.more})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PurgeBody {
+    /// The topic's name again: nothing is purged without it.
+    confirm: String,
+}
+
+async fn purge(
+    State(c): C,
+    Path((ns, topic)): Path<(String, String)>,
+    Json(b): Json<PurgeBody>,
+) -> Response {
+    if b.confirm != topic {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"code": "InvalidArgument",
+                "message": "nothing was purged: confirm must be the topic's name"}})),
+        )
+            .into_response();
+    }
+    ok(c.host
+        .dlq_purge(&c.caller, &ns, &topic, false)
+        .await
+        .map(|p| json!({"count": p.count, "more": p.more})))
+}
+
+async fn cluster(State(c): C) -> Response {
+    Json(c.cluster()).into_response()
+}

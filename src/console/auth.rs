@@ -1,0 +1,164 @@
+//! Who is looking: HTTP basic auth against `[[console.users]]` (Argon2 PHC hashes), and
+//! the role that decides whether they may change anything.
+//!
+//! Argon2 is slow on purpose (tens of milliseconds), and a console page polls every few
+//! seconds with basic auth on every request; credentials that verified once are remembered
+//! by their SHA-256 digest (never the password itself), so a poll costs a hash lookup.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use argon2::password_hash::{PasswordHash, PasswordVerifier};
+use base64::Engine;
+use sha2::{Digest, Sha256};
+
+use crate::config::{ConsoleRole, ConsoleUser};
+
+/// Verified credentials remembered at most; past it the memory starts over.
+const VERIFIED_MAX: usize = 256;
+
+pub struct Users {
+    users: Vec<ConsoleUser>,
+    verified: Mutex<HashMap<[u8; 32], ConsoleRole>>,
+}
+
+/// What a request's credentials amount to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Anyone may (no users configured): as admin.
+    Open,
+    User(ConsoleRole),
+    /// No credentials, or wrong ones: ask again (401).
+    Refused,
+}
+
+impl Verdict {
+    pub fn may_change(self) -> bool {
+        matches!(self, Verdict::Open | Verdict::User(ConsoleRole::Admin))
+    }
+}
+
+impl Users {
+    pub fn new(users: Vec<ConsoleUser>) -> Users {
+        Users {
+            users,
+            verified: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Checks an `Authorization` header's value (absent: none sent).
+    pub fn verify(&self, authorization: Option<&str>) -> Verdict {
+        if self.users.is_empty() {
+            return Verdict::Open;
+        }
+        let Some(value) = authorization else {
+            return Verdict::Refused;
+        };
+        let digest: [u8; 32] = Sha256::digest(value.as_bytes()).into();
+        if let Some(role) = self.verified.lock().expect("not poisoned").get(&digest) {
+            return Verdict::User(*role);
+        }
+        let Some((name, password)) = parse_basic(value) else {
+            return Verdict::Refused;
+        };
+        // Every user's hash is tried (a name is not a secret, but this keeps the time of a
+        // refusal independent of which names exist); the hash comparison itself is
+        // argon2's, in constant time.
+        let mut role = None;
+        for u in &self.users {
+            let Ok(hash) = PasswordHash::new(&u.password_hash) else {
+                continue;
+            };
+            let ok = argon2::Argon2::default()
+                .verify_password(password.as_bytes(), &hash)
+                .is_ok();
+            if ok && u.name == name {
+                role = Some(u.role);
+            }
+        }
+        let Some(role) = role else {
+            return Verdict::Refused;
+        };
+        let mut v = self.verified.lock().expect("not poisoned");
+        if v.len() >= VERIFIED_MAX {
+            v.clear();
+        }
+        v.insert(digest, role);
+        Verdict::User(role)
+    }
+}
+
+/// `Basic base64(name:password)` → (name, password).
+fn parse_basic(value: &str) -> Option<(String, String)> {
+    let (scheme, rest) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (n, p) = text.split_once(':')?;
+    Some((n.to_string(), p.to_string()))
+}
+
+/// An Argon2id hash of `password` in PHC format with a random salt and the given cost
+/// (`m_kib` memory, `t` passes): what `foqsctl hash-password` prints.
+pub fn hash_password(password: &str, m_kib: u32, t: u32) -> Result<String, String> {
+    use argon2::password_hash::{rand_core::OsRng, PasswordHasher, SaltString};
+    let params = argon2::Params::new(m_kib, t, 1, None).map_err(|e| e.to_string())?;
+    let a = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    let salt = SaltString::generate(&mut OsRng);
+    a.hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(n: &str, p: &str) -> String {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{n}:{p}"))
+        )
+    }
+
+    #[test]
+    fn users_are_told_apart_by_name_password_and_role() {
+        let users = Users::new(vec![
+            ConsoleUser {
+                name: "ops".into(),
+                password_hash: hash_password("s3cret", 64, 1).unwrap(),
+                role: ConsoleRole::Admin,
+            },
+            ConsoleUser {
+                name: "viewer".into(),
+                password_hash: hash_password("look", 64, 1).unwrap(),
+                role: ConsoleRole::ReadOnly,
+            },
+        ]);
+        assert_eq!(users.verify(None), Verdict::Refused);
+        assert_eq!(users.verify(Some("Bearer x")), Verdict::Refused);
+        assert_eq!(
+            users.verify(Some(&header("ops", "s3cret"))),
+            Verdict::User(ConsoleRole::Admin)
+        );
+        // Remembered: the same answer again, from the cache.
+        assert_eq!(
+            users.verify(Some(&header("ops", "s3cret"))),
+            Verdict::User(ConsoleRole::Admin)
+        );
+        assert_eq!(
+            users.verify(Some(&header("ops", "wrong"))),
+            Verdict::Refused
+        );
+        // The other user's password under this user's name is refused.
+        assert_eq!(users.verify(Some(&header("ops", "look"))), Verdict::Refused);
+        let viewer = users.verify(Some(&header("viewer", "look")));
+        assert_eq!(viewer, Verdict::User(ConsoleRole::ReadOnly));
+        assert!(!viewer.may_change());
+        assert!(Users::new(vec![]).verify(None).may_change());
+    }
+}
