@@ -131,6 +131,11 @@ foqs_etcd_install() {
   command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || foqs_apt_install etcd-server
 }
 
+# The console's browser tests drive Debian's Chromium through its chromedriver.
+foqs_chromium_install() {
+  { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || foqs_apt_install chromium chromium-driver
+}
+
 foqs_etcd_ensure() {
   FOQS_ETCD_ENDPOINT="127.0.0.1:$FOQS_ETCD_PORT"
   export FOQS_ETCD_ENDPOINT

@@ -4,7 +4,8 @@
 # cluster tests with real etcd and foqsd processes), the integration tests that hold for
 # every backend again on SQLite, then the Python and Node.js client suites (every transport
 # their Thrift libraries offer) and the foqsctl shell pipeline against a running foqsd on
-# the embedded default (and a TLS one on MySQL).
+# the embedded default (and a TLS one on MySQL). The web console is tested in headless
+# Chromium (integration/rust/console.rs).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
@@ -32,6 +33,8 @@ export FOQS_TEST_MYSQL_URL="$FOQS_MYSQL_URL"
 command -v mariadb-install-db >/dev/null 2>&1 || foqs_apt_install mariadb-server
 # The cluster tests run private etcd servers of their own (started and stopped by them).
 foqs_etcd_install
+# The console's tests run in a real browser: Debian's headless Chromium and chromedriver.
+foqs_chromium_install
 foqs_log "MySQL for tests: $FOQS_TEST_MYSQL_URL"
 # Tests open hundreds of connections and threads: the limits they run under, for the record.
 foqs_log "limits: $(ulimit -n) open files, $(ulimit -u) processes, listen backlog cap (somaxconn) $(cat /proc/sys/net/core/somaxconn 2>/dev/null || echo unknown)"

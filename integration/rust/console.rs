@@ -604,3 +604,57 @@ async fn the_console_in_a_real_browser() {
     );
     srv.stop().await;
 }
+
+/// Under `[[access]]` rules the console's calls are those of `console.identity`: what its
+/// rules allow works, the rest is refused as it would be to a client (403, PERMISSION_DENIED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_access_rules_the_console_acts_as_its_identity() {
+    let extra = "[[access]]\nidentity = \"*\"\nnamespaces = [\"*\"]\nallow = [\"produce\"]\n\
+                 [[access]]\nidentity = \"ops-console\"\nnamespaces = [\"seen\"]\nallow = [\"consume\", \"admin\"]\n\
+                 [console]\nlisten = \"127.0.0.1:0\"\nidentity = \"ops-console\"\n";
+    let srv = TestServer::start(2, extra).await;
+    let web = srv.running.as_ref().unwrap().console_addr.unwrap();
+    let mut c = srv.client();
+    c.enqueue(vec![
+        item("seen", "t", 0, b"a"),
+        item("hidden", "t", 0, b"b"),
+    ]);
+    let (code, body) = http(web, "GET", "/api/v1/namespaces/seen/topics/t", &[], "");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["items"]["ready"], 1, "{body}");
+    let (code, body) = http(web, "GET", "/api/v1/namespaces/hidden/topics/t", &[], "");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("PermissionDenied"), "{body}");
+    let (code, _) = http(
+        web,
+        "POST",
+        "/api/v1/namespaces/hidden/topics/t/dlq/purge",
+        &["Content-Type: application/json"],
+        r#"{"confirm":"t"}"#,
+    );
+    assert_eq!(code, 403);
+    let (code, body) = http(
+        web,
+        "POST",
+        "/api/v1/namespaces/seen/topics/t/dlq/purge",
+        &["Content-Type: application/json"],
+        r#"{"confirm":"t"}"#,
+    );
+    assert_eq!((code, body.as_str()), (200, r#"{"count":0,"more":false}"#));
+    // Lists show only what the identity may read.
+    let (_, body) = http(web, "GET", "/api/v1/namespaces", &[], "");
+    assert!(
+        body.contains("\"seen\"") && !body.contains("hidden"),
+        "{body}"
+    );
+    assert_eq!(
+        http(web, "GET", "/api/v1/namespaces/hidden/topics", &[], "").0,
+        403
+    );
+    // The HTML page says so too, escaped like every value.
+    let (code, page) = http(web, "GET", "/ns/hidden/t/t", &[], "");
+    assert_eq!(code, 403);
+    assert!(page.contains("id=\"error\""), "{page}");
+    srv.stop().await;
+}

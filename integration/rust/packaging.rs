@@ -145,3 +145,62 @@ fn a_broken_config_fails_check_config_naming_every_problem() {
     let (ok, text) = check(Path::new("/nonexistent/foqsd.toml"));
     assert!(!ok && text.contains("/nonexistent/foqsd.toml"), "{text}");
 }
+
+/// `foqsctl hash-password` makes a hash that `[[console.users]]` accepts; a console
+/// config's mistakes are named (a bad hash, a user listed twice, no identity under
+/// `[[access]]` rules).
+#[test]
+fn console_users_take_foqsctl_hashes_and_console_mistakes_are_named() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_foqsctl"))
+        .arg("hash-password")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run foqsctl hash-password");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"correct horse\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(hash.starts_with("$argon2id$"), "{hash}");
+    let dir = std::env::temp_dir().join(format!("foqs-console-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shards = "[[shards]]\nid = 0\nurl = \"sqlite://s0.db\"\n";
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        format!(
+            "{shards}[console]\nlisten = \"127.0.0.1:9190\"\n[[console.users]]\nname = \"ops\"\n\
+             password_hash = \"{hash}\"\nrole = \"read-only\"\n"
+        ),
+    )
+    .unwrap();
+    let (ok, text) = check(&good);
+    assert!(ok, "{text}");
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        format!(
+            "{shards}[[access]]\nidentity = \"app\"\nnamespaces = [\"*\"]\nallow = [\"produce\"]\n\
+             [console]\nlisten = \"127.0.0.1:9190\"\n\
+             [[console.users]]\nname = \"ops\"\npassword_hash = \"hunter2\"\n\
+             [[console.users]]\nname = \"ops\"\npassword_hash = \"{hash}\"\n"
+        ),
+    )
+    .unwrap();
+    let (ok, text) = check(&bad);
+    assert!(!ok, "{text}");
+    for want in [
+        "console.identity is needed with [[access]] rules",
+        "password_hash is not a PHC string",
+        "\"ops\" is listed twice",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from {text}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::series::Rates;
 use super::Console;
-use crate::core::{NamespaceRow, TopicRow};
+use crate::core::{Kind, NamespaceRow, TopicRow};
 use crate::error::Result;
 use crate::model::{Item, Totals};
 
@@ -279,7 +279,7 @@ impl Console {
     pub fn overview(&self) -> Overview {
         let host = &self.host;
         let status = host.host_status(&self.caller);
-        let rows = host.namespace_rows();
+        let rows = self.visible_namespaces();
         let mut items = StateCounts::default();
         for r in &rows {
             items.ready += r.ready;
@@ -320,9 +320,15 @@ impl Console {
         }
     }
 
+    /// This host's namespaces that the console's identity may read.
+    fn visible_namespaces(&self) -> Vec<NamespaceRow> {
+        let mut rows = self.host.namespace_rows();
+        rows.retain(|r| self.host.allows(&self.caller, &r.ns, Kind::Consume));
+        rows
+    }
+
     pub fn namespaces(&self) -> Vec<NamespaceView> {
-        self.host
-            .namespace_rows()
+        self.visible_namespaces()
             .into_iter()
             .map(|row| NamespaceView {
                 rates: self.series.ns_rates(&row.ns),
@@ -333,6 +339,9 @@ impl Console {
 
     pub fn topics(&self, ns: &str, q: &TopicQuery) -> Result<TopicList> {
         crate::core::check_name("ns", ns)?;
+        if !self.host.allows(&self.caller, ns, Kind::Consume) {
+            return Err(crate::core::denied(&self.caller, ns, Kind::Consume));
+        }
         let limit = q
             .limit
             .unwrap_or(TOPICS_PAGE_DEFAULT)

@@ -123,6 +123,12 @@ impl Host {
         self.cluster.view()
     }
 
+    /// Whether `caller` may do `kind` calls in `ns` (the console shows only what its
+    /// identity may read).
+    pub fn allows(&self, caller: &super::Caller, ns: &str, kind: super::Kind) -> bool {
+        self.allow(caller, ns, kind).is_ok()
+    }
+
     /// The host's clock now (Unix ms).
     pub fn clock_ms(&self) -> i64 {
         self.clock.now_ms()

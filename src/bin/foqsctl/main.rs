@@ -189,6 +189,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: replication::RegionCmd,
     },
+    /// Print an Argon2id hash of the password read from standard input (its first line),
+    /// for `password_hash` in `[[console.users]]`. Talks to no foqsd.
+    HashPassword,
 }
 
 #[derive(Subcommand)]
@@ -235,12 +238,39 @@ fn main() -> ExitCode {
     } else {
         Protocol::Binary
     };
+    if let Cmd::HashPassword = cli.cmd {
+        return hash_password();
+    }
     let result = open(&cli, protocol).and_then(|mut c| run(&mut c, &cli));
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::Nothing) => ExitCode::from(3),
         Err(msg) => {
             eprintln!("foqsctl: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `foqsctl hash-password`: argon2's recommended cost (19 MiB, 2 passes).
+fn hash_password() -> ExitCode {
+    let mut line = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut line) {
+        eprintln!("foqsctl: reading the password: {e}");
+        return ExitCode::from(1);
+    }
+    let password = line.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        eprintln!("foqsctl: no password on standard input");
+        return ExitCode::from(1);
+    }
+    match foqs::console::hash_password(password, 19 * 1024, 2) {
+        Ok(h) => {
+            println!("{h}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("foqsctl: {e}");
             ExitCode::from(1)
         }
     }
@@ -669,6 +699,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             replication::region(c, cmd, cli.json, &mut |l| out(l), e)?;
             Ok(Outcome::Done)
         }
+        Cmd::HashPassword => unreachable!("answered before connecting"),
         Cmd::HostInfo => {
             let h = c.get_host_info().map_err(e)?;
             let shards: Vec<Value> = h
