@@ -371,14 +371,16 @@ impl Metrics {
         self.event_totals[event as usize].load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// How many `event`s happened to `ns`'s items since the host started (namespaces
-    /// past [`NS_LABELS_MAX`] share one count).
-    pub fn ns_event_total(&self, ns: &str, event: ItemEvent) -> u64 {
-        self.item_events[event as usize]
-            .get_or_create(&NsLabel {
-                ns: self.ns_label(ns),
-            })
-            .get()
+    /// How many `event`s happened to `ns`'s items since the host started: 0 before the
+    /// first, `None` when `ns` has no counter of its own (past [`NS_LABELS_MAX`]). Reads
+    /// only: no label is created.
+    pub fn ns_event_total(&self, ns: &str, event: ItemEvent) -> Option<u64> {
+        let label = NsLabel { ns: ns.to_string() };
+        match self.item_events[event as usize].get(&label) {
+            Some(c) => Some(c.get()),
+            None if self.labelled_ns.lock().expect("not poisoned").len() < NS_LABELS_MAX => Some(0),
+            None => None,
+        }
     }
 
     pub fn connection_evicted(&self) {

@@ -6,6 +6,8 @@ use super::Config;
 
 /// The console's refresh period when `refresh_ms` is not set.
 pub const CONSOLE_REFRESH_MS_DEFAULT: u64 = 2_000;
+/// Faster than this, open tabs would keep the host busy answering them.
+pub const CONSOLE_REFRESH_MS_MIN: u64 = 250;
 
 /// `[console]`
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -18,8 +20,12 @@ pub struct ConsoleConfig {
     /// The identity the console's calls carry under `[[access]]` rules (required when
     /// there are rules); absent without rules: the console may do everything.
     pub identity: Option<String>,
-    /// How often the pages refresh their figures (ms).
+    /// How often the pages refresh their figures (ms, at least [`CONSOLE_REFRESH_MS_MIN`]).
     pub refresh_ms: Option<u64>,
+    /// Host names (`name` or `name:port`) the console may be reached by besides IP
+    /// addresses and `localhost`: a request naming another `Host` is refused, so that a
+    /// web page cannot reach the console through a DNS name it re-points (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// One `[[console.users]]` entry.
@@ -64,8 +70,17 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
     if l.parse::<std::net::SocketAddr>().is_err() {
         problems.push(format!("console.listen {l:?} is not HOST:PORT"));
     }
-    if c.refresh_ms == Some(0) {
-        problems.push("console.refresh_ms must be > 0".into());
+    if c.refresh_ms.is_some_and(|r| r < CONSOLE_REFRESH_MS_MIN) {
+        problems.push(format!(
+            "console.refresh_ms must be >= {CONSOLE_REFRESH_MS_MIN}"
+        ));
+    }
+    for h in &c.allowed_hosts {
+        if h.is_empty() || h.contains(['/', ' ', '@']) {
+            problems.push(format!(
+                "console.allowed_hosts: {h:?} is not a host name (name or name:port)"
+            ));
+        }
     }
     if !cfg.access.is_empty() && c.identity.as_deref().is_none_or(str::is_empty) {
         problems.push(

@@ -12,7 +12,9 @@ mod console;
 mod edge;
 
 pub use access::{AccessRule, Kind};
-pub use console::{ConsoleConfig, ConsoleRole, ConsoleUser, CONSOLE_REFRESH_MS_DEFAULT};
+pub use console::{
+    ConsoleConfig, ConsoleRole, ConsoleUser, CONSOLE_REFRESH_MS_DEFAULT, CONSOLE_REFRESH_MS_MIN,
+};
 pub use edge::{LogConfig, LogFormat, MetricsConfig};
 
 use crate::cluster::config::{self as cluster_config, ClusterConfig, TierConfig, TIER_DEFAULT};

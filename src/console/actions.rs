@@ -36,18 +36,17 @@ impl Console {
         }
     }
 
-    /// Makes dead items ready again; the first id that failed fails the call.
-    pub async fn dlq_requeue(&self, ids: &[String]) -> Result<()> {
+    /// Makes dead items ready again; the ids that failed, with why (a call that failed
+    /// as a whole, e.g. a bad batch, is the error).
+    pub async fn dlq_requeue(&self, ids: &[String]) -> Result<Vec<(String, Error)>> {
         let out = self
             .host
             .dlq_requeue(&self.caller, ids.to_vec(), (None, None))
             .await?;
-        for (id, r) in ids.iter().zip(out) {
-            r.map_err(|e| Error {
-                message: format!("{id}: {}", e.message),
-                ..e
-            })?;
-        }
-        Ok(())
+        Ok(ids
+            .iter()
+            .zip(out)
+            .filter_map(|(id, r)| r.err().map(|e| (id.clone(), e)))
+            .collect())
     }
 }

@@ -28,13 +28,37 @@ pub fn routes() -> Router<Arc<Console>> {
         .route("/namespaces/{ns}/topics/{topic}", get(topic))
         .route("/namespaces/{ns}/topics/{topic}/enqueue", post(enqueue))
         .route("/namespaces/{ns}/topics/{topic}/dlq", get(dlq))
-        .route("/namespaces/{ns}/topics/{topic}/dlq/requeue", post(requeue))
+        .route("/dlq/requeue", post(requeue))
         .route(
             "/namespaces/{ns}/topics/{topic}/dlq/requeue-all",
             post(requeue_all),
         )
         .route("/namespaces/{ns}/topics/{topic}/dlq/purge", post(purge))
         .route("/cluster", get(cluster))
+        .layer(axum::middleware::map_response(json_errors))
+}
+
+/// axum's own refusals (a malformed body, query or path) are text: made JSON like the
+/// rest, `{"error": {"code": <HTTP reason>, "message": <axum's text>}}`.
+async fn json_errors(r: Response) -> Response {
+    let is_json = r
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let status = r.status();
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return r;
+    }
+    let text = axum::body::to_bytes(r.into_body(), 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    (
+        status,
+        Json(json!({"error": {"code": status.canonical_reason().unwrap_or("Error"), "message": text}})),
+    )
+        .into_response()
 }
 
 fn err(e: Error) -> Response {
@@ -127,10 +151,16 @@ struct IdsBody {
     ids: Vec<String>,
 }
 
+/// Requeues dead items by id (ids name their shard, so no topic is needed); each id
+/// succeeds or fails alone.
 async fn requeue(State(c): C, Json(b): Json<IdsBody>) -> Response {
-    ok(c.dlq_requeue(&b.ids)
-        .await
-        .map(|()| json!({"requeued": b.ids.len()})))
+    ok(c.dlq_requeue(&b.ids).await.map(|failed| {
+        let failed: Vec<_> = failed
+            .into_iter()
+            .map(|(id, e)| json!({"id": id, "code": format!("{:?}", e.code), "message": e.message}))
+            .collect();
+        json!({"requeued": b.ids.len() - failed.len(), "failed": failed})
+    }))
 }
 
 async fn requeue_all(State(c): C, Path((ns, topic)): Path<(String, String)>) -> Response {

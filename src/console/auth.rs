@@ -6,7 +6,7 @@
 //! by their SHA-256 digest (never the password itself), so a poll costs a hash lookup.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use argon2::password_hash::{PasswordHash, PasswordVerifier};
 use base64::Engine;
@@ -20,7 +20,15 @@ const VERIFIED_MAX: usize = 256;
 pub struct Users {
     users: Vec<ConsoleUser>,
     verified: Mutex<HashMap<[u8; 32], ConsoleRole>>,
+    /// Argon2 runs at once, at most: each takes tens of milliseconds of CPU, on the
+    /// blocking pool, so wrong passwords sent in a flood cannot stall the host's requests.
+    hashing: Arc<tokio::sync::Semaphore>,
+    /// Verified for a name no user has, so that a refusal costs the same either way.
+    dummy: String,
 }
+
+/// Argon2 verifications running at once, at most.
+const HASHING_MAX: usize = 2;
 
 /// What a request's credentials amount to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,14 +48,27 @@ impl Verdict {
 
 impl Users {
     pub fn new(users: Vec<ConsoleUser>) -> Users {
+        // The same cost as the users' hashes (the first one's), for unknown names.
+        let (m, t) = users
+            .first()
+            .and_then(|u| PasswordHash::new(&u.password_hash).ok())
+            .and_then(|h| argon2::Params::try_from(&h).ok())
+            .map_or((64, 1), |p| (p.m_cost(), p.t_cost()));
+        let dummy = if users.is_empty() {
+            String::new()
+        } else {
+            hash_password("not a password anyone has", m, t).unwrap_or_default()
+        };
         Users {
             users,
             verified: Mutex::new(HashMap::new()),
+            hashing: Arc::new(tokio::sync::Semaphore::new(HASHING_MAX)),
+            dummy,
         }
     }
 
     /// Checks an `Authorization` header's value (absent: none sent).
-    pub fn verify(&self, authorization: Option<&str>) -> Verdict {
+    pub async fn verify(&self, authorization: Option<&str>) -> Verdict {
         if self.users.is_empty() {
             return Verdict::Open;
         }
@@ -61,30 +82,30 @@ impl Users {
         let Some((name, password)) = parse_basic(value) else {
             return Verdict::Refused;
         };
-        // Every user's hash is tried (a name is not a secret, but this keeps the time of a
-        // refusal independent of which names exist); the hash comparison itself is
-        // argon2's, in constant time.
-        let mut role = None;
-        for u in &self.users {
-            let Ok(hash) = PasswordHash::new(&u.password_hash) else {
-                continue;
-            };
-            let ok = argon2::Argon2::default()
-                .verify_password(password.as_bytes(), &hash)
-                .is_ok();
-            if ok && u.name == name {
-                role = Some(u.role);
-            }
-        }
-        let Some(role) = role else {
+        let user = self.users.iter().find(|u| u.name == name);
+        let hash = user.map_or(self.dummy.clone(), |u| u.password_hash.clone());
+        let Ok(_permit) = self.hashing.clone().acquire_owned().await else {
+            return Verdict::Refused;
+        };
+        // Argon2's own comparison of the computed hash is constant-time.
+        let ok = tokio::task::spawn_blocking(move || {
+            PasswordHash::new(&hash).is_ok_and(|h| {
+                argon2::Argon2::default()
+                    .verify_password(password.as_bytes(), &h)
+                    .is_ok()
+            })
+        })
+        .await
+        .unwrap_or(false);
+        let (Some(u), true) = (user, ok) else {
             return Verdict::Refused;
         };
         let mut v = self.verified.lock().expect("not poisoned");
         if v.len() >= VERIFIED_MAX {
             v.clear();
         }
-        v.insert(digest, role);
-        Verdict::User(role)
+        v.insert(digest, u.role);
+        Verdict::User(u.role)
     }
 }
 
@@ -125,8 +146,8 @@ mod tests {
         )
     }
 
-    #[test]
-    fn users_are_told_apart_by_name_password_and_role() {
+    #[tokio::test]
+    async fn users_are_told_apart_by_name_password_and_role() {
         let users = Users::new(vec![
             ConsoleUser {
                 name: "ops".into(),
@@ -139,26 +160,34 @@ mod tests {
                 role: ConsoleRole::ReadOnly,
             },
         ]);
-        assert_eq!(users.verify(None), Verdict::Refused);
-        assert_eq!(users.verify(Some("Bearer x")), Verdict::Refused);
+        assert_eq!(users.verify(None).await, Verdict::Refused);
+        assert_eq!(users.verify(Some("Bearer x")).await, Verdict::Refused);
         assert_eq!(
-            users.verify(Some(&header("ops", "s3cret"))),
+            users.verify(Some(&header("ops", "s3cret"))).await,
             Verdict::User(ConsoleRole::Admin)
         );
         // Remembered: the same answer again, from the cache.
         assert_eq!(
-            users.verify(Some(&header("ops", "s3cret"))),
+            users.verify(Some(&header("ops", "s3cret"))).await,
             Verdict::User(ConsoleRole::Admin)
         );
         assert_eq!(
-            users.verify(Some(&header("ops", "wrong"))),
+            users.verify(Some(&header("ops", "wrong"))).await,
             Verdict::Refused
         );
         // The other user's password under this user's name is refused.
-        assert_eq!(users.verify(Some(&header("ops", "look"))), Verdict::Refused);
-        let viewer = users.verify(Some(&header("viewer", "look")));
+        assert_eq!(
+            users.verify(Some(&header("ops", "look"))).await,
+            Verdict::Refused
+        );
+        let viewer = users.verify(Some(&header("viewer", "look"))).await;
         assert_eq!(viewer, Verdict::User(ConsoleRole::ReadOnly));
         assert!(!viewer.may_change());
-        assert!(Users::new(vec![]).verify(None).may_change());
+        assert!(Users::new(vec![]).verify(None).await.may_change());
+        // A name nobody has is refused (after the same work as a wrong password).
+        assert_eq!(
+            users.verify(Some(&header("nobody", "look"))).await,
+            Verdict::Refused
+        );
     }
 }

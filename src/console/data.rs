@@ -247,31 +247,55 @@ pub struct ClusterPage {
     pub shards: Vec<ClusterShard>,
 }
 
-/// The previous totals seen of each topic, so a topic page can show rates (bounded:
-/// past [`RATE_TOPICS_MAX`] topics it starts over).
+/// The totals last sampled of each topic viewed, so a topic page can show rates: a new
+/// sample is taken when the last is at least a second old, and the rates between the two
+/// last samples are shown meanwhile, so viewers refreshing at once see the same figures.
+/// Bounded: past [`RATE_TOPICS_MAX`] topics it starts over.
 #[derive(Default)]
-pub struct TopicRates(Mutex<HashMap<(String, String), (Instant, Totals)>>);
+pub struct TopicRates(Mutex<HashMap<(String, String), TopicSample>>);
 const RATE_TOPICS_MAX: usize = 1000;
+
+struct TopicSample {
+    at: Instant,
+    totals: Totals,
+    rates: Option<Rates>,
+}
 
 impl TopicRates {
     fn rates(&self, ns: &str, topic: &str, now: Totals) -> Option<Rates> {
         let mut m = self.0.lock().expect("not poisoned");
-        if m.len() >= RATE_TOPICS_MAX {
+        let key = (ns.to_string(), topic.to_string());
+        if !m.contains_key(&key) && m.len() >= RATE_TOPICS_MAX {
             m.clear();
         }
-        let key = (ns.to_string(), topic.to_string());
-        let prev = m.insert(key, (Instant::now(), now));
-        let (at, was) = prev?;
-        let dt = at.elapsed().as_secs_f64();
-        if !(0.2..=120.0).contains(&dt) {
+        let Some(last) = m.get_mut(&key) else {
+            m.insert(
+                key,
+                TopicSample {
+                    at: Instant::now(),
+                    totals: now,
+                    rates: None,
+                },
+            );
             return None;
+        };
+        let dt = last.at.elapsed().as_secs_f64();
+        if dt < 1.0 {
+            return last.rates;
         }
         let r = |a: i64, b: i64| (b - a).max(0) as f64 / dt;
-        Some(Rates {
-            enqueued: r(was.enqueued, now.enqueued),
-            delivered: r(was.delivered, now.delivered),
-            acked: r(was.acked, now.acked),
-        })
+        // A sample older than two minutes is too old to make a rate of "now".
+        let rates = (dt <= 120.0).then(|| Rates {
+            enqueued: r(last.totals.enqueued, now.enqueued),
+            delivered: r(last.totals.delivered, now.delivered),
+            acked: r(last.totals.acked, now.acked),
+        });
+        *last = TopicSample {
+            at: Instant::now(),
+            totals: now,
+            rates,
+        };
+        rates
     }
 }
 
@@ -339,6 +363,7 @@ impl Console {
 
     pub fn topics(&self, ns: &str, q: &TopicQuery) -> Result<TopicList> {
         crate::core::check_name("ns", ns)?;
+        self.host.check_namespace(ns)?;
         if !self.host.allows(&self.caller, ns, Kind::Consume) {
             return Err(crate::core::denied(&self.caller, ns, Kind::Consume));
         }
@@ -363,12 +388,18 @@ impl Console {
         };
         rows.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.topic.cmp(&b.topic)));
         let total = rows.len();
-        let topics = rows.into_iter().skip(q.offset).take(limit).collect();
+        // Past the end: the last page.
+        let offset = if q.offset >= total {
+            total.saturating_sub(1) / limit * limit
+        } else {
+            q.offset
+        };
+        let topics = rows.into_iter().skip(offset).take(limit).collect();
         Ok(TopicList {
             ns: ns.to_string(),
             q: q.q.clone(),
             sort: q.sort,
-            offset: q.offset,
+            offset,
             limit,
             total,
             topics,

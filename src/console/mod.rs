@@ -48,6 +48,8 @@ pub struct Console {
     pub(crate) series: Arc<Series>,
     pub(crate) refresh_ms: u64,
     pub(crate) topic_rates: data::TopicRates,
+    /// `console.allowed_hosts`, lowercased.
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 impl Console {
@@ -62,6 +64,11 @@ impl Console {
             series,
             refresh_ms: cfg.refresh_ms(),
             topic_rates: Default::default(),
+            allowed_hosts: cfg
+                .allowed_hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
         }
     }
 }
@@ -116,16 +123,55 @@ fn security_headers(r: &mut Response) {
     }
 }
 
-fn refuse(status: StatusCode, why: &str) -> Response {
-    let mut r = (status, format!("{why}\n")).into_response();
+/// A refusal by the guard: JSON under `/api/`, text elsewhere.
+fn refuse(api: bool, status: StatusCode, why: &str) -> Response {
+    let mut r = if api {
+        (
+            status,
+            axum::Json(serde_json::json!({"error": {
+                "code": status.canonical_reason().unwrap_or("Error"),
+                "message": why
+            }})),
+        )
+            .into_response()
+    } else {
+        (status, format!("{why}\n")).into_response()
+    };
+    let h = r.headers_mut();
     if status == StatusCode::UNAUTHORIZED {
-        r.headers_mut().insert(
+        h.insert(
             header::WWW_AUTHENTICATE,
             HeaderValue::from_static("Basic realm=\"foqs console\", charset=\"UTF-8\""),
         );
     }
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        h.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST"));
+    }
     security_headers(&mut r);
     r
+}
+
+/// Whether the console may answer a request naming `host` (its `Host` header): an IP
+/// address or `localhost` (with any port), or a name in `console.allowed_hosts`. Any
+/// other name may be one a web page re-pointed at this machine (DNS rebinding), and
+/// its requests would pass for same-origin ones.
+pub(crate) fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let host = host.to_ascii_lowercase();
+    if allowed.contains(&host) {
+        return true;
+    }
+    let name = match host.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host.as_str(), |(n, _)| n),
+    };
+    name == "localhost"
+        || name.parse::<std::net::Ipv4Addr>().is_ok()
+        || allowed.iter().any(|a| a == name)
 }
 
 /// Whether a POST may change state: it must come from the console's own origin.
@@ -159,23 +205,37 @@ pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), &'static str> {
 }
 
 async fn guard(State(c): State<Arc<Console>>, mut req: Request, next: Next) -> Response {
+    let api = req.uri().path().starts_with("/api/");
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if !host_allowed(host, &c.allowed_hosts) {
+        return refuse(
+            api,
+            StatusCode::MISDIRECTED_REQUEST,
+            "refused: this console is not reached by that host name (see console.allowed_hosts)",
+        );
+    }
     let auth = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let verdict = c.users.verify(auth);
+    let verdict = c.users.verify(auth).await;
     if verdict == Verdict::Refused {
-        return refuse(StatusCode::UNAUTHORIZED, "log in to the foqs console");
+        return refuse(api, StatusCode::UNAUTHORIZED, "log in to the foqs console");
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         if req.method() != Method::POST {
-            return refuse(StatusCode::METHOD_NOT_ALLOWED, "GET or POST only");
+            return refuse(api, StatusCode::METHOD_NOT_ALLOWED, "GET or POST only");
         }
         if let Err(why) = same_origin(req.headers()) {
-            return refuse(StatusCode::FORBIDDEN, &format!("refused: {why}"));
+            return refuse(api, StatusCode::FORBIDDEN, &format!("refused: {why}"));
         }
         if !verdict.may_change() {
             return refuse(
+                api,
                 StatusCode::FORBIDDEN,
                 "refused: this user's role is read-only",
             );
@@ -223,5 +283,31 @@ mod tests {
             ("content-type", "application/json"),
         ]);
         assert!(same_origin(&script).is_ok());
+    }
+
+    #[test]
+    fn only_addresses_localhost_and_listed_names_may_name_the_console() {
+        let listed = vec!["queue.internal".to_string(), "ops.example:8443".to_string()];
+        for ok in [
+            "127.0.0.1:9190",
+            "10.1.2.3",
+            "[::1]:9190",
+            "localhost:9190",
+            "LOCALHOST",
+            "queue.internal:9190",
+            "ops.example:8443",
+        ] {
+            assert!(host_allowed(ok, &listed), "{ok}");
+        }
+        for refused in [
+            "rebind.evil:9190",
+            "",
+            "ops.example:9190",
+            "[nope]:1",
+            "localhost.evil",
+            "127.0.0.1.evil:80",
+        ] {
+            assert!(!host_allowed(refused, &listed), "{refused}");
+        }
     }
 }

@@ -154,24 +154,68 @@ fn error_page(c: &Console, role: Role, status: StatusCode, what: &str, why: &str
     (status, layout(c, role, what, body)).into_response()
 }
 
-fn failed(c: &Console, role: Role, what: &str, e: &Error) -> Response {
+fn failed_page(c: &Console, role: Role, what: &str, e: &Error) -> Response {
     error_page(c, role, status_of(e), what, &e.message)
 }
 
-fn msg_box(msg: &Option<String>) -> Markup {
-    html! {
-        @if let Some(m) = msg { div.msg #msg { (m) } }
+/// What a form did, as the redirect after it says (fixed texts with checked values, so a
+/// crafted link cannot make the console say something of its own).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Done {
+    done: Option<String>,
+    id: Option<String>,
+    n: Option<String>,
+    more: Option<String>,
+}
+
+impl Done {
+    fn text(&self) -> Option<String> {
+        let id = self
+            .id
+            .as_deref()
+            .filter(|id| id.parse::<crate::model::ItemId>().is_ok());
+        let n = self.n.as_deref().and_then(|n| n.parse::<i64>().ok());
+        let more = |what: &str| {
+            if self.more.as_deref() == Some("true") {
+                format!("; more are left, {what} again")
+            } else {
+                String::new()
+            }
+        };
+        Some(match (self.done.as_deref()?, id, n) {
+            ("enqueued", Some(id), _) => format!("Enqueued {id}."),
+            ("requeued", Some(id), _) => format!("Requeued {id}."),
+            ("requeued_all", _, Some(n)) => format!("Requeued {n} dead items{}.", more("requeue")),
+            ("purged", _, Some(n)) => format!("Purged {n} dead items{}.", more("purge")),
+            _ => return None,
+        })
     }
 }
 
-fn back_to(url: String, msg: &str) -> Response {
-    Redirect::to(&format!("{url}?msg={}", enc(msg))).into_response()
+fn msg_box(done: &Done) -> Markup {
+    html! {
+        @if let Some(m) = done.text() { div.msg #msg { (m) } }
+    }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct MsgQuery {
-    msg: Option<String>,
+fn back_to(url: String, query: &str) -> Response {
+    Redirect::to(&format!("{url}?{query}")).into_response()
+}
+
+/// An HTML number field left empty posts `name=`: the default, not a refusal.
+fn empty_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr + Default,
+    T::Err: std::fmt::Display,
+{
+    let s = String::deserialize(d)?;
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(T::default());
+    }
+    s.parse().map_err(serde::de::Error::custom)
 }
 
 async fn overview(State(c): C, Extension(role): Extension<Role>) -> Html<String> {
@@ -288,7 +332,7 @@ async fn topics(
 ) -> Response {
     let l = match c.topics(&ns, &q) {
         Ok(l) => l,
-        Err(e) => return failed(&c, role, "Topics", &e),
+        Err(e) => return failed_page(&c, role, "Topics", &e),
     };
     let here = topics_url(&l, l.offset);
     let end = (l.offset + l.topics.len()).min(l.total);
@@ -397,17 +441,17 @@ async fn topic(
     State(c): C,
     Extension(role): Extension<Role>,
     Path((ns, topic)): Path<(String, String)>,
-    Query(q): Query<MsgQuery>,
+    Query(q): Query<Done>,
 ) -> Response {
     let t = match c.topic(&ns, &topic, None).await {
         Ok(t) => t,
-        Err(e) => return failed(&c, role, "Topic", &e),
+        Err(e) => return failed_page(&c, role, "Topic", &e),
     };
     let url = topic_url(&ns, &topic);
     let body = html! {
         p.muted { a href=(format!("/ns/{}", enc(&ns))) { (ns) } " / topic" }
         h1 { (topic) }
-        (msg_box(&q.msg))
+        (msg_box(&q))
         (topic_body(&t, &url))
         p { a #dlq href=(format!("{url}/dlq")) { "Dead letters (" (t.items.dead) ")" } }
         h2 { "Enqueue a test item" }
@@ -424,9 +468,9 @@ async fn topic(
 #[derive(Debug, Deserialize)]
 struct EnqueueForm {
     payload: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     priority: i32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     delay_ms: i64,
 }
 
@@ -440,8 +484,11 @@ async fn enqueue(
         .enqueue_test(&ns, &topic, f.payload.into_bytes(), f.priority, f.delay_ms)
         .await
     {
-        Ok(id) => back_to(topic_url(&ns, &topic), &format!("Enqueued {id}.")),
-        Err(e) => failed(&c, role, "Not enqueued", &e),
+        Ok(id) => back_to(
+            topic_url(&ns, &topic),
+            &format!("done=enqueued&id={}", enc(&id)),
+        ),
+        Err(e) => failed_page(&c, role, "Not enqueued", &e),
     }
 }
 
@@ -451,7 +498,6 @@ struct DlqQuery {
     after: Option<String>,
     /// Dead items per page (default 100, at most 1,000).
     limit: Option<i32>,
-    msg: Option<String>,
 }
 
 async fn dlq(
@@ -459,16 +505,17 @@ async fn dlq(
     Extension(role): Extension<Role>,
     Path((ns, topic)): Path<(String, String)>,
     Query(q): Query<DlqQuery>,
+    Query(done): Query<Done>,
 ) -> Response {
     let page: DlqPage = match c.dlq(&ns, &topic, q.after.clone(), q.limit).await {
         Ok(p) => p,
-        Err(e) => return failed(&c, role, "Dead letters", &e),
+        Err(e) => return failed_page(&c, role, "Dead letters", &e),
     };
     let url = topic_url(&ns, &topic);
     let body = html! {
         p.muted { a href=(format!("/ns/{}", enc(&ns))) { (ns) } " / " a href=(url) { (topic) } " / dead letters" }
         h1 { "Dead letters of " (topic) }
-        (msg_box(&q.msg))
+        (msg_box(&done))
         p #dead-count { (page.dead) " dead items." }
         @if page.items.is_empty() { p.muted #none { "No dead letters on this page." } }
         @else { (items_table("dead", &page.items, Some((&ns, &topic)))) }
@@ -506,11 +553,15 @@ async fn requeue(
     Form(f): Form<IdForm>,
 ) -> Response {
     match c.dlq_requeue(std::slice::from_ref(&f.id)).await {
-        Ok(()) => back_to(
+        Ok(failed) if failed.is_empty() => back_to(
             format!("{}/dlq", topic_url(&ns, &topic)),
-            &format!("Requeued {}.", f.id),
+            &format!("done=requeued&id={}", enc(&f.id)),
         ),
-        Err(e) => failed(&c, role, "Not requeued", &e),
+        Ok(mut failed) => {
+            let (_, e) = failed.remove(0);
+            failed_page(&c, role, "Not requeued", &e)
+        }
+        Err(e) => failed_page(&c, role, "Not requeued", &e),
     }
 }
 
@@ -526,17 +577,9 @@ async fn requeue_all(
     {
         Ok(p) => back_to(
             format!("{}/dlq", topic_url(&ns, &topic)),
-            &format!(
-                "Requeued {} dead items{}.",
-                p.count,
-                if p.more {
-                    "; more are left, requeue again"
-                } else {
-                    ""
-                }
-            ),
+            &format!("done=requeued_all&n={}&more={}", p.count, p.more),
         ),
-        Err(e) => failed(&c, role, "Not requeued", &e),
+        Err(e) => failed_page(&c, role, "Not requeued", &e),
     }
 }
 
@@ -564,17 +607,9 @@ async fn purge(
     match c.host.dlq_purge(&c.caller, &ns, &topic, false).await {
         Ok(p) => back_to(
             format!("{}/dlq", topic_url(&ns, &topic)),
-            &format!(
-                "Purged {} dead items{}.",
-                p.count,
-                if p.more {
-                    "; more are left, purge again"
-                } else {
-                    ""
-                }
-            ),
+            &format!("done=purged&n={}&more={}", p.count, p.more),
         ),
-        Err(e) => failed(&c, role, "Not purged", &e),
+        Err(e) => failed_page(&c, role, "Not purged", &e),
     }
 }
 

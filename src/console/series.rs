@@ -76,13 +76,13 @@ impl Series {
     /// Takes one sample of `host` now.
     pub fn sample(&self, host: &Host, now_ms: i64) {
         let m = host.metrics();
-        let rows = host.namespace_rows();
+        let by_ns = host.namespace_totals();
         let mut items = [0i64; 4];
-        for r in &rows {
-            items[0] += r.ready;
-            items[1] += r.deferred;
-            items[2] += r.leased;
-            items[3] += r.dead;
+        for c in by_ns.values() {
+            items[0] += c.ready;
+            items[1] += c.deferred;
+            items[2] += c.leased;
+            items[3] += c.dead;
         }
         let s = Sample {
             t_ms: now_ms,
@@ -94,18 +94,25 @@ impl Series {
             inner.ring.pop_front();
         }
         inner.ring.push_back(s);
-        let mut live = std::collections::HashSet::new();
-        for r in &rows {
-            live.insert(r.ns.as_str());
-            let w = inner.by_ns.entry(r.ns.clone()).or_default();
+        for ns in by_ns.keys() {
+            // Namespaces without a counter of their own (past the metrics' label cap)
+            // get no rates: the shared count is not theirs.
+            let Some(events) = EVENTS
+                .iter()
+                .map(|e| m.ns_event_total(ns, *e))
+                .collect::<Option<Vec<u64>>>()
+            else {
+                continue;
+            };
+            let w = inner.by_ns.entry(ns.clone()).or_default();
             if w.len() == NS_WINDOW {
                 w.pop_front();
             }
-            w.push_back((now_ms, EVENTS.map(|e| m.ns_event_total(&r.ns, e))));
+            w.push_back((now_ms, [events[0], events[1], events[2]]));
         }
         // A namespace with no items left is forgotten once its window shows no traffic.
         inner.by_ns.retain(|ns, w| {
-            live.contains(ns.as_str()) || w.front().zip(w.back()).is_some_and(|(a, b)| a.1 != b.1)
+            by_ns.contains_key(ns) || w.front().zip(w.back()).is_some_and(|(a, b)| a.1 != b.1)
         });
     }
 

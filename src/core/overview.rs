@@ -129,6 +129,24 @@ impl Host {
         self.allow(caller, ns, kind).is_ok()
     }
 
+    /// `UNKNOWN_NAMESPACE` when namespaces are listed and `ns` is not one of them.
+    pub fn check_namespace(&self, ns: &str) -> crate::error::Result<()> {
+        self.namespace(ns).map(|_| ())
+    }
+
+    /// Every namespace's items on this host's shards (no topic list: the console's
+    /// once-a-second sample).
+    pub fn namespace_totals(&self) -> BTreeMap<String, NsSnapshot> {
+        let now = self.clock.now_ms();
+        let mut by_ns: BTreeMap<String, NsSnapshot> = BTreeMap::new();
+        for s in self.shards().values() {
+            for (ns, snap) in s.ns_counts(now) {
+                by_ns.entry(ns).or_default().add(&snap);
+            }
+        }
+        by_ns
+    }
+
     /// The host's clock now (Unix ms).
     pub fn clock_ms(&self) -> i64 {
         self.clock.now_ms()

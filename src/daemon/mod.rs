@@ -69,8 +69,16 @@ impl Running {
         // Long polls in flight return (empty) now, so connections can finish.
         self.host.stop_waiting();
         let _ = self.server.await;
-        for task in self.background {
-            let _ = task.await;
+        // Background tasks stop at the signal; an HTTP listener waits for the requests it
+        // is serving, so a client that never finishes one is cut off at the grace period
+        // rather than holding up the shards' flush.
+        let aborts: Vec<_> = self.background.iter().map(|t| t.abort_handle()).collect();
+        let all = futures::future::join_all(self.background);
+        if tokio::time::timeout(self.grace, all).await.is_err() {
+            tracing::warn!("background tasks still running after the grace period: stopped");
+            for a in aborts {
+                a.abort();
+            }
         }
         self.host.shutdown(self.grace).await;
         // Leaving gives up every shard at once (etcd: the lease is revoked).
