@@ -340,6 +340,29 @@ async fn the_console_in_a_real_browser() {
         click(&b, "#pause").await;
         want[0] += 1;
         eventually(10, "refresh resumes", || async { cards(&b).await == want }).await;
+        // None while the tab is hidden (as the browser says it is), and at once when it
+        // shows again.
+        b.execute(
+            "Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});",
+            vec![],
+        )
+        .await
+        .unwrap();
+        c.enqueue(vec![item(NS, "orders", 5, b"while hidden")]);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(cards(&b).await, want, "a hidden tab does not refresh");
+        b.execute(
+            "Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});
+             document.dispatchEvent(new Event('visibilitychange'));",
+            vec![],
+        )
+        .await
+        .unwrap();
+        want[0] += 1;
+        eventually(3, "a tab shown again refreshes", || async {
+            cards(&b).await == want
+        })
+        .await;
 
         // --- namespaces: shop's row is topicStats' over its topics --------------------
         b.goto(&format!("{base}/namespaces")).await.unwrap();

@@ -570,3 +570,163 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
     assert_eq!(s.state_counts(None).await.unwrap().len(), 1);
     s.close().await;
 }
+
+/// What a claim returns is the row as it is now, whatever happened to it since it was
+/// inserted: a nack with new metadata, a touch and an expiry, a TTL's delete, a
+/// dead-lettering and a requeue, a release (what any store that keeps items in memory
+/// must also get right).
+async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
+    s.open().await.unwrap();
+    let mut mortal = new_item("c", "t", 4, NOW - 10);
+    mortal.expires_at_ms = Some(NOW + 500);
+    let mut big = new_item("c", "t", 6, NOW - 10);
+    big.payload = vec![b'x'; 2_000];
+    let rows: Vec<(u64, NewItem)> = vec![
+        (1, new_item("c", "t", 1, NOW - 10)),
+        (2, new_item("c", "t", 2, NOW - 10)),
+        (3, new_item("c", "t", 3, NOW - 10)),
+        (4, mortal),
+        (5, new_item("c", "t", 5, NOW - 10)),
+        (6, big),
+        (7, new_item("c", "t", 7, NOW - 10)),
+    ];
+    s.insert(&rows, Some(100), NOW).await.unwrap();
+    let claim = |keys: Vec<u64>, at: i64, token: i64| async move {
+        let mut got = s.claim(&keys, at, token).await.unwrap();
+        got.sort_by_key(|i| i.id.key);
+        got
+    };
+
+    // As inserted, on its first lease.
+    let one = claim(vec![1], NOW, 10).await;
+    assert_eq!(one.len(), 1);
+    let i = &one[0];
+    assert_eq!(
+        (
+            i.id.key,
+            i.priority,
+            i.payload.as_slice(),
+            i.metadata.as_slice()
+        ),
+        (1, 1, &b"p1"[..], &b"m"[..])
+    );
+    assert_eq!(
+        (
+            i.delivery_count,
+            i.lease_expires_ms,
+            i.lease_token,
+            i.deliver_after_ms,
+            i.enqueued_at_ms
+        ),
+        (1, NOW + LEASE, 10, NOW - 10, NOW)
+    );
+    // A nack with new metadata: the next delivery shows it.
+    s.apply(
+        &[Change::Ready {
+            key: 1,
+            lease: 10,
+            deliver_after_ms: None,
+            metadata: Some(b"m2".to_vec()),
+        }],
+        NOW,
+    )
+    .await
+    .unwrap();
+    let again = claim(vec![1], NOW + 1, 11).await;
+    assert_eq!(
+        (
+            again[0].metadata.as_slice(),
+            again[0].delivery_count,
+            again[0].lease_token
+        ),
+        (&b"m2"[..], 2, 11)
+    );
+
+    // A touch, then the lease ends: redelivered, counted twice.
+    claim(vec![2], NOW, 12).await;
+    s.apply(
+        &[Change::Extend {
+            key: 2,
+            lease: 12,
+            lease_expires_ms: NOW + 9_000,
+        }],
+        NOW,
+    )
+    .await
+    .unwrap();
+    s.apply(
+        &[Change::Ready {
+            key: 2,
+            lease: 12,
+            deliver_after_ms: None,
+            metadata: None,
+        }],
+        NOW + 9_000,
+    )
+    .await
+    .unwrap();
+    let two = claim(vec![2], NOW + 9_001, 13).await;
+    assert_eq!(
+        (two[0].delivery_count, two[0].lease_expires_ms),
+        (2, NOW + 9_001 + LEASE)
+    );
+
+    // Dead, then requeued: its count starts over.
+    claim(vec![3], NOW, 14).await;
+    s.apply(
+        &[Change::Dead {
+            key: 3,
+            lease: 14,
+            at_ms: NOW,
+        }],
+        NOW,
+    )
+    .await
+    .unwrap();
+    assert!(
+        claim(vec![3], NOW + 1, 15).await.is_empty(),
+        "a dead item is not claimed"
+    );
+    s.apply(&[Change::Revive { key: 3 }], NOW + 2)
+        .await
+        .unwrap();
+    let three = claim(vec![3], NOW + 3, 16).await;
+    assert_eq!((three[0].delivery_count, three[0].lease_token), (1, 16));
+
+    // A TTL's delete, never claimed before: gone.
+    s.apply(&[Change::Delete { key: 4 }], NOW + 600)
+        .await
+        .unwrap();
+    assert!(claim(vec![4], NOW + 601, 17).await.is_empty());
+
+    // Released unseen: the delivery nobody saw is not counted.
+    claim(vec![5], NOW, 18).await;
+    s.apply(&[Change::Release { key: 5, token: 18 }], NOW)
+        .await
+        .unwrap();
+    let five = claim(vec![5], NOW + 1, 19).await;
+    assert_eq!((five[0].delivery_count, five[0].lease_token), (1, 19));
+
+    // A claim of several at once, one not ready any more: the others, as they are.
+    s.apply(&[Change::Delete { key: 7 }], NOW).await.unwrap();
+    let mixed = claim(vec![6, 7], NOW + 1, 20).await;
+    assert_eq!(mixed.len(), 1);
+    assert_eq!(
+        (
+            mixed[0].id.key,
+            mixed[0].payload.len(),
+            mixed[0].delivery_count
+        ),
+        (6, 2_000, 1)
+    );
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_show_the_rows_current_state_on_every_store() {
+    let db = TestDb::sqlite(1);
+    let path = foqs::store::sqlite_path(&db.url(0), std::path::Path::new("/")).unwrap();
+    claims_show_the_rows_current_state(&SqliteStore::new(0, path)).await;
+    let db = TestDb::mysql(1);
+    claims_show_the_rows_current_state(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
+}
