@@ -186,7 +186,7 @@ pub struct TopicCounts {
 }
 
 /// Running totals of a topic's traffic.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Totals {
     pub enqueued: i64,
     pub delivered: i64,
@@ -242,6 +242,16 @@ pub enum ShardState {
 }
 
 impl ShardState {
+    /// The state `label` names (an unknown one: `Stopped`).
+    pub fn from_label(label: &str) -> ShardState {
+        match label {
+            "serving" => ShardState::Serving,
+            "breaker_open" => ShardState::BreakerOpen,
+            "worker_dead" => ShardState::WorkerDead,
+            _ => ShardState::Stopped,
+        }
+    }
+
     /// As `getHostInfo` and `/readyz` say it.
     pub fn label(self) -> &'static str {
         match self {

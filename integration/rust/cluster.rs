@@ -54,7 +54,14 @@ async fn acks_nacks_and_touches_reach_the_owner_or_get_wrong_host() {
     let (pa, pb) = (free_port(), free_port());
     let hosts: &[(&str, u16, &str, &[u32])] =
         &[("a", pa, "default", &[0, 1]), ("b", pb, "default", &[2, 3])];
-    let a = start(&host_config(&db.shards_toml(), "a", hosts, true, "")).await;
+    let a = start(&host_config(
+        &db.shards_toml(),
+        "a",
+        hosts,
+        true,
+        "[console]\nlisten = \"127.0.0.1:0\"\n",
+    ))
+    .await;
     // b does not forward: it redirects.
     let b = start(&host_config(&db.shards_toml(), "b", hosts, false, "")).await;
     let mut ca = Client::connect(a.addr, Proto::Binary);
@@ -123,8 +130,63 @@ async fn acks_nacks_and_touches_reach_the_owner_or_get_wrong_host() {
     .await;
     assert_eq!(peer.host_id.as_deref(), Some("b"));
     assert_eq!(peer.shards, Some(vec![2, 3]));
+
+    // a's console shows every host with its shards and their states, and each shard's
+    // owner.
+    let web = a.console_addr.expect("a serves a console");
+    let cluster = console_get(web, "/api/v1/cluster");
+    let hosts = cluster["hosts"].as_array().unwrap();
+    let shards_of = |id: &str| -> Vec<(u64, String)> {
+        hosts.iter().find(|h| h["host_id"] == id).unwrap()["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["shard"].as_u64().unwrap(),
+                    s["state"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let serving = |ids: [u64; 2]| ids.map(|i| (i, "serving".to_string())).to_vec();
+    assert_eq!(shards_of("a"), serving([0, 1]), "{cluster}");
+    assert_eq!(shards_of("b"), serving([2, 3]), "{cluster}");
+    let owners: Vec<(u64, String)> = cluster["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["shard"].as_u64().unwrap(),
+                s["owner"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        [(0, "a"), (1, "a"), (2, "b"), (3, "b")]
+            .map(|(s, o)| (s, o.to_string()))
+            .to_vec()
+    );
+    assert_eq!(cluster["tiers"]["default"], serde_json::json!(["a", "b"]));
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// GET from a console's JSON API (no auth configured), as JSON.
+fn console_get(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    serde_json::from_str(out.split_once("\r\n\r\n").unwrap().1).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

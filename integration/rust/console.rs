@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
-use foqs::thrift_gen::NackItem;
 use futures::FutureExt;
 
 const NS: &str = "shop";
@@ -203,16 +202,6 @@ where
     while !f().await {
         assert!(Instant::now() < until, "{what}: not within {secs} s");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn to_dlq(id: &str) -> NackItem {
-    NackItem {
-        id: Some(id.into()),
-        delay_ms: None,
-        metadata: None,
-        to_dlq: Some(true),
-        lease_id: None,
     }
 }
 

@@ -34,16 +34,6 @@ fn requeue_all(c: &mut Client, topic: &str, max: Option<i64>) -> (i64, bool) {
     (r.count.unwrap(), r.more.unwrap())
 }
 
-fn to_dlq(id: &str) -> NackItem {
-    NackItem {
-        id: Some(id.into()),
-        delay_ms: None,
-        metadata: None,
-        to_dlq: Some(true),
-        lease_id: None,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nack_to_dlq_then_list_and_requeue_by_id() {
     let srv = TestServer::start(3, "").await;

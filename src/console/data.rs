@@ -40,12 +40,24 @@ pub struct ShardRow {
     pub items: i64,
 }
 
+impl ShardRow {
+    fn of(s: &crate::model::ShardStatus) -> ShardRow {
+        ShardRow {
+            shard: s.shard,
+            state: s.state.label(),
+            healthy: s.healthy,
+            items: s.items,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PeerRow {
     pub host_id: String,
     pub addr: String,
     pub tier: String,
-    pub shards: Vec<u32>,
+    /// Its shards, with their states as its last poll said (none while unreachable).
+    pub shards: Vec<ShardRow>,
     pub reachable: bool,
     pub spare: i64,
 }
@@ -172,27 +184,6 @@ impl ItemView {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct TotalsView {
-    pub enqueued: i64,
-    pub delivered: i64,
-    pub acked: i64,
-    pub nacked: i64,
-    pub expired: i64,
-}
-
-impl From<Totals> for TotalsView {
-    fn from(t: Totals) -> Self {
-        TotalsView {
-            enqueued: t.enqueued,
-            delivered: t.delivered,
-            acked: t.acked,
-            nacked: t.nacked,
-            expired: t.expired,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct TopicView {
     pub ns: String,
@@ -200,7 +191,7 @@ pub struct TopicView {
     /// Over the tier, as `topicStats` says.
     pub items: StateCounts,
     pub oldest_ready_age_ms: i64,
-    pub totals: TotalsView,
+    pub totals: Totals,
     /// Since this topic's previous view (absent on the first).
     pub rates: Option<Rates>,
     /// The next items in delivery order, none of them leased by looking.
@@ -223,7 +214,9 @@ pub struct ClusterHost {
     pub addr: String,
     pub tier: String,
     pub region: String,
-    pub shards: Vec<u32>,
+    /// Its shards and their states (this host's now; a peer's as its last poll said;
+    /// `unknown` for a peer that did not answer).
+    pub shards: Vec<ShardRow>,
     pub this_host: bool,
     pub reachable: bool,
 }
@@ -303,6 +296,7 @@ impl Console {
     pub fn overview(&self) -> Overview {
         let host = &self.host;
         let status = host.host_status(&self.caller);
+        let states = host.peer_shard_states();
         let rows = self.visible_namespaces();
         let mut items = StateCounts::default();
         for r in &rows {
@@ -319,24 +313,18 @@ impl Console {
             items,
             rates: self.series.host_rates(),
             namespaces: rows.len(),
-            shards: status
-                .shards
-                .iter()
-                .map(|s| ShardRow {
-                    shard: s.shard,
-                    state: s.state.label(),
-                    healthy: s.healthy,
-                    items: s.items,
-                })
-                .collect(),
+            shards: status.shards.iter().map(ShardRow::of).collect(),
             peers: status
                 .peers
                 .into_iter()
                 .map(|p| PeerRow {
+                    shards: states
+                        .get(&p.host_id)
+                        .map(|s| s.iter().map(ShardRow::of).collect())
+                        .unwrap_or_default(),
                     host_id: p.host_id,
                     addr: p.addr,
                     tier: p.tier,
-                    shards: p.shards,
                     reachable: p.load.reachable,
                     spare: p.load.spare,
                 })
@@ -426,7 +414,7 @@ impl Console {
                 dead: stats.dead,
             },
             oldest_ready_age_ms: age,
-            totals: stats.totals.into(),
+            totals: stats.totals,
             rates: self.topic_rates.rates(ns, topic, stats.totals),
             next: next.iter().map(|i| ItemView::of(i, None)).collect(),
         })
@@ -462,6 +450,10 @@ impl Console {
     pub fn cluster(&self) -> ClusterPage {
         let status = self.host.host_status(&self.caller);
         let view = self.host.cluster_view();
+        let states = self.host.peer_shard_states();
+        let rows = |s: &[crate::model::ShardStatus]| -> Vec<ShardRow> {
+            s.iter().map(ShardRow::of).collect()
+        };
         let reachable: HashMap<&str, bool> = status
             .peers
             .iter()
@@ -479,7 +471,21 @@ impl Console {
                     addr: h.addr.clone(),
                     tier: h.tier.clone(),
                     region: h.region.clone(),
-                    shards: view.shards_of(id),
+                    shards: if this_host {
+                        rows(&status.shards)
+                    } else if let Some(s) = states.get(id) {
+                        rows(s)
+                    } else {
+                        view.shards_of(id)
+                            .into_iter()
+                            .map(|shard| ShardRow {
+                                shard,
+                                state: "unknown",
+                                healthy: false,
+                                items: 0,
+                            })
+                            .collect()
+                    },
                     this_host,
                     reachable: this_host || reachable.get(id.as_str()).copied().unwrap_or(false),
                 }

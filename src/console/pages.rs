@@ -261,7 +261,12 @@ async fn overview(State(c): C, Extension(role): Extension<Role>) -> Html<String>
                                 td { (p.host_id) }
                                 td { (p.addr) }
                                 td { (p.tier) }
-                                td { (format!("{:?}", p.shards)) }
+                                td {
+                                    @for s in &p.shards {
+                                        span class=(if s.healthy { "good" } else { "bad" }) { (s.shard) " " (s.state) }
+                                        " "
+                                    }
+                                }
                                 td class=(if p.reachable { "good" } else { "bad" }) { (if p.reachable { "reachable" } else { "unreachable" }) }
                                 td.num { (p.spare) }
                             }
@@ -634,7 +639,12 @@ async fn cluster(State(c): C, Extension(role): Extension<Role>) -> Html<String> 
                             td { (h.addr) }
                             td { (h.tier) }
                             td { (h.region) }
-                            td { (format!("{:?}", h.shards)) }
+                            td {
+                                @for s in &h.shards {
+                                    span class=(if s.healthy { "good" } else { "bad" }) { (s.shard) " " (s.state) }
+                                    " "
+                                }
+                            }
                             td class=(if h.reachable { "good" } else { "bad" }) { (if h.reachable { "reachable" } else { "unreachable" }) }
                         }
                     }

@@ -11,7 +11,7 @@ use super::access::{Caller, Kind};
 use super::host::Host;
 use super::peers::*;
 use crate::error::Result;
-use crate::model::{ClusterView, TopicName};
+use crate::model::{ClusterView, ShardStatus, TopicName};
 
 /// Most topics in one announcement.
 const ANNOUNCE_BATCH_MAX: usize = 1000;
@@ -121,12 +121,16 @@ impl Host {
             {
                 let mut loads = self.cluster.loads.lock().expect("not poisoned");
                 let mut ready = self.cluster.ready.lock().expect("not poisoned");
+                let mut states = self.cluster.shard_states.lock().expect("not poisoned");
+                states.retain(|id, _| view.hosts.contains_key(id));
                 for (id, summary) in polled {
                     let Some(s) = summary else {
                         loads.insert(id.clone(), PeerLoad::default());
                         ready.remove(&id);
+                        states.remove(&id);
                         continue;
                     };
+                    states.insert(id.clone(), s.shards);
                     loads.insert(
                         id.clone(),
                         PeerLoad {
@@ -236,6 +240,15 @@ impl Host {
             self.waiters.wake_remote(t);
         }
         Ok(())
+    }
+
+    /// Each reachable peer's shards and their states, as its last poll answered.
+    pub fn peer_shard_states(&self) -> HashMap<String, Vec<ShardStatus>> {
+        self.cluster
+            .shard_states
+            .lock()
+            .expect("not poisoned")
+            .clone()
     }
 
     /// Every peer as this host sees it now.

@@ -38,6 +38,8 @@ pub struct PeerSummary {
     pub spare: i64,
     /// Topics with ready items on its shards, and how many.
     pub ready: Vec<(TopicName, i64)>,
+    /// Its shards and what each is doing (for operators: the console).
+    pub shards: Vec<ShardStatus>,
 }
 
 /// A dead item and when it died.
@@ -302,6 +304,8 @@ pub struct ClusterState {
     pub(super) view: RwLock<Arc<ClusterView>>,
     pub(super) peers: Arc<dyn Peers>,
     pub(super) loads: Mutex<HashMap<String, PeerLoad>>,
+    /// Each peer's shards as its last poll answered (none while unreachable).
+    pub(super) shard_states: Mutex<HashMap<String, Vec<ShardStatus>>>,
     /// Per peer (host id): its topics with ready items and how many, from its last poll
     /// and its announcements since; each with the sequence number of the announcement
     /// that set it (0: a poll), so a poll answered after an announcement keeps it.
@@ -321,6 +325,7 @@ impl ClusterState {
             view: RwLock::new(Arc::new(ClusterView::default())),
             peers,
             loads: Mutex::new(HashMap::new()),
+            shard_states: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashMap::new()),
             announcements: std::sync::atomic::AtomicU64::new(0),
             quotas: Quotas::new(budget),

@@ -8,7 +8,7 @@ use crate::core::{
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{
-    Item, ItemId, Policy, ShardStatus, TopicCounts, TopicName, TopicSnapshot, Totals,
+    Item, ItemId, Policy, ShardState, ShardStatus, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
 use crate::thrift_gen as t;
 
@@ -163,6 +163,22 @@ pub fn active_topics(page: ActiveTopicsPage) -> t::GetActiveTopicsResponse {
         ),
         next_after: page.next_after,
     }
+}
+
+/// A peer's `getHostInfo` shards as this host's (a state it does not know: `stopped`).
+pub fn shard_states_from_wire(shards: Option<Vec<t::ShardInfo>>) -> Vec<ShardStatus> {
+    shards
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| {
+            Some(ShardStatus {
+                shard: u32::try_from(s.shard_id?).ok()?,
+                healthy: s.healthy.unwrap_or(false),
+                items: s.items.unwrap_or(0),
+                state: ShardState::from_label(s.state.as_deref().unwrap_or("")),
+            })
+        })
+        .collect()
 }
 
 fn shard_infos(shards: Vec<ShardStatus>) -> Vec<t::ShardInfo> {

@@ -374,6 +374,7 @@ impl Peers for PeerClient {
             |h| PeerSummary {
                 spare: h.spare_capacity.unwrap_or(0),
                 ready: convert::ready_topics_from_wire(h.ready_topics),
+                shards: convert::shard_states_from_wire(h.shards),
             }
         )
     }

@@ -462,6 +462,17 @@ pub fn item(ns: &str, topic: &str, priority: i32, payload: &[u8]) -> EnqueueItem
     foqs::client::new_item(ns, topic, priority, payload.to_vec())
 }
 
+/// A nack that sends the item to the dead letters.
+pub fn to_dlq(id: &str) -> NackItem {
+    NackItem {
+        id: Some(id.into()),
+        delay_ms: None,
+        metadata: None,
+        to_dlq: Some(true),
+        lease_id: None,
+    }
+}
+
 pub fn topic_req(ns: &str, topic: &str, count: i32) -> TopicRequest {
     TopicRequest {
         ns: Some(ns.into()),
