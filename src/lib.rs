@@ -47,7 +47,8 @@
 //!   shards' indexes and the stage unseen. Under it: any of the std locks below, briefly.
 //! - `Prefetch.topics`, then a shard's `Staged.keys` (through the stage's `live` and
 //!   `hand_out` checks). Never the other way: `Staged.keys` is taken alone or last.
-//! - `ClusterState.loads`, then `ClusterState.ready` (the peer poll writes both).
+//! - `ClusterState.loads`, then `ClusterState.ready`, then `ClusterState.shard_states`
+//!   (the peer poll writes all three; a peer found unreachable clears them in that order).
 //! - `Waiters.announce`, then `Waiters.announced` (announcing a ready topic).
 //! - `Quotas` per-namespace slot (tokio): held across one budget call (an etcd
 //!   transaction, or the local budget's buckets, briefly), so that concurrent requests of
@@ -57,7 +58,8 @@
 //!   `Quotas.held`; a shard's ready index (written by its worker only), its `NsCounts`
 //!   and its worker's `Doubts`; a store's `TopicIds`; the SQLite store's writer and reader
 //!   slots; the peer client's pools; `Waiters.topics`, `ConnTable.conns`, the metrics'
-//!   namespace labels and the local budget's buckets (outside a slot).
+//!   namespace labels and the local budget's buckets (outside a slot); the console's
+//!   verified credentials, its series ring and its topic rates.
 //! - The MySQL store's owner-lock slot (tokio): only in `open` and `close`.
 //! - The SQLite shard's thread and reader run one job at a time each and take none of
 //!   these.

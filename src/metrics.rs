@@ -376,11 +376,12 @@ impl Metrics {
     /// only: no label is created.
     pub fn ns_event_total(&self, ns: &str, event: ItemEvent) -> Option<u64> {
         let label = NsLabel { ns: ns.to_string() };
-        match self.item_events[event as usize].get(&label) {
-            Some(c) => Some(c.get()),
-            None if self.labelled_ns.lock().expect("not poisoned").len() < NS_LABELS_MAX => Some(0),
-            None => None,
+        if let Some(c) = self.item_events[event as usize].get(&label) {
+            return Some(c.get());
         }
+        let seen = self.labelled_ns.lock().expect("not poisoned");
+        // Labelled (an event of another kind came first), or it would be on its first.
+        (seen.contains(ns) || seen.len() < NS_LABELS_MAX).then_some(0)
     }
 
     pub fn connection_evicted(&self) {

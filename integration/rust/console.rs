@@ -600,6 +600,25 @@ async fn the_console_in_a_real_browser() {
             body.contains(r#""code":"Unauthorized""#),
             "API refusals are JSON: {body}"
         );
+        let admin = basic("admin", "admin-pw");
+        let (code, body) = http(web, "GET", "/api/v1/nope", &[&admin], "");
+        assert_eq!(code, 404);
+        assert!(body.contains(r#""code":"NotFound""#), "{body}");
+        // A script paging past the end gets an empty page (a person, the last one).
+        let (code, body) = http(
+            web,
+            "GET",
+            &format!("/api/v1/namespaces/{MANY}/topics?offset=2500&limit=500"),
+            &[&admin],
+            "",
+        );
+        assert_eq!(code, 200);
+        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (page["total"].as_u64(), page["offset"].as_u64()),
+            (Some(2_500), Some(2_500))
+        );
+        assert_eq!(page["topics"].as_array().map(Vec::len), Some(0));
         let (code, body) = http(
             web,
             "GET",

@@ -35,6 +35,11 @@ pub fn routes() -> Router<Arc<Console>> {
         )
         .route("/namespaces/{ns}/topics/{topic}/dlq/purge", post(purge))
         .route("/cluster", get(cluster))
+        .fallback(|| async {
+            err(Error::not_found(
+                "no such API call (see the README's \"Web console\")",
+            ))
+        })
         .layer(axum::middleware::map_response(json_errors))
 }
 
@@ -50,15 +55,23 @@ async fn json_errors(r: Response) -> Response {
     if is_json || !(status.is_client_error() || status.is_server_error()) {
         return r;
     }
-    let text = axum::body::to_bytes(r.into_body(), 64 * 1024)
+    let (parts, body) = r.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
         .await
         .map(|b| String::from_utf8_lossy(&b).trim().to_string())
         .unwrap_or_default();
-    (
+    let mut out = (
         status,
         Json(json!({"error": {"code": status.canonical_reason().unwrap_or("Error"), "message": text}})),
     )
-        .into_response()
+        .into_response();
+    // The original's other headers (Allow on a 405, say) stay.
+    for (k, v) in &parts.headers {
+        if k != axum::http::header::CONTENT_TYPE && k != axum::http::header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
 }
 
 fn err(e: Error) -> Response {
@@ -90,7 +103,7 @@ async fn namespaces(State(c): C) -> Response {
 }
 
 async fn topics(State(c): C, Path(ns): Path<String>, Query(q): Query<TopicQuery>) -> Response {
-    ok(c.topics(&ns, &q))
+    ok(c.topics(&ns, &q, false))
 }
 
 #[derive(Debug, Default, Deserialize)]

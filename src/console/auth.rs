@@ -38,6 +38,8 @@ pub enum Verdict {
     User(ConsoleRole),
     /// No credentials, or wrong ones: ask again (401).
     Refused,
+    /// Too many logins are being checked at once: try again (503).
+    Busy,
 }
 
 impl Verdict {
@@ -84,11 +86,14 @@ impl Users {
         };
         let user = self.users.iter().find(|u| u.name == name);
         let hash = user.map_or(self.dummy.clone(), |u| u.password_hash.clone());
-        let Ok(_permit) = self.hashing.clone().acquire_owned().await else {
-            return Verdict::Refused;
+        // At most HASHING_MAX at once, held by the hashing itself (a request dropped
+        // mid-way does not free its place early); past it, come back later.
+        let Ok(permit) = self.hashing.clone().try_acquire_owned() else {
+            return Verdict::Busy;
         };
         // Argon2's own comparison of the computed hash is constant-time.
         let ok = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             PasswordHash::new(&hash).is_ok_and(|h| {
                 argon2::Argon2::default()
                     .verify_password(password.as_bytes(), &h)
@@ -188,6 +193,18 @@ mod tests {
         assert_eq!(
             users.verify(Some(&header("nobody", "look"))).await,
             Verdict::Refused
+        );
+        // Every hashing place taken: a new login is told to come back, one already
+        // verified is still let in (from memory).
+        let _a = users.hashing.clone().try_acquire_owned().unwrap();
+        let _b = users.hashing.clone().try_acquire_owned().unwrap();
+        assert_eq!(
+            users.verify(Some(&header("ops", "other"))).await,
+            Verdict::Busy
+        );
+        assert_eq!(
+            users.verify(Some(&header("ops", "s3cret"))).await,
+            Verdict::User(ConsoleRole::Admin)
         );
     }
 }

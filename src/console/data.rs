@@ -41,6 +41,16 @@ pub struct ShardRow {
 }
 
 impl ShardRow {
+    /// A shard of a peer that did not answer: its state is not known.
+    fn unknown(shard: u32) -> ShardRow {
+        ShardRow {
+            shard,
+            state: "unknown",
+            healthy: false,
+            items: 0,
+        }
+    }
+
     fn of(s: &crate::model::ShardStatus) -> ShardRow {
         ShardRow {
             shard: s.shard,
@@ -126,8 +136,6 @@ pub struct TopicQuery {
     pub sort: TopicSort,
     pub offset: usize,
     pub limit: Option<usize>,
-    /// Only for the HTML pages' messages after a form (`msg`), ignored here.
-    pub msg: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -318,10 +326,10 @@ impl Console {
                 .peers
                 .into_iter()
                 .map(|p| PeerRow {
-                    shards: states
-                        .get(&p.host_id)
-                        .map(|s| s.iter().map(ShardRow::of).collect())
-                        .unwrap_or_default(),
+                    shards: match states.get(&p.host_id) {
+                        Some(s) => s.iter().map(ShardRow::of).collect(),
+                        None => p.shards.iter().map(|&s| ShardRow::unknown(s)).collect(),
+                    },
                     host_id: p.host_id,
                     addr: p.addr,
                     tier: p.tier,
@@ -349,7 +357,9 @@ impl Console {
             .collect()
     }
 
-    pub fn topics(&self, ns: &str, q: &TopicQuery) -> Result<TopicList> {
+    /// A page of a namespace's topics; past the end, the last page when `clamp` (a page
+    /// someone follows a link to), else an empty one (a script paging to the end).
+    pub fn topics(&self, ns: &str, q: &TopicQuery, clamp: bool) -> Result<TopicList> {
         crate::core::check_name("ns", ns)?;
         self.host.check_namespace(ns)?;
         if !self.host.allows(&self.caller, ns, Kind::Consume) {
@@ -377,7 +387,7 @@ impl Console {
         rows.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.topic.cmp(&b.topic)));
         let total = rows.len();
         // Past the end: the last page.
-        let offset = if q.offset >= total {
+        let offset = if clamp && q.offset >= total {
             total.saturating_sub(1) / limit * limit
         } else {
             q.offset
@@ -478,12 +488,7 @@ impl Console {
                     } else {
                         view.shards_of(id)
                             .into_iter()
-                            .map(|shard| ShardRow {
-                                shard,
-                                state: "unknown",
-                                healthy: false,
-                                items: 0,
-                            })
+                            .map(ShardRow::unknown)
                             .collect()
                     },
                     this_host,

@@ -223,8 +223,21 @@ async fn guard(State(c): State<Arc<Console>>, mut req: Request, next: Next) -> R
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let verdict = c.users.verify(auth).await;
-    if verdict == Verdict::Refused {
-        return refuse(api, StatusCode::UNAUTHORIZED, "log in to the foqs console");
+    match verdict {
+        Verdict::Refused => {
+            return refuse(api, StatusCode::UNAUTHORIZED, "log in to the foqs console")
+        }
+        Verdict::Busy => {
+            let mut r = refuse(
+                api,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many logins being checked at once: try again",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
+        Verdict::Open | Verdict::User(_) => {}
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         if req.method() != Method::POST {

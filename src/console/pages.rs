@@ -335,7 +335,7 @@ async fn topics(
     Path(ns): Path<String>,
     Query(q): Query<TopicQuery>,
 ) -> Response {
-    let l = match c.topics(&ns, &q) {
+    let l = match c.topics(&ns, &q, true) {
         Ok(l) => l,
         Err(e) => return failed_page(&c, role, "Topics", &e),
     };

@@ -155,6 +155,10 @@ impl ClusterState {
             .expect("not poisoned")
             .insert(host_id.to_string(), PeerLoad::default());
         self.ready.lock().expect("not poisoned").remove(host_id);
+        self.shard_states
+            .lock()
+            .expect("not poisoned")
+            .remove(host_id);
     }
 }
 

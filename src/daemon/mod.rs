@@ -56,9 +56,14 @@ pub struct Running {
     stop: watch::Sender<bool>,
     server: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
+    /// The metrics and console listeners: stopped within [`LISTENERS_STOP_MAX`].
+    listeners: Vec<JoinHandle<()>>,
     /// How long the shards get to stop (`server.shutdown_grace_ms`).
     grace: Duration,
 }
+
+/// How long the HTTP listeners get to finish their requests at shutdown.
+const LISTENERS_STOP_MAX: Duration = Duration::from_secs(2);
 
 impl Running {
     /// Graceful stop: no new connections, in-flight requests finish, shard buffers are
@@ -69,16 +74,22 @@ impl Running {
         // Long polls in flight return (empty) now, so connections can finish.
         self.host.stop_waiting();
         let _ = self.server.await;
-        // Background tasks stop at the signal; an HTTP listener waits for the requests it
-        // is serving, so a client that never finishes one is cut off at the grace period
-        // rather than holding up the shards' flush.
-        let aborts: Vec<_> = self.background.iter().map(|t| t.abort_handle()).collect();
-        let all = futures::future::join_all(self.background);
-        if tokio::time::timeout(self.grace, all).await.is_err() {
-            tracing::warn!("background tasks still running after the grace period: stopped");
-            for a in aborts {
+        // The HTTP listeners (metrics, console) finish the requests they are serving; one
+        // that a client never finishes is cut off, so it cannot hold up the shards' flush.
+        // They hold no state, unlike the background tasks, which stop at their own checks.
+        let aborts: Vec<_> = self.listeners.iter().map(|t| t.abort_handle()).collect();
+        let listeners = futures::future::join_all(self.listeners);
+        if tokio::time::timeout(LISTENERS_STOP_MAX, listeners)
+            .await
+            .is_err()
+        {
+            tracing::warn!("HTTP requests still open at shutdown: cut off");
+            for a in &aborts {
                 a.abort();
             }
+        }
+        for task in self.background {
+            let _ = task.await;
         }
         self.host.shutdown(self.grace).await;
         // Leaving gives up every shard at once (etcd: the lease is revoked).
@@ -518,10 +529,11 @@ async fn start_planned(
             host.clone().run_announcer(announced, stop_rx.clone()),
         ));
     }
+    let mut listeners = Vec::new();
     let metrics_addr = metrics_listener.as_ref().map(|(_, a)| *a);
     if let Some((l, a)) = metrics_listener {
         tracing::info!(addr = %a, "metrics and health on http://{a}/metrics, /healthz, /readyz");
-        background.push(tokio::spawn(serve_http(l, host.clone(), stop_rx.clone())));
+        listeners.push(tokio::spawn(serve_http(l, host.clone(), stop_rx.clone())));
     }
     let console_addr = console_listener.as_ref().map(|(_, a)| *a);
     if let Some((l, a)) = console_listener {
@@ -540,7 +552,7 @@ async fn start_planned(
             &cfg.console,
             series,
         ));
-        background.push(tokio::spawn(crate::console::serve_console(
+        listeners.push(tokio::spawn(crate::console::serve_console(
             l,
             console,
             stop_rx.clone(),
@@ -556,6 +568,7 @@ async fn start_planned(
         stop,
         server,
         background,
+        listeners,
         grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
     })
 }

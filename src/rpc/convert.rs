@@ -171,11 +171,14 @@ pub fn shard_states_from_wire(shards: Option<Vec<t::ShardInfo>>) -> Vec<ShardSta
         .unwrap_or_default()
         .into_iter()
         .filter_map(|s| {
+            let label = s.state.as_deref().unwrap_or("");
+            let state = ShardState::from_label(label);
             Some(ShardStatus {
                 shard: u32::try_from(s.shard_id?).ok()?,
-                healthy: s.healthy.unwrap_or(false),
+                // A state this host does not know is not shown as healthy.
+                healthy: s.healthy.unwrap_or(false) && state.label() == label,
                 items: s.items.unwrap_or(0),
-                state: ShardState::from_label(s.state.as_deref().unwrap_or("")),
+                state,
             })
         })
         .collect()
