@@ -170,12 +170,27 @@ async fn acks_nacks_and_touches_reach_the_owner_or_get_wrong_host() {
             .to_vec()
     );
     assert_eq!(cluster["tiers"]["default"], serde_json::json!(["a", "b"]));
+    // The pages say so too: the cluster page and the overview's peers.
+    for page in ["/cluster", "/"] {
+        let html = console_text(web, page);
+        assert!(
+            html.contains(
+                r#"<span class="good">2 serving</span> <span class="good">3 serving</span>"#
+            ),
+            "{page}: {html}"
+        );
+    }
     a.shutdown().await;
     b.shutdown().await;
 }
 
 /// GET from a console's JSON API (no auth configured), as JSON.
 fn console_get(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    serde_json::from_str(&console_text(addr, path)).unwrap()
+}
+
+/// GET from a console (no auth configured): the body of a 200.
+fn console_text(addr: std::net::SocketAddr, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(
@@ -186,7 +201,7 @@ fn console_get(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    serde_json::from_str(out.split_once("\r\n\r\n").unwrap().1).unwrap()
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

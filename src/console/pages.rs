@@ -134,6 +134,23 @@ fn layout(c: &Console, role: Role, title: &str, body: Markup) -> Html<String> {
     )
 }
 
+/// Shards as "0 serving 1 breaker_open", each coloured by its health.
+fn shard_states(shards: &[super::data::ShardRow]) -> Markup {
+    html! {
+        @for s in shards {
+            span class=(if s.healthy { "good" } else { "bad" }) { (s.shard) " " (s.state) }
+            " "
+        }
+    }
+}
+
+/// A host's reachability cell.
+fn reachable(yes: bool) -> Markup {
+    html! {
+        td class=(if yes { "good" } else { "bad" }) { (if yes { "reachable" } else { "unreachable" }) }
+    }
+}
+
 pub(super) fn status_of(e: &Error) -> StatusCode {
     match e.code {
         ErrorCode::InvalidArgument | ErrorCode::PayloadTooLarge => StatusCode::BAD_REQUEST,
@@ -261,13 +278,8 @@ async fn overview(State(c): C, Extension(role): Extension<Role>) -> Html<String>
                                 td { (p.host_id) }
                                 td { (p.addr) }
                                 td { (p.tier) }
-                                td {
-                                    @for s in &p.shards {
-                                        span class=(if s.healthy { "good" } else { "bad" }) { (s.shard) " " (s.state) }
-                                        " "
-                                    }
-                                }
-                                td class=(if p.reachable { "good" } else { "bad" }) { (if p.reachable { "reachable" } else { "unreachable" }) }
+                                td { (shard_states(&p.shards)) }
+                                (reachable(p.reachable))
                                 td.num { (p.spare) }
                             }
                         }
@@ -639,13 +651,8 @@ async fn cluster(State(c): C, Extension(role): Extension<Role>) -> Html<String> 
                             td { (h.addr) }
                             td { (h.tier) }
                             td { (h.region) }
-                            td {
-                                @for s in &h.shards {
-                                    span class=(if s.healthy { "good" } else { "bad" }) { (s.shard) " " (s.state) }
-                                    " "
-                                }
-                            }
-                            td class=(if h.reachable { "good" } else { "bad" }) { (if h.reachable { "reachable" } else { "unreachable" }) }
+                            td { (shard_states(&h.shards)) }
+                            (reachable(h.reachable))
                         }
                     }
                 }
