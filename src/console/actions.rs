@@ -1,10 +1,11 @@
 //! What the console changes, through the host's own calls under the console's caller:
-//! a test enqueue and the requeue of single dead letters (requeue-all and purge are the
-//! host's calls as they are).
+//! a test enqueue, the requeue of dead letters (by id, or a topic's all), and a purge,
+//! which the pages and the JSON API both make here, under one confirmation rule.
 
 use super::Console;
 use crate::core::EnqueueRequestItem;
 use crate::error::{Error, Result};
+use crate::model::Progress;
 
 impl Console {
     /// Enqueues one item as a client would (the namespace's defaults apply); its id.
@@ -48,5 +49,23 @@ impl Console {
             .zip(out)
             .filter_map(|(id, r)| r.err().map(|e| (id.clone(), e)))
             .collect())
+    }
+
+    /// Makes every dead item of a topic ready again (over the tier, within the host's
+    /// bound for a call: `more` when some are left).
+    pub async fn dlq_requeue_all(&self, ns: &str, topic: &str) -> Result<Progress> {
+        self.host
+            .dlq_requeue_all(&self.caller, ns, topic, None, false)
+            .await
+    }
+
+    /// Deletes a topic's dead items, only when `confirm` is the topic's name.
+    pub async fn dlq_purge(&self, ns: &str, topic: &str, confirm: &str) -> Result<Progress> {
+        if confirm != topic {
+            return Err(Error::invalid(
+                "Nothing was deleted: type the topic's exact name to confirm a purge.",
+            ));
+        }
+        self.host.dlq_purge(&self.caller, ns, topic, false).await
     }
 }

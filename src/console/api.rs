@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -177,10 +176,7 @@ async fn requeue(State(c): C, Json(b): Json<IdsBody>) -> Response {
 }
 
 async fn requeue_all(State(c): C, Path((ns, topic)): Path<(String, String)>) -> Response {
-    ok(c.host
-        .dlq_requeue_all(&c.caller, &ns, &topic, None, false)
-        .await
-        .map(|p| json!({"count": p.count, "more": p.more})))
+    ok(c.dlq_requeue_all(&ns, &topic).await.map(progress))
 }
 
 #[derive(Debug, Deserialize)]
@@ -195,18 +191,11 @@ async fn purge(
     Path((ns, topic)): Path<(String, String)>,
     Json(b): Json<PurgeBody>,
 ) -> Response {
-    if b.confirm != topic {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"error": {"code": "InvalidArgument",
-                "message": "nothing was purged: confirm must be the topic's name"}})),
-        )
-            .into_response();
-    }
-    ok(c.host
-        .dlq_purge(&c.caller, &ns, &topic, false)
-        .await
-        .map(|p| json!({"count": p.count, "more": p.more})))
+    ok(c.dlq_purge(&ns, &topic, &b.confirm).await.map(progress))
+}
+
+fn progress(p: crate::model::Progress) -> serde_json::Value {
+    json!({"count": p.count, "more": p.more})
 }
 
 async fn cluster(State(c): C) -> Response {

@@ -587,11 +587,7 @@ async fn requeue_all(
     Extension(role): Extension<Role>,
     Path((ns, topic)): Path<(String, String)>,
 ) -> Response {
-    match c
-        .host
-        .dlq_requeue_all(&c.caller, &ns, &topic, None, false)
-        .await
-    {
+    match c.dlq_requeue_all(&ns, &topic).await {
         Ok(p) => back_to(
             format!("{}/dlq", topic_url(&ns, &topic)),
             &format!("done=requeued_all&n={}&more={}", p.count, p.more),
@@ -612,16 +608,7 @@ async fn purge(
     Path((ns, topic)): Path<(String, String)>,
     Form(f): Form<PurgeForm>,
 ) -> Response {
-    if f.confirm != topic {
-        return error_page(
-            &c,
-            role,
-            StatusCode::BAD_REQUEST,
-            "Not purged",
-            "Nothing was deleted: type the topic's exact name to confirm a purge.",
-        );
-    }
-    match c.host.dlq_purge(&c.caller, &ns, &topic, false).await {
+    match c.dlq_purge(&ns, &topic, &f.confirm).await {
         Ok(p) => back_to(
             format!("{}/dlq", topic_url(&ns, &topic)),
             &format!("done=purged&n={}&more={}", p.count, p.more),

@@ -151,9 +151,4 @@ impl Host {
     pub fn clock_ms(&self) -> i64 {
         self.clock.now_ms()
     }
-
-    /// The tier that serves `ns`.
-    pub fn tier_of(&self, ns: &str) -> &str {
-        self.namespaces.tier(ns)
-    }
 }
