@@ -32,6 +32,8 @@
 //! - [`daemon`]: assembles a running foqsd from a [`config::Config`] (binary and tests).
 //! - [`clock`]: time as an injectable [`clock::Clock`], so leases and TTLs are testable.
 //! - [`waiters`]: long-polling dequeues parked per topic, woken when an item gets ready.
+//! - [`demand`]: consumers that found a topic empty, so that an enqueue can hand them its
+//!   items directly (written leased, no claim).
 //! - [`thrift_gen`]: code generated from `thrift/foqs.thrift` (do not edit; see
 //!   `scripts/gen-thrift.sh`). Public so that Rust clients and tests can use its client.
 //!
@@ -57,7 +59,7 @@
 //!   `Host.shards`, `Host.workers`, `Host.unseen`, `ClusterState.view`,
 //!   `Quotas.held`; a shard's ready index (written by its worker only), its `NsCounts`
 //!   and its worker's `Doubts`; a store's `TopicIds`; the SQLite store's writer and reader
-//!   slots; the peer client's pools; `Waiters.topics`, `ConnTable.conns`, the metrics'
+//!   slots; the peer client's pools; `Waiters.topics`, `Demand.topics`, `ConnTable.conns`, the metrics'
 //!   namespace labels and the local budget's buckets (outside a slot); the console's
 //!   verified credentials, its series ring and its topic rates.
 //! - The MySQL store's owner-lock slot (tokio): only in `open` and `close`.
@@ -72,6 +74,7 @@ pub mod config;
 pub mod console;
 pub mod core;
 pub mod daemon;
+pub mod demand;
 pub mod error;
 pub mod fence;
 pub mod hash;

@@ -122,6 +122,7 @@ pub struct Metrics {
     pub store_errors: Family<ShardLabel, Counter>,
     pub connections_open: Gauge,
     pub connections_evicted: Counter,
+    pub handoffs: Counter,
     pub connections_closed: Family<ReasonLabel, Counter>,
     pub transport_connections: Family<TransportLabel, Counter>,
     pub transport_requests: Family<TransportProtocol, Counter>,
@@ -236,6 +237,12 @@ impl Metrics {
             "Open client connections",
             connections_open.clone(),
         );
+        let handoffs = Counter::default();
+        r.register(
+            "handoffs",
+            "Items written already leased to consumers waiting on their topic (direct hand-off: no claim)",
+            handoffs.clone(),
+        );
         let connections_evicted = Counter::default();
         r.register(
             "connections_evicted",
@@ -317,6 +324,7 @@ impl Metrics {
             store_errors,
             connections_open,
             connections_evicted,
+            handoffs,
             connections_closed,
             transport_connections,
             transport_requests,

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+use crate::demand::Demand;
 use crate::model::TopicName;
 
 #[derive(Default)]
@@ -25,6 +26,8 @@ pub struct Waiters {
     announce: Mutex<Option<tokio::sync::mpsc::UnboundedSender<TopicName>>>,
     /// Topics announced since the last peer poll.
     announced: Mutex<HashSet<TopicName>>,
+    /// Consumers that found their topic empty: what enqueues may hand them directly.
+    demand: Demand,
 }
 
 impl Waiters {
@@ -38,13 +41,25 @@ impl Waiters {
         topics.entry(topic.clone()).or_default().clone()
     }
 
+    pub fn demand(&self) -> &Demand {
+        &self.demand
+    }
+
     /// A topic of this host got a ready item: wakes everyone waiting on it here, and
-    /// announces it to the peers when it was not announced since the last poll.
+    /// announces it to the peers when it was not announced since the last poll. Items of
+    /// the topic are no longer handed to waiting consumers directly (see [`Demand`]).
     pub fn wake(&self, ns: &str, topic: &str) {
         let key = TopicName {
             ns: ns.to_string(),
             topic: topic.to_string(),
         };
+        self.demand.block(&key);
+        self.wake_handed(key);
+    }
+
+    /// Items of a topic were handed to its waiting consumers (staged for them): wakes
+    /// them, and announces the topic as [`Waiters::wake`] does.
+    pub fn wake_handed(&self, key: TopicName) {
         self.notify(&key);
         let announce = self.announce.lock().expect("not poisoned");
         if let Some(tx) = announce.as_ref() {
@@ -81,10 +96,12 @@ impl Waiters {
         self.announced.lock().expect("not poisoned").clear();
     }
 
-    /// Forgets topics nobody watches any more.
-    pub fn forget_idle(&self) {
+    /// Forgets topics nobody watches or waits on any more.
+    pub fn forget_idle(&self, now_ms: i64) {
         let mut topics = self.topics.lock().expect("not poisoned");
         topics.retain(|_, n| Arc::strong_count(n) > 1);
+        drop(topics);
+        self.demand.forget_idle(now_ms);
     }
 
     pub fn is_closing(&self) -> bool {

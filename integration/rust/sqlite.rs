@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use foqs::model::{NewItem, Policy};
-use foqs::store::{ShardStore, SqliteStore, StoreError};
+use foqs::store::{Handoff, ShardStore, SqliteStore, StoreError};
 
 const NOW: i64 = 1_700_000_000_000;
 
@@ -43,7 +43,7 @@ async fn fill(s: &SqliteStore, topic: &str, first: u64, n: u64) {
         let rows: Vec<(u64, NewItem)> = (start..(start + 2000).min(first + n))
             .map(|k| (k, item(topic, (k % 100) as i32)))
             .collect();
-        s.insert(&rows, None, NOW).await.unwrap();
+        s.insert(&rows, None, &Handoff::NONE, NOW).await.unwrap();
     }
 }
 
@@ -66,7 +66,7 @@ async fn a_burst_of_reads_does_not_delay_a_commit() {
         .collect();
     tokio::time::sleep(Duration::from_millis(5)).await;
     let t = Instant::now();
-    s.insert(&[(100_001, item("other", 0))], None, NOW)
+    s.insert(&[(100_001, item("other", 0))], None, &Handoff::NONE, NOW)
         .await
         .unwrap();
     let commit = t.elapsed();
@@ -94,7 +94,9 @@ async fn a_full_file_fails_the_probe_as_it_fails_writes_until_there_is_room() {
     s.ping().await.expect("a shard with room passes the probe");
 
     s.simulate_full_disk(true).await.unwrap();
-    let write = s.insert(&[(5_000, item("t", 0))], None, NOW).await;
+    let write = s
+        .insert(&[(5_000, item("t", 0))], None, &Handoff::NONE, NOW)
+        .await;
     assert!(
         matches!(&write, Err(StoreError::Transient(m)) if m.contains("full")),
         "{write:?}"
@@ -111,7 +113,7 @@ async fn a_full_file_fails_the_probe_as_it_fails_writes_until_there_is_room() {
 
     s.simulate_full_disk(false).await.unwrap();
     s.ping().await.expect("room again: the probe passes");
-    s.insert(&[(5_000, item("t", 0))], None, NOW)
+    s.insert(&[(5_000, item("t", 0))], None, &Handoff::NONE, NOW)
         .await
         .expect("room again: writes pass");
     let counts = s.topic_counts("sq", None, NOW, 10).await.unwrap();
@@ -132,7 +134,7 @@ async fn a_full_queue_of_reads_is_a_busy_error_not_a_wait() {
             tokio::spawn(async move { s.topic_counts("sq", None, NOW, 100).await })
         })
         .collect();
-    s.insert(&[(50_000, item("other", 0))], None, NOW)
+    s.insert(&[(50_000, item("other", 0))], None, &Handoff::NONE, NOW)
         .await
         .unwrap();
     let (mut ok, mut busy) = (0, 0);

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use foqs::fence::Fence;
 use foqs::model::{ItemState, NewItem, Policy, ReadyKey, TopicName, Totals};
-use foqs::store::{Change, Fenced, ItemMeta, MySqlStore, ShardStore, SqliteStore, StoreError};
+use foqs::store::{
+    Change, Fenced, Handoff, ItemMeta, MySqlStore, ShardStore, SqliteStore, StoreError,
+};
 use mysql_async::prelude::*;
 
 const NOW: i64 = 1_700_000_000_000;
@@ -67,7 +69,9 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         (5, mortal),
         (6, new_item("b", "t", 0, NOW - 10)),
     ];
-    s.insert(&rows, Some(100), NOW).await.unwrap();
+    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
+        .await
+        .unwrap();
 
     // Ready order: priority, then deliver_after, then key; deferred items are not ready.
     let ready = s.ready_keys("a", "t", None, NOW, 10).await.unwrap();
@@ -349,7 +353,9 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     assert!(s.dedup_lookup("a", "u", &["d1"]).await.unwrap().is_empty());
     let mut keyed = new_item("a", "u", 0, NOW);
     keyed.dedup_key = Some("d1".into());
-    s.insert(&[(7, keyed)], None, NOW).await.unwrap();
+    s.insert(&[(7, keyed)], None, &Handoff::NONE, NOW)
+        .await
+        .unwrap();
     assert_eq!(
         s.dedup_lookup("a", "u", &["d1"]).await.unwrap(),
         vec![("d1".to_string(), 7)]
@@ -362,8 +368,12 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     first.dedup_key = Some("d2".into());
     let mut second = first.clone();
     second.priority = 1;
-    s.insert(&[(8, first)], None, NOW).await.unwrap();
-    s.insert(&[(9, second)], None, NOW).await.unwrap();
+    s.insert(&[(8, first)], None, &Handoff::NONE, NOW)
+        .await
+        .unwrap();
+    s.insert(&[(9, second)], None, &Handoff::NONE, NOW)
+        .await
+        .unwrap();
     assert_eq!(
         s.dedup_lookup("a", "u", &["d2"]).await.unwrap(),
         vec![("d2".to_string(), 8)]
@@ -372,7 +382,9 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     // A timer is never set behind the scan (a TTL that passed before the write).
     let mut late = new_item("a", "late", 0, NOW - 10);
     late.expires_at_ms = Some(NOW - 1);
-    s.insert(&[(10, late)], None, NOW).await.unwrap();
+    s.insert(&[(10, late)], None, &Handoff::NONE, NOW)
+        .await
+        .unwrap();
     assert_eq!(meta(&s, 10).await.unwrap().next_event_ms, Some(NOW + 1));
     s.delete(&[10]).await.unwrap();
 
@@ -487,8 +499,13 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     fence.close();
     assert!(matches!(f.lookup(&[1]).await, Err(StoreError::Fenced)));
     assert!(matches!(
-        f.insert(&[(50, new_item("a", "t", 0, NOW))], None, NOW)
-            .await,
+        f.insert(
+            &[(50, new_item("a", "t", 0, NOW))],
+            None,
+            &Handoff::NONE,
+            NOW
+        )
+        .await,
         Err(StoreError::Fenced)
     ));
     f.close().await;
@@ -537,9 +554,14 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
         .unwrap()
         .with_statement_timeout(300);
     s.open().await.unwrap();
-    s.insert(&[(1, new_item("a", "t", 0, NOW))], Some(100), NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &[(1, new_item("a", "t", 0, NOW))],
+        Some(100),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     let claimed = s.claim(&[1], NOW, 7).await.unwrap();
     assert_eq!(claimed.len(), 1);
     // Another session locks the row and keeps the lock.
@@ -590,7 +612,9 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
         (6, big),
         (7, new_item("c", "t", 7, NOW - 10)),
     ];
-    s.insert(&rows, Some(100), NOW).await.unwrap();
+    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
+        .await
+        .unwrap();
     let claim = |keys: Vec<u64>, at: i64, token: i64| async move {
         let mut got = s.claim(&keys, at, token).await.unwrap();
         got.sort_by_key(|i| i.id.key);
@@ -729,4 +753,78 @@ async fn claims_show_the_rows_current_state_on_every_store() {
     claims_show_the_rows_current_state(&SqliteStore::new(0, path)).await;
     let db = TestDb::mysql(1);
     claims_show_the_rows_current_state(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
+}
+
+/// Rows an insert hands to waiting consumers are written as a claim at the same time
+/// would leave them (leased under the hand-off's token, delivered once, timer at the
+/// lease's end); the rest of the batch is ready. A release under that token undoes the
+/// delivery nobody saw; another token's release and a claim do nothing to them.
+async fn handed_rows_are_written_as_claimed<S: ShardStore>(s: &S) {
+    s.open().await.unwrap();
+    let mut amo = new_item("h", "t", 3, NOW - 10);
+    amo.policy = Policy::AtMostOnce;
+    amo.expires_at_ms = Some(NOW + 10_000);
+    let rows: Vec<(u64, NewItem)> = vec![
+        (1, new_item("h", "t", 1, NOW - 10)),
+        (2, new_item("h", "t", 2, NOW - 10)),
+        (3, amo),
+    ];
+    let handoff = Handoff {
+        token: 77,
+        keys: vec![1, 3],
+    };
+    s.insert(&rows, Some(100), &handoff, NOW).await.unwrap();
+    let m1 = meta(s, 1).await.unwrap();
+    assert_eq!(
+        (
+            m1.state,
+            m1.lease_token,
+            m1.delivery_count,
+            m1.lease_expires_ms,
+            m1.next_event_ms
+        ),
+        (ItemState::Leased, 77, 1, NOW + LEASE, Some(NOW + LEASE))
+    );
+    let m3 = meta(s, 3).await.unwrap();
+    assert_eq!(
+        (m3.state, m3.next_event_ms),
+        (ItemState::Leased, Some(NOW + 10_000)),
+        "the TTL comes before the lease's end"
+    );
+    let m2 = meta(s, 2).await.unwrap();
+    assert_eq!(
+        (
+            m2.state,
+            m2.lease_token,
+            m2.delivery_count,
+            m2.next_event_ms
+        ),
+        (ItemState::Ready, 0, 0, None)
+    );
+    assert_eq!(
+        keys(&s.ready_keys("h", "t", None, NOW, 10).await.unwrap()),
+        vec![2]
+    );
+    assert!(s.claim(&[1, 3], NOW, 78).await.unwrap().is_empty());
+    s.apply(&[Change::Release { key: 1, token: 5 }], NOW)
+        .await
+        .unwrap();
+    assert_eq!(meta(s, 1).await.unwrap().state, ItemState::Leased);
+    s.apply(&[Change::Release { key: 1, token: 77 }], NOW)
+        .await
+        .unwrap();
+    let m1 = meta(s, 1).await.unwrap();
+    assert_eq!((m1.state, m1.delivery_count), (ItemState::Ready, 0));
+    let got = s.claim(&[1], NOW, 79).await.unwrap();
+    assert_eq!((got[0].delivery_count, got[0].lease_token), (1, 79));
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handed_rows_are_written_as_claimed_on_every_store() {
+    let db = TestDb::sqlite(1);
+    let path = foqs::store::sqlite_path(&db.url(0), std::path::Path::new("/")).unwrap();
+    handed_rows_are_written_as_claimed(&SqliteStore::new(0, path)).await;
+    let db = TestDb::mysql(1);
+    handed_rows_are_written_as_claimed(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
 }

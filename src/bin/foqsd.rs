@@ -63,6 +63,10 @@ async fn main() -> anyhow::Result<()> {
         cfg.validate()?;
     }
     init_logs(cfg.log.format);
+    // Test builds only: failpoints named in the FAILPOINTS variable, so that a test can
+    // stop a foqsd process at a chosen point (and kill it there).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let running = foqs::daemon::start(&cfg, Arc::new(SystemClock)).await?;
     wait_for_signal().await?;
     tracing::info!("shutting down");

@@ -19,14 +19,73 @@ pub struct Caller {
     pub identity: String,
     /// A peer host's forwarded request whose original caller was checked by that host.
     trusted: bool,
+    /// Says when the caller's connection closed (see [`Hangup`]).
+    hangup: HangupSignal,
 }
+
+/// Set by the server when a caller's connection closes while one of its requests is being
+/// served: a long poll then stops waiting (what it would take would reach nobody), and
+/// the demand it stood for goes with it.
+#[derive(Debug, Default)]
+pub struct Hangup {
+    gone: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Hangup {
+    pub fn hang_up(&self) {
+        self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A caller's [`Hangup`], when its requests come over a connection; not part of who it is
+/// (equal whatever it holds).
+#[derive(Debug, Clone, Default)]
+struct HangupSignal(Option<std::sync::Arc<Hangup>>);
+
+impl PartialEq for HangupSignal {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for HangupSignal {}
 
 impl Caller {
     pub fn new(identity: impl Into<String>) -> Caller {
         Caller {
             identity: identity.into(),
             trusted: false,
+            hangup: HangupSignal::default(),
         }
+    }
+
+    /// The same caller, whose connection's closing `hangup` tells.
+    pub fn with_hangup(mut self, hangup: std::sync::Arc<Hangup>) -> Caller {
+        self.hangup = HangupSignal(Some(hangup));
+        self
+    }
+
+    /// Resolves when the caller's connection has closed (never, for a caller without one).
+    pub async fn hung_up(&self) {
+        let Some(h) = &self.hangup.0 else {
+            return std::future::pending().await;
+        };
+        // Made before the check, so that a hang-up between the two still wakes it.
+        let notified = h.notify.notified();
+        if h.is_gone() {
+            return;
+        }
+        notified.await
+    }
+
+    pub fn is_hung_up(&self) -> bool {
+        self.hangup.0.as_ref().is_some_and(|h| h.is_gone())
     }
 
     pub fn anonymous() -> Caller {
@@ -42,6 +101,7 @@ impl Caller {
         Caller {
             identity: "foqs-peer".to_string(),
             trusted: true,
+            hangup: HangupSignal::default(),
         }
     }
 }

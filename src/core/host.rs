@@ -77,7 +77,7 @@ pub struct Host {
     shards: RwLock<ShardMap>,
     pub(super) namespaces: Namespaces,
     pub(super) clock: SharedClock,
-    pub(super) prefetch: Prefetch,
+    pub(super) prefetch: Arc<Prefetch>,
     pub(super) waiters: Arc<Waiters>,
     pub(super) next_shard: AtomicUsize,
     workers: Mutex<HashMap<ShardId, JoinHandle<()>>>,
@@ -101,11 +101,22 @@ impl Host {
     /// A host with no shards yet: they come with [`Host::add_shard`] as the shard manager
     /// gives them.
     pub fn new(p: HostParts) -> Host {
+        let prefetch = Arc::new(Prefetch::new(p.prefetch));
+        {
+            // What enqueues hand to waiting consumers is staged for their dequeues.
+            let (prefetch, clock) = (prefetch.clone(), p.clock.clone());
+            p.waiters
+                .demand()
+                .set_sink(Arc::new(move |topic: &TopicName, items: Vec<Item>| {
+                    prefetch.stage_handed(topic, items, clock.now_ms());
+                    Vec::new()
+                }));
+        }
         Host {
             shards: RwLock::new(Arc::new(BTreeMap::new())),
             namespaces: p.namespaces,
             clock: p.clock,
-            prefetch: Prefetch::new(p.prefetch),
+            prefetch,
             waiters: p.waiters,
             next_shard: AtomicUsize::new(0),
             workers: Mutex::new(HashMap::new()),
@@ -336,6 +347,9 @@ impl Host {
         let deadline =
             tokio::time::Instant::now() + std::time::Duration::from_millis(wait_ms as u64);
         loop {
+            if caller.is_hung_up() {
+                return Ok(Vec::new());
+            }
             // Watch before looking, so that an item made ready between the look and the
             // wait still wakes us.
             let notifies: Vec<Arc<tokio::sync::Notify>> = if wait_ms > 0 {
@@ -348,13 +362,26 @@ impl Host {
                 n.as_mut().enable();
             }
             let out = self.dequeue_once(&wanted, local_only).await?;
-            if !out.is_empty() || notified.is_empty() || self.waiters.is_closing() {
+            if !out.is_empty()
+                || notified.is_empty()
+                || self.waiters.is_closing()
+                || caller.is_hung_up()
+            {
                 return Ok(out);
             }
+            // While parked, an item enqueued for these topics is handed to this poll
+            // directly (see `crate::demand`); leaving takes the demand away.
+            let _parked: Vec<_> = wanted
+                .iter()
+                .map(|(t, count)| self.waiters.demand().park(t, *count))
+                .collect();
             tokio::select! {
                 _ = futures::future::select_all(notified) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(out),
                 _ = self.waiters.closed() => return Ok(out),
+                // Nobody would receive what it takes: what was handed to it stays staged
+                // for the next dequeue.
+                _ = caller.hung_up() => return Ok(out),
             }
         }
     }
@@ -409,6 +436,12 @@ impl Host {
             if !short || out.len() >= count {
                 break;
             }
+        }
+        if out.is_empty() {
+            // An item enqueued now may be handed to this consumer directly.
+            self.waiters
+                .demand()
+                .found_nothing(topic, count, self.clock.now_ms());
         }
         out.sort_by_key(Item::global_key);
         Ok(out)
@@ -543,7 +576,7 @@ impl Host {
                 _ = stop.changed() => break,
             }
             let now = self.clock.now_ms();
-            self.waiters.forget_idle();
+            self.waiters.forget_idle(now);
             let (restock, release) = self.prefetch.sweep(now, self.staged_live());
             self.release(release);
             for (topic, n) in restock {

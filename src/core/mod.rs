@@ -19,7 +19,7 @@ mod settle;
 mod shard_error;
 mod validate;
 
-pub use access::{denied, Access, AccessRule, Caller, Kind};
+pub use access::{denied, Access, AccessRule, Caller, Hangup, Kind};
 pub use api::{
     ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, TopicRequest,
     TouchRequestItem,

@@ -20,6 +20,9 @@
 //! counted, and dropped at the next take or sweep. Lock order: `topics`, then a shard's
 //! staged set (through the `live` callbacks); never the other way.
 //!
+//! Items an enqueue handed to waiting consumers (see [`crate::demand`]) are staged here
+//! too, at-most-once ones included, for a shorter time.
+//!
 //! At-most-once items are never staged ahead of demand: after a crash a staged item's
 //! lease would expire as a delivery, and for at-most-once that deletes an item nobody
 //! could have received. A topic that turns out to hold them stages nothing ahead for
@@ -31,6 +34,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use crate::demand::AT_MOST_ONCE_HOLD_MS;
 use crate::model::{GlobalKey, Item, Policy, ShardId, TopicName};
 
 /// Half-life of the dequeue-rate estimate.
@@ -48,6 +52,9 @@ pub struct PrefetchConfig {
 struct StagedItem {
     item: Item,
     staged_at_ms: i64,
+    /// How long it may stay staged: `stage_max_ms`, shorter for an at-most-once item
+    /// handed to a long poll.
+    hold_ms: i64,
 }
 
 #[derive(Default)]
@@ -77,12 +84,10 @@ impl Stage {
     }
 }
 
-fn fit(s: &StagedItem, now_ms: i64, stage_max_ms: i64) -> bool {
+fn fit(s: &StagedItem, now_ms: i64) -> bool {
     let lease_total = s.item.lease_expires_ms - s.staged_at_ms;
     let held = now_ms - s.staged_at_ms;
-    held <= stage_max_ms
-        && held * 2 <= lease_total
-        && s.item.expires_at_ms.is_none_or(|t| t > now_ms)
+    held <= s.hold_ms && held * 2 <= lease_total && s.item.expires_at_ms.is_none_or(|t| t > now_ms)
 }
 
 /// What a dequeue got from the stage.
@@ -144,7 +149,7 @@ impl Prefetch {
             let Some((_, s)) = stage.items.pop_first() else {
                 break;
             };
-            if fit(&s, now_ms, self.cfg.stage_max_ms) {
+            if fit(&s, now_ms) {
                 items.push(s.item);
             } else {
                 release.push(s.item);
@@ -178,6 +183,7 @@ impl Prefetch {
                 StagedItem {
                     item,
                     staged_at_ms: now_ms,
+                    hold_ms: self.cfg.stage_max_ms,
                 },
             );
         }
@@ -185,6 +191,28 @@ impl Prefetch {
             stage.paused_until_ms = now_ms + AT_MOST_ONCE_PAUSE_MS;
         }
         refused
+    }
+
+    /// Stages items an enqueue handed to the topic's waiting consumers (see
+    /// [`crate::demand`]), at-most-once ones included: a long poll is there to take them,
+    /// and they are released after [`AT_MOST_ONCE_HOLD_MS`] if it has gone.
+    pub fn stage_handed(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) {
+        let mut topics = self.topics.lock().expect("not poisoned");
+        let stage = topics.entry(topic.clone()).or_default();
+        for item in items {
+            let hold_ms = match item.policy {
+                Policy::AtMostOnce => AT_MOST_ONCE_HOLD_MS.min(self.cfg.stage_max_ms),
+                Policy::AtLeastOnce => self.cfg.stage_max_ms,
+            };
+            stage.items.insert(
+                item.global_key(),
+                StagedItem {
+                    item,
+                    staged_at_ms: now_ms,
+                    hold_ms,
+                },
+            );
+        }
     }
 
     /// Topics whose stage is below half its target, with how many to claim; and the items
@@ -204,7 +232,7 @@ impl Prefetch {
             let stale: Vec<GlobalKey> = stage
                 .items
                 .iter()
-                .filter(|(_, s)| !fit(s, now_ms, self.cfg.stage_max_ms))
+                .filter(|(_, s)| !fit(s, now_ms))
                 .map(|(k, _)| *k)
                 .collect();
             for k in stale {
@@ -238,7 +266,7 @@ impl Prefetch {
         stage
             .items
             .values()
-            .filter(|s| fit(s, now_ms, self.cfg.stage_max_ms) && live(&s.item))
+            .filter(|s| fit(s, now_ms) && live(&s.item))
             .take(count)
             .map(|s| Item {
                 lease_expires_ms: 0,

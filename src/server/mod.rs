@@ -34,7 +34,7 @@ use tokio_rustls::TlsAcceptor;
 pub use conns::{ConnState, ConnTable};
 pub use http::serve_http;
 
-use crate::core::{Caller, Host};
+use crate::core::{Caller, Hangup, Host};
 use crate::metrics::Metrics;
 use crate::wire::{Decoder, Next};
 use session::Step;
@@ -222,6 +222,8 @@ const READ_CHUNK: usize = 64 * 1024;
 /// What an idle connection's buffer holds room for: a typical request in one read,
 /// without 64 KiB per idle connection.
 const IDLE_BYTES: usize = 4096;
+/// Most bytes read while a request is being served (the start of a pipelined request).
+const EARLY_BYTES: usize = 4096;
 /// After answering with a refusal, how long (and how much of) the client's input is read
 /// and dropped before the close, so that the kernel does not reset the connection (and
 /// the answer with it) over unread bytes.
@@ -296,6 +298,11 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
         buf: Vec::with_capacity(IDLE_BYTES),
         start: 0,
     };
+    let hangup = Arc::new(Hangup::default());
+    let caller = caller.clone().with_hangup(hangup.clone());
+    // What arrives while a request is being served (see below).
+    let mut early = [0u8; EARLY_BYTES];
+    let mut early_len = 0;
     loop {
         if *shutdown.borrow() {
             return Ok(End::Shutdown);
@@ -344,7 +351,39 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
             }
         };
         slot.set(ConnState::Busy);
-        let step = session::answer(next, inbox.pending(), &edge.host, caller).await;
+        let step = {
+            let answer = session::answer(next, inbox.pending(), &edge.host, &caller);
+            tokio::pin!(answer);
+            // Most requests are answered at the first poll. One that waits (a long poll,
+            // a slow shard) has the socket watched meanwhile for the client closing it,
+            // which ends a long poll (see `Hangup`); the first bytes of a pipelined
+            // request end the watch (they are kept for the next turn). The socket first:
+            // a close that arrives with the wake of a long poll must win, or the poll
+            // would take items for nobody.
+            match futures::poll!(&mut answer) {
+                std::task::Poll::Ready(step) => step,
+                std::task::Poll::Pending => {
+                    let mut watching = true;
+                    loop {
+                        tokio::select! {
+                            biased;
+                            r = stream.read(&mut early[..]), if watching => {
+                                watching = false;
+                                match r {
+                                    Ok(0) | Err(_) => hangup.hang_up(),
+                                    Ok(n) => early_len = n,
+                                }
+                            }
+                            step = &mut answer => break step,
+                        }
+                    }
+                }
+            }
+        };
+        if early_len > 0 {
+            inbox.buf.extend_from_slice(&early[..early_len]);
+            early_len = 0;
+        }
         match step {
             Step::Write {
                 bytes,

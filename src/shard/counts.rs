@@ -199,6 +199,16 @@ impl NsCounts {
         })
     }
 
+    /// Whether a topic has ready items at `now_ms` (by the second: an item due later in
+    /// the current second counts).
+    pub fn has_ready(&self, ns: &str, topic: &str, now_ms: i64) -> bool {
+        let now_sec = now_ms.div_euclid(1000);
+        self.by_ns
+            .get(ns)
+            .and_then(|topics| topics.get(topic))
+            .is_some_and(|c| c.waiting.keys().next().is_some_and(|s| *s <= now_sec))
+    }
+
     /// Topics with ready items at `now_ms` and how many: (ns, topic, ready).
     pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
         let now_sec = now_ms.div_euclid(1000);

@@ -9,6 +9,7 @@ mod dlq;
 mod doubt;
 mod error;
 mod exec;
+mod handoff;
 mod index;
 mod ops;
 mod scans;

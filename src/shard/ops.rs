@@ -13,7 +13,7 @@ use super::worker::{storage_error, timed, ShardWorker};
 use super::ShardError;
 use super::{Command, Enqueued, NackOp, Reply, Settled, TouchOp};
 use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
-use crate::store::{ItemMeta, ShardStore, StoreResult};
+use crate::store::{Handoff, ItemMeta, ShardStore, StoreResult};
 
 /// Keys are reserved in blocks so that the high-water mark is written once per block.
 const KEY_BLOCK: u64 = 100_000;
@@ -32,6 +32,10 @@ pub(super) struct InsertGroup {
     pub rows: Vec<(u64, NewItem)>,
     /// Written with the rows when they reach past the persisted high-water mark.
     pub key_high_water: Option<u64>,
+    /// The rows written leased, handed to waiting consumers (see `handoff.rs`).
+    pub handoff: Handoff,
+    /// The worker's clock when the rows were written (their timers and leases).
+    pub written_at_ms: i64,
     replies: Vec<(Vec<Enqueued>, Reply<Vec<Enqueued>>)>,
 }
 
@@ -131,6 +135,8 @@ impl<S: ShardStore> ShardWorker<S> {
                 groups.push(InsertGroup {
                     rows: Vec::new(),
                     key_high_water: None,
+                    handoff: Handoff::default(),
+                    written_at_ms: 0,
                     replies: Vec::new(),
                 });
             }
@@ -175,6 +181,8 @@ impl<S: ShardStore> ShardWorker<S> {
     pub(super) fn finish_insert(&mut self, g: InsertGroup, (r, took): (StoreResult<()>, u64)) {
         self.record(&r, took);
         if let Err(e) = r {
+            // Rows it would have handed stay staged: if the INSERT did commit, their
+            // leases are nobody's and come back uncounted when they end.
             for (_, it) in &g.rows {
                 self.outcome_unknown(&it.ns, &it.topic);
             }
@@ -187,12 +195,16 @@ impl<S: ShardStore> ShardWorker<S> {
         let now = self.clock.now_ms();
         {
             let mut counts = self.counts();
-            for (_, it) in &g.rows {
-                counts.add(&it.ns, &it.topic, ItemState::Ready, it.deliver_after_ms, 1);
+            for (key, it) in &g.rows {
+                if g.handoff.holds(*key) {
+                    counts.add(&it.ns, &it.topic, ItemState::Leased, 0, 1);
+                } else {
+                    counts.add(&it.ns, &it.topic, ItemState::Ready, it.deliver_after_ms, 1);
+                }
             }
         }
         for (key, it) in &g.rows {
-            if it.deliver_after_ms <= now {
+            if it.deliver_after_ms <= now && !g.handoff.holds(*key) {
                 let k = ReadyKey {
                     priority: it.priority,
                     deliver_after_ms: it.deliver_after_ms,
@@ -204,9 +216,16 @@ impl<S: ShardStore> ShardWorker<S> {
         self.shared
             .items
             .fetch_add(g.rows.len() as i64, Ordering::Relaxed);
-        for (_, it) in &g.rows {
-            self.tally(&it.ns, &it.topic, |t| t.enqueued += 1);
+        for (key, it) in &g.rows {
+            let handed = g.handoff.holds(*key);
+            self.tally(&it.ns, &it.topic, |t| {
+                t.enqueued += 1;
+                t.delivered += i64::from(handed);
+            });
         }
+        // Handed over before the enqueue is answered: a consumer waiting for the item has
+        // it (or is woken for it) by the time its producer hears it is stored.
+        self.hand_over(&g.handoff, g.rows, g.written_at_ms);
         for (keys, reply) in g.replies {
             let _ = reply.send(Ok(keys));
         }

@@ -139,7 +139,7 @@ impl<S: ShardStore> ShardWorker<S> {
 
         // Every write of the turn at once; their outcomes are applied afterwards, in order.
         let (enqueues, existing) = self.resolve_dedup(enqueues).await;
-        let inserts = self.plan_inserts(enqueues, &existing);
+        let mut inserts = self.plan_inserts(enqueues, &existing);
         // An ack settles its item before anything else of the turn: a staged copy can no
         // longer be handed out, and a claim of the same key (the row is being deleted)
         // is dropped, so that no delivery follows the ack.
@@ -197,6 +197,10 @@ impl<S: ShardStore> ShardWorker<S> {
         let releases = exec::plan_releases(&self.shared.staged, releases);
         let release_changes = exec::release_changes(&releases);
         let now = self.clock.now_ms();
+        self.plan_handoff(&mut inserts, now);
+        if inserts.iter().any(|g| !g.handoff.keys.is_empty()) {
+            fail::fail_point!(&format!("shard-{}-handoff-planned", self.id));
+        }
         let store = self.store.clone();
         let nack_ops: Vec<&[super::NackOp]> = nacks.iter().map(|(n, _)| n.as_slice()).collect();
         let touch_ops: Vec<&[super::TouchOp]> = touches.iter().map(|(t, _)| t.as_slice()).collect();
@@ -205,7 +209,7 @@ impl<S: ShardStore> ShardWorker<S> {
             futures::future::join_all(
                 inserts
                     .iter()
-                    .map(|g| timed(t, store.insert(&g.rows, g.key_high_water, now)))
+                    .map(|g| timed(t, store.insert(&g.rows, g.key_high_water, &g.handoff, now)))
             ),
             async {
                 match &claim {

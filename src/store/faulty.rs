@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
+use super::{
+    Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
+};
 use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
 use crate::seeded::Rng;
 
@@ -360,7 +362,7 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
     }
 
     writes! {
-        insert(rows: &[(u64, NewItem)] => rows.to_vec(), key_high_water: Option<u64> => ByValue(key_high_water), now_ms: i64 => ByValue(now_ms)) -> ();
+        insert(rows: &[(u64, NewItem)] => rows.to_vec(), key_high_water: Option<u64> => ByValue(key_high_water), handoff: &Handoff => handoff.clone(), now_ms: i64 => ByValue(now_ms)) -> ();
         claim(keys: &[u64] => keys.to_vec(), now_ms: i64 => ByValue(now_ms), token: i64 => ByValue(token)) -> Vec<Item>;
         delete(keys: &[u64] => keys.to_vec()) -> Vec<ItemMeta>;
         apply(changes: &[Change] => changes.to_vec(), now_ms: i64 => ByValue(now_ms)) -> ();
@@ -379,6 +381,12 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
         topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
         state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
+    }
+}
+
+impl AsRefArg<'_, Handoff> for Handoff {
+    fn as_ref_arg(&self) -> &Handoff {
+        self
     }
 }
 

@@ -3,7 +3,9 @@
 //! is the most safety-critical check of a cluster, so it lives here, above the seam, once
 //! for every backend, rather than in each store.
 
-use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
+use super::{
+    Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
+};
 use crate::fence::Fence;
 use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
 
@@ -49,7 +51,7 @@ macro_rules! fenced {
 
 fenced! {
     open() -> Recovered;
-    insert(rows: &[(u64, NewItem)], key_high_water: Option<u64>, now_ms: i64) -> ();
+    insert(rows: &[(u64, NewItem)], key_high_water: Option<u64>, handoff: &Handoff, now_ms: i64) -> ();
     ready_keys(ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> Vec<ReadyKey>;
     claim(keys: &[u64], now_ms: i64, token: i64) -> Vec<Item>;
     fetch_ready(keys: &[u64], now_ms: i64) -> Vec<Item>;

@@ -163,6 +163,28 @@ pub fn next_event(
     t.map(|t| t.max(now_ms + 1))
 }
 
+/// Rows an insert writes already leased, under one claim token, as a claim would lease
+/// them: items handed straight to consumers waiting on their topic (see
+/// [`crate::waiters`]), so that they cost no claim (no UPDATE, no read back).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Handoff {
+    pub token: i64,
+    /// Sorted, so that [`Handoff::holds`] is a binary search.
+    pub keys: Vec<u64>,
+}
+
+impl Handoff {
+    /// Nothing handed: every row is written ready.
+    pub const NONE: Handoff = Handoff {
+        token: 0,
+        keys: Vec::new(),
+    };
+
+    pub fn holds(&self, key: u64) -> bool {
+        self.keys.binary_search(&key).is_ok()
+    }
+}
+
 /// What a shard's store holds at start-up.
 #[derive(Debug, Clone, Default)]
 pub struct Recovered {
@@ -178,12 +200,15 @@ pub trait ShardStore: Send + Sync + 'static {
     fn open(&self) -> impl Future<Output = StoreResult<Recovered>> + Send;
 
     /// Inserts `rows` (their keys chosen by the worker) in one transaction; when
-    /// `key_high_water` is given, persists it in the same transaction. Timers are set as
-    /// of `now_ms` (see [`next_event`]).
+    /// `key_high_water` is given, persists it in the same transaction. The rows that
+    /// `handoff` holds are written leased under its token (delivered once, the lease
+    /// ending at `now_ms + lease_ms`), the others ready. Timers are set as of `now_ms`
+    /// (see [`next_event`]).
     fn insert(
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        handoff: &Handoff,
         now_ms: i64,
     ) -> impl Future<Output = StoreResult<()>> + Send;
 

@@ -10,7 +10,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 
 use super::topics::TopicIds;
-use super::{next_event, Change, ItemMeta};
+use super::{next_event, Change, Handoff, ItemMeta};
 use crate::model::{ItemState, NewItem, TopicName, Totals};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub enum Dialect {
 pub type Statement = (String, Option<Vec<u8>>);
 
 /// The columns of a row as inserted, in the order `insert_items` writes them.
-pub const INSERT_COLUMNS: &str = "(id, tid, priority, state, deliver_after_ms, next_event_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, has_dedup, payload, metadata)";
+pub const INSERT_COLUMNS: &str = "(id, tid, priority, state, deliver_after_ms, next_event_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, has_dedup, lease_token, delivery_count, lease_expires_ms, payload, metadata)";
 
 /// `1,2,3` for an `IN (...)` list; callers never pass an empty slice.
 pub fn key_list(keys: &[u64]) -> String {
@@ -71,8 +71,9 @@ pub fn timer_at(event: &str, now: i64) -> String {
 }
 
 /// One multi-row INSERT of items; `tids[i]` is the topic id of `rows[i]`; timers as of
-/// `now` (the worker's clock at the write, not the enqueue's).
-pub fn insert_items(rows: &[(u64, NewItem)], tids: &[u32], now: i64) -> String {
+/// `now` (the worker's clock at the write, not the enqueue's). The rows `handoff` holds
+/// are written as a claim at `now` leaves them: leased under its token, delivered once.
+pub fn insert_items(rows: &[(u64, NewItem)], tids: &[u32], handoff: &Handoff, now: i64) -> String {
     let bytes: usize = rows
         .iter()
         .map(|(_, it)| 2 * (it.payload.len() + it.metadata.len()) + 120)
@@ -85,17 +86,17 @@ pub fn insert_items(rows: &[(u64, NewItem)], tids: &[u32], now: i64) -> String {
         if i > 0 {
             sql.push(',');
         }
-        let timer = next_event(
-            ItemState::Ready,
-            it.deliver_after_ms,
-            0,
-            it.expires_at_ms,
-            now,
-        );
+        let (state, token, deliveries, lease_end) = if handoff.holds(*key) {
+            (ItemState::Leased, handoff.token, 1, now + it.lease_ms)
+        } else {
+            (ItemState::Ready, 0, 0, 0)
+        };
+        let timer = next_event(state, it.deliver_after_ms, lease_end, it.expires_at_ms, now);
         let _ = write!(
             sql,
-            "({key},{tid},{},0,{},{},{},{},{},{},{},{},",
+            "({key},{tid},{},{},{},{},{},{},{},{},{},{},{token},{deliveries},{lease_end},",
             it.priority,
+            state as i8,
             it.deliver_after_ms,
             opt(timer),
             it.enqueued_at_ms,
@@ -413,6 +414,7 @@ impl InsertPlan {
         dialect: Dialect,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        handoff: &Handoff,
         now: i64,
     ) -> Vec<Statement> {
         let mut out = Vec::new();
@@ -439,7 +441,7 @@ impl InsertPlan {
             }
             out.push((insert_topics(dialect, &names), None));
         }
-        out.push((insert_items(rows, &self.tids, now), None));
+        out.push((insert_items(rows, &self.tids, handoff, now), None));
         let keyed: Vec<(u32, &str, u64)> = rows
             .iter()
             .zip(&self.tids)

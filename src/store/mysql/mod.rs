@@ -35,7 +35,9 @@ use std::sync::{Arc, Mutex};
 
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
 use super::topics::{state_counts, topic_filter, TopicIds};
-use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
+use super::{
+    Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
+};
 use crate::model::{
     Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
@@ -243,13 +245,14 @@ impl ShardStore for MySqlStore {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        handoff: &Handoff,
         now_ms: i64,
     ) -> StoreResult<()> {
         if rows.is_empty() {
             return Ok(());
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        let statements = plan.statements(Dialect::MySql, rows, key_high_water, now_ms);
+        let statements = plan.statements(Dialect::MySql, rows, key_high_water, handoff, now_ms);
         self.run_all(statements).await?;
         plan.committed(&self.topics);
         Ok(())

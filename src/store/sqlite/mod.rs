@@ -22,7 +22,9 @@ use rusqlite::Connection;
 
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan};
 use super::topics::{state_counts, topic_filter, TopicIds};
-use super::{Change, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult};
+use super::{
+    Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
+};
 use crate::model::{
     Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
@@ -202,13 +204,14 @@ impl ShardStore for SqliteStore {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        handoff: &Handoff,
         now_ms: i64,
     ) -> StoreResult<()> {
         if rows.is_empty() {
             return Ok(());
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        let statements = plan.statements(Dialect::Sqlite, rows, key_high_water, now_ms);
+        let statements = plan.statements(Dialect::Sqlite, rows, key_high_water, handoff, now_ms);
         self.call(move |conn| run(conn, &statements)).await?;
         plan.committed(&self.topics);
         Ok(())

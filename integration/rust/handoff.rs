@@ -1,0 +1,272 @@
+//! The direct hand-off: an item enqueued while a consumer waits on its topic (a long poll,
+//! or a dequeue that found nothing) is written already leased and handed over when its
+//! INSERT commits, with no claim. What these tests hold it to: the consumer gets it on a
+//! real lease, in priority order; a consumer that left does not take it away from the
+//! next one (its delivery uncounted), at-most-once items included; kill -9 between the
+//! commit and the hand-over loses nothing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use foqs::model::ItemState;
+use foqs::thrift_gen::{DeliveryPolicy, EnqueueItem, Item};
+
+const NS: &str = "handoff";
+
+/// Failpoints are per process and named by shard id: one test at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn handoffs(srv: &TestServer) -> u64 {
+    srv.running.as_ref().unwrap().host.metrics().handoffs.get()
+}
+
+fn payloads(items: &[Item]) -> Vec<Vec<u8>> {
+    items.iter().map(|i| i.payload.clone().unwrap()).collect()
+}
+
+/// A long poll on its own connection and thread; `read_timeout` bounds the client's wait
+/// for the reply (the connection is dropped, closed, when it passes).
+fn long_poll(
+    addr: std::net::SocketAddr,
+    topic: &str,
+    count: i32,
+    wait_ms: i64,
+    read_timeout: Duration,
+) -> std::thread::JoinHandle<(thrift::Result<Vec<Item>>, Instant)> {
+    let topics = vec![topic_req(NS, topic, count)];
+    std::thread::spawn(move || {
+        let c = foqs::client::connect(addr, Proto::Binary, read_timeout).expect("connect");
+        let mut c = Client::from_sync(c);
+        let r = c.try_dequeue_wait(topics, Some(wait_ms));
+        (r, Instant::now())
+    })
+}
+
+/// Waits until `check` holds, or panics after `within`.
+async fn until<F: std::future::Future<Output = bool>>(
+    within: Duration,
+    what: &str,
+    mut check: impl FnMut() -> F,
+) {
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < within, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn join<T: Send + 'static>(h: std::thread::JoinHandle<T>) -> T {
+    tokio::task::spawn_blocking(move || h.join().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_gets_items_enqueued_while_it_waits_on_a_lease_most_urgent_first() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let waiter = long_poll(srv.addr, "t", 2, 10_000, Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = handoffs(&srv);
+    c.enqueue(vec![
+        item(NS, "t", 9, b"c"),
+        item(NS, "t", 1, b"a"),
+        item(NS, "t", 5, b"b"),
+    ]);
+    let replied = Instant::now();
+    let (got, woke) = join(waiter).await;
+    let got = got.expect("long poll");
+    assert_eq!(payloads(&got), vec![b"a".to_vec(), b"b".to_vec()]);
+    assert_eq!(handoffs(&srv) - before, 2, "both written leased, no claim");
+    for i in &got {
+        assert!(i.lease_id.unwrap() != 0, "a delivery names its lease");
+        assert!(i.lease_expires_ms.unwrap() > now_ms());
+        assert_eq!(i.delivery_count, Some(1));
+    }
+    eprintln!(
+        "woke {:?} after the enqueue's reply",
+        woke.saturating_duration_since(replied)
+    );
+    // The lease is real: nack and touch name it, and the row is leased in storage.
+    let s = c.stats(NS, "t");
+    assert_eq!(
+        (s.ready, s.leased, s.delivered),
+        (Some(1), Some(2), Some(2))
+    );
+    let ids: Vec<String> = got.iter().map(|i| i.id.clone().unwrap()).collect();
+    let r = c.touch(&[(&ids[0], 5_000)]);
+    assert!(r[0].error.is_none(), "{:?}", r[0].error);
+    assert!(c.ack(&ids).iter().all(|r| r.error.is_none()));
+    // The item not asked for was written ready.
+    assert_eq!(payloads(&c.dequeue(NS, "t", 5)), vec![b"c".to_vec()]);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_handed_past_an_item_already_ready() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let srv = TestServer::start(1, "").await;
+    let mut c = srv.client();
+    // A dequeue of one that finds nothing: one item may be handed to it.
+    assert!(c.dequeue(NS, "o", 1).is_empty());
+    let before = handoffs(&srv);
+    c.enqueue(vec![item(NS, "o", 7, b"handed")]);
+    // Asked for one: the next goes in ready, the usual way, and blocks further hand-offs.
+    c.enqueue(vec![item(NS, "o", 1, b"urgent")]);
+    c.enqueue(vec![item(NS, "o", 0, b"later")]);
+    assert_eq!(handoffs(&srv) - before, 1);
+    let got = c.dequeue(NS, "o", 3);
+    assert_eq!(
+        payloads(&got),
+        vec![b"later".to_vec(), b"urgent".to_vec(), b"handed".to_vec()],
+        "staged and ready items come out in one order"
+    );
+    // A nack makes an item ready while a consumer waits: what is enqueued next is not
+    // handed ahead of it.
+    let ids: Vec<String> = got.iter().map(|i| i.id.clone().unwrap()).collect();
+    c.ack(&ids[1..]);
+    assert!(c.dequeue(NS, "o", 1).is_empty(), "the rest is leased");
+    c.nack(vec![nack(&ids[0], None, None)]);
+    let before = handoffs(&srv);
+    c.enqueue(vec![item(NS, "o", 5, b"behind")]);
+    assert_eq!(handoffs(&srv), before, "the nacked item is ready first");
+    assert_eq!(
+        payloads(&c.dequeue(NS, "o", 2)),
+        vec![b"later".to_vec(), b"behind".to_vec()]
+    );
+    srv.stop().await;
+}
+
+/// The waiter's connection closes while the hand-off is planned and its INSERT not yet
+/// run (the worker held there by a failpoint): the item is committed leased to nobody,
+/// and the next consumer gets it, as its first delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_left_before_the_commit_leaves_the_item_to_the_next_consumer() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let scenario = fail::FailScenario::setup();
+    let srv = TestServer::start(1, "").await;
+    let waiter = long_poll(srv.addr, "gone", 1, 10_000, Duration::from_millis(400));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    fail::cfg("shard-0-handoff-planned", "1*sleep(1200)").unwrap();
+    let before = handoffs(&srv);
+    let producer = std::thread::spawn({
+        let addr = srv.addr;
+        move || Client::connect(addr, Proto::Binary).enqueue(vec![item(NS, "gone", 0, b"x")])
+    });
+    let (r, _) = join(waiter).await;
+    assert!(
+        r.is_err(),
+        "the waiter gave up and closed its connection: {r:?}"
+    );
+    join(producer).await;
+    fail::remove("shard-0-handoff-planned");
+    assert_eq!(handoffs(&srv) - before, 1, "it was handed to the waiter");
+    let mut c = srv.client();
+    let got = c.dequeue(NS, "gone", 5);
+    assert_eq!(payloads(&got), vec![b"x".to_vec()]);
+    assert_eq!(
+        got[0].delivery_count,
+        Some(1),
+        "the waiter's delivery is not counted"
+    );
+    assert!(got[0].lease_id.unwrap() != 0);
+    srv.stop().await;
+    scenario.teardown();
+}
+
+/// An at-most-once item handed to a long poll that has gone by the time the INSERT
+/// commits (held there by a failpoint) is released, ready again, uncounted: not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_at_most_once_item_handed_to_a_poll_that_left_is_released() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let scenario = fail::FailScenario::setup();
+    let srv = TestServer::start(1, "").await;
+    let waiter = long_poll(srv.addr, "amo", 1, 10_000, Duration::from_millis(400));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    fail::cfg("shard-0-handoff-committed", "1*sleep(1200)").unwrap();
+    let before = handoffs(&srv);
+    let producer = std::thread::spawn({
+        let addr = srv.addr;
+        move || {
+            Client::connect(addr, Proto::Binary).enqueue(vec![EnqueueItem {
+                policy: Some(DeliveryPolicy::AT_MOST_ONCE),
+                ..item(NS, "amo", 0, b"once")
+            }])
+        }
+    });
+    let (r, _) = join(waiter).await;
+    assert!(
+        r.is_err(),
+        "the waiter gave up and closed its connection: {r:?}"
+    );
+    join(producer).await;
+    fail::remove("shard-0-handoff-committed");
+    assert_eq!(handoffs(&srv) - before, 1, "it was handed to the waiter");
+    // Nobody takes it from the stage: released, ready in storage, its delivery undone.
+    until(Duration::from_secs(5), "the item is released", || async {
+        srv.db
+            .count_in(ItemState::Ready, "delivery_count = 0")
+            .await
+            == 1
+    })
+    .await;
+    let mut c = srv.client();
+    let got = c.dequeue(NS, "amo", 5);
+    assert_eq!(payloads(&got), vec![b"once".to_vec()]);
+    assert_eq!(got[0].delivery_count, Some(1));
+    srv.stop().await;
+    scenario.teardown();
+}
+
+/// foqsd is killed after the INSERT of a handed item committed and before the hand-over
+/// (a failpoint holds it there): the item, leased to nobody, comes back when the lease
+/// ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_between_the_commit_and_the_hand_over_loses_nothing() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let db = TestDb::new(1);
+    let config = write_config(&db, &config_toml(&db, "", FAST_ENGINE));
+    let mut p = Proc::spawn(
+        &config,
+        &[("FAILPOINTS", "shard-0-handoff-committed=sleep(60000)")],
+    );
+    let waiter = long_poll(p.addr, "k9", 1, 20_000, Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let producer = std::thread::spawn({
+        let addr = p.addr;
+        move || {
+            let c = foqs::client::connect(addr, Proto::Binary, Duration::from_secs(30)).unwrap();
+            Client::from_sync(c).try_enqueue(vec![EnqueueItem {
+                lease_ms: Some(1_500),
+                ..item(NS, "k9", 0, b"kept")
+            }])
+        }
+    });
+    // The INSERT commits, then the worker stops at the failpoint.
+    until(
+        Duration::from_secs(10),
+        "the handed row is stored",
+        || async { db.count_in(ItemState::Leased, "").await == 1 },
+    )
+    .await;
+    p.sigkill();
+    assert!(join(waiter).await.0.is_err());
+    assert!(
+        join(producer).await.is_err(),
+        "the enqueue was never answered"
+    );
+
+    let p = Proc::spawn(&config, &[]);
+    let mut c = Client::connect(p.addr, Proto::Binary);
+    let got = c
+        .try_dequeue_wait(vec![topic_req(NS, "k9", 5)], Some(10_000))
+        .expect("long poll");
+    assert_eq!(payloads(&got), vec![b"kept".to_vec()]);
+    // The crash counts the delivery nobody received, as for any staged item.
+    assert_eq!(got[0].delivery_count, Some(2));
+    drop(p);
+    let _ = std::fs::remove_dir_all(config.parent().unwrap());
+}

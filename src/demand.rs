@@ -1,0 +1,266 @@
+//! [`Demand`]: consumers that found a topic empty and are waiting for it, so that an item
+//! enqueued meanwhile can be handed to them directly (the direct hand-off): the shard
+//! worker writes it already leased, in the same INSERT, and after the commit puts it where
+//! the next dequeue of the topic takes it (the host's prefetch stage, through the sink the
+//! host sets here). Such an item costs no claim: no UPDATE, no read back.
+//!
+//! Who counts as waiting: a long poll parked on the topic (for as long as it waits), and
+//! a dequeue that found nothing (for [`DEMAND_HOLD_MS`]: a consumer that polls in a loop
+//! is back within that). What they asked for bounds what is handed, and a consumer that
+//! finds nothing again asks anew.
+//!
+//! Order: an item is handed only while the topic has nothing more urgent ready on this
+//! host. Finding nothing says so for every shard at that moment; any item that becomes
+//! ready afterwards by the usual path (an enqueue not handed, a nack, an expiry, a
+//! deferred item coming due) blocks further hand-offs until a dequeue finds nothing again;
+//! each shard also checks its own ready items before handing (see the shard's
+//! `plan_handoff`). Two shards committing at the same moment may still hand a less urgent
+//! item beside a more urgent one made ready by the other: the same slack as staging.
+//!
+//! If the consumer has gone by the time the commit lands, the item stays staged and goes
+//! to the next dequeue, or is released (ready again, the delivery nobody saw uncounted)
+//! like any staged item. At-most-once items are handed only to a parked long poll, and
+//! are released after [`AT_MOST_ONCE_HOLD_MS`] unseen (see `core::prefetch`).
+//!
+//! Lock order: `topics` and `sink` are each taken alone; the sink runs without either.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::model::{Item, TopicName};
+
+/// How long a dequeue that found nothing counts as a consumer waiting for the topic.
+pub const DEMAND_HOLD_MS: i64 = 250;
+/// How long an at-most-once item handed to a long poll may wait staged for it before it
+/// is released (ready again): a crash while it is staged would end its lease as a
+/// delivery, which for at-most-once deletes it, so it is not kept staged for long.
+pub const AT_MOST_ONCE_HOLD_MS: i64 = 200;
+
+/// Where handed items go once committed: returns those it could not take (to release).
+pub type HandSink = Arc<dyn Fn(&TopicName, Vec<Item>) -> Vec<Item> + Send + Sync>;
+
+#[derive(Debug, Default)]
+struct Want {
+    /// Items asked for by the long polls parked now, and how many polls.
+    parked: usize,
+    polls: usize,
+    /// Items asked for by the last dequeue that found nothing, until `recent_until_ms`.
+    recent: usize,
+    recent_until_ms: i64,
+    /// Handed since the topic was last found empty.
+    handed: usize,
+    /// An item became ready by the usual path since the topic was last found empty.
+    blocked: bool,
+}
+
+/// What a shard may hand now for one topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub items: usize,
+    /// At-most-once items too (a long poll is parked).
+    pub at_most_once: bool,
+}
+
+#[derive(Default)]
+pub struct Demand {
+    topics: Mutex<HashMap<TopicName, Want>>,
+    sink: Mutex<Option<HandSink>>,
+}
+
+/// A long poll parked on a topic; leaving (dropping this) takes its demand away.
+pub struct Parked<'a> {
+    demand: &'a Demand,
+    topic: TopicName,
+    count: usize,
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        let mut topics = self.demand.topics();
+        if let Some(w) = topics.get_mut(&self.topic) {
+            w.parked = w.parked.saturating_sub(self.count);
+            w.polls = w.polls.saturating_sub(1);
+        }
+    }
+}
+
+impl Demand {
+    fn topics(&self) -> std::sync::MutexGuard<'_, HashMap<TopicName, Want>> {
+        // Plain counters, consistent after any panic.
+        self.topics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn sink(&self) -> Option<HandSink> {
+        self.sink
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Where committed hand-offs go; set by the host. Without one nothing is handed.
+    pub fn set_sink(&self, sink: HandSink) {
+        *self
+            .sink
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
+    }
+
+    /// A dequeue found nothing ready in `topic` on any of this host's shards.
+    pub fn found_nothing(&self, topic: &TopicName, count: usize, now_ms: i64) {
+        let mut topics = self.topics();
+        let w = topics.entry(topic.clone()).or_default();
+        w.recent = count;
+        w.recent_until_ms = now_ms + DEMAND_HOLD_MS;
+        w.handed = 0;
+        w.blocked = false;
+    }
+
+    /// A long poll that found nothing waits on `topic` for `count` items.
+    pub fn park(&self, topic: &TopicName, count: usize) -> Parked<'_> {
+        let mut topics = self.topics();
+        let w = topics.entry(topic.clone()).or_default();
+        w.parked += count;
+        w.polls += 1;
+        w.handed = 0;
+        w.blocked = false;
+        Parked {
+            demand: self,
+            topic: topic.clone(),
+            count,
+        }
+    }
+
+    /// How many items of `topic` a shard may hand now.
+    pub fn grant(&self, topic: &TopicName, now_ms: i64) -> Grant {
+        let none = Grant {
+            items: 0,
+            at_most_once: false,
+        };
+        if self.sink().is_none() {
+            return none;
+        }
+        let topics = self.topics();
+        let Some(w) = topics.get(topic) else {
+            return none;
+        };
+        if w.blocked {
+            return none;
+        }
+        let recent = if now_ms < w.recent_until_ms {
+            w.recent
+        } else {
+            0
+        };
+        Grant {
+            // A long poll's own empty look also counts as `recent`: the larger ask, not
+            // the sum, so that it is not counted twice.
+            items: w.parked.max(recent).saturating_sub(w.handed),
+            at_most_once: w.polls > 0,
+        }
+    }
+
+    /// A shard is handing `n` items of `topic` (after [`Demand::grant`]).
+    pub fn took(&self, topic: &TopicName, n: usize) {
+        if let Some(w) = self.topics().get_mut(topic) {
+            w.handed += n;
+        }
+    }
+
+    /// An item of `topic` became ready by the usual path: nothing more is handed until
+    /// the topic is found empty again (it is no longer the most urgent thing there).
+    pub fn block(&self, topic: &TopicName) {
+        if let Some(w) = self.topics().get_mut(topic) {
+            w.blocked = true;
+        }
+    }
+
+    /// Committed hand-offs, to the sink; returns what it did not take (none set: all).
+    pub fn hand(&self, topic: &TopicName, items: Vec<Item>) -> Vec<Item> {
+        match self.sink() {
+            Some(sink) => sink(topic, items),
+            None => items,
+        }
+    }
+
+    /// Forgets topics nobody waits on any more.
+    pub fn forget_idle(&self, now_ms: i64) {
+        self.topics()
+            .retain(|_, w| w.polls > 0 || now_ms < w.recent_until_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic() -> TopicName {
+        TopicName {
+            ns: "n".into(),
+            topic: "t".into(),
+        }
+    }
+
+    fn with_sink() -> Demand {
+        let d = Demand::default();
+        d.set_sink(Arc::new(|_: &TopicName, _: Vec<Item>| Vec::new()));
+        d
+    }
+
+    #[test]
+    fn nothing_is_handed_without_a_sink_or_a_waiting_consumer() {
+        let d = Demand::default();
+        d.found_nothing(&topic(), 10, 0);
+        assert_eq!(d.grant(&topic(), 1).items, 0, "no sink");
+        let d = with_sink();
+        assert_eq!(d.grant(&topic(), 1).items, 0, "nobody found it empty");
+    }
+
+    #[test]
+    fn a_dequeue_that_found_nothing_is_waited_for_a_while() {
+        let d = with_sink();
+        d.found_nothing(&topic(), 10, 1_000);
+        let g = d.grant(&topic(), 1_001);
+        assert_eq!(
+            g,
+            Grant {
+                items: 10,
+                at_most_once: false
+            }
+        );
+        d.took(&topic(), 4);
+        assert_eq!(d.grant(&topic(), 1_002).items, 6);
+        assert_eq!(d.grant(&topic(), 1_000 + DEMAND_HOLD_MS).items, 0);
+        d.forget_idle(1_000 + DEMAND_HOLD_MS);
+        assert!(d.topics().is_empty());
+    }
+
+    #[test]
+    fn a_long_poll_is_waited_for_while_it_is_parked() {
+        let d = with_sink();
+        let p = d.park(&topic(), 3);
+        let g = d.grant(&topic(), 1_000_000);
+        assert_eq!(
+            g,
+            Grant {
+                items: 3,
+                at_most_once: true
+            }
+        );
+        d.forget_idle(1_000_000);
+        assert_eq!(d.grant(&topic(), 1_000_000).items, 3, "still parked");
+        drop(p);
+        assert_eq!(d.grant(&topic(), 1_000_000).items, 0);
+    }
+
+    #[test]
+    fn an_item_made_ready_the_usual_way_blocks_hand_offs_until_found_empty_again() {
+        let d = with_sink();
+        let _p = d.park(&topic(), 5);
+        d.block(&topic());
+        assert_eq!(d.grant(&topic(), 0).items, 0);
+        d.found_nothing(&topic(), 2, 0);
+        assert_eq!(d.grant(&topic(), 1).items, 5, "the larger ask");
+    }
+}
