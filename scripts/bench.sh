@@ -6,7 +6,9 @@
 #                               RabbitMQ answers on 127.0.0.1:5672 (guest), each foqs run is
 #                               followed by the same workload on RabbitMQ's durable priority
 #                               queue, and its medians print beside foqs's
-#   scripts/bench.sh latency    single-item latency at half the single-item peak rate
+#   scripts/bench.sh latency    single-item latency at half the single-item peak rate, and
+#                               how soon a long-poll consumer has an item after the
+#                               enqueue's reply (one producer, one consumer, 2000 items)
 #   scripts/bench.sh transports single-item mixed throughput over each transport
 #                               (framed, unframed, THeader; and FOQS_BENCH_BEFORE's
 #                               binary, framed), 5 rounds interleaved, medians
@@ -78,6 +80,11 @@ if [ "$mode" = latency ]; then
     foqs_log "$label: single-item mixed peak: $peak items/s; measuring at half of it"
     fresh_foqsd "$backend" "$binary"
     line=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 --rate $((peak / 2)))
+    echo "${line/\"system\":\"foqs\"/\"system\":\"$label\"}"
+    # A long-poll consumer and a producer, an item at a time: how soon after the
+    # enqueue's reply the waiting consumer has the item.
+    fresh_foqsd "$backend" "$binary"
+    line=$(bench --phases longpoll --items 2000 --producers 1 --consumers 1 --batch 1)
     echo "${line/\"system\":\"foqs\"/\"system\":\"$label\"}"
   done
   exit 0

@@ -6,8 +6,9 @@
 //!
 //! Who counts as waiting: a long poll parked on the topic (for as long as it waits), and
 //! a dequeue that found nothing (for [`DEMAND_HOLD_MS`]: a consumer that polls in a loop
-//! is back within that). What they asked for bounds what is handed, and a consumer that
-//! finds nothing again asks anew.
+//! is back within that). What they asked for bounds what is handed (the asks of one
+//! hold window add up, to at most [`DEMAND_ITEMS_MAX`]), and a consumer that finds
+//! nothing again asks anew.
 //!
 //! Order: an item is handed only while the topic has nothing more urgent ready on this
 //! host. Finding nothing says so for every shard at that moment; any item that becomes
@@ -31,6 +32,9 @@ use crate::model::{Item, TopicName};
 
 /// How long a dequeue that found nothing counts as a consumer waiting for the topic.
 pub const DEMAND_HOLD_MS: i64 = 250;
+/// Most items asked for by the dequeues of one hold window that found nothing (the most
+/// one dequeue may ask for).
+pub const DEMAND_ITEMS_MAX: usize = 1000;
 /// How long an at-most-once item handed to a long poll may wait staged for it before it
 /// is released (ready again): a crash while it is staged would end its lease as a
 /// delivery, which for at-most-once deletes it, so it is not kept staged for long.
@@ -44,7 +48,7 @@ struct Want {
     /// Items asked for by the long polls parked now, and how many polls.
     parked: usize,
     polls: usize,
-    /// Items asked for by the last dequeue that found nothing, until `recent_until_ms`.
+    /// Items asked for by the dequeues that found nothing, until `recent_until_ms`.
     recent: usize,
     recent_until_ms: i64,
     /// Handed since the topic was last found empty.
@@ -107,11 +111,18 @@ impl Demand {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
     }
 
-    /// A dequeue found nothing ready in `topic` on any of this host's shards.
+    /// A dequeue found nothing ready in `topic` on any of this host's shards. Several
+    /// consumers may be waiting: the asks of the hold window add up (at most
+    /// [`DEMAND_ITEMS_MAX`]). One consumer asking again counts again: what is handed for
+    /// it beyond its ask is staged for its next dequeue, as claims ahead are.
     pub fn found_nothing(&self, topic: &TopicName, count: usize, now_ms: i64) {
         let mut topics = self.topics();
         let w = topics.entry(topic.clone()).or_default();
-        w.recent = count;
+        w.recent = if now_ms < w.recent_until_ms {
+            (w.recent + count).min(DEMAND_ITEMS_MAX)
+        } else {
+            count.min(DEMAND_ITEMS_MAX)
+        };
         w.recent_until_ms = now_ms + DEMAND_HOLD_MS;
         w.handed = 0;
         w.blocked = false;
@@ -262,5 +273,10 @@ mod tests {
         assert_eq!(d.grant(&topic(), 0).items, 0);
         d.found_nothing(&topic(), 2, 0);
         assert_eq!(d.grant(&topic(), 1).items, 5, "the larger ask");
+        // More consumers finding it empty within the window: their asks add up.
+        d.found_nothing(&topic(), 4, 2);
+        assert_eq!(d.grant(&topic(), 3).items, 6);
+        d.found_nothing(&topic(), 999, 3);
+        assert_eq!(d.grant(&topic(), 4).items, DEMAND_ITEMS_MAX);
     }
 }

@@ -6,7 +6,10 @@
 //! - `enqueue`: producers enqueue `--items` items, nobody consumes;
 //! - `drain`: consumers dequeue and ack until that many items are consumed;
 //! - `mixed`: producers enqueue `--items` more while consumers drain them; the figure is
-//!   items consumed per second.
+//!   items consumed per second;
+//! - `longpoll` (not in the default): one consumer long-polls a topic of its own and one
+//!   producer enqueues an item once the consumer waits, `--items` times; the figure is how
+//!   long after the enqueue's reply the consumer has the item (0 when it had it first).
 //!
 //! Latencies are per call: enqueue calls, dequeue+ack cycles, and the ack alone.
 //! Every run is bounded: by `--items` and by `--max-seconds` per phase.
@@ -48,7 +51,7 @@ struct Args {
     /// Default: a fresh topic per run.
     #[arg(long)]
     topic: Option<String>,
-    /// Comma-separated phases: enqueue, drain, mixed.
+    /// Comma-separated phases: enqueue, drain, mixed, longpoll.
     #[arg(long, default_value = "enqueue,drain,mixed")]
     phases: String,
     /// Total enqueue rate limit in items/s for the mixed phase (0: as fast as possible).
@@ -191,6 +194,72 @@ impl Run {
         .map(|(d, lat)| (d, lat, enqueued.load(Ordering::Relaxed)))
     }
 
+    /// One long-poll consumer, one producer, an item at a time (see the `longpoll` phase):
+    /// for each item, how long after the enqueue's reply the consumer had it.
+    fn longpoll(&self, items: u64, deadline: Instant) -> anyhow::Result<Latencies> {
+        let topic = format!("{}-longpoll", self.topic);
+        let mut producer = self.client()?;
+        let (waiting_tx, waiting_rx) = std::sync::mpsc::channel::<()>();
+        let (got_tx, got_rx) = std::sync::mpsc::channel::<Instant>();
+        std::thread::scope(|s| {
+            let consumer = s.spawn(|| -> anyhow::Result<()> {
+                let mut c = self.client()?;
+                let req = DequeueRequest {
+                    topics: Some(vec![TopicRequest {
+                        ns: Some(self.args.ns.clone()),
+                        topic: Some(topic.clone()),
+                        count: Some(1),
+                    }]),
+                    wait_ms: Some(5_000),
+                    local_only: None,
+                    forwarded_by: None,
+                };
+                let mut received = 0;
+                while received < items && Instant::now() < deadline {
+                    if waiting_tx.send(()).is_err() {
+                        break;
+                    }
+                    let got = c.dequeue(req.clone())?.items.unwrap_or_default();
+                    let at = Instant::now();
+                    if got.is_empty() {
+                        continue;
+                    }
+                    received += got.len() as u64;
+                    let _ = got_tx.send(at);
+                    let ids: Vec<String> = got.into_iter().filter_map(|i| i.id).collect();
+                    c.ack(AckRequest {
+                        ids: Some(ids),
+                        forwarded_by: None,
+                        forwarded_for: None,
+                    })?;
+                }
+                Ok(())
+            });
+            let mut lat = Latencies::default();
+            let payload = vec![b'x'; self.args.payload_bytes];
+            for _ in 0..items {
+                if Instant::now() >= deadline || waiting_rx.recv().is_err() {
+                    break;
+                }
+                // The consumer sent its poll; give it time to reach foqsd and park.
+                std::thread::sleep(Duration::from_millis(2));
+                producer.enqueue(EnqueueRequest {
+                    items: Some(vec![new_item(&self.args.ns, &topic, 0, payload.clone())]),
+                    forwarded_by: None,
+                })?;
+                let replied = Instant::now();
+                let got = got_rx
+                    .recv_timeout(Duration::from_secs(10))
+                    .context("the long poll did not receive the item within 10 s")?;
+                lat.0
+                    .push(got.saturating_duration_since(replied).as_micros() as u32);
+            }
+            drop(waiting_rx);
+            consumer.join().expect("consumer panicked")?;
+            Ok(lat)
+        })
+    }
+
     /// Consumers dequeue and ack until `items` are consumed; returns (elapsed, latencies,
     /// items consumed).
     fn consume(
@@ -329,7 +398,14 @@ fn main() -> anyhow::Result<()> {
                 fields.push(format!("\"mixed_dequeue_ack_latency\":{}", lat.summary()));
                 fields.push(format!("\"mixed_ack_latency\":{}", acks.summary()));
             }
-            other => bail!("unknown phase {other:?}: want enqueue, drain or mixed"),
+            "longpoll" => {
+                let lat = run.longpoll(args.items, Instant::now() + limit)?;
+                fields.push(format!(
+                    "\"longpoll_receive_after_reply\":{}",
+                    lat.summary()
+                ));
+            }
+            other => bail!("unknown phase {other:?}: want enqueue, drain, mixed or longpoll"),
         }
     }
     println!("{{{}}}", fields.join(","));
