@@ -5,8 +5,9 @@
 //! host sets here). Such an item costs no claim: no UPDATE, no read back.
 //!
 //! Who counts as waiting: a long poll parked on the topic (for as long as it waits), and
-//! a dequeue that found nothing (for [`DEMAND_HOLD_MS`]: a consumer that polls in a loop
-//! is back within that). What they asked for bounds what is handed (the asks of one
+//! a dequeue of this host's consumer that found nothing here nor on the peers (for
+//! [`DEMAND_HOLD_MS`]: a consumer that polls in a loop is back within that; a dequeue a
+//! peer routed here does not count, its consumer waits there). What they asked for bounds what is handed (the asks of one
 //! hold window add up, to at most [`DEMAND_ITEMS_MAX`]), and a consumer that finds
 //! nothing again asks anew.
 //!
@@ -15,8 +16,9 @@
 //! ready afterwards by the usual path (an enqueue not handed, a nack, an expiry, a
 //! deferred item coming due) blocks further hand-offs until a dequeue finds nothing again;
 //! each shard also checks its own ready items before handing (see the shard's
-//! `plan_handoff`). Two shards committing at the same moment may still hand a less urgent
-//! item beside a more urgent one made ready by the other: the same slack as staging.
+//! `plan_handoff`: only a prefix, in order, of a turn's rows). Two shards committing at the
+//! same moment, or a nack in the same turn, may still let a less urgent handed item out
+//! beside a more urgent one made ready meanwhile: the same slack as staging.
 //!
 //! If the consumer has gone by the time the commit lands, the item stays staged and goes
 //! to the next dequeue, or is released (ready again, the delivery nobody saw uncounted)
@@ -141,6 +143,11 @@ impl Demand {
             topic: topic.clone(),
             count,
         }
+    }
+
+    /// Whether any topic has consumers waiting (a cheap first look for every insert).
+    pub fn anyone_waiting(&self) -> bool {
+        !self.topics().is_empty()
     }
 
     /// How many items of `topic` a shard may hand now.

@@ -22,6 +22,19 @@ fn handoffs(srv: &TestServer) -> u64 {
     srv.running.as_ref().unwrap().host.metrics().handoffs.get()
 }
 
+/// How many items of `topic` an enqueue would hand to waiting consumers now.
+fn grant(srv: &TestServer, topic: &str) -> foqs::demand::Grant {
+    srv.running.as_ref().unwrap().host.handoff_grant(NS, topic)
+}
+
+/// Waits until a long poll on `topic` is parked (at-most-once items may be handed then).
+async fn parked(srv: &TestServer, topic: &str) {
+    until(Duration::from_secs(10), "the long poll parks", || async {
+        grant(srv, topic).at_most_once
+    })
+    .await;
+}
+
 fn payloads(items: &[Item]) -> Vec<Vec<u8>> {
     items.iter().map(|i| i.payload.clone().unwrap()).collect()
 }
@@ -69,7 +82,7 @@ async fn a_long_poll_gets_items_enqueued_while_it_waits_on_a_lease_most_urgent_f
     let srv = TestServer::start(3, "").await;
     let mut c = srv.client();
     let waiter = long_poll(srv.addr, "t", 2, 10_000, Duration::from_secs(20));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    parked(&srv, "t").await;
     let before = handoffs(&srv);
     c.enqueue(vec![
         item(NS, "t", 9, b"c"),
@@ -112,6 +125,7 @@ async fn nothing_is_handed_past_an_item_already_ready() {
     let mut c = srv.client();
     // A dequeue of one that finds nothing: one item may be handed to it.
     assert!(c.dequeue(NS, "o", 1).is_empty());
+    assert_eq!(grant(&srv, "o").items, 1);
     let before = handoffs(&srv);
     c.enqueue(vec![item(NS, "o", 7, b"handed")]);
     // Asked for one: the next goes in ready, the usual way, and blocks further hand-offs.
@@ -129,13 +143,39 @@ async fn nothing_is_handed_past_an_item_already_ready() {
     let ids: Vec<String> = got.iter().map(|i| i.id.clone().unwrap()).collect();
     c.ack(&ids[1..]);
     assert!(c.dequeue(NS, "o", 1).is_empty(), "the rest is leased");
+    assert!(
+        grant(&srv, "o").items > 0,
+        "it found nothing: items may be handed"
+    );
     c.nack(vec![nack(&ids[0], None, None)]);
+    assert_eq!(
+        grant(&srv, "o").items,
+        0,
+        "the nacked item is the most urgent now"
+    );
     let before = handoffs(&srv);
     c.enqueue(vec![item(NS, "o", 5, b"behind")]);
     assert_eq!(handoffs(&srv), before, "the nacked item is ready first");
     assert_eq!(
         payloads(&c.dequeue(NS, "o", 2)),
         vec![b"later".to_vec(), b"behind".to_vec()]
+    );
+    // Only a prefix in order is handed: an at-most-once item (no long poll waits) goes in
+    // ready, and the less urgent item of the same enqueue is not handed ahead of it.
+    assert!(c.dequeue(NS, "o2", 2).is_empty());
+    assert_eq!(grant(&srv, "o2").items, 2);
+    let before = handoffs(&srv);
+    c.enqueue(vec![
+        EnqueueItem {
+            policy: Some(DeliveryPolicy::AT_MOST_ONCE),
+            ..item(NS, "o2", 0, b"once")
+        },
+        item(NS, "o2", 5, b"five"),
+    ]);
+    assert_eq!(handoffs(&srv), before);
+    assert_eq!(
+        payloads(&c.dequeue(NS, "o2", 2)),
+        vec![b"once".to_vec(), b"five".to_vec()]
     );
     srv.stop().await;
 }
@@ -148,9 +188,9 @@ async fn a_waiter_that_left_before_the_commit_leaves_the_item_to_the_next_consum
     let _serial = ONE_AT_A_TIME.lock().await;
     let scenario = fail::FailScenario::setup();
     let srv = TestServer::start(1, "").await;
-    let waiter = long_poll(srv.addr, "gone", 1, 10_000, Duration::from_millis(400));
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    fail::cfg("shard-0-handoff-planned", "1*sleep(1200)").unwrap();
+    let waiter = long_poll(srv.addr, "gone", 1, 10_000, Duration::from_millis(800));
+    parked(&srv, "gone").await;
+    fail::cfg("shard-0-handoff-planned", "1*return(2000)").unwrap();
     let before = handoffs(&srv);
     let producer = std::thread::spawn({
         let addr = srv.addr;
@@ -184,9 +224,9 @@ async fn an_at_most_once_item_handed_to_a_poll_that_left_is_released() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let scenario = fail::FailScenario::setup();
     let srv = TestServer::start(1, "").await;
-    let waiter = long_poll(srv.addr, "amo", 1, 10_000, Duration::from_millis(400));
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    fail::cfg("shard-0-handoff-committed", "1*sleep(1200)").unwrap();
+    let waiter = long_poll(srv.addr, "amo", 1, 10_000, Duration::from_millis(800));
+    parked(&srv, "amo").await;
+    fail::cfg("shard-0-handoff-committed", "1*return(2000)").unwrap();
     let before = handoffs(&srv);
     let producer = std::thread::spawn({
         let addr = srv.addr;
@@ -231,10 +271,11 @@ async fn kill_9_between_the_commit_and_the_hand_over_loses_nothing() {
     let config = write_config(&db, &config_toml(&db, "", FAST_ENGINE));
     let mut p = Proc::spawn(
         &config,
-        &[("FAILPOINTS", "shard-0-handoff-committed=sleep(60000)")],
+        &[("FAILPOINTS", "shard-0-handoff-committed=return(60000)")],
     );
     let waiter = long_poll(p.addr, "k9", 1, 20_000, Duration::from_secs(30));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another process: its demand cannot be read from here; the poll parks within this.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let producer = std::thread::spawn({
         let addr = p.addr;
         move || {
@@ -269,4 +310,98 @@ async fn kill_9_between_the_commit_and_the_hand_over_loses_nothing() {
     assert_eq!(got[0].delivery_count, Some(2));
     drop(p);
     let _ = std::fs::remove_dir_all(config.parent().unwrap());
+}
+
+/// An INSERT carrying hand-offs that fails: the keys it staged before running stay staged
+/// while its outcome is unknown, and once that has settled those of rows that do not exist
+/// leave the staged set (it does not grow with every failed hand-off); those of rows that
+/// do exist stay, leased by nobody, for their lease's end to give back uncounted. A worker
+/// driven directly, over the real MySQL store wrapped in the fault injector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_staged_keys_of_a_failed_hand_off_are_let_go_once_its_outcome_is_known() {
+    use common::shard as faulty;
+    use foqs::store::faulty::{Fault, Faults, Faulty};
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let db = TestDb::mysql(1);
+    let faults = Faults::default();
+    let store = Faulty::new(
+        foqs::store::MySqlStore::new(0, &db.url(0), 4).unwrap(),
+        faults.clone(),
+    );
+    let waiters = foqs::waiters::Waiters::new();
+    let handed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    waiters.demand().set_sink(std::sync::Arc::new({
+        let handed = handed.clone();
+        move |_: &foqs::model::TopicName, items: Vec<foqs::model::Item>| {
+            handed.lock().unwrap().extend(items);
+            Vec::new()
+        }
+    }));
+    let cfg = foqs::shard::WorkerConfig {
+        scan_interval_ms: 50,
+        store_timeout_ms: 300,
+        ..faulty::worker_config()
+    };
+    let (shard, _worker) = foqs::shard::ShardWorker::start(
+        0,
+        store,
+        std::sync::Arc::new(foqs::clock::SystemClock),
+        cfg,
+        waiters.clone(),
+        std::sync::Arc::new(foqs::metrics::Metrics::new()),
+    )
+    .await
+    .unwrap();
+    let topic = faulty::topic("h", "t");
+    let enqueue = |n: i32| {
+        let shard = shard.clone();
+        async move {
+            let items = (0..n).map(|i| faulty::new_item("h", "t", i)).collect();
+            shard
+                .submit_enqueue(items)
+                .map_err(|(_, e)| e)
+                .unwrap()
+                .wait()
+                .await
+        }
+    };
+
+    // Refused before anything was written: no row, so the keys go once it has settled.
+    waiters.demand().found_nothing(&topic, 10, now_ms());
+    faults.arm("insert", Fault::FailBefore);
+    assert!(enqueue(2).await.is_err());
+    assert_eq!(
+        shard.unseen_leases().len(),
+        2,
+        "staged before the INSERT ran"
+    );
+    until(
+        Duration::from_secs(10),
+        "the keys of rows that never were leave",
+        || {
+            let n = shard.unseen_leases().len();
+            async move { n == 0 }
+        },
+    )
+    .await;
+
+    // Failed after its commit: the rows exist, leased by nobody; their keys stay.
+    waiters.demand().found_nothing(&topic, 10, now_ms());
+    faults.arm("insert", Fault::FailAfterCommit);
+    assert!(enqueue(3).await.is_err());
+    assert_eq!(db.count_in(ItemState::Leased, "").await, 3);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(
+        shard.unseen_leases().len(),
+        3,
+        "leases nobody holds stay known"
+    );
+    assert!(handed.lock().unwrap().is_empty());
+
+    // And one that works is handed over, staged until a consumer takes it.
+    waiters.demand().found_nothing(&topic, 10, now_ms());
+    enqueue(1).await.unwrap();
+    assert_eq!(handed.lock().unwrap().len(), 1);
+    assert_eq!(shard.unseen_leases().len(), 4);
+    shard.shutdown().await;
 }

@@ -108,8 +108,7 @@ impl Host {
             p.waiters
                 .demand()
                 .set_sink(Arc::new(move |topic: &TopicName, items: Vec<Item>| {
-                    prefetch.stage_handed(topic, items, clock.now_ms());
-                    Vec::new()
+                    prefetch.stage_handed(topic, items, clock.now_ms())
                 }));
         }
         Host {
@@ -189,6 +188,7 @@ impl Host {
     /// Starts serving a shard whose worker was started (and its index rebuilt).
     pub fn add_shard(&self, handle: ShardHandle, worker: JoinHandle<()>) {
         let id = handle.id();
+        self.prefetch.open_shard(id);
         // Its worker was given the dead predecessor's unseen leases when it started
         // (`unseen_leases`); the record is done with.
         let unseen = self
@@ -386,6 +386,17 @@ impl Host {
         }
     }
 
+    /// How many items of a topic an enqueue here would hand to waiting consumers now, and
+    /// whether at-most-once ones too (see [`crate::demand`]): a test signal, so that a
+    /// test waits for a long poll to park instead of sleeping.
+    pub fn handoff_grant(&self, ns: &str, topic: &str) -> crate::demand::Grant {
+        let t = TopicName {
+            ns: ns.to_string(),
+            topic: topic.to_string(),
+        };
+        self.waiters.demand().grant(&t, self.clock.now_ms())
+    }
+
     /// Ends in-flight long polls (they return what they have: nothing) and makes new ones
     /// return at once; called when shutting down.
     pub fn stop_waiting(&self) {
@@ -436,12 +447,6 @@ impl Host {
             if !short || out.len() >= count {
                 break;
             }
-        }
-        if out.is_empty() {
-            // An item enqueued now may be handed to this consumer directly.
-            self.waiters
-                .demand()
-                .found_nothing(topic, count, self.clock.now_ms());
         }
         out.sort_by_key(Item::global_key);
         Ok(out)

@@ -31,7 +31,7 @@
 //! The price of staging: an item enqueued after a batch was staged, even a more urgent
 //! one, waits until the staged items ahead of it are handed out (at most one window).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::demand::AT_MOST_ONCE_HOLD_MS;
@@ -102,6 +102,11 @@ pub struct Taken {
 pub struct Prefetch {
     cfg: PrefetchConfig,
     topics: Mutex<HashMap<TopicName, Stage>>,
+    /// Shards whose stage was drained (being let go; `None`: every shard, at shutdown):
+    /// what an enqueue hands over for them afterwards is refused, for the shard to
+    /// release, instead of staying staged with nobody left to release it. Taken only
+    /// under `topics`, so a drain and a hand-over are in one order or the other.
+    closed: Mutex<Option<HashSet<ShardId>>>,
 }
 
 impl Prefetch {
@@ -109,6 +114,7 @@ impl Prefetch {
         Prefetch {
             cfg,
             topics: Mutex::new(HashMap::new()),
+            closed: Mutex::new(Some(HashSet::new())),
         }
     }
 
@@ -195,9 +201,16 @@ impl Prefetch {
 
     /// Stages items an enqueue handed to the topic's waiting consumers (see
     /// [`crate::demand`]), at-most-once ones included: a long poll is there to take them,
-    /// and they are released after [`AT_MOST_ONCE_HOLD_MS`] if it has gone.
-    pub fn stage_handed(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) {
+    /// and they are released after [`AT_MOST_ONCE_HOLD_MS`] if it has gone. Returns the
+    /// items of shards whose stage was drained (see `closed`), for the shard to release.
+    #[must_use = "the items not staged must be released"]
+    pub fn stage_handed(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) -> Vec<Item> {
         let mut topics = self.topics.lock().expect("not poisoned");
+        let closed = self.closed.lock().expect("not poisoned");
+        let (items, refused): (Vec<Item>, Vec<Item>) = items
+            .into_iter()
+            .partition(|i| closed.as_ref().is_some_and(|c| !c.contains(&i.id.shard)));
+        drop(closed);
         let stage = topics.entry(topic.clone()).or_default();
         for item in items {
             let hold_ms = match item.policy {
@@ -212,6 +225,15 @@ impl Prefetch {
                     hold_ms,
                 },
             );
+        }
+        refused
+    }
+
+    /// A shard is served (again): hand-overs for it are staged.
+    pub fn open_shard(&self, shard: ShardId) {
+        let _topics = self.topics.lock().expect("not poisoned");
+        if let Some(c) = self.closed.lock().expect("not poisoned").as_mut() {
+            c.remove(&shard);
         }
     }
 
@@ -297,18 +319,23 @@ impl Prefetch {
         (n, oldest)
     }
 
-    /// Everything staged, for release at shutdown.
+    /// Everything staged, for release at shutdown; later hand-overs are refused.
     pub fn drain(&self) -> Vec<Item> {
         let mut topics = self.topics.lock().expect("not poisoned");
+        *self.closed.lock().expect("not poisoned") = None;
         topics
             .drain()
             .flat_map(|(_, s)| s.items.into_values().map(|s| s.item))
             .collect()
     }
 
-    /// Takes every staged item of one shard (the host is letting the shard go).
+    /// Takes every staged item of one shard (the host is letting the shard go); later
+    /// hand-overs for it are refused until [`Prefetch::open_shard`].
     pub fn drain_shard(&self, shard: ShardId) -> Vec<Item> {
         let mut topics = self.topics.lock().expect("not poisoned");
+        if let Some(c) = self.closed.lock().expect("not poisoned").as_mut() {
+            c.insert(shard);
+        }
         let mut out = Vec::new();
         for stage in topics.values_mut() {
             let keys: Vec<GlobalKey> = stage
@@ -472,6 +499,26 @@ mod tests {
         let (_, release) = p.sweep(1, live);
         assert!(release.is_empty(), "a dead copy has nothing to release");
         assert_eq!(p.drain().len(), 1);
+    }
+
+    #[test]
+    fn hand_overs_for_a_drained_shard_are_refused_until_it_is_served_again() {
+        let p = Prefetch::new(CFG);
+        assert!(p
+            .stage_handed(&topic(), vec![item(1, 0, 30_000)], 0)
+            .is_empty());
+        assert_eq!(p.drain_shard(0).len(), 1);
+        let refused = p.stage_handed(&topic(), vec![item(2, 0, 30_000)], 0);
+        assert_eq!(refused.len(), 1, "nobody would release it");
+        p.open_shard(0);
+        assert!(p
+            .stage_handed(&topic(), vec![item(3, 0, 30_000)], 0)
+            .is_empty());
+        assert_eq!(p.drain().len(), 1);
+        assert_eq!(
+            p.stage_handed(&topic(), vec![item(4, 0, 30_000)], 0).len(),
+            1
+        );
     }
 
     #[test]

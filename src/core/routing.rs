@@ -215,6 +215,16 @@ impl Host {
         if local_only || got.len() >= count {
             return Ok(got);
         }
+        // A consumer of this host that finds the topic empty here and on its peers: an
+        // item enqueued here now may be handed to it directly (see `crate::demand`). Not
+        // for a dequeue a peer routed here: its consumer waits at that peer.
+        let found_nothing = |got: &Vec<Item>| {
+            if got.is_empty() {
+                self.waiters
+                    .demand()
+                    .found_nothing(topic, count, self.clock.now_ms());
+            }
+        };
         let tier = self.namespaces.tier(&topic.ns);
         for (id, addr) in self.cluster.peers_with_ready(tier, topic) {
             let want = count - got.len();
@@ -249,6 +259,7 @@ impl Host {
                 return Err(e);
             }
         }
+        found_nothing(&got);
         got.sort_by_key(Item::global_key);
         Ok(got)
     }

@@ -300,8 +300,9 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let hangup = Arc::new(Hangup::default());
     let caller = caller.clone().with_hangup(hangup.clone());
-    // What arrives while a request is being served (see below).
-    let mut early = [0u8; EARLY_BYTES];
+    // What arrives while a request is being served (see below); allocated at the first
+    // request that is not answered at once.
+    let mut early: Vec<u8> = Vec::new();
     let mut early_len = 0;
     loop {
         if *shutdown.borrow() {
@@ -363,6 +364,9 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
             match futures::poll!(&mut answer) {
                 std::task::Poll::Ready(step) => step,
                 std::task::Poll::Pending => {
+                    if early.is_empty() {
+                        early.resize(EARLY_BYTES, 0);
+                    }
                     let mut watching = true;
                     loop {
                         tokio::select! {

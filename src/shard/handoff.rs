@@ -20,6 +20,26 @@ use super::Command;
 use crate::model::{Item, ItemId, NewItem, Policy, ReadyKey, TopicName};
 use crate::store::{Handoff, ShardStore};
 
+/// Test builds: the pause the failpoint `name` asks for (its `return(MS)` action), for
+/// the worker to await: unlike the `sleep` action it leaves the runtime's threads free,
+/// so the rest of the host (a connection closing, say) goes on meanwhile.
+#[cfg(feature = "failpoints")]
+pub(super) async fn failpoint_pause(name: String) {
+    let pause = || -> Option<u64> {
+        fail::fail_point!(&name, |v| v.and_then(|s| s.parse().ok()));
+        None
+    };
+    if let Some(ms) = pause() {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
+/// A row that may be handed: its place in the ready order, its INSERT group, its policy.
+type Candidate = (ReadyKey, usize, Policy);
+
+/// Failed INSERTs with hand-offs whose outcome a worker waits to settle, at most.
+const HANDOFF_DOUBTS_MAX: usize = 1024;
+
 fn topic_of(it: &NewItem) -> TopicName {
     TopicName {
         ns: it.ns.clone(),
@@ -33,8 +53,16 @@ impl<S: ShardStore> ShardWorker<S> {
     /// item this shard already has ready for the topic. Ready now and not expired only;
     /// at-most-once ones only for a parked long poll.
     pub(super) fn plan_handoff(&mut self, groups: &mut [InsertGroup], now_ms: i64) {
+        for g in groups.iter_mut() {
+            g.written_at_ms = now_ms;
+        }
         let demand = self.waiters.demand();
-        let mut by_topic: HashMap<TopicName, Vec<(ReadyKey, usize, Policy)>> = HashMap::new();
+        // Most inserts find nobody waiting: they cost one look, nothing per row.
+        if !demand.anyone_waiting() {
+            return;
+        }
+        // Rows by topic, borrowed: a topic's name is copied once, not per row.
+        let mut by_topic: HashMap<(&str, &str), Vec<Candidate>> = HashMap::new();
         for (at, g) in groups.iter().enumerate() {
             for (key, it) in &g.rows {
                 if it.deliver_after_ms > now_ms || it.expires_at_ms.is_some_and(|t| t <= now_ms) {
@@ -46,11 +74,21 @@ impl<S: ShardStore> ShardWorker<S> {
                     key: *key,
                 };
                 by_topic
-                    .entry(topic_of(it))
+                    .entry((it.ns.as_str(), it.topic.as_str()))
                     .or_default()
                     .push((k, at, it.policy));
             }
         }
+        let by_topic: Vec<(TopicName, Vec<Candidate>)> = by_topic
+            .into_iter()
+            .map(|((ns, topic), rows)| {
+                let name = TopicName {
+                    ns: ns.to_string(),
+                    topic: topic.to_string(),
+                };
+                (name, rows)
+            })
+            .collect();
         let mut token = None;
         for (topic, mut rows) in by_topic {
             let grant = demand.grant(&topic, now_ms);
@@ -60,12 +98,17 @@ impl<S: ShardStore> ShardWorker<S> {
             let Ok(first_ready) = self.first_ready(&topic, now_ms) else {
                 continue;
             };
-            rows.retain(|(k, _, policy)| {
-                (grant.at_most_once || *policy != Policy::AtMostOnce)
-                    && first_ready.is_none_or(|f| *k < f)
-            });
+            // Only a prefix of the turn's rows in order: a row that cannot be handed goes
+            // in ready, and nothing behind it may be handed ahead of it.
             rows.sort_unstable_by_key(|(k, _, _)| *k);
-            rows.truncate(grant.items);
+            let handable = rows
+                .iter()
+                .take_while(|(k, _, policy)| {
+                    (grant.at_most_once || *policy != Policy::AtMostOnce)
+                        && first_ready.is_none_or(|f| *k < f)
+                })
+                .count();
+            rows.truncate(handable.min(grant.items));
             if rows.is_empty() {
                 continue;
             }
@@ -85,7 +128,44 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         for g in groups.iter_mut() {
             g.handoff.keys.sort_unstable();
-            g.written_at_ms = now_ms;
+        }
+    }
+
+    /// An INSERT that carried hand-offs failed: its rows may or may not exist (an unknown
+    /// outcome). Their keys stay staged (a row that does exist is leased by nobody, and
+    /// its lease must come back uncounted); once the outcome has settled, the keys of rows
+    /// that do not exist are taken out (see [`Self::settle_handoffs`]), so the staged set
+    /// does not keep them for ever.
+    pub(super) fn handoff_failed(&mut self, handoff: Handoff) {
+        if handoff.keys.is_empty() {
+            return;
+        }
+        let at = std::time::Instant::now() + super::worker::settle_window(&self.cfg);
+        if self.handoff_doubts.len() >= HANDOFF_DOUBTS_MAX {
+            // A long outage: the oldest keys are left staged (memory, nothing else).
+            self.handoff_doubts.remove(0);
+        }
+        self.handoff_doubts.push((at, handoff));
+    }
+
+    /// Takes out of the staged set the handed keys of failed INSERTs whose outcome has
+    /// settled and whose rows do not exist. A lookup that fails is tried again later.
+    pub(super) async fn settle_handoffs(&mut self) {
+        let now = std::time::Instant::now();
+        while self
+            .handoff_doubts
+            .first()
+            .is_some_and(|(at, _)| *at <= now)
+        {
+            let keys = self.handoff_doubts[0].1.keys.clone();
+            let (r, took) = super::worker::timed(self.timeout(), self.store.lookup(&keys)).await;
+            self.record(&r, took);
+            let Ok(found) = r else { return };
+            let (_, handoff) = self.handoff_doubts.remove(0);
+            let exists: std::collections::HashSet<u64> = found.iter().map(|m| m.key).collect();
+            for k in handoff.keys.iter().filter(|k| !exists.contains(k)) {
+                self.shared.staged.take(*k, handoff.token);
+            }
         }
     }
 
@@ -119,7 +199,6 @@ impl<S: ShardStore> ShardWorker<S> {
         if handoff.keys.is_empty() {
             return;
         }
-        fail::fail_point!(&format!("shard-{}-handoff-committed", self.id));
         let mut by_topic: HashMap<TopicName, Vec<Item>> = HashMap::new();
         for (key, it) in rows {
             if !handoff.holds(key) {

@@ -186,6 +186,7 @@ impl<S: ShardStore> ShardWorker<S> {
             for (_, it) in &g.rows {
                 self.outcome_unknown(&it.ns, &it.topic);
             }
+            self.handoff_failed(g.handoff);
             fail_all(g.replies, &storage_error(self.id, &e));
             return;
         }

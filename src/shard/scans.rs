@@ -32,6 +32,7 @@ impl<S: ShardStore> ShardWorker<S> {
             return;
         }
         self.settle_doubts().await;
+        self.settle_handoffs().await;
         for _ in 0..SCAN_STEPS_PER_TICK_MAX {
             match self.scan_step(now).await {
                 Ok(true) => continue,

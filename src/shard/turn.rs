@@ -198,8 +198,9 @@ impl<S: ShardStore> ShardWorker<S> {
         let release_changes = exec::release_changes(&releases);
         let now = self.clock.now_ms();
         self.plan_handoff(&mut inserts, now);
+        #[cfg(feature = "failpoints")]
         if inserts.iter().any(|g| !g.handoff.keys.is_empty()) {
-            fail::fail_point!(&format!("shard-{}-handoff-planned", self.id));
+            super::handoff::failpoint_pause(format!("shard-{}-handoff-planned", self.id)).await;
         }
         let store = self.store.clone();
         let nack_ops: Vec<&[super::NackOp]> = nacks.iter().map(|(n, _)| n.as_slice()).collect();
@@ -255,6 +256,15 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
             },
         );
+        #[cfg(feature = "failpoints")]
+        if inserts
+            .iter()
+            .zip(&inserted)
+            .any(|(g, (r, _))| r.is_ok() && !g.handoff.keys.is_empty())
+        {
+            // Committed, not handed over yet.
+            super::handoff::failpoint_pause(format!("shard-{}-handoff-committed", self.id)).await;
+        }
         for (group, r) in inserts.into_iter().zip(inserted) {
             self.finish_insert(group, r);
         }

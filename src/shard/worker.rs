@@ -110,6 +110,9 @@ pub struct ShardWorker<S: ShardStore> {
     /// Reads running beside the loop; at [`READS_BESIDE_MAX`] more are refused as busy.
     pub(super) reads: Arc<tokio::sync::Semaphore>,
     pub(super) probes: Probes,
+    /// Failed INSERTs with hand-offs, and when their outcome has settled (see
+    /// `handoff.rs`).
+    pub(super) handoff_doubts: Vec<(std::time::Instant, crate::store::Handoff)>,
 }
 
 /// Reads beside the loop one shard runs at once at most (each holds a pooled connection
@@ -231,6 +234,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 d
             }),
             reads: Arc::new(tokio::sync::Semaphore::new(READS_BESIDE_MAX)),
+            handoff_doubts: Vec::new(),
             clock,
             cfg,
             probes,
