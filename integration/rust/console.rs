@@ -695,7 +695,16 @@ async fn the_console_in_a_real_browser() {
                 .await
                 .unwrap();
             click(&viewer, "#purge button").await;
-            let page = viewer.source().await.unwrap();
+            // The click returns before the form's answer has loaded: wait for it (read at
+            // once, the old page was seen once in a full run).
+            let started = Instant::now();
+            let mut page = viewer.source().await.unwrap();
+            while !page.contains("refused: this user's role is read-only")
+                && started.elapsed() < Duration::from_secs(10)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                page = viewer.source().await.unwrap();
+            }
             assert!(
                 page.contains("refused: this user's role is read-only"),
                 "{page}"
