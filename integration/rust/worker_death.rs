@@ -266,14 +266,16 @@ async fn a_stuck_shard_does_not_hold_the_stop() {
     let addr = srv.addr;
     fail::cfg("shard-0-turn", "1*sleep(6000)").unwrap();
     // Two enqueues: the first's turn blocks the worker, the second waits in its queue.
-    let callers: Vec<_> = (0..2)
-        .map(|i| {
-            std::thread::spawn(move || {
-                let mut c = Client::connect(addr, Proto::Binary);
-                let _ = c.try_enqueue(vec![item("stuck", "t", i, b"x")]);
-            })
-        })
-        .collect();
+    // The second is sent once the first's turn has begun: sent together, both could be
+    // taken into that one turn, and then nothing ever waits in the queue.
+    let mut callers = Vec::new();
+    for i in 0..2 {
+        callers.push(std::thread::spawn(move || {
+            let mut c = Client::connect(addr, Proto::Binary);
+            let _ = c.try_enqueue(vec![item("stuck", "t", i, b"x")]);
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     eventually(Duration::from_secs(5), "the worker stuck", || {
         let (_, scrape) = http_get(metrics, "/metrics");
         (sample(&scrape, "foqs_shard_queue_depth{shard=\"0\"}") >= 1.0).then_some(())
