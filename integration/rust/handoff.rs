@@ -180,6 +180,32 @@ async fn nothing_is_handed_past_an_item_already_ready() {
     srv.stop().await;
 }
 
+/// A long poll on `topic` parks; an enqueue of `new` is handed to it while the worker is
+/// held at `failpoint` (2 s), and meanwhile the waiter gives up and closes its connection.
+async fn hand_to_a_waiter_that_leaves(
+    srv: &TestServer,
+    topic: &str,
+    failpoint: &str,
+    new: EnqueueItem,
+) {
+    let waiter = long_poll(srv.addr, topic, 1, 10_000, Duration::from_millis(800));
+    parked(srv, topic).await;
+    fail::cfg(failpoint, "1*return(2000)").unwrap();
+    let before = handoffs(srv);
+    let producer = std::thread::spawn({
+        let addr = srv.addr;
+        move || Client::connect(addr, Proto::Binary).enqueue(vec![new])
+    });
+    let (r, _) = join(waiter).await;
+    assert!(
+        r.is_err(),
+        "the waiter gave up and closed its connection: {r:?}"
+    );
+    join(producer).await;
+    fail::remove(failpoint);
+    assert_eq!(handoffs(srv) - before, 1, "it was handed to the waiter");
+}
+
 /// The waiter's connection closes while the hand-off is planned and its INSERT not yet
 /// run (the worker held there by a failpoint): the item is committed leased to nobody,
 /// and the next consumer gets it, as its first delivery.
@@ -188,22 +214,8 @@ async fn a_waiter_that_left_before_the_commit_leaves_the_item_to_the_next_consum
     let _serial = ONE_AT_A_TIME.lock().await;
     let scenario = fail::FailScenario::setup();
     let srv = TestServer::start(1, "").await;
-    let waiter = long_poll(srv.addr, "gone", 1, 10_000, Duration::from_millis(800));
-    parked(&srv, "gone").await;
-    fail::cfg("shard-0-handoff-planned", "1*return(2000)").unwrap();
-    let before = handoffs(&srv);
-    let producer = std::thread::spawn({
-        let addr = srv.addr;
-        move || Client::connect(addr, Proto::Binary).enqueue(vec![item(NS, "gone", 0, b"x")])
-    });
-    let (r, _) = join(waiter).await;
-    assert!(
-        r.is_err(),
-        "the waiter gave up and closed its connection: {r:?}"
-    );
-    join(producer).await;
-    fail::remove("shard-0-handoff-planned");
-    assert_eq!(handoffs(&srv) - before, 1, "it was handed to the waiter");
+    let new = item(NS, "gone", 0, b"x");
+    hand_to_a_waiter_that_leaves(&srv, "gone", "shard-0-handoff-planned", new).await;
     let mut c = srv.client();
     let got = c.dequeue(NS, "gone", 5);
     assert_eq!(payloads(&got), vec![b"x".to_vec()]);
@@ -224,27 +236,11 @@ async fn an_at_most_once_item_handed_to_a_poll_that_left_is_released() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let scenario = fail::FailScenario::setup();
     let srv = TestServer::start(1, "").await;
-    let waiter = long_poll(srv.addr, "amo", 1, 10_000, Duration::from_millis(800));
-    parked(&srv, "amo").await;
-    fail::cfg("shard-0-handoff-committed", "1*return(2000)").unwrap();
-    let before = handoffs(&srv);
-    let producer = std::thread::spawn({
-        let addr = srv.addr;
-        move || {
-            Client::connect(addr, Proto::Binary).enqueue(vec![EnqueueItem {
-                policy: Some(DeliveryPolicy::AT_MOST_ONCE),
-                ..item(NS, "amo", 0, b"once")
-            }])
-        }
-    });
-    let (r, _) = join(waiter).await;
-    assert!(
-        r.is_err(),
-        "the waiter gave up and closed its connection: {r:?}"
-    );
-    join(producer).await;
-    fail::remove("shard-0-handoff-committed");
-    assert_eq!(handoffs(&srv) - before, 1, "it was handed to the waiter");
+    let new = EnqueueItem {
+        policy: Some(DeliveryPolicy::AT_MOST_ONCE),
+        ..item(NS, "amo", 0, b"once")
+    };
+    hand_to_a_waiter_that_leaves(&srv, "amo", "shard-0-handoff-committed", new).await;
     // Nobody takes it from the stage: released, ready in storage, its delivery undone.
     until(Duration::from_secs(5), "the item is released", || async {
         srv.db
