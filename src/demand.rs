@@ -67,10 +67,36 @@ pub struct Grant {
     pub at_most_once: bool,
 }
 
-#[derive(Default)]
+/// Buckets of [`Demand`]'s ready epochs: topics share a bucket by hash, which only makes
+/// a look that raced with another topic's ready item count as raced too.
+const EPOCH_BUCKETS: usize = 1024;
+
 pub struct Demand {
     topics: Mutex<HashMap<TopicName, Want>>,
     sink: Mutex<Option<HandSink>>,
+    /// Bumped whenever an item of a topic (of the bucket) becomes ready the usual way,
+    /// whether or not anyone waits on it: a consumer's look that found nothing holds only
+    /// if no bump came between the look's start and its report (see [`Demand::epoch`]).
+    epochs: Box<[std::sync::atomic::AtomicU64]>,
+}
+
+impl Default for Demand {
+    fn default() -> Self {
+        Demand {
+            topics: Mutex::default(),
+            sink: Mutex::default(),
+            epochs: (0..EPOCH_BUCKETS)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+        }
+    }
+}
+
+fn bucket(topic: &TopicName) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    topic.hash(&mut h);
+    (h.finish() % EPOCH_BUCKETS as u64) as usize
 }
 
 /// A long poll parked on a topic; leaving (dropping this) takes its demand away.
@@ -113,11 +139,24 @@ impl Demand {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
     }
 
-    /// A dequeue found nothing ready in `topic` on any of this host's shards. Several
-    /// consumers may be waiting: the asks of the hold window add up (at most
-    /// [`DEMAND_ITEMS_MAX`]). One consumer asking again counts again: what is handed for
-    /// it beyond its ask is staged for its next dequeue, as claims ahead are.
-    pub fn found_nothing(&self, topic: &TopicName, count: usize, now_ms: i64) {
+    /// Where `topic`'s ready events stand: read before a look for items, and passed back
+    /// with what the look found (an item made ready meanwhile may be more urgent than
+    /// anything enqueued next).
+    pub fn epoch(&self, topic: &TopicName) -> u64 {
+        self.epochs[bucket(topic)].load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn raced(&self, topic: &TopicName, since: u64) -> bool {
+        self.epoch(topic) != since
+    }
+
+    /// A dequeue that looked from `since` (see [`Demand::epoch`]) found nothing ready in
+    /// `topic` on this host's shards nor its peers. Several consumers may be waiting: the
+    /// asks of the hold window add up (at most [`DEMAND_ITEMS_MAX`]). One consumer asking
+    /// again counts again: what is handed for it beyond its ask is staged for its next
+    /// dequeue, as claims ahead are. An item made ready since the look began keeps the
+    /// topic blocked.
+    pub fn found_nothing(&self, topic: &TopicName, count: usize, now_ms: i64, since: u64) {
         let mut topics = self.topics();
         let w = topics.entry(topic.clone()).or_default();
         w.recent = if now_ms < w.recent_until_ms {
@@ -127,17 +166,18 @@ impl Demand {
         };
         w.recent_until_ms = now_ms + DEMAND_HOLD_MS;
         w.handed = 0;
-        w.blocked = false;
+        w.blocked = self.raced(topic, since);
     }
 
-    /// A long poll that found nothing waits on `topic` for `count` items.
-    pub fn park(&self, topic: &TopicName, count: usize) -> Parked<'_> {
+    /// A long poll that looked from `since` and found nothing waits on `topic` for
+    /// `count` items.
+    pub fn park(&self, topic: &TopicName, count: usize, since: u64) -> Parked<'_> {
         let mut topics = self.topics();
         let w = topics.entry(topic.clone()).or_default();
         w.parked += count;
         w.polls += 1;
         w.handed = 0;
-        w.blocked = false;
+        w.blocked = self.raced(topic, since);
         Parked {
             demand: self,
             topic: topic.clone(),
@@ -189,6 +229,8 @@ impl Demand {
     /// An item of `topic` became ready by the usual path: nothing more is handed until
     /// the topic is found empty again (it is no longer the most urgent thing there).
     pub fn block(&self, topic: &TopicName) {
+        // The epoch first: a look that is about to report finding nothing sees it.
+        self.epochs[bucket(topic)].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(w) = self.topics().get_mut(topic) {
             w.blocked = true;
         }
@@ -229,7 +271,7 @@ mod tests {
     #[test]
     fn nothing_is_handed_without_a_sink_or_a_waiting_consumer() {
         let d = Demand::default();
-        d.found_nothing(&topic(), 10, 0);
+        d.found_nothing(&topic(), 10, 0, 0);
         assert_eq!(d.grant(&topic(), 1).items, 0, "no sink");
         let d = with_sink();
         assert_eq!(d.grant(&topic(), 1).items, 0, "nobody found it empty");
@@ -238,7 +280,7 @@ mod tests {
     #[test]
     fn a_dequeue_that_found_nothing_is_waited_for_a_while() {
         let d = with_sink();
-        d.found_nothing(&topic(), 10, 1_000);
+        d.found_nothing(&topic(), 10, 1_000, 0);
         let g = d.grant(&topic(), 1_001);
         assert_eq!(
             g,
@@ -257,7 +299,7 @@ mod tests {
     #[test]
     fn a_long_poll_is_waited_for_while_it_is_parked() {
         let d = with_sink();
-        let p = d.park(&topic(), 3);
+        let p = d.park(&topic(), 3, 0);
         let g = d.grant(&topic(), 1_000_000);
         assert_eq!(
             g,
@@ -275,15 +317,18 @@ mod tests {
     #[test]
     fn an_item_made_ready_the_usual_way_blocks_hand_offs_until_found_empty_again() {
         let d = with_sink();
-        let _p = d.park(&topic(), 5);
+        let _p = d.park(&topic(), 5, 0);
         d.block(&topic());
         assert_eq!(d.grant(&topic(), 0).items, 0);
-        d.found_nothing(&topic(), 2, 0);
+        // A look that began before the block does not lift it.
+        d.found_nothing(&topic(), 2, 0, 0);
+        assert_eq!(d.grant(&topic(), 1).items, 0, "raced with a ready item");
+        d.found_nothing(&topic(), 2, 0, d.epoch(&topic()));
         assert_eq!(d.grant(&topic(), 1).items, 5, "the larger ask");
         // More consumers finding it empty within the window: their asks add up.
-        d.found_nothing(&topic(), 4, 2);
-        assert_eq!(d.grant(&topic(), 3).items, 6);
-        d.found_nothing(&topic(), 999, 3);
+        d.found_nothing(&topic(), 4, 2, d.epoch(&topic()));
+        assert_eq!(d.grant(&topic(), 3).items, 2 + 2 + 4);
+        d.found_nothing(&topic(), 999, 3, d.epoch(&topic()));
         assert_eq!(d.grant(&topic(), 4).items, DEMAND_ITEMS_MAX);
     }
 }

@@ -121,7 +121,11 @@ async fn a_long_poll_gets_items_enqueued_while_it_waits_on_a_lease_most_urgent_f
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_handed_past_an_item_already_ready() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let srv = TestServer::start(1, "").await;
+    // A clock that stands still: the 250 ms a dequeue that found nothing is waited for
+    // never runs out here, so a grant of 0 below can only mean the topic is blocked.
+    let clock = foqs::clock::ManualClock::new(now_ms());
+    let srv =
+        TestServer::start_with_clock(TestDb::new(1), "", "", std::sync::Arc::new(clock)).await;
     let mut c = srv.client();
     // A dequeue of one that finds nothing: one item may be handed to it.
     assert!(c.dequeue(NS, "o", 1).is_empty());
@@ -181,16 +185,16 @@ async fn nothing_is_handed_past_an_item_already_ready() {
 }
 
 /// A long poll on `topic` parks; an enqueue of `new` is handed to it while the worker is
-/// held at `failpoint` (2 s), and meanwhile the waiter gives up and closes its connection.
+/// held at `failpoint` (3 s), and meanwhile the waiter gives up and closes its connection.
 async fn hand_to_a_waiter_that_leaves(
     srv: &TestServer,
     topic: &str,
     failpoint: &str,
     new: EnqueueItem,
 ) {
-    let waiter = long_poll(srv.addr, topic, 1, 10_000, Duration::from_millis(800));
+    let waiter = long_poll(srv.addr, topic, 1, 10_000, Duration::from_millis(1500));
     parked(srv, topic).await;
-    fail::cfg(failpoint, "1*return(2000)").unwrap();
+    fail::cfg(failpoint, "1*return(3000)").unwrap();
     let before = handoffs(srv);
     let producer = std::thread::spawn({
         let addr = srv.addr;
@@ -271,7 +275,7 @@ async fn kill_9_between_the_commit_and_the_hand_over_loses_nothing() {
     );
     let waiter = long_poll(p.addr, "k9", 1, 20_000, Duration::from_secs(30));
     // Another process: its demand cannot be read from here; the poll parks within this.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let producer = std::thread::spawn({
         let addr = p.addr;
         move || {
@@ -363,7 +367,9 @@ async fn the_staged_keys_of_a_failed_hand_off_are_let_go_once_its_outcome_is_kno
     };
 
     // Refused before anything was written: no row, so the keys go once it has settled.
-    waiters.demand().found_nothing(&topic, 10, now_ms());
+    waiters
+        .demand()
+        .found_nothing(&topic, 10, now_ms(), waiters.demand().epoch(&topic));
     faults.arm("insert", Fault::FailBefore);
     assert!(enqueue(2).await.is_err());
     assert_eq!(
@@ -382,7 +388,9 @@ async fn the_staged_keys_of_a_failed_hand_off_are_let_go_once_its_outcome_is_kno
     .await;
 
     // Failed after its commit: the rows exist, leased by nobody; their keys stay.
-    waiters.demand().found_nothing(&topic, 10, now_ms());
+    waiters
+        .demand()
+        .found_nothing(&topic, 10, now_ms(), waiters.demand().epoch(&topic));
     faults.arm("insert", Fault::FailAfterCommit);
     assert!(enqueue(3).await.is_err());
     assert_eq!(db.count_in(ItemState::Leased, "").await, 3);
@@ -395,7 +403,9 @@ async fn the_staged_keys_of_a_failed_hand_off_are_let_go_once_its_outcome_is_kno
     assert!(handed.lock().unwrap().is_empty());
 
     // And one that works is handed over, staged until a consumer takes it.
-    waiters.demand().found_nothing(&topic, 10, now_ms());
+    waiters
+        .demand()
+        .found_nothing(&topic, 10, now_ms(), waiters.demand().epoch(&topic));
     enqueue(1).await.unwrap();
     assert_eq!(handed.lock().unwrap().len(), 1);
     assert_eq!(shard.unseen_leases().len(), 4);

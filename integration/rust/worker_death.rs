@@ -265,22 +265,25 @@ async fn a_stuck_shard_does_not_hold_the_stop() {
     let metrics = srv.running.as_ref().unwrap().metrics_addr.unwrap();
     let addr = srv.addr;
     fail::cfg("shard-0-turn", "1*sleep(6000)").unwrap();
-    // Two enqueues: the first's turn blocks the worker, the second waits in its queue.
-    // The second is sent once the first's turn has begun: sent together, both could be
-    // taken into that one turn, and then nothing ever waits in the queue.
+    // Enqueues one at a time until one waits in the worker's queue: the first's turn
+    // blocks the worker, and a later one finds it stuck (sent together, several could be
+    // taken into that one turn, and then nothing would ever wait in the queue).
+    let depth = || {
+        let (_, scrape) = http_get(metrics, "/metrics");
+        sample(&scrape, "foqs_shard_queue_depth{shard=\"0\"}")
+    };
     let mut callers = Vec::new();
-    for i in 0..2 {
+    for i in 0..10 {
         callers.push(std::thread::spawn(move || {
             let mut c = Client::connect(addr, Proto::Binary);
             let _ = c.try_enqueue(vec![item("stuck", "t", i, b"x")]);
         }));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if depth() >= 1.0 {
+            break;
+        }
     }
-    eventually(Duration::from_secs(5), "the worker stuck", || {
-        let (_, scrape) = http_get(metrics, "/metrics");
-        (sample(&scrape, "foqs_shard_queue_depth{shard=\"0\"}") >= 1.0).then_some(())
-    })
-    .await;
+    assert!(depth() >= 1.0, "the worker stuck, an enqueue waiting");
     let t = Instant::now();
     srv.stop().await;
     let took = t.elapsed();

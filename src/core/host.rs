@@ -294,6 +294,19 @@ impl Host {
                 }
             }
         }
+        // What the worker's last turns left leased by nobody (a release that failed on
+        // the way out, a claim or hand-off whose outcome it never learned): a successor
+        // here gives those back uncounted too.
+        let left = handle.unseen_leases();
+        if !left.is_empty() {
+            let mut unseen = self.unseen.lock().unwrap_or_else(|p| p.into_inner());
+            let known = unseen.entry(id).or_default();
+            for l in left {
+                if !known.contains(&l) {
+                    known.push(l);
+                }
+            }
+        }
         tracing::info!(shard = id, "stopped serving shard");
     }
 
@@ -361,6 +374,10 @@ impl Host {
             for n in &mut notified {
                 n.as_mut().enable();
             }
+            let since: Vec<u64> = wanted
+                .iter()
+                .map(|(t, _)| self.waiters.demand().epoch(t))
+                .collect();
             let out = self.dequeue_once(&wanted, local_only).await?;
             if !out.is_empty()
                 || notified.is_empty()
@@ -373,7 +390,8 @@ impl Host {
             // directly (see `crate::demand`); leaving takes the demand away.
             let _parked: Vec<_> = wanted
                 .iter()
-                .map(|(t, count)| self.waiters.demand().park(t, *count))
+                .zip(&since)
+                .map(|((t, count), since)| self.waiters.demand().park(t, *count, *since))
                 .collect();
             tokio::select! {
                 _ = futures::future::select_all(notified) => {}

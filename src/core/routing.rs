@@ -204,6 +204,7 @@ impl Host {
         local_only: bool,
     ) -> Result<Vec<Item>> {
         let mut failure = None;
+        let since = self.waiters.demand().epoch(topic);
         let mut got = match self.dequeue_topic(topic, count).await {
             Ok(items) => items,
             Err(e) if local_only => return Err(e),
@@ -222,7 +223,7 @@ impl Host {
             if got.is_empty() {
                 self.waiters
                     .demand()
-                    .found_nothing(topic, count, self.clock.now_ms());
+                    .found_nothing(topic, count, self.clock.now_ms(), since);
             }
         };
         let tier = self.namespaces.tier(&topic.ns);

@@ -225,8 +225,9 @@ impl<S: ShardStore> ShardWorker<S> {
             });
         }
         for (topic, items) in by_topic {
-            self.probes.metrics.handoffs.inc_by(items.len() as u64);
+            let n = items.len();
             let refused = self.waiters.demand().hand(&topic, items);
+            let taken = n - refused.len();
             if !refused.is_empty() {
                 let (reply, _) = oneshot::channel();
                 self.deferred.push(Command::Release {
@@ -234,7 +235,10 @@ impl<S: ShardStore> ShardWorker<S> {
                     reply,
                 });
             }
-            self.waiters.wake_handed(topic);
+            if taken > 0 {
+                self.probes.metrics.handoffs.inc_by(taken as u64);
+                self.waiters.wake_handed(topic);
+            }
         }
     }
 }
