@@ -7,9 +7,9 @@
 //! Who counts as waiting: a long poll parked on the topic (for as long as it waits), and
 //! a dequeue of this host's consumer that found nothing here nor on the peers (for
 //! [`DEMAND_HOLD_MS`]: a consumer that polls in a loop is back within that; a dequeue a
-//! peer routed here does not count, its consumer waits there). What they asked for bounds what is handed (the asks of one
-//! hold window add up, to at most [`DEMAND_ITEMS_MAX`]), and a consumer that finds
-//! nothing again asks anew.
+//! peer routed here does not count, its consumer waits there). What they asked for
+//! bounds what is handed (the asks of one hold window add up, to at most
+//! [`DEMAND_ITEMS_MAX`]), and a consumer that finds nothing again asks anew.
 //!
 //! Order: an item is handed only while the topic has nothing more urgent ready on this
 //! host. Finding nothing says so for every shard at that moment; any item that becomes

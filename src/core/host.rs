@@ -374,10 +374,15 @@ impl Host {
             for n in &mut notified {
                 n.as_mut().enable();
             }
-            let since: Vec<u64> = wanted
-                .iter()
-                .map(|(t, _)| self.waiters.demand().epoch(t))
-                .collect();
+            // Only a long poll parks (and needs where each topic's ready events stood).
+            let since: Vec<u64> = if wait_ms > 0 {
+                wanted
+                    .iter()
+                    .map(|(t, _)| self.waiters.demand().epoch(t))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let out = self.dequeue_once(&wanted, local_only).await?;
             if !out.is_empty()
                 || notified.is_empty()

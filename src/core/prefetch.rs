@@ -78,6 +78,15 @@ impl Stage {
         self.recent_at_ms = now_ms;
     }
 
+    fn put(&mut self, item: Item, now_ms: i64, hold_ms: i64) {
+        let s = StagedItem {
+            item,
+            staged_at_ms: now_ms,
+            hold_ms,
+        };
+        self.items.insert(s.item.global_key(), s);
+    }
+
     /// Dequeued items per second, recently.
     fn rate(&self) -> f64 {
         self.recent * std::f64::consts::LN_2 / (RATE_HALF_LIFE_MS / 1000.0)
@@ -184,14 +193,7 @@ impl Prefetch {
                 refused.push(item);
                 continue;
             }
-            stage.items.insert(
-                item.global_key(),
-                StagedItem {
-                    item,
-                    staged_at_ms: now_ms,
-                    hold_ms: self.cfg.stage_max_ms,
-                },
-            );
+            stage.put(item, now_ms, self.cfg.stage_max_ms);
         }
         if !refused.is_empty() {
             stage.paused_until_ms = now_ms + AT_MOST_ONCE_PAUSE_MS;
@@ -217,14 +219,7 @@ impl Prefetch {
                 Policy::AtMostOnce => AT_MOST_ONCE_HOLD_MS.min(self.cfg.stage_max_ms),
                 Policy::AtLeastOnce => self.cfg.stage_max_ms,
             };
-            stage.items.insert(
-                item.global_key(),
-                StagedItem {
-                    item,
-                    staged_at_ms: now_ms,
-                    hold_ms,
-                },
-            );
+            stage.put(item, now_ms, hold_ms);
         }
         refused
     }

@@ -79,6 +79,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     .push((k, at, it.policy));
             }
         }
+        // Owned names from here: the loop below writes to `groups`, which the map borrows.
         let by_topic: Vec<(TopicName, Vec<Candidate>)> = by_topic
             .into_iter()
             .map(|((ns, topic), rows)| {
@@ -143,9 +144,9 @@ impl<S: ShardStore> ShardWorker<S> {
         let at = std::time::Instant::now() + super::worker::settle_window(&self.cfg);
         if self.handoff_doubts.len() >= HANDOFF_DOUBTS_MAX {
             // A long outage: the oldest keys are left staged (memory, nothing else).
-            self.handoff_doubts.remove(0);
+            self.handoff_doubts.pop_front();
         }
-        self.handoff_doubts.push((at, handoff));
+        self.handoff_doubts.push_back((at, handoff));
     }
 
     /// Takes out of the staged set the handed keys of failed INSERTs whose outcome has
@@ -154,14 +155,20 @@ impl<S: ShardStore> ShardWorker<S> {
         let now = std::time::Instant::now();
         while self
             .handoff_doubts
-            .first()
+            .front()
             .is_some_and(|(at, _)| *at <= now)
         {
-            let keys = self.handoff_doubts[0].1.keys.clone();
-            let (r, took) = super::worker::timed(self.timeout(), self.store.lookup(&keys)).await;
+            let Some((at, handoff)) = self.handoff_doubts.pop_front() else {
+                return;
+            };
+            let (r, took) =
+                super::worker::timed(self.timeout(), self.store.lookup(&handoff.keys)).await;
             self.record(&r, took);
-            let Ok(found) = r else { return };
-            let (_, handoff) = self.handoff_doubts.remove(0);
+            let Ok(found) = r else {
+                // Tried again at the next pass.
+                self.handoff_doubts.push_front((at, handoff));
+                return;
+            };
             let exists: std::collections::HashSet<u64> = found.iter().map(|m| m.key).collect();
             for k in handoff.keys.iter().filter(|k| !exists.contains(k)) {
                 self.shared.staged.take(*k, handoff.token);

@@ -112,7 +112,8 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) probes: Probes,
     /// Failed INSERTs with hand-offs, and when their outcome has settled (see
     /// `handoff.rs`).
-    pub(super) handoff_doubts: Vec<(std::time::Instant, crate::store::Handoff)>,
+    pub(super) handoff_doubts:
+        std::collections::VecDeque<(std::time::Instant, crate::store::Handoff)>,
 }
 
 /// Reads beside the loop one shard runs at once at most (each holds a pooled connection
@@ -234,7 +235,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 d
             }),
             reads: Arc::new(tokio::sync::Semaphore::new(READS_BESIDE_MAX)),
-            handoff_doubts: Vec::new(),
+            handoff_doubts: Default::default(),
             clock,
             cfg,
             probes,
