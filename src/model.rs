@@ -116,6 +116,50 @@ impl GlobalKey {
     }
 }
 
+/// A place in a topic's delivery order, ids aside: an item with a lower `Head` goes first.
+/// A topic's head on a host is its most urgent ready item's; routed dequeues compare them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Head {
+    pub priority: i32,
+    pub deliver_after_ms: i64,
+}
+
+impl Head {
+    pub fn of(i: &Item) -> Head {
+        Head {
+            priority: i.priority,
+            deliver_after_ms: i.deliver_after_ms,
+        }
+    }
+}
+
+impl From<ReadyKey> for Head {
+    fn from(k: ReadyKey) -> Head {
+        Head {
+            priority: k.priority,
+            deliver_after_ms: k.deliver_after_ms,
+        }
+    }
+}
+
+impl From<GlobalKey> for Head {
+    fn from(k: GlobalKey) -> Head {
+        Head {
+            priority: k.priority,
+            deliver_after_ms: k.deliver_after_ms,
+        }
+    }
+}
+
+/// A topic with ready items on a host: how many, and its head when the host knows it
+/// (`None`: it may be anything).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyTopic {
+    pub topic: TopicName,
+    pub ready: i64,
+    pub head: Option<Head>,
+}
+
 /// A (namespace, topic) pair; both are exact byte strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TopicName {

@@ -92,6 +92,12 @@ struct TopicRequest {
   2: string topic,
   // 1..1000
   3: i32 count,
+  // Set by a foqs host that routes a dequeue to a peer (with local_only): only items more
+  // urgent than this place in the delivery order (a lower priority, or the same priority
+  // and an older deliver_after_ms) are wanted, because the routing host holds items up to
+  // it already. Both or neither. Clients leave them out.
+  4: optional i32 before_priority,
+  5: optional i64 before_deliver_after_ms,
 }
 
 struct DequeueRequest {
@@ -364,6 +370,12 @@ struct ReadyTopic {
   1: string ns,
   2: string topic,
   3: i64 ready,
+  // The topic's head on this host: its most urgent ready item's priority and
+  // deliver_after_ms (or a bound no ready item of it is more urgent than). Absent when
+  // the host does not know it (a shard has not read the topic's index since it opened).
+  // A host routing a dequeue asks the peers whose head beats what it holds.
+  4: optional i32 head_priority,
+  5: optional i64 head_deliver_after_ms,
 }
 
 struct HostInfo {

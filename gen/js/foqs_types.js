@@ -640,6 +640,8 @@ var TopicRequest = module.exports.TopicRequest = function(args) {
   this.ns = null;
   this.topic = null;
   this.count = null;
+  this.before_priority = null;
+  this.before_deliver_after_ms = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -649,6 +651,12 @@ var TopicRequest = module.exports.TopicRequest = function(args) {
     }
     if (args.count !== undefined && args.count !== null) {
       this.count = args.count;
+    }
+    if (args.before_priority !== undefined && args.before_priority !== null) {
+      this.before_priority = args.before_priority;
+    }
+    if (args.before_deliver_after_ms !== undefined && args.before_deliver_after_ms !== null) {
+      this.before_deliver_after_ms = args.before_deliver_after_ms;
     }
   }
 };
@@ -684,6 +692,20 @@ TopicRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.I32) {
+        this.before_priority = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 5:
+      if (ftype == Thrift.Type.I64) {
+        this.before_deliver_after_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -708,6 +730,16 @@ TopicRequest.prototype.write = function(output) {
   if (this.count !== null && this.count !== undefined) {
     output.writeFieldBegin('count', Thrift.Type.I32, 3);
     output.writeI32(this.count);
+    output.writeFieldEnd();
+  }
+  if (this.before_priority !== null && this.before_priority !== undefined) {
+    output.writeFieldBegin('before_priority', Thrift.Type.I32, 4);
+    output.writeI32(this.before_priority);
+    output.writeFieldEnd();
+  }
+  if (this.before_deliver_after_ms !== null && this.before_deliver_after_ms !== undefined) {
+    output.writeFieldBegin('before_deliver_after_ms', Thrift.Type.I64, 5);
+    output.writeI64(this.before_deliver_after_ms);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -3474,6 +3506,8 @@ var ReadyTopic = module.exports.ReadyTopic = function(args) {
   this.ns = null;
   this.topic = null;
   this.ready = null;
+  this.head_priority = null;
+  this.head_deliver_after_ms = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -3483,6 +3517,12 @@ var ReadyTopic = module.exports.ReadyTopic = function(args) {
     }
     if (args.ready !== undefined && args.ready !== null) {
       this.ready = args.ready;
+    }
+    if (args.head_priority !== undefined && args.head_priority !== null) {
+      this.head_priority = args.head_priority;
+    }
+    if (args.head_deliver_after_ms !== undefined && args.head_deliver_after_ms !== null) {
+      this.head_deliver_after_ms = args.head_deliver_after_ms;
     }
   }
 };
@@ -3518,6 +3558,20 @@ ReadyTopic.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.I32) {
+        this.head_priority = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 5:
+      if (ftype == Thrift.Type.I64) {
+        this.head_deliver_after_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -3542,6 +3596,16 @@ ReadyTopic.prototype.write = function(output) {
   if (this.ready !== null && this.ready !== undefined) {
     output.writeFieldBegin('ready', Thrift.Type.I64, 3);
     output.writeI64(this.ready);
+    output.writeFieldEnd();
+  }
+  if (this.head_priority !== null && this.head_priority !== undefined) {
+    output.writeFieldBegin('head_priority', Thrift.Type.I32, 4);
+    output.writeI32(this.head_priority);
+    output.writeFieldEnd();
+  }
+  if (this.head_deliver_after_ms !== null && this.head_deliver_after_ms !== undefined) {
+    output.writeFieldBegin('head_deliver_after_ms', Thrift.Type.I64, 5);
+    output.writeI64(this.head_deliver_after_ms);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

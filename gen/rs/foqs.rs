@@ -833,14 +833,18 @@ pub struct TopicRequest {
   pub ns: Option<String>,
   pub topic: Option<String>,
   pub count: Option<i32>,
+  pub before_priority: Option<i32>,
+  pub before_deliver_after_ms: Option<i64>,
 }
 
 impl TopicRequest {
-  pub fn new<F1, F2, F3>(ns: F1, topic: F2, count: F3) -> TopicRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>> {
+  pub fn new<F1, F2, F3, F4, F5>(ns: F1, topic: F2, count: F3, before_priority: F4, before_deliver_after_ms: F5) -> TopicRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<i32>>, F5: Into<Option<i64>> {
     TopicRequest {
       ns: ns.into(),
       topic: topic.into(),
       count: count.into(),
+      before_priority: before_priority.into(),
+      before_deliver_after_ms: before_deliver_after_ms.into(),
     }
   }
 }
@@ -851,6 +855,8 @@ impl TSerializable for TopicRequest {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<i32> = Some(0);
+    let mut f_4: Option<i32> = None;
+    let mut f_5: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -870,6 +876,14 @@ impl TSerializable for TopicRequest {
           let val = i_prot.read_i32()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_i32()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_i64()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -881,6 +895,8 @@ impl TSerializable for TopicRequest {
       ns: f_1,
       topic: f_2,
       count: f_3,
+      before_priority: f_4,
+      before_deliver_after_ms: f_5,
     };
     Ok(ret)
   }
@@ -902,6 +918,16 @@ impl TSerializable for TopicRequest {
       o_prot.write_i32(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.before_priority {
+      o_prot.write_field_begin(&TFieldIdentifier::new("before_priority", TType::I32, 4))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.before_deliver_after_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("before_deliver_after_ms", TType::I64, 5))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -913,6 +939,8 @@ impl Default for TopicRequest {
       ns: Some("".to_owned()),
       topic: Some("".to_owned()),
       count: Some(0),
+      before_priority: Some(0),
+      before_deliver_after_ms: Some(0),
     }
   }
 }
@@ -3955,14 +3983,18 @@ pub struct ReadyTopic {
   pub ns: Option<String>,
   pub topic: Option<String>,
   pub ready: Option<i64>,
+  pub head_priority: Option<i32>,
+  pub head_deliver_after_ms: Option<i64>,
 }
 
 impl ReadyTopic {
-  pub fn new<F1, F2, F3>(ns: F1, topic: F2, ready: F3) -> ReadyTopic where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>> {
+  pub fn new<F1, F2, F3, F4, F5>(ns: F1, topic: F2, ready: F3, head_priority: F4, head_deliver_after_ms: F5) -> ReadyTopic where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>>, F4: Into<Option<i32>>, F5: Into<Option<i64>> {
     ReadyTopic {
       ns: ns.into(),
       topic: topic.into(),
       ready: ready.into(),
+      head_priority: head_priority.into(),
+      head_deliver_after_ms: head_deliver_after_ms.into(),
     }
   }
 }
@@ -3973,6 +4005,8 @@ impl TSerializable for ReadyTopic {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<i64> = Some(0);
+    let mut f_4: Option<i32> = None;
+    let mut f_5: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3992,6 +4026,14 @@ impl TSerializable for ReadyTopic {
           let val = i_prot.read_i64()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_i32()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_i64()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -4003,6 +4045,8 @@ impl TSerializable for ReadyTopic {
       ns: f_1,
       topic: f_2,
       ready: f_3,
+      head_priority: f_4,
+      head_deliver_after_ms: f_5,
     };
     Ok(ret)
   }
@@ -4024,6 +4068,16 @@ impl TSerializable for ReadyTopic {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.head_priority {
+      o_prot.write_field_begin(&TFieldIdentifier::new("head_priority", TType::I32, 4))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.head_deliver_after_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("head_deliver_after_ms", TType::I64, 5))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -4035,6 +4089,8 @@ impl Default for ReadyTopic {
       ns: Some("".to_owned()),
       topic: Some("".to_owned()),
       ready: Some(0),
+      head_priority: Some(0),
+      head_deliver_after_ms: Some(0),
     }
   }
 }

@@ -870,3 +870,98 @@ async fn topic_stats_count_states_and_traffic_and_the_oldest_age_grows_while_sta
     assert_eq!(ids.len(), 6);
     srv.stop().await;
 }
+
+/// A dequeue of `count` with local_only and a `before` bound, as a host routing a
+/// dequeue to its peer sends it.
+fn dequeue_before(
+    c: &mut Client,
+    topic: &str,
+    count: i32,
+    before: (Option<i32>, Option<i64>),
+    local_only: Option<bool>,
+) -> thrift::Result<Vec<foqs::thrift_gen::Item>> {
+    use foqs::thrift_gen::TFoqsSyncClient;
+    c.call(|c| {
+        c.dequeue(foqs::thrift_gen::DequeueRequest {
+            topics: Some(vec![foqs::thrift_gen::TopicRequest {
+                before_priority: before.0,
+                before_deliver_after_ms: before.1,
+                ..topic_req(NS, topic, count)
+            }]),
+            wait_ms: None,
+            local_only,
+            forwarded_by: None,
+        })
+    })
+    .map(|r| r.items.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_dequeue_takes_only_items_more_urgent_than_its_bound() {
+    let srv = TestServer::start(3, "").await;
+    let mut c = srv.client();
+    let base = now_ms() - 10_000;
+    let mut ids = HashSet::new();
+    // One request per item, so they spread over the shards.
+    for p in [7, 2, 9, 0, 5, 3, 8, 1, 6, 4] {
+        let it = EnqueueItem {
+            deliver_after_ms: Some(base),
+            ..item(NS, "before", p, b"x")
+        };
+        ids.extend(c.enqueue(vec![it]));
+    }
+    let priorities = |items: &[foqs::thrift_gen::Item]| -> Vec<i32> {
+        items.iter().map(|i| i.priority.unwrap()).collect()
+    };
+    // Before the topic's index is read, its head here is unknown.
+    let head = |c: &mut Client| {
+        let info = c.host_info();
+        let t = info
+            .ready_topics
+            .unwrap()
+            .into_iter()
+            .find(|t| t.topic.as_deref() == Some("before"))
+            .expect("listed");
+        (t.head_priority, t.head_deliver_after_ms)
+    };
+    assert_eq!(head(&mut c), (None, None));
+    let got = dequeue_before(&mut c, "before", 10, (Some(5), Some(base)), Some(true)).unwrap();
+    assert_eq!(
+        priorities(&got),
+        vec![0, 1, 2, 3, 4],
+        "only those before (5, base)"
+    );
+    // What was claimed beyond the bound is ready as far as anyone can tell: the head here
+    // is now known, and the same priority with a later deliver_after comes after.
+    assert_eq!(head(&mut c), (Some(5), Some(base)));
+    let got5 = dequeue_before(&mut c, "before", 10, (Some(5), Some(base + 1)), Some(true)).unwrap();
+    assert_eq!(priorities(&got5), vec![5]);
+    assert!(
+        dequeue_before(&mut c, "before", 10, (Some(-1), Some(0)), Some(true))
+            .unwrap()
+            .is_empty(),
+        "nothing is more urgent than priority -1"
+    );
+    let rest = c.dequeue(NS, "before", 10);
+    assert_eq!(priorities(&rest), vec![6, 7, 8, 9], "nothing lost");
+    for i in got.iter().chain(&got5).chain(&rest) {
+        assert_eq!(i.delivery_count, Some(1), "each delivered once: {i:?}");
+    }
+    let seen: HashSet<String> = got
+        .iter()
+        .chain(&got5)
+        .chain(&rest)
+        .map(|i| i.id.clone().unwrap())
+        .collect();
+    assert_eq!(seen, ids);
+    // The bound is for hosts routing a dequeue: with local_only, and both halves.
+    for (before, local_only) in [
+        ((Some(5), Some(base)), None),
+        ((Some(5), None), Some(true)),
+        ((None, Some(base)), Some(true)),
+    ] {
+        let e = foqs_error(dequeue_before(&mut c, "before", 1, before, local_only).unwrap_err());
+        assert_eq!(e.code, Some(ErrorCode::INVALID_ARGUMENT), "{before:?}");
+    }
+    srv.stop().await;
+}

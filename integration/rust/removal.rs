@@ -51,6 +51,7 @@ async fn items_claimed_while_their_shard_is_removed_are_handed_out() {
                 ns: "rm".into(),
                 topic: "t".into(),
                 count: 1,
+                before: (None, None),
             };
             host.dequeue(&Caller::anonymous(), vec![t], None, false)
                 .await

@@ -205,6 +205,8 @@ impl Load {
                             ns: Some(NS.into()),
                             topic: Some(topic),
                             count: Some(20),
+                            before_priority: None,
+                            before_deliver_after_ms: None,
                         }]),
                         wait_ms: None,
                         local_only: None,

@@ -149,6 +149,58 @@ async fn any_host_serves_its_whole_tier() {
     assert_eq!(unique, ids, "every item delivered");
     eprintln!("300 items from 3 hosts drained through h1 alone in {took:?}");
 
+    // 1b. The tier's most urgent items first: h1 holds only less urgent items (20..29),
+    //     h2 and h3 the more urgent ones (0..9). The first reply through h1 holds the
+    //     most urgent, and no item of h1's is delivered while a more urgent one is ready
+    //     on a peer.
+    for (id, base) in [("h1", 20), ("h2", 0), ("h3", 0)] {
+        let items = (0..50)
+            .map(|i| item(NS, "urgent", base + (i % 10) as i32, id.as_bytes()))
+            .collect();
+        cluster.client(id).enqueue(items);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // one peer poll
+    let mut h1 = cluster.client("h1");
+    let first = h1.dequeue(NS, "urgent", 5);
+    let priorities: Vec<i32> = first.iter().map(|i| i.priority.unwrap()).collect();
+    assert_eq!(priorities, vec![0; 5], "the tier's most urgent first");
+    let mut replies = vec![first];
+    let mut left = 150 - 5;
+    while left > 0 {
+        let items = h1.dequeue(NS, "urgent", 10);
+        assert!(!items.is_empty(), "{left} left");
+        left -= items.len();
+        replies.push(items);
+    }
+    // What was still ready elsewhere after each reply, counting the reply's own.
+    let mut urgent_left = 100;
+    for (n, reply) in replies.iter().enumerate() {
+        let ids: Vec<String> = reply.iter().map(|i| i.id.clone().unwrap()).collect();
+        assert!(h1.ack(&ids).iter().all(|r| r.error.is_none()));
+        urgent_left -= reply.iter().filter(|i| i.priority.unwrap() < 20).count();
+        let shown = || {
+            // Which host each item came from, and its priority: "h2 7".
+            let r: Vec<String> = reply
+                .iter()
+                .map(|i| {
+                    let from = String::from_utf8_lossy(i.payload.as_deref().unwrap());
+                    format!("{from} {}", i.priority.unwrap())
+                })
+                .collect();
+            r.join(", ")
+        };
+        if reply.iter().any(|i| i.priority.unwrap() >= 20) {
+            assert_eq!(
+                urgent_left,
+                0,
+                "reply {n} holds h1's items while {urgent_left} more urgent ones were \
+                 ready on h2 and h3: {}",
+                shown()
+            );
+        }
+    }
+    assert_eq!(urgent_left, 0);
+
     // 2. A long poll on h1 wakes when an item lands on h2's shards.
     let mut waiter = cluster.client("h1");
     let lp = tokio::task::spawn_blocking(move || {

@@ -211,6 +211,7 @@ async fn consumer(
                 ns: NS.into(),
                 topic: (*name).into(),
                 count: 1 + rng.below(8) as i32,
+                before: (None, None),
             })
             .collect();
         let asked = now_ms();

@@ -29,6 +29,9 @@ pub struct TopicRequest {
     pub ns: String,
     pub topic: String,
     pub count: i32,
+    /// Only items more urgent than (priority, deliver_after_ms): both or neither, and only
+    /// with `local_only` (a host routing a dequeue to its peer sets it).
+    pub before: (Option<i32>, Option<i64>),
 }
 
 /// One nack as the client sent it (the id not yet parsed).

@@ -11,7 +11,8 @@ use super::access::{Caller, Kind};
 use super::host::Host;
 use super::peers::*;
 use crate::error::Result;
-use crate::model::{ClusterView, ShardStatus, TopicName};
+use crate::model::{ClusterView, Head, ReadyTopic, ShardStatus, TopicName};
+use crate::shard::ShardHead;
 
 /// Most topics in one announcement.
 const ANNOUNCE_BATCH_MAX: usize = 1000;
@@ -60,25 +61,59 @@ impl Host {
     }
 
     /// Topics with ready items on this host's shards, the fullest first, at most
-    /// `READY_TOPICS_MAX`; from the shards' in-memory counts, plus the items the prefetch
-    /// stage holds (leased in storage, ready for clients: without them a busy topic whose
-    /// ready items are all staged would vanish from the summary, and routed dequeues
-    /// would stall until the stage releases them).
-    pub fn ready_topics(&self) -> Vec<(TopicName, i64)> {
+    /// `READY_TOPICS_MAX`, each with its head here; from the shards' in-memory counts and
+    /// indexes, plus the items the prefetch stage holds (leased in storage, ready for
+    /// clients: without them a busy topic whose ready items are all staged would vanish
+    /// from the summary, and routed dequeues would stall until the stage releases them).
+    /// A topic's head is unknown (`None`) when one of its shards does not know its own.
+    pub fn ready_topics(&self) -> Vec<ReadyTopic> {
         let now = self.clock.now_ms();
-        let mut sum: HashMap<TopicName, i64> = HashMap::new();
-        for s in self.shards().values() {
-            for (ns, topic, n) in s.ready_topics(now) {
-                *sum.entry(TopicName { ns, topic }).or_default() += n;
+        // Per topic: how many, the best head known, and whether some source knew none.
+        let mut sum: HashMap<TopicName, (i64, Option<Head>, bool)> = HashMap::new();
+        let mut add = |r: ReadyTopic| {
+            let e = sum.entry(r.topic).or_insert((0, None, false));
+            e.0 += r.ready;
+            match r.head {
+                Some(h) => e.1 = Some(e.1.map_or(h, |b| b.min(h))),
+                None => e.2 = true,
             }
+        };
+        for s in self.shards().values() {
+            s.ready_topics(now).into_iter().for_each(&mut add);
         }
-        for (t, n) in self.prefetch.staged_topics(self.staged_live()) {
-            *sum.entry(t).or_default() += n;
-        }
-        let mut out: Vec<(TopicName, i64)> = sum.into_iter().collect();
-        out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        self.prefetch
+            .staged_topics(self.staged_live())
+            .into_iter()
+            .for_each(&mut add);
+        let mut out: Vec<ReadyTopic> = sum
+            .into_iter()
+            .map(|(topic, (ready, head, unknown))| ReadyTopic {
+                topic,
+                ready,
+                head: head.filter(|_| !unknown),
+            })
+            .collect();
+        out.sort_by(|a, b| b.ready.cmp(&a.ready).then_with(|| a.topic.cmp(&b.topic)));
         out.truncate(READY_TOPICS_MAX);
         out
+    }
+
+    /// This host's head of one topic (see [`Self::ready_topics`]), for an announcement:
+    /// `None` when unknown or nothing is ready.
+    fn topic_head(&self, topic: &TopicName) -> Option<Head> {
+        let now = self.clock.now_ms();
+        let mut best: Option<Head> = None;
+        for s in self.shards().values() {
+            match s.topic_head(topic, now) {
+                ShardHead::Known(h) => best = Some(best.map_or(h, |b| b.min(h))),
+                ShardHead::NothingReady => {}
+                ShardHead::Unknown => return None,
+            }
+        }
+        if let Some(h) = self.prefetch.staged_head(topic, self.staged_live()) {
+            best = Some(best.map_or(h, |b| b.min(h)));
+        }
+        best
     }
 
     /// Polls every peer every `every_ms` (spare capacity, ready topics) until `stop`
@@ -139,12 +174,24 @@ impl Host {
                         },
                     );
                     let old = ready.remove(&id).unwrap_or_default();
-                    let mut new: ReadyTopics =
-                        s.ready.into_iter().map(|(t, n)| (t, (n, 0))).collect();
+                    let mut new: ReadyTopics = s
+                        .ready
+                        .into_iter()
+                        .map(|r| {
+                            let known = PeerTopic {
+                                ready: r.ready,
+                                head: r.head,
+                                seq: 0,
+                            };
+                            (r.topic, known)
+                        })
+                        .collect();
                     // Announcements that came after this poll was sent are newer than it.
-                    for (t, (n, seq)) in &old {
-                        if *seq > since {
-                            new.entry(t.clone()).or_insert((*n, *seq));
+                    for (t, known) in &old {
+                        if known.seq > since {
+                            new.entry(t.clone())
+                                .and_modify(|n| n.merge_announced(known))
+                                .or_insert(*known);
                         }
                     }
                     // A topic that appears here may have a long poll waiting for it (its
@@ -174,16 +221,26 @@ impl Host {
                 },
                 _ = stop.changed() => break,
             };
-            let mut batch = vec![(first, 1)];
+            let mut names = vec![first];
             let mut seen = std::collections::HashSet::new();
-            seen.insert(batch[0].0.clone());
-            while batch.len() < ANNOUNCE_BATCH_MAX {
+            seen.insert(names[0].clone());
+            while names.len() < ANNOUNCE_BATCH_MAX {
                 let Ok(t) = topics.try_recv() else { break };
                 if seen.insert(t.clone()) {
-                    batch.push((t, 1));
+                    names.push(t);
                 }
             }
             let host: &Host = &self;
+            // Each with its head here now, so that peers routing dequeues know whether
+            // this host holds more urgent items than they do.
+            let batch: Vec<ReadyTopic> = names
+                .into_iter()
+                .map(|topic| ReadyTopic {
+                    head: host.topic_head(&topic),
+                    topic,
+                    ready: 1,
+                })
+                .collect();
             // Every peer, whatever its tier: a host routes a namespace's calls to that
             // namespace's tier, so any of them may hold a long poll for these topics. A
             // peer known to be unreachable is skipped, so it cannot slow the others.
@@ -216,7 +273,7 @@ impl Host {
         &self,
         caller: &Caller,
         host_id: &str,
-        topics: Vec<(TopicName, i64)>,
+        topics: Vec<ReadyTopic>,
     ) -> Result<()> {
         self.allow(caller, "", Kind::Peer)?;
         if !self.cluster.view().hosts.contains_key(host_id) || host_id == self.host_id() {
@@ -231,13 +288,20 @@ impl Host {
         {
             let mut ready = self.cluster.ready.lock().expect("not poisoned");
             let known = ready.entry(host_id.to_string()).or_default();
-            for (t, n) in &topics {
-                let e = known.entry(t.clone()).or_default();
-                *e = (e.0.max(*n), seq);
+            for r in &topics {
+                let said = PeerTopic {
+                    ready: r.ready,
+                    head: r.head,
+                    seq,
+                };
+                known
+                    .entry(r.topic.clone())
+                    .and_modify(|k| k.merge_announced(&said))
+                    .or_insert(said);
             }
         }
-        for (t, _) in &topics {
-            self.waiters.wake_remote(t);
+        for r in &topics {
+            self.waiters.wake_remote(&r.topic);
         }
         Ok(())
     }

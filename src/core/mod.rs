@@ -5,6 +5,7 @@
 mod access;
 mod api;
 mod cluster;
+mod dequeue;
 mod enqueue;
 mod health;
 mod host;

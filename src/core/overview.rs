@@ -71,8 +71,8 @@ impl Host {
         }
         let staged = self.prefetch.staged_topics(self.staged_live());
         let mut staged_by_ns: HashMap<String, i64> = HashMap::new();
-        for (t, n) in staged {
-            *staged_by_ns.entry(t.ns).or_default() += n;
+        for r in staged {
+            *staged_by_ns.entry(r.topic.ns).or_default() += r.ready;
         }
         by_ns
             .into_iter()

@@ -14,14 +14,40 @@ use super::api::{
     ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, TouchRequestItem,
 };
 use crate::error::Result;
-use crate::model::{ClusterView, Item, Progress, ShardId, ShardStatus, TopicName, TopicSnapshot};
+use crate::model::{
+    ClusterView, Head, Item, Progress, ReadyTopic, ShardId, ShardStatus, TopicName, TopicSnapshot,
+};
 use crate::quota::{QuotaBudget, Quotas};
 
 /// Most topics a host lists in its ready summary (the fullest first).
 pub const READY_TOPICS_MAX: usize = 10_000;
-/// A peer's topics with ready items: how many, and the announcement that said so (0: a
-/// poll).
-pub(super) type ReadyTopics = HashMap<TopicName, (i64, u64)>;
+/// A peer's topics with ready items.
+pub(super) type ReadyTopics = HashMap<TopicName, PeerTopic>;
+
+/// What this host knows of a topic's ready items on a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PeerTopic {
+    /// How many (as last said: dequeues since are not subtracted).
+    pub ready: i64,
+    /// No ready item there is more urgent than this; `None`: they may be anything.
+    pub head: Option<Head>,
+    /// The announcement that said so (0: a poll).
+    pub seq: u64,
+}
+
+impl PeerTopic {
+    /// Takes in an announcement (or one newer than a poll): items became ready there,
+    /// so its head can only have moved forward (or be unknown, if the announcement did
+    /// not know it).
+    pub(super) fn merge_announced(&mut self, said: &PeerTopic) {
+        self.ready = self.ready.max(said.ready);
+        self.head = match (self.head, said.head) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            _ => None,
+        };
+        self.seq = self.seq.max(said.seq);
+    }
+}
 
 /// Who a forwarded per-item call comes from: this host (`forwarded_by`) and the identity
 /// of the client it acts for (`forwarded_for`), which the owner of the items checks
@@ -36,8 +62,8 @@ pub struct Forwarded<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct PeerSummary {
     pub spare: i64,
-    /// Topics with ready items on its shards, and how many.
-    pub ready: Vec<(TopicName, i64)>,
+    /// Topics with ready items on its shards, how many, and their heads there.
+    pub ready: Vec<ReadyTopic>,
     /// Its shards and what each is doing (for operators: the console).
     pub shards: Vec<ShardStatus>,
 }
@@ -79,12 +105,14 @@ pub trait Peers: Send + Sync {
         ids: Vec<String>,
         from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
-    /// Up to `count` ready items of `topic` from the peer's own shards.
+    /// Up to `count` ready items of `topic` from the peer's own shards; with `before`, only
+    /// items more urgent than it.
     fn dequeue<'a>(
         &'a self,
         addr: &'a str,
         topic: &'a TopicName,
         count: usize,
+        before: Option<Head>,
         from: &'a str,
     ) -> BoxFuture<'a, Result<Vec<Item>>>;
     fn peek<'a>(
@@ -132,7 +160,7 @@ pub trait Peers: Send + Sync {
         &'a self,
         addr: &'a str,
         from: &'a str,
-        topics: Vec<(TopicName, i64)>,
+        topics: Vec<ReadyTopic>,
     ) -> BoxFuture<'a, Result<()>>;
 }
 
@@ -191,6 +219,7 @@ impl Peers for NoPeers {
         addr: &'a str,
         _: &'a TopicName,
         _: usize,
+        _: Option<Head>,
         _: &'a str,
     ) -> BoxFuture<'a, Result<Vec<Item>>> {
         no_peer(addr)
@@ -246,7 +275,7 @@ impl Peers for NoPeers {
         &'a self,
         addr: &'a str,
         _: &'a str,
-        _: Vec<(TopicName, i64)>,
+        _: Vec<ReadyTopic>,
     ) -> BoxFuture<'a, Result<()>> {
         no_peer(addr)
     }
@@ -296,7 +325,7 @@ pub struct HostStatus {
     pub spare: i64,
     pub peers: Vec<PeerStatus>,
     /// Topics with ready items on this host's shards (at most `READY_TOPICS_MAX`).
-    pub ready_topics: Vec<(TopicName, i64)>,
+    pub ready_topics: Vec<ReadyTopic>,
 }
 
 pub struct ClusterState {
@@ -356,5 +385,40 @@ impl ClusterState {
             .filter(|(id, h)| **id != self.settings.host_id && h.tier == tier)
             .map(|(id, h)| (id.clone(), h.addr.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(priority: i32) -> Option<Head> {
+        Some(Head {
+            priority,
+            deliver_after_ms: 0,
+        })
+    }
+
+    #[test]
+    fn an_announcement_can_only_bring_the_head_forward_or_make_it_unknown() {
+        let polled = PeerTopic {
+            ready: 10,
+            head: head(5),
+            seq: 0,
+        };
+        let said = |h, seq| PeerTopic {
+            ready: 1,
+            head: h,
+            seq,
+        };
+        let mut k = polled;
+        k.merge_announced(&said(head(7), 3));
+        assert_eq!((k.ready, k.head, k.seq), (10, head(5), 3));
+        k.merge_announced(&said(head(2), 4));
+        assert_eq!(k.head, head(2));
+        k.merge_announced(&said(None, 5));
+        assert_eq!(k.head, None, "an item of unknown urgency came");
+        k.merge_announced(&said(head(1), 6));
+        assert_eq!(k.head, None, "still unknown until a poll or an answer says");
     }
 }

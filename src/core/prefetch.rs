@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::demand::AT_MOST_ONCE_HOLD_MS;
-use crate::model::{GlobalKey, Item, Policy, ShardId, TopicName};
+use crate::model::{GlobalKey, Head, Item, Policy, ReadyTopic, ShardId, TopicName};
 
 /// Half-life of the dequeue-rate estimate.
 const RATE_HALF_LIFE_MS: f64 = 1000.0;
@@ -350,23 +350,63 @@ impl Prefetch {
 
     /// Every topic's staged items that may still be handed out, and how many (for the
     /// ready summary peers route by: staged items are ready as far as clients go).
-    pub fn staged_topics(&self, live: impl Fn(&Item) -> bool) -> Vec<(TopicName, i64)> {
+    /// Each has its most urgent staged item as its head.
+    pub fn staged_topics(&self, live: impl Fn(&Item) -> bool) -> Vec<ReadyTopic> {
         let topics = self.topics.lock().expect("not poisoned");
         topics
             .iter()
             .filter_map(|(t, s)| {
-                let n = s.items.values().filter(|s| live(&s.item)).count();
-                (n > 0).then(|| (t.clone(), n as i64))
+                let mut live_items = s.items.values().filter(|s| live(&s.item));
+                let head = Head::of(&live_items.next()?.item);
+                Some(ReadyTopic {
+                    topic: t.clone(),
+                    ready: 1 + live_items.count() as i64,
+                    head: Some(head),
+                })
             })
             .collect()
+    }
+
+    /// The most urgent staged item of a topic that may still be handed out.
+    pub fn staged_head(&self, topic: &TopicName, live: impl Fn(&Item) -> bool) -> Option<Head> {
+        let topics = self.topics.lock().expect("not poisoned");
+        topics
+            .get(topic)?
+            .items
+            .values()
+            .find(|s| live(&s.item))
+            .map(|s| Head::of(&s.item))
+    }
+
+    /// How many staged items of a topic that could be handed out now are more urgent
+    /// than `before`, counting up to `max`.
+    pub fn count_before(
+        &self,
+        topic: &TopicName,
+        before: Head,
+        max: usize,
+        now_ms: i64,
+        live: impl Fn(&Item) -> bool,
+    ) -> usize {
+        let topics = self.topics.lock().expect("not poisoned");
+        let Some(stage) = topics.get(topic) else {
+            return 0;
+        };
+        stage
+            .items
+            .values()
+            .take_while(|s| Head::of(&s.item) < before)
+            .filter(|s| fit(s, now_ms) && live(&s.item))
+            .take(max)
+            .count()
     }
 
     /// Staged items per topic of `ns`: leased in storage, but ready as far as clients go.
     pub fn staged_counts(&self, ns: &str, live: impl Fn(&Item) -> bool) -> HashMap<String, i64> {
         self.staged_topics(live)
             .into_iter()
-            .filter(|(t, _)| t.ns == ns)
-            .map(|(t, n)| (t.topic, n))
+            .filter(|r| r.topic.ns == ns)
+            .map(|r| (r.topic.topic, r.ready))
             .collect()
     }
 }
@@ -490,7 +530,27 @@ mod tests {
             .map(|i| i.id.key)
             .collect();
         assert_eq!(shown, vec![2]);
-        assert_eq!(p.staged_topics(live), vec![(topic(), 1)]);
+        // The head is the most urgent live copy's.
+        let head = Head {
+            priority: 1,
+            deliver_after_ms: 0,
+        };
+        assert_eq!(
+            p.staged_topics(live),
+            vec![ReadyTopic {
+                topic: topic(),
+                ready: 1,
+                head: Some(head)
+            }]
+        );
+        assert_eq!(p.count_before(&topic(), head, 10, 1, live), 0);
+        let later = Head {
+            priority: 2,
+            ..head
+        };
+        assert_eq!(p.count_before(&topic(), later, 10, 1, live), 1);
+        assert_eq!(p.count_before(&topic(), later, 10, 1, |_| true), 2);
+        assert_eq!(p.count_before(&topic(), later, 1, 1, |_| true), 1);
         let (_, release) = p.sweep(1, live);
         assert!(release.is_empty(), "a dead copy has nothing to release");
         assert_eq!(p.drain().len(), 1);

@@ -21,7 +21,16 @@ use super::host::Host;
 use super::peers::{ClusterState, DeadItem, PeerLoad};
 use super::ActiveTopicsPage;
 use crate::error::{Error, Result};
-use crate::model::{Item, Progress, ShardId, TopicName, TopicSnapshot};
+use crate::model::{Head, Item, Progress, ShardId, TopicName, TopicSnapshot};
+
+/// A peer a routed dequeue may ask, with what this host knows of its head.
+pub(super) struct RoutePeer {
+    pub id: String,
+    pub addr: String,
+    pub head: Option<Head>,
+    /// The announcement the head came with (0: a poll).
+    pub seq: u64,
+}
 
 impl ClusterState {
     /// May a request (forwarded already or not) be forwarded from here?
@@ -123,22 +132,36 @@ impl ClusterState {
         }
     }
 
-    /// The reachable peers of `tier` whose summaries list ready items of `topic`, the
-    /// fullest first: (host id, address).
-    pub(super) fn peers_with_ready(&self, tier: &str, topic: &TopicName) -> Vec<(String, String)> {
+    /// The reachable peers of `tier` whose summaries list ready items of `topic`, those
+    /// whose head may be the most urgent first (unknown heads first of all), then the
+    /// fullest.
+    pub(super) fn peers_with_ready(&self, tier: &str, topic: &TopicName) -> Vec<RoutePeer> {
         let peers = self.tier_peers(tier);
         let loads = self.loads.lock().expect("not poisoned").clone();
         let ready = self.ready.lock().expect("not poisoned");
-        let mut out: Vec<(i64, String, String)> = peers
+        let mut out: Vec<(i64, RoutePeer)> = peers
             .into_iter()
             .filter(|(id, _)| loads.get(id).is_none_or(|l| l.reachable))
             .filter_map(|(id, addr)| {
-                let (n, _) = *ready.get(&id)?.get(topic)?;
-                (n > 0).then_some((n, id, addr))
+                let known = *ready.get(&id)?.get(topic)?;
+                (known.ready > 0).then_some((
+                    known.ready,
+                    RoutePeer {
+                        id,
+                        addr,
+                        head: known.head,
+                        seq: known.seq,
+                    },
+                ))
             })
             .collect();
-        out.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-        out.into_iter().map(|(_, id, addr)| (id, addr)).collect()
+        out.sort_by(|a, b| {
+            a.1.head
+                .cmp(&b.1.head)
+                .then_with(|| b.0.cmp(&a.0))
+                .then_with(|| a.1.id.cmp(&b.1.id))
+        });
+        out.into_iter().map(|(_, p)| p).collect()
     }
 
     /// A peer answered a routed dequeue of `topic` with nothing: forget the topic there
@@ -146,6 +169,18 @@ impl ClusterState {
     fn drained(&self, host_id: &str, topic: &TopicName) {
         if let Some(t) = self.ready.lock().expect("not poisoned").get_mut(host_id) {
             t.remove(topic);
+        }
+    }
+
+    /// A peer's answer showed that none of its ready items of `topic` is more urgent than
+    /// `head`: raise what is known of its head, unless an announcement came since `seq`
+    /// was read (it may have brought a more urgent item).
+    fn head_at_least(&self, p: &RoutePeer, topic: &TopicName, head: Head) {
+        let mut ready = self.ready.lock().expect("not poisoned");
+        if let Some(k) = ready.get_mut(&p.id).and_then(|t| t.get_mut(topic)) {
+            if k.seq == p.seq {
+                k.head = Some(k.head.map_or(head, |h| h.max(head)));
+            }
         }
     }
 
@@ -195,72 +230,105 @@ impl Host {
         Ok(())
     }
 
-    /// Up to `count` items of `topic` for one dequeue: from this host's shards first, then
-    /// (unless `local_only`) from the peers that have ready items of it.
+    /// Up to `count` items of `topic` for one dequeue: this host's most urgent first, then
+    /// (unless `local_only`) the peers' whose heads beat them. The peers are asked in the
+    /// order of their heads: to fill what this host lacks, then, while this host's items
+    /// in the reply are beaten by a peer's head, for items more urgent than the worst of
+    /// them (`before`), which they displace (back into this host's stage: still claimed,
+    /// no storage write). So a reply holds the tier's most urgent items as of the heads
+    /// this host knows: a peer's from its last poll or announcement, or from its last
+    /// answer. Two peers' items are not traded against each other: one peer's less urgent
+    /// items may come while another holds more urgent ones, until the next reply.
+    ///
+    /// With `local_only` (a dequeue a peer routed here), this host's items only, and with
+    /// `before` only those more urgent than it.
     pub(super) async fn dequeue_across(
         &self,
         topic: &TopicName,
         count: usize,
         local_only: bool,
+        before: Option<Head>,
     ) -> Result<Vec<Item>> {
-        let mut failure = None;
+        if local_only {
+            return self.dequeue_topic(topic, count, before).await;
+        }
         let since = self.waiters.demand().epoch(topic);
-        let mut got = match self.dequeue_topic(topic, count).await {
+        // This host's items are gathered (claimed, not handed out) and handed out only
+        // once the peers have had their say: those a peer's items displace go back to the
+        // stage as they are. Under `claiming` throughout, as any dequeue's claims are.
+        let claiming = self.claiming.read().await;
+        let shards = self.shards();
+        let mut failure = None;
+        // This host's items in the reply, the least urgent last; the peers' items.
+        let mut local = match self.gather(topic, count, true, None).await {
             Ok(items) => items,
-            Err(e) if local_only => return Err(e),
             Err(e) => {
                 failure = Some(e);
                 Vec::new()
             }
         };
-        if local_only || got.len() >= count {
-            return Ok(got);
-        }
-        // A consumer of this host that finds the topic empty here and on its peers: an
-        // item enqueued here now may be handed to it directly (see `crate::demand`). Not
-        // for a dequeue a peer routed here: its consumer waits at that peer.
-        let found_nothing = |got: &Vec<Item>| {
-            if got.is_empty() {
-                self.waiters
-                    .demand()
-                    .found_nothing(topic, count, self.clock.now_ms(), since);
-            }
-        };
+        let mut remote: Vec<Item> = Vec::new();
         let tier = self.namespaces.tier(&topic.ns);
-        for (id, addr) in self.cluster.peers_with_ready(tier, topic) {
-            let want = count - got.len();
-            match self
+        for p in self.cluster.peers_with_ready(tier, topic) {
+            let free = count - local.len() - remote.len();
+            let (want, bound) = if free > 0 {
+                (free, None)
+            } else {
+                match local.last().map(Head::of) {
+                    Some(worst) if p.head.is_none_or(|h| h < worst) => (local.len(), Some(worst)),
+                    Some(_) => continue,
+                    None => break,
+                }
+            };
+            let items = match self
                 .cluster
                 .peers
-                .dequeue(&addr, topic, want, self.host_id())
+                .dequeue(&p.addr, topic, want, bound, self.host_id())
                 .await
             {
-                Ok(items) => {
-                    if items.is_empty() {
-                        self.cluster.drained(&id, topic);
-                    }
-                    got.extend(items);
-                }
+                Ok(items) => items,
                 Err(e) => {
-                    tracing::debug!(peer = %id, error = %e, "routed dequeue failed");
+                    tracing::debug!(peer = %p.id, error = %e, "routed dequeue failed");
                     // Only a peer that could not be reached is skipped until its next
                     // poll; a refusal (another config) is the peer's answer.
                     if e.code == crate::error::ErrorCode::Unavailable {
-                        self.cluster.unreachable(&id);
+                        self.cluster.unreachable(&p.id);
                     }
                     failure = Some(e);
+                    continue;
                 }
+            };
+            // What the answer says of the peer's head now.
+            match (bound, items.last()) {
+                (None, None) => self.cluster.drained(&p.id, topic),
+                (Some(b), _) if items.len() < want => self.cluster.head_at_least(&p, topic, b),
+                (_, Some(last)) => self.cluster.head_at_least(&p, topic, Head::of(last)),
+                (Some(_), None) => {}
             }
-            if got.len() >= count {
-                break;
+            if bound.is_some() {
+                // Each displaces one of this host's, the least urgent first.
+                let keep = local.len().saturating_sub(items.len());
+                let back = local.split_off(keep);
+                self.stage(topic, back).await;
             }
+            remote.extend(items);
         }
+        let kept = local.len();
+        let mut got = self.deliver(&shards, topic, kept, local, None).await;
+        drop(claiming);
+        got.extend(remote);
         if got.is_empty() {
             if let Some(e) = failure {
                 return Err(e);
             }
+            // A consumer of this host that finds the topic empty here and on its peers:
+            // an item enqueued here now may be handed to it directly (see
+            // `crate::demand`). Not for a dequeue a peer routed here: its consumer waits
+            // at that peer.
+            self.waiters
+                .demand()
+                .found_nothing(topic, count, self.clock.now_ms(), since);
         }
-        found_nothing(&got);
         got.sort_by_key(Item::global_key);
         Ok(got)
     }

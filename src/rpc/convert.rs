@@ -8,7 +8,8 @@ use crate::core::{
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{
-    Item, ItemId, Policy, ShardState, ShardStatus, TopicCounts, TopicName, TopicSnapshot, Totals,
+    Head, Item, ItemId, Policy, ReadyTopic, ShardState, ShardStatus, TopicCounts, TopicName,
+    TopicSnapshot, Totals,
 };
 use crate::thrift_gen as t;
 
@@ -40,6 +41,7 @@ pub fn topic_requests(req: t::DequeueRequest) -> Vec<TopicRequest> {
             ns: r.ns.unwrap_or_default(),
             topic: r.topic.unwrap_or_default(),
             count: r.count.unwrap_or(0),
+            before: (r.before_priority, r.before_deliver_after_ms),
         })
         .collect()
 }
@@ -222,27 +224,38 @@ pub fn host_info(h: HostStatus) -> t::HostInfo {
     }
 }
 
-pub fn ready_topics(topics: Vec<(TopicName, i64)>) -> Vec<t::ReadyTopic> {
+pub fn ready_topics(topics: Vec<ReadyTopic>) -> Vec<t::ReadyTopic> {
     topics
         .into_iter()
-        .map(|(t, n)| t::ReadyTopic {
-            ns: Some(t.ns),
-            topic: Some(t.topic),
-            ready: Some(n),
+        .map(|r| t::ReadyTopic {
+            ns: Some(r.topic.ns),
+            topic: Some(r.topic.topic),
+            ready: Some(r.ready),
+            head_priority: r.head.map(|h| h.priority),
+            head_deliver_after_ms: r.head.map(|h| h.deliver_after_ms),
         })
         .collect()
 }
 
-pub fn ready_topics_from_wire(topics: Option<Vec<t::ReadyTopic>>) -> Vec<(TopicName, i64)> {
+/// A head is known only when both halves came (an older host sends neither).
+pub fn head_from_wire(priority: Option<i32>, deliver_after_ms: Option<i64>) -> Option<Head> {
+    Some(Head {
+        priority: priority?,
+        deliver_after_ms: deliver_after_ms?,
+    })
+}
+
+pub fn ready_topics_from_wire(topics: Option<Vec<t::ReadyTopic>>) -> Vec<ReadyTopic> {
     topics
         .unwrap_or_default()
         .into_iter()
-        .map(|r| {
-            let name = TopicName {
+        .map(|r| ReadyTopic {
+            topic: TopicName {
                 ns: r.ns.unwrap_or_default(),
                 topic: r.topic.unwrap_or_default(),
-            };
-            (name, r.ready.unwrap_or(0))
+            },
+            ready: r.ready.unwrap_or(0),
+            head: head_from_wire(r.head_priority, r.head_deliver_after_ms),
         })
         .collect()
 }

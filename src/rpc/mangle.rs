@@ -54,6 +54,8 @@ pub fn seeds() -> Vec<Vec<u8>> {
         ns: Some(ns.into()),
         topic: Some("topic".into()),
         count: Some(5),
+        before_priority: Some(3),
+        before_deliver_after_ms: Some(1_000),
     };
     let mut out = Vec::new();
     for binary in [true, false] {
@@ -196,6 +198,8 @@ pub fn seeds() -> Vec<Vec<u8>> {
                         ns: Some("ns".into()),
                         topic: Some("topic".into()),
                         ready: Some(3),
+                        head_priority: Some(-2),
+                        head_deliver_after_ms: Some(1_000),
                     }]),
                 },
             }

@@ -21,7 +21,7 @@ use crate::core::{
 };
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::model::{Item, Progress, TopicName, TopicSnapshot};
+use crate::model::{Head, Item, Progress, ReadyTopic, TopicName, TopicSnapshot};
 use crate::thrift_gen as t;
 
 /// Largest reply frame accepted from a peer (a full dequeue-sized reply fits many times).
@@ -383,7 +383,7 @@ impl Peers for PeerClient {
         &'a self,
         addr: &'a str,
         from: &'a str,
-        topics: Vec<(TopicName, i64)>,
+        topics: Vec<ReadyTopic>,
     ) -> BoxFuture<'a, Result<()>> {
         let args = t::FoqsNotifyReadyArgs {
             req: t::NotifyReadyRequest {
@@ -412,6 +412,7 @@ impl Peers for PeerClient {
         addr: &'a str,
         topic: &'a TopicName,
         count: usize,
+        before: Option<Head>,
         from: &'a str,
     ) -> BoxFuture<'a, Result<Vec<Item>>> {
         let args = t::FoqsDequeueArgs {
@@ -420,6 +421,8 @@ impl Peers for PeerClient {
                     ns: Some(topic.ns.clone()),
                     topic: Some(topic.topic.clone()),
                     count: Some(count as i32),
+                    before_priority: before.map(|h| h.priority),
+                    before_deliver_after_ms: before.map(|h| h.deliver_after_ms),
                 }]),
                 wait_ms: None,
                 local_only: Some(true),

@@ -104,6 +104,17 @@ impl TopicIndex {
         self.keys.remove(k)
     }
 
+    /// No ready item of the topic is more urgent than this: its most urgent key, or when
+    /// none is held but storage may have some, the watermark they all lie above. `None`
+    /// while the topic is unloaded (it may hold anything) or has nothing ready.
+    pub fn head_bound(&self) -> Option<ReadyKey> {
+        match (self.keys.first(), self.watermark) {
+            (Some(k), _) => Some(*k),
+            (None, Watermark::Upto(w)) => Some(w),
+            (None, _) => None,
+        }
+    }
+
     /// The `n` most urgent keys.
     pub fn head(&self, n: usize) -> Vec<ReadyKey> {
         self.keys.iter().take(n).copied().collect()
@@ -224,6 +235,23 @@ mod tests {
             deliver_after_ms: 0,
             key,
         }
+    }
+
+    #[test]
+    fn the_head_bound_is_the_first_key_or_the_watermark_and_unknown_while_unloaded() {
+        let mut t = TopicIndex::new();
+        assert_eq!(t.head_bound(), None, "unloaded: anything may be ready");
+        // A refill of 2 that filled what it asked for: more may be in storage above k(3).
+        t.apply_refill(&[k(1, 1), k(3, 2)], 2, 10);
+        assert_eq!(t.head_bound(), Some(k(1, 1)));
+        assert!(t.remove(&k(1, 1)) && t.remove(&k(3, 2)));
+        assert_eq!(
+            t.head_bound(),
+            Some(k(3, 2)),
+            "none held: the watermark bounds them"
+        );
+        t.apply_refill(&[], 2, 10);
+        assert_eq!(t.head_bound(), None, "all read and none left");
     }
 
     #[test]

@@ -30,8 +30,8 @@ pub use staged::Staged;
 pub use worker::{ShardWorker, WorkerConfig, READS_BESIDE_MAX};
 
 use crate::model::{
-    Item, NewItem, ReadyKey, ShardId, ShardState, ShardStatus, TopicCounts, TopicName,
-    TopicSnapshot,
+    Head, Item, NewItem, ReadyKey, ReadyTopic, ShardId, ShardState, ShardStatus, TopicCounts,
+    TopicName, TopicSnapshot,
 };
 use crate::store::ItemMeta;
 pub use error::{Result, ShardError};
@@ -217,6 +217,15 @@ pub(crate) struct ShardShared {
     pub counts: std::sync::Mutex<NsCounts>,
 }
 
+/// A topic's head on one shard (see [`ShardHandle::topic_head`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardHead {
+    NothingReady,
+    Known(Head),
+    /// Items are ready, but the index does not know which (not read since it opened).
+    Unknown,
+}
+
 /// The cloneable sender that talks to one shard's worker.
 #[derive(Clone)]
 pub struct ShardHandle {
@@ -333,15 +342,53 @@ impl ShardHandle {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
-    /// Topics with ready items at `now_ms` and how many: (ns, topic, ready), from memory.
-    pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
-        self.shared
+    /// Topics with ready items at `now_ms`, how many, and each one's head as far as the
+    /// ready index knows it (see [`crate::model::ReadyTopic`]), from memory.
+    pub fn ready_topics(&self, now_ms: i64) -> Vec<ReadyTopic> {
+        let counts = self
+            .shared
             .counts
             .lock()
             // Poisoned only by a worker that died holding it: its shard is being reopened,
             // and a reader must not die with it (see `ShardHandle::mark_dead`).
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .ready_topics(now_ms)
+            .ready_topics(now_ms);
+        let index = self
+            .index
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        counts
+            .into_iter()
+            .map(|(ns, topic, ready)| {
+                let topic = TopicName { ns, topic };
+                let head = index
+                    .get(&topic)
+                    .and_then(|t| t.head_bound())
+                    .map(Head::from);
+                ReadyTopic { topic, ready, head }
+            })
+            .collect()
+    }
+
+    /// One topic's head here (see [`Self::ready_topics`]).
+    pub fn topic_head(&self, topic: &TopicName, now_ms: i64) -> ShardHead {
+        let ready = self
+            .shared
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .has_ready(&topic.ns, &topic.topic, now_ms);
+        if !ready {
+            return ShardHead::NothingReady;
+        }
+        let index = self
+            .index
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match index.get(topic).and_then(|t| t.head_bound()) {
+            Some(k) => ShardHead::Known(Head::from(k)),
+            None => ShardHead::Unknown,
+        }
     }
 
     /// The shard's items by namespace and state at `now_ms`, from memory.

@@ -654,14 +654,18 @@ class TopicRequest(object):
      - ns
      - topic
      - count
+     - before_priority
+     - before_deliver_after_ms
 
     """
 
 
-    def __init__(self, ns=None, topic=None, count=None,):
+    def __init__(self, ns=None, topic=None, count=None, before_priority=None, before_deliver_after_ms=None,):
         self.ns = ns
         self.topic = topic
         self.count = count
+        self.before_priority = before_priority
+        self.before_deliver_after_ms = before_deliver_after_ms
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -687,6 +691,16 @@ class TopicRequest(object):
                     self.count = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I32:
+                    self.before_priority = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I64:
+                    self.before_deliver_after_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -708,6 +722,14 @@ class TopicRequest(object):
         if self.count is not None:
             oprot.writeFieldBegin('count', TType.I32, 3)
             oprot.writeI32(self.count)
+            oprot.writeFieldEnd()
+        if self.before_priority is not None:
+            oprot.writeFieldBegin('before_priority', TType.I32, 4)
+            oprot.writeI32(self.before_priority)
+            oprot.writeFieldEnd()
+        if self.before_deliver_after_ms is not None:
+            oprot.writeFieldBegin('before_deliver_after_ms', TType.I64, 5)
+            oprot.writeI64(self.before_deliver_after_ms)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3300,14 +3322,18 @@ class ReadyTopic(object):
      - ns
      - topic
      - ready
+     - head_priority
+     - head_deliver_after_ms
 
     """
 
 
-    def __init__(self, ns=None, topic=None, ready=None,):
+    def __init__(self, ns=None, topic=None, ready=None, head_priority=None, head_deliver_after_ms=None,):
         self.ns = ns
         self.topic = topic
         self.ready = ready
+        self.head_priority = head_priority
+        self.head_deliver_after_ms = head_deliver_after_ms
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3333,6 +3359,16 @@ class ReadyTopic(object):
                     self.ready = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I32:
+                    self.head_priority = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I64:
+                    self.head_deliver_after_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3354,6 +3390,14 @@ class ReadyTopic(object):
         if self.ready is not None:
             oprot.writeFieldBegin('ready', TType.I64, 3)
             oprot.writeI64(self.ready)
+            oprot.writeFieldEnd()
+        if self.head_priority is not None:
+            oprot.writeFieldBegin('head_priority', TType.I32, 4)
+            oprot.writeI32(self.head_priority)
+            oprot.writeFieldEnd()
+        if self.head_deliver_after_ms is not None:
+            oprot.writeFieldBegin('head_deliver_after_ms', TType.I64, 5)
+            oprot.writeI64(self.head_deliver_after_ms)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4517,6 +4561,8 @@ TopicRequest.thrift_spec = (
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.I32, 'count', None, None, ),  # 3
+    (4, TType.I32, 'before_priority', None, None, ),  # 4
+    (5, TType.I64, 'before_deliver_after_ms', None, None, ),  # 5
 )
 all_structs.append(DequeueRequest)
 DequeueRequest.thrift_spec = (
@@ -4740,6 +4786,8 @@ ReadyTopic.thrift_spec = (
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.I64, 'ready', None, None, ),  # 3
+    (4, TType.I32, 'head_priority', None, None, ),  # 4
+    (5, TType.I64, 'head_deliver_after_ms', None, None, ),  # 5
 )
 all_structs.append(HostInfo)
 HostInfo.thrift_spec = (

@@ -478,6 +478,8 @@ pub fn topic_req(ns: &str, topic: &str, count: i32) -> TopicRequest {
         ns: Some(ns.into()),
         topic: Some(topic.into()),
         count: Some(count),
+        before_priority: None,
+        before_deliver_after_ms: None,
     }
 }
 

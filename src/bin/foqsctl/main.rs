@@ -456,6 +456,8 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                     ns: Some(ns.clone()),
                     topic: Some(topic.clone()),
                     count: Some(*count),
+                    before_priority: None,
+                    before_deliver_after_ms: None,
                 }]),
                 wait_ms: *wait,
                 local_only: None,
