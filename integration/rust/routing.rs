@@ -155,7 +155,7 @@ async fn any_host_serves_its_whole_tier() {
     //     on a peer.
     for (id, base) in [("h1", 20), ("h2", 0), ("h3", 0)] {
         let items = (0..50)
-            .map(|i| item(NS, "urgent", base + (i % 10) as i32, id.as_bytes()))
+            .map(|i| item(NS, "urgent", base + i % 10, id.as_bytes()))
             .collect();
         cluster.client(id).enqueue(items);
     }
