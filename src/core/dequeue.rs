@@ -182,7 +182,7 @@ impl Host {
     /// through their shards, which drop any that an ack, nack or expiry settled since they
     /// were claimed; when that leaves the reply short, it gathers again. Called under
     /// `claiming`, with the shards it found.
-    pub(super) async fn deliver(
+    async fn deliver(
         &self,
         shards: &ShardMap,
         topic: &TopicName,
@@ -243,7 +243,7 @@ impl Host {
 
     /// Stages claimed items not handed out; those the stage refuses (at-most-once) go back
     /// before this returns, so that a crash can hardly catch them leased by nobody.
-    pub(super) async fn stage(&self, topic: &TopicName, items: Vec<Item>) {
+    async fn stage(&self, topic: &TopicName, items: Vec<Item>) {
         let refused = self.prefetch.stage(topic, items, self.clock.now_ms());
         if refused.is_empty() {
             return;
@@ -269,7 +269,7 @@ impl Host {
     /// claimed on demand; `first` counts the dequeue's demand (only once per dequeue).
     /// With `before`, only items more urgent than it: as many are taken as the stage and
     /// the shards' indexes show, and any taken beyond it (a race) go back to the stage.
-    pub(super) async fn gather(
+    async fn gather(
         &self,
         topic: &TopicName,
         count: usize,
@@ -277,7 +277,10 @@ impl Host {
         before: Option<Head>,
     ) -> Result<Vec<Item>> {
         let count = match before {
-            Some(b) => self.count_before(topic, b, count).await,
+            Some(b) => {
+                let heads = self.local_heads(topic, count).await;
+                heads.partition_point(|h| *h < b)
+            }
             None => count,
         };
         if count == 0 {
@@ -292,27 +295,25 @@ impl Host {
         Ok(got)
     }
 
-    /// How many ready items of `topic` this host holds that are more urgent than
-    /// `before`, up to `max`: staged ones and those the shards' indexes hold (from
-    /// memory, unless an index must be read first).
-    async fn count_before(&self, topic: &TopicName, before: Head, max: usize) -> usize {
-        let staged =
+    /// The heads of the `max` most urgent ready items of `topic` this host holds, in
+    /// order: staged ones and those the shards' indexes hold (from memory, unless an
+    /// index must be read first). What a dequeue would get, as of now.
+    pub(super) async fn local_heads(&self, topic: &TopicName, max: usize) -> Vec<Head> {
+        let mut heads =
             self.prefetch
-                .count_before(topic, before, max, self.clock.now_ms(), self.staged_live());
+                .staged_heads(topic, max, self.clock.now_ms(), self.staged_live());
         let shards = self.shards();
-        let heads = join_all(
+        let indexed = join_all(
             shards
                 .values()
                 .filter(|s| s.is_healthy())
                 .map(|s| s.peek(topic.clone(), max)),
         )
         .await;
-        let indexed: usize = heads
-            .into_iter()
-            .flatten()
-            .map(|keys| keys.iter().take_while(|k| Head::from(**k) < before).count())
-            .sum();
-        (staged + indexed).min(max)
+        heads.extend(indexed.into_iter().flatten().flatten().map(Head::from));
+        heads.sort_unstable();
+        heads.truncate(max);
+        heads
     }
 
     async fn gather_inner(

@@ -378,27 +378,26 @@ impl Prefetch {
             .map(|s| Head::of(&s.item))
     }
 
-    /// How many staged items of a topic that could be handed out now are more urgent
-    /// than `before`, counting up to `max`.
-    pub fn count_before(
+    /// The heads of up to `max` staged items of a topic that could be handed out now, the
+    /// most urgent first.
+    pub fn staged_heads(
         &self,
         topic: &TopicName,
-        before: Head,
         max: usize,
         now_ms: i64,
         live: impl Fn(&Item) -> bool,
-    ) -> usize {
+    ) -> Vec<Head> {
         let topics = self.topics.lock().expect("not poisoned");
         let Some(stage) = topics.get(topic) else {
-            return 0;
+            return Vec::new();
         };
         stage
             .items
             .values()
-            .take_while(|s| Head::of(&s.item) < before)
             .filter(|s| fit(s, now_ms) && live(&s.item))
             .take(max)
-            .count()
+            .map(|s| Head::of(&s.item))
+            .collect()
     }
 
     /// Staged items per topic of `ns`: leased in storage, but ready as far as clients go.
@@ -543,14 +542,13 @@ mod tests {
                 head: Some(head)
             }]
         );
-        assert_eq!(p.count_before(&topic(), head, 10, 1, live), 0);
-        let later = Head {
-            priority: 2,
+        assert_eq!(p.staged_heads(&topic(), 10, 1, live), vec![head]);
+        let first = Head {
+            priority: 0,
             ..head
         };
-        assert_eq!(p.count_before(&topic(), later, 10, 1, live), 1);
-        assert_eq!(p.count_before(&topic(), later, 10, 1, |_| true), 2);
-        assert_eq!(p.count_before(&topic(), later, 1, 1, |_| true), 1);
+        assert_eq!(p.staged_heads(&topic(), 10, 1, |_| true), vec![first, head]);
+        assert_eq!(p.staged_heads(&topic(), 1, 1, |_| true), vec![first]);
         let (_, release) = p.sweep(1, live);
         assert!(release.is_empty(), "a dead copy has nothing to release");
         assert_eq!(p.drain().len(), 1);

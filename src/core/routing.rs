@@ -230,15 +230,15 @@ impl Host {
         Ok(())
     }
 
-    /// Up to `count` items of `topic` for one dequeue: this host's most urgent first, then
-    /// (unless `local_only`) the peers' whose heads beat them. The peers are asked in the
-    /// order of their heads: to fill what this host lacks, then, while this host's items
-    /// in the reply are beaten by a peer's head, for items more urgent than the worst of
-    /// them (`before`), which they displace (back into this host's stage: still claimed,
-    /// no storage write). So a reply holds the tier's most urgent items as of the heads
-    /// this host knows: a peer's from its last poll or announcement, or from its last
-    /// answer. Two peers' items are not traded against each other: one peer's less urgent
-    /// items may come while another holds more urgent ones, until the next reply.
+    /// Up to `count` items of `topic` for one dequeue, the tier's most urgent as far as
+    /// this host knows. It looks at what it would give itself (the heads of its `count`
+    /// most urgent ready items, from memory) and asks the peers whose head beats the least
+    /// urgent of those, the most urgent head first, for items before it (`before`); then it
+    /// takes from its own shards what is left to take, and asks the peers that have the
+    /// topic for whatever is still missing. A peer's head comes from its last poll or
+    /// announcement, or from its last answer. Two peers' items are not traded against each
+    /// other: one peer's less urgent items may come while another holds more urgent ones,
+    /// until the next reply.
     ///
     /// With `local_only` (a dequeue a peer routed here), this host's items only, and with
     /// `before` only those more urgent than it.
@@ -253,70 +253,51 @@ impl Host {
             return self.dequeue_topic(topic, count, before).await;
         }
         let since = self.waiters.demand().epoch(topic);
-        // This host's items are gathered (claimed, not handed out) and handed out only
-        // once the peers have had their say: those a peer's items displace go back to the
-        // stage as they are. Under `claiming` throughout, as any dequeue's claims are.
-        let claiming = self.claiming.read().await;
-        let shards = self.shards();
+        let tier = self.namespaces.tier(&topic.ns);
         let mut failure = None;
-        // This host's items in the reply, the least urgent last; the peers' items.
-        let mut local = match self.gather(topic, count, true, None).await {
+        let mut remote: Vec<Item> = Vec::new();
+        let peers = self.cluster.peers_with_ready(tier, topic);
+        if !peers.is_empty() {
+            let mine = self.local_heads(topic, count).await;
+            for p in &peers {
+                // This host's items that would still be in the reply.
+                let mine_in = mine.len().min(count - remote.len());
+                let Some(worst) = mine_in.checked_sub(1).map(|i| mine[i]) else {
+                    break;
+                };
+                if p.head.is_some_and(|h| h >= worst) {
+                    continue;
+                }
+                let want = count - remote.len();
+                match self.ask(p, topic, want, Some(worst)).await {
+                    Ok(items) => remote.extend(items),
+                    Err(e) => failure = Some(e),
+                }
+            }
+        }
+        let mut got = match self.dequeue_topic(topic, count - remote.len(), None).await {
             Ok(items) => items,
             Err(e) => {
                 failure = Some(e);
                 Vec::new()
             }
         };
-        let mut remote: Vec<Item> = Vec::new();
-        let tier = self.namespaces.tier(&topic.ns);
-        for p in self.cluster.peers_with_ready(tier, topic) {
-            let free = count - local.len() - remote.len();
-            let (want, bound) = if free > 0 {
-                (free, None)
-            } else {
-                match local.last().map(Head::of) {
-                    Some(worst) if p.head.is_none_or(|h| h < worst) => (local.len(), Some(worst)),
-                    Some(_) => continue,
-                    None => break,
-                }
-            };
-            let items = match self
-                .cluster
-                .peers
-                .dequeue(&p.addr, topic, want, bound, self.host_id())
-                .await
-            {
-                Ok(items) => items,
-                Err(e) => {
-                    tracing::debug!(peer = %p.id, error = %e, "routed dequeue failed");
-                    // Only a peer that could not be reached is skipped until its next
-                    // poll; a refusal (another config) is the peer's answer.
-                    if e.code == crate::error::ErrorCode::Unavailable {
-                        self.cluster.unreachable(&p.id);
-                    }
-                    failure = Some(e);
-                    continue;
-                }
-            };
-            // What the answer says of the peer's head now.
-            match (bound, items.last()) {
-                (None, None) => self.cluster.drained(&p.id, topic),
-                (Some(b), _) if items.len() < want => self.cluster.head_at_least(&p, topic, b),
-                (_, Some(last)) => self.cluster.head_at_least(&p, topic, Head::of(last)),
-                (Some(_), None) => {}
-            }
-            if bound.is_some() {
-                // Each displaces one of this host's, the least urgent first.
-                let keep = local.len().saturating_sub(items.len());
-                let back = local.split_off(keep);
-                self.stage(topic, back).await;
-            }
-            remote.extend(items);
-        }
-        let kept = local.len();
-        let mut got = self.deliver(&shards, topic, kept, local, None).await;
-        drop(claiming);
         got.extend(remote);
+        if got.len() < count {
+            // What this host lacks, from the peers that have the topic (those that just
+            // answered with all they had before the bound are asked again: what they have
+            // after it may fill the reply).
+            for p in self.cluster.peers_with_ready(tier, topic) {
+                let want = count - got.len();
+                match self.ask(&p, topic, want, None).await {
+                    Ok(items) => got.extend(items),
+                    Err(e) => failure = Some(e),
+                }
+                if got.len() >= count {
+                    break;
+                }
+            }
+        }
         if got.is_empty() {
             if let Some(e) = failure {
                 return Err(e);
@@ -331,6 +312,38 @@ impl Host {
         }
         got.sort_by_key(Item::global_key);
         Ok(got)
+    }
+
+    /// One routed dequeue to a peer; what it answers also tells what its head is now.
+    async fn ask(
+        &self,
+        p: &RoutePeer,
+        topic: &TopicName,
+        want: usize,
+        before: Option<Head>,
+    ) -> Result<Vec<Item>> {
+        let r = self
+            .cluster
+            .peers
+            .dequeue(&p.addr, topic, want, before, self.host_id())
+            .await;
+        match &r {
+            Ok(items) => match (before, items.last()) {
+                (None, None) => self.cluster.drained(&p.id, topic),
+                (Some(b), _) if items.len() < want => self.cluster.head_at_least(p, topic, b),
+                (_, Some(last)) => self.cluster.head_at_least(p, topic, Head::of(last)),
+                (Some(_), None) => {}
+            },
+            Err(e) => {
+                tracing::debug!(peer = %p.id, error = %e, "routed dequeue failed");
+                // Only a peer that could not be reached is skipped until its next poll; a
+                // refusal (another config) is the peer's answer.
+                if e.code == crate::error::ErrorCode::Unavailable {
+                    self.cluster.unreachable(&p.id);
+                }
+            }
+        }
+        r
     }
 
     /// The next `count` ready items of a topic in delivery order across the tier,
