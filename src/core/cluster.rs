@@ -174,6 +174,13 @@ impl Host {
                         },
                     );
                     let old = ready.remove(&id).unwrap_or_default();
+                    // Its own number, so that a routed dequeue's answer that raced with it
+                    // does not overwrite what it says (see `head_at_least`).
+                    let seq = self
+                        .cluster
+                        .announcements
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                        + 1;
                     let mut new: ReadyTopics = s
                         .ready
                         .into_iter()
@@ -181,7 +188,7 @@ impl Host {
                             let known = PeerTopic {
                                 ready: r.ready,
                                 head: r.head,
-                                seq: 0,
+                                seq,
                             };
                             (r.topic, known)
                         })

@@ -286,13 +286,7 @@ impl Host {
         if count == 0 {
             return Ok(Vec::new());
         }
-        let mut got = self.gather_inner(topic, count, first).await?;
-        if let Some(b) = before {
-            let keep = got.partition_point(|i| Head::of(i) < b);
-            let beyond = got.split_off(keep);
-            self.stage(topic, beyond).await;
-        }
-        Ok(got)
+        self.gather_inner(topic, count, first, before).await
     }
 
     /// The heads of the `max` most urgent ready items of `topic` this host holds, in
@@ -321,21 +315,23 @@ impl Host {
         topic: &TopicName,
         count: usize,
         first: bool,
+        before: Option<Head>,
     ) -> Result<Vec<Item>> {
-        let taken = if first {
-            self.prefetch.take(topic, count, self.clock.now_ms())
-        } else {
-            self.prefetch.take_more(topic, count, self.clock.now_ms())
-        };
+        let now = self.clock.now_ms();
+        let taken = self.prefetch.take_before(topic, count, before, now, first);
         self.release(taken.release);
         let mut got = taken.items;
         if got.len() < count {
             let lock = self.prefetch.claim_lock(topic);
             let _claiming = lock.lock().await;
             // Whatever a claim finished while we waited was staged: look again first.
-            let more = self
-                .prefetch
-                .take_more(topic, count - got.len(), self.clock.now_ms());
+            let more = self.prefetch.take_before(
+                topic,
+                count - got.len(),
+                before,
+                self.clock.now_ms(),
+                false,
+            );
             self.release(more.release);
             got.extend(more.items);
             if got.len() < count {
@@ -347,8 +343,13 @@ impl Host {
                 }
             }
             got.sort_by_key(Item::global_key);
-            if got.len() > count {
-                let rest = got.split_off(count);
+            // Beyond `count`, or not before the bound: staged while the lock is held, so
+            // no dequeue finds them in neither the index nor the stage.
+            let keep = got
+                .partition_point(|i| before.is_none_or(|b| Head::of(i) < b))
+                .min(count);
+            if got.len() > keep {
+                let rest = got.split_off(keep);
                 self.stage(topic, rest).await;
             }
         }

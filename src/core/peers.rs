@@ -29,9 +29,12 @@ pub(super) type ReadyTopics = HashMap<TopicName, PeerTopic>;
 pub(super) struct PeerTopic {
     /// How many (as last said: dequeues since are not subtracted).
     pub ready: i64,
-    /// No ready item there is more urgent than this; `None`: they may be anything.
+    /// No ready item there was more urgent than this when the peer last said so (a poll,
+    /// an announcement) or an answer showed it; `None`: they may be anything. A peer
+    /// announces a topic once per poll interval, so a more urgent item that came since is
+    /// known at its next poll.
     pub head: Option<Head>,
-    /// The announcement that said so (0: a poll).
+    /// Which poll or announcement said so (one counter for both, `announcements`).
     pub seq: u64,
 }
 
@@ -336,8 +339,8 @@ pub struct ClusterState {
     /// Each peer's shards as its last poll answered (none while unreachable).
     pub(super) shard_states: Mutex<HashMap<String, Vec<ShardStatus>>>,
     /// Per peer (host id): its topics with ready items and how many, from its last poll
-    /// and its announcements since; each with the sequence number of the announcement
-    /// that set it (0: a poll), so a poll answered after an announcement keeps it.
+    /// and its announcements since; each with the sequence number of the poll or
+    /// announcement that set it, so a poll answered after an announcement keeps it.
     pub(super) ready: Mutex<HashMap<String, ReadyTopics>>,
     pub(super) announcements: std::sync::atomic::AtomicU64,
     pub(super) quotas: Quotas,

@@ -136,13 +136,15 @@ impl Prefetch {
     }
 
     /// Takes up to `count` staged items for a dequeue and records the demand.
+    #[cfg(test)]
     pub fn take(&self, topic: &TopicName, count: usize, now_ms: i64) -> Taken {
-        self.take_inner(topic, count, now_ms, true)
+        self.take_before(topic, count, None, now_ms, true)
     }
 
     /// Takes more staged items for the same dequeue, without counting its demand again.
+    #[cfg(test)]
     pub fn take_more(&self, topic: &TopicName, count: usize, now_ms: i64) -> Taken {
-        self.take_inner(topic, count, now_ms, false)
+        self.take_before(topic, count, None, now_ms, false)
     }
 
     /// The topic's claim lock (see `Stage::claim_lock`).
@@ -151,7 +153,16 @@ impl Prefetch {
         topics.entry(topic.clone()).or_default().claim_lock.clone()
     }
 
-    fn take_inner(&self, topic: &TopicName, count: usize, now_ms: i64, demand: bool) -> Taken {
+    /// Takes up to `count` staged items, and with `before` only those more urgent than it
+    /// (the rest stay as they are); `demand`: count the dequeue's demand.
+    pub fn take_before(
+        &self,
+        topic: &TopicName,
+        count: usize,
+        before: Option<Head>,
+        now_ms: i64,
+        demand: bool,
+    ) -> Taken {
         let mut topics = self.topics.lock().expect("not poisoned");
         let stage = topics.entry(topic.clone()).or_default();
         stage.decay(now_ms);
@@ -161,6 +172,12 @@ impl Prefetch {
         let mut items = Vec::new();
         let mut release = Vec::new();
         while items.len() < count {
+            let Some(first) = stage.items.first_key_value().map(|(k, _)| Head::from(*k)) else {
+                break;
+            };
+            if before.is_some_and(|b| first >= b) {
+                break;
+            }
             let Some((_, s)) = stage.items.pop_first() else {
                 break;
             };
@@ -549,6 +566,13 @@ mod tests {
         };
         assert_eq!(p.staged_heads(&topic(), 10, 1, |_| true), vec![first, head]);
         assert_eq!(p.staged_heads(&topic(), 1, 1, |_| true), vec![first]);
+        // A take with a bound leaves what is not before it where it is.
+        let t = p.take_before(&topic(), 10, Some(head), 1, false);
+        assert_eq!(
+            t.items.iter().map(|i| i.id.key).collect::<Vec<_>>(),
+            vec![1]
+        );
+        assert_eq!(p.staged_heads(&topic(), 10, 1, |_| true), vec![head]);
         let (_, release) = p.sweep(1, live);
         assert!(release.is_empty(), "a dead copy has nothing to release");
         assert_eq!(p.drain().len(), 1);

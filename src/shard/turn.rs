@@ -17,9 +17,12 @@ use crate::store::{ShardStore, StoreError, StoreResult};
 impl<S: ShardStore> ShardWorker<S> {
     /// Applies one turn's commands; returns the shutdown acknowledgement if one was asked.
     pub(super) async fn turn(&mut self, commands: Vec<Command>) -> Option<oneshot::Sender<()>> {
-        // A worker that dies mid-turn (tests arm it; nothing without the `failpoints`
-        // feature): its shard must be noticed as dead and reopened.
-        fail::fail_point!(&format!("shard-{}-turn", self.id));
+        // A worker that dies mid-turn, or stalls (tests arm it: `panic`, or `return(MS)`
+        // for a pause that leaves the runtime's threads free, `sleep(MS)` for one that
+        // blocks its thread; nothing without the `failpoints` feature): its shard must be
+        // noticed as dead and reopened, or stuck and left behind.
+        #[cfg(feature = "failpoints")]
+        super::handoff::failpoint_pause(format!("shard-{}-turn", self.id)).await;
         let mut enqueues = Vec::new();
         let mut acks = Vec::new();
         let mut nacks = Vec::new();
