@@ -141,11 +141,6 @@ impl Prefetch {
         self.take_before(topic, count, None, now_ms, true)
     }
 
-    /// Takes more staged items for the same dequeue, without counting its demand again.
-    #[cfg(test)]
-    pub fn take_more(&self, topic: &TopicName, count: usize, now_ms: i64) -> Taken {
-        self.take_before(topic, count, None, now_ms, false)
-    }
 
     /// The topic's claim lock (see `Stage::claim_lock`).
     pub fn claim_lock(&self, topic: &TopicName) -> Arc<tokio::sync::Mutex<()>> {
