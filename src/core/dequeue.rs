@@ -310,6 +310,7 @@ impl Host {
         heads
     }
 
+    /// [`Self::gather`] once the count is known.
     async fn gather_inner(
         &self,
         topic: &TopicName,

@@ -141,7 +141,6 @@ impl Prefetch {
         self.take_before(topic, count, None, now_ms, true)
     }
 
-
     /// The topic's claim lock (see `Stage::claim_lock`).
     pub fn claim_lock(&self, topic: &TopicName) -> Arc<tokio::sync::Mutex<()>> {
         let mut topics = self.topics.lock().expect("not poisoned");
