@@ -208,12 +208,6 @@ impl ShardThread {
 thread_local! {
     /// Set on the shard's thread by a job that had to abort its group (see `in_savepoint`).
     static GROUP_ABORTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Set on the shard's thread while the job running is its group's only one: it needs
-    /// no savepoint (see `in_savepoint`).
-    static SOLE_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Set by a sole job that failed and rolled its group's transaction back: nothing is
-    /// left to commit, and nothing of another job was lost.
-    static SOLE_ROLLED_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A connection to the shard's file as the writer uses it: WAL, a synced commit.
@@ -262,28 +256,24 @@ fn ready_for_group(conn: &mut Connection, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs a job inside its own savepoint, so that a job that fails is undone alone. A job
-/// alone in its group needs none (a savepoint costs SQLite a statement journal, in
-/// memory, for every page the job writes): when it fails, the group's whole transaction
-/// is rolled back, which undoes it alone just as well.
 fn in_savepoint<T>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> StoreResult<T>,
 ) -> StoreResult<T> {
-    if SOLE_JOB.with(|s| s.get()) {
-        let r = run_caught(conn, f);
-        if r.is_err() {
-            // Rolled back already when SQLite did so itself (an I/O error, a full disk).
-            if conn.is_autocommit() || conn.execute_batch("ROLLBACK").is_ok() {
-                SOLE_ROLLED_BACK.with(|s| s.set(true));
-            } else {
-                GROUP_ABORTED.with(|a| a.set(true));
-            }
-        }
-        return r;
-    }
     conn.execute_batch("SAVEPOINT job").map_err(store_error)?;
-    let r = run_caught(conn, f);
+    // A panicking job fails alone (logged), not the shard's thread.
+    let r =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))).unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(panic = %what, "sqlite: a store operation panicked");
+            Err(StoreError::Corrupt(format!(
+                "a store operation panicked: {what}"
+            )))
+        });
     // When the savepoint can be neither released nor rolled back, whether this job's
     // writes are undone is unknown: undo the whole group (the thread sees the transaction
     // gone and fails every job of it), so nothing of a failed job is committed.
@@ -312,24 +302,6 @@ fn in_savepoint<T>(
     }
 }
 
-/// Runs a job; one that panics fails alone (logged), not the shard's thread.
-fn run_caught<T>(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> StoreResult<T>,
-) -> StoreResult<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))).unwrap_or_else(|p| {
-        let what = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracing::error!(panic = %what, "sqlite: a store operation panicked");
-        Err(StoreError::Corrupt(format!(
-            "a store operation panicked: {what}"
-        )))
-    })
-}
-
 fn run(mut conn: Connection, path: &Path, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
@@ -355,8 +327,6 @@ fn run(mut conn: Connection, path: &Path, rx: mpsc::Receiver<Job>) {
         let mut dones: Vec<Done> = Vec::with_capacity(group.len());
         let mut lost = false;
         let mut skipped = 0;
-        SOLE_JOB.with(|s| s.set(group.len() == 1));
-        SOLE_ROLLED_BACK.with(|s| s.set(false));
         for job in group {
             if lost {
                 // Not run (see below): its caller sees a transient failure and may retry.
@@ -373,13 +343,7 @@ fn run(mut conn: Connection, path: &Path, rx: mpsc::Receiver<Job>) {
             lost = conn.is_autocommit() || GROUP_ABORTED.with(|a| a.get());
         }
         GROUP_ABORTED.with(|a| a.set(false));
-        SOLE_JOB.with(|s| s.set(false));
-        // A sole job that failed undid itself with the transaction: its answer is its own
-        // error, and there is nothing to commit.
-        let sole_failed = SOLE_ROLLED_BACK.with(|s| s.replace(false));
-        let commit = if sole_failed && conn.is_autocommit() {
-            Ok(())
-        } else if lost {
+        let commit = if lost {
             Err("the transaction was rolled back by SQLite (I/O error or full disk)".to_string())
         } else {
             conn.execute_batch("COMMIT").map_err(|e| e.to_string())
@@ -484,16 +448,19 @@ mod tests {
         );
     }
 
-    /// A job that fails is undone alone: alone in its group (no savepoint: the group's
-    /// transaction is rolled back), or beside others (its savepoint is), whose writes are
-    /// committed; a job that panics is a failed job.
+    /// A job that fails is undone alone (its savepoint is rolled back), alone in its
+    /// group or beside others, whose writes are committed; a job that panics is a failed
+    /// job.
     #[tokio::test]
     async fn a_failed_job_is_undone_alone_with_or_without_company() {
         let d = dir("undone");
         let t = std::sync::Arc::new(open(&d.0.join("shard.db")).unwrap());
-        t.call(|c| c.execute_batch("CREATE TABLE t (v INTEGER)").map_err(store_error))
-            .await
-            .unwrap();
+        t.call(|c| {
+            c.execute_batch("CREATE TABLE t (v INTEGER)")
+                .map_err(store_error)
+        })
+        .await
+        .unwrap();
         let insert = |v: i64, fail: bool| {
             move |c: &Connection| {
                 c.execute("INSERT INTO t VALUES (?1)", [v])
@@ -506,7 +473,9 @@ mod tests {
         };
         let rows = |t: std::sync::Arc<ShardThread>| async move {
             t.call(|c| {
-                let mut st = c.prepare("SELECT v FROM t ORDER BY v").map_err(store_error)?;
+                let mut st = c
+                    .prepare("SELECT v FROM t ORDER BY v")
+                    .map_err(store_error)?;
                 let v = st
                     .query_map([], |r| r.get::<_, i64>(0))
                     .map_err(store_error)?
