@@ -448,6 +448,29 @@ mod tests {
         );
     }
 
+    /// A job that holds the shard's thread until the sender sends (or is dropped), and
+    /// its answer; returns once the thread is running it.
+    async fn hold(
+        t: &std::sync::Arc<ShardThread>,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        tokio::task::JoinHandle<StoreResult<()>>,
+    ) {
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let (running_tx, running_rx) = oneshot::channel();
+        let t = t.clone();
+        let held = tokio::spawn(async move {
+            t.call(move |_| {
+                let _ = running_tx.send(());
+                let _ = hold_rx.recv();
+                Ok(())
+            })
+            .await
+        });
+        running_rx.await.expect("the held job runs");
+        (hold_tx, held)
+    }
+
     /// A job that fails is undone alone (its savepoint is rolled back), alone in its
     /// group or beside others, whose writes are committed; a job that panics is a failed
     /// job.
@@ -495,18 +518,7 @@ mod tests {
             .is_err());
         assert_eq!(rows(t.clone()).await, vec![2]);
         // In company: the thread is held while four jobs queue, so they run as one group.
-        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
-        let held = {
-            let t = t.clone();
-            tokio::spawn(async move {
-                t.call(move |_| {
-                    let _ = hold_rx.recv();
-                    Ok(())
-                })
-                .await
-            })
-        };
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (hold_tx, held) = hold(&t).await;
         let jobs: Vec<_> = [(3, false), (4, true), (5, false)]
             .into_iter()
             .map(|(v, fail)| {
@@ -540,19 +552,8 @@ mod tests {
     async fn a_full_queue_refuses_at_once() {
         let d = dir("full-queue");
         let t = std::sync::Arc::new(open(&d.0.join("shard.db")).unwrap());
-        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
         // The first job holds the thread; the queue behind it fills.
-        let first = {
-            let t = t.clone();
-            tokio::spawn(async move {
-                t.call(move |_| {
-                    let _ = hold_rx.recv();
-                    Ok(())
-                })
-                .await
-            })
-        };
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (hold_tx, first) = hold(&t).await;
         let queued: Vec<_> = (0..JOBS_QUEUED_MAX + 10)
             .map(|_| {
                 let t = t.clone();
