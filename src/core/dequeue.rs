@@ -1,6 +1,6 @@
 //! Serving dequeues on one host: the long poll around them, the prefetch stage they take
 //! from, the claims that restock it (a k-way merge of the shards' ready indexes), and the
-//! hand-out through each item's shard. Routing across hosts is `routing.rs`.
+//! hand-out through each item's shard. Routing across hosts is `routed_dequeue.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -25,7 +25,7 @@ impl Host {
     /// Dequeues from each requested topic, most urgent first across every shard. With
     /// `wait_ms`, when nothing is ready, waits up to that long for an item to become ready
     /// in any of the topics (a long poll; waiting costs no storage query).
-    /// Dequeues across the namespace's tier (see `routing.rs`), or from this host's
+    /// Dequeues across the namespace's tier (see `routed_dequeue.rs`), or from this host's
     /// shards only with `local_only`.
     pub async fn dequeue(
         &self,

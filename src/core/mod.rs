@@ -15,6 +15,7 @@ mod overview;
 mod peers;
 mod prefetch;
 mod replication;
+mod routed_dequeue;
 mod routing;
 mod settle;
 mod shard_error;

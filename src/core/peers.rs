@@ -3,7 +3,7 @@
 //! capacity, which topics have ready items there).
 //!
 //! What the host does with it lives beside: `cluster.rs` (views, the peer poll,
-//! announcements, `getHostInfo`) and `routing.rs` (routing decisions).
+//! announcements, `getHostInfo`), `routing.rs` (routing decisions) and `routed_dequeue.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
