@@ -254,8 +254,8 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
 /// host's stop: after `server.shutdown_grace_ms` the shard is left behind, logged, and the
 /// stop returns (issue 18, risk 6). Before, the stop waited for the worker. The pause is
 /// an async one (`return`): a blocked thread (`sleep`) can hold tasks of this in-process
-/// server in its run queue, and then no enqueue ever reaches the stuck worker's queue (1
-/// run in 5 failed so).
+/// server in its run queue, and then no enqueue ever reaches the stuck worker's queue (2
+/// runs of 7 failed so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn a_stuck_shard_does_not_hold_the_stop() {
     let scenario = fail::FailScenario::setup();
