@@ -265,30 +265,6 @@ impl Host {
         .await;
     }
 
-    /// Up to `count` claimed items for one dequeue, in order: staged ones first, then
-    /// claimed on demand; `first` counts the dequeue's demand (only once per dequeue).
-    /// With `before`, only items more urgent than it: as many are taken as the stage and
-    /// the shards' indexes show, and any taken beyond it (a race) go back to the stage.
-    async fn gather(
-        &self,
-        topic: &TopicName,
-        count: usize,
-        first: bool,
-        before: Option<Head>,
-    ) -> Result<Vec<Item>> {
-        let count = match before {
-            Some(b) => {
-                let heads = self.local_heads(topic, count).await;
-                heads.partition_point(|h| *h < b)
-            }
-            None => count,
-        };
-        if count == 0 {
-            return Ok(Vec::new());
-        }
-        self.gather_inner(topic, count, first, before).await
-    }
-
     /// The heads of the `max` most urgent ready items of `topic` this host holds, in
     /// order: staged ones and those the shards' indexes hold (from memory, unless an
     /// index must be read first). What a dequeue would get, as of now.
@@ -310,14 +286,27 @@ impl Host {
         heads
     }
 
-    /// [`Self::gather`] once the count is known.
-    async fn gather_inner(
+    /// Up to `count` claimed items for one dequeue, in order: staged ones first, then
+    /// claimed on demand; `first` counts the dequeue's demand (only once per dequeue).
+    /// With `before`, only items more urgent than it: as many are taken as the stage and
+    /// the shards' indexes show, and any taken beyond it (a race) go back to the stage.
+    async fn gather(
         &self,
         topic: &TopicName,
         count: usize,
         first: bool,
         before: Option<Head>,
     ) -> Result<Vec<Item>> {
+        let count = match before {
+            Some(b) => {
+                let heads = self.local_heads(topic, count).await;
+                heads.partition_point(|h| *h < b)
+            }
+            None => count,
+        };
+        if count == 0 {
+            return Ok(Vec::new());
+        }
         let now = self.clock.now_ms();
         let taken = self.prefetch.take_before(topic, count, before, now, first);
         self.release(taken.release);
