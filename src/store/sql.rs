@@ -55,7 +55,11 @@ fn opt(v: Option<i64>) -> String {
 /// A row's timer when its TTL is its only event (ready, dead): the TTL, never before
 /// `now + 1` (see [`next_event`]); NULL without a TTL.
 pub fn ttl_timer(now: i64) -> String {
-    let floor = now + 1;
+    ttl_timer_from(&(now + 1).to_string())
+}
+
+/// [`ttl_timer`] with its floor (`now + 1`) spelled by the caller.
+fn ttl_timer_from(floor: &str) -> String {
     format!("CASE WHEN expires_at_ms < {floor} THEN {floor} ELSE expires_at_ms END")
 }
 
@@ -63,10 +67,14 @@ pub fn ttl_timer(now: i64) -> String {
 /// TTL, never before `now + 1`. Reads only `expires_at_ms`, which nothing changes, so it
 /// means the same whether the dialect evaluates `SET` with old or new values.
 pub fn timer_at(event: &str, now: i64) -> String {
-    let floor = now + 1;
+    timer_at_from(event, &(now + 1).to_string())
+}
+
+/// [`timer_at`] with its floor (`now + 1`) spelled by the caller.
+fn timer_at_from(event: &str, floor: &str) -> String {
     format!(
         "CASE WHEN expires_at_ms < {event} THEN ({}) WHEN {event} < {floor} THEN {floor} ELSE {event} END",
-        ttl_timer(now)
+        ttl_timer_from(floor)
     )
 }
 
@@ -192,13 +200,39 @@ pub fn add_totals(dialect: Dialect, rows: &[(u32, &str, &str, [i64; 5])]) -> Str
 
 /// Leases the still-ready, due, unexpired rows among `keys` under `token`.
 pub fn claim(keys: &[u64], now: i64, token: i64) -> String {
+    claim_spelled(&ClaimValues {
+        keys: &format!("({})", key_list(keys)),
+        now: &now.to_string(),
+        floor: &(now + 1).to_string(),
+        token: &token.to_string(),
+    })
+}
+
+/// How a claim spells its values: literals, or a dialect's bound parameters (so that
+/// one prepared statement serves every claim, whatever its keys and time).
+pub struct ClaimValues<'a> {
+    /// The right side of `id IN`: `(1,2,3)`, or a table-valued parameter.
+    pub keys: &'a str,
+    pub now: &'a str,
+    /// `now + 1`.
+    pub floor: &'a str,
+    pub token: &'a str,
+}
+
+/// [`claim`] with its values spelled by the caller.
+pub fn claim_spelled(v: &ClaimValues) -> String {
+    let ClaimValues {
+        keys,
+        now,
+        floor,
+        token,
+    } = v;
     format!(
         "UPDATE items SET state = 1, lease_token = {token}, delivery_count = delivery_count + 1,
            lease_expires_ms = {now} + lease_ms, next_event_ms = {}
-         WHERE id IN ({}) AND state = 0 AND deliver_after_ms <= {now}
+         WHERE id IN {keys} AND state = 0 AND deliver_after_ms <= {now}
            AND (expires_at_ms IS NULL OR expires_at_ms > {now})",
-        timer_at(&format!("({now} + lease_ms)"), now),
-        key_list(keys)
+        timer_at_from(&format!("({now} + lease_ms)"), floor),
     )
 }
 

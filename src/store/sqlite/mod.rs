@@ -30,7 +30,7 @@ use crate::model::{
 };
 use conn::{store_error, ShardThread};
 use reader::ReadThread;
-use rows::{run, Rows, ITEM_COLUMNS, META_COLUMNS};
+use rows::{key_array, run, Rows, ITEM_COLUMNS, META_COLUMNS};
 use schema::{meta_get, prepare};
 
 /// The path of a `sqlite://PATH` url; a relative path is relative to `base` (the config
@@ -256,12 +256,26 @@ impl ShardStore for SqliteStore {
         if keys.is_empty() {
             return Ok(vec![]);
         }
+        // One statement text for every claim: its keys, time and token are bound.
         let sql = format!(
             "{} RETURNING {ITEM_COLUMNS}",
-            text::claim(keys, now_ms, token)
+            text::claim_spelled(&text::ClaimValues {
+                keys: "rarray(?1)",
+                now: "?2",
+                floor: "(?2 + 1)",
+                token: "?3",
+            })
         );
+        let keys = keys.to_vec();
         let rows = self.rows();
-        self.call(move |conn| rows.items(conn, &sql)).await
+        self.call(move |conn| {
+            rows.items_bound(
+                conn,
+                &sql,
+                rusqlite::params![key_array(&keys), now_ms, token],
+            )
+        })
+        .await
     }
 
     async fn fetch_ready(&self, keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>> {
@@ -400,14 +414,15 @@ impl ShardStore for SqliteStore {
         if keys.is_empty() {
             return Ok(vec![]);
         }
-        let sql = format!(
-            "DELETE FROM items WHERE id IN ({}) RETURNING {META_COLUMNS}",
-            key_list(keys)
-        );
+        let keys = keys.to_vec();
         let rows = self.rows();
         let found = self
             .call(move |conn| {
-                let found = rows.metas(conn, &sql)?;
+                let found = rows.metas_bound(
+                    conn,
+                    &format!("DELETE FROM items WHERE id IN rarray(?1) RETURNING {META_COLUMNS}"),
+                    [key_array(&keys)],
+                )?;
                 if let Some(sql) = text::delete_dedup_of(&found) {
                     conn.execute_batch(&sql).map_err(store_error)?;
                 }

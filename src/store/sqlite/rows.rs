@@ -71,10 +71,29 @@ impl Rows {
         ))
     }
 
+    /// Runs `sql`, a statement with its values in its text: prepared for this call alone
+    /// (caching a text that never comes back would only push out the statements that do).
     pub(super) fn items(&self, conn: &Connection, sql: &str) -> StoreResult<Vec<Item>> {
-        let mut st = conn.prepare_cached(sql).map_err(store_error)?;
+        let mut st = conn.prepare(sql).map_err(store_error)?;
         let rows = st
             .query_map([], |r| self.item(r))
+            .map_err(store_error)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(store_error)?;
+        Ok(rows)
+    }
+
+    /// Runs `sql`, a statement of fixed text, with `params` bound: prepared once per
+    /// connection and reused from its statement cache.
+    pub(super) fn items_bound(
+        &self,
+        conn: &Connection,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> StoreResult<Vec<Item>> {
+        let mut st = conn.prepare_cached(sql).map_err(store_error)?;
+        let rows = st
+            .query_map(params, |r| self.item(r))
             .map_err(store_error)?
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(store_error)?;
@@ -90,6 +109,33 @@ impl Rows {
             .map_err(store_error)?;
         Ok(rows)
     }
+
+    /// [`Rows::metas`] for a statement of fixed text with `params` bound (cached, as in
+    /// [`Rows::items_bound`]).
+    pub(super) fn metas_bound(
+        &self,
+        conn: &Connection,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> StoreResult<Vec<(ItemMeta, bool)>> {
+        let mut st = conn.prepare_cached(sql).map_err(store_error)?;
+        let rows = st
+            .query_map(params, |r| self.meta(r))
+            .map_err(store_error)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(store_error)?;
+        Ok(rows)
+    }
+}
+
+/// `keys` as the value of a `rarray(?N)` parameter: one bound array in place of a list
+/// spelled out in the statement's text, which SQLite would parse on every call.
+pub(super) fn key_array(keys: &[u64]) -> std::rc::Rc<Vec<rusqlite::types::Value>> {
+    std::rc::Rc::new(
+        keys.iter()
+            .map(|k| rusqlite::types::Value::Integer(*k as i64))
+            .collect(),
+    )
 }
 
 fn bad(col: usize, what: &str, v: i8) -> rusqlite::Error {

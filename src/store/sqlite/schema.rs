@@ -70,6 +70,8 @@ pub(super) fn meta_get(conn: &Connection, name: &str) -> StoreResult<Option<i64>
 /// Creates the schema when the file is new; refuses a file of another version before
 /// touching any of its tables.
 pub(super) fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
+    // `rarray(?)`: the hot statements bind their keys as one array (see `rows::key_array`).
+    rusqlite::vtab::array::load_module(conn).map_err(store_error)?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS foqs_meta (name TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL)",
     )
