@@ -18,7 +18,8 @@
 # It runs its own MariaDB (datadir .run/bench-mariadb, port FOQS_BENCH_PORT, default 3417)
 # with innodb_flush_log_at_trx_commit=1 and a buffer pool of FOQS_BENCH_BUFFER_POOL
 # (default 4G), and stops it by pid at the end; the shared server is never touched.
-# Environment: MEASURE (default 200000), ROUNDS (3), CONSUMERS (4), BATCH (100).
+# Environment: MEASURE (default 200000), ROUNDS (3), CONSUMERS (4), BATCH (100);
+# FOQS_BENCH_FOQSD=path runs that foqsd binary (a build of another commit) instead.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
@@ -73,7 +74,7 @@ listen="127.0.0.1:${FOQS_BENCH_LISTEN_PORT:-9191}"
 # writes once every shard is open, or the measurement would include that scan.
 start_foqsd() {
   local log="$FOQS_RUN/bench-backlog-foqsd.log"
-  RUST_LOG=warn,foqs::daemon=info ./target/release/foqsd --config "$config" --listen "$listen" >"$log" 2>&1 &
+  RUST_LOG=warn,foqs::daemon=info "${FOQS_BENCH_FOQSD:-./target/release/foqsd}" --config "$config" --listen "$listen" >"$log" 2>&1 &
   foqsd_pid=$!
   for _ in $(seq 1 3000); do
     grep -q "foqsd listening" "$log" && return 0
