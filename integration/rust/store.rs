@@ -593,6 +593,72 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
     s.close().await;
 }
 
+/// A busy shard's statements run on the pool's few connections, not each on a new one.
+/// mysql_async's defaults kept one idle connection per pool and closed every other one as
+/// it came back: a 200k-item drain made thousands of connections (issue 21).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_mysql_shard_reuses_its_connections() {
+    const POOL: usize = 4;
+    let db = TestDb::mysql(1);
+    let s = Arc::new(MySqlStore::new(0, &db.url(0), POOL).unwrap());
+    s.open().await.unwrap();
+    let rows: Vec<(u64, NewItem)> = (1..=400).map(|k| (k, new_item("a", "t", 0, NOW))).collect();
+    s.insert(&rows, Some(1_000), &Handoff::NONE, NOW)
+        .await
+        .unwrap();
+    // Every connection to this shard's database, sampled until the work is done (the
+    // sampler's own connection names no database).
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (done, base, name) = (done.clone(), db.base.clone(), db.names[0].clone());
+        tokio::spawn(async move {
+            let mut c = mysql_async::Conn::from_url(base).await.unwrap();
+            let mut seen = std::collections::BTreeSet::new();
+            let mut samples = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) || samples == 0 {
+                let ids: Vec<u64> = c
+                    .exec(
+                        "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?",
+                        (&name,),
+                    )
+                    .await
+                    .unwrap();
+                seen.extend(ids);
+                samples += 1;
+            }
+            let _ = c.disconnect().await;
+            (seen, samples)
+        })
+    };
+    // Four at once, as a worker's concurrent writes and the reads beside it are.
+    let work: Vec<_> = (0..4u64)
+        .map(|w| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                for i in 0..100u64 {
+                    let keys = [1 + w * 100 + i];
+                    assert_eq!(s.claim(&keys, NOW, 1 + w as i64).await.unwrap().len(), 1);
+                    assert_eq!(s.delete(&keys).await.unwrap().len(), 1);
+                }
+            })
+        })
+        .collect();
+    for w in work {
+        w.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (seen, samples) = sampler.await.unwrap();
+    // Each pool connection may show up twice: mysql_async opens it over TCP, then moves
+    // to the server's socket when the server is local.
+    assert!(
+        seen.len() <= 2 * POOL,
+        "{} connections to the shard seen in {samples} samples of 800 statements: {seen:?}",
+        seen.len()
+    );
+    assert!(s.state_counts(None).await.unwrap().is_empty());
+    s.close().await;
+}
+
 /// What a claim returns is the row as it is now, whatever happened to it since it was
 /// inserted: a nack with new metadata, a touch and an expiry, a TTL's delete, a
 /// dead-lettering and a requeue, a release (what any store that keeps items in memory
