@@ -74,13 +74,9 @@ impl Rows {
     /// Runs `sql`, a statement with its values in its text: prepared for this call alone
     /// (caching a text that never comes back would only push out the statements that do).
     pub(super) fn items(&self, conn: &Connection, sql: &str) -> StoreResult<Vec<Item>> {
-        let mut st = conn.prepare(sql).map_err(store_error)?;
-        let rows = st
-            .query_map([], |r| self.item(r))
-            .map_err(store_error)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(store_error)?;
-        Ok(rows)
+        all(&mut conn.prepare(sql).map_err(store_error)?, [], |r| {
+            self.item(r)
+        })
     }
 
     /// Runs `sql`, a statement of fixed text, with `params` bound: prepared once per
@@ -91,23 +87,17 @@ impl Rows {
         sql: &str,
         params: impl rusqlite::Params,
     ) -> StoreResult<Vec<Item>> {
-        let mut st = conn.prepare_cached(sql).map_err(store_error)?;
-        let rows = st
-            .query_map(params, |r| self.item(r))
-            .map_err(store_error)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(store_error)?;
-        Ok(rows)
+        all(
+            &mut *conn.prepare_cached(sql).map_err(store_error)?,
+            params,
+            |r| self.item(r),
+        )
     }
 
     pub(super) fn metas(&self, conn: &Connection, sql: &str) -> StoreResult<Vec<(ItemMeta, bool)>> {
-        let mut st = conn.prepare(sql).map_err(store_error)?;
-        let rows = st
-            .query_map([], |r| self.meta(r))
-            .map_err(store_error)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(store_error)?;
-        Ok(rows)
+        all(&mut conn.prepare(sql).map_err(store_error)?, [], |r| {
+            self.meta(r)
+        })
     }
 
     /// [`Rows::metas`] for a statement of fixed text with `params` bound (cached, as in
@@ -118,14 +108,24 @@ impl Rows {
         sql: &str,
         params: impl rusqlite::Params,
     ) -> StoreResult<Vec<(ItemMeta, bool)>> {
-        let mut st = conn.prepare_cached(sql).map_err(store_error)?;
-        let rows = st
-            .query_map(params, |r| self.meta(r))
-            .map_err(store_error)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(store_error)?;
-        Ok(rows)
+        all(
+            &mut *conn.prepare_cached(sql).map_err(store_error)?,
+            params,
+            |r| self.meta(r),
+        )
     }
+}
+
+/// Every row `st` gives with `params` bound, each read by `row`.
+fn all<T>(
+    st: &mut rusqlite::Statement<'_>,
+    params: impl rusqlite::Params,
+    row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> StoreResult<Vec<T>> {
+    st.query_map(params, row)
+        .map_err(store_error)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(store_error)
 }
 
 /// `keys` as the value of a `rarray(?N)` parameter: one bound array in place of a list
