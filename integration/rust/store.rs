@@ -550,7 +550,9 @@ async fn the_sqlite_store_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
     let db = TestDb::mysql(1);
-    let s = MySqlStore::new(0, &db.url(0), 2)
+    // One connection: the write after the unbounded count below runs on the connection
+    // that count used.
+    let s = MySqlStore::new(0, &db.url(0), 1)
         .unwrap()
         .with_statement_timeout(300);
     s.open().await.unwrap();
@@ -564,32 +566,37 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
     .unwrap();
     let claimed = s.claim(&[1], NOW, 7).await.unwrap();
     assert_eq!(claimed.len(), 1);
-    // Another session locks the row and keeps the lock.
-    let mut locker = mysql_async::Conn::from_url(db.url(0)).await.unwrap();
-    locker
-        .query_drop("START TRANSACTION; SELECT id FROM items WHERE id = 1 FOR UPDATE")
-        .await
-        .unwrap();
-    let t = Instant::now();
-    let r = s
-        .apply(
-            &[Change::Ready {
-                key: 1,
-                lease: 7,
-                deliver_after_ms: None,
-                metadata: None,
-            }],
-            NOW,
-        )
-        .await;
-    let took = t.elapsed();
-    let _ = locker.query_drop("ROLLBACK").await;
-    let _ = locker.disconnect().await;
-    assert!(r.is_err(), "the write waited out the lock and ran: {r:?}");
-    assert!(took < Duration::from_secs(5), "stopped after {took:?}");
+    // Another session locks the row and keeps the lock; a write of the row must stop.
+    async fn locked_write_stops(s: &MySqlStore, url: String) {
+        let mut locker = mysql_async::Conn::from_url(url).await.unwrap();
+        locker
+            .query_drop("START TRANSACTION; SELECT id FROM items WHERE id = 1 FOR UPDATE")
+            .await
+            .unwrap();
+        let t = Instant::now();
+        let r = s
+            .apply(
+                &[Change::Ready {
+                    key: 1,
+                    lease: 7,
+                    deliver_after_ms: None,
+                    metadata: None,
+                }],
+                NOW,
+            )
+            .await;
+        let took = t.elapsed();
+        let _ = locker.query_drop("ROLLBACK").await;
+        let _ = locker.disconnect().await;
+        assert!(r.is_err(), "the write waited out the lock and ran: {r:?}");
+        assert!(took < Duration::from_secs(5), "stopped after {took:?}");
+    }
+    locked_write_stops(&s, db.url(0)).await;
     // Statements that may rightly take long (the schema, the full count) are not bound,
-    // and the bound is back on the connection afterwards.
+    // and the bound is back on the connection afterwards (the pool does not reset
+    // connections; the unbounded one asks for its own reset).
     assert_eq!(s.state_counts(None).await.unwrap().len(), 1);
+    locked_write_stops(&s, db.url(0)).await;
     s.close().await;
 }
 

@@ -68,6 +68,10 @@ pub struct MySqlStore {
     topics: Mutex<TopicIds>,
 }
 
+/// Prepared statements a pooled connection keeps (mysql_async closes the least recently
+/// used beyond it).
+const STMT_CACHE_PER_CONNECTION: usize = 8;
+
 impl MySqlStore {
     pub fn new(shard: ShardId, url: &str, pool_connections_max: usize) -> StoreResult<MySqlStore> {
         let opts =
@@ -87,8 +91,12 @@ impl MySqlStore {
             .with_constraints(constraints)
             .with_inactive_connection_ttl(std::time::Duration::from_secs(60))
             .with_reset_connection(false);
+        // Each kept connection also keeps its prepared statements on the server, which
+        // allows 16,382 in all by default; most of ours are texts used once (their values
+        // are in the text), so a few per connection are plenty.
         let shard_opts: Opts = OptsBuilder::from_opts(opts.clone())
             .pool_opts(pool_opts)
+            .stmt_cache_size(Some(STMT_CACHE_PER_CONNECTION))
             .into();
         let server_opts: Opts = OptsBuilder::from_opts(opts).db_name(None::<String>).into();
         Ok(MySqlStore {
