@@ -255,25 +255,27 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
 /// stop returns (issue 18, risk 6). Before, the stop waited for the worker. The pause is
 /// an async one (`return`): a blocked thread (`sleep`) can hold tasks of this in-process
 /// server in its run queue, and then no enqueue ever reaches the stuck worker's queue (2
-/// runs of 7 failed so).
+/// runs of 7 failed so). Its shard is 9: the worker it leaves behind goes on taking turns,
+/// and as shard 0 it took a panic that `a_dead_worker_is_noticed...` had armed for its own
+/// shard 0 (that test then waited in vain for the second death).
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn a_stuck_shard_does_not_hold_the_stop() {
     let scenario = fail::FailScenario::setup();
     let srv = TestServer::start_full(
-        TestDb::new(1),
+        TestDb::new(1).with_first_shard_id(9),
         "shutdown_grace_ms = 1000",
         &format!("{FAST_ENGINE}[metrics]\nlisten = \"127.0.0.1:0\"\n"),
     )
     .await;
     let metrics = srv.running.as_ref().unwrap().metrics_addr.unwrap();
     let addr = srv.addr;
-    fail::cfg("shard-0-turn", "1*return(6000)").unwrap();
+    fail::cfg("shard-9-turn", "1*return(6000)").unwrap();
     // Enqueues one at a time until one waits in the worker's queue: the first's turn
     // blocks the worker, and a later one finds it stuck (sent together, several could be
     // taken into that one turn, and then nothing would ever wait in the queue).
     let depth = || {
         let (_, scrape) = http_get(metrics, "/metrics");
-        sample(&scrape, "foqs_shard_queue_depth{shard=\"0\"}")
+        sample(&scrape, "foqs_shard_queue_depth{shard=\"9\"}")
     };
     let mut callers = Vec::new();
     for i in 0..10 {

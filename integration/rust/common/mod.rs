@@ -70,6 +70,8 @@ pub struct TestDb {
     pub names: Vec<String>,
     /// The folder of the SQLite files, on that backend.
     pub dir: Option<std::path::PathBuf>,
+    /// The id of the first shard in configs (`shards_toml`); the others follow it.
+    pub first_shard_id: usize,
 }
 
 impl TestDb {
@@ -99,7 +101,15 @@ impl TestDb {
             base: mysql_base(),
             names,
             dir,
+            first_shard_id: 0,
         }
+    }
+
+    /// Shard ids from `id` on: a test whose failpoints name a shard (`shard-N-turn`) takes
+    /// ids no other test of its binary uses, since failpoints are shared by the process.
+    pub fn with_first_shard_id(mut self, id: usize) -> TestDb {
+        self.first_shard_id = id;
+        self
     }
 
     pub fn is_sqlite(&self) -> bool {
@@ -115,7 +125,10 @@ impl TestDb {
 
     pub fn shards_toml(&self) -> String {
         (0..self.names.len())
-            .map(|i| format!("[[shards]]\nid = {i}\nurl = \"{}\"\n", self.url(i)))
+            .map(|i| {
+                let id = self.first_shard_id + i;
+                format!("[[shards]]\nid = {id}\nurl = \"{}\"\n", self.url(i))
+            })
             .collect()
     }
 
