@@ -717,13 +717,16 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
         ),
         (1, NOW + LEASE, 10, NOW - 10, NOW)
     );
-    // A nack with new metadata: the next delivery shows it.
+    // A nack with new metadata: the next delivery shows it, byte for byte (it travels in
+    // the statement's text, as a hex literal: quotes, backslashes, `?`, NULs and
+    // non-UTF-8 bytes must come back as they went in).
+    let m2 = b"m2 '\\\" ? \0 \xff\x00".to_vec();
     s.apply(
         &[Change::Ready {
             key: 1,
             lease: 10,
             deliver_after_ms: None,
-            metadata: Some(b"m2".to_vec()),
+            metadata: Some(m2.clone()),
         }],
         NOW,
     )
@@ -736,7 +739,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
             again[0].delivery_count,
             again[0].lease_token
         ),
-        (&b"m2"[..], 2, 11)
+        (m2.as_slice(), 2, 11)
     );
 
     // A touch, then the lease ends: redelivered, counted twice.

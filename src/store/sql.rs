@@ -19,8 +19,10 @@ pub enum Dialect {
     Sqlite,
 }
 
-/// One statement and its blob parameter, when it has one.
-pub type Statement = (String, Option<Vec<u8>>);
+/// One statement, its values in its text (binary ones as hex literals, which both
+/// dialects read): run in MySQL's text protocol, one round trip, where a bound blob made
+/// each a prepare, an execute and a close, and most are used once.
+pub type Statement = String;
 
 /// The columns of a row as inserted, in the order `insert_items` writes them.
 pub const INSERT_COLUMNS: &str = "(id, tid, priority, state, deliver_after_ms, next_event_ms, enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, has_dedup, lease_token, delivery_count, lease_expires_ms, payload, metadata)";
@@ -313,16 +315,17 @@ pub fn apply_statements(changes: &[Change], now: i64) -> Vec<Statement> {
                     Some(t) => ready_at(*t),
                     None => format!("{READY}, next_event_ms = {ttl}"),
                 };
-                out.push((
-                    format!(
-                        "{set}, metadata = ? WHERE id = {key} AND state = 1 AND lease_token = {lease}"
-                    ),
-                    Some(m.clone()),
-                ));
+                let mut sql = format!("{set}, metadata = ");
+                push_hex(&mut sql, m);
+                let _ = write!(
+                    sql,
+                    " WHERE id = {key} AND state = 1 AND lease_token = {lease}"
+                );
+                out.push(sql);
             }
         }
     }
-    let mut push = |sql: String| out.push((sql, None));
+    let mut push = |sql: String| out.push(sql);
     if !keep_place.is_empty() {
         push(format!(
             "{READY}, next_event_ms = {ttl} WHERE {}",
@@ -459,11 +462,8 @@ impl InsertPlan {
                     "ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)"
                 }
             };
-            out.push((
-                format!(
-                    "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', {hwm}) {keep_larger}"
-                ),
-                None,
+            out.push(format!(
+                "INSERT INTO foqs_meta (name, value) VALUES ('key_high_water', {hwm}) {keep_larger}"
             ));
         }
         if !self.new_topics.is_empty() {
@@ -473,16 +473,16 @@ impl InsertPlan {
                     names.push((*tid, &it.ns, &it.topic));
                 }
             }
-            out.push((insert_topics(dialect, &names), None));
+            out.push(insert_topics(dialect, &names));
         }
-        out.push((insert_items(rows, &self.tids, handoff, now), None));
+        out.push(insert_items(rows, &self.tids, handoff, now));
         let keyed: Vec<(u32, &str, u64)> = rows
             .iter()
             .zip(&self.tids)
             .filter_map(|((key, it), tid)| it.dedup_key.as_deref().map(|d| (*tid, d, *key)))
             .collect();
         if !keyed.is_empty() {
-            out.push((upsert_dedup(dialect, &keyed), None));
+            out.push(upsert_dedup(dialect, &keyed));
         }
         out
     }

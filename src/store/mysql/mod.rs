@@ -194,13 +194,10 @@ impl MySqlStore {
     }
 }
 
-/// Runs one statement: a prepared one when it has a blob parameter, else in the text
-/// protocol, which saves the prepare round trip for SQL that is different every time.
-async fn run<Q: Queryable>(q: &mut Q, (sql, blob): &Statement) -> StoreResult<()> {
-    match blob {
-        None => q.query_drop(sql).await?,
-        Some(b) => q.exec_drop(sql, (b.as_slice(),)).await?,
-    }
+/// Runs one statement in the text protocol: no prepare round trip for SQL that is
+/// different every time.
+async fn run<Q: Queryable>(q: &mut Q, sql: &Statement) -> StoreResult<()> {
+    q.query_drop(sql).await?;
     Ok(())
 }
 
@@ -597,7 +594,7 @@ impl ShardStore for MySqlStore {
             return Ok(());
         }
         let (sql, tids) = totals_sql(Dialect::MySql, &self.topics, deltas);
-        self.run_all(vec![(sql, None)]).await?;
+        self.run_all(vec![sql]).await?;
         self.topics.lock().expect("topics").confirm(&tids);
         Ok(())
     }

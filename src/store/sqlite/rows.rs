@@ -151,12 +151,8 @@ fn policy(v: i8) -> rusqlite::Result<Policy> {
 }
 
 pub(super) fn run(conn: &Connection, statements: &[Statement]) -> StoreResult<()> {
-    for (sql, blob) in statements {
-        match blob {
-            None => conn.execute_batch(sql),
-            Some(b) => conn.execute(sql, [b]).map(|_| ()),
-        }
-        .map_err(store_error)?;
+    for sql in statements {
+        conn.execute_batch(sql).map_err(store_error)?;
     }
     Ok(())
 }
