@@ -84,6 +84,11 @@ async fn a_dead_worker_is_noticed_and_its_shard_reopened_by_itself() {
             .collect::<Vec<_>>()
     };
     eventually(Duration::from_secs(10), "shard 0 shown dead", || {
+        // The reopened worker dies at its first turn, which needs a command: a peek
+        // reaches it (its index is empty after the reopen). Without one the test waited on
+        // whatever else happened to reach shard 0, and twice in this file's full runs
+        // nothing did within the 10 s.
+        let _ = c.try_peek(NS, "t", 1);
         let (status, body) = http_get(metrics, "/readyz");
         let states = dead_state(&mut c);
         (status == 200
