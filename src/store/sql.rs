@@ -205,7 +205,6 @@ pub fn claim(keys: &[u64], now: i64, token: i64) -> String {
     claim_spelled(&ClaimValues {
         keys: &format!("({})", key_list(keys)),
         now: &now.to_string(),
-        floor: &(now + 1).to_string(),
         token: &token.to_string(),
     })
 }
@@ -216,25 +215,18 @@ pub struct ClaimValues<'a> {
     /// The right side of `id IN`: `(1,2,3)`, or a table-valued parameter.
     pub keys: &'a str,
     pub now: &'a str,
-    /// `now + 1`.
-    pub floor: &'a str,
     pub token: &'a str,
 }
 
 /// [`claim`] with its values spelled by the caller.
 pub fn claim_spelled(v: &ClaimValues) -> String {
-    let ClaimValues {
-        keys,
-        now,
-        floor,
-        token,
-    } = v;
+    let ClaimValues { keys, now, token } = v;
     format!(
         "UPDATE items SET state = 1, lease_token = {token}, delivery_count = delivery_count + 1,
            lease_expires_ms = {now} + lease_ms, next_event_ms = {}
          WHERE id IN {keys} AND state = 0 AND deliver_after_ms <= {now}
            AND (expires_at_ms IS NULL OR expires_at_ms > {now})",
-        timer_at_from(&format!("({now} + lease_ms)"), floor),
+        timer_at_from(&format!("({now} + lease_ms)"), &format!("({now} + 1)")),
     )
 }
 

@@ -16,7 +16,7 @@ mod rows;
 mod schema;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use rusqlite::Connection;
 
@@ -32,6 +32,23 @@ use conn::{store_error, ShardThread};
 use reader::ReadThread;
 use rows::{key_array, run, Rows, ITEM_COLUMNS, META_COLUMNS};
 use schema::{meta_get, prepare};
+
+/// The claim, one text for every claim: its keys (`?1`), time (`?2`) and token (`?3`)
+/// are bound, so the statement is prepared once per connection.
+static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} RETURNING {ITEM_COLUMNS}",
+        text::claim_spelled(&text::ClaimValues {
+            keys: "rarray(?1)",
+            now: "?2",
+            token: "?3",
+        })
+    )
+});
+
+/// The ack's DELETE, its keys bound as `?1` (prepared once, as the claim).
+static DELETE_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("DELETE FROM items WHERE id IN rarray(?1) RETURNING {META_COLUMNS}"));
 
 /// The path of a `sqlite://PATH` url; a relative path is relative to `base` (the config
 /// file's folder).
@@ -256,22 +273,12 @@ impl ShardStore for SqliteStore {
         if keys.is_empty() {
             return Ok(vec![]);
         }
-        // One statement text for every claim: its keys, time and token are bound.
-        let sql = format!(
-            "{} RETURNING {ITEM_COLUMNS}",
-            text::claim_spelled(&text::ClaimValues {
-                keys: "rarray(?1)",
-                now: "?2",
-                floor: "(?2 + 1)",
-                token: "?3",
-            })
-        );
         let keys = keys.to_vec();
         let rows = self.rows();
         self.call(move |conn| {
             rows.items_bound(
                 conn,
-                &sql,
+                &CLAIM_SQL,
                 rusqlite::params![key_array(&keys), now_ms, token],
             )
         })
@@ -418,11 +425,7 @@ impl ShardStore for SqliteStore {
         let rows = self.rows();
         let found = self
             .call(move |conn| {
-                let found = rows.metas_bound(
-                    conn,
-                    &format!("DELETE FROM items WHERE id IN rarray(?1) RETURNING {META_COLUMNS}"),
-                    [key_array(&keys)],
-                )?;
+                let found = rows.metas_bound(conn, &DELETE_SQL, [key_array(&keys)])?;
                 if let Some(sql) = text::delete_dedup_of(&found) {
                     conn.execute_batch(&sql).map_err(store_error)?;
                 }
