@@ -17,9 +17,7 @@
 //!   nothing to escape, and a prepared statement per list length would churn the cache.
 
 use mysql_async::prelude::*;
-use mysql_async::{
-    Conn, Opts, OptsBuilder, Params, Pool, PoolConstraints, PoolOpts, TxOpts, Value,
-};
+use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
 
 mod errors;
 mod owner;
@@ -399,22 +397,23 @@ impl ShardStore for MySqlStore {
         if dedup_keys.is_empty() {
             return Ok(vec![]);
         }
-        let marks = vec!["?"; dedup_keys.len()].join(", ");
-        let params: Vec<Value> = dedup_keys
-            .iter()
-            .map(|k| Value::from(k.as_bytes()))
-            .collect();
+        // The keys go in the text as hex literals: one round trip, where a prepared
+        // statement (one text per number of keys) would be a prepare, an execute and a close.
+        let mut list = String::new();
+        for (i, k) in dedup_keys.iter().enumerate() {
+            if i > 0 {
+                list.push_str(", ");
+            }
+            text::push_hex(&mut list, k.as_bytes());
+        }
         let mut conn = self.conn().await?;
         // A key's row may outlive its item (see `sql::upsert_dedup`): only a live item
         // counts.
         let rows: Vec<(String, u64)> = conn
-            .exec(
-                format!(
-                    "SELECT d.dedup_key, d.id FROM dedup d JOIN items i ON i.id = d.id
-                     WHERE d.tid = {tid} AND d.dedup_key IN ({marks})"
-                ),
-                Params::Positional(params),
-            )
+            .query(format!(
+                "SELECT d.dedup_key, d.id FROM dedup d JOIN items i ON i.id = d.id
+                 WHERE d.tid = {tid} AND d.dedup_key IN ({list})"
+            ))
             .await?;
         Ok(rows)
     }
@@ -511,20 +510,21 @@ impl ShardStore for MySqlStore {
         limit: usize,
     ) -> StoreResult<Vec<TopicCounts>> {
         let mut conn = self.conn().await?;
+        let mut names = String::from("t.ns = ");
+        text::push_hex(&mut names, ns.as_bytes());
+        names.push_str(" AND t.topic > ");
+        text::push_hex(&mut names, after.unwrap_or("").as_bytes());
         let rows: Vec<(Vec<u8>, i64, i64, i64)> = conn
-            .exec(
-                format!(
-                    "SELECT t.topic,
-                        CAST(SUM(i.state = 0 AND i.deliver_after_ms <= {now_ms}) AS SIGNED),
-                        CAST(SUM(i.state = 0 AND i.deliver_after_ms > {now_ms}) AS SIGNED),
-                        CAST(SUM(i.state = 1) AS SIGNED)
-                     FROM topics t JOIN items i ON i.tid = t.tid
-                     WHERE t.ns = ? AND t.topic > ? AND i.state IN (0, 1)
-                       AND (i.expires_at_ms IS NULL OR i.expires_at_ms > {now_ms})
-                     GROUP BY t.topic ORDER BY t.topic LIMIT {limit}"
-                ),
-                (ns.as_bytes(), after.unwrap_or("").as_bytes()),
-            )
+            .query(format!(
+                "SELECT t.topic,
+                    CAST(SUM(i.state = 0 AND i.deliver_after_ms <= {now_ms}) AS SIGNED),
+                    CAST(SUM(i.state = 0 AND i.deliver_after_ms > {now_ms}) AS SIGNED),
+                    CAST(SUM(i.state = 1) AS SIGNED)
+                 FROM topics t JOIN items i ON i.tid = t.tid
+                 WHERE {names} AND i.state IN (0, 1)
+                   AND (i.expires_at_ms IS NULL OR i.expires_at_ms > {now_ms})
+                 GROUP BY t.topic ORDER BY t.topic LIMIT {limit}"
+            ))
             .await?;
         Ok(rows
             .into_iter()
