@@ -101,9 +101,9 @@ for depth in "${depths[@]}"; do
     while [ "$from" -le "$per_shard" ]; do
       to=$((from + 499999)); [ "$to" -gt "$per_shard" ] && to=$per_shard
       sql "foqs_bench_$s" -e "INSERT IGNORE INTO topics (tid, ns, topic) VALUES (1, 'bench', 'backlog');
-        INSERT INTO items (id, tid, priority, state, deliver_after_ms,
+        INSERT INTO items (id, tid, priority, state, deliver_after_ms, next_event_ms,
           enqueued_at_ms, lease_ms, expires_at_ms, policy, max_attempts, payload, metadata)
-        SELECT seq, 1, IF(seq <= $measure_per_shard, 0, 1 + seq % 9), 0, $now_ms, $now_ms, 30000, NULL, 1, 5,
+        SELECT seq, 1, IF(seq <= $measure_per_shard, 0, 1 + seq % 9), 0, $now_ms, 0, $now_ms, 30000, NULL, 1, 5,
           REPEAT('x', 100), '' FROM seq_${from}_to_${to}"
       from=$((to + 1))
     done &

@@ -989,3 +989,85 @@ async fn awkward_names_round_trip_on_every_store() {
     let db = TestDb::mysql(1);
     awkward_names_round_trip(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
 }
+
+/// On MySQL a row with no next event holds 0 in `next_event_ms`, not NULL (InnoDB moved
+/// an index entry away from NULL at twice the cost: see `Dialect::no_event`). Both read
+/// as no event, neither is ever scanned, not even from a cursor at 0, and a NULL left by
+/// an earlier build is claimed, timed and released like any row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_rows_without_an_event_hold_zero() {
+    let db = TestDb::mysql(1);
+    let s = MySqlStore::new(0, &db.url(0), 2).unwrap();
+    s.open().await.unwrap();
+    let rows: Vec<(u64, NewItem)> = (1..=3)
+        .map(|k| (k, new_item("z", "t", 0, NOW - 10)))
+        .collect();
+    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
+        .await
+        .unwrap();
+    let raw = |key: u64| {
+        let db = &db;
+        async move {
+            db.column(
+                0,
+                &format!("SELECT COALESCE(next_event_ms, -1) FROM items WHERE id = {key}"),
+            )
+            .await[0]
+        }
+    };
+    assert_eq!(raw(1).await, 0);
+    // As an earlier build wrote it.
+    db.exec(0, "UPDATE items SET next_event_ms = NULL WHERE id = 2")
+        .await;
+    for key in [1, 2] {
+        assert_eq!(meta(&s, key).await.unwrap().next_event_ms, None);
+    }
+    for cursor in [(0, 0), (-5, 7), (0, u64::MAX), (NOW - 1, u64::MAX)] {
+        assert!(
+            s.scan(cursor, NOW + 10 * LEASE, 100)
+                .await
+                .unwrap()
+                .is_empty(),
+            "a row with no event was scanned from {cursor:?}"
+        );
+    }
+    // Claimed: both get the lease's end; released under the claim's token: none again,
+    // spelled 0 whatever the row held before.
+    assert_eq!(s.claim(&[1, 2], NOW, 9).await.unwrap().len(), 2);
+    for key in [1, 2] {
+        assert_eq!(raw(key).await, NOW + LEASE);
+    }
+    let due: Vec<u64> = s
+        .scan((0, 0), NOW + LEASE, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(due, vec![1, 2]);
+    s.apply(
+        &[
+            Change::Release { key: 1, token: 9 },
+            Change::Release { key: 2, token: 9 },
+        ],
+        NOW + 1,
+    )
+    .await
+    .unwrap();
+    for key in [1, 2] {
+        assert_eq!(raw(key).await, 0, "row {key} after its release");
+        assert_eq!(meta(&s, key).await.unwrap().next_event_ms, None);
+    }
+    // A row whose timer is cleared by a change (`Change::Timer` to none) holds 0 too.
+    s.apply(
+        &[Change::Timer {
+            key: 3,
+            at_ms: None,
+        }],
+        NOW + 1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(raw(3).await, 0);
+    s.close().await;
+}

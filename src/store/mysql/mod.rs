@@ -471,7 +471,8 @@ impl ShardStore for MySqlStore {
     }
 
     async fn apply(&self, changes: &[Change], now_ms: i64) -> StoreResult<()> {
-        self.run_all(text::apply_statements(changes, now_ms)).await
+        self.run_all(text::apply_statements(Dialect::MySql, changes, now_ms))
+            .await
     }
 
     async fn scan(

@@ -53,7 +53,9 @@ impl MySqlStore {
                 lease_expires_ms: column(&mut row, 8)?,
                 expires_at_ms: column(&mut row, 9)?,
                 lease_token: column(&mut row, 10)?,
-                next_event_ms: column(&mut row, 11)?,
+                // 0 is MySQL's spelling of no event (`Dialect::no_event`); NULL is an
+                // older row's.
+                next_event_ms: column::<Option<i64>>(&mut row, 11)?.filter(|t| *t != 0),
             },
             has_dedup != 0,
         ))

@@ -6,7 +6,8 @@
 //! - `items` carries a topic id (`tid`, see `store::topics`), not two names of up to 255
 //!   bytes, so `ready_order` entries are a few bytes wide.
 //! - One timer index (`next_event_ms`: due, lease end or TTL, whichever comes first for
-//!   the row's state, NULL when none) instead of three (`due`, `lease`, `ttl`).
+//!   the row's state; 0 when none, NULL in rows written before that, see
+//!   `Dialect::no_event`) instead of three (`due`, `lease`, `ttl`).
 //! - Dedup keys live in a side table, written only for keyed items, instead of a unique
 //!   index that every insert checked.
 //! - Totals are columns of the `topics` row.

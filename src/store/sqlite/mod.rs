@@ -436,7 +436,7 @@ impl ShardStore for SqliteStore {
     }
 
     async fn apply(&self, changes: &[Change], now_ms: i64) -> StoreResult<()> {
-        let statements = text::apply_statements(changes, now_ms);
+        let statements = text::apply_statements(Dialect::Sqlite, changes, now_ms);
         if statements.is_empty() {
             return Ok(());
         }
