@@ -37,6 +37,17 @@ fn new_item(ns: &str, topic: &str, priority: i32, deliver_after_ms: i64) -> NewI
     }
 }
 
+/// Runs `suite(&store)` on a fresh SQLite shard, then on a fresh MySQL one.
+macro_rules! on_every_store {
+    ($suite:ident) => {{
+        let db = TestDb::sqlite(1);
+        let path = foqs::store::sqlite_path(&db.url(0), std::path::Path::new("/")).unwrap();
+        $suite(&SqliteStore::new(0, path)).await;
+        let db = TestDb::mysql(1);
+        $suite(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
+    }};
+}
+
 fn keys(ks: &[ReadyKey]) -> Vec<u64> {
     ks.iter().map(|k| k.key).collect()
 }
@@ -824,11 +835,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_show_the_rows_current_state_on_every_store() {
-    let db = TestDb::sqlite(1);
-    let path = foqs::store::sqlite_path(&db.url(0), std::path::Path::new("/")).unwrap();
-    claims_show_the_rows_current_state(&SqliteStore::new(0, path)).await;
-    let db = TestDb::mysql(1);
-    claims_show_the_rows_current_state(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
+    on_every_store!(claims_show_the_rows_current_state);
 }
 
 /// Rows an insert hands to waiting consumers are written as a claim at the same time
@@ -898,11 +905,7 @@ async fn handed_rows_are_written_as_claimed<S: ShardStore>(s: &S) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handed_rows_are_written_as_claimed_on_every_store() {
-    let db = TestDb::sqlite(1);
-    let path = foqs::store::sqlite_path(&db.url(0), std::path::Path::new("/")).unwrap();
-    handed_rows_are_written_as_claimed(&SqliteStore::new(0, path)).await;
-    let db = TestDb::mysql(1);
-    handed_rows_are_written_as_claimed(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
+    on_every_store!(handed_rows_are_written_as_claimed);
 }
 
 /// Names and dedup keys that a statement's text must carry safely (quotes, backslashes,
@@ -983,11 +986,7 @@ async fn awkward_names_round_trip<S: ShardStore>(s: &S) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn awkward_names_round_trip_on_every_store() {
-    let db = TestDb::sqlite(1);
-    let path = foqs::store::sqlite_path(&db.url(0), std::path::Path::new("/")).unwrap();
-    awkward_names_round_trip(&SqliteStore::new(0, path)).await;
-    let db = TestDb::mysql(1);
-    awkward_names_round_trip(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
+    on_every_store!(awkward_names_round_trip);
 }
 
 /// On MySQL a row with no next event holds 0 in `next_event_ms`, not NULL (InnoDB moved
