@@ -151,6 +151,17 @@ async fn a_version_1_shard_is_migrated_in_place_and_every_item_behaves_as_before
         vec![0],
         "the old tables are gone"
     );
+    // Rows with no pending event (ready without a TTL, dead) hold MySQL's 0 for none,
+    // those with one a time (a lease's end, a deferred item's due time, a TTL).
+    assert_eq!(
+        srv.db
+            .column(
+                0,
+                "SELECT COALESCE(next_event_ms, -1) = 0 FROM items WHERE id IN (1, 2, 4, 5, 7, 8) ORDER BY id"
+            )
+            .await,
+        vec![1, 1, 0, 0, 1, 0]
+    );
 
     // Totals, and a topic that only had totals.
     let s = c.stats(NS, "ready");

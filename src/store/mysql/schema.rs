@@ -218,9 +218,11 @@ async fn migrate_v1(conn: &mut Conn, shard: ShardId, database: &str) -> StoreRes
             "CASE WHEN i.state = 0 AND i.due_at_ms IS NOT NULL AND i.deliver_after_ms > {cp} THEN i.deliver_after_ms
                   WHEN i.state = 1 THEN i.lease_expires_ms END"
         );
+        // No pending event: MySQL's spelling of none (`Dialect::no_event`).
         let timer = format!(
-            "GREATEST(COALESCE(LEAST({due}, i.expires_at_ms), {due}, i.expires_at_ms), {})",
-            cp + 1
+            "COALESCE(GREATEST(COALESCE(LEAST({due}, i.expires_at_ms), {due}, i.expires_at_ms), {}), {})",
+            cp + 1,
+            crate::store::sql::Dialect::MySql.no_event()
         );
         let mut after = 0u64;
         loop {
