@@ -207,6 +207,25 @@ pub fn upsert_dedup(dialect: Dialect, keys: &[(u32, &str, u64)]) -> String {
     sql
 }
 
+/// The live items among `keys` in topic `tid`: `(dedup_key, id)` rows. The keys are in
+/// the text as hex literals (one round trip on MySQL, where a prepared statement would
+/// be a prepare, an execute and a close per number of keys). A key's row may outlive its
+/// item (see [`upsert_dedup`]): only a live item counts.
+pub fn dedup_lookup(tid: u32, keys: &[&str]) -> String {
+    let mut sql = format!(
+        "SELECT d.dedup_key, d.id FROM dedup d JOIN items i ON i.id = d.id
+         WHERE d.tid = {tid} AND d.dedup_key IN ("
+    );
+    for (i, k) in keys.iter().enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        push_hex(&mut sql, k.as_bytes());
+    }
+    sql.push(')');
+    sql
+}
+
 /// Adds to the saved totals of topics (their `topics` rows, written when missing).
 pub fn add_totals(dialect: Dialect, rows: &[(u32, &str, &str, [i64; 5])]) -> String {
     let mut sql = String::from(

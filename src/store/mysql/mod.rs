@@ -397,24 +397,8 @@ impl ShardStore for MySqlStore {
         if dedup_keys.is_empty() {
             return Ok(vec![]);
         }
-        // The keys go in the text as hex literals: one round trip, where a prepared
-        // statement (one text per number of keys) would be a prepare, an execute and a close.
-        let mut list = String::new();
-        for (i, k) in dedup_keys.iter().enumerate() {
-            if i > 0 {
-                list.push_str(", ");
-            }
-            text::push_hex(&mut list, k.as_bytes());
-        }
         let mut conn = self.conn().await?;
-        // A key's row may outlive its item (see `sql::upsert_dedup`): only a live item
-        // counts.
-        let rows: Vec<(String, u64)> = conn
-            .query(format!(
-                "SELECT d.dedup_key, d.id FROM dedup d JOIN items i ON i.id = d.id
-                 WHERE d.tid = {tid} AND d.dedup_key IN ({list})"
-            ))
-            .await?;
+        let rows: Vec<(String, u64)> = conn.query(text::dedup_lookup(tid, dedup_keys)).await?;
         Ok(rows)
     }
 

@@ -373,19 +373,7 @@ impl ShardStore for SqliteStore {
         if dedup_keys.is_empty() {
             return Ok(vec![]);
         }
-        let mut list = String::new();
-        for (i, k) in dedup_keys.iter().enumerate() {
-            if i > 0 {
-                list.push(',');
-            }
-            text::push_hex(&mut list, k.as_bytes());
-        }
-        // A key's row may outlive its item (see `sql::upsert_dedup`): only a live item
-        // counts.
-        let sql = format!(
-            "SELECT d.dedup_key, d.id FROM dedup d JOIN items i ON i.id = d.id
-             WHERE d.tid = {tid} AND d.dedup_key IN ({list})"
-        );
+        let sql = text::dedup_lookup(tid, dedup_keys);
         self.call(move |conn| {
             let mut st = conn.prepare(&sql).map_err(store_error)?;
             let out = st
