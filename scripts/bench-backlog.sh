@@ -69,19 +69,14 @@ config="$FOQS_RUN/bench-backlog.toml"
 foqs_config_for_mysql "$config" foqs_bench_
 listen="127.0.0.1:${FOQS_BENCH_LISTEN_PORT:-9191}"
 
-# Starts foqsd and waits until it serves: its port is bound before its shards are open
-# (reading a shard's counts at open is a scan of its items), so wait for the log line it
-# writes once every shard is open, or the measurement would include that scan.
+# Starts foqsd and waits until its shards are open, or the measurement would include
+# the scan that opening a shard does.
 start_foqsd() {
-  local log="$FOQS_RUN/bench-backlog-foqsd.log"
-  RUST_LOG=warn,foqs::daemon=info "${FOQS_BENCH_FOQSD:-./target/release/foqsd}" --config "$config" --listen "$listen" >"$log" 2>&1 &
-  foqsd_pid=$!
-  for _ in $(seq 1 3000); do
-    grep -q "foqsd listening" "$log" && return 0
-    kill -0 "$foqsd_pid" 2>/dev/null || break
-    sleep 0.2
-  done
-  foqs_log "foqsd did not start; see $log"; return 1
+  local rc=0
+  foqs_foqsd_start "${FOQS_BENCH_FOQSD:-./target/release/foqsd}" "$config" "$listen" \
+    "$FOQS_RUN/bench-backlog-foqsd.log" || rc=1
+  foqsd_pid=$FOQS_FOQSD_PID
+  return $rc
 }
 stop_foqsd() { kill -TERM "$foqsd_pid"; wait "$foqsd_pid" || true; foqsd_pid=""; }
 

@@ -49,17 +49,12 @@ drop_dbs
 
 # Lets foqsd create the schema: starts it, waits until its shards are open, stops it.
 make_schema() {
-  local log="$dir/foqsd.log" pid
-  RUST_LOG=warn,foqs::daemon=info ./target/release/foqsd --config "$1" \
-    --listen "127.0.0.1:${FOQS_BENCH_LISTEN_PORT:-9193}" >"$log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 600); do
-    grep -q "foqsd listening" "$log" && break
-    kill -0 "$pid" 2>/dev/null || { foqs_log "foqsd did not start; see $log"; return 1; }
-    sleep 0.1
-  done
-  kill -TERM "$pid"
-  wait "$pid" || true
+  local rc=0
+  foqs_foqsd_start ./target/release/foqsd "$1" "127.0.0.1:${FOQS_BENCH_LISTEN_PORT:-9193}" \
+    "$dir/foqsd.log" || rc=1
+  kill -TERM "$FOQS_FOQSD_PID" 2>/dev/null
+  wait "$FOQS_FOQSD_PID" || true
+  return $rc
 }
 make_schema "$mysql_config"
 make_schema "$sqlite_config"

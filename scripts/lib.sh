@@ -42,6 +42,23 @@ foqs_wait_port() {
   foqs_port_open 127.0.0.1 "$1"
 }
 
+# Starts foqsd ($1: binary, $2: config, $3: listen address; its log in $4) in the
+# background and waits until every shard is open: its port is bound before they are
+# (opening a shard reads its counts), so it waits for the "foqsd listening" log line.
+# Sets FOQS_FOQSD_PID; false, with a log line, if foqsd exits or is not up in 10 min.
+foqs_foqsd_start() {
+  RUST_LOG=warn,foqs::daemon=info "$1" --config "$2" --listen "$3" >"$4" 2>&1 &
+  FOQS_FOQSD_PID=$!
+  local _
+  for _ in $(seq 1 3000); do
+    grep -q "foqsd listening" "$4" && return 0
+    kill -0 "$FOQS_FOQSD_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  foqs_log "foqsd did not start; see $4"
+  return 1
+}
+
 foqs_mysql_ensure() {
   if foqs_port_open "$FOQS_MYSQL_HOST" "$FOQS_MYSQL_PORT"; then
     FOQS_MYSQL_URL="mysql://root@$FOQS_MYSQL_HOST:$FOQS_MYSQL_PORT"
