@@ -123,6 +123,11 @@ pub struct Metrics {
     pub connections_open: Gauge,
     pub connections_evicted: Counter,
     pub handoffs: Counter,
+    /// The payload cache (see `store::cache`): claimed rows found there and not, and the
+    /// bytes it holds.
+    pub payload_cache_hits: Counter,
+    pub payload_cache_misses: Counter,
+    pub payload_cache_bytes: Gauge,
     pub connections_closed: Family<ReasonLabel, Counter>,
     pub transport_connections: Family<TransportLabel, Counter>,
     pub transport_requests: Family<TransportProtocol, Counter>,
@@ -243,6 +248,24 @@ impl Metrics {
             "Items written already leased to consumers waiting on their topic (direct hand-off: no claim)",
             handoffs.clone(),
         );
+        let payload_cache_hits = Counter::default();
+        r.register(
+            "payload_cache_hits",
+            "Claimed rows whose contents were in the payload cache (no read back)",
+            payload_cache_hits.clone(),
+        );
+        let payload_cache_misses = Counter::default();
+        r.register(
+            "payload_cache_misses",
+            "Claimed rows not in the payload cache (read back from storage; MySQL only)",
+            payload_cache_misses.clone(),
+        );
+        let payload_cache_bytes = Gauge::default();
+        r.register(
+            "payload_cache_bytes",
+            "Bytes the payload cache holds (at most engine.payload_cache_bytes_max)",
+            payload_cache_bytes.clone(),
+        );
         let connections_evicted = Counter::default();
         r.register(
             "connections_evicted",
@@ -325,6 +348,9 @@ impl Metrics {
             connections_open,
             connections_evicted,
             handoffs,
+            payload_cache_hits,
+            payload_cache_misses,
+            payload_cache_bytes,
             connections_closed,
             transport_connections,
             transport_requests,

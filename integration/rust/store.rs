@@ -13,7 +13,8 @@ use common::*;
 use foqs::fence::Fence;
 use foqs::model::{ItemState, NewItem, Policy, ReadyKey, TopicName, Totals};
 use foqs::store::{
-    Change, Fenced, Handoff, ItemMeta, MySqlStore, ShardStore, SqliteStore, StoreError,
+    Cached, Change, Fenced, Handoff, ItemMeta, MySqlStore, PayloadCache, ShardStore, SqliteStore,
+    StoreError,
 };
 use mysql_async::prelude::*;
 
@@ -37,7 +38,8 @@ fn new_item(ns: &str, topic: &str, priority: i32, deliver_after_ms: i64) -> NewI
     }
 }
 
-/// Runs `suite(&store)` on a fresh SQLite shard, then on a fresh MySQL one.
+/// Runs `suite(&store)` on a fresh SQLite shard, then on a fresh MySQL one, bare and
+/// behind the payload cache.
 macro_rules! on_every_store {
     ($suite:ident) => {{
         let db = TestDb::sqlite(1);
@@ -45,6 +47,11 @@ macro_rules! on_every_store {
         $suite(&SqliteStore::new(0, path)).await;
         let db = TestDb::mysql(1);
         $suite(&MySqlStore::new(0, &db.url(0), 4).unwrap()).await;
+        // MySQL again with the payload cache in front of its claims, as foqsd runs it.
+        let db = TestDb::mysql(1);
+        let cache = PayloadCache::new(64 << 20);
+        let store = Cached::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), 0, cache.clone());
+        $suite(&store).await;
     }};
 }
 
@@ -545,6 +552,24 @@ async fn the_mysql_store_conforms() {
             .with_owner_lock(Arc::new(|| {}), 2_000)
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mysql_store_behind_the_payload_cache_conforms() {
+    let db = TestDb::mysql(1);
+    let url = db.url(0);
+    let cache = PayloadCache::new(64 << 20);
+    conforms(&db, || {
+        let store = MySqlStore::new(0, &url, 4)
+            .unwrap()
+            .with_owner_lock(Arc::new(|| {}), 2_000);
+        Cached::new(store, 0, cache.clone())
+    })
+    .await;
+    assert!(
+        cache.hits_misses().0 > 0,
+        "no claim found its rows in the cache"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1069,4 +1094,192 @@ async fn mysql_rows_without_an_event_hold_zero() {
     .unwrap();
     assert_eq!(raw(3).await, 0);
     s.close().await;
+}
+
+/// A claim of rows found in the payload cache returns what reading them back would: the
+/// same rows claimed again at the same time and token after a release (which drops them
+/// from the cache, and undoes the delivery) come from MySQL, field for field. Rows of
+/// every shape: a TTL, at-most-once, empty and large payloads and metadata, deferred
+/// then due, two namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_claims_equal_what_mysql_reads_back() {
+    let db = TestDb::mysql(1);
+    let cache = PayloadCache::new(64 << 20);
+    let s = Cached::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), 0, cache.clone());
+    s.open().await.unwrap();
+    let mut rows: Vec<(u64, NewItem)> = Vec::new();
+    for k in 1..=40u64 {
+        let mut it = new_item(
+            if k % 2 == 0 { "a" } else { "b" },
+            "t",
+            k as i32 % 7,
+            NOW - k as i64,
+        );
+        match k % 5 {
+            0 => it.expires_at_ms = Some(NOW + 60_000),
+            1 => it.policy = Policy::AtMostOnce,
+            2 => (it.payload, it.metadata) = (Vec::new(), Vec::new()),
+            3 => (it.payload, it.metadata) = (vec![0xff; 10_240], vec![0; 1_000]),
+            _ => it.lease_ms = 1_234,
+        }
+        rows.push((k, it));
+    }
+    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
+        .await
+        .unwrap();
+    let keys: Vec<u64> = (1..=40).collect();
+    let sorted = |mut v: Vec<foqs::model::Item>| {
+        v.sort_by_key(|i| i.id.key);
+        v
+    };
+    let from_cache = sorted(s.claim(&keys, NOW, 9).await.unwrap());
+    assert_eq!(cache.hits_misses(), (40, 0), "every row was in the cache");
+    assert!(cache.is_empty(), "a claim drops what it used");
+    let releases: Vec<Change> = keys
+        .iter()
+        .map(|&key| Change::Release { key, token: 9 })
+        .collect();
+    s.apply(&releases, NOW).await.unwrap();
+    let from_mysql = sorted(s.claim(&keys, NOW, 9).await.unwrap());
+    assert_eq!(cache.hits_misses(), (40, 40));
+    assert_eq!((from_cache.len(), from_mysql.len()), (40, 40));
+    // Shown without their bytes (up to 10 KiB each), which are compared all the same.
+    let shown = |i: &foqs::model::Item| {
+        let (p, m) = (i.payload.len(), i.metadata.len());
+        let bare = foqs::model::Item {
+            payload: vec![],
+            metadata: vec![],
+            ..i.clone()
+        };
+        format!("{bare:?} with {p} payload and {m} metadata bytes")
+    };
+    for (c, m) in from_cache.iter().zip(&from_mysql) {
+        assert!(
+            c == m,
+            "from the cache: {}\nfrom MySQL: {}",
+            shown(c),
+            shown(m)
+        );
+    }
+    s.close().await;
+}
+
+/// The budget is never exceeded, the oldest rows go first, and rows the cache no longer
+/// holds are read back as before (a tiny budget: a few rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payload_cache_keeps_to_its_budget() {
+    let db = TestDb::mysql(1);
+    let cache = PayloadCache::new(2_000);
+    let s = Cached::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), 0, cache.clone());
+    s.open().await.unwrap();
+    for k in 1..=60u64 {
+        let mut it = new_item("n", "t", 1, NOW - 10);
+        it.payload = vec![k as u8; 100 + (k as usize % 3) * 200];
+        s.insert(&[(k, it)], Some(k + 1), &Handoff::NONE, NOW)
+            .await
+            .unwrap();
+        assert!(
+            cache.bytes() <= 2_000,
+            "{} bytes held after row {k}",
+            cache.bytes()
+        );
+    }
+    // A row larger than the whole budget is not kept (and evicts nothing).
+    let held = cache.len();
+    let mut huge = new_item("n", "t", 1, NOW - 10);
+    huge.payload = vec![7; 5_000];
+    s.insert(&[(61, huge)], Some(62), &Handoff::NONE, NOW)
+        .await
+        .unwrap();
+    assert_eq!(cache.len(), held);
+    assert!(held >= 2, "only {held} rows held");
+    // The newest rows are the ones held.
+    let newest: Vec<u64> = (61 - held as u64..=60).collect();
+    let mut got = s.claim(&newest, NOW, 3).await.unwrap();
+    assert_eq!(cache.hits_misses(), (held as u64, 0));
+    let rest: Vec<u64> = (1..61 - held as u64).chain([61]).collect();
+    got.extend(s.claim(&rest, NOW, 3).await.unwrap());
+    assert_eq!(cache.hits_misses(), (held as u64, 61 - held as u64));
+    got.sort_by_key(|i| i.id.key);
+    assert_eq!(got.len(), 61);
+    for (i, k) in got.iter().zip(1u64..) {
+        let want = if k == 61 {
+            vec![7; 5_000]
+        } else {
+            vec![k as u8; 100 + (k as usize % 3) * 200]
+        };
+        assert_eq!(
+            (i.id.key, &i.payload, i.delivery_count, i.lease_token),
+            (k, &want, 1, 3)
+        );
+    }
+    assert!(cache.is_empty());
+    s.close().await;
+}
+
+/// A worker that opens the shard drops what the cache held for it: another host (here,
+/// another store) may have claimed and nacked the rows meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_shard_drops_its_cached_rows() {
+    let db = TestDb::mysql(2);
+    let cache = PayloadCache::new(64 << 20);
+    let first = Cached::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), 0, cache.clone());
+    first.open().await.unwrap();
+    let other_shard = Cached::new(MySqlStore::new(1, &db.url(1), 4).unwrap(), 1, cache.clone());
+    other_shard.open().await.unwrap();
+    first
+        .insert(
+            &[(1, new_item("o", "t", 1, NOW - 10))],
+            Some(2),
+            &Handoff::NONE,
+            NOW,
+        )
+        .await
+        .unwrap();
+    other_shard
+        .insert(
+            &[(1, new_item("o", "t", 1, NOW - 10))],
+            Some(2),
+            &Handoff::NONE,
+            NOW,
+        )
+        .await
+        .unwrap();
+    assert_eq!(cache.len(), 2);
+    // Elsewhere: claimed, nacked with new metadata.
+    let elsewhere = MySqlStore::new(0, &db.url(0), 4).unwrap();
+    elsewhere.open().await.unwrap();
+    assert_eq!(elsewhere.claim(&[1], NOW, 5).await.unwrap().len(), 1);
+    elsewhere
+        .apply(
+            &[Change::Ready {
+                key: 1,
+                lease: 5,
+                deliver_after_ms: None,
+                metadata: Some(b"new".to_vec()),
+            }],
+            NOW,
+        )
+        .await
+        .unwrap();
+    elsewhere.close().await;
+    // Back here, under a new worker: the shard's rows are read from MySQL.
+    let again = Cached::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), 0, cache.clone());
+    again.open().await.unwrap();
+    assert_eq!(cache.len(), 1, "only the other shard's row is still held");
+    let got = again.claim(&[1], NOW + 1, 6).await.unwrap();
+    assert_eq!(
+        (got[0].metadata.as_slice(), got[0].delivery_count),
+        (&b"new"[..], 2)
+    );
+    // The other shard's row, the same key, still comes from the cache.
+    let theirs = other_shard.claim(&[1], NOW + 1, 7).await.unwrap();
+    assert_eq!(
+        (theirs[0].id.shard, theirs[0].metadata.as_slice()),
+        (1, &b"m"[..])
+    );
+    assert_eq!(cache.hits_misses().0, 1);
+    for s in [&first, &again, &other_shard] {
+        s.close().await;
+    }
 }

@@ -171,6 +171,9 @@ pub struct EngineConfig {
     pub prefetch_stage_max_ms: u64,
     /// How often busy topics are restocked and aged staged items released.
     pub prefetch_tick_ms: u64,
+    /// Memory for the rows this host's shards inserted recently, so that their first
+    /// claim need not read them back (MySQL; 0 keeps none). The oldest go first.
+    pub payload_cache_bytes_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -193,6 +196,7 @@ impl Default for EngineConfig {
             prefetch_items_max: 1000,
             prefetch_stage_max_ms: 1000,
             prefetch_tick_ms: 10,
+            payload_cache_bytes_max: 64 << 20,
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::quota::{LocalBudget, QuotaBudget};
 use crate::rpc::PeerClient;
 use crate::server::{serve, serve_http, ServerLimits};
 use crate::shard::{ShardHandle, ShardWorker, WorkerConfig};
-use crate::store::{Fenced, MySqlStore, ShardStore, SqliteStore, StoreError};
+use crate::store::{Cached, Fenced, MySqlStore, PayloadCache, ShardStore, SqliteStore, StoreError};
 use crate::waiters::Waiters;
 
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +114,8 @@ struct ShardOpener {
     /// stops serving it and opens it anew.
     died: mpsc::UnboundedSender<ShardId>,
     store_timeout_ms: u64,
+    /// Recently inserted rows of every shard here (see `store::cache`).
+    payload_cache: Arc<PayloadCache>,
     metrics: Arc<Metrics>,
     #[cfg_attr(not(feature = "faults"), allow(dead_code))]
     faults: FaultPlan,
@@ -212,13 +214,15 @@ impl ShardOpener {
         self.start(id, store, unseen).await
     }
 
-    /// Starts a shard's worker over `store`, with the faults a test planned for it.
+    /// Starts a shard's worker over `store` with the host's payload cache in front of its
+    /// claims, and the faults a test planned for it around both.
     async fn start<S: ShardStore>(
         &self,
         id: ShardId,
         store: S,
         unseen: Option<Vec<(u64, i64)>>,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
+        let store = Cached::new(store, id, self.payload_cache.clone());
         #[cfg(feature = "faults")]
         if let Some(f) = self.faults.get(&id) {
             let store = crate::store::faulty::Faulty::new(store, f.clone());
@@ -407,6 +411,12 @@ async fn start_planned(
         lost: (c.manager != ManagerKind::Etcd).then_some(lost_tx.clone()),
         died: lost_tx,
         store_timeout_ms: cfg.engine.store_timeout_ms,
+        payload_cache: PayloadCache::counted(
+            cfg.engine.payload_cache_bytes_max,
+            metrics.payload_cache_hits.clone(),
+            metrics.payload_cache_misses.clone(),
+            metrics.payload_cache_bytes.clone(),
+        ),
         metrics: metrics.clone(),
         faults,
         deaths: Default::default(),

@@ -8,6 +8,7 @@
 //! only writer, so no method needs locking reads; guards in `WHERE` clauses are safety
 //! nets, not concurrency control.
 
+mod cache;
 /// Fault injection around a real store, for tests only.
 #[cfg(feature = "faults")]
 pub mod faulty;
@@ -19,6 +20,7 @@ mod topics;
 
 use std::future::Future;
 
+pub use cache::{Cached, PayloadCache};
 pub use fenced::Fenced;
 pub use mysql::{MySqlStore, OnLost};
 pub use sqlite::{sqlite_path, SqliteStore};
@@ -185,6 +187,14 @@ impl Handoff {
     }
 }
 
+/// What [`ShardStore::claim_known`] leased: the rows it read back, and the keys of the
+/// rows it leased without reading them (the caller has their contents).
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub items: Vec<Item>,
+    pub known: Vec<u64>,
+}
+
 /// What a shard's store holds at start-up.
 #[derive(Debug, Clone, Default)]
 pub struct Recovered {
@@ -231,6 +241,34 @@ pub trait ShardStore: Send + Sync + 'static {
         now_ms: i64,
         token: i64,
     ) -> impl Future<Output = StoreResult<Vec<Item>>> + Send;
+
+    /// True when a claim reads its rows back in a statement of its own (MySQL: an `UPDATE`,
+    /// then a `SELECT`), which [`claim_known`](Self::claim_known) can skip for rows the
+    /// caller already has. SQLite's claim reads them in the same statement (`RETURNING`).
+    fn claim_reads_apart(&self) -> bool {
+        false
+    }
+
+    /// Leases as [`claim`](Self::claim) does; of the rows leased, those in `known`
+    /// (sorted) need not be read back: when the store can tell that it leased every one of
+    /// `keys`, it reads only the others and returns `known`'s keys in [`Claimed::known`].
+    /// Otherwise (some key was not leased, or the store reads rows with the claim anyway)
+    /// every leased row comes back as an item.
+    fn claim_known(
+        &self,
+        keys: &[u64],
+        known: &[u64],
+        now_ms: i64,
+        token: i64,
+    ) -> impl Future<Output = StoreResult<Claimed>> + Send {
+        let _ = known;
+        async move {
+            Ok(Claimed {
+                items: self.claim(keys, now_ms, token).await?,
+                known: Vec::new(),
+            })
+        }
+    }
 
     /// The items among `keys` that are ready (and whose TTL has not passed), unleased.
     fn fetch_ready(

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
 use super::topics::{state_counts, topic_filter, TopicIds};
 use super::{
-    Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
+    Change, Claimed, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
 };
 use crate::model::{
     Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
@@ -301,18 +301,55 @@ impl ShardStore for MySqlStore {
     }
 
     async fn claim(&self, keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>> {
+        Ok(self.claim_known(keys, &[], now_ms, token).await?.items)
+    }
+
+    fn claim_reads_apart(&self) -> bool {
+        true
+    }
+
+    async fn claim_known(
+        &self,
+        keys: &[u64],
+        known: &[u64],
+        now_ms: i64,
+        token: i64,
+    ) -> StoreResult<Claimed> {
         if keys.is_empty() {
-            return Ok(vec![]);
+            return Ok(Claimed::default());
         }
         let mut conn = self.conn().await?;
         conn.query_drop(text::claim(keys, now_ms, token)).await?;
+        // Each key is one row's primary key, and a claim changes every row it matches:
+        // as many rows changed as keys means every key was leased, so the rows the caller
+        // knows need no reading back. Fewer: which ones is only known by reading.
+        let (read, known) = if conn.affected_rows() == keys.len() as u64 {
+            let read: Vec<u64> = keys
+                .iter()
+                .filter(|k| known.binary_search(k).is_err())
+                .copied()
+                .collect();
+            (read, known.to_vec())
+        } else {
+            (keys.to_vec(), Vec::new())
+        };
+        if read.is_empty() {
+            return Ok(Claimed {
+                items: Vec::new(),
+                known,
+            });
+        }
         let rows: Vec<mysql_async::Row> = conn
             .query(format!(
                 "SELECT {ITEM_COLUMNS} FROM items WHERE id IN ({}) AND state = 1 AND lease_token = {token}",
-                key_list(keys)
+                key_list(&read)
             ))
             .await?;
-        rows.into_iter().map(|r| self.item_from_row(r)).collect()
+        let items = rows
+            .into_iter()
+            .map(|r| self.item_from_row(r))
+            .collect::<StoreResult<_>>()?;
+        Ok(Claimed { items, known })
     }
 
     async fn fetch_ready(&self, keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>> {

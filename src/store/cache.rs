@@ -1,0 +1,423 @@
+//! The payload cache: the rows a shard inserted recently, kept in a memory budget
+//! (`engine.payload_cache_bytes_max`, one budget for all of a host's shards), so that
+//! their first claim need not read them back.
+//!
+//! On MySQL a claim is an `UPDATE` and then a `SELECT` of the rows it leased (MariaDB has
+//! no `UPDATE ... RETURNING`). An item consumed soon after it arrived is still here: its
+//! claim is the `UPDATE` alone, and the delivered item is built from what was inserted
+//! plus what the claim wrote (`delivery_count` 1, the lease's end and token), which is
+//! what the `SELECT` would have read. SQLite's claim reads its rows in the same statement
+//! (`RETURNING`), so there is nothing to save and [`Cached`] keeps nothing for it
+//! ([`ShardStore::claim_reads_apart`]).
+//!
+//! An entry is only ever the row as inserted, never claimed: it is dropped on the row's
+//! first claim (used or not), and on any other change or deletion of the row, before the
+//! change runs (so also when its outcome is unknown). A row that was leased, nacked with
+//! new metadata, touched, expired or dead-lettered is therefore always read from storage.
+//! The shard's entries are dropped when it opens and when it closes: another host may
+//! have owned it in between. Rows handed over at insert (already leased) are not kept.
+//! Over budget, the oldest entries go first.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use rustc_hash::FxHashMap;
+
+use super::{Change, Claimed, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreResult};
+use crate::model::{
+    Item, ItemId, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
+};
+
+/// What an entry costs beyond its byte fields: its place in the B-tree (nodes partly
+/// full), in the map, and the allocator's rounding. Measured: 64 MiB of entries of
+/// 100-byte items took about 95 MB of RSS with 160 here, so the budget is close to the
+/// memory used with 256.
+const ENTRY_OVERHEAD_BYTES: usize = 256;
+
+/// One budget of recently inserted rows, shared by a host's shards.
+pub struct PayloadCache {
+    bytes_max: usize,
+    entries: Mutex<Entries>,
+    hits: Counter,
+    misses: Counter,
+    /// `Entries::bytes`, for the metrics.
+    held: Gauge,
+}
+
+struct Entries {
+    /// Row → its sequence number. Small (no contents), and sized for the budget at the
+    /// start: a map that grew by doubling would copy itself into fresh memory each time.
+    rows: FxHashMap<(ShardId, u64), u64>,
+    /// Sequence number (insertion order) → the row's entry, the oldest first. A B-tree
+    /// grows a node at a time.
+    order: BTreeMap<u64, Entry>,
+    bytes: usize,
+    next_seq: u64,
+}
+
+struct Entry {
+    at: (ShardId, u64),
+    bytes: usize,
+    row: Row,
+}
+
+/// A row as inserted, its byte fields in one allocation (`ns`, `topic`, `payload`,
+/// `metadata`, one after the other): one allocation and one free per entry.
+struct Row {
+    bytes: Box<[u8]>,
+    /// Where `topic`, `payload` and `metadata` start in `bytes`.
+    starts: [u32; 3],
+    priority: i32,
+    deliver_after_ms: i64,
+    enqueued_at_ms: i64,
+    lease_ms: i64,
+    expires_at_ms: Option<i64>,
+    policy: Policy,
+}
+
+impl Row {
+    fn of(it: &NewItem) -> Row {
+        let mut bytes =
+            Vec::with_capacity(it.ns.len() + it.topic.len() + it.payload.len() + it.metadata.len());
+        let mut starts = [0u32; 3];
+        bytes.extend_from_slice(it.ns.as_bytes());
+        starts[0] = bytes.len() as u32;
+        bytes.extend_from_slice(it.topic.as_bytes());
+        starts[1] = bytes.len() as u32;
+        bytes.extend_from_slice(&it.payload);
+        starts[2] = bytes.len() as u32;
+        bytes.extend_from_slice(&it.metadata);
+        Row {
+            bytes: bytes.into_boxed_slice(),
+            starts,
+            priority: it.priority,
+            deliver_after_ms: it.deliver_after_ms,
+            enqueued_at_ms: it.enqueued_at_ms,
+            lease_ms: it.lease_ms,
+            expires_at_ms: it.expires_at_ms,
+            policy: it.policy,
+        }
+    }
+
+    /// The item a claim at `now_ms` under `token` leased: what reading the row back
+    /// would return.
+    fn claimed(&self, id: ItemId, now_ms: i64, token: i64) -> Item {
+        let [t, p, m] = self.starts.map(|s| s as usize);
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        Item {
+            id,
+            ns: text(&self.bytes[..t]),
+            topic: text(&self.bytes[t..p]),
+            priority: self.priority,
+            payload: self.bytes[p..m].to_vec(),
+            metadata: self.bytes[m..].to_vec(),
+            deliver_after_ms: self.deliver_after_ms,
+            enqueued_at_ms: self.enqueued_at_ms,
+            delivery_count: 1,
+            lease_expires_ms: now_ms + self.lease_ms,
+            policy: self.policy,
+            expires_at_ms: self.expires_at_ms,
+            lease_token: token,
+        }
+    }
+}
+
+fn cost(item: &NewItem) -> usize {
+    ENTRY_OVERHEAD_BYTES
+        + item.payload.len()
+        + item.metadata.len()
+        + item.ns.len()
+        + item.topic.len()
+}
+
+/// Most rows the map of a cache is sized for at the start.
+const ROWS_PRESIZED_MAX: usize = 1 << 20;
+
+impl Entries {
+    fn new(bytes_max: usize) -> Entries {
+        Entries {
+            rows: FxHashMap::with_capacity_and_hasher(
+                (bytes_max / ENTRY_OVERHEAD_BYTES).min(ROWS_PRESIZED_MAX),
+                Default::default(),
+            ),
+            order: BTreeMap::new(),
+            bytes: 0,
+            next_seq: 0,
+        }
+    }
+
+    fn remove(&mut self, at: (ShardId, u64)) -> Option<Row> {
+        let seq = self.rows.remove(&at)?;
+        let e = self.order.remove(&seq)?;
+        self.bytes -= e.bytes;
+        Some(e.row)
+    }
+}
+
+impl PayloadCache {
+    /// A budget of `bytes_max` (0: nothing is kept).
+    pub fn new(bytes_max: usize) -> Arc<PayloadCache> {
+        PayloadCache::counted(
+            bytes_max,
+            Counter::default(),
+            Counter::default(),
+            Gauge::default(),
+        )
+    }
+
+    /// [`PayloadCache::new`], counting its hits and misses and showing the bytes it holds
+    /// in these (a host's metrics).
+    pub fn counted(
+        bytes_max: usize,
+        hits: Counter,
+        misses: Counter,
+        held: Gauge,
+    ) -> Arc<PayloadCache> {
+        Arc::new(PayloadCache {
+            bytes_max,
+            entries: Mutex::new(Entries::new(bytes_max)),
+            hits,
+            misses,
+            held,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps these rows (inserted ready), evicting the oldest entries to stay within the
+    /// budget. A row larger than the whole budget is not kept.
+    fn put<'a>(&self, shard: ShardId, rows: impl Iterator<Item = (u64, &'a NewItem)>) {
+        if self.bytes_max == 0 {
+            return;
+        }
+        // Copied before the lock is taken: the shards' workers share it.
+        let fresh: Vec<(u64, usize, Row)> = rows
+            .filter_map(|(key, it)| {
+                let bytes = cost(it);
+                (bytes <= self.bytes_max).then(|| (key, bytes, Row::of(it)))
+            })
+            .collect();
+        let mut e = self.lock();
+        for (key, bytes, row) in fresh {
+            e.remove((shard, key));
+            while e.bytes + bytes > self.bytes_max {
+                let Some((_, oldest)) = e.order.pop_first() else {
+                    break;
+                };
+                e.rows.remove(&oldest.at);
+                e.bytes -= oldest.bytes;
+            }
+            let seq = e.next_seq;
+            e.next_seq += 1;
+            e.rows.insert((shard, key), seq);
+            let at = (shard, key);
+            e.order.insert(seq, Entry { at, bytes, row });
+            e.bytes += bytes;
+        }
+        self.held.set(e.bytes as i64);
+    }
+
+    /// Removes these rows' entries and returns those there were.
+    fn take(&self, shard: ShardId, keys: &[u64]) -> Vec<(u64, Row)> {
+        let mut e = self.lock();
+        let found: Vec<(u64, Row)> = keys
+            .iter()
+            .filter_map(|k| e.remove((shard, *k)).map(|i| (*k, i)))
+            .collect();
+        self.held.set(e.bytes as i64);
+        drop(e);
+        self.hits.inc_by(found.len() as u64);
+        self.misses.inc_by((keys.len() - found.len()) as u64);
+        found
+    }
+
+    /// Drops these rows' entries.
+    fn forget(&self, shard: ShardId, keys: impl Iterator<Item = u64>) {
+        let mut e = self.lock();
+        if e.rows.is_empty() {
+            return;
+        }
+        for k in keys {
+            e.remove((shard, k));
+        }
+        self.held.set(e.bytes as i64);
+    }
+
+    /// Drops every entry of the shard.
+    fn forget_shard(&self, shard: ShardId) {
+        let mut e = self.lock();
+        let keys: Vec<(ShardId, u64)> = e
+            .rows
+            .keys()
+            .filter(|(s, _)| *s == shard)
+            .copied()
+            .collect();
+        for at in keys {
+            e.remove(at);
+        }
+        self.held.set(e.bytes as i64);
+    }
+
+    /// Bytes held now (never above the budget).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// Rows held now.
+    pub fn len(&self) -> usize {
+        self.lock().rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Claimed rows found here, and not, since the start.
+    pub fn hits_misses(&self) -> (u64, u64) {
+        (self.hits.get(), self.misses.get())
+    }
+}
+
+/// A shard's store with the host's payload cache in front of its claims.
+pub struct Cached<S> {
+    inner: S,
+    shard: ShardId,
+    /// None when the store's claim reads its rows anyway, or the budget is 0.
+    cache: Option<Arc<PayloadCache>>,
+}
+
+impl<S: ShardStore> Cached<S> {
+    pub fn new(inner: S, shard: ShardId, cache: Arc<PayloadCache>) -> Cached<S> {
+        let cache = (cache.bytes_max > 0 && inner.claim_reads_apart()).then_some(cache);
+        Cached {
+            inner,
+            shard,
+            cache,
+        }
+    }
+
+    fn forget(&self, keys: impl Iterator<Item = u64>) {
+        if let Some(c) = &self.cache {
+            c.forget(self.shard, keys);
+        }
+    }
+}
+
+/// The key a change is to.
+fn change_key(c: &Change) -> u64 {
+    match c {
+        Change::Ready { key, .. }
+        | Change::Dead { key, .. }
+        | Change::Revive { key }
+        | Change::Delete { key }
+        | Change::Extend { key, .. }
+        | Change::Timer { key, .. }
+        | Change::Release { key, .. } => *key,
+    }
+}
+
+/// Operations that neither change rows nor claim them: passed through.
+macro_rules! passed {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        $(async fn $name(&self, $($arg: $ty),*) -> StoreResult<$out> {
+            self.inner.$name($($arg),*).await
+        })*
+    };
+}
+
+impl<S: ShardStore> ShardStore for Cached<S> {
+    passed! {
+        ready_keys(ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> Vec<ReadyKey>;
+        fetch_ready(keys: &[u64], now_ms: i64) -> Vec<Item>;
+        dead_items(ns: &str, topic: &str, after: Option<ReadyKey>, limit: usize) -> Vec<(Item, i64)>;
+        // Dead rows were claimed once: none is kept here.
+        purge_dead(ns: &str, topic: &str, limit: usize) -> u64;
+        dedup_lookup(ns: &str, topic: &str, dedup_keys: &[&str]) -> Vec<(String, u64)>;
+        lookup(keys: &[u64]) -> Vec<ItemMeta>;
+        scan(after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
+        save_checkpoint(checkpoint_ms: i64) -> ();
+        topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
+        topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
+        add_totals(deltas: &[(TopicName, Totals)]) -> ();
+        state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
+        ping() -> ();
+    }
+
+    async fn open(&self) -> StoreResult<Recovered> {
+        if let Some(c) = &self.cache {
+            c.forget_shard(self.shard);
+        }
+        self.inner.open().await
+    }
+
+    async fn close(&self) {
+        if let Some(c) = &self.cache {
+            c.forget_shard(self.shard);
+        }
+        self.inner.close().await
+    }
+
+    async fn insert(
+        &self,
+        rows: &[(u64, NewItem)],
+        key_high_water: Option<u64>,
+        handoff: &Handoff,
+        now_ms: i64,
+    ) -> StoreResult<()> {
+        self.inner
+            .insert(rows, key_high_water, handoff, now_ms)
+            .await?;
+        if let Some(c) = &self.cache {
+            c.put(
+                self.shard,
+                rows.iter()
+                    .filter(|(k, _)| !handoff.holds(*k))
+                    .map(|(k, it)| (*k, it)),
+            );
+        }
+        Ok(())
+    }
+
+    async fn claim(&self, keys: &[u64], now_ms: i64, token: i64) -> StoreResult<Vec<Item>> {
+        let Some(c) = &self.cache else {
+            return self.inner.claim(keys, now_ms, token).await;
+        };
+        let mut cached = c.take(self.shard, keys);
+        if cached.is_empty() {
+            return self.inner.claim(keys, now_ms, token).await;
+        }
+        cached.sort_unstable_by_key(|(k, _)| *k);
+        let known: Vec<u64> = cached.iter().map(|(k, _)| *k).collect();
+        let Claimed { mut items, known } =
+            self.inner.claim_known(keys, &known, now_ms, token).await?;
+        let cached: HashMap<u64, Row> = cached.into_iter().collect();
+        for key in known {
+            if let Some(row) = cached.get(&key) {
+                let id = ItemId {
+                    shard: self.shard,
+                    key,
+                };
+                items.push(row.claimed(id, now_ms, token));
+            }
+        }
+        Ok(items)
+    }
+
+    async fn delete(&self, keys: &[u64]) -> StoreResult<Vec<ItemMeta>> {
+        self.forget(keys.iter().copied());
+        self.inner.delete(keys).await
+    }
+
+    async fn apply(&self, changes: &[Change], now_ms: i64) -> StoreResult<()> {
+        self.forget(changes.iter().map(change_key));
+        self.inner.apply(changes, now_ms).await
+    }
+
+    fn runs_in_order(&self) -> bool {
+        self.inner.runs_in_order()
+    }
+}
