@@ -21,7 +21,10 @@
 # .run/bench-sqlite); FOQS_BENCH_BACKENDS="mysql" (or "sqlite") runs one only.
 # FOQS_BENCH_BEFORE=path also runs that foqsd binary on each backend each round (a build
 # of an older commit: before and after in one sitting); FOQS_BENCH_RABBITMQ=0 skips
-# RabbitMQ.
+# RabbitMQ. FOQS_BENCH_ENGINE="KEY = VALUE" runs every foqsd with that line in place of
+# the configuration's own KEY (e.g. "payload_cache_bytes_max = 0"), and
+# FOQS_BENCH_BEFORE_ENGINE the "before" runs only (throughput and latency; without
+# FOQS_BENCH_BEFORE they run this build: one setting against another in one sitting).
 #
 # Throughput workload (the issue's): 200k items of 100 bytes, 4 producers, 4 consumers,
 # batches of 100; phases enqueue, drain (dequeue + ack), mixed.
@@ -49,15 +52,29 @@ sqlite_dir="$FOQS_RUN/bench-sqlite"
 sqlite_config="$FOQS_RUN/bench-sqlite.toml"
 sed -e "s#sqlite://../.run/data/#sqlite://$sqlite_dir/#" conf/foqsd.toml >"$sqlite_config"
 
-# fresh_foqsd [mysql|sqlite [BINARY]]: a foqsd on empty shards.
+# with_setting CONFIG "KEY = VALUE": the path of CONFIG with that line in place of its
+# own KEY line (CONFIG itself when the setting is empty).
+with_setting() {
+  local cfg=$1 setting=$2 key
+  [ -z "$setting" ] && { echo "$cfg"; return 0; }
+  key=${setting%%[ =]*}
+  grep -q "^$key = " "$cfg" || { foqs_log "$key is not set in $cfg: cannot replace it"; return 1; }
+  sed -e "s#^$key = .*#$setting#" "$cfg" >"${cfg%.toml}-set.toml"
+  echo "${cfg%.toml}-set.toml"
+}
+
+# fresh_foqsd [mysql|sqlite [BINARY [SETTING]]]: a foqsd on empty shards; SETTING as for
+# with_setting (default FOQS_BENCH_ENGINE).
 fresh_foqsd() {
   local backend=${1:-mysql} binary=${2:-./target/release/foqsd} cfg=$config
+  local setting=${3:-${FOQS_BENCH_ENGINE:-}}
   [ -n "$foqsd_pid" ] && { kill "$foqsd_pid"; wait "$foqsd_pid" || true; }
   for s in 0 1 2 3; do
     "$client" -h"${hostport%:*}" -P"${hostport##*:}" -uroot -e "DROP DATABASE IF EXISTS foqs_bench_$s"
   done
   rm -rf "$sqlite_dir"
   [ "$backend" = sqlite ] && cfg=$sqlite_config
+  cfg=$(with_setting "$cfg" "$setting")
   RUST_LOG=warn "$binary" --config "$cfg" --listen "$listen" >/dev/null 2>&1 &
   foqsd_pid=$!
   for _ in $(seq 1 300); do foqs_port_open 127.0.0.1 "${listen##*:}" && return 0; sleep 0.2; done
@@ -65,6 +82,11 @@ fresh_foqsd() {
 }
 
 bench() { ./target/release/foqs-bench --host "$listen" "$@"; }
+
+if [ -n "${FOQS_BENCH_BEFORE_ENGINE:-}" ] && [ -z "${FOQS_BENCH_BEFORE:-}" ]; then
+  FOQS_BENCH_BEFORE=./target/release/foqsd
+fi
+before_setting=${FOQS_BENCH_BEFORE_ENGINE:-${FOQS_BENCH_ENGINE:-}}
 
 if [ "$mode" = latency ]; then
   targets=()
@@ -74,16 +96,18 @@ if [ "$mode" = latency ]; then
   done
   for t in "${targets[@]}"; do
     IFS=: read -r backend binary label <<<"$t"
-    fresh_foqsd "$backend" "$binary"
+    setting=${FOQS_BENCH_ENGINE:-}
+    [ "${label%-before}" != "$label" ] && setting=$before_setting
+    fresh_foqsd "$backend" "$binary" "$setting"
     peak=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 |
       sed -E 's/.*"mixed_items_per_s":([0-9]+).*/\1/')
     foqs_log "$label: single-item mixed peak: $peak items/s; measuring at half of it"
-    fresh_foqsd "$backend" "$binary"
+    fresh_foqsd "$backend" "$binary" "$setting"
     line=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 --rate $((peak / 2)))
     echo "${line/\"system\":\"foqs\"/\"system\":\"$label\"}"
     # A long-poll consumer and a producer, an item at a time: how soon after the
     # enqueue's reply the waiting consumer has the item.
-    fresh_foqsd "$backend" "$binary"
+    fresh_foqsd "$backend" "$binary" "$setting"
     line=$(bench --phases longpoll --items 2000 --producers 1 --consumers 1 --batch 1)
     echo "${line/\"system\":\"foqs\"/\"system\":\"$label\"}"
   done
@@ -169,7 +193,7 @@ measure() {
 for i in 1 2 3; do
   for backend in ${FOQS_BENCH_BACKENDS:-mysql sqlite}; do
     if [ -n "${FOQS_BENCH_BEFORE:-}" ]; then
-      fresh_foqsd "$backend" "$FOQS_BENCH_BEFORE"
+      fresh_foqsd "$backend" "$FOQS_BENCH_BEFORE" "$before_setting"
       measure "foqs-$backend-before"
     fi
     fresh_foqsd "$backend"

@@ -1217,32 +1217,24 @@ async fn the_payload_cache_keeps_to_its_budget() {
     s.close().await;
 }
 
-/// A worker that opens the shard drops what the cache held for it: another host (here,
-/// another store) may have claimed and nacked the rows meanwhile.
+/// A worker that opens the shard never uses what the cache held for an earlier worker of
+/// it: another host (here, another store) may have claimed and nacked the rows meanwhile,
+/// and the earlier worker's entries are dropped when it closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opening_a_shard_drops_its_cached_rows() {
+async fn a_new_worker_does_not_use_an_earlier_workers_rows() {
     let db = TestDb::mysql(2);
     let cache = PayloadCache::new(64 << 20);
     let first = Cached::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), 0, cache.clone());
     first.open().await.unwrap();
     let other_shard = Cached::new(MySqlStore::new(1, &db.url(1), 4).unwrap(), 1, cache.clone());
     other_shard.open().await.unwrap();
+    let row = || vec![(1, new_item("o", "t", 1, NOW - 10))];
     first
-        .insert(
-            &[(1, new_item("o", "t", 1, NOW - 10))],
-            Some(2),
-            &Handoff::NONE,
-            NOW,
-        )
+        .insert(&row(), Some(2), &Handoff::NONE, NOW)
         .await
         .unwrap();
     other_shard
-        .insert(
-            &[(1, new_item("o", "t", 1, NOW - 10))],
-            Some(2),
-            &Handoff::NONE,
-            NOW,
-        )
+        .insert(&row(), Some(2), &Handoff::NONE, NOW)
         .await
         .unwrap();
     assert_eq!(cache.len(), 2);
@@ -1250,36 +1242,64 @@ async fn opening_a_shard_drops_its_cached_rows() {
     let elsewhere = MySqlStore::new(0, &db.url(0), 4).unwrap();
     elsewhere.open().await.unwrap();
     assert_eq!(elsewhere.claim(&[1], NOW, 5).await.unwrap().len(), 1);
-    elsewhere
-        .apply(
-            &[Change::Ready {
-                key: 1,
-                lease: 5,
-                deliver_after_ms: None,
-                metadata: Some(b"new".to_vec()),
-            }],
-            NOW,
-        )
-        .await
-        .unwrap();
+    let nack = Change::Ready {
+        key: 1,
+        lease: 5,
+        deliver_after_ms: None,
+        metadata: Some(b"new".to_vec()),
+    };
+    elsewhere.apply(&[nack], NOW).await.unwrap();
     elsewhere.close().await;
-    // Back here, under a new worker: the shard's rows are read from MySQL.
+    // Back here, under a new worker (the first one not stopped yet): read from MySQL.
     let again = Cached::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), 0, cache.clone());
     again.open().await.unwrap();
-    assert_eq!(cache.len(), 1, "only the other shard's row is still held");
     let got = again.claim(&[1], NOW + 1, 6).await.unwrap();
     assert_eq!(
         (got[0].metadata.as_slice(), got[0].delivery_count),
         (&b"new"[..], 2)
     );
-    // The other shard's row, the same key, still comes from the cache.
+    assert_eq!(cache.hits_misses(), (0, 1));
+    // The first worker's entry goes when it closes; the other shard's stays, and its
+    // claim (the same key) is built from it.
+    assert_eq!(cache.len(), 2);
+    first.close().await;
+    assert_eq!(cache.len(), 1);
     let theirs = other_shard.claim(&[1], NOW + 1, 7).await.unwrap();
     assert_eq!(
         (theirs[0].id.shard, theirs[0].metadata.as_slice()),
         (1, &b"m"[..])
     );
-    assert_eq!(cache.hits_misses().0, 1);
-    for s in [&first, &again, &other_shard] {
+    assert_eq!(cache.hits_misses(), (1, 1));
+    assert!(cache.is_empty());
+    for s in [&again, &other_shard] {
         s.close().await;
     }
+}
+
+/// A deferred row that comes due (its timer moved, nothing else) keeps its entry; any
+/// other change drops it (a TTL's delete here), and a claim of a row gone is no item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_timer_move_keeps_a_cached_row() {
+    let db = TestDb::mysql(1);
+    let cache = PayloadCache::new(64 << 20);
+    let s = Cached::new(MySqlStore::new(0, &db.url(0), 4).unwrap(), 0, cache.clone());
+    s.open().await.unwrap();
+    let rows = vec![
+        (1, new_item("d", "t", 1, NOW + 1_000)),
+        (2, new_item("d", "t", 1, NOW - 10)),
+    ];
+    s.insert(&rows, Some(3), &Handoff::NONE, NOW).await.unwrap();
+    let due = Change::Timer {
+        key: 1,
+        at_ms: None,
+    };
+    s.apply(&[due, Change::Delete { key: 2 }], NOW + 1_000)
+        .await
+        .unwrap();
+    assert_eq!(cache.len(), 1);
+    let got = s.claim(&[1], NOW + 1_001, 4).await.unwrap();
+    assert_eq!((got.len(), got[0].deliver_after_ms), (1, NOW + 1_000));
+    assert!(s.claim(&[2], NOW + 1_001, 5).await.unwrap().is_empty());
+    assert_eq!(cache.hits_misses(), (1, 1));
+    s.close().await;
 }

@@ -196,7 +196,7 @@ impl Default for EngineConfig {
             prefetch_items_max: 1000,
             prefetch_stage_max_ms: 1000,
             prefetch_tick_ms: 10,
-            payload_cache_bytes_max: 64 << 20,
+            payload_cache_bytes_max: 16 << 20,
         }
     }
 }

@@ -12,13 +12,17 @@
 //!
 //! An entry is only ever the row as inserted, never claimed: it is dropped on the row's
 //! first claim (used or not), and on any other change or deletion of the row, before the
-//! change runs (so also when its outcome is unknown). A row that was leased, nacked with
-//! new metadata, touched, expired or dead-lettered is therefore always read from storage.
-//! The shard's entries are dropped when it opens and when it closes: another host may
-//! have owned it in between. Rows handed over at insert (already leased) are not kept.
-//! Over budget, the oldest entries go first.
+//! change runs (so also when its outcome is unknown); a move on the timer index alone
+//! (`Change::Timer`, a deferred item coming due) changes nothing a claim returns and
+//! keeps it. A row that was leased, nacked with new metadata, touched, expired or
+//! dead-lettered is therefore always read from storage. Entries belong to one [`Cached`]
+//! store, that is one worker's life on the shard: a worker that opens the shard later
+//! (after another host owned it, or beside an old worker that has not stopped yet) never
+//! sees them, and a store drops its own when it opens and closes. Rows handed over at
+//! insert (already leased) are not kept. Over budget, the oldest entries go first.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
@@ -46,10 +50,13 @@ pub struct PayloadCache {
     held: Gauge,
 }
 
+/// The [`Cached`] store an entry belongs to (each gets its own).
+type Owner = u64;
+
 struct Entries {
     /// Row → its sequence number. Small (no contents), and sized for the budget at the
     /// start: a map that grew by doubling would copy itself into fresh memory each time.
-    rows: FxHashMap<(ShardId, u64), u64>,
+    rows: FxHashMap<(Owner, u64), u64>,
     /// Sequence number (insertion order) → the row's entry, the oldest first. A B-tree
     /// grows a node at a time.
     order: BTreeMap<u64, Entry>,
@@ -58,7 +65,7 @@ struct Entries {
 }
 
 struct Entry {
-    at: (ShardId, u64),
+    at: (Owner, u64),
     bytes: usize,
     row: Row,
 }
@@ -136,19 +143,16 @@ fn cost(item: &NewItem) -> usize {
 const ROWS_PRESIZED_MAX: usize = 1 << 20;
 
 impl Entries {
-    fn new(bytes_max: usize) -> Entries {
+    fn new() -> Entries {
         Entries {
-            rows: FxHashMap::with_capacity_and_hasher(
-                (bytes_max / ENTRY_OVERHEAD_BYTES).min(ROWS_PRESIZED_MAX),
-                Default::default(),
-            ),
+            rows: FxHashMap::default(),
             order: BTreeMap::new(),
             bytes: 0,
             next_seq: 0,
         }
     }
 
-    fn remove(&mut self, at: (ShardId, u64)) -> Option<Row> {
+    fn remove(&mut self, at: (Owner, u64)) -> Option<Row> {
         let seq = self.rows.remove(&at)?;
         let e = self.order.remove(&seq)?;
         self.bytes -= e.bytes;
@@ -177,7 +181,7 @@ impl PayloadCache {
     ) -> Arc<PayloadCache> {
         Arc::new(PayloadCache {
             bytes_max,
-            entries: Mutex::new(Entries::new(bytes_max)),
+            entries: Mutex::new(Entries::new()),
             hits,
             misses,
             held,
@@ -190,7 +194,7 @@ impl PayloadCache {
 
     /// Keeps these rows (inserted ready), evicting the oldest entries to stay within the
     /// budget. A row larger than the whole budget is not kept.
-    fn put<'a>(&self, shard: ShardId, rows: impl Iterator<Item = (u64, &'a NewItem)>) {
+    fn put<'a>(&self, owner: Owner, rows: impl Iterator<Item = (u64, &'a NewItem)>) {
         if self.bytes_max == 0 {
             return;
         }
@@ -202,8 +206,14 @@ impl PayloadCache {
             })
             .collect();
         let mut e = self.lock();
+        if e.rows.capacity() == 0 {
+            // Sized at the first row kept, not before: a host whose stores keep nothing
+            // (SQLite's) holds no map.
+            e.rows
+                .reserve((self.bytes_max / ENTRY_OVERHEAD_BYTES).min(ROWS_PRESIZED_MAX));
+        }
         for (key, bytes, row) in fresh {
-            e.remove((shard, key));
+            e.remove((owner, key));
             while e.bytes + bytes > self.bytes_max {
                 let Some((_, oldest)) = e.order.pop_first() else {
                     break;
@@ -213,8 +223,8 @@ impl PayloadCache {
             }
             let seq = e.next_seq;
             e.next_seq += 1;
-            e.rows.insert((shard, key), seq);
-            let at = (shard, key);
+            e.rows.insert((owner, key), seq);
+            let at = (owner, key);
             e.order.insert(seq, Entry { at, bytes, row });
             e.bytes += bytes;
         }
@@ -222,38 +232,35 @@ impl PayloadCache {
     }
 
     /// Removes these rows' entries and returns those there were.
-    fn take(&self, shard: ShardId, keys: &[u64]) -> Vec<(u64, Row)> {
+    fn take(&self, owner: Owner, keys: &[u64]) -> Vec<(u64, Row)> {
         let mut e = self.lock();
-        let found: Vec<(u64, Row)> = keys
+        let found = keys
             .iter()
-            .filter_map(|k| e.remove((shard, *k)).map(|i| (*k, i)))
+            .filter_map(|k| e.remove((owner, *k)).map(|i| (*k, i)))
             .collect();
         self.held.set(e.bytes as i64);
-        drop(e);
-        self.hits.inc_by(found.len() as u64);
-        self.misses.inc_by((keys.len() - found.len()) as u64);
         found
     }
 
     /// Drops these rows' entries.
-    fn forget(&self, shard: ShardId, keys: impl Iterator<Item = u64>) {
+    fn forget(&self, owner: Owner, keys: impl Iterator<Item = u64>) {
         let mut e = self.lock();
         if e.rows.is_empty() {
             return;
         }
         for k in keys {
-            e.remove((shard, k));
+            e.remove((owner, k));
         }
         self.held.set(e.bytes as i64);
     }
 
-    /// Drops every entry of the shard.
-    fn forget_shard(&self, shard: ShardId) {
+    /// Drops every entry of one store.
+    fn forget_owner(&self, owner: Owner) {
         let mut e = self.lock();
-        let keys: Vec<(ShardId, u64)> = e
+        let keys: Vec<(Owner, u64)> = e
             .rows
             .keys()
-            .filter(|(s, _)| *s == shard)
+            .filter(|(o, _)| *o == owner)
             .copied()
             .collect();
         for at in keys {
@@ -276,7 +283,8 @@ impl PayloadCache {
         self.len() == 0
     }
 
-    /// Claimed rows found here, and not, since the start.
+    /// Claimed rows built from an entry here, and claimed rows read back from storage,
+    /// since the start (claims of stores that keep nothing are not counted).
     pub fn hits_misses(&self) -> (u64, u64) {
         (self.hits.get(), self.misses.get())
     }
@@ -286,6 +294,7 @@ impl PayloadCache {
 pub struct Cached<S> {
     inner: S,
     shard: ShardId,
+    owner: Owner,
     /// None when the store's claim reads its rows anyway, or the budget is 0.
     cache: Option<Arc<PayloadCache>>,
 }
@@ -293,16 +302,18 @@ pub struct Cached<S> {
 impl<S: ShardStore> Cached<S> {
     pub fn new(inner: S, shard: ShardId, cache: Arc<PayloadCache>) -> Cached<S> {
         let cache = (cache.bytes_max > 0 && inner.claim_reads_apart()).then_some(cache);
+        static OWNERS: AtomicU64 = AtomicU64::new(1);
         Cached {
             inner,
             shard,
+            owner: OWNERS.fetch_add(1, Ordering::Relaxed),
             cache,
         }
     }
 
     fn forget(&self, keys: impl Iterator<Item = u64>) {
         if let Some(c) = &self.cache {
-            c.forget(self.shard, keys);
+            c.forget(self.owner, keys);
         }
     }
 }
@@ -349,14 +360,14 @@ impl<S: ShardStore> ShardStore for Cached<S> {
 
     async fn open(&self) -> StoreResult<Recovered> {
         if let Some(c) = &self.cache {
-            c.forget_shard(self.shard);
+            c.forget_owner(self.owner);
         }
         self.inner.open().await
     }
 
     async fn close(&self) {
         if let Some(c) = &self.cache {
-            c.forget_shard(self.shard);
+            c.forget_owner(self.owner);
         }
         self.inner.close().await
     }
@@ -373,7 +384,7 @@ impl<S: ShardStore> ShardStore for Cached<S> {
             .await?;
         if let Some(c) = &self.cache {
             c.put(
-                self.shard,
+                self.owner,
                 rows.iter()
                     .filter(|(k, _)| !handoff.holds(*k))
                     .map(|(k, it)| (*k, it)),
@@ -386,8 +397,9 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         let Some(c) = &self.cache else {
             return self.inner.claim(keys, now_ms, token).await;
         };
-        let mut cached = c.take(self.shard, keys);
+        let mut cached = c.take(self.owner, keys);
         if cached.is_empty() {
+            c.misses.inc_by(keys.len() as u64);
             return self.inner.claim(keys, now_ms, token).await;
         }
         cached.sort_unstable_by_key(|(k, _)| *k);
@@ -395,6 +407,8 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         let Claimed { mut items, known } =
             self.inner.claim_known(keys, &known, now_ms, token).await?;
         let cached: HashMap<u64, Row> = cached.into_iter().collect();
+        c.hits.inc_by(known.len() as u64);
+        c.misses.inc_by((keys.len() - known.len()) as u64);
         for key in known {
             if let Some(row) = cached.get(&key) {
                 let id = ItemId {
@@ -413,7 +427,13 @@ impl<S: ShardStore> ShardStore for Cached<S> {
     }
 
     async fn apply(&self, changes: &[Change], now_ms: i64) -> StoreResult<()> {
-        self.forget(changes.iter().map(change_key));
+        // A timer move changes nothing a claim returns (the row's next event is not part
+        // of an item): a deferred row that came due keeps its entry.
+        let changed = changes
+            .iter()
+            .filter(|c| !matches!(c, Change::Timer { .. }))
+            .map(change_key);
+        self.forget(changed);
         self.inner.apply(changes, now_ms).await
     }
 
