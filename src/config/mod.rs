@@ -172,7 +172,8 @@ pub struct EngineConfig {
     /// How often busy topics are restocked and aged staged items released.
     pub prefetch_tick_ms: u64,
     /// Memory for the rows this host's shards inserted recently, so that their first
-    /// claim need not read them back (MySQL; 0 keeps none). The oldest go first.
+    /// claim need not read them back (MySQL; 0, the default, keeps none). The oldest go
+    /// first.
     pub payload_cache_bytes_max: usize,
 }
 
@@ -196,7 +197,7 @@ impl Default for EngineConfig {
             prefetch_items_max: 1000,
             prefetch_stage_max_ms: 1000,
             prefetch_tick_ms: 10,
-            payload_cache_bytes_max: 16 << 20,
+            payload_cache_bytes_max: 0,
         }
     }
 }

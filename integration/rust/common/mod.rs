@@ -273,7 +273,14 @@ impl TestServer {
         } else {
             format!("{FAST_ENGINE}{extra}")
         };
-        let cfg = Config::from_toml(&config_toml(&db, server_extra, &extra)).expect("test config");
+        let mut cfg =
+            Config::from_toml(&config_toml(&db, server_extra, &extra)).expect("test config");
+        // The payload cache is off by default; tests run foqsd with it on (MySQL's claims go
+        // through it, SQLite keeps nothing), so that every suite over a foqsd exercises it,
+        // unless a test sets it.
+        if !extra.contains("payload_cache_bytes_max") {
+            cfg.engine.payload_cache_bytes_max = 16 << 20;
+        }
         let running = foqs::daemon::start(&cfg, clock)
             .await
             .expect("foqsd starts");
