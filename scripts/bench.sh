@@ -96,7 +96,7 @@ if [ "$mode" = latency ]; then
   done
   for t in "${targets[@]}"; do
     IFS=: read -r backend binary label <<<"$t"
-    setting=${FOQS_BENCH_ENGINE:-}
+    setting=""
     [ "${label%-before}" != "$label" ] && setting=$before_setting
     fresh_foqsd "$backend" "$binary" "$setting"
     peak=$(bench --phases mixed --batch 1 --items 20000 --producers 4 --consumers 4 |

@@ -21,7 +21,7 @@
 //! sees them, and a store drops its own when it opens and closes. Rows handed over at
 //! insert (already leased) are not kept. Over budget, the oldest entries go first.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -53,6 +53,7 @@ pub struct PayloadCache {
 /// The [`Cached`] store an entry belongs to (each gets its own).
 type Owner = u64;
 
+#[derive(Default)]
 struct Entries {
     /// Row → its sequence number. Small (no contents), and sized for the budget at the
     /// start: a map that grew by doubling would copy itself into fresh memory each time.
@@ -143,15 +144,6 @@ fn cost(item: &NewItem) -> usize {
 const ROWS_PRESIZED_MAX: usize = 1 << 20;
 
 impl Entries {
-    fn new() -> Entries {
-        Entries {
-            rows: FxHashMap::default(),
-            order: BTreeMap::new(),
-            bytes: 0,
-            next_seq: 0,
-        }
-    }
-
     fn remove(&mut self, at: (Owner, u64)) -> Option<Row> {
         let seq = self.rows.remove(&at)?;
         let e = self.order.remove(&seq)?;
@@ -181,7 +173,7 @@ impl PayloadCache {
     ) -> Arc<PayloadCache> {
         Arc::new(PayloadCache {
             bytes_max,
-            entries: Mutex::new(Entries::new()),
+            entries: Mutex::default(),
             hits,
             misses,
             held,
@@ -318,19 +310,6 @@ impl<S: ShardStore> Cached<S> {
     }
 }
 
-/// The key a change is to.
-fn change_key(c: &Change) -> u64 {
-    match c {
-        Change::Ready { key, .. }
-        | Change::Dead { key, .. }
-        | Change::Revive { key }
-        | Change::Delete { key }
-        | Change::Extend { key, .. }
-        | Change::Timer { key, .. }
-        | Change::Release { key, .. } => *key,
-    }
-}
-
 /// Operations that neither change rows nor claim them: passed through.
 macro_rules! passed {
     ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
@@ -404,20 +383,23 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         }
         cached.sort_unstable_by_key(|(k, _)| *k);
         let known: Vec<u64> = cached.iter().map(|(k, _)| *k).collect();
-        let Claimed { mut items, known } =
-            self.inner.claim_known(keys, &known, now_ms, token).await?;
-        let cached: HashMap<u64, Row> = cached.into_iter().collect();
-        c.hits.inc_by(known.len() as u64);
-        c.misses.inc_by((keys.len() - known.len()) as u64);
-        for key in known {
-            if let Some(row) = cached.get(&key) {
-                let id = ItemId {
-                    shard: self.shard,
-                    key,
-                };
-                items.push(row.claimed(id, now_ms, token));
-            }
+        let Claimed {
+            mut items,
+            known_leased,
+        } = self.inner.claim_known(keys, &known, now_ms, token).await?;
+        if !known_leased {
+            c.misses.inc_by(keys.len() as u64);
+            return Ok(items);
         }
+        c.hits.inc_by(cached.len() as u64);
+        c.misses.inc_by((keys.len() - cached.len()) as u64);
+        items.extend(cached.into_iter().map(|(key, row)| {
+            let id = ItemId {
+                shard: self.shard,
+                key,
+            };
+            row.claimed(id, now_ms, token)
+        }));
         Ok(items)
     }
 
@@ -432,7 +414,7 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         let changed = changes
             .iter()
             .filter(|c| !matches!(c, Change::Timer { .. }))
-            .map(change_key);
+            .map(Change::key);
         self.forget(changed);
         self.inner.apply(changes, now_ms).await
     }

@@ -140,6 +140,21 @@ pub enum Change {
     },
 }
 
+impl Change {
+    /// The row it changes.
+    pub fn key(&self) -> u64 {
+        match self {
+            Change::Ready { key, .. }
+            | Change::Dead { key, .. }
+            | Change::Revive { key }
+            | Change::Delete { key }
+            | Change::Extend { key, .. }
+            | Change::Timer { key, .. }
+            | Change::Release { key, .. } => *key,
+        }
+    }
+}
+
 /// The next thing that happens to an item by itself, by its state: a deferred item comes
 /// due, a lease ends, a TTL passes. Each row carries the earliest of those that apply
 /// (`ItemMeta::next_event_ms`), on one timer index that the background scan reads from a
@@ -187,12 +202,12 @@ impl Handoff {
     }
 }
 
-/// What [`ShardStore::claim_known`] leased: the rows it read back, and the keys of the
-/// rows it leased without reading them (the caller has their contents).
+/// What [`ShardStore::claim_known`] leased: the rows it read back, and whether it also
+/// leased every row of `known` without reading them (the caller has their contents).
 #[derive(Debug, Default)]
 pub struct Claimed {
     pub items: Vec<Item>,
-    pub known: Vec<u64>,
+    pub known_leased: bool,
 }
 
 /// What a shard's store holds at start-up.
@@ -251,9 +266,9 @@ pub trait ShardStore: Send + Sync + 'static {
 
     /// Leases as [`claim`](Self::claim) does; of the rows leased, those in `known`
     /// (sorted) need not be read back: when the store can tell that it leased every one of
-    /// `keys`, it reads only the others and returns `known`'s keys in [`Claimed::known`].
-    /// Otherwise (some key was not leased, or the store reads rows with the claim anyway)
-    /// every leased row comes back as an item.
+    /// `keys`, it reads only the others and sets [`Claimed::known_leased`]. Otherwise
+    /// (some key was not leased, or the store reads rows with the claim anyway) every
+    /// leased row comes back as an item.
     fn claim_known(
         &self,
         keys: &[u64],
@@ -265,7 +280,7 @@ pub trait ShardStore: Send + Sync + 'static {
         async move {
             Ok(Claimed {
                 items: self.claim(keys, now_ms, token).await?,
-                known: Vec::new(),
+                known_leased: false,
             })
         }
     }

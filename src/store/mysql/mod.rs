@@ -323,20 +323,19 @@ impl ShardStore for MySqlStore {
         // Each key is one row's primary key, and a claim changes every row it matches:
         // as many rows changed as keys means every key was leased, so the rows the caller
         // knows need no reading back. Fewer: which ones is only known by reading.
-        let (read, known) = if conn.affected_rows() == keys.len() as u64 {
-            let read: Vec<u64> = keys
-                .iter()
+        let known_leased = conn.affected_rows() == keys.len() as u64;
+        let read: Vec<u64> = if known_leased {
+            keys.iter()
                 .filter(|k| known.binary_search(k).is_err())
                 .copied()
-                .collect();
-            (read, known.to_vec())
+                .collect()
         } else {
-            (keys.to_vec(), Vec::new())
+            keys.to_vec()
         };
         if read.is_empty() {
             return Ok(Claimed {
                 items: Vec::new(),
-                known,
+                known_leased,
             });
         }
         let rows: Vec<mysql_async::Row> = conn
@@ -349,7 +348,10 @@ impl ShardStore for MySqlStore {
             .into_iter()
             .map(|r| self.item_from_row(r))
             .collect::<StoreResult<_>>()?;
-        Ok(Claimed { items, known })
+        Ok(Claimed {
+            items,
+            known_leased,
+        })
     }
 
     async fn fetch_ready(&self, keys: &[u64], now_ms: i64) -> StoreResult<Vec<Item>> {
