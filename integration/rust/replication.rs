@@ -86,7 +86,10 @@ struct Load {
     ledger: Arc<Mutex<Ledger>>,
     producing: Arc<AtomicBool>,
     consuming: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Stopped and joined first when the load finishes, so that an enqueue still in
+    /// flight then has its reply in the ledger before the consumers are let go.
+    producers: Vec<std::thread::JoinHandle<()>>,
+    consumers: Vec<std::thread::JoinHandle<()>>,
     failed_calls: Arc<AtomicU64>,
 }
 
@@ -96,12 +99,12 @@ impl Load {
         let producing = Arc::new(AtomicBool::new(true));
         let consuming = Arc::new(AtomicBool::new(true));
         let failed_calls = Arc::new(AtomicU64::new(0));
-        let mut threads = Vec::new();
+        let mut producers = Vec::new();
         for p in 0..2 {
             let (ledger, producing, failed) =
                 (ledger.clone(), producing.clone(), failed_calls.clone());
             let hosts = hosts.to_vec();
-            threads.push(std::thread::spawn(move || {
+            producers.push(std::thread::spawn(move || {
                 let mut seq = 0u64;
                 let mut c = None;
                 while producing.load(Ordering::SeqCst) {
@@ -159,7 +162,7 @@ impl Load {
         {
             let (ledger, producing) = (ledger.clone(), producing.clone());
             let hosts = hosts.to_vec();
-            threads.push(std::thread::spawn(move || {
+            producers.push(std::thread::spawn(move || {
                 let mut n = 0usize;
                 let mut c = None;
                 while producing.load(Ordering::SeqCst) {
@@ -183,11 +186,12 @@ impl Load {
                 }
             }));
         }
+        let mut consumers = Vec::new();
         for k in 0..2 {
             let (ledger, consuming, failed) =
                 (ledger.clone(), consuming.clone(), failed_calls.clone());
             let hosts = hosts.to_vec();
-            threads.push(std::thread::spawn(move || {
+            consumers.push(std::thread::spawn(move || {
                 let mut n = 0usize;
                 let mut c = None;
                 while consuming.load(Ordering::SeqCst) {
@@ -296,7 +300,8 @@ impl Load {
             ledger,
             producing,
             consuming,
-            threads,
+            producers,
+            consumers,
             failed_calls,
         }
     }
@@ -328,6 +333,11 @@ impl Load {
     /// stops; returns how many acknowledged items were never acked.
     fn finish(mut self, within: Duration) -> (Ledger, u64) {
         self.producing.store(false, Ordering::SeqCst);
+        // An enqueue in flight now may still land; its reply must be in the ledger
+        // before "every acknowledged item was acked" can be judged.
+        for t in self.producers.drain(..) {
+            t.join().unwrap();
+        }
         let end = Instant::now() + within;
         loop {
             // Done when every acknowledged item was acked, but for those in a failed ack
@@ -355,7 +365,7 @@ impl Load {
             std::thread::sleep(Duration::from_millis(200));
         }
         self.consuming.store(false, Ordering::SeqCst);
-        for t in self.threads.drain(..) {
+        for t in self.consumers.drain(..) {
             t.join().unwrap();
         }
         let l = Arc::try_unwrap(self.ledger)
