@@ -40,7 +40,7 @@ rm -rf "$dir" && mkdir -p "$dir"
 mysql_config="$dir/mysql.toml"
 sqlite_config="$dir/sqlite.toml"
 foqs_config_for_mysql "$mysql_config" foqs_bench_claim_
-sed -e "s#sqlite://../.run/data/#sqlite://$dir/#" conf/foqsd.toml >"$sqlite_config"
+foqs_config_for_sqlite "$sqlite_config" "$dir"
 sql() { "$client" -h"${hostport%:*}" -P"${hostport##*:}" -uroot "$@"; }
 drop_dbs() { for s in 0 1 2 3; do sql -e "DROP DATABASE IF EXISTS foqs_bench_claim_$s"; done; }
 cleanup() { drop_dbs; foqs_mysql_stop; }

@@ -50,7 +50,7 @@ trap cleanup EXIT
 
 sqlite_dir="$FOQS_RUN/bench-sqlite"
 sqlite_config="$FOQS_RUN/bench-sqlite.toml"
-sed -e "s#sqlite://../.run/data/#sqlite://$sqlite_dir/#" conf/foqsd.toml >"$sqlite_config"
+foqs_config_for_sqlite "$sqlite_config" "$sqlite_dir"
 
 # with_setting CONFIG "KEY = VALUE": the path of CONFIG with that line in place of its
 # own KEY line (CONFIG itself when the setting is empty).
@@ -75,10 +75,16 @@ fresh_foqsd() {
   rm -rf "$sqlite_dir"
   [ "$backend" = sqlite ] && cfg=$sqlite_config
   cfg=$(with_setting "$cfg" "$setting")
-  RUST_LOG=warn "$binary" --config "$cfg" --listen "$listen" >/dev/null 2>&1 &
+  RUST_LOG=warn "$binary" --config "$cfg" --listen "$listen" >"$FOQS_RUN/bench-foqsd.log" 2>&1 &
   foqsd_pid=$!
-  for _ in $(seq 1 300); do foqs_port_open 127.0.0.1 "${listen##*:}" && return 0; sleep 0.2; done
-  foqs_log "foqsd did not start"; return 1
+  for _ in $(seq 1 300); do
+    foqs_port_open 127.0.0.1 "${listen##*:}" && return 0
+    kill -0 "$foqsd_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  foqs_log "foqsd did not start ($binary --config $cfg); the end of its log:"
+  tail -n 20 "$FOQS_RUN/bench-foqsd.log" >&2
+  return 1
 }
 
 bench() { ./target/release/foqs-bench --host "$listen" "$@"; }

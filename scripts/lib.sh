@@ -182,6 +182,17 @@ foqs_etcd_stop() {
   fi
 }
 
+# Writes a copy of conf/foqsd.toml to $1 with its SQLite files in folder $2 and without its
+# web console: the console's port is fixed in that file, so a foqsd started from it (the
+# README's first command) would keep this one from starting.
+foqs_config_for_sqlite() {
+  local out=$1 dir=$2
+  sed -e "s#sqlite://../.run/data/#sqlite://$dir/#" \
+    -e '/^\[console\]/,/^\[/ s/^listen = .*/# listen: none (foqs_config_for_sqlite)/' \
+    "$FOQS_ROOT/conf/foqsd.toml" >"$out"
+  grep -q "sqlite://$dir/" "$out" || { foqs_log "conf/foqsd.toml has no SQLite shards"; return 1; }
+}
+
 # Writes a copy of conf/mysql.toml (or $3) pointing at $FOQS_MYSQL_URL's server to $1, with the
 # shard databases renamed by prefix $2 (default foqs_shard_).
 foqs_config_for_mysql() {

@@ -56,8 +56,7 @@ port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0
 py_config=$(mktemp "$FOQS_RUN/foqsd-py-XXXX.toml")
 py_data=$(mktemp -d "$FOQS_RUN/data-py-XXXX")
 prefix="foqs_py_$$_"
-sed -e "s#sqlite://../.run/data/#sqlite://$py_data/#" conf/foqsd.toml >"$py_config"
-grep -q "sqlite://$py_data/" "$py_config" || { foqs_log "conf/foqsd.toml has no SQLite shards"; exit 1; }
+foqs_config_for_sqlite "$py_config" "$py_data"
 # Its metrics listener, so the client suites can see which transport foqsd served.
 metrics_port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "$metrics_port" >>"$py_config"
