@@ -75,15 +75,14 @@ fresh_foqsd() {
   rm -rf "$sqlite_dir"
   [ "$backend" = sqlite ] && cfg=$sqlite_config
   cfg=$(with_setting "$cfg" "$setting")
-  RUST_LOG=warn "$binary" --config "$cfg" --listen "$listen" >"$FOQS_RUN/bench-foqsd.log" 2>&1 &
-  foqsd_pid=$!
-  for _ in $(seq 1 300); do
-    foqs_port_open 127.0.0.1 "${listen##*:}" && return 0
-    kill -0 "$foqsd_pid" 2>/dev/null || break
-    sleep 0.2
-  done
-  foqs_log "foqsd did not start ($binary --config $cfg); the end of its log:"
-  tail -n 20 "$FOQS_RUN/bench-foqsd.log" >&2
+  # Waits for this foqsd's own "listening" line, not for the port: a leftover foqsd on
+  # the port would otherwise be measured in its place.
+  local log="$FOQS_RUN/bench-foqsd.log" started=0
+  foqs_foqsd_start "$binary" "$cfg" "$listen" "$log" && started=1
+  foqsd_pid=$FOQS_FOQSD_PID
+  [ "$started" = 1 ] && return 0
+  foqs_log "($binary --config $cfg) the end of its log, without backtrace frames:"
+  grep -v -e '^ *[0-9]*: ' -e '^ *at ' "$log" | tail -n 20 >&2
   return 1
 }
 
