@@ -45,7 +45,8 @@ foqs_wait_port() {
 # Starts foqsd ($1: binary, $2: config, $3: listen address; its log in $4) in the
 # background and waits until every shard is open: its port is bound before they are
 # (opening a shard reads its counts), so it waits for the "foqsd listening" log line.
-# Sets FOQS_FOQSD_PID; false, with a log line, if foqsd exits or is not up in 10 min.
+# Sets FOQS_FOQSD_PID; false, with a log line and the end of foqsd's log (backtrace frames
+# left out: they would fill it), if foqsd exits or is not up in 10 min.
 foqs_foqsd_start() {
   RUST_LOG=warn,foqs::daemon=info "$1" --config "$2" --listen "$3" >"$4" 2>&1 &
   FOQS_FOQSD_PID=$!
@@ -55,7 +56,8 @@ foqs_foqsd_start() {
     kill -0 "$FOQS_FOQSD_PID" 2>/dev/null || break
     sleep 0.2
   done
-  foqs_log "foqsd did not start; see $4"
+  foqs_log "foqsd did not start ($1 --config $2); the end of $4:"
+  grep -v -e '^ *[0-9]*: ' -e '^ *at ' "$4" | tail -n 20 >&2 || true
   return 1
 }
 
