@@ -22,7 +22,7 @@
 //! insert (already leased) are not kept. Over budget, the oldest entries go first.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
@@ -140,6 +140,9 @@ fn cost(item: &NewItem) -> usize {
         + item.topic.len()
 }
 
+/// Entries [`PayloadCache::forget_owner`] looks at per hold of the lock.
+const FORGET_CHUNK: usize = 1024;
+
 /// Most rows the map of a cache is sized for at the start.
 const ROWS_PRESIZED_MAX: usize = 1 << 20;
 
@@ -246,19 +249,31 @@ impl PayloadCache {
         self.held.set(e.bytes as i64);
     }
 
-    /// Drops every entry of one store.
+    /// Drops every entry of one store. The entries are walked oldest first, a chunk per
+    /// hold of the lock, so the other shards' workers (which share it) wait for one chunk,
+    /// not for a walk of the whole budget (a million entries at the most). The store adds
+    /// no entry meanwhile: it is opening or closing.
     fn forget_owner(&self, owner: Owner) {
-        let mut e = self.lock();
-        let keys: Vec<(Owner, u64)> = e
-            .rows
-            .keys()
-            .filter(|(o, _)| *o == owner)
-            .copied()
-            .collect();
-        for at in keys {
-            e.remove(at);
+        let mut from = 0;
+        loop {
+            let mut e = self.lock();
+            let chunk: Vec<(u64, (Owner, u64))> = e
+                .order
+                .range(from..)
+                .take(FORGET_CHUNK)
+                .map(|(seq, entry)| (*seq, entry.at))
+                .collect();
+            let Some(&(last, _)) = chunk.last() else {
+                break;
+            };
+            for (_, at) in chunk {
+                if at.0 == owner {
+                    e.remove(at);
+                }
+            }
+            self.held.set(e.bytes as i64);
+            from = last + 1;
         }
-        self.held.set(e.bytes as i64);
     }
 
     /// Bytes held now (never above the budget).
@@ -289,6 +304,10 @@ pub struct Cached<S> {
     owner: Owner,
     /// None when the store's claim reads its rows anyway, or the budget is 0.
     cache: Option<Arc<PayloadCache>>,
+    /// Whether this store may have entries in the cache: set when it keeps rows, cleared
+    /// when it drops them, so that an open (a new store keeps nothing yet) or a close of a
+    /// store that kept nothing does not walk the cache.
+    kept: AtomicBool,
 }
 
 impl<S: ShardStore> Cached<S> {
@@ -300,6 +319,16 @@ impl<S: ShardStore> Cached<S> {
             shard,
             owner: OWNERS.fetch_add(1, Ordering::Relaxed),
             cache,
+            kept: AtomicBool::new(false),
+        }
+    }
+
+    /// Drops this store's entries, if it may have any.
+    fn forget_all(&self) {
+        if let Some(c) = &self.cache {
+            if self.kept.swap(false, Ordering::Relaxed) {
+                c.forget_owner(self.owner);
+            }
         }
     }
 
@@ -338,16 +367,12 @@ impl<S: ShardStore> ShardStore for Cached<S> {
     }
 
     async fn open(&self) -> StoreResult<Recovered> {
-        if let Some(c) = &self.cache {
-            c.forget_owner(self.owner);
-        }
+        self.forget_all();
         self.inner.open().await
     }
 
     async fn close(&self) {
-        if let Some(c) = &self.cache {
-            c.forget_owner(self.owner);
-        }
+        self.forget_all();
         self.inner.close().await
     }
 
@@ -362,6 +387,7 @@ impl<S: ShardStore> ShardStore for Cached<S> {
             .insert(rows, key_high_water, handoff, now_ms)
             .await?;
         if let Some(c) = &self.cache {
+            self.kept.store(true, Ordering::Relaxed);
             c.put(
                 self.owner,
                 rows.iter()
@@ -421,5 +447,59 @@ impl<S: ShardStore> ShardStore for Cached<S> {
 
     fn runs_in_order(&self) -> bool {
         self.inner.runs_in_order()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(payload_len: usize) -> NewItem {
+        NewItem {
+            ns: "n".into(),
+            topic: "t".into(),
+            priority: 1,
+            payload: vec![1; payload_len],
+            metadata: Vec::new(),
+            deliver_after_ms: 0,
+            enqueued_at_ms: 0,
+            lease_ms: 1_000,
+            expires_at_ms: None,
+            policy: Policy::AtLeastOnce,
+            max_attempts: 0,
+            dedup_key: None,
+        }
+    }
+
+    /// Dropping one store's entries (more than a chunk of them, interleaved with two other
+    /// stores' and with gaps from evictions) leaves the others' entries and bytes exact.
+    #[test]
+    fn forget_owner_drops_one_stores_entries_and_no_others() {
+        let rows = 3 * FORGET_CHUNK as u64 + 100;
+        let each = cost(&item(10));
+        // Room for all but the first 50 rows of each store: evictions leave a gap.
+        let cache = PayloadCache::new(each * (3 * rows as usize - 150));
+        let it = item(10);
+        for key in 0..rows {
+            for owner in [1, 2, 3] {
+                cache.put(owner, std::iter::once((key, &it)));
+            }
+        }
+        assert_eq!(cache.len(), 3 * rows as usize - 150);
+        cache.forget_owner(2);
+        assert_eq!(cache.len(), 2 * (rows as usize - 50));
+        assert_eq!(cache.bytes(), each * cache.len());
+        let keys: Vec<u64> = (0..rows).collect();
+        assert!(cache.take(2, &keys).is_empty());
+        for owner in [1, 3] {
+            let got: Vec<u64> = cache
+                .take(owner, &keys)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            assert_eq!(got, (50..rows).collect::<Vec<_>>(), "store {owner}");
+        }
+        assert!(cache.is_empty());
+        assert_eq!(cache.bytes(), 0);
     }
 }
