@@ -17,11 +17,22 @@ use foqs::config::Config;
 use foqs::thrift_gen::*;
 use foqs::tls::{client_config, ClientTlsFiles};
 
-/// Throwaway certificates from `scripts/certs.sh`, one directory per test binary run.
+/// Throwaway certificates from `scripts/certs.sh`, one directory per test binary run,
+/// under cargo's scratch folder for tests (`target/tmp`). Nothing is left to remove them
+/// at the end of a run (a static), so each run removes those of earlier runs that ended.
 fn certs() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("foqs-certs-{}", std::process::id()));
+        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for old in std::fs::read_dir(scratch).into_iter().flatten().flatten() {
+            let name = old.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("access-certs-") {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(old.path());
+                }
+            }
+        }
+        let dir = scratch.join(format!("access-certs-{}", std::process::id()));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/certs.sh");
         let ok = Command::new("bash")
             .arg(script)

@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,16 +28,20 @@ fn run_dir() -> PathBuf {
     d
 }
 
-/// A chromedriver of its own on a free port, killed when dropped.
+/// A chromedriver of its own on a free port, killed when dropped, with the temporary
+/// files of it and its browsers (Chromium leaves a singleton-socket folder behind in its
+/// TMPDIR) in a folder of its own, removed when dropped.
 struct Driver {
     child: Child,
     url: String,
+    tmp: PathBuf,
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.tmp);
     }
 }
 
@@ -58,8 +62,11 @@ fn chromedriver() -> Driver {
              Debian's chromium and chromium-driver",
         );
     let port = free_port();
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chromium-{port}"));
+    std::fs::create_dir_all(&tmp).unwrap();
     let child = Command::new(bin)
         .arg(format!("--port={port}"))
+        .env("TMPDIR", &tmp)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -72,6 +79,7 @@ fn chromedriver() -> Driver {
     Driver {
         child,
         url: format!("http://127.0.0.1:{port}"),
+        tmp,
     }
 }
 

@@ -52,7 +52,8 @@ fn toml(r: &Replicas, etcd: &Etcd, tag: &str) -> PathBuf {
             url(3)
         );
     }
-    let path = std::env::temp_dir().join(format!("foqs-{tag}.toml"));
+    // In the replicas' folder: removed with them.
+    let path = r.dir.join(format!("foqs-{tag}.toml"));
     std::fs::write(&path, t).unwrap();
     path
 }

@@ -194,6 +194,7 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(config_dir(self));
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
             return;
@@ -233,9 +234,14 @@ pub fn config_toml(db: &TestDb, server_extra: &str, extra: &str) -> String {
     )
 }
 
-/// Writes `toml` to a config file of its own (named after the test's first database).
+/// The folder of `db`'s config files: named after its first database, removed with it.
+fn config_dir(db: &TestDb) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("foqs-{}-{}", std::process::id(), db.names[0]))
+}
+
+/// Writes `toml` to a config file of its own (in [`config_dir`]).
 pub fn write_config(db: &TestDb, toml: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("foqs-{}-{}", std::process::id(), db.names[0]));
+    let dir = config_dir(db);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("foqsd.toml");
     std::fs::write(&path, toml).unwrap();
