@@ -13,7 +13,8 @@ foqs_cargo_check
 mkdir -p "$FOQS_RUN"
 # The test build needs about 6 GB under target/ (Cargo.toml's [profile.dev] says why it is
 # no more). A full disk shows up as a linker error deep in cargo's output: say it first.
-free_kb=$(df -Pk "$FOQS_ROOT" | awk 'NR==2 {print $4}')
+free_kb=$(df -Pk "${CARGO_TARGET_DIR:-$FOQS_ROOT}" 2>/dev/null | awk 'NR==2 {print $4}') || true
+free_kb=${free_kb:-0}
 foqs_log "disk: $((free_kb / 1024 / 1024)) GB free where target/ is built"
 [ "$free_kb" -ge $((6 * 1024 * 1024)) ] ||
   foqs_log "warning: less than 6 GB free; the build may fail with 'No space left on device'"

@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -62,7 +62,9 @@ fn chromedriver() -> Driver {
              Debian's chromium and chromium-driver",
         );
     let port = free_port();
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chromium-{port}"));
+    // Short, under /tmp: Chromium's singleton socket lives below it, and a Unix socket's
+    // path is at most 107 bytes.
+    let tmp = std::env::temp_dir().join(format!("foqs-chromium-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let child = Command::new(bin)
         .arg(format!("--port={port}"))

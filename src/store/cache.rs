@@ -18,7 +18,7 @@
 //! dead-lettered is therefore always read from storage. Entries belong to one [`Cached`]
 //! store, that is one worker's life on the shard: a worker that opens the shard later
 //! (after another host owned it, or beside an old worker that has not stopped yet) never
-//! sees them, and a store drops its own when it opens and closes. Rows handed over at
+//! sees them, and a store drops its own when it closes (at an open it has none). Rows handed over at
 //! insert (already leased) are not kept. Over budget, the oldest entries go first.
 
 use std::collections::BTreeMap;
@@ -252,7 +252,9 @@ impl PayloadCache {
     /// Drops every entry of one store. The entries are walked oldest first, a chunk per
     /// hold of the lock, so the other shards' workers (which share it) wait for one chunk,
     /// not for a walk of the whole budget (a million entries at the most). The store adds
-    /// no entry meanwhile: it is opening or closing.
+    /// no entry meanwhile (it is opening or closing), but should one land (a late commit
+    /// of the `faults` feature), it is newer than every entry seen and the walk, which runs
+    /// to the end, sees it too.
     fn forget_owner(&self, owner: Owner) {
         let mut from = 0;
         loop {
@@ -472,13 +474,20 @@ mod tests {
     }
 
     /// Dropping one store's entries (more than a chunk of them, interleaved with two other
-    /// stores' and with gaps from evictions) leaves the others' entries and bytes exact.
+    /// stores', after a gap from evictions and one longer than a chunk from claims) leaves
+    /// the others' entries, bytes and gauge exact.
     #[test]
     fn forget_owner_drops_one_stores_entries_and_no_others() {
         let rows = 3 * FORGET_CHUNK as u64 + 100;
         let each = cost(&item(10));
         // Room for all but the first 50 rows of each store: evictions leave a gap.
-        let cache = PayloadCache::new(each * (3 * rows as usize - 150));
+        let held = Gauge::default();
+        let cache = PayloadCache::counted(
+            each * (3 * rows as usize - 150),
+            Counter::default(),
+            Counter::default(),
+            held.clone(),
+        );
         let it = item(10);
         for key in 0..rows {
             for owner in [1, 2, 3] {
@@ -486,9 +495,16 @@ mod tests {
             }
         }
         assert_eq!(cache.len(), 3 * rows as usize - 150);
+        // A gap longer than a chunk in the middle: every store's rows 1000..1500 claimed.
+        let gap: Vec<u64> = (1000..1500).collect();
+        for owner in [1, 2, 3] {
+            assert_eq!(cache.take(owner, &gap).len(), gap.len());
+        }
         cache.forget_owner(2);
-        assert_eq!(cache.len(), 2 * (rows as usize - 50));
+        let kept: Vec<u64> = (50..1000).chain(1500..rows).collect();
+        assert_eq!(cache.len(), 2 * kept.len());
         assert_eq!(cache.bytes(), each * cache.len());
+        assert_eq!(held.get(), cache.bytes() as i64);
         let keys: Vec<u64> = (0..rows).collect();
         assert!(cache.take(2, &keys).is_empty());
         for owner in [1, 3] {
@@ -497,9 +513,9 @@ mod tests {
                 .into_iter()
                 .map(|(k, _)| k)
                 .collect();
-            assert_eq!(got, (50..rows).collect::<Vec<_>>(), "store {owner}");
+            assert_eq!(got, kept, "store {owner}");
         }
         assert!(cache.is_empty());
-        assert_eq!(cache.bytes(), 0);
+        assert_eq!((cache.bytes(), held.get()), (0, 0));
     }
 }

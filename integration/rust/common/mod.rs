@@ -194,7 +194,9 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(config_dir(self));
+        if let Some(dir) = config_dir(self) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
             return;
@@ -235,13 +237,14 @@ pub fn config_toml(db: &TestDb, server_extra: &str, extra: &str) -> String {
 }
 
 /// The folder of `db`'s config files: named after its first database, removed with it.
-fn config_dir(db: &TestDb) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("foqs-{}-{}", std::process::id(), db.names[0]))
+fn config_dir(db: &TestDb) -> Option<std::path::PathBuf> {
+    let first = db.names.first()?;
+    Some(std::env::temp_dir().join(format!("foqs-{}-{first}", std::process::id())))
 }
 
 /// Writes `toml` to a config file of its own (in [`config_dir`]).
 pub fn write_config(db: &TestDb, toml: &str) -> std::path::PathBuf {
-    let dir = config_dir(db);
+    let dir = config_dir(db).expect("a config names at least one shard");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("foqsd.toml");
     std::fs::write(&path, toml).unwrap();
