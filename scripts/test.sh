@@ -103,7 +103,10 @@ kill -TERM "$tls_pid"
 wait "$tls_pid" || { foqs_log "the TLS foqsd did not exit cleanly on SIGTERM"; exit 1; }
 tls_pid=""
 foqs_log "foqsctl pipeline (bash) against the same foqsd"
-cargo build --bins
+# target/debug/foqsctl is the test build's (`cargo test --all-targets` builds the
+# binaries, with the test features, as it built the foqsd above): a `cargo build --bins`
+# here rebuilt foqs without them, 1-2 minutes of the suite for the same client.
+[ -x target/debug/foqsctl ] || { foqs_log "target/debug/foqsctl is missing"; exit 1; }
 FOQS_HOST="127.0.0.1:$port" bash integration/shell/pipeline.sh target/debug/foqsctl
 kill -TERM "$foqsd_pid"
 wait "$foqsd_pid" || { foqs_log "foqsd did not exit cleanly on SIGTERM"; exit 1; }
