@@ -18,8 +18,9 @@
 //! dead-lettered is therefore always read from storage. Entries belong to one [`Cached`]
 //! store, that is one worker's life on the shard: a worker that opens the shard later
 //! (after another host owned it, or beside an old worker that has not stopped yet) never
-//! sees them, and a store drops its own when it closes (at an open it has none). Rows handed over at
-//! insert (already leased) are not kept. Over budget, the oldest entries go first.
+//! sees them, and a store drops its own when it closes (each worker start wraps its store
+//! in a new [`Cached`], so at an open there are none). Rows handed over at insert (already
+//! leased) are not kept. Over budget, the oldest entries go first.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -307,8 +308,8 @@ pub struct Cached<S> {
     /// None when the store's claim reads its rows anyway, or the budget is 0.
     cache: Option<Arc<PayloadCache>>,
     /// Whether this store may have entries in the cache: set when it keeps rows, cleared
-    /// when it drops them, so that an open (a new store keeps nothing yet) or a close of a
-    /// store that kept nothing does not walk the cache.
+    /// when it drops them, so that the close of a store that kept nothing does not walk
+    /// the cache.
     kept: AtomicBool,
 }
 
@@ -322,15 +323,6 @@ impl<S: ShardStore> Cached<S> {
             owner: OWNERS.fetch_add(1, Ordering::Relaxed),
             cache,
             kept: AtomicBool::new(false),
-        }
-    }
-
-    /// Drops this store's entries, if it may have any.
-    fn forget_all(&self) {
-        if let Some(c) = &self.cache {
-            if self.kept.swap(false, Ordering::Relaxed) {
-                c.forget_owner(self.owner);
-            }
         }
     }
 
@@ -366,15 +358,17 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         add_totals(deltas: &[(TopicName, Totals)]) -> ();
         state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
         ping() -> ();
-    }
-
-    async fn open(&self) -> StoreResult<Recovered> {
-        self.forget_all();
-        self.inner.open().await
+        // A new store (each worker start makes one) has kept nothing.
+        open() -> Recovered;
     }
 
     async fn close(&self) {
-        self.forget_all();
+        // This store's entries, if it kept any.
+        if let Some(c) = &self.cache {
+            if self.kept.swap(false, Ordering::Relaxed) {
+                c.forget_owner(self.owner);
+            }
+        }
         self.inner.close().await
     }
 
