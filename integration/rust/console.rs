@@ -181,7 +181,11 @@ async fn number(b: &Browser, css: &str) -> i64 {
 }
 
 async fn click(b: &Browser, css: &str) {
-    for _ in 0..5 {
+    // Retried for a while, not a few times: on a loaded machine a refresh of a 500-row
+    // page can take about as long as the refresh interval, and five clicks in a row met a
+    // replaced element.
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
         let e = b
             .wait()
             .at_most(Duration::from_secs(10))
@@ -195,7 +199,7 @@ async fn click(b: &Browser, css: &str) {
             Err(e) => panic!("click {css}: {e}"),
         }
     }
-    panic!("{css}: replaced under every click");
+    panic!("{css}: replaced under every click for 10 s");
 }
 
 async fn exists(b: &Browser, css: &str) -> bool {
