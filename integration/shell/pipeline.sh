@@ -67,11 +67,13 @@ id=$("$ctl" enqueue --ns "$ns" --topic "$topic-dlq" --payload poison)
 "$ctl" dequeue --ns "$ns" --topic "$topic-dlq" >/dev/null
 "$ctl" touch "$id" --extend-ms 60000 >/dev/null
 "$ctl" nack "$id" --to-dlq >/dev/null
-"$ctl" dlq list --ns "$ns" --topic "$topic-dlq" | grep -q "^$id" || fail "dead item not listed"
+# `grep >/dev/null`, not `grep -q`: -q exits at the first match, and under pipefail the
+# foqsctl still writing after it (EPIPE, exit 1) would fail the line.
+"$ctl" dlq list --ns "$ns" --topic "$topic-dlq" | grep "^$id" >/dev/null || fail "dead item not listed"
 [ "$("$ctl" dlq requeue-all --ns "$ns" --topic "$topic-dlq")" = "requeued 1" ] || fail "requeue-all"
-"$ctl" peek --ns "$ns" --topic "$topic-dlq" | grep -q "^$id" || fail "requeued item not ready"
-"$ctl" topics --ns "$ns" | grep -q "^$topic-dlq	ready=1" || fail "topics"
-"$ctl" stats --ns "$ns" --topic "$topic" | grep -q "^acked	20$" || fail "stats: 20 acked"
+"$ctl" peek --ns "$ns" --topic "$topic-dlq" | grep "^$id" >/dev/null || fail "requeued item not ready"
+"$ctl" topics --ns "$ns" | grep "^$topic-dlq	ready=1" >/dev/null || fail "topics"
+"$ctl" stats --ns "$ns" --topic "$topic" | grep "^acked	20$" >/dev/null || fail "stats: 20 acked"
 ok
 
 # Every --transport (and protocol) carries the same calls.
