@@ -38,7 +38,7 @@ awk '
 ' "$rs" > "$rs.pub"
 mv "$rs.pub" "$rs"
 if grep -nE '^struct Foqs|^  fn (read_from_in_protocol|write_to_out_protocol)\(' "$rs" |
-   awk -F: -v start="$(grep -n '^pub struct Foqs[A-Za-z]*Args ' "$rs" | head -1 | cut -d: -f1)" '$1 >= start' | grep -q .; then
+   awk -F: -v start="$(grep -n '^pub struct Foqs[A-Za-z]*Args ' "$rs" | head -1 | cut -d: -f1)" '$1 >= start' | grep . >/dev/null; then
   echo "gen-thrift: some generated Args/Result items are still private" >&2
   exit 1
 fi
