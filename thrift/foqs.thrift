@@ -149,6 +149,12 @@ struct AckRequest {
   // Set with forwarded_by when access rules apply: the identity of the client the
   // forwarding host acts for, checked by the host that owns the items. Clients leave it out.
   3: optional string forwarded_for,
+  // When given, as long as ids: lease_ids[i] is the Item.lease_id of the delivery that
+  // ids[i] answers (0: none named). An ack naming a lease deletes the item only while it
+  // is on that delivery's lease (else NOT_FOUND, "lease ended"). Either way, an ack
+  // repeated within engine.ack_memory_ms of the one that deleted the item answers OK
+  // again (a retry after a lost reply), unless it names another lease.
+  4: optional list<i64> lease_ids,
 }
 
 struct NackItem {

@@ -1151,6 +1151,7 @@ var AckRequest = module.exports.AckRequest = function(args) {
   this.ids = null;
   this.forwarded_by = null;
   this.forwarded_for = null;
+  this.lease_ids = null;
   if (args) {
     if (args.ids !== undefined && args.ids !== null) {
       this.ids = Thrift.copyList(args.ids, [null]);
@@ -1160,6 +1161,9 @@ var AckRequest = module.exports.AckRequest = function(args) {
     }
     if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
       this.forwarded_for = args.forwarded_for;
+    }
+    if (args.lease_ids !== undefined && args.lease_ids !== null) {
+      this.lease_ids = Thrift.copyList(args.lease_ids, [null]);
     }
   }
 };
@@ -1203,6 +1207,21 @@ AckRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.LIST) {
+        this.lease_ids = [];
+        var _rtmp325 = input.readListBegin();
+        var _size24 = _rtmp325.size || 0;
+        for (var _i26 = 0; _i26 < _size24; ++_i26) {
+          var elem27 = null;
+          elem27 = input.readI64();
+          this.lease_ids.push(elem27);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -1217,10 +1236,10 @@ AckRequest.prototype.write = function(output) {
   if (this.ids !== null && this.ids !== undefined) {
     output.writeFieldBegin('ids', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRING, this.ids.length);
-    for (var iter24 in this.ids) {
-      if (this.ids.hasOwnProperty(iter24)) {
-        iter24 = this.ids[iter24];
-        output.writeString(iter24);
+    for (var iter28 in this.ids) {
+      if (this.ids.hasOwnProperty(iter28)) {
+        iter28 = this.ids[iter28];
+        output.writeString(iter28);
       }
     }
     output.writeListEnd();
@@ -1234,6 +1253,18 @@ AckRequest.prototype.write = function(output) {
   if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
     output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 3);
     output.writeString(this.forwarded_for);
+    output.writeFieldEnd();
+  }
+  if (this.lease_ids !== null && this.lease_ids !== undefined) {
+    output.writeFieldBegin('lease_ids', Thrift.Type.LIST, 4);
+    output.writeListBegin(Thrift.Type.I64, this.lease_ids.length);
+    for (var iter29 in this.lease_ids) {
+      if (this.lease_ids.hasOwnProperty(iter29)) {
+        iter29 = this.lease_ids[iter29];
+        output.writeI64(iter29);
+      }
+    }
+    output.writeListEnd();
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -1382,13 +1413,13 @@ NackRequest.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.items = [];
-        var _rtmp326 = input.readListBegin();
-        var _size25 = _rtmp326.size || 0;
-        for (var _i27 = 0; _i27 < _size25; ++_i27) {
-          var elem28 = null;
-          elem28 = new ttypes.NackItem();
-          elem28.read(input);
-          this.items.push(elem28);
+        var _rtmp331 = input.readListBegin();
+        var _size30 = _rtmp331.size || 0;
+        for (var _i32 = 0; _i32 < _size30; ++_i32) {
+          var elem33 = null;
+          elem33 = new ttypes.NackItem();
+          elem33.read(input);
+          this.items.push(elem33);
         }
         input.readListEnd();
       } else {
@@ -1423,10 +1454,10 @@ NackRequest.prototype.write = function(output) {
   if (this.items !== null && this.items !== undefined) {
     output.writeFieldBegin('items', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.items.length);
-    for (var iter29 in this.items) {
-      if (this.items.hasOwnProperty(iter29)) {
-        iter29 = this.items[iter29];
-        iter29.write(output);
+    for (var iter34 in this.items) {
+      if (this.items.hasOwnProperty(iter34)) {
+        iter34 = this.items[iter34];
+        iter34.write(output);
       }
     }
     output.writeListEnd();
@@ -1533,13 +1564,13 @@ AckResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.results = [];
-        var _rtmp331 = input.readListBegin();
-        var _size30 = _rtmp331.size || 0;
-        for (var _i32 = 0; _i32 < _size30; ++_i32) {
-          var elem33 = null;
-          elem33 = new ttypes.ItemResult();
-          elem33.read(input);
-          this.results.push(elem33);
+        var _rtmp336 = input.readListBegin();
+        var _size35 = _rtmp336.size || 0;
+        for (var _i37 = 0; _i37 < _size35; ++_i37) {
+          var elem38 = null;
+          elem38 = new ttypes.ItemResult();
+          elem38.read(input);
+          this.results.push(elem38);
         }
         input.readListEnd();
       } else {
@@ -1563,10 +1594,10 @@ AckResponse.prototype.write = function(output) {
   if (this.results !== null && this.results !== undefined) {
     output.writeFieldBegin('results', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.results.length);
-    for (var iter34 in this.results) {
-      if (this.results.hasOwnProperty(iter34)) {
-        iter34 = this.results[iter34];
-        iter34.write(output);
+    for (var iter39 in this.results) {
+      if (this.results.hasOwnProperty(iter39)) {
+        iter39 = this.results[iter39];
+        iter39.write(output);
       }
     }
     output.writeListEnd();
@@ -1599,13 +1630,13 @@ NackResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.results = [];
-        var _rtmp336 = input.readListBegin();
-        var _size35 = _rtmp336.size || 0;
-        for (var _i37 = 0; _i37 < _size35; ++_i37) {
-          var elem38 = null;
-          elem38 = new ttypes.ItemResult();
-          elem38.read(input);
-          this.results.push(elem38);
+        var _rtmp341 = input.readListBegin();
+        var _size40 = _rtmp341.size || 0;
+        for (var _i42 = 0; _i42 < _size40; ++_i42) {
+          var elem43 = null;
+          elem43 = new ttypes.ItemResult();
+          elem43.read(input);
+          this.results.push(elem43);
         }
         input.readListEnd();
       } else {
@@ -1629,10 +1660,10 @@ NackResponse.prototype.write = function(output) {
   if (this.results !== null && this.results !== undefined) {
     output.writeFieldBegin('results', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.results.length);
-    for (var iter39 in this.results) {
-      if (this.results.hasOwnProperty(iter39)) {
-        iter39 = this.results[iter39];
-        iter39.write(output);
+    for (var iter44 in this.results) {
+      if (this.results.hasOwnProperty(iter44)) {
+        iter44 = this.results[iter44];
+        iter44.write(output);
       }
     }
     output.writeListEnd();
@@ -1752,13 +1783,13 @@ TouchRequest.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.items = [];
-        var _rtmp341 = input.readListBegin();
-        var _size40 = _rtmp341.size || 0;
-        for (var _i42 = 0; _i42 < _size40; ++_i42) {
-          var elem43 = null;
-          elem43 = new ttypes.TouchItem();
-          elem43.read(input);
-          this.items.push(elem43);
+        var _rtmp346 = input.readListBegin();
+        var _size45 = _rtmp346.size || 0;
+        for (var _i47 = 0; _i47 < _size45; ++_i47) {
+          var elem48 = null;
+          elem48 = new ttypes.TouchItem();
+          elem48.read(input);
+          this.items.push(elem48);
         }
         input.readListEnd();
       } else {
@@ -1793,10 +1824,10 @@ TouchRequest.prototype.write = function(output) {
   if (this.items !== null && this.items !== undefined) {
     output.writeFieldBegin('items', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.items.length);
-    for (var iter44 in this.items) {
-      if (this.items.hasOwnProperty(iter44)) {
-        iter44 = this.items[iter44];
-        iter44.write(output);
+    for (var iter49 in this.items) {
+      if (this.items.hasOwnProperty(iter49)) {
+        iter49 = this.items[iter49];
+        iter49.write(output);
       }
     }
     output.writeListEnd();
@@ -1839,13 +1870,13 @@ TouchResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.results = [];
-        var _rtmp346 = input.readListBegin();
-        var _size45 = _rtmp346.size || 0;
-        for (var _i47 = 0; _i47 < _size45; ++_i47) {
-          var elem48 = null;
-          elem48 = new ttypes.ItemResult();
-          elem48.read(input);
-          this.results.push(elem48);
+        var _rtmp351 = input.readListBegin();
+        var _size50 = _rtmp351.size || 0;
+        for (var _i52 = 0; _i52 < _size50; ++_i52) {
+          var elem53 = null;
+          elem53 = new ttypes.ItemResult();
+          elem53.read(input);
+          this.results.push(elem53);
         }
         input.readListEnd();
       } else {
@@ -1869,10 +1900,10 @@ TouchResponse.prototype.write = function(output) {
   if (this.results !== null && this.results !== undefined) {
     output.writeFieldBegin('results', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.results.length);
-    for (var iter49 in this.results) {
-      if (this.results.hasOwnProperty(iter49)) {
-        iter49 = this.results[iter49];
-        iter49.write(output);
+    for (var iter54 in this.results) {
+      if (this.results.hasOwnProperty(iter54)) {
+        iter54 = this.results[iter54];
+        iter54.write(output);
       }
     }
     output.writeListEnd();
@@ -2000,13 +2031,13 @@ PeekResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.items = [];
-        var _rtmp351 = input.readListBegin();
-        var _size50 = _rtmp351.size || 0;
-        for (var _i52 = 0; _i52 < _size50; ++_i52) {
-          var elem53 = null;
-          elem53 = new ttypes.Item();
-          elem53.read(input);
-          this.items.push(elem53);
+        var _rtmp356 = input.readListBegin();
+        var _size55 = _rtmp356.size || 0;
+        for (var _i57 = 0; _i57 < _size55; ++_i57) {
+          var elem58 = null;
+          elem58 = new ttypes.Item();
+          elem58.read(input);
+          this.items.push(elem58);
         }
         input.readListEnd();
       } else {
@@ -2030,10 +2061,10 @@ PeekResponse.prototype.write = function(output) {
   if (this.items !== null && this.items !== undefined) {
     output.writeFieldBegin('items', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.items.length);
-    for (var iter54 in this.items) {
-      if (this.items.hasOwnProperty(iter54)) {
-        iter54 = this.items[iter54];
-        iter54.write(output);
+    for (var iter59 in this.items) {
+      if (this.items.hasOwnProperty(iter59)) {
+        iter59 = this.items[iter59];
+        iter59.write(output);
       }
     }
     output.writeListEnd();
@@ -2245,13 +2276,13 @@ DlqListResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.items = [];
-        var _rtmp356 = input.readListBegin();
-        var _size55 = _rtmp356.size || 0;
-        for (var _i57 = 0; _i57 < _size55; ++_i57) {
-          var elem58 = null;
-          elem58 = new ttypes.DeadItem();
-          elem58.read(input);
-          this.items.push(elem58);
+        var _rtmp361 = input.readListBegin();
+        var _size60 = _rtmp361.size || 0;
+        for (var _i62 = 0; _i62 < _size60; ++_i62) {
+          var elem63 = null;
+          elem63 = new ttypes.DeadItem();
+          elem63.read(input);
+          this.items.push(elem63);
         }
         input.readListEnd();
       } else {
@@ -2279,10 +2310,10 @@ DlqListResponse.prototype.write = function(output) {
   if (this.items !== null && this.items !== undefined) {
     output.writeFieldBegin('items', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.items.length);
-    for (var iter59 in this.items) {
-      if (this.items.hasOwnProperty(iter59)) {
-        iter59 = this.items[iter59];
-        iter59.write(output);
+    for (var iter64 in this.items) {
+      if (this.items.hasOwnProperty(iter64)) {
+        iter64 = this.items[iter64];
+        iter64.write(output);
       }
     }
     output.writeListEnd();
@@ -2328,12 +2359,12 @@ DlqRequeueRequest.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.ids = [];
-        var _rtmp361 = input.readListBegin();
-        var _size60 = _rtmp361.size || 0;
-        for (var _i62 = 0; _i62 < _size60; ++_i62) {
-          var elem63 = null;
-          elem63 = input.readString();
-          this.ids.push(elem63);
+        var _rtmp366 = input.readListBegin();
+        var _size65 = _rtmp366.size || 0;
+        for (var _i67 = 0; _i67 < _size65; ++_i67) {
+          var elem68 = null;
+          elem68 = input.readString();
+          this.ids.push(elem68);
         }
         input.readListEnd();
       } else {
@@ -2368,10 +2399,10 @@ DlqRequeueRequest.prototype.write = function(output) {
   if (this.ids !== null && this.ids !== undefined) {
     output.writeFieldBegin('ids', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRING, this.ids.length);
-    for (var iter64 in this.ids) {
-      if (this.ids.hasOwnProperty(iter64)) {
-        iter64 = this.ids[iter64];
-        output.writeString(iter64);
+    for (var iter69 in this.ids) {
+      if (this.ids.hasOwnProperty(iter69)) {
+        iter69 = this.ids[iter69];
+        output.writeString(iter69);
       }
     }
     output.writeListEnd();
@@ -2414,13 +2445,13 @@ DlqRequeueResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.results = [];
-        var _rtmp366 = input.readListBegin();
-        var _size65 = _rtmp366.size || 0;
-        for (var _i67 = 0; _i67 < _size65; ++_i67) {
-          var elem68 = null;
-          elem68 = new ttypes.ItemResult();
-          elem68.read(input);
-          this.results.push(elem68);
+        var _rtmp371 = input.readListBegin();
+        var _size70 = _rtmp371.size || 0;
+        for (var _i72 = 0; _i72 < _size70; ++_i72) {
+          var elem73 = null;
+          elem73 = new ttypes.ItemResult();
+          elem73.read(input);
+          this.results.push(elem73);
         }
         input.readListEnd();
       } else {
@@ -2444,10 +2475,10 @@ DlqRequeueResponse.prototype.write = function(output) {
   if (this.results !== null && this.results !== undefined) {
     output.writeFieldBegin('results', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.results.length);
-    for (var iter69 in this.results) {
-      if (this.results.hasOwnProperty(iter69)) {
-        iter69 = this.results[iter69];
-        iter69.write(output);
+    for (var iter74 in this.results) {
+      if (this.results.hasOwnProperty(iter74)) {
+        iter74 = this.results[iter74];
+        iter74.write(output);
       }
     }
     output.writeListEnd();
@@ -3126,12 +3157,12 @@ ActiveTopic.prototype.read = function(input) {
       case 5:
       if (ftype == Thrift.Type.LIST) {
         this.hosts = [];
-        var _rtmp371 = input.readListBegin();
-        var _size70 = _rtmp371.size || 0;
-        for (var _i72 = 0; _i72 < _size70; ++_i72) {
-          var elem73 = null;
-          elem73 = input.readString();
-          this.hosts.push(elem73);
+        var _rtmp376 = input.readListBegin();
+        var _size75 = _rtmp376.size || 0;
+        for (var _i77 = 0; _i77 < _size75; ++_i77) {
+          var elem78 = null;
+          elem78 = input.readString();
+          this.hosts.push(elem78);
         }
         input.readListEnd();
       } else {
@@ -3172,10 +3203,10 @@ ActiveTopic.prototype.write = function(output) {
   if (this.hosts !== null && this.hosts !== undefined) {
     output.writeFieldBegin('hosts', Thrift.Type.LIST, 5);
     output.writeListBegin(Thrift.Type.STRING, this.hosts.length);
-    for (var iter74 in this.hosts) {
-      if (this.hosts.hasOwnProperty(iter74)) {
-        iter74 = this.hosts[iter74];
-        output.writeString(iter74);
+    for (var iter79 in this.hosts) {
+      if (this.hosts.hasOwnProperty(iter79)) {
+        iter79 = this.hosts[iter79];
+        output.writeString(iter79);
       }
     }
     output.writeListEnd();
@@ -3212,13 +3243,13 @@ GetActiveTopicsResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.topics = [];
-        var _rtmp376 = input.readListBegin();
-        var _size75 = _rtmp376.size || 0;
-        for (var _i77 = 0; _i77 < _size75; ++_i77) {
-          var elem78 = null;
-          elem78 = new ttypes.ActiveTopic();
-          elem78.read(input);
-          this.topics.push(elem78);
+        var _rtmp381 = input.readListBegin();
+        var _size80 = _rtmp381.size || 0;
+        for (var _i82 = 0; _i82 < _size80; ++_i82) {
+          var elem83 = null;
+          elem83 = new ttypes.ActiveTopic();
+          elem83.read(input);
+          this.topics.push(elem83);
         }
         input.readListEnd();
       } else {
@@ -3246,10 +3277,10 @@ GetActiveTopicsResponse.prototype.write = function(output) {
   if (this.topics !== null && this.topics !== undefined) {
     output.writeFieldBegin('topics', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.topics.length);
-    for (var iter79 in this.topics) {
-      if (this.topics.hasOwnProperty(iter79)) {
-        iter79 = this.topics[iter79];
-        iter79.write(output);
+    for (var iter84 in this.topics) {
+      if (this.topics.hasOwnProperty(iter84)) {
+        iter84 = this.topics[iter84];
+        iter84.write(output);
       }
     }
     output.writeListEnd();
@@ -3423,12 +3454,12 @@ PeerInfo.prototype.read = function(input) {
       case 4:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp381 = input.readListBegin();
-        var _size80 = _rtmp381.size || 0;
-        for (var _i82 = 0; _i82 < _size80; ++_i82) {
-          var elem83 = null;
-          elem83 = input.readI32();
-          this.shards.push(elem83);
+        var _rtmp386 = input.readListBegin();
+        var _size85 = _rtmp386.size || 0;
+        for (var _i87 = 0; _i87 < _size85; ++_i87) {
+          var elem88 = null;
+          elem88 = input.readI32();
+          this.shards.push(elem88);
         }
         input.readListEnd();
       } else {
@@ -3478,10 +3509,10 @@ PeerInfo.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 4);
     output.writeListBegin(Thrift.Type.I32, this.shards.length);
-    for (var iter84 in this.shards) {
-      if (this.shards.hasOwnProperty(iter84)) {
-        iter84 = this.shards[iter84];
-        output.writeI32(iter84);
+    for (var iter89 in this.shards) {
+      if (this.shards.hasOwnProperty(iter89)) {
+        iter89 = this.shards[iter89];
+        output.writeI32(iter89);
       }
     }
     output.writeListEnd();
@@ -3681,13 +3712,13 @@ HostInfo.prototype.read = function(input) {
       case 3:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp386 = input.readListBegin();
-        var _size85 = _rtmp386.size || 0;
-        for (var _i87 = 0; _i87 < _size85; ++_i87) {
-          var elem88 = null;
-          elem88 = new ttypes.ShardInfo();
-          elem88.read(input);
-          this.shards.push(elem88);
+        var _rtmp391 = input.readListBegin();
+        var _size90 = _rtmp391.size || 0;
+        for (var _i92 = 0; _i92 < _size90; ++_i92) {
+          var elem93 = null;
+          elem93 = new ttypes.ShardInfo();
+          elem93.read(input);
+          this.shards.push(elem93);
         }
         input.readListEnd();
       } else {
@@ -3718,13 +3749,13 @@ HostInfo.prototype.read = function(input) {
       case 7:
       if (ftype == Thrift.Type.LIST) {
         this.peers = [];
-        var _rtmp390 = input.readListBegin();
-        var _size89 = _rtmp390.size || 0;
-        for (var _i91 = 0; _i91 < _size89; ++_i91) {
-          var elem92 = null;
-          elem92 = new ttypes.PeerInfo();
-          elem92.read(input);
-          this.peers.push(elem92);
+        var _rtmp395 = input.readListBegin();
+        var _size94 = _rtmp395.size || 0;
+        for (var _i96 = 0; _i96 < _size94; ++_i96) {
+          var elem97 = null;
+          elem97 = new ttypes.PeerInfo();
+          elem97.read(input);
+          this.peers.push(elem97);
         }
         input.readListEnd();
       } else {
@@ -3741,13 +3772,13 @@ HostInfo.prototype.read = function(input) {
       case 9:
       if (ftype == Thrift.Type.LIST) {
         this.ready_topics = [];
-        var _rtmp394 = input.readListBegin();
-        var _size93 = _rtmp394.size || 0;
-        for (var _i95 = 0; _i95 < _size93; ++_i95) {
-          var elem96 = null;
-          elem96 = new ttypes.ReadyTopic();
-          elem96.read(input);
-          this.ready_topics.push(elem96);
+        var _rtmp399 = input.readListBegin();
+        var _size98 = _rtmp399.size || 0;
+        for (var _i100 = 0; _i100 < _size98; ++_i100) {
+          var elem101 = null;
+          elem101 = new ttypes.ReadyTopic();
+          elem101.read(input);
+          this.ready_topics.push(elem101);
         }
         input.readListEnd();
       } else {
@@ -3778,10 +3809,10 @@ HostInfo.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 3);
     output.writeListBegin(Thrift.Type.STRUCT, this.shards.length);
-    for (var iter97 in this.shards) {
-      if (this.shards.hasOwnProperty(iter97)) {
-        iter97 = this.shards[iter97];
-        iter97.write(output);
+    for (var iter102 in this.shards) {
+      if (this.shards.hasOwnProperty(iter102)) {
+        iter102 = this.shards[iter102];
+        iter102.write(output);
       }
     }
     output.writeListEnd();
@@ -3805,10 +3836,10 @@ HostInfo.prototype.write = function(output) {
   if (this.peers !== null && this.peers !== undefined) {
     output.writeFieldBegin('peers', Thrift.Type.LIST, 7);
     output.writeListBegin(Thrift.Type.STRUCT, this.peers.length);
-    for (var iter98 in this.peers) {
-      if (this.peers.hasOwnProperty(iter98)) {
-        iter98 = this.peers[iter98];
-        iter98.write(output);
+    for (var iter103 in this.peers) {
+      if (this.peers.hasOwnProperty(iter103)) {
+        iter103 = this.peers[iter103];
+        iter103.write(output);
       }
     }
     output.writeListEnd();
@@ -3822,10 +3853,10 @@ HostInfo.prototype.write = function(output) {
   if (this.ready_topics !== null && this.ready_topics !== undefined) {
     output.writeFieldBegin('ready_topics', Thrift.Type.LIST, 9);
     output.writeListBegin(Thrift.Type.STRUCT, this.ready_topics.length);
-    for (var iter99 in this.ready_topics) {
-      if (this.ready_topics.hasOwnProperty(iter99)) {
-        iter99 = this.ready_topics[iter99];
-        iter99.write(output);
+    for (var iter104 in this.ready_topics) {
+      if (this.ready_topics.hasOwnProperty(iter104)) {
+        iter104 = this.ready_topics[iter104];
+        iter104.write(output);
       }
     }
     output.writeListEnd();
@@ -3869,13 +3900,13 @@ NotifyReadyRequest.prototype.read = function(input) {
       case 2:
       if (ftype == Thrift.Type.LIST) {
         this.topics = [];
-        var _rtmp3101 = input.readListBegin();
-        var _size100 = _rtmp3101.size || 0;
-        for (var _i102 = 0; _i102 < _size100; ++_i102) {
-          var elem103 = null;
-          elem103 = new ttypes.ReadyTopic();
-          elem103.read(input);
-          this.topics.push(elem103);
+        var _rtmp3106 = input.readListBegin();
+        var _size105 = _rtmp3106.size || 0;
+        for (var _i107 = 0; _i107 < _size105; ++_i107) {
+          var elem108 = null;
+          elem108 = new ttypes.ReadyTopic();
+          elem108.read(input);
+          this.topics.push(elem108);
         }
         input.readListEnd();
       } else {
@@ -3901,10 +3932,10 @@ NotifyReadyRequest.prototype.write = function(output) {
   if (this.topics !== null && this.topics !== undefined) {
     output.writeFieldBegin('topics', Thrift.Type.LIST, 2);
     output.writeListBegin(Thrift.Type.STRUCT, this.topics.length);
-    for (var iter104 in this.topics) {
-      if (this.topics.hasOwnProperty(iter104)) {
-        iter104 = this.topics[iter104];
-        iter104.write(output);
+    for (var iter109 in this.topics) {
+      if (this.topics.hasOwnProperty(iter109)) {
+        iter109 = this.topics[iter109];
+        iter109.write(output);
       }
     }
     output.writeListEnd();
@@ -4177,12 +4208,12 @@ SwitchReport.prototype.read = function(input) {
       case 2:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp3106 = input.readListBegin();
-        var _size105 = _rtmp3106.size || 0;
-        for (var _i107 = 0; _i107 < _size105; ++_i107) {
-          var elem108 = null;
-          elem108 = input.readI32();
-          this.shards.push(elem108);
+        var _rtmp3111 = input.readListBegin();
+        var _size110 = _rtmp3111.size || 0;
+        for (var _i112 = 0; _i112 < _size110; ++_i112) {
+          var elem113 = null;
+          elem113 = input.readI32();
+          this.shards.push(elem113);
         }
         input.readListEnd();
       } else {
@@ -4278,10 +4309,10 @@ SwitchReport.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 2);
     output.writeListBegin(Thrift.Type.I32, this.shards.length);
-    for (var iter109 in this.shards) {
-      if (this.shards.hasOwnProperty(iter109)) {
-        iter109 = this.shards[iter109];
-        output.writeI32(iter109);
+    for (var iter114 in this.shards) {
+      if (this.shards.hasOwnProperty(iter114)) {
+        iter114 = this.shards[iter114];
+        output.writeI32(iter114);
       }
     }
     output.writeListEnd();
@@ -4364,13 +4395,13 @@ SwitchResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.switches = [];
-        var _rtmp3111 = input.readListBegin();
-        var _size110 = _rtmp3111.size || 0;
-        for (var _i112 = 0; _i112 < _size110; ++_i112) {
-          var elem113 = null;
-          elem113 = new ttypes.SwitchReport();
-          elem113.read(input);
-          this.switches.push(elem113);
+        var _rtmp3116 = input.readListBegin();
+        var _size115 = _rtmp3116.size || 0;
+        for (var _i117 = 0; _i117 < _size115; ++_i117) {
+          var elem118 = null;
+          elem118 = new ttypes.SwitchReport();
+          elem118.read(input);
+          this.switches.push(elem118);
         }
         input.readListEnd();
       } else {
@@ -4394,10 +4425,10 @@ SwitchResponse.prototype.write = function(output) {
   if (this.switches !== null && this.switches !== undefined) {
     output.writeFieldBegin('switches', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.switches.length);
-    for (var iter114 in this.switches) {
-      if (this.switches.hasOwnProperty(iter114)) {
-        iter114 = this.switches[iter114];
-        iter114.write(output);
+    for (var iter119 in this.switches) {
+      if (this.switches.hasOwnProperty(iter119)) {
+        iter119 = this.switches[iter119];
+        iter119.write(output);
       }
     }
     output.writeListEnd();
@@ -4720,13 +4751,13 @@ ShardReplicationInfo.prototype.read = function(input) {
       case 10:
       if (ftype == Thrift.Type.LIST) {
         this.replicas = [];
-        var _rtmp3116 = input.readListBegin();
-        var _size115 = _rtmp3116.size || 0;
-        for (var _i117 = 0; _i117 < _size115; ++_i117) {
-          var elem118 = null;
-          elem118 = new ttypes.ReplicaInfo();
-          elem118.read(input);
-          this.replicas.push(elem118);
+        var _rtmp3121 = input.readListBegin();
+        var _size120 = _rtmp3121.size || 0;
+        for (var _i122 = 0; _i122 < _size120; ++_i122) {
+          var elem123 = null;
+          elem123 = new ttypes.ReplicaInfo();
+          elem123.read(input);
+          this.replicas.push(elem123);
         }
         input.readListEnd();
       } else {
@@ -4792,10 +4823,10 @@ ShardReplicationInfo.prototype.write = function(output) {
   if (this.replicas !== null && this.replicas !== undefined) {
     output.writeFieldBegin('replicas', Thrift.Type.LIST, 10);
     output.writeListBegin(Thrift.Type.STRUCT, this.replicas.length);
-    for (var iter119 in this.replicas) {
-      if (this.replicas.hasOwnProperty(iter119)) {
-        iter119 = this.replicas[iter119];
-        iter119.write(output);
+    for (var iter124 in this.replicas) {
+      if (this.replicas.hasOwnProperty(iter124)) {
+        iter124 = this.replicas[iter124];
+        iter124.write(output);
       }
     }
     output.writeListEnd();
@@ -4828,13 +4859,13 @@ ReplicationResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp3121 = input.readListBegin();
-        var _size120 = _rtmp3121.size || 0;
-        for (var _i122 = 0; _i122 < _size120; ++_i122) {
-          var elem123 = null;
-          elem123 = new ttypes.ShardReplicationInfo();
-          elem123.read(input);
-          this.shards.push(elem123);
+        var _rtmp3126 = input.readListBegin();
+        var _size125 = _rtmp3126.size || 0;
+        for (var _i127 = 0; _i127 < _size125; ++_i127) {
+          var elem128 = null;
+          elem128 = new ttypes.ShardReplicationInfo();
+          elem128.read(input);
+          this.shards.push(elem128);
         }
         input.readListEnd();
       } else {
@@ -4858,10 +4889,10 @@ ReplicationResponse.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.shards.length);
-    for (var iter124 in this.shards) {
-      if (this.shards.hasOwnProperty(iter124)) {
-        iter124 = this.shards[iter124];
-        iter124.write(output);
+    for (var iter129 in this.shards) {
+      if (this.shards.hasOwnProperty(iter129)) {
+        iter129 = this.shards[iter129];
+        iter129.write(output);
       }
     }
     output.writeListEnd();

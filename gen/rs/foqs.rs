@@ -1365,14 +1365,16 @@ pub struct AckRequest {
   pub ids: Option<Vec<String>>,
   pub forwarded_by: Option<String>,
   pub forwarded_for: Option<String>,
+  pub lease_ids: Option<Vec<i64>>,
 }
 
 impl AckRequest {
-  pub fn new<F1, F2, F3>(ids: F1, forwarded_by: F2, forwarded_for: F3) -> AckRequest where F1: Into<Option<Vec<String>>>, F2: Into<Option<String>>, F3: Into<Option<String>> {
+  pub fn new<F1, F2, F3, F4>(ids: F1, forwarded_by: F2, forwarded_for: F3, lease_ids: F4) -> AckRequest where F1: Into<Option<Vec<String>>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<Vec<i64>>> {
     AckRequest {
       ids: ids.into(),
       forwarded_by: forwarded_by.into(),
       forwarded_for: forwarded_for.into(),
+      lease_ids: lease_ids.into(),
     }
   }
 }
@@ -1383,6 +1385,7 @@ impl TSerializable for AckRequest {
     let mut f_1: Option<Vec<String>> = Some(Vec::new());
     let mut f_2: Option<String> = None;
     let mut f_3: Option<String> = None;
+    let mut f_4: Option<Vec<i64>> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1408,6 +1411,16 @@ impl TSerializable for AckRequest {
           let val = i_prot.read_string()?;
           f_3 = Some(val);
         },
+        4 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<i64> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_5 = i_prot.read_i64()?;
+            val.push(list_elem_5);
+          }
+          i_prot.read_list_end()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1419,6 +1432,7 @@ impl TSerializable for AckRequest {
       ids: f_1,
       forwarded_by: f_2,
       forwarded_for: f_3,
+      lease_ids: f_4,
     };
     Ok(ret)
   }
@@ -1444,6 +1458,15 @@ impl TSerializable for AckRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.lease_ids {
+      o_prot.write_field_begin(&TFieldIdentifier::new("lease_ids", TType::List, 4))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::I64, fld_var.len() as i32))?;
+      for e in fld_var {
+        o_prot.write_i64(*e)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1455,6 +1478,7 @@ impl Default for AckRequest {
       ids: Some(Vec::new()),
       forwarded_by: Some("".to_owned()),
       forwarded_for: Some("".to_owned()),
+      lease_ids: Some(Vec::new()),
     }
   }
 }
@@ -1618,8 +1642,8 @@ impl TSerializable for NackRequest {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<NackItem> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_5 = NackItem::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_5);
+            let list_elem_6 = NackItem::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_6);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -1794,8 +1818,8 @@ impl TSerializable for AckResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ItemResult> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_6 = ItemResult::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_6);
+            let list_elem_7 = ItemResult::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_7);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -1869,8 +1893,8 @@ impl TSerializable for NackResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ItemResult> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_7 = ItemResult::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_7);
+            let list_elem_8 = ItemResult::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_8);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2043,8 +2067,8 @@ impl TSerializable for TouchRequest {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<TouchItem> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_8 = TouchItem::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_8);
+            let list_elem_9 = TouchItem::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_9);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2140,8 +2164,8 @@ impl TSerializable for TouchResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ItemResult> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_9 = ItemResult::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_9);
+            let list_elem_10 = ItemResult::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_10);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2322,8 +2346,8 @@ impl TSerializable for PeekResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<Item> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_10 = Item::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_10);
+            let list_elem_11 = Item::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_11);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2600,8 +2624,8 @@ impl TSerializable for DlqListResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<DeadItem> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_11 = DeadItem::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_11);
+            let list_elem_12 = DeadItem::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_12);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2692,8 +2716,8 @@ impl TSerializable for DlqRequeueRequest {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<String> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_12 = i_prot.read_string()?;
-            val.push(list_elem_12);
+            let list_elem_13 = i_prot.read_string()?;
+            val.push(list_elem_13);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -2789,8 +2813,8 @@ impl TSerializable for DlqRequeueResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ItemResult> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_13 = ItemResult::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_13);
+            let list_elem_14 = ItemResult::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_14);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -3562,8 +3586,8 @@ impl TSerializable for ActiveTopic {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<String> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_14 = i_prot.read_string()?;
-            val.push(list_elem_14);
+            let list_elem_15 = i_prot.read_string()?;
+            val.push(list_elem_15);
           }
           i_prot.read_list_end()?;
           f_5 = Some(val);
@@ -3668,8 +3692,8 @@ impl TSerializable for GetActiveTopicsResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ActiveTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_15 = ActiveTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_15);
+            let list_elem_16 = ActiveTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_16);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -3888,8 +3912,8 @@ impl TSerializable for PeerInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<i32> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_16 = i_prot.read_i32()?;
-            val.push(list_elem_16);
+            let list_elem_17 = i_prot.read_i32()?;
+            val.push(list_elem_17);
           }
           i_prot.read_list_end()?;
           f_4 = Some(val);
@@ -4159,8 +4183,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_17 = ShardInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_17);
+            let list_elem_18 = ShardInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_18);
           }
           i_prot.read_list_end()?;
           f_3 = Some(val);
@@ -4181,8 +4205,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<PeerInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_18 = PeerInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_18);
+            let list_elem_19 = PeerInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_19);
           }
           i_prot.read_list_end()?;
           f_7 = Some(val);
@@ -4195,8 +4219,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ReadyTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_19 = ReadyTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_19);
+            let list_elem_20 = ReadyTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_20);
           }
           i_prot.read_list_end()?;
           f_9 = Some(val);
@@ -4341,8 +4365,8 @@ impl TSerializable for NotifyReadyRequest {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ReadyTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_20 = ReadyTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_20);
+            let list_elem_21 = ReadyTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_21);
           }
           i_prot.read_list_end()?;
           f_2 = Some(val);
@@ -4697,8 +4721,8 @@ impl TSerializable for SwitchReport {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<i32> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_21 = i_prot.read_i32()?;
-            val.push(list_elem_21);
+            let list_elem_22 = i_prot.read_i32()?;
+            val.push(list_elem_22);
           }
           i_prot.read_list_end()?;
           f_2 = Some(val);
@@ -4889,8 +4913,8 @@ impl TSerializable for SwitchResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<SwitchReport> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_22 = SwitchReport::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_22);
+            let list_elem_23 = SwitchReport::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_23);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -5218,8 +5242,8 @@ impl TSerializable for ShardReplicationInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ReplicaInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_23 = ReplicaInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_23);
+            let list_elem_24 = ReplicaInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_24);
           }
           i_prot.read_list_end()?;
           f_10 = Some(val);
@@ -5356,8 +5380,8 @@ impl TSerializable for ReplicationResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardReplicationInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_24 = ShardReplicationInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_24);
+            let list_elem_25 = ShardReplicationInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_25);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);

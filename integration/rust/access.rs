@@ -186,6 +186,7 @@ async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
             ids: Some(vec!["0:1".into()]),
             forwarded_by: Some("h9".into()),
             forwarded_for: Some("ops".into()),
+            lease_ids: None,
         })
     });
     let msg = whole_call_denied(forged);
@@ -198,6 +199,7 @@ async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
             ids: Some(vec![xa.clone()]),
             forwarded_by: Some("h2".into()),
             forwarded_for: Some("bob".into()),
+            lease_ids: None,
         })
     });
     assert!(denied(&as_bob.unwrap().results.unwrap()[0].error));
@@ -206,6 +208,7 @@ async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
             ids: Some(vec![xa.clone()]),
             forwarded_by: Some("h2".into()),
             forwarded_for: Some("alice".into()),
+            lease_ids: None,
         })
     });
     assert!(as_alice.unwrap().results.unwrap()[0].error.is_none());

@@ -335,7 +335,7 @@ async fn nack_reschedules_after_its_delay_with_new_metadata() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ack_deletes_and_a_second_ack_is_not_found() {
+async fn ack_deletes_and_a_retried_ack_is_done_again() {
     let srv = TestServer::start(3, "").await;
     let mut c = srv.client();
     let ids = c.enqueue(vec![item(NS, "ack", 0, b"a"), item(NS, "ack", 1, b"b")]);
@@ -354,13 +354,75 @@ async fn ack_deletes_and_a_second_ack_is_not_found() {
         "no shard 7 on this host"
     );
     assert_eq!(code_of(&r[3].error), Some(ErrorCode::NOT_FOUND));
+    // A retry (its first reply lost, say) answers what the first ack did, within
+    // engine.ack_memory_ms: done, not NOT_FOUND.
     let r = c.ack(&[got[0].id.clone().unwrap()]);
-    assert_eq!(code_of(&r[0].error), Some(ErrorCode::NOT_FOUND));
+    assert!(
+        r[0].error.is_none(),
+        "a retried ack is done: {:?}",
+        r[0].error
+    );
     assert_eq!(srv.db.count("1").await, 1);
     assert_eq!(c.topics(NS), vec![("ack".to_string(), 0, 0, 1)]);
     c.ack(&ids[1..]);
     assert_eq!(srv.db.count("1").await, 0);
     assert!(c.topics(NS).is_empty());
+    srv.stop().await;
+}
+
+/// Acks with `lease_ids`: an ack naming a lease deletes the item only while it is on
+/// that delivery's lease; its retry is done again, one naming another lease is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_naming_a_lease_settles_only_that_delivery() {
+    let srv = TestServer::start(1, "").await;
+    let mut c = srv.client();
+    let ids = c.enqueue(vec![EnqueueItem {
+        lease_ms: Some(60_000),
+        ..item(NS, "ackl", 0, b"a")
+    }]);
+    let got = c.dequeue(NS, "ackl", 1);
+    let lease = got[0].lease_id.unwrap();
+    assert_ne!(lease, 0);
+    let ack = |c: &mut Client, lease_ids: Option<Vec<i64>>| {
+        c.call(|c| {
+            foqs::thrift_gen::TFoqsSyncClient::ack(
+                c,
+                foqs::thrift_gen::AckRequest {
+                    ids: Some(ids.clone()),
+                    forwarded_by: None,
+                    forwarded_for: None,
+                    lease_ids: lease_ids.clone(),
+                },
+            )
+        })
+    };
+    // Another delivery's lease: the item is left alone.
+    let r = ack(&mut c, Some(vec![lease + 1])).unwrap().results.unwrap();
+    assert_eq!(code_of(&r[0].error), Some(ErrorCode::NOT_FOUND));
+    assert!(
+        r[0].error
+            .as_ref()
+            .unwrap()
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("lease ended"),
+        "{:?}",
+        r[0].error
+    );
+    assert_eq!(srv.db.count("1").await, 1, "still there");
+    // A list of another length than ids: the request is refused whole.
+    let e = ack(&mut c, Some(vec![lease, lease])).expect_err("lease_ids too long");
+    assert_eq!(foqs_error(e).code, Some(ErrorCode::INVALID_ARGUMENT));
+    // Its own lease: deleted; the same ack again, or one naming no lease: done.
+    for lease_ids in [Some(vec![lease]), Some(vec![lease]), None, Some(vec![0])] {
+        let r = ack(&mut c, lease_ids.clone()).unwrap().results.unwrap();
+        assert!(r[0].error.is_none(), "{lease_ids:?}: {:?}", r[0].error);
+    }
+    assert_eq!(srv.db.count("1").await, 0);
+    // A retry naming another lease keeps its answer.
+    let r = ack(&mut c, Some(vec![lease + 1])).unwrap().results.unwrap();
+    assert_eq!(code_of(&r[0].error), Some(ErrorCode::NOT_FOUND));
     srv.stop().await;
 }
 

@@ -583,6 +583,7 @@ fn ack(
         ids: Some(vec![id.to_string()]),
         forwarded_by: None,
         forwarded_for: None,
+        lease_ids: None,
     }) {
         Ok(r) => r.results.unwrap().remove(0),
         Err(e) => {

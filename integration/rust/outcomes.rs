@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::shard as faulty;
 use common::*;
 use foqs::model::{NewItem, TopicName};
-use foqs::shard::{NackOp, Settled, ShardHandle, WorkerConfig};
+use foqs::shard::{AckOp, NackOp, Settled, ShardHandle, WorkerConfig};
 use foqs::store::faulty::{Fault, Faults};
 
 fn new_item(t: &str) -> NewItem {
@@ -42,6 +42,11 @@ async fn start_with(
 /// Enqueues one item on `t` and delivers it (handed out: leased to a consumer; a staged
 /// item is ready as far as a nack knows); returns its key.
 async fn delivered_item(shard: &ShardHandle, t: &str) -> u64 {
+    delivered(shard, t).await.id.key
+}
+
+/// [`delivered_item`], returning the delivery (its `lease_token` is the lease id).
+async fn delivered(shard: &ShardHandle, t: &str) -> foqs::model::Item {
     let key = shard
         .submit_enqueue(vec![new_item(t)])
         .map_err(|(_, e)| e)
@@ -52,8 +57,109 @@ async fn delivered_item(shard: &ShardHandle, t: &str) -> u64 {
         .0;
     let keys = shard.peek(topic(t), 10).await.unwrap();
     let claimed = shard.claim(topic(t), keys).await.unwrap();
-    assert_eq!(shard.hand_out(claimed).len(), 1);
-    key
+    let mut out = shard.hand_out(claimed);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].id.key, key);
+    out.remove(0)
+}
+
+fn ack_op(key: u64, lease_id: Option<i64>) -> AckOp {
+    AckOp { key, lease_id }
+}
+
+/// Issue 32: an ack whose DELETE committed is never answered with an error. The store
+/// commits and then fails; the worker looks again, finds the row gone and answers done
+/// (before, the caller heard a storage error, and its retry NOT_FOUND). A DELETE that
+/// failed before committing still fails (retryably), and its retry deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_that_committed_is_answered_done_whatever_its_store_said() {
+    let db = TestDb::mysql(1);
+    let (shard, worker, faults) = start(&db).await;
+    let x = delivered_item(&shard, "acked").await;
+    faults.arm("delete", Fault::FailAfterCommit);
+    let r = shard.ack(vec![ack_op(x, None)]).await;
+    assert_eq!(
+        r.unwrap(),
+        vec![Settled::Done],
+        "committed: done, not an error"
+    );
+    assert_eq!(db.count("1").await, 0);
+    // Retried (the client never heard): done again, from the worker's memory.
+    assert_eq!(
+        shard.ack(vec![ack_op(x, None)]).await.unwrap(),
+        vec![Settled::Done]
+    );
+    let y = delivered_item(&shard, "acked").await;
+    faults.arm("delete", Fault::FailBefore);
+    assert!(
+        shard.ack(vec![ack_op(y, None)]).await.is_err(),
+        "nothing applied"
+    );
+    assert_eq!(db.count("1").await, 1);
+    assert_eq!(
+        shard.ack(vec![ack_op(y, None)]).await.unwrap(),
+        vec![Settled::Done]
+    );
+    assert_eq!(db.count("1").await, 0);
+    shard.shutdown().await;
+    worker.await.unwrap();
+}
+
+/// An ack naming a lease deletes only that delivery's item; a retry of a done ack is done
+/// (same lease or none), one naming another lease is "lease ended"; the memory is
+/// bounded by `ack_memory_items_max` (the oldest forgotten first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_are_remembered_per_lease_within_their_bound() {
+    let db = TestDb::mysql(1);
+    let cfg = WorkerConfig {
+        ack_memory_items_max: 2,
+        ..faulty::worker_config()
+    };
+    let (shard, worker, _faults) = start_with(&db, cfg).await;
+    let x = delivered(&shard, "mem").await;
+    let (key, lease) = (x.id.key, x.lease_token);
+    let ack = |ops: Vec<AckOp>| shard.ack(ops);
+    assert_eq!(
+        ack(vec![ack_op(key, Some(lease + 1))]).await.unwrap(),
+        vec![Settled::LeaseEnded],
+        "another delivery's lease"
+    );
+    assert_eq!(db.count("1").await, 1, "left alone");
+    assert_eq!(
+        ack(vec![ack_op(key, Some(lease))]).await.unwrap(),
+        vec![Settled::Done]
+    );
+    assert_eq!(db.count("1").await, 0);
+    assert_eq!(
+        ack(vec![
+            ack_op(key, Some(lease)),
+            ack_op(key, None),
+            ack_op(key, Some(lease + 1)),
+            ack_op(999_999_999, None),
+        ])
+        .await
+        .unwrap(),
+        vec![
+            Settled::Done,
+            Settled::Done,
+            Settled::LeaseEnded,
+            Settled::NotFound
+        ]
+    );
+    // Two more acks: the first one is forgotten (items_max 2).
+    for _ in 0..2 {
+        let k = delivered_item(&shard, "mem").await;
+        assert_eq!(
+            ack(vec![ack_op(k, None)]).await.unwrap(),
+            vec![Settled::Done]
+        );
+    }
+    assert_eq!(
+        ack(vec![ack_op(key, None)]).await.unwrap(),
+        vec![Settled::NotFound]
+    );
+    shard.shutdown().await;
+    worker.await.unwrap();
 }
 
 /// Enqueues one item on `t`, delivers it and nacks it to the dead letters; the index then

@@ -262,6 +262,7 @@ impl Load {
                         ids: Some(ids.clone()),
                         forwarded_by: None,
                         forwarded_for: None,
+                        lease_ids: None,
                     });
                     match r {
                         Ok(r) => {

@@ -279,6 +279,7 @@ async fn fbthrift_style_header_frames_get_what_an_fbthrift_client_checks() {
                     ids: Some(ids.clone()),
                     forwarded_by: None,
                     forwarded_for: None,
+                    lease_ids: None,
                 },
             }
             .write_to_out_protocol(o)

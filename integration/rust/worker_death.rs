@@ -53,6 +53,7 @@ async fn a_dead_worker_is_noticed_and_its_shard_reopened_by_itself() {
             ids: Some(vec![victim.clone()]),
             forwarded_by: None,
             forwarded_for: None,
+            lease_ids: None,
         })
     });
     // UNAVAILABLE is retryable by its code (a per-item error) or says so (a call's).
@@ -250,7 +251,13 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
     let _ = shard.ready_topics(now);
     let _ = shard.ns_counts(now);
     assert_eq!(shard.status().state, foqs::model::ShardState::Stopped);
-    let acked = shard.ack(vec![1]).await.expect_err("no worker to ack");
+    let acked = shard
+        .ack(vec![foqs::shard::AckOp {
+            key: 1,
+            lease_id: None,
+        }])
+        .await
+        .expect_err("no worker to ack");
     assert!(acked.retryable(), "{acked:?}");
     scenario.teardown();
 }

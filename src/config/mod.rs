@@ -175,6 +175,12 @@ pub struct EngineConfig {
     /// claim need not read them back (MySQL; 0, the default, keeps none). The oldest go
     /// first.
     pub payload_cache_bytes_max: usize,
+    /// How long a shard remembers the items it deleted for an ack (and under which
+    /// lease), so that a retried ack of the same delivery answers OK, not `NOT_FOUND`.
+    pub ack_memory_ms: u64,
+    /// Acked items one shard remembers at most (about 40 bytes each); past it the oldest
+    /// are forgotten before `ack_memory_ms`.
+    pub ack_memory_items_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -198,6 +204,8 @@ impl Default for EngineConfig {
             prefetch_stage_max_ms: 1000,
             prefetch_tick_ms: 10,
             payload_cache_bytes_max: 0,
+            ack_memory_ms: 600_000,
+            ack_memory_items_max: 100_000,
         }
     }
 }

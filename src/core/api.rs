@@ -34,6 +34,14 @@ pub struct TopicRequest {
     pub before: (Option<i32>, Option<i64>),
 }
 
+/// One ack as the client sent it (the id not yet parsed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckRequestItem {
+    pub id: String,
+    /// The delivery this ack answers (`Item.lease_id`); absent: whoever holds the item.
+    pub lease_id: Option<i64>,
+}
+
 /// One nack as the client sent it (the id not yet parsed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NackRequestItem {

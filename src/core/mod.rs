@@ -23,8 +23,8 @@ mod validate;
 
 pub use access::{denied, Access, AccessRule, Caller, Hangup, Kind};
 pub use api::{
-    ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, TopicRequest,
-    TouchRequestItem,
+    AckRequestItem, ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem,
+    TopicRequest, TouchRequestItem,
 };
 pub use host::{Host, HostParts};
 pub use merge::kway_merge;

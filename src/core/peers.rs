@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use futures::future::BoxFuture;
 
 use super::api::{
-    ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem, TouchRequestItem,
+    AckRequestItem, ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem,
+    TouchRequestItem,
 };
 use crate::error::Result;
 use crate::model::{
@@ -87,7 +88,7 @@ pub trait Peers: Send + Sync {
     fn ack<'a>(
         &'a self,
         addr: &'a str,
-        ids: Vec<String>,
+        items: Vec<AckRequestItem>,
         from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
     fn nack<'a>(
@@ -188,7 +189,7 @@ impl Peers for NoPeers {
     fn ack<'a>(
         &'a self,
         addr: &'a str,
-        _: Vec<String>,
+        _: Vec<AckRequestItem>,
         _: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         no_peer(addr)

@@ -9,10 +9,10 @@ use super::access::{denied, Caller, Kind};
 use super::host::{check_batch, Host, ShardMap};
 use super::peers::Forwarded;
 use super::validate::{check_duration, limits};
-use super::{NackRequestItem, TouchRequestItem};
+use super::{AckRequestItem, NackRequestItem, TouchRequestItem};
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{ItemId, ShardId};
-use crate::shard::{NackOp, Settled, ShardHandle, TouchOp};
+use crate::shard::{AckOp, NackOp, Settled, ShardHandle, TouchOp};
 
 /// Per shard: the positions of a request's items and their keys with their extras.
 type Groups<T> = BTreeMap<ShardId, (Vec<usize>, Vec<(u64, T)>)>;
@@ -95,6 +95,10 @@ impl Host {
                         }
                         Settled::LeaseEnded => Err(Error::not_found(format!(
                             "item {}: lease ended (lease_id is not the item's current delivery)",
+                            ids[pos].0
+                        ))),
+                        Settled::Unapplied => Err(Error::unavailable(format!(
+                            "item {}: storage failed and nothing was applied to it; retry",
                             ids[pos].0
                         ))),
                     },
@@ -214,30 +218,54 @@ impl Host {
         }
     }
 
-    /// Deletes each item. Unknown or already-deleted ids: `NOT_FOUND`.
-    /// Ids of shards owned by another host are acked there (see [`Host::settle`]).
+    /// Deletes each item, whoever holds it (see [`Host::ack_items`]).
     pub async fn ack(
         &self,
         caller: &Caller,
         ids: Vec<String>,
         forwarded: (Option<&str>, Option<&str>),
     ) -> Result<Vec<Result<()>>> {
-        check_batch(ids.len(), "ids")?;
+        let items = ids
+            .into_iter()
+            .map(|id| AckRequestItem { id, lease_id: None })
+            .collect();
+        self.ack_items(caller, items, forwarded).await
+    }
+
+    /// Deletes each item; one that names a lease only while it is on that delivery's
+    /// lease. Unknown ids: `NOT_FOUND`; an ack repeated within `engine.ack_memory_ms` of
+    /// the one that deleted the item (naming the same lease, or none) is done again, not
+    /// `NOT_FOUND` (see `shard::AckMemory`). Ids of shards owned by another host are
+    /// acked there (see [`Host::settle`]).
+    pub async fn ack_items(
+        &self,
+        caller: &Caller,
+        items: Vec<AckRequestItem>,
+        forwarded: (Option<&str>, Option<&str>),
+    ) -> Result<Vec<Result<()>>> {
+        check_batch(items.len(), "ids")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
         let caller = &caller;
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
-            let sub = positions.iter().map(|&p| ids[p].clone()).collect();
+            let sub = positions.iter().map(|&p| items[p].clone()).collect();
             Box::pin(async move { self.cluster.peers.ack(&addr, sub, from).await })
         };
-        let checked = ids.iter().map(|id| (id.clone(), Ok(()))).collect();
+        let checked = items
+            .iter()
+            .map(|it| (it.id.clone(), Ok(it.lease_id)))
+            .collect();
         let remote: Option<&Remote> = may_forward.then_some(&remote);
         Ok(self
             .settle(
                 checked,
                 (caller, Kind::Consume),
-                |shard, keys| async move {
-                    shard.ack(keys.into_iter().map(|(k, _)| k).collect()).await
+                |shard, ops| async move {
+                    let ops = ops
+                        .into_iter()
+                        .map(|(key, lease_id)| AckOp { key, lease_id })
+                        .collect();
+                    shard.ack(ops).await
                 },
                 remote,
             )

@@ -3,8 +3,8 @@
 //! an absent string is empty (and then fails validation), an absent number is 0.
 
 use crate::core::{
-    ActiveTopicsPage, EnqueueRequestItem, HostStatus, NackRequestItem, TopicRequest,
-    TouchRequestItem,
+    AckRequestItem, ActiveTopicsPage, EnqueueRequestItem, HostStatus, NackRequestItem,
+    TopicRequest, TouchRequestItem,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{
@@ -44,6 +44,40 @@ pub fn topic_requests(req: t::DequeueRequest) -> Vec<TopicRequest> {
             before: (r.before_priority, r.before_deliver_after_ms),
         })
         .collect()
+}
+
+/// An ack request's ids with their lease ids (`lease_ids`, when given, runs beside
+/// `ids`; 0 names no lease).
+pub fn ack_items(
+    ids: Vec<String>,
+    lease_ids: Option<Vec<i64>>,
+) -> crate::error::Result<Vec<AckRequestItem>> {
+    let leases = match lease_ids {
+        None => vec![0; ids.len()],
+        Some(l) if l.len() == ids.len() => l,
+        Some(l) => {
+            return Err(crate::error::Error::invalid(format!(
+                "lease_ids has {} entries for {} ids: give one per id (0 for none) or leave it out",
+                l.len(),
+                ids.len()
+            )))
+        }
+    };
+    Ok(ids
+        .into_iter()
+        .zip(leases)
+        .map(|(id, l)| AckRequestItem {
+            id,
+            lease_id: (l != 0).then_some(l),
+        })
+        .collect())
+}
+
+/// The wire's parallel lists for `items` (see [`ack_items`]).
+pub fn ack_request_lists(items: Vec<AckRequestItem>) -> (Vec<String>, Option<Vec<i64>>) {
+    let named = items.iter().any(|i| i.lease_id.is_some());
+    let leases = named.then(|| items.iter().map(|i| i.lease_id.unwrap_or(0)).collect());
+    (items.into_iter().map(|i| i.id).collect(), leases)
 }
 
 pub fn nack_items(items: Option<Vec<t::NackItem>>) -> Vec<NackRequestItem> {

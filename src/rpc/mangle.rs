@@ -88,6 +88,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                     ids: Some(vec!["0:1".into(), "1:2".into()]),
                     forwarded_by: None,
                     forwarded_for: None,
+                    lease_ids: Some(vec![7, 0]),
                 },
             }
             .write_to_out_protocol(o)

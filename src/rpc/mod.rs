@@ -463,12 +463,13 @@ async fn execute(
         Call::Ack(req) => {
             let ids = req.ids.unwrap_or_default();
             let from = (forwarder(&req.forwarded_by), req.forwarded_for.as_deref());
-            let r = host
-                .ack(caller, ids.clone(), from)
-                .await
-                .map(|res| t::AckResponse {
-                    results: Some(convert::item_results(ids, res)),
-                });
+            let r = match convert::ack_items(ids.clone(), req.lease_ids) {
+                Ok(items) => host.ack_items(caller, items, from).await,
+                Err(e) => Err(e),
+            }
+            .map(|res| t::AckResponse {
+                results: Some(convert::item_results(ids, res)),
+            });
             let (result_value, err) = split(r);
             Reply::Ack(t::FoqsAckResult { result_value, err })
         }

@@ -16,8 +16,8 @@ use tokio::net::TcpStream;
 
 use super::{config_for, convert, describe};
 use crate::core::{
-    ActiveTopicsPage, DeadItem, EnqueueOutcome, EnqueueRequestItem, Forwarded, NackRequestItem,
-    PeerSummary, Peers, TouchRequestItem,
+    AckRequestItem, ActiveTopicsPage, DeadItem, EnqueueOutcome, EnqueueRequestItem, Forwarded,
+    NackRequestItem, PeerSummary, Peers, TouchRequestItem,
 };
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -288,14 +288,16 @@ impl Peers for PeerClient {
     fn ack<'a>(
         &'a self,
         addr: &'a str,
-        ids: Vec<String>,
+        items: Vec<AckRequestItem>,
         from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
+        let (ids, lease_ids) = convert::ack_request_lists(items);
         let args = t::FoqsAckArgs {
             req: t::AckRequest {
                 ids: Some(ids),
                 forwarded_by: Some(from.by.to_string()),
                 forwarded_for: from.for_identity.map(str::to_string),
+                lease_ids,
             },
         };
         call_method!(self, addr, "ack", args, t::FoqsAckResult, |v| {

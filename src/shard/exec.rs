@@ -25,6 +25,88 @@ pub(super) struct NackOutcome {
 pub(super) struct AckPlan {
     pub unstaged: Vec<(u64, i64)>,
     pub unclaimed: Vec<TopicName>,
+    /// Keys deleted whatever their state (acks that name no lease).
+    pub plain: Vec<u64>,
+    /// Keys deleted only while leased under the named lease.
+    pub named: Vec<(u64, i64)>,
+}
+
+/// What a turn's acks did in storage.
+pub(super) struct AckOutcome {
+    /// The rows deleted.
+    pub deleted: Vec<ItemMeta>,
+    /// Keys of acks naming a lease whose row exists (on another lease, or not leased).
+    pub kept: HashSet<u64>,
+}
+
+/// A failed ack DELETE, with the keys found gone when the worker looked again (they were
+/// deleted: by this DELETE, whose reply was lost, or committed before the error), or
+/// `None` when that look failed too.
+pub(super) type AckFailure = (StoreError, Option<HashSet<u64>>);
+
+/// Deletes the acked rows in one statement: every `plain` key, and each `named` key
+/// whose row is leased under the named lease (looked up first, only when some ack names
+/// one). When the DELETE fails, the worker looks the keys up once more, so that an ack
+/// that did commit (its reply lost) is answered as done, not as an error.
+pub(super) async fn ack_exec<S: ShardStore>(
+    store: &S,
+    plan: &AckPlan,
+    timeout: std::time::Duration,
+) -> Result<AckOutcome, AckFailure> {
+    let mut keys = plan.plain.clone();
+    let mut kept = HashSet::new();
+    if !plan.named.is_empty() {
+        let named: Vec<u64> = plan.named.iter().map(|(k, _)| *k).collect();
+        let found = match tokio::time::timeout(timeout, store.lookup(&named)).await {
+            Ok(Ok(found)) => found,
+            // Nothing was written: no ack of this turn is applied.
+            Ok(Err(e)) => return Err((e, Some(HashSet::new()))),
+            Err(_) => {
+                return Err((
+                    StoreError::Timeout(timeout.as_millis() as u64),
+                    Some(HashSet::new()),
+                ))
+            }
+        };
+        let rows: HashMap<u64, ItemMeta> = found.into_iter().map(|m| (m.key, m)).collect();
+        for (key, lease) in &plan.named {
+            match rows.get(key) {
+                Some(m) if m.state == ItemState::Leased && m.lease_token == *lease => {
+                    keys.push(*key)
+                }
+                Some(_) => {
+                    kept.insert(*key);
+                }
+                None => {}
+            }
+        }
+    }
+    if keys.is_empty() {
+        return Ok(AckOutcome {
+            deleted: Vec::new(),
+            kept,
+        });
+    }
+    let e = match tokio::time::timeout(timeout, store.delete(&keys)).await {
+        Ok(Ok(deleted)) => return Ok(AckOutcome { deleted, kept }),
+        Ok(Err(e)) => e,
+        Err(_) => StoreError::Timeout(timeout.as_millis() as u64),
+    };
+    // The outcome is unknown: look again. A key still there was not deleted (a DELETE
+    // that timed out may yet commit: the worker remembers those acks, see `AckMemory`).
+    let gone = match tokio::time::timeout(timeout, store.lookup(&keys)).await {
+        Ok(Ok(found)) => {
+            let there: HashSet<u64> = found.into_iter().map(|m| m.key).collect();
+            Some(
+                keys.iter()
+                    .copied()
+                    .filter(|k| !there.contains(k))
+                    .collect(),
+            )
+        }
+        _ => None,
+    };
+    Err((e, gone))
 }
 
 /// A failed nack transaction, with the topics whose rows it may have changed (`None`:

@@ -3,6 +3,7 @@
 //! else talks to it through a [`ShardHandle`], a bounded channel: a full channel is
 //! backpressure, answered with a retryable `UNAVAILABLE`, never an unbounded queue.
 
+mod acked;
 mod breaker;
 mod counts;
 mod dlq;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
+pub use acked::{AckMemory, Recall};
 pub use breaker::Breaker;
 pub use counts::{NsCounts, NsSnapshot};
 pub use index::{ReadyIndex, TopicIndex};
@@ -44,10 +46,22 @@ pub enum Settled {
     NotFound,
     /// The call named a delivery (`lease_id`) whose lease has ended.
     LeaseEnded,
+    /// The storage failed and nothing was applied to this item (others of the same call
+    /// were): retry.
+    Unapplied,
 }
 
 /// Where a worker sends one command's outcome.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
+
+/// One ack for a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckOp {
+    pub key: u64,
+    /// Only when the item is still on this delivery's lease (or was acked under it, see
+    /// [`AckMemory`]); absent: whatever its state.
+    pub lease_id: Option<i64>,
+}
 
 /// One nack for a worker.
 #[derive(Debug, Clone)]
@@ -90,7 +104,7 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Result<Vec<Item>>>,
     },
     Ack {
-        keys: Vec<u64>,
+        ops: Vec<AckOp>,
         reply: oneshot::Sender<Result<Vec<Settled>>>,
     },
     Nack {
@@ -512,8 +526,8 @@ impl ShardHandle {
         self.call(|reply| Command::Touch { ops, reply }).await
     }
 
-    pub async fn ack(&self, keys: Vec<u64>) -> Result<Vec<Settled>> {
-        self.call(|reply| Command::Ack { keys, reply }).await
+    pub async fn ack(&self, ops: Vec<AckOp>) -> Result<Vec<Settled>> {
+        self.call(|reply| Command::Ack { ops, reply }).await
     }
 
     pub async fn nack(&self, nacks: Vec<NackOp>) -> Result<Vec<Settled>> {

@@ -8,10 +8,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use super::exec::{AckPlan, NackFailure, NackOutcome};
+use super::exec::{AckFailure, AckOutcome, AckPlan, NackFailure, NackOutcome};
 use super::worker::{storage_error, timed, ShardWorker};
 use super::ShardError;
-use super::{Command, Enqueued, NackOp, Reply, Settled, TouchOp};
+use super::{AckOp, Command, Enqueued, NackOp, Recall, Reply, Settled, TouchOp};
 use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
 use crate::store::{Handoff, ItemMeta, ShardStore, StoreResult};
 
@@ -300,25 +300,24 @@ impl<S: ShardStore> ShardWorker<S> {
 
     pub(super) fn finish_ack(
         &mut self,
-        requests: Vec<(Vec<u64>, Reply<Vec<Settled>>)>,
+        requests: Vec<(Vec<AckOp>, Reply<Vec<Settled>>)>,
         plan: AckPlan,
-        (r, took): (StoreResult<Vec<ItemMeta>>, u64),
+        (r, took): (Result<AckOutcome, AckFailure>, u64),
     ) {
-        self.record(&r, took);
-        let found: HashMap<u64, ItemMeta> = match r {
-            Ok(metas) => metas.into_iter().map(|m| (m.key, m)).collect(),
-            Err(e) => {
-                // Whether the DELETE committed is unknown: what was staged stays staged
-                // (an expiry then gives it back, uncounted), the index reloads.
-                for (key, token) in plan.unstaged {
-                    self.shared.staged.insert(key, token);
-                }
-                for t in plan.unclaimed {
-                    self.outcome_unknown(&t.ns, &t.topic);
-                }
-                return fail_all(requests, &storage_error(self.id, &e));
+        let now = self.clock.now_ms();
+        let r = r.map_err(|(e, gone)| {
+            self.record::<()>(&Err(e.clone()), took);
+            (e, gone)
+        });
+        let outcome = match r {
+            Ok(o) => {
+                self.record::<()>(&Ok(()), took);
+                o
             }
+            Err((e, gone)) => return self.ack_failed(requests, plan, e, gone, now),
         };
+        let found: HashMap<u64, ItemMeta> =
+            outcome.deleted.into_iter().map(|m| (m.key, m)).collect();
         {
             let mut counts = self.counts();
             for m in found.values() {
@@ -330,19 +329,75 @@ impl<S: ShardStore> ShardWorker<S> {
             if m.state == ItemState::Ready {
                 self.index().remove(&m.ns, &m.topic, &m.ready_key());
             }
+            // Claims of it whose outcome was unknown have nothing left to give back.
+            self.shared.staged.remove(m.key);
+            self.acked.remember(m.key, Some(m.lease_token), now);
         }
         self.shared
             .items
             .fetch_sub(found.len() as i64, Ordering::Relaxed);
-        for (keys, reply) in requests {
-            let out = keys
+        for (ops, reply) in requests {
+            let out = ops
                 .iter()
-                .map(|k| {
-                    if found.contains_key(k) {
-                        Settled::Done
-                    } else {
-                        Settled::NotFound
+                .map(|op| {
+                    if found.contains_key(&op.key) {
+                        return Settled::Done;
                     }
+                    match self.acked.recall(op.key, op.lease_id, now) {
+                        Recall::Same => Settled::Done,
+                        Recall::Other => Settled::LeaseEnded,
+                        Recall::Unknown if outcome.kept.contains(&op.key) => Settled::LeaseEnded,
+                        Recall::Unknown => Settled::NotFound,
+                    }
+                })
+                .collect();
+            let _ = reply.send(Ok(out));
+        }
+    }
+
+    /// The acks' DELETE failed. The keys found gone on a second look were deleted (the
+    /// DELETE committed and its reply was lost, or it committed before failing): those
+    /// acks are done, and answered so. The rest fail retryably; as a DELETE that timed
+    /// out may still commit, they are remembered too (a retry that finds the row gone is
+    /// answered done, see [`super::AckMemory`]). What was staged stays staged (an expiry
+    /// gives it back, uncounted), the index reloads.
+    fn ack_failed(
+        &mut self,
+        requests: Vec<(Vec<AckOp>, Reply<Vec<Settled>>)>,
+        plan: AckPlan,
+        e: crate::store::StoreError,
+        gone: Option<HashSet<u64>>,
+        now: i64,
+    ) {
+        let gone = gone.unwrap_or_default();
+        for (key, token) in plan.unstaged {
+            if !gone.contains(&key) {
+                self.shared.staged.insert(key, token);
+            }
+        }
+        for t in plan.unclaimed {
+            self.outcome_unknown(&t.ns, &t.topic);
+        }
+        if !gone.is_empty() {
+            // Rows deleted without their namespaces and states read: every count is
+            // read again once the outcome has settled.
+            self.all_unknown();
+        }
+        let err = storage_error(self.id, &e);
+        for (ops, reply) in requests {
+            for op in &ops {
+                self.acked.remember(op.key, op.lease_id, now);
+            }
+            if !ops.iter().any(|op| gone.contains(&op.key)) {
+                let _ = reply.send(Err(err.clone()));
+                continue;
+            }
+            // Some of this call's acks were applied: each is answered for itself.
+            let out = ops
+                .iter()
+                .map(|op| match gone.contains(&op.key) {
+                    true => Settled::Done,
+                    false => Settled::Unapplied,
                 })
                 .collect();
             let _ = reply.send(Ok(out));

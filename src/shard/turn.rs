@@ -35,7 +35,7 @@ impl<S: ShardStore> ShardWorker<S> {
         for c in commands {
             match c {
                 Command::Enqueue { items, reply } => enqueues.push((items, reply)),
-                Command::Ack { keys, reply } => acks.push((keys, reply)),
+                Command::Ack { ops, reply } => acks.push((ops, reply)),
                 Command::Nack { nacks: n, reply } => nacks.push((n, reply)),
                 Command::Release { items, reply } => releases.push((items, reply)),
                 Command::Touch { ops, reply } => touches.push((ops, reply)),
@@ -146,18 +146,29 @@ impl<S: ShardStore> ShardWorker<S> {
         // An ack settles its item before anything else of the turn: a staged copy can no
         // longer be handed out, and a claim of the same key (the row is being deleted)
         // is dropped, so that no delivery follows the ack.
-        let ack_keys: Vec<u64> = acks.iter().flat_map(|(k, _)| k.iter().copied()).collect();
-        let acked: HashSet<u64> = ack_keys.iter().copied().collect();
-        // What the acks undo if their DELETE fails (see `AckPlan`).
+        // An ack that names a lease settles only that delivery: a staged or claimed copy
+        // is another lease, which it leaves alone (its row's check in `ack_exec` fails).
         let mut ack_plan = exec::AckPlan::default();
-        for k in &ack_keys {
+        for op in acks.iter().flat_map(|(o, _)| o.iter()) {
+            match op.lease_id {
+                Some(lease) => ack_plan.named.push((op.key, lease)),
+                None => ack_plan.plain.push(op.key),
+            }
+        }
+        let acked: HashSet<u64> = acks
+            .iter()
+            .flat_map(|(o, _)| o.iter().map(|op| op.key))
+            .collect();
+        let plain: HashSet<u64> = ack_plan.plain.iter().copied().collect();
+        // What the acks undo if their DELETE fails (see `AckPlan`).
+        for k in &plain {
             for token in self.shared.staged.remove(*k) {
                 ack_plan.unstaged.push((*k, token));
             }
         }
         for (topic, free, _) in &mut claims {
             let before = free.len();
-            free.retain(|k| !acked.contains(k));
+            free.retain(|k| !plain.contains(k));
             if free.len() < before {
                 ack_plan.unclaimed.push(topic.clone());
             }
@@ -222,10 +233,12 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
             },
             async {
-                if ack_keys.is_empty() {
+                if acks.is_empty() {
                     None
                 } else {
-                    Some(timed(t, store.delete(&ack_keys)).await)
+                    let started = std::time::Instant::now();
+                    let r = exec::ack_exec(&*store, &ack_plan, t).await;
+                    Some((r, started.elapsed().as_millis() as u64))
                 }
             },
             async {

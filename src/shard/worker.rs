@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use super::doubt::Doubts;
 pub(super) use super::store_call::{storage_error, timed};
 use super::Result;
-use super::{Breaker, Command, NsCounts, ReadyIndex, ShardHandle, ShardShared};
+use super::{AckMemory, Breaker, Command, NsCounts, ReadyIndex, ShardHandle, ShardShared};
 use crate::clock::SharedClock;
 use crate::config::EngineConfig;
 use crate::metrics::{ItemEvent, Metrics, ShardLabel};
@@ -55,6 +55,8 @@ pub struct WorkerConfig {
     pub breaker_open_ms: u64,
     pub store_timeout_ms: u64,
     pub open_timeout_ms: u64,
+    pub ack_memory_ms: u64,
+    pub ack_memory_items_max: usize,
 }
 
 impl From<&EngineConfig> for WorkerConfig {
@@ -72,6 +74,8 @@ impl From<&EngineConfig> for WorkerConfig {
             breaker_open_ms: e.breaker_open_ms,
             store_timeout_ms: e.store_timeout_ms,
             open_timeout_ms: e.shard_open_timeout_ms,
+            ack_memory_ms: e.ack_memory_ms,
+            ack_memory_items_max: e.ack_memory_items_max,
         }
     }
 }
@@ -114,6 +118,8 @@ pub struct ShardWorker<S: ShardStore> {
     /// `handoff.rs`).
     pub(super) handoff_doubts:
         std::collections::VecDeque<(std::time::Instant, crate::store::Handoff)>,
+    /// Items acked lately, so that a retried ack answers as the first did.
+    pub(super) acked: AckMemory,
 }
 
 /// Reads beside the loop one shard runs at once at most (each holds a pooled connection
@@ -236,6 +242,7 @@ impl<S: ShardStore> ShardWorker<S> {
             }),
             reads: Arc::new(tokio::sync::Semaphore::new(READS_BESIDE_MAX)),
             handoff_doubts: Default::default(),
+            acked: AckMemory::new(cfg.ack_memory_ms, cfg.ack_memory_items_max),
             clock,
             cfg,
             probes,

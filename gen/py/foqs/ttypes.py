@@ -1098,14 +1098,16 @@ class AckRequest(object):
      - ids
      - forwarded_by
      - forwarded_for
+     - lease_ids
 
     """
 
 
-    def __init__(self, ids=None, forwarded_by=None, forwarded_for=None,):
+    def __init__(self, ids=None, forwarded_by=None, forwarded_for=None, lease_ids=None,):
         self.ids = ids
         self.forwarded_by = forwarded_by
         self.forwarded_for = forwarded_for
+        self.lease_ids = lease_ids
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1136,6 +1138,16 @@ class AckRequest(object):
                     self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.LIST:
+                    self.lease_ids = []
+                    (_etype37, _size34) = iprot.readListBegin()
+                    for _i38 in range(_size34):
+                        _elem39 = iprot.readI64()
+                        self.lease_ids.append(_elem39)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1149,8 +1161,8 @@ class AckRequest(object):
         if self.ids is not None:
             oprot.writeFieldBegin('ids', TType.LIST, 1)
             oprot.writeListBegin(TType.STRING, len(self.ids))
-            for iter34 in self.ids:
-                oprot.writeString(iter34.encode('utf-8') if sys.version_info[0] == 2 else iter34)
+            for iter40 in self.ids:
+                oprot.writeString(iter40.encode('utf-8') if sys.version_info[0] == 2 else iter40)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.forwarded_by is not None:
@@ -1160,6 +1172,13 @@ class AckRequest(object):
         if self.forwarded_for is not None:
             oprot.writeFieldBegin('forwarded_for', TType.STRING, 3)
             oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
+            oprot.writeFieldEnd()
+        if self.lease_ids is not None:
+            oprot.writeFieldBegin('lease_ids', TType.LIST, 4)
+            oprot.writeListBegin(TType.I64, len(self.lease_ids))
+            for iter41 in self.lease_ids:
+                oprot.writeI64(iter41)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1307,11 +1326,11 @@ class NackRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype38, _size35) = iprot.readListBegin()
-                    for _i39 in range(_size35):
-                        _elem40 = NackItem()
-                        _elem40.read(iprot)
-                        self.items.append(_elem40)
+                    (_etype45, _size42) = iprot.readListBegin()
+                    for _i46 in range(_size42):
+                        _elem47 = NackItem()
+                        _elem47.read(iprot)
+                        self.items.append(_elem47)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1338,8 +1357,8 @@ class NackRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter41 in self.items:
-                iter41.write(oprot)
+            for iter48 in self.items:
+                iter48.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.forwarded_by is not None:
@@ -1460,11 +1479,11 @@ class AckResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype45, _size42) = iprot.readListBegin()
-                    for _i46 in range(_size42):
-                        _elem47 = ItemResult()
-                        _elem47.read(iprot)
-                        self.results.append(_elem47)
+                    (_etype52, _size49) = iprot.readListBegin()
+                    for _i53 in range(_size49):
+                        _elem54 = ItemResult()
+                        _elem54.read(iprot)
+                        self.results.append(_elem54)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1481,8 +1500,8 @@ class AckResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter48 in self.results:
-                iter48.write(oprot)
+            for iter55 in self.results:
+                iter55.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1526,11 +1545,11 @@ class NackResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype52, _size49) = iprot.readListBegin()
-                    for _i53 in range(_size49):
-                        _elem54 = ItemResult()
-                        _elem54.read(iprot)
-                        self.results.append(_elem54)
+                    (_etype59, _size56) = iprot.readListBegin()
+                    for _i60 in range(_size56):
+                        _elem61 = ItemResult()
+                        _elem61.read(iprot)
+                        self.results.append(_elem61)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1547,8 +1566,8 @@ class NackResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter55 in self.results:
-                iter55.write(oprot)
+            for iter62 in self.results:
+                iter62.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1675,11 +1694,11 @@ class TouchRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype59, _size56) = iprot.readListBegin()
-                    for _i60 in range(_size56):
-                        _elem61 = TouchItem()
-                        _elem61.read(iprot)
-                        self.items.append(_elem61)
+                    (_etype66, _size63) = iprot.readListBegin()
+                    for _i67 in range(_size63):
+                        _elem68 = TouchItem()
+                        _elem68.read(iprot)
+                        self.items.append(_elem68)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1706,8 +1725,8 @@ class TouchRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter62 in self.items:
-                iter62.write(oprot)
+            for iter69 in self.items:
+                iter69.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.forwarded_by is not None:
@@ -1759,11 +1778,11 @@ class TouchResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype66, _size63) = iprot.readListBegin()
-                    for _i67 in range(_size63):
-                        _elem68 = ItemResult()
-                        _elem68.read(iprot)
-                        self.results.append(_elem68)
+                    (_etype73, _size70) = iprot.readListBegin()
+                    for _i74 in range(_size70):
+                        _elem75 = ItemResult()
+                        _elem75.read(iprot)
+                        self.results.append(_elem75)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1780,8 +1799,8 @@ class TouchResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter69 in self.results:
-                iter69.write(oprot)
+            for iter76 in self.results:
+                iter76.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1915,11 +1934,11 @@ class PeekResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype73, _size70) = iprot.readListBegin()
-                    for _i74 in range(_size70):
-                        _elem75 = Item()
-                        _elem75.read(iprot)
-                        self.items.append(_elem75)
+                    (_etype80, _size77) = iprot.readListBegin()
+                    for _i81 in range(_size77):
+                        _elem82 = Item()
+                        _elem82.read(iprot)
+                        self.items.append(_elem82)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1936,8 +1955,8 @@ class PeekResponse(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter76 in self.items:
-                iter76.write(oprot)
+            for iter83 in self.items:
+                iter83.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2153,11 +2172,11 @@ class DlqListResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype80, _size77) = iprot.readListBegin()
-                    for _i81 in range(_size77):
-                        _elem82 = DeadItem()
-                        _elem82.read(iprot)
-                        self.items.append(_elem82)
+                    (_etype87, _size84) = iprot.readListBegin()
+                    for _i88 in range(_size84):
+                        _elem89 = DeadItem()
+                        _elem89.read(iprot)
+                        self.items.append(_elem89)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2179,8 +2198,8 @@ class DlqListResponse(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter83 in self.items:
-                iter83.write(oprot)
+            for iter90 in self.items:
+                iter90.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.next_after is not None:
@@ -2232,10 +2251,10 @@ class DlqRequeueRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.ids = []
-                    (_etype87, _size84) = iprot.readListBegin()
-                    for _i88 in range(_size84):
-                        _elem89 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.ids.append(_elem89)
+                    (_etype94, _size91) = iprot.readListBegin()
+                    for _i95 in range(_size91):
+                        _elem96 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.ids.append(_elem96)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2262,8 +2281,8 @@ class DlqRequeueRequest(object):
         if self.ids is not None:
             oprot.writeFieldBegin('ids', TType.LIST, 1)
             oprot.writeListBegin(TType.STRING, len(self.ids))
-            for iter90 in self.ids:
-                oprot.writeString(iter90.encode('utf-8') if sys.version_info[0] == 2 else iter90)
+            for iter97 in self.ids:
+                oprot.writeString(iter97.encode('utf-8') if sys.version_info[0] == 2 else iter97)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.forwarded_by is not None:
@@ -2315,11 +2334,11 @@ class DlqRequeueResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype94, _size91) = iprot.readListBegin()
-                    for _i95 in range(_size91):
-                        _elem96 = ItemResult()
-                        _elem96.read(iprot)
-                        self.results.append(_elem96)
+                    (_etype101, _size98) = iprot.readListBegin()
+                    for _i102 in range(_size98):
+                        _elem103 = ItemResult()
+                        _elem103.read(iprot)
+                        self.results.append(_elem103)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2336,8 +2355,8 @@ class DlqRequeueResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter97 in self.results:
-                iter97.write(oprot)
+            for iter104 in self.results:
+                iter104.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2971,10 +2990,10 @@ class ActiveTopic(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.hosts = []
-                    (_etype101, _size98) = iprot.readListBegin()
-                    for _i102 in range(_size98):
-                        _elem103 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.hosts.append(_elem103)
+                    (_etype108, _size105) = iprot.readListBegin()
+                    for _i109 in range(_size105):
+                        _elem110 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.hosts.append(_elem110)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3007,8 +3026,8 @@ class ActiveTopic(object):
         if self.hosts is not None:
             oprot.writeFieldBegin('hosts', TType.LIST, 5)
             oprot.writeListBegin(TType.STRING, len(self.hosts))
-            for iter104 in self.hosts:
-                oprot.writeString(iter104.encode('utf-8') if sys.version_info[0] == 2 else iter104)
+            for iter111 in self.hosts:
+                oprot.writeString(iter111.encode('utf-8') if sys.version_info[0] == 2 else iter111)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3054,11 +3073,11 @@ class GetActiveTopicsResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.topics = []
-                    (_etype108, _size105) = iprot.readListBegin()
-                    for _i109 in range(_size105):
-                        _elem110 = ActiveTopic()
-                        _elem110.read(iprot)
-                        self.topics.append(_elem110)
+                    (_etype115, _size112) = iprot.readListBegin()
+                    for _i116 in range(_size112):
+                        _elem117 = ActiveTopic()
+                        _elem117.read(iprot)
+                        self.topics.append(_elem117)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3080,8 +3099,8 @@ class GetActiveTopicsResponse(object):
         if self.topics is not None:
             oprot.writeFieldBegin('topics', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.topics))
-            for iter111 in self.topics:
-                iter111.write(oprot)
+            for iter118 in self.topics:
+                iter118.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.next_after is not None:
@@ -3244,10 +3263,10 @@ class PeerInfo(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype115, _size112) = iprot.readListBegin()
-                    for _i116 in range(_size112):
-                        _elem117 = iprot.readI32()
-                        self.shards.append(_elem117)
+                    (_etype122, _size119) = iprot.readListBegin()
+                    for _i123 in range(_size119):
+                        _elem124 = iprot.readI32()
+                        self.shards.append(_elem124)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3286,8 +3305,8 @@ class PeerInfo(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 4)
             oprot.writeListBegin(TType.I32, len(self.shards))
-            for iter118 in self.shards:
-                oprot.writeI32(iter118)
+            for iter125 in self.shards:
+                oprot.writeI32(iter125)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.reachable is not None:
@@ -3466,11 +3485,11 @@ class HostInfo(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype122, _size119) = iprot.readListBegin()
-                    for _i123 in range(_size119):
-                        _elem124 = ShardInfo()
-                        _elem124.read(iprot)
-                        self.shards.append(_elem124)
+                    (_etype129, _size126) = iprot.readListBegin()
+                    for _i130 in range(_size126):
+                        _elem131 = ShardInfo()
+                        _elem131.read(iprot)
+                        self.shards.append(_elem131)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3492,11 +3511,11 @@ class HostInfo(object):
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.peers = []
-                    (_etype128, _size125) = iprot.readListBegin()
-                    for _i129 in range(_size125):
-                        _elem130 = PeerInfo()
-                        _elem130.read(iprot)
-                        self.peers.append(_elem130)
+                    (_etype135, _size132) = iprot.readListBegin()
+                    for _i136 in range(_size132):
+                        _elem137 = PeerInfo()
+                        _elem137.read(iprot)
+                        self.peers.append(_elem137)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3508,11 +3527,11 @@ class HostInfo(object):
             elif fid == 9:
                 if ftype == TType.LIST:
                     self.ready_topics = []
-                    (_etype134, _size131) = iprot.readListBegin()
-                    for _i135 in range(_size131):
-                        _elem136 = ReadyTopic()
-                        _elem136.read(iprot)
-                        self.ready_topics.append(_elem136)
+                    (_etype141, _size138) = iprot.readListBegin()
+                    for _i142 in range(_size138):
+                        _elem143 = ReadyTopic()
+                        _elem143.read(iprot)
+                        self.ready_topics.append(_elem143)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3537,8 +3556,8 @@ class HostInfo(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter137 in self.shards:
-                iter137.write(oprot)
+            for iter144 in self.shards:
+                iter144.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.tier is not None:
@@ -3556,8 +3575,8 @@ class HostInfo(object):
         if self.peers is not None:
             oprot.writeFieldBegin('peers', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.peers))
-            for iter138 in self.peers:
-                iter138.write(oprot)
+            for iter145 in self.peers:
+                iter145.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.manager is not None:
@@ -3567,8 +3586,8 @@ class HostInfo(object):
         if self.ready_topics is not None:
             oprot.writeFieldBegin('ready_topics', TType.LIST, 9)
             oprot.writeListBegin(TType.STRUCT, len(self.ready_topics))
-            for iter139 in self.ready_topics:
-                iter139.write(oprot)
+            for iter146 in self.ready_topics:
+                iter146.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3619,11 +3638,11 @@ class NotifyReadyRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.topics = []
-                    (_etype143, _size140) = iprot.readListBegin()
-                    for _i144 in range(_size140):
-                        _elem145 = ReadyTopic()
-                        _elem145.read(iprot)
-                        self.topics.append(_elem145)
+                    (_etype150, _size147) = iprot.readListBegin()
+                    for _i151 in range(_size147):
+                        _elem152 = ReadyTopic()
+                        _elem152.read(iprot)
+                        self.topics.append(_elem152)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3644,8 +3663,8 @@ class NotifyReadyRequest(object):
         if self.topics is not None:
             oprot.writeFieldBegin('topics', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.topics))
-            for iter146 in self.topics:
-                iter146.write(oprot)
+            for iter153 in self.topics:
+                iter153.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3920,10 +3939,10 @@ class SwitchReport(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype150, _size147) = iprot.readListBegin()
-                    for _i151 in range(_size147):
-                        _elem152 = iprot.readI32()
-                        self.shards.append(_elem152)
+                    (_etype157, _size154) = iprot.readListBegin()
+                    for _i158 in range(_size154):
+                        _elem159 = iprot.readI32()
+                        self.shards.append(_elem159)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3994,8 +4013,8 @@ class SwitchReport(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 2)
             oprot.writeListBegin(TType.I32, len(self.shards))
-            for iter153 in self.shards:
-                oprot.writeI32(iter153)
+            for iter160 in self.shards:
+                oprot.writeI32(iter160)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.from_server is not None:
@@ -4079,11 +4098,11 @@ class SwitchResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.switches = []
-                    (_etype157, _size154) = iprot.readListBegin()
-                    for _i158 in range(_size154):
-                        _elem159 = SwitchReport()
-                        _elem159.read(iprot)
-                        self.switches.append(_elem159)
+                    (_etype164, _size161) = iprot.readListBegin()
+                    for _i165 in range(_size161):
+                        _elem166 = SwitchReport()
+                        _elem166.read(iprot)
+                        self.switches.append(_elem166)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4100,8 +4119,8 @@ class SwitchResponse(object):
         if self.switches is not None:
             oprot.writeFieldBegin('switches', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.switches))
-            for iter160 in self.switches:
-                iter160.write(oprot)
+            for iter167 in self.switches:
+                iter167.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4364,11 +4383,11 @@ class ShardReplicationInfo(object):
             elif fid == 10:
                 if ftype == TType.LIST:
                     self.replicas = []
-                    (_etype164, _size161) = iprot.readListBegin()
-                    for _i165 in range(_size161):
-                        _elem166 = ReplicaInfo()
-                        _elem166.read(iprot)
-                        self.replicas.append(_elem166)
+                    (_etype171, _size168) = iprot.readListBegin()
+                    for _i172 in range(_size168):
+                        _elem173 = ReplicaInfo()
+                        _elem173.read(iprot)
+                        self.replicas.append(_elem173)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4421,8 +4440,8 @@ class ShardReplicationInfo(object):
         if self.replicas is not None:
             oprot.writeFieldBegin('replicas', TType.LIST, 10)
             oprot.writeListBegin(TType.STRUCT, len(self.replicas))
-            for iter167 in self.replicas:
-                iter167.write(oprot)
+            for iter174 in self.replicas:
+                iter174.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4466,11 +4485,11 @@ class ReplicationResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype171, _size168) = iprot.readListBegin()
-                    for _i172 in range(_size168):
-                        _elem173 = ShardReplicationInfo()
-                        _elem173.read(iprot)
-                        self.shards.append(_elem173)
+                    (_etype178, _size175) = iprot.readListBegin()
+                    for _i179 in range(_size175):
+                        _elem180 = ShardReplicationInfo()
+                        _elem180.read(iprot)
+                        self.shards.append(_elem180)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4487,8 +4506,8 @@ class ReplicationResponse(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter174 in self.shards:
-                iter174.write(oprot)
+            for iter181 in self.shards:
+                iter181.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4599,6 +4618,7 @@ AckRequest.thrift_spec = (
     (1, TType.LIST, 'ids', (TType.STRING, 'UTF8', False), None, ),  # 1
     (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
     (3, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 3
+    (4, TType.LIST, 'lease_ids', (TType.I64, None, False), None, ),  # 4
 )
 all_structs.append(NackItem)
 NackItem.thrift_spec = (

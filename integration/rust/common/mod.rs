@@ -389,6 +389,7 @@ impl Client {
                 ids: Some(ids.to_vec()),
                 forwarded_by: None,
                 forwarded_for: None,
+                lease_ids: None,
             })
         })
         .expect("ack")

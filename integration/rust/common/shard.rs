@@ -21,6 +21,8 @@ pub fn worker_config() -> foqs::shard::WorkerConfig {
         breaker_open_ms: 1000,
         store_timeout_ms: 20_000,
         open_timeout_ms: 60_000,
+        ack_memory_ms: 600_000,
+        ack_memory_items_max: 100_000,
     }
 }
 

@@ -233,6 +233,7 @@ impl Run {
                         ids: Some(ids),
                         forwarded_by: None,
                         forwarded_for: None,
+                        lease_ids: None,
                     })?;
                 }
                 Ok(())
@@ -302,6 +303,7 @@ impl Run {
                     ids: Some(ids),
                     forwarded_by: None,
                     forwarded_for: None,
+                    lease_ids: None,
                 })?;
                 lat.push(t.elapsed().as_micros() as u32);
                 acks.lock()

@@ -118,7 +118,13 @@ enum Cmd {
         raw: bool,
     },
     /// Ack (delete) items by id.
-    Ack { ids: Vec<String> },
+    Ack {
+        ids: Vec<String>,
+        /// Only if the item is still on this delivery's lease (see nack --lease-id); one
+        /// per id, in order, when given (0: none for that id).
+        #[arg(long = "lease-id")]
+        lease_ids: Vec<i64>,
+    },
     /// Nack an item: ready again after --delay-ms, or dead with --to-dlq.
     Nack {
         id: String,
@@ -466,11 +472,12 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             let items = c.dequeue(req).map_err(e)?.items.unwrap_or_default();
             print_items(&items, cli.json, *raw)
         }
-        Cmd::Ack { ids } => print_results(
+        Cmd::Ack { ids, lease_ids } => print_results(
             c.ack(AckRequest {
                 ids: Some(ids.clone()),
                 forwarded_by: None,
                 forwarded_for: None,
+                lease_ids: (!lease_ids.is_empty()).then(|| lease_ids.clone()),
             })
             .map_err(e)?
             .results
