@@ -134,6 +134,9 @@ pub struct Metrics {
     pub forwarded: Family<PeerOutcome, Counter>,
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
+    /// Deliveries re-leased before leaving the host (see `core::useful_lease`), by
+    /// outcome: `renewed`, or `dropped` (the lease had ended; left out of the reply).
+    pub handout_releases: Family<OutcomeLabel, Counter>,
     pub semi_sync_on: Family<ServerLabel, Gauge>,
     pub semi_sync_no_tx: Family<ServerLabel, Gauge>,
     pub replica_lag_ms: Family<ServerLabel, Gauge>,
@@ -308,6 +311,12 @@ impl Metrics {
             "Renewals of this host's cluster lease (etcd), by outcome",
             lease_renewals.clone(),
         );
+        let handout_releases = Family::<OutcomeLabel, Counter>::default();
+        r.register(
+            "dequeue_leases_renewed",
+            "Deliveries whose reply waited so long that less than half their lease was left, re-leased before the reply left (renewed) or left out of it because their lease had ended (dropped)",
+            handout_releases.clone(),
+        );
         let semi_sync_on = Family::<ServerLabel, Gauge>::default();
         r.register(
             "replication_semi_sync_on",
@@ -357,6 +366,7 @@ impl Metrics {
             forwarded,
             shards_owned,
             lease_renewals,
+            handout_releases,
             semi_sync_on,
             semi_sync_no_tx,
             replica_lag_ms,
@@ -468,6 +478,16 @@ impl Metrics {
                 outcome,
             })
             .inc();
+    }
+
+    pub fn leases_renewed_at_handout(&self, renewed: u64, dropped: u64) {
+        for (outcome, n) in [("renewed", renewed), ("dropped", dropped)] {
+            if n > 0 {
+                self.handout_releases
+                    .get_or_create(&OutcomeLabel { outcome })
+                    .inc_by(n);
+            }
+        }
     }
 
     pub fn lease_renewal(&self, ok: bool) {

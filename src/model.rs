@@ -199,6 +199,9 @@ pub struct Item {
     pub enqueued_at_ms: i64,
     pub delivery_count: i32,
     pub lease_expires_ms: i64,
+    /// The lease each delivery of it gets (its enqueue's `lease_ms`); 0 when unknown (a
+    /// peer's reply from a version without the field).
+    pub lease_ms: i64,
     pub policy: Policy,
     /// When the TTL deletes it, if ever (not sent to clients).
     pub expires_at_ms: Option<i64>,

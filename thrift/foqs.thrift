@@ -133,6 +133,9 @@ struct Item {
   // such a call answers NOT_FOUND instead of changing another consumer's lease. 0 for
   // items that are not leased (peek).
   12: i64 lease_id,
+  // How long each delivery of this item is leased for (its EnqueueItem.lease_ms): extend a
+  // long job's lease by this much with touch. On peeked items: what a delivery would get.
+  13: optional i64 lease_ms,
 }
 
 struct DequeueResponse {

@@ -871,6 +871,7 @@ var Item = module.exports.Item = function(args) {
   this.lease_expires_ms = null;
   this.policy = null;
   this.lease_id = null;
+  this.lease_ms = null;
   if (args) {
     if (args.id !== undefined && args.id !== null) {
       this.id = args.id;
@@ -907,6 +908,9 @@ var Item = module.exports.Item = function(args) {
     }
     if (args.lease_id !== undefined && args.lease_id !== null) {
       this.lease_id = args.lease_id;
+    }
+    if (args.lease_ms !== undefined && args.lease_ms !== null) {
+      this.lease_ms = args.lease_ms;
     }
   }
 };
@@ -1005,6 +1009,13 @@ Item.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 13:
+      if (ftype == Thrift.Type.I64) {
+        this.lease_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -1074,6 +1085,11 @@ Item.prototype.write = function(output) {
   if (this.lease_id !== null && this.lease_id !== undefined) {
     output.writeFieldBegin('lease_id', Thrift.Type.I64, 12);
     output.writeI64(this.lease_id);
+    output.writeFieldEnd();
+  }
+  if (this.lease_ms !== null && this.lease_ms !== undefined) {
+    output.writeFieldBegin('lease_ms', Thrift.Type.I64, 13);
+    output.writeI64(this.lease_ms);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

@@ -1080,10 +1080,11 @@ pub struct Item {
   pub lease_expires_ms: Option<i64>,
   pub policy: Option<DeliveryPolicy>,
   pub lease_id: Option<i64>,
+  pub lease_ms: Option<i64>,
 }
 
 impl Item {
-  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10, F11, F12>(id: F1, ns: F2, topic: F3, priority: F4, payload: F5, metadata: F6, deliver_after_ms: F7, enqueued_at_ms: F8, delivery_count: F9, lease_expires_ms: F10, policy: F11, lease_id: F12) -> Item where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<i32>>, F5: Into<Option<Vec<u8>>>, F6: Into<Option<Vec<u8>>>, F7: Into<Option<i64>>, F8: Into<Option<i64>>, F9: Into<Option<i32>>, F10: Into<Option<i64>>, F11: Into<Option<DeliveryPolicy>>, F12: Into<Option<i64>> {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10, F11, F12, F13>(id: F1, ns: F2, topic: F3, priority: F4, payload: F5, metadata: F6, deliver_after_ms: F7, enqueued_at_ms: F8, delivery_count: F9, lease_expires_ms: F10, policy: F11, lease_id: F12, lease_ms: F13) -> Item where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<i32>>, F5: Into<Option<Vec<u8>>>, F6: Into<Option<Vec<u8>>>, F7: Into<Option<i64>>, F8: Into<Option<i64>>, F9: Into<Option<i32>>, F10: Into<Option<i64>>, F11: Into<Option<DeliveryPolicy>>, F12: Into<Option<i64>>, F13: Into<Option<i64>> {
     Item {
       id: id.into(),
       ns: ns.into(),
@@ -1097,6 +1098,7 @@ impl Item {
       lease_expires_ms: lease_expires_ms.into(),
       policy: policy.into(),
       lease_id: lease_id.into(),
+      lease_ms: lease_ms.into(),
     }
   }
 }
@@ -1116,6 +1118,7 @@ impl TSerializable for Item {
     let mut f_10: Option<i64> = Some(0);
     let mut f_11: Option<DeliveryPolicy> = None;
     let mut f_12: Option<i64> = Some(0);
+    let mut f_13: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1171,6 +1174,10 @@ impl TSerializable for Item {
           let val = i_prot.read_i64()?;
           f_12 = Some(val);
         },
+        13 => {
+          let val = i_prot.read_i64()?;
+          f_13 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1191,6 +1198,7 @@ impl TSerializable for Item {
       lease_expires_ms: f_10,
       policy: f_11,
       lease_id: f_12,
+      lease_ms: f_13,
     };
     Ok(ret)
   }
@@ -1257,6 +1265,11 @@ impl TSerializable for Item {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.lease_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("lease_ms", TType::I64, 13))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1277,6 +1290,7 @@ impl Default for Item {
       lease_expires_ms: Some(0),
       policy: None,
       lease_id: Some(0),
+      lease_ms: Some(0),
     }
   }
 }

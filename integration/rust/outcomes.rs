@@ -263,3 +263,100 @@ async fn a_nack_that_commits_after_its_timeout_strands_nothing_and_the_counts_he
     shard.shutdown().await;
     worker.await.unwrap();
 }
+
+/// A delivery leaves the host with a useful lease: a dequeue of two topics whose first
+/// topic's claim came back late (the host's clock moved 600 ms of a 1,000 ms lease while
+/// the store held it) re-leases that item before the reply leaves, instead of handing
+/// out a lease with 400 ms left that ends before a consumer across a network can use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_leaves_with_at_least_half_its_lease() {
+    use foqs::clock::{Clock, ManualClock};
+    use foqs::core::{AckRequestItem, Caller, EnqueueRequestItem, TopicRequest};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    const LEASE_MS: i64 = 1_000;
+    let db = TestDb::new(1);
+    let cfg = foqs::config::Config::from_toml(&config_toml(&db, "", FAST_ENGINE)).unwrap();
+    let faults = Faults::default();
+    let clock = ManualClock::new(1_000_000_000_000);
+    let running = foqs::daemon::start_with_faults(
+        &cfg,
+        Arc::new(clock.clone()),
+        BTreeMap::from([(0, faults.clone())]),
+    )
+    .await
+    .unwrap();
+    let host = running.host.clone();
+    let caller = Caller::anonymous();
+    for t in ["a", "b"] {
+        let r = host
+            .enqueue(
+                &caller,
+                vec![EnqueueRequestItem {
+                    ns: "out".into(),
+                    topic: t.into(),
+                    payload: t.as_bytes().to_vec(),
+                    lease_ms: Some(LEASE_MS),
+                    ..Default::default()
+                }],
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(r[0].is_ok(), "{r:?}");
+    }
+    // Topic a's claim is held in the store while the clock passes 600 ms of its lease.
+    faults.arm("claim", Fault::Hold);
+    let waiting = faults.waiting().notified();
+    let dequeue = tokio::spawn({
+        let host = host.clone();
+        async move {
+            let topics = ["a", "b"]
+                .map(|t| TopicRequest {
+                    ns: "out".into(),
+                    topic: t.into(),
+                    count: 1,
+                    before: (None, None),
+                })
+                .to_vec();
+            host.dequeue(&Caller::anonymous(), topics, None, false)
+                .await
+        }
+    });
+    waiting.await;
+    clock.advance(600);
+    faults.release();
+    let got = dequeue.await.unwrap().unwrap();
+    let now = clock.now_ms();
+    let payloads: Vec<&[u8]> = got.iter().map(|i| i.payload.as_slice()).collect();
+    assert_eq!(payloads, [b"a", b"b"], "both topics' items are delivered");
+    for it in &got {
+        assert_eq!(it.lease_ms, LEASE_MS);
+        assert!(
+            it.lease_expires_ms - now >= LEASE_MS / 2,
+            "{:?} left the host with {} ms of its {LEASE_MS} ms lease",
+            String::from_utf8_lossy(&it.payload),
+            it.lease_expires_ms - now
+        );
+    }
+    assert!(
+        host.metrics()
+            .encode()
+            .contains("foqs_dequeue_leases_renewed_total{outcome=\"renewed\"} 1"),
+        "a's renewal counted (b was claimed after the clock moved)"
+    );
+    // The renewed lease is the one storage holds: an ack with that delivery's id works
+    // after the first lease would have ended.
+    clock.advance(500);
+    let acks = got
+        .iter()
+        .map(|i| AckRequestItem {
+            id: i.id.to_string(),
+            lease_id: Some(i.lease_token),
+        })
+        .collect();
+    let acked = host.ack_items(&caller, acks, (None, None)).await.unwrap();
+    assert!(acked.iter().all(|r| r.is_ok()), "{acked:?}");
+    running.shutdown().await;
+}

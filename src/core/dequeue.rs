@@ -26,8 +26,22 @@ impl Host {
     /// `wait_ms`, when nothing is ready, waits up to that long for an item to become ready
     /// in any of the topics (a long poll; waiting costs no storage query).
     /// Dequeues across the namespace's tier (see `routed_dequeue.rs`), or from this host's
-    /// shards only with `local_only`.
+    /// shards only with `local_only`. Every item leaves with at least half its lease left
+    /// (see `useful_lease.rs`).
     pub async fn dequeue(
+        &self,
+        caller: &Caller,
+        topics: Vec<TopicRequest>,
+        wait_ms: Option<i64>,
+        local_only: bool,
+    ) -> Result<Vec<Item>> {
+        let items = self
+            .dequeue_waiting(caller, topics, wait_ms, local_only)
+            .await?;
+        Ok(self.with_useful_leases(caller, items).await)
+    }
+
+    async fn dequeue_waiting(
         &self,
         caller: &Caller,
         topics: Vec<TopicRequest>,

@@ -19,6 +19,7 @@ mod routed_dequeue;
 mod routing;
 mod settle;
 mod shard_error;
+mod useful_lease;
 mod validate;
 
 pub use access::{denied, Access, AccessRule, Caller, Hangup, Kind};

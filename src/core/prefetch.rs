@@ -451,6 +451,7 @@ mod tests {
             enqueued_at_ms: 0,
             delivery_count: 1,
             lease_expires_ms,
+            lease_ms: lease_expires_ms,
             policy: Policy::AtLeastOnce,
             expires_at_ms: None,
             lease_token: 1,

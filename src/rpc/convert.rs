@@ -167,6 +167,7 @@ pub fn item(i: Item) -> t::Item {
         lease_expires_ms: Some(i.lease_expires_ms),
         policy: Some(policy(i.policy)),
         lease_id: Some(i.lease_token),
+        lease_ms: Some(i.lease_ms),
     }
 }
 
@@ -342,6 +343,7 @@ pub fn item_from_wire(i: t::Item) -> Result<Item> {
         enqueued_at_ms: i.enqueued_at_ms.unwrap_or(0),
         delivery_count: i.delivery_count.unwrap_or(0),
         lease_expires_ms: i.lease_expires_ms.unwrap_or(0),
+        lease_ms: i.lease_ms.unwrap_or(0),
         policy: i
             .policy
             .and_then(|p| Policy::from_i32(p.0))

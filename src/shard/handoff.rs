@@ -226,6 +226,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 enqueued_at_ms: it.enqueued_at_ms,
                 delivery_count: 1,
                 lease_expires_ms: written_at_ms + it.lease_ms,
+                lease_ms: it.lease_ms,
                 policy: it.policy,
                 expires_at_ms: it.expires_at_ms,
                 lease_token: handoff.token,

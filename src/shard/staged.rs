@@ -138,6 +138,7 @@ mod tests {
             enqueued_at_ms: 0,
             delivery_count: 1,
             lease_expires_ms: 0,
+            lease_ms: 0,
             policy: Policy::AtLeastOnce,
             expires_at_ms: None,
             lease_token: token,

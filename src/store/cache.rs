@@ -126,6 +126,7 @@ impl Row {
             enqueued_at_ms: self.enqueued_at_ms,
             delivery_count: 1,
             lease_expires_ms: now_ms + self.lease_ms,
+            lease_ms: self.lease_ms,
             policy: self.policy,
             expires_at_ms: self.expires_at_ms,
             lease_token: token,

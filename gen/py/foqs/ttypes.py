@@ -863,11 +863,12 @@ class Item(object):
      - lease_expires_ms
      - policy
      - lease_id
+     - lease_ms
 
     """
 
 
-    def __init__(self, id=None, ns=None, topic=None, priority=None, payload=None, metadata=None, deliver_after_ms=None, enqueued_at_ms=None, delivery_count=None, lease_expires_ms=None, policy=None, lease_id=None,):
+    def __init__(self, id=None, ns=None, topic=None, priority=None, payload=None, metadata=None, deliver_after_ms=None, enqueued_at_ms=None, delivery_count=None, lease_expires_ms=None, policy=None, lease_id=None, lease_ms=None,):
         self.id = id
         self.ns = ns
         self.topic = topic
@@ -880,6 +881,7 @@ class Item(object):
         self.lease_expires_ms = lease_expires_ms
         self.policy = policy
         self.lease_id = lease_id
+        self.lease_ms = lease_ms
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -950,6 +952,11 @@ class Item(object):
                     self.lease_id = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 13:
+                if ftype == TType.I64:
+                    self.lease_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1007,6 +1014,10 @@ class Item(object):
         if self.lease_id is not None:
             oprot.writeFieldBegin('lease_id', TType.I64, 12)
             oprot.writeI64(self.lease_id)
+            oprot.writeFieldEnd()
+        if self.lease_ms is not None:
+            oprot.writeFieldBegin('lease_ms', TType.I64, 13)
+            oprot.writeI64(self.lease_ms)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4606,6 +4617,7 @@ Item.thrift_spec = (
     (10, TType.I64, 'lease_expires_ms', None, None, ),  # 10
     (11, TType.I32, 'policy', None, None, ),  # 11
     (12, TType.I64, 'lease_id', None, None, ),  # 12
+    (13, TType.I64, 'lease_ms', None, None, ),  # 13
 )
 all_structs.append(DequeueResponse)
 DequeueResponse.thrift_spec = (

@@ -40,7 +40,7 @@ use crate::model::{
     Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
 
-const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
+const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token, lease_ms";
 const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup";
 /// Every column of `items` at this schema version, to check a table at open.
 const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_event_ms, died_at_ms, enqueued_at_ms, lease_ms, lease_expires_ms, lease_token, expires_at_ms, policy, max_attempts, delivery_count, has_dedup, payload, metadata";
@@ -390,7 +390,7 @@ impl ShardStore for MySqlStore {
             .await?;
         rows.into_iter()
             .map(|mut r| {
-                let died: Option<i64> = column(&mut r, 12)?;
+                let died: Option<i64> = column(&mut r, 13)?;
                 Ok((self.item_from_row(r)?, died.unwrap_or(0)))
             })
             .collect()

@@ -30,6 +30,7 @@ impl MySqlStore {
             policy: policy_from_db(column(&mut row, 9)?)?,
             expires_at_ms: column(&mut row, 10)?,
             lease_token: column(&mut row, 11)?,
+            lease_ms: column(&mut row, 12)?,
         })
     }
 

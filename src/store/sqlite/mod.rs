@@ -319,7 +319,7 @@ impl ShardStore for SqliteStore {
             let mut st = conn.prepare(&sql).map_err(store_error)?;
             let out = st
                 .query_map([], |r| {
-                    Ok((rows.item(r)?, r.get::<_, Option<i64>>(12)?.unwrap_or(0)))
+                    Ok((rows.item(r)?, r.get::<_, Option<i64>>(13)?.unwrap_or(0)))
                 })
                 .map_err(store_error)?
                 .collect::<rusqlite::Result<Vec<_>>>()

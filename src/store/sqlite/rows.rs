@@ -10,7 +10,7 @@ use crate::store::sql::Statement;
 use crate::store::topics::TopicIds;
 use crate::store::{ItemMeta, StoreResult};
 
-pub(super) const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token";
+pub(super) const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token, lease_ms";
 pub(super) const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup";
 /// What the row readers need, owned, so that a job can take it to the shard's thread.
 #[derive(Clone)]
@@ -45,6 +45,7 @@ impl Rows {
             policy: policy(r.get(9)?)?,
             expires_at_ms: r.get(10)?,
             lease_token: r.get(11)?,
+            lease_ms: r.get(12)?,
         })
     }
 
