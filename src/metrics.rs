@@ -135,7 +135,8 @@ pub struct Metrics {
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
     /// Deliveries re-leased before leaving the host (see `core::useful_lease`), by
-    /// outcome: `renewed`, or `dropped` (the lease had ended; left out of the reply).
+    /// outcome: `renewed`; `released` (the renewal failed after the lease had ended: left
+    /// out of the reply, given back uncounted); `dropped` (the same for a peer's item).
     pub handout_releases: Family<OutcomeLabel, Counter>,
     pub semi_sync_on: Family<ServerLabel, Gauge>,
     pub semi_sync_no_tx: Family<ServerLabel, Gauge>,
@@ -314,7 +315,7 @@ impl Metrics {
         let handout_releases = Family::<OutcomeLabel, Counter>::default();
         r.register(
             "dequeue_leases_renewed",
-            "Deliveries whose reply waited so long that less than half their lease was left, re-leased before the reply left (renewed) or left out of it because their lease had ended (dropped)",
+            "Deliveries whose reply waited until less than half their lease was left: re-leased before the reply left (renewed), or, the renewal failed after their lease ended, left out of it and given back uncounted (released) or, a peer's, left to their lease's end (dropped)",
             handout_releases.clone(),
         );
         let semi_sync_on = Family::<ServerLabel, Gauge>::default();
@@ -480,8 +481,12 @@ impl Metrics {
             .inc();
     }
 
-    pub fn leases_renewed_at_handout(&self, renewed: u64, dropped: u64) {
-        for (outcome, n) in [("renewed", renewed), ("dropped", dropped)] {
+    pub fn leases_renewed_at_handout(&self, renewed: u64, released: u64, dropped: u64) {
+        for (outcome, n) in [
+            ("renewed", renewed),
+            ("released", released),
+            ("dropped", dropped),
+        ] {
             if n > 0 {
                 self.handout_releases
                     .get_or_create(&OutcomeLabel { outcome })

@@ -7,6 +7,7 @@
 //! - no delivery begins after a successful ack of the item;
 //! - no two leases of an item overlap (a delivery ends at its lease's end or when its
 //!   consumer answered, whatever the answer's outcome);
+//! - no at-least-once delivery reaches its consumer on a lease that has ended;
 //! - every item whose enqueue was confirmed is acked, dead-lettered, expired by its TTL or
 //!   (at most once) delivered, within the bound after the faults end, with no restart:
 //!   nothing stays ready or leased in storage;
@@ -505,6 +506,20 @@ async fn run(seed: u64, db: TestDb) -> Vec<String> {
         {
             problems.push(format!(
                 "{p}: handed out on a lease that ended before the dequeue: {d:?}"
+            ));
+        }
+        // A delivery leaves the host with at least half its lease (renewed when its reply
+        // waited), so it reaches its in-process consumer before its lease ends. (An
+        // at-most-once item whose lease a dead worker's successor ended goes out anyway:
+        // left out, it would be lost unseen.)
+        if let Some(d) = it
+            .deliveries
+            .iter()
+            .find(|d| d.lease_expires_ms <= d.got_ms && TOPICS[it.topic].1 != 2)
+        {
+            problems.push(format!(
+                "{p} (topic {}): reached its consumer on a lease that had ended: {d:?}",
+                TOPICS[it.topic].0
             ));
         }
         let Some(id) = &it.confirmed else { continue };

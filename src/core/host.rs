@@ -266,7 +266,12 @@ impl Host {
         // (Recorded even when there are none: the successor also doubts what the dead
         // worker's last writes did, see `ShardWorker::start_inheriting`.)
         if !released || !handle.is_alive() {
-            let leases = handle.unseen_leases();
+            let mut leases = handle.unseen_leases();
+            if !handle.is_alive() {
+                // Its replies in flight take their items back from the successor (see
+                // `useful_lease.rs`); those whose reply never does come back uncounted.
+                leases.extend(handle.in_reply_leases());
+            }
             self.unseen
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

@@ -372,6 +372,7 @@ impl Host {
                             key,
                             extend_ms,
                             lease_id,
+                            in_reply: false,
                         })
                         .collect();
                     shard.touch(ops).await

@@ -5,24 +5,34 @@
 //! would get an item whose lease has ended, which another consumer may already hold.
 //!
 //! So before the reply leaves, every item with less than half its lease left is re-leased
-//! for a whole lease (a `touch` naming its delivery, through the owner of its shard):
-//! - done: it goes out with the new lease;
-//! - refused (`NOT_FOUND`: that lease ended and the item was settled or delivered again):
-//!   it is left out, since the consumer would hold a lease that is no longer theirs;
-//! - failed otherwise: it goes out with the lease it has while some of it is left, and is
-//!   left out once it has ended.
+//! for a whole lease (a touch of its delivery):
+//! - on a shard of this host, the item is still "in reply" there: the expiry scan has left
+//!   its lease alone, so the renewal succeeds while the row is on that delivery's lease,
+//!   even when its time has passed (nobody else can hold it yet);
+//! - on a peer's shard (a routed dequeue), the peer renewed it before it answered; this
+//!   host touches it through the owner like any client, which works while its lease
+//!   lasts.
 //!
-//! An at-most-once item always goes out: its delivery has already counted, and leaving it
-//! out would lose it unseen, while a consumer that gets it late still gets it once.
+//! Renewals run in rounds (a round that waited on a slow store may leave other items
+//! under half), so every item that goes out has at least half its lease as the reply
+//! leaves. An item whose renewal fails is left out: when the store failed (on this host's
+//! shard, the row is still on that lease) it is taken back as never handed out and given
+//! back uncounted (ready again, the delivery nobody saw not counted, whatever its policy).
+//! When the delivery's lease is over (on a peer; here, when the shard's worker died and
+//! its successor ended it), an at-least-once item is left out (delivered again, or dead
+//! when its attempts are used up) and an at-most-once one still goes out: its delivery
+//! has counted, and leaving it out would lose it unseen.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+use futures::future::join_all;
 
 use super::access::Caller;
 use super::api::TouchRequestItem;
-use super::host::Host;
+use super::host::{Host, ShardMap};
 use super::validate::limits;
-use crate::error::ErrorCode;
-use crate::model::{Item, Policy};
+use crate::model::{Item, Policy, ShardId};
+use crate::shard::{Settled, TouchOp};
 
 /// Whether `item` has less than half of its lease left at `now_ms` (items of unknown
 /// lease length are judged by whether the lease has ended).
@@ -34,68 +44,207 @@ pub(super) fn needs_renewal(item: &Item, now_ms: i64) -> bool {
     left * 2 < item.lease_ms
 }
 
+/// How far a renewal extends an item's lease: a whole lease of it (unknown length, from
+/// an older peer: the default lease).
+fn extend_ms(item: &Item) -> i64 {
+    if item.lease_ms > 0 {
+        item.lease_ms
+    } else {
+        30_000
+    }
+}
+
+/// What became of a renewal.
+enum Renewal {
+    /// Renewed: the lease ends then.
+    To(i64),
+    /// Not applied (the store failed): the row is on the delivery's lease still.
+    Failed,
+    /// The delivery's lease is over (the expiry scan ended it; on a peer, or refused).
+    Gone,
+}
+
+/// Renewal rounds in one reply: a round that waited on a slow store may leave other
+/// items under half their lease, which the next round renews.
+const RENEWAL_ROUNDS_MAX: usize = 3;
+
 impl Host {
     /// `items` as they may leave the host: each with at least half its lease left, or
-    /// left out (see the module comment). In order, as given.
-    pub(super) async fn with_useful_leases(&self, caller: &Caller, items: Vec<Item>) -> Vec<Item> {
-        let now = self.clock.now_ms();
-        let stale: Vec<usize> = (0..items.len())
-            .filter(|&i| needs_renewal(&items[i], now))
-            .collect();
-        if stale.is_empty() {
-            return items;
+    /// left out (see the module comment). In order, as given. Ends the "in reply" state of
+    /// this host's items, whatever becomes of them.
+    pub(super) async fn with_useful_leases(
+        &self,
+        caller: &Caller,
+        mut items: Vec<Item>,
+    ) -> Vec<Item> {
+        let shards = self.shards();
+        // A shard whose worker died since it handed these out serves them from a new
+        // worker, which took them over as handed to nobody: take them from it again.
+        for (id, its) in by_local_shard(&shards, items.iter()) {
+            shards[&id].hand_out(its);
         }
-        let mut renewed: HashMap<usize, Option<i64>> = HashMap::new();
-        for chunk in stale.chunks(limits::ITEMS_PER_REQUEST_MAX) {
+        let mut failed: HashMap<usize, Renewal> = HashMap::new();
+        let mut kept = 0u64;
+        for _ in 0..RENEWAL_ROUNDS_MAX {
+            let now = self.clock.now_ms();
+            let stale: Vec<usize> = (0..items.len())
+                .filter(|i| !failed.contains_key(i) && needs_renewal(&items[*i], now))
+                .collect();
+            if stale.is_empty() {
+                break;
+            }
+            for (i, r) in self.renew(caller, &shards, &items, &stale).await {
+                match r {
+                    Renewal::To(expires) => {
+                        let it = &mut items[i];
+                        it.lease_expires_ms = it.lease_expires_ms.max(expires);
+                        kept += 1;
+                    }
+                    other => {
+                        failed.insert(i, other);
+                    }
+                }
+            }
+        }
+        // Still under half after every round (each waited on a slow store): as if its
+        // renewal had failed.
+        let now = self.clock.now_ms();
+        for (i, it) in items.iter().enumerate() {
+            if !failed.contains_key(&i) && needs_renewal(it, now) {
+                let local = shards.contains_key(&it.id.shard);
+                failed.insert(
+                    i,
+                    if local {
+                        Renewal::Failed
+                    } else {
+                        Renewal::Gone
+                    },
+                );
+            }
+        }
+        let mut out = Vec::with_capacity(items.len());
+        let mut back: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
+        let mut dropped = 0u64;
+        for (i, it) in items.into_iter().enumerate() {
+            match failed.get(&i) {
+                None | Some(Renewal::To(_)) => out.push(it),
+                // Still on its lease, as far as anyone knows: nobody saw this delivery.
+                Some(Renewal::Failed) => back.entry(it.id.shard).or_default().push(it),
+                Some(Renewal::Gone) if it.policy == Policy::AtMostOnce => out.push(it),
+                Some(Renewal::Gone) => dropped += 1,
+            }
+        }
+        // Staged again before they leave reply, so the expiry scan never finds them
+        // counted as delivered.
+        for (id, its) in &back {
+            shards[id].unhand(its);
+            shards[id].replied(its);
+        }
+        // Out of reply: from here the expiry scan treats them as any delivery.
+        for (id, its) in by_local_shard(&shards, out.iter()) {
+            shards[&id].replied(&its);
+        }
+        let released: usize = back.values().map(Vec::len).sum();
+        for (id, its) in back {
+            // Beside the reply, which need not wait for it. A failed release leaves them
+            // staged: the scan gives them back.
+            let shard = shards[&id].clone();
+            tokio::spawn(async move {
+                if let Err(e) = shard.release(its).await {
+                    tracing::debug!(shard = id, error = %e, "giving back items whose re-lease failed");
+                }
+            });
+        }
+        self.metrics
+            .leases_renewed_at_handout(kept, released as u64, dropped);
+        out
+    }
+
+    /// Renews the leases of `items[i]` for each `i` of `stale`: at this host's shards as
+    /// deliveries in reply, at peers' as a touch.
+    async fn renew(
+        &self,
+        caller: &Caller,
+        shards: &ShardMap,
+        items: &[Item],
+        stale: &[usize],
+    ) -> Vec<(usize, Renewal)> {
+        let mut local: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
+        let mut remote = Vec::new();
+        for &i in stale {
+            match shards.contains_key(&items[i].id.shard) {
+                true => local.entry(items[i].id.shard).or_default().push(i),
+                false => remote.push(i),
+            }
+        }
+        let mut out = Vec::with_capacity(stale.len());
+        let asked = self.clock.now_ms();
+        let at_shards = join_all(local.iter().map(|(id, positions)| {
+            let shard = shards[id].clone();
+            let ops = positions
+                .iter()
+                .map(|&i| TouchOp {
+                    key: items[i].id.key,
+                    extend_ms: extend_ms(&items[i]),
+                    lease_id: Some(items[i].lease_token),
+                    in_reply: true,
+                })
+                .collect();
+            async move { shard.touch(ops).await }
+        }))
+        .await;
+        for ((_, positions), r) in local.iter().zip(at_shards) {
+            for (n, &i) in positions.iter().enumerate() {
+                let verdict = match &r {
+                    Ok(s) => match s.get(n) {
+                        Some(Settled::Done) => Renewal::To(asked + extend_ms(&items[i])),
+                        Some(Settled::NotFound | Settled::LeaseEnded) => Renewal::Gone,
+                        _ => Renewal::Failed,
+                    },
+                    Err(e) => {
+                        tracing::debug!(id = %items[i].id, error = %e, "re-lease at hand-out failed");
+                        Renewal::Failed
+                    }
+                };
+                out.push((i, verdict));
+            }
+        }
+        for chunk in remote.chunks(limits::ITEMS_PER_REQUEST_MAX) {
             let asked = self.clock.now_ms();
             let touches = chunk
                 .iter()
-                .map(|&i| {
-                    let it = &items[i];
-                    TouchRequestItem {
-                        id: it.id.to_string(),
-                        // Unknown length (an older peer's item): a whole default lease.
-                        extend_ms: if it.lease_ms > 0 { it.lease_ms } else { 30_000 },
-                        lease_id: Some(it.lease_token),
-                    }
+                .map(|&i| TouchRequestItem {
+                    id: items[i].id.to_string(),
+                    extend_ms: extend_ms(&items[i]),
+                    lease_id: Some(items[i].lease_token),
                 })
                 .collect::<Vec<_>>();
-            let extends: Vec<i64> = touches.iter().map(|t| t.extend_ms).collect();
             let outcomes = match self.touch(caller, touches, (None, None)).await {
                 Ok(o) => o,
                 Err(e) => vec![Err(e); chunk.len()],
             };
-            for ((&i, extend), r) in chunk.iter().zip(extends).zip(outcomes) {
+            for (&i, r) in chunk.iter().zip(outcomes) {
                 let verdict = match r {
-                    // The worker extended it from its own now, at or after `asked`.
-                    Ok(()) => Some(asked + extend),
-                    Err(e) => {
-                        let it = &items[i];
-                        tracing::debug!(id = %it.id, error = %e, "re-lease at hand-out failed");
-                        let ended = it.lease_expires_ms <= self.clock.now_ms();
-                        let lost = e.code == ErrorCode::NotFound || ended;
-                        (it.policy == Policy::AtMostOnce || !lost).then_some(it.lease_expires_ms)
-                    }
+                    Ok(()) => Renewal::To(asked + extend_ms(&items[i])),
+                    Err(_) => Renewal::Gone,
                 };
-                renewed.insert(i, verdict);
+                out.push((i, verdict));
             }
         }
-        let mut out = Vec::with_capacity(items.len());
-        let mut dropped = 0u64;
-        for (i, mut it) in items.into_iter().enumerate() {
-            match renewed.get(&i) {
-                None => out.push(it),
-                Some(Some(expires)) => {
-                    it.lease_expires_ms = it.lease_expires_ms.max(*expires);
-                    out.push(it);
-                }
-                Some(None) => dropped += 1,
-            }
-        }
-        let kept = stale.len() as u64 - dropped;
-        self.metrics.leases_renewed_at_handout(kept, dropped);
         out
     }
+}
+
+/// Clones of the items of this host's shards, by shard.
+fn by_local_shard<'a>(
+    shards: &ShardMap,
+    items: impl Iterator<Item = &'a Item>,
+) -> BTreeMap<ShardId, Vec<Item>> {
+    let mut out: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
+    for it in items.filter(|it| shards.contains_key(&it.id.shard)) {
+        out.entry(it.id.shard).or_default().push(it.clone());
+    }
+    out
 }
 
 #[cfg(test)]

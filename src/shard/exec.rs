@@ -187,6 +187,24 @@ fn held<'a>(
     }
 }
 
+/// [`held`] for a touch: one `in_reply` (the host renewing a delivery before its reply
+/// leaves) needs the row on that lease, not the lease's time left.
+fn touchable<'a>(
+    leased: &'a HashMap<u64, ItemMeta>,
+    unheld: &Unheld,
+    op: &TouchOp,
+    now: i64,
+) -> Result<&'a ItemMeta, Settled> {
+    match (op.in_reply, op.lease_id) {
+        (true, Some(id)) => match leased.get(&op.key) {
+            Some(m) if m.lease_token == id && !unheld.holds(op.key, id) => Ok(m),
+            Some(_) => Err(Settled::LeaseEnded),
+            None => Err(Settled::NotFound),
+        },
+        _ => held(leased, unheld, op.key, op.lease_id, now),
+    }
+}
+
 /// Extends the leases of the touched items that are still leased, in one transaction.
 pub(super) async fn touch_exec<S: ShardStore>(
     store: &S,
@@ -205,7 +223,7 @@ pub(super) async fn touch_exec<S: ShardStore>(
         .map(|ops| {
             ops.iter()
                 .map(|op| {
-                    if let Err(s) = held(&leased, unheld, op.key, op.lease_id, now) {
+                    if let Err(s) = touchable(&leased, unheld, op, now) {
                         return s;
                     }
                     changes.push(Change::Extend {

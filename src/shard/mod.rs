@@ -86,6 +86,11 @@ pub struct TouchOp {
     pub extend_ms: i64,
     /// Only when the item is still on this delivery's lease.
     pub lease_id: Option<i64>,
+    /// The host renewing a delivery of its own reply before the reply leaves (see
+    /// `core::useful_lease`): done while the row is still on that lease (`lease_id`), even
+    /// if its time has passed, since nobody else can hold it until the expiry scan ends
+    /// it, and the scan leaves deliveries in reply alone.
+    pub in_reply: bool,
 }
 
 pub(crate) enum Command {
@@ -274,6 +279,12 @@ impl ShardHandle {
         self.shared.staged.entries()
     }
 
+    /// The leases of this shard handed out to replies that have not left the host yet
+    /// (see [`Staged`]): (key, token).
+    pub fn in_reply_leases(&self) -> Vec<(u64, i64)> {
+        self.shared.staged.in_reply_entries()
+    }
+
     /// False once its worker has ended (stopped, or died).
     pub fn is_alive(&self) -> bool {
         !self.tx.is_closed()
@@ -455,6 +466,23 @@ impl ShardHandle {
     /// them after they were claimed. From here on each returned item is a delivery.
     pub fn hand_out(&self, items: Vec<Item>) -> Vec<Item> {
         self.shared.staged.hand_out(items)
+    }
+
+    /// The reply carrying these handed-out items left the host (or left them out): their
+    /// leases end by the expiry scan again (see [`Staged`]).
+    pub fn replied(&self, items: &[Item]) {
+        self.shared
+            .staged
+            .replied(items.iter().map(|i| (i.id.key, i.lease_token)));
+    }
+
+    /// Takes handed-out items back, as if never handed out (staged again under their
+    /// claim): their reply leaves without them, and [`Self::release`] or the expiry scan
+    /// gives them back uncounted.
+    pub fn unhand(&self, items: &[Item]) {
+        for i in items {
+            self.shared.staged.insert(i.id.key, i.lease_token);
+        }
     }
 
     /// True while a claimed item is waiting to be handed out under this claim.

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::doubt::Settled;
+use super::staged::IN_REPLY_MAX_MS;
 use super::worker::{settle_window, timed, ShardWorker, WorkerConfig, SCAN_STEPS_PER_TICK_MAX};
 use crate::model::{ItemState, Policy, TopicName, Totals};
 use crate::store::{next_event, Change, ShardStore, StoreError};
@@ -190,7 +191,20 @@ impl<S: ShardStore> ShardWorker<S> {
                     let to = Some((ItemState::Ready, m.deliver_after_ms));
                     moves.push((m.ns.clone(), m.topic.clone(), (ItemState::Leased, 0), to));
                 }
+                // Handed out to a reply that has not left the host: its host renews the
+                // lease (or lets it end) before the reply leaves; look again next pass.
+                ItemState::Leased
+                    if m.lease_expires_ms <= now
+                        && now < m.lease_expires_ms.saturating_add(IN_REPLY_MAX_MS)
+                        && self.shared.staged.is_in_reply(m.key, m.lease_token) =>
+                {
+                    changes.push(Change::Timer {
+                        key: m.key,
+                        at_ms: Some(now.saturating_add(self.cfg.scan_interval_ms as i64)),
+                    });
+                }
                 ItemState::Leased if m.lease_expires_ms <= now => {
+                    self.shared.staged.replied([(m.key, m.lease_token)]);
                     expired.push((m.ns.clone(), m.topic.clone()));
                     let from = (ItemState::Leased, 0);
                     if m.policy == Policy::AtMostOnce {

@@ -14,10 +14,16 @@
 //! Handing out is the other side: [`Staged::hand_out`] takes keys out under the same lock,
 //! so each staged item is either delivered or settled, never both.
 //!
+//! A handed-out item is "in reply" until the host's reply leaves (see
+//! `core::useful_lease`): a dequeue hands items out topic by topic, but replies once. While
+//! in reply (for at most [`IN_REPLY_MAX_MS`] past its lease's end) the expiry scan leaves
+//! its lease alone, so the host can still renew a lease that ended while the reply waited
+//! instead of the scan counting a delivery nobody received.
+//!
 //! Lock order: this lock is taken alone, or under `Prefetch.topics`; nothing is taken
 //! under it, and it is never held across an `.await`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use crate::model::Item;
@@ -49,7 +55,14 @@ pub struct Staged {
     /// one, usually; more when claims of the key failed with an unknown outcome (each may
     /// yet commit late, and the lease it makes must come back uncounted too).
     keys: Mutex<HashMap<u64, Vec<i64>>>,
+    /// (key, token) handed out to a reply that has not left the host yet.
+    in_reply: Mutex<HashSet<(u64, i64)>>,
 }
+
+/// How long past its lease's end an item in reply is left alone by the expiry scan: a
+/// reply (and its renewal) that takes longer than this was lost (its task cancelled), and
+/// the lease ends as any other.
+pub const IN_REPLY_MAX_MS: i64 = 10_000;
 
 impl Staged {
     fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<i64>>> {
@@ -97,11 +110,38 @@ impl Staged {
     }
 
     /// Keeps the items still waiting under their claim (taking them out: they are
-    /// deliveries now), in order, and drops the rest.
+    /// deliveries now, in reply until [`Self::replied`]), in order, and drops the rest.
     pub fn hand_out(&self, mut items: Vec<Item>) -> Vec<Item> {
         let mut keys = self.keys();
         items.retain(|i| take(&mut keys, i.id.key, i.lease_token));
+        drop(keys);
+        let mut in_reply = self.in_reply();
+        in_reply.extend(items.iter().map(|i| (i.id.key, i.lease_token)));
         items
+    }
+
+    fn in_reply(&self) -> std::sync::MutexGuard<'_, HashSet<(u64, i64)>> {
+        self.in_reply
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Handed out under claim `token` and its reply has not left yet.
+    pub fn is_in_reply(&self, key: u64, token: i64) -> bool {
+        self.in_reply().contains(&(key, token))
+    }
+
+    /// The reply carrying these deliveries left (or gave up on them).
+    pub fn replied(&self, leases: impl IntoIterator<Item = (u64, i64)>) {
+        let mut in_reply = self.in_reply();
+        for l in leases {
+            in_reply.remove(&l);
+        }
+    }
+
+    /// Deliveries whose reply has not left yet: (key, token).
+    pub fn in_reply_entries(&self) -> Vec<(u64, i64)> {
+        self.in_reply().iter().copied().collect()
     }
 
     /// Every (key, token) held: the leases nobody was handed.
