@@ -135,8 +135,8 @@ pub struct Metrics {
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
     /// Deliveries re-leased before leaving the host (see `core::useful_lease`), by
-    /// outcome: `renewed`; `released` (the renewal failed after the lease had ended: left
-    /// out of the reply, given back uncounted); `dropped` (the same for a peer's item).
+    /// outcome: `renewed`; `released` (the renewal failed: left out of the reply, given
+    /// back uncounted); `dropped` (left out: the lease was over).
     pub handout_releases: Family<OutcomeLabel, Counter>,
     pub semi_sync_on: Family<ServerLabel, Gauge>,
     pub semi_sync_no_tx: Family<ServerLabel, Gauge>,
@@ -315,7 +315,7 @@ impl Metrics {
         let handout_releases = Family::<OutcomeLabel, Counter>::default();
         r.register(
             "dequeue_leases_renewed",
-            "Deliveries whose reply waited until less than half their lease was left: re-leased before the reply left (renewed), or, the renewal failed after their lease ended, left out of it and given back uncounted (released) or, a peer's, left to their lease's end (dropped)",
+            "Deliveries whose reply waited until less than half their lease was left: re-leased and sent (renewed); their renewal failed, so left out and given back uncounted (released); left out because their lease was over (dropped)",
             handout_releases.clone(),
         );
         let semi_sync_on = Family::<ServerLabel, Gauge>::default();

@@ -15,15 +15,21 @@
 //!
 //! Renewals run in rounds (a round that waited on a slow store may leave other items
 //! under half), so every item that goes out has at least half its lease as the reply
-//! leaves. An item whose renewal fails is left out: when the store failed (on this host's
-//! shard, the row is still on that lease) it is taken back as never handed out and given
-//! back uncounted (ready again, the delivery nobody saw not counted, whatever its policy).
-//! When the delivery's lease is over (on a peer; here, when the shard's worker died and
-//! its successor ended it), an at-least-once item is left out (delivered again, or dead
-//! when its attempts are used up) and an at-most-once one still goes out: its delivery
-//! has counted, and leaving it out would lose it unseen.
+//! leaves. An item whose renewal fails is left out:
+//! - while it is in reply on its shard here, its row is still on that lease (nothing else
+//!   ends a lease in reply): it is taken back as never handed out and given back
+//!   uncounted (ready again, the delivery nobody saw not counted, whatever its policy);
+//! - otherwise its lease is over where it lives (a peer, past the in-reply bound here, a
+//!   TTL): an at-least-once item is left out (delivered again, or dead when its attempts
+//!   are used up), an at-most-once one still goes out (its delivery has counted, and
+//!   leaving it out would lose it unseen), and either goes out while its lease lasts.
+//!
+//! A shard whose worker died while a reply held its items is served by a successor that
+//! took those items over as handed to nobody (see `Host::stop_shard`): each round and
+//! the last check take them from it again, so that it neither refuses their renewal nor
+//! gives them back while a consumer holds them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use futures::future::join_all;
 
@@ -31,6 +37,7 @@ use super::access::Caller;
 use super::api::TouchRequestItem;
 use super::host::{Host, ShardMap};
 use super::validate::limits;
+use crate::error::ErrorCode;
 use crate::model::{Item, Policy, ShardId};
 use crate::shard::{Settled, TouchOp};
 
@@ -77,14 +84,8 @@ impl Host {
         caller: &Caller,
         mut items: Vec<Item>,
     ) -> Vec<Item> {
-        let shards = self.shards();
-        // A shard whose worker died since it handed these out serves them from a new
-        // worker, which took them over as handed to nobody: take them from it again.
-        for (id, its) in by_local_shard(&shards, items.iter()) {
-            shards[&id].hand_out(its);
-        }
         let mut failed: HashMap<usize, Renewal> = HashMap::new();
-        let mut kept = 0u64;
+        let mut renewed: HashSet<usize> = HashSet::new();
         for _ in 0..RENEWAL_ROUNDS_MAX {
             let now = self.clock.now_ms();
             let stale: Vec<usize> = (0..items.len())
@@ -93,12 +94,12 @@ impl Host {
             if stale.is_empty() {
                 break;
             }
-            for (i, r) in self.renew(caller, &shards, &items, &stale).await {
+            for (i, r) in self.renew(caller, &items, &stale).await {
                 match r {
                     Renewal::To(expires) => {
                         let it = &mut items[i];
                         it.lease_expires_ms = it.lease_expires_ms.max(expires);
-                        kept += 1;
+                        renewed.insert(i);
                     }
                     other => {
                         failed.insert(i, other);
@@ -111,44 +112,68 @@ impl Host {
         let now = self.clock.now_ms();
         for (i, it) in items.iter().enumerate() {
             if !failed.contains_key(&i) && needs_renewal(it, now) {
-                let local = shards.contains_key(&it.id.shard);
-                failed.insert(
-                    i,
-                    if local {
-                        Renewal::Failed
-                    } else {
-                        Renewal::Gone
-                    },
-                );
+                failed.insert(i, Renewal::Failed);
             }
         }
+        // The workers serving the shards now (one may have died meanwhile).
+        let fresh = self.shards();
         let mut out = Vec::with_capacity(items.len());
         let mut back: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
-        let mut dropped = 0u64;
+        let mut settled: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
+        let (mut kept, mut dropped) = (0u64, 0u64);
         for (i, it) in items.into_iter().enumerate() {
-            match failed.get(&i) {
-                None | Some(Renewal::To(_)) => out.push(it),
-                // Still on its lease, as far as anyone knows: nobody saw this delivery.
-                Some(Renewal::Failed) => back.entry(it.id.shard).or_default().push(it),
-                Some(Renewal::Gone) if it.policy == Policy::AtMostOnce => out.push(it),
-                Some(Renewal::Gone) => dropped += 1,
+            let verdict = failed.get(&i);
+            let Some(shard) = fresh.get(&it.id.shard) else {
+                // A peer's item (or one of a shard this host let go meanwhile): as its
+                // owner left it.
+                let keep = verdict.is_none()
+                    || it.lease_expires_ms > now
+                    || it.policy == Policy::AtMostOnce;
+                match keep {
+                    true => {
+                        kept += u64::from(renewed.contains(&i));
+                        out.push(it)
+                    }
+                    false => dropped += 1,
+                }
+                continue;
+            };
+            if !shard.is_in_reply(&it) {
+                // Taken over as handed to nobody by a worker that started since: take it.
+                shard.hand_out(vec![it.clone()]);
+            }
+            match verdict {
+                None => {
+                    kept += u64::from(renewed.contains(&i));
+                    settled.entry(it.id.shard).or_default().push(it.clone());
+                    out.push(it);
+                }
+                // Not renewed but in reply here: still on its lease (nothing else ends a
+                // lease in reply), and nobody saw this delivery.
+                Some(_) if shard.is_in_reply(&it) => back.entry(it.id.shard).or_default().push(it),
+                // Not in reply (its shard ended its lease meanwhile): its fate is decided
+                // there; see the module comment.
+                Some(_) if it.lease_expires_ms > now || it.policy == Policy::AtMostOnce => {
+                    out.push(it)
+                }
+                Some(_) => dropped += 1,
             }
         }
-        // Staged again before they leave reply, so the expiry scan never finds them
-        // counted as delivered.
-        for (id, its) in &back {
-            shards[id].unhand(its);
-            shards[id].replied(its);
-        }
         // Out of reply: from here the expiry scan treats them as any delivery.
-        for (id, its) in by_local_shard(&shards, out.iter()) {
-            shards[&id].replied(&its);
+        for (id, its) in settled {
+            fresh[&id].replied(&its);
         }
-        let released: usize = back.values().map(Vec::len).sum();
+        let mut released = 0u64;
         for (id, its) in back {
-            // Beside the reply, which need not wait for it. A failed release leaves them
-            // staged: the scan gives them back.
-            let shard = shards[&id].clone();
+            // Staged again (taken out of reply in the same step), then given back beside
+            // the reply, which need not wait for it. A failed release leaves them staged:
+            // the scan gives them back.
+            let shard = fresh[&id].clone();
+            let n = its.len();
+            let its = shard.unhand(its);
+            // Not in reply any more (its shard ended its lease meanwhile): left out.
+            dropped += (n - its.len()) as u64;
+            released += its.len() as u64;
             tokio::spawn(async move {
                 if let Err(e) = shard.release(its).await {
                     tracing::debug!(shard = id, error = %e, "giving back items whose re-lease failed");
@@ -156,7 +181,7 @@ impl Host {
             });
         }
         self.metrics
-            .leases_renewed_at_handout(kept, released as u64, dropped);
+            .leases_renewed_at_handout(kept, released, dropped);
         out
     }
 
@@ -165,10 +190,16 @@ impl Host {
     async fn renew(
         &self,
         caller: &Caller,
-        shards: &ShardMap,
         items: &[Item],
         stale: &[usize],
     ) -> Vec<(usize, Renewal)> {
+        let shards = self.shards();
+        // A shard whose worker died since it handed these out serves them from a new
+        // worker, which took them over as handed to nobody: take them from it again (a
+        // touch refuses what its worker holds as staged).
+        for (id, its) in by_local_shard(&shards, stale.iter().map(|&i| &items[i])) {
+            shards[&id].hand_out(its);
+        }
         let mut local: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
         let mut remote = Vec::new();
         for &i in stale {
@@ -226,7 +257,8 @@ impl Host {
             for (&i, r) in chunk.iter().zip(outcomes) {
                 let verdict = match r {
                     Ok(()) => Renewal::To(asked + extend_ms(&items[i])),
-                    Err(_) => Renewal::Gone,
+                    Err(e) if e.code == ErrorCode::NotFound => Renewal::Gone,
+                    Err(_) => Renewal::Failed,
                 };
                 out.push((i, verdict));
             }

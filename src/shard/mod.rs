@@ -478,11 +478,16 @@ impl ShardHandle {
 
     /// Takes handed-out items back, as if never handed out (staged again under their
     /// claim): their reply leaves without them, and [`Self::release`] or the expiry scan
-    /// gives them back uncounted.
-    pub fn unhand(&self, items: &[Item]) {
-        for i in items {
-            self.shared.staged.insert(i.id.key, i.lease_token);
-        }
+    /// gives them back uncounted. Only those still in reply (see [`Staged::unhand`]).
+    pub fn unhand(&self, items: Vec<Item>) -> Vec<Item> {
+        self.shared.staged.unhand(items)
+    }
+
+    /// Whether this delivery's reply has not left yet, on this worker.
+    pub fn is_in_reply(&self, item: &Item) -> bool {
+        self.shared
+            .staged
+            .is_in_reply(item.id.key, item.lease_token)
     }
 
     /// True while a claimed item is waiting to be handed out under this claim.

@@ -165,6 +165,8 @@ impl<S: ShardStore> ShardWorker<S> {
                     for token in self.shared.staged.remove(m.key) {
                         unseen_ttl.push((m.key, token));
                     }
+                    // A reply still carrying it finds it gone (not in reply) and leaves it out.
+                    self.shared.staged.replied([(m.key, m.lease_token)]);
                     changes.push(Change::Delete { key: m.key });
                     moves.push((
                         m.ns.clone(),

@@ -20,8 +20,9 @@
 //! its lease alone, so the host can still renew a lease that ended while the reply waited
 //! instead of the scan counting a delivery nobody received.
 //!
-//! Lock order: this lock is taken alone, or under `Prefetch.topics`; nothing is taken
-//! under it, and it is never held across an `.await`.
+//! Lock order: `keys` is taken alone, or under `Prefetch.topics`; under it only
+//! `in_reply` (moving an item between the two), which is otherwise taken alone. Neither
+//! is held across an `.await`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -112,11 +113,25 @@ impl Staged {
     /// Keeps the items still waiting under their claim (taking them out: they are
     /// deliveries now, in reply until [`Self::replied`]), in order, and drops the rest.
     pub fn hand_out(&self, mut items: Vec<Item>) -> Vec<Item> {
+        // Both locks at once: an item is never in neither set, where the scan would count
+        // its lease's end as a delivery.
         let mut keys = self.keys();
-        items.retain(|i| take(&mut keys, i.id.key, i.lease_token));
-        drop(keys);
         let mut in_reply = self.in_reply();
+        items.retain(|i| take(&mut keys, i.id.key, i.lease_token));
         in_reply.extend(items.iter().map(|i| (i.id.key, i.lease_token)));
+        items
+    }
+
+    /// Takes deliveries still in reply back as never handed out (staged again under their
+    /// claim); returns those it took. One no longer in reply (the scan ended its lease:
+    /// too long past its end) is left alone.
+    pub fn unhand(&self, mut items: Vec<Item>) -> Vec<Item> {
+        let mut keys = self.keys();
+        let mut in_reply = self.in_reply();
+        items.retain(|i| in_reply.remove(&(i.id.key, i.lease_token)));
+        for i in &items {
+            push(&mut keys, i.id.key, i.lease_token);
+        }
         items
     }
 
@@ -201,6 +216,24 @@ mod tests {
         assert!(s.contains(3, 11));
         assert!(s.take(3, 11));
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_delivery_is_in_reply_until_its_reply_leaves_or_it_is_taken_back() {
+        let s = Staged::default();
+        s.add(&[item(1, 10), item(2, 10)]);
+        assert_eq!(s.hand_out(vec![item(1, 10), item(2, 10)]).len(), 2);
+        // Handed out: in reply, not staged (a touch may renew it, the scan leaves it).
+        assert!(s.is_in_reply(1, 10) && !s.contains(1, 10));
+        // Taken back (its renewal failed): staged again, out of reply, once.
+        assert_eq!(s.unhand(vec![item(1, 10)]).len(), 1);
+        assert!(s.contains(1, 10) && !s.is_in_reply(1, 10));
+        assert!(s.unhand(vec![item(1, 10)]).is_empty(), "not in reply any more");
+        // Its reply left: neither (the scan ends its lease as any delivery's).
+        s.replied([(2, 10)]);
+        assert!(!s.is_in_reply(2, 10) && !s.contains(2, 10));
+        assert!(s.unhand(vec![item(2, 10)]).is_empty());
+        assert!(s.in_reply_entries().is_empty());
     }
 
     #[test]
