@@ -428,24 +428,28 @@ async fn an_ack_naming_a_lease_settles_only_that_delivery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_ttl_deletes_the_item_whatever_its_state() {
+    // The TTL leaves room for the enqueues and the dequeue on a loaded machine (300 ms
+    // did not: the leased item expired before its dequeue).
+    const TTL_MS: i64 = 2_000;
     let srv = TestServer::start(3, "").await;
     let mut c = srv.client();
     c.enqueue(vec![EnqueueItem {
-        ttl_ms: Some(300),
+        ttl_ms: Some(TTL_MS),
+        ..item(NS, "ttl-leased", 0, b"leased")
+    }]);
+    assert_eq!(c.dequeue(NS, "ttl-leased", 1).len(), 1);
+    c.enqueue(vec![EnqueueItem {
+        ttl_ms: Some(TTL_MS),
         ..item(NS, "ttl", 0, b"ready")
     }]);
     c.enqueue(vec![EnqueueItem {
-        ttl_ms: Some(300),
-        ..item(NS, "ttl-leased", 0, b"leased")
-    }]);
-    c.enqueue(vec![EnqueueItem {
-        ttl_ms: Some(300),
-        deliver_after_ms: Some(now_ms() + 5_000),
+        ttl_ms: Some(TTL_MS),
+        deliver_after_ms: Some(now_ms() + 60_000),
         ..item(NS, "ttl-deferred", 0, b"deferred")
     }]);
     c.enqueue(vec![item(NS, "ttl", 1, b"no ttl")]);
-    assert_eq!(c.dequeue(NS, "ttl-leased", 1).len(), 1);
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    // Past the TTL of every item with one (each enqueued before now).
+    tokio::time::sleep(Duration::from_millis(TTL_MS as u64 + 50)).await;
     // Expired but perhaps not purged yet: never delivered either way.
     let got = c.dequeue(NS, "ttl", 10);
     assert_eq!(got.len(), 1);

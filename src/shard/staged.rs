@@ -228,7 +228,10 @@ mod tests {
         // Taken back (its renewal failed): staged again, out of reply, once.
         assert_eq!(s.unhand(vec![item(1, 10)]).len(), 1);
         assert!(s.contains(1, 10) && !s.is_in_reply(1, 10));
-        assert!(s.unhand(vec![item(1, 10)]).is_empty(), "not in reply any more");
+        assert!(
+            s.unhand(vec![item(1, 10)]).is_empty(),
+            "not in reply any more"
+        );
         // Its reply left: neither (the scan ends its lease as any delivery's).
         s.replied([(2, 10)]);
         assert!(!s.is_in_reply(2, 10) && !s.contains(2, 10));
