@@ -79,3 +79,69 @@ async fn items_claimed_while_their_shard_is_removed_are_handed_out() {
         .unwrap();
     running.shutdown().await;
 }
+
+/// A planned stop of a shard (a move to another host, a switchover) gives back the leases
+/// nobody was handed: here an at-most-once item whose claim committed while the worker
+/// heard a timeout. Left leased, the shard's next owner, on another host, would count its
+/// lease's end as the delivery and delete it unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_stop_gives_back_leases_nobody_was_handed() {
+    let db = TestDb::new(1);
+    let cfg = Config::from_toml(&config_toml(&db, "", FAST_ENGINE)).unwrap();
+    let faults = Faults::default();
+    let plan = BTreeMap::from([(0, faults.clone())]);
+    let running = foqs::daemon::start_with_faults(&cfg, Arc::new(SystemClock), plan)
+        .await
+        .unwrap();
+    let host = running.host.clone();
+    let caller = Caller::anonymous();
+    let enqueued = host
+        .enqueue(
+            &caller,
+            vec![EnqueueRequestItem {
+                ns: "rm".into(),
+                topic: "amo".into(),
+                payload: b"once".to_vec(),
+                policy: Some(2),
+                lease_ms: Some(600_000),
+                ..Default::default()
+            }],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(enqueued[0].is_ok());
+    faults.arm("claim", Fault::FailAfterCommit);
+    let t = TopicRequest {
+        ns: "rm".into(),
+        topic: "amo".into(),
+        count: 1,
+        before: (None, None),
+    };
+    let got = host.dequeue(&caller, vec![t], None, false).await;
+    assert!(
+        got.as_ref().map_or(true, |g| g.is_empty()),
+        "the claim's caller heard a timeout: {got:?}"
+    );
+    let state = |sql: &'static str| {
+        let db = &db;
+        async move { db.column(0, sql).await }
+    };
+    assert_eq!(
+        state("SELECT state FROM items").await,
+        vec![1],
+        "the claim committed: leased, by nobody"
+    );
+    host.remove_shard(0).await;
+    assert_eq!(
+        state("SELECT state FROM items").await,
+        vec![0],
+        "given back: ready again"
+    );
+    assert_eq!(
+        state("SELECT delivery_count FROM items").await,
+        vec![0],
+        "the delivery nobody saw is not counted"
+    );
+    running.shutdown().await;
+}

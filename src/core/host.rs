@@ -244,6 +244,9 @@ impl Host {
             handle
         };
         let Some(handle) = handle else { return };
+        if abandon.is_some() {
+            handle.abandon();
+        }
         // Dequeues already claiming may still get items of this shard: wait for them to
         // hand those out (through the map they started with) or stage them, so that the
         // drain below finds every one nobody was handed.

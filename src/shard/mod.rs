@@ -229,6 +229,9 @@ pub(crate) struct ShardShared {
     pub healthy: AtomicBool,
     /// Its worker panicked (see [`ShardHandle::mark_dead`]).
     pub died: AtomicBool,
+    /// Stopped without writing to its storage (fenced for a failover): the stop gives
+    /// nothing back (see `ShardWorker::release_unseen`).
+    pub abandoned: AtomicBool,
     pub items: AtomicI64,
     /// Claimed items not handed to a consumer yet (see [`Staged`]).
     pub staged: Staged,
@@ -583,6 +586,11 @@ impl ShardHandle {
     }
 
     /// Asks the worker to flush what it holds, save its checkpoints and stop.
+    /// Its storage is gone for good (fenced): its stop writes nothing more to it.
+    pub fn abandon(&self) {
+        self.shared.abandoned.store(true, Ordering::Relaxed);
+    }
+
     pub async fn shutdown(&self) {
         let (done, rx) = oneshot::channel();
         if self.tx.send(Command::Shutdown { done }).await.is_ok() {

@@ -13,7 +13,7 @@ use super::worker::{storage_error, timed, ShardWorker};
 use super::ShardError;
 use super::{AckOp, Command, Enqueued, NackOp, Recall, Reply, Settled, TouchOp};
 use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
-use crate::store::{Handoff, ItemMeta, ShardStore, StoreResult};
+use crate::store::{Change, Handoff, ItemMeta, ShardStore, StoreResult};
 
 /// Keys are reserved in blocks so that the high-water mark is written once per block.
 const KEY_BLOCK: u64 = 100_000;
@@ -482,6 +482,65 @@ impl<S: ShardStore> ShardWorker<S> {
 }
 
 impl<S: ShardStore> ShardWorker<S> {
+    /// On a stop: gives back every lease nobody was handed that this worker still holds
+    /// (claims and hand-offs whose outcome it never learned, releases that failed): ready
+    /// again, the delivery nobody saw not counted. Without it the shard's next owner
+    /// (another host, after a planned move) would count each one's end as a delivery: an
+    /// attempt used up, an at-most-once item deleted unseen. One read and one write,
+    /// each within the store timeout; what is left (a failed write) is recorded for a
+    /// successor on this host, as before. Nothing is written by an abandoned worker.
+    pub(super) async fn release_unseen(&mut self) {
+        let leases: HashSet<(u64, i64)> = self.shared.staged.entries().into_iter().collect();
+        if leases.is_empty() || self.shared.abandoned.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut keys: Vec<u64> = leases.iter().map(|(k, _)| *k).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let (r, took) = timed(self.timeout(), self.store.lookup(&keys)).await;
+        self.record(&r, took);
+        let rows = match r {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(shard = self.id, leases = leases.len(), error = %e, "cannot read the leases nobody was handed before stopping; a successor here gives them back");
+                return;
+            }
+        };
+        // Only rows still on such a lease: the rest were settled (or never leased).
+        let held: Vec<ItemMeta> = rows
+            .into_iter()
+            .filter(|m| m.state == ItemState::Leased && leases.contains(&(m.key, m.lease_token)))
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        let changes: Vec<Change> = held
+            .iter()
+            .map(|m| Change::Release {
+                key: m.key,
+                token: m.lease_token,
+            })
+            .collect();
+        let now = self.clock.now_ms();
+        let (r, took) = timed(self.timeout(), self.store.apply(&changes, now)).await;
+        self.record(&r, took);
+        if let Err(e) = r {
+            tracing::warn!(shard = self.id, leases = held.len(), error = %e, "cannot give back the leases nobody was handed before stopping; a successor here gives them back");
+            return;
+        }
+        for m in &held {
+            self.shared.staged.take(m.key, m.lease_token);
+            self.counts().moved(
+                &m.ns,
+                &m.topic,
+                (ItemState::Leased, 0),
+                (ItemState::Ready, m.deliver_after_ms),
+            );
+            self.tally(&m.ns, &m.topic, |t| t.delivered -= 1);
+        }
+        tracing::info!(shard = self.id, released = held.len(), "gave back the leases nobody was handed before stopping");
+    }
+
     pub(super) fn finish_touch(
         &mut self,
         requests: Vec<(Vec<TouchOp>, Reply<Vec<Settled>>)>,

@@ -183,6 +183,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let shared = Arc::new(ShardShared {
             healthy: AtomicBool::new(true),
             died: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
             items: AtomicI64::new(items),
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),
@@ -321,6 +322,7 @@ impl<S: ShardStore> ShardWorker<S> {
             self.turn(rest).await;
             rest = std::mem::take(&mut self.deferred);
         }
+        self.release_unseen().await;
         self.publish_events();
         self.save_checkpoints(true).await;
         self.store.close().await;
