@@ -538,7 +538,11 @@ impl<S: ShardStore> ShardWorker<S> {
             );
             self.tally(&m.ns, &m.topic, |t| t.delivered -= 1);
         }
-        tracing::info!(shard = self.id, released = held.len(), "gave back the leases nobody was handed before stopping");
+        tracing::info!(
+            shard = self.id,
+            released = held.len(),
+            "gave back the leases nobody was handed before stopping"
+        );
     }
 
     pub(super) fn finish_touch(
