@@ -38,7 +38,8 @@ pub struct ReplicationConfig {
     /// A switchover refuses a target further behind than this (heartbeat lag).
     pub lag_max_ms: u64,
     /// How long a switch waits for the target to apply the old primary's last
-    /// transaction (`MASTER_GTID_WAIT`) before it undoes itself.
+    /// transaction (`MASTER_GTID_WAIT`) before it undoes itself; half of it bounds the
+    /// wait, before the switch starts, for the target to come within a few transactions.
     pub catchup_timeout_ms: u64,
     /// How long a switch waits for the owners to pause the shards before it undoes itself.
     pub pause_timeout_ms: u64,

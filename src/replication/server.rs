@@ -154,6 +154,11 @@ pub async fn binlog_pos(c: &mut Conn) -> Step<String> {
     text_of(c, "SELECT @@global.gtid_binlog_pos").await
 }
 
+/// `gtid_slave_pos`: the last transaction of each domain this replica applied.
+pub async fn slave_pos(c: &mut Conn) -> Step<String> {
+    text_of(c, "SELECT @@global.gtid_slave_pos").await
+}
+
 /// `gtid_binlog_state`: the last transaction of each (domain, server) in the binlog.
 pub async fn binlog_state_of(c: &mut Conn) -> Step<String> {
     text_of(c, "SELECT @@global.gtid_binlog_state").await

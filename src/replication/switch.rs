@@ -11,6 +11,13 @@ use super::server::{self as srv};
 use super::{Refused, ReplicaState, SetLayout, SwitchReport, Switched};
 use crate::model::{PrimaryRecord, PrimaryState};
 
+/// How close the target must come before the old primary turns read-only: what it
+/// applies in this long at its recent rate (see [`Driver::approach`]) ...
+const APPROACH_WINDOW_MS: f64 = 30.0;
+/// ... and never fewer, nor more, transactions than these.
+const APPROACH_TX: (i64, i64) = (2, 64);
+const APPROACH_POLL: Duration = Duration::from_millis(5);
+
 impl Driver {
     /// The planned switch of `set` to `target` (None: the most caught-up replica, in
     /// `region` when given, else outside the current primary's region).
@@ -103,6 +110,20 @@ impl Driver {
         report.to = to.clone();
         report.to_region = t.region.clone();
         let semi = self.cfg.semi_sync;
+        // 0. Catch the target up while the old primary still serves, so that the read-only
+        // window below holds the apply of a few transactions, not the target's lag.
+        // A target that cannot close the distance while the primary takes writes (a
+        // starved SQL thread) is switched anyway after half the catch-up bound: the window
+        // then holds the rest of its lag, as it did before this step existed.
+        let within = Duration::from_millis(self.cfg.catchup_timeout_ms / 2);
+        match self.approach(&from, &to, within).await {
+            Ok((ms, behind)) => {
+                tracing::info!(shards = ?set.shards, to, approach_ms = ms, behind, "target caught up before the switch");
+            }
+            Err(e) => {
+                tracing::warn!(shards = ?set.shards, error = %e, "switching a target that did not catch up first")
+            }
+        }
         let g = recs.current.generation + 1;
         report.generation = g;
         // 1. Pause: owners flush their buffers and stop the shards.
@@ -214,6 +235,57 @@ impl Driver {
         }
         tracing::info!(shards = ?set.shards, from, to, generation = g, read_only_ms = report.read_only_ms, "switched replica set");
         Ok(())
+    }
+
+    /// Waits, at most `within`, until `to` has applied all but a few of `from`'s
+    /// transactions (domain 0); an error says how far it stayed, or why it cannot tell: at most what it applies in [`APPROACH_WINDOW_MS`] at the
+    /// rate it was seen applying, within [`APPROACH_TX`]. Returns how long that took and
+    /// how far behind it was then. Vitess's PlannedReparentShard also waits for its target
+    /// before demoting the primary, but after demoting it; here the primary still serves,
+    /// so the wait costs clients nothing.
+    async fn approach(&self, from: &str, to: &str, within: Duration) -> Result<(u64, i64), String> {
+        let started = Instant::now();
+        let bound = self.step_bound();
+        let mut seen: Option<(Instant, u64)> = None;
+        let mut per_ms = 0.0f64;
+        loop {
+            let primary = self
+                .admin(from)
+                .with(bound, |c| Box::pin(srv::binlog_pos(c)))
+                .await
+                .map_err(|e| format!("cannot read {from}'s position: {e}"))?;
+            let applied = self
+                .admin(to)
+                .with(bound, |c| Box::pin(srv::slave_pos(c)))
+                .await
+                .map_err(|e| format!("cannot read {to}'s position: {e}"))?;
+            let (Some(p), Some(a)) = (srv::seq_of(&primary, 0), srv::seq_of(&applied, 0)) else {
+                // No transaction of domain 0 yet on one side: nothing to wait for.
+                return Ok((started.elapsed().as_millis() as u64, 0));
+            };
+            let now = Instant::now();
+            if let Some((t, was)) = seen {
+                let ms = now.duration_since(t).as_secs_f64() * 1000.0;
+                if ms > 0.0 && a >= was {
+                    // A smoothed apply rate: a pause of the target's SQL thread does not
+                    // zero it at once.
+                    per_ms = 0.5 * per_ms + 0.5 * (a - was) as f64 / ms;
+                }
+            }
+            seen = Some((now, a));
+            let behind = p as i64 - a as i64;
+            let allowed =
+                ((per_ms * APPROACH_WINDOW_MS) as i64).clamp(APPROACH_TX.0, APPROACH_TX.1);
+            if behind <= allowed {
+                return Ok((started.elapsed().as_millis() as u64, behind));
+            }
+            if started.elapsed() >= within {
+                return Err(format!(
+                    "{to} stayed {behind} transactions behind {from} (at most {allowed} to switch) for {within:?}"
+                ));
+            }
+            tokio::time::sleep(APPROACH_POLL).await;
+        }
     }
 
     /// After a failed switch step: the old primary writable again, the shards served on it.
