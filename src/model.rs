@@ -210,6 +210,28 @@ pub struct Item {
 }
 
 impl Item {
+    /// An at-least-once item of shard 0, namespace "n", topic "t", delivered once, for unit
+    /// tests to change what they need of.
+    #[cfg(test)]
+    pub(crate) fn for_test(key: u64) -> Item {
+        Item {
+            id: ItemId { shard: 0, key },
+            ns: "n".into(),
+            topic: "t".into(),
+            priority: 0,
+            payload: vec![],
+            metadata: vec![],
+            deliver_after_ms: 0,
+            enqueued_at_ms: 0,
+            delivery_count: 1,
+            lease_expires_ms: 0,
+            lease_ms: 0,
+            policy: Policy::AtLeastOnce,
+            expires_at_ms: None,
+            lease_token: 0,
+        }
+    }
+
     pub fn global_key(&self) -> GlobalKey {
         GlobalKey {
             priority: self.priority,

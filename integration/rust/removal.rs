@@ -15,25 +15,29 @@ use foqs::config::Config;
 use foqs::core::{Caller, EnqueueRequestItem, TopicRequest};
 use foqs::store::faulty::{Fault, Faults};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn items_claimed_while_their_shard_is_removed_are_handed_out() {
-    let db = TestDb::new(1);
-    let cfg = Config::from_toml(&config_toml(&db, "", FAST_ENGINE)).unwrap();
+/// A host on `db`'s one shard (with faults the test arms) holding one at-most-once item of
+/// topic `topic` in namespace "rm".
+async fn start_with_one_item(
+    db: &TestDb,
+    topic: &str,
+    lease_ms: Option<i64>,
+) -> (foqs::daemon::Running, Faults) {
+    let cfg = Config::from_toml(&config_toml(db, "", FAST_ENGINE)).unwrap();
     let faults = Faults::default();
     let plan = BTreeMap::from([(0, faults.clone())]);
     let running = foqs::daemon::start_with_faults(&cfg, Arc::new(SystemClock), plan)
         .await
         .unwrap();
-    let host = running.host.clone();
-    let caller = Caller::anonymous();
-    let enqueued = host
+    let enqueued = running
+        .host
         .enqueue(
-            &caller,
+            &Caller::anonymous(),
             vec![EnqueueRequestItem {
                 ns: "rm".into(),
-                topic: "t".into(),
+                topic: topic.into(),
                 payload: b"once".to_vec(),
                 policy: Some(2),
+                lease_ms,
                 ..Default::default()
             }],
             None,
@@ -41,6 +45,14 @@ async fn items_claimed_while_their_shard_is_removed_are_handed_out() {
         .await
         .unwrap();
     assert!(enqueued[0].is_ok());
+    (running, faults)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_claimed_while_their_shard_is_removed_are_handed_out() {
+    let db = TestDb::new(1);
+    let (running, faults) = start_with_one_item(&db, "t", None).await;
+    let host = running.host.clone();
     // The dequeue's claim is held in the store; meanwhile the shard is removed.
     faults.arm("claim", Fault::Hold);
     let waiting = faults.waiting().notified();
@@ -87,30 +99,9 @@ async fn items_claimed_while_their_shard_is_removed_are_handed_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_stop_gives_back_leases_nobody_was_handed() {
     let db = TestDb::new(1);
-    let cfg = Config::from_toml(&config_toml(&db, "", FAST_ENGINE)).unwrap();
-    let faults = Faults::default();
-    let plan = BTreeMap::from([(0, faults.clone())]);
-    let running = foqs::daemon::start_with_faults(&cfg, Arc::new(SystemClock), plan)
-        .await
-        .unwrap();
+    let (running, faults) = start_with_one_item(&db, "amo", Some(600_000)).await;
     let host = running.host.clone();
     let caller = Caller::anonymous();
-    let enqueued = host
-        .enqueue(
-            &caller,
-            vec![EnqueueRequestItem {
-                ns: "rm".into(),
-                topic: "amo".into(),
-                payload: b"once".to_vec(),
-                policy: Some(2),
-                lease_ms: Some(600_000),
-                ..Default::default()
-            }],
-            None,
-        )
-        .await
-        .unwrap();
-    assert!(enqueued[0].is_ok());
     faults.arm("claim", Fault::FailAfterCommit);
     let t = TopicRequest {
         ns: "rm".into(),

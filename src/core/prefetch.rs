@@ -424,7 +424,6 @@ impl Prefetch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ItemId;
 
     const CFG: PrefetchConfig = PrefetchConfig {
         window_ms: 100,
@@ -441,20 +440,11 @@ mod tests {
 
     fn item(key: u64, priority: i32, lease_expires_ms: i64) -> Item {
         Item {
-            id: ItemId { shard: 0, key },
-            ns: "n".into(),
-            topic: "t".into(),
             priority,
-            payload: vec![],
-            metadata: vec![],
-            deliver_after_ms: 0,
-            enqueued_at_ms: 0,
-            delivery_count: 1,
             lease_expires_ms,
             lease_ms: lease_expires_ms,
-            policy: Policy::AtLeastOnce,
-            expires_at_ms: None,
             lease_token: 1,
+            ..Item::for_test(key)
         }
     }
 

@@ -282,24 +282,13 @@ fn by_local_shard<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ItemId;
 
     fn item(lease_ms: i64, lease_expires_ms: i64) -> Item {
         Item {
-            id: ItemId { shard: 0, key: 1 },
-            ns: "n".into(),
-            topic: "t".into(),
-            priority: 0,
-            payload: vec![],
-            metadata: vec![],
-            deliver_after_ms: 0,
-            enqueued_at_ms: 0,
-            delivery_count: 1,
             lease_expires_ms,
             lease_ms,
-            policy: Policy::AtLeastOnce,
-            expires_at_ms: None,
             lease_token: 7,
+            ..Item::for_test(1)
         }
     }
 

@@ -462,13 +462,7 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         for (items, reply) in requests {
             for i in items {
-                self.counts().moved(
-                    &i.ns,
-                    &i.topic,
-                    (ItemState::Leased, 0),
-                    (ItemState::Ready, i.deliver_after_ms),
-                );
-                self.tally(&i.ns, &i.topic, |t| t.delivered -= 1);
+                self.given_back(&i.ns, &i.topic, i.deliver_after_ms);
                 let k = ReadyKey {
                     priority: i.priority,
                     deliver_after_ms: i.deliver_after_ms,
@@ -482,6 +476,17 @@ impl<S: ShardStore> ShardWorker<S> {
 }
 
 impl<S: ShardStore> ShardWorker<S> {
+    /// A released lease in the counts: ready again, the delivery nobody saw not counted.
+    fn given_back(&mut self, ns: &str, topic: &str, deliver_after_ms: i64) {
+        self.counts().moved(
+            ns,
+            topic,
+            (ItemState::Leased, 0),
+            (ItemState::Ready, deliver_after_ms),
+        );
+        self.tally(ns, topic, |t| t.delivered -= 1);
+    }
+
     /// On a stop: gives back every lease nobody was handed that this worker still holds
     /// (claims and hand-offs whose outcome it never learned, releases that failed): ready
     /// again, the delivery nobody saw not counted. Without it the shard's next owner
@@ -530,13 +535,7 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         for m in &held {
             self.shared.staged.take(m.key, m.lease_token);
-            self.counts().moved(
-                &m.ns,
-                &m.topic,
-                (ItemState::Leased, 0),
-                (ItemState::Ready, m.deliver_after_ms),
-            );
-            self.tally(&m.ns, &m.topic, |t| t.delivered -= 1);
+            self.given_back(&m.ns, &m.topic, m.deliver_after_ms);
         }
         tracing::info!(
             shard = self.id,

@@ -179,24 +179,11 @@ impl Staged {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ItemId, Policy};
 
     fn item(key: u64, token: i64) -> Item {
         Item {
-            id: ItemId { shard: 0, key },
-            ns: "n".into(),
-            topic: "t".into(),
-            priority: 0,
-            payload: vec![],
-            metadata: vec![],
-            deliver_after_ms: 0,
-            enqueued_at_ms: 0,
-            delivery_count: 1,
-            lease_expires_ms: 0,
-            lease_ms: 0,
-            policy: Policy::AtLeastOnce,
-            expires_at_ms: None,
             lease_token: token,
+            ..Item::for_test(key)
         }
     }
 
