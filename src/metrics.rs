@@ -137,7 +137,7 @@ pub struct Metrics {
     /// Deliveries re-leased before leaving the host (see `core::useful_lease`), by
     /// outcome: `renewed`; `released` (the renewal failed: left out of the reply, given
     /// back uncounted); `dropped` (left out: the lease was over).
-    pub handout_releases: Family<OutcomeLabel, Counter>,
+    pub handout_renewals: Family<OutcomeLabel, Counter>,
     pub semi_sync_on: Family<ServerLabel, Gauge>,
     pub semi_sync_no_tx: Family<ServerLabel, Gauge>,
     pub replica_lag_ms: Family<ServerLabel, Gauge>,
@@ -312,11 +312,11 @@ impl Metrics {
             "Renewals of this host's cluster lease (etcd), by outcome",
             lease_renewals.clone(),
         );
-        let handout_releases = Family::<OutcomeLabel, Counter>::default();
+        let handout_renewals = Family::<OutcomeLabel, Counter>::default();
         r.register(
             "dequeue_leases_renewed",
             "Deliveries whose reply waited until less than half their lease was left: re-leased and sent (renewed); their renewal failed, so left out and given back uncounted (released); left out because their lease was over (dropped)",
-            handout_releases.clone(),
+            handout_renewals.clone(),
         );
         let semi_sync_on = Family::<ServerLabel, Gauge>::default();
         r.register(
@@ -367,7 +367,7 @@ impl Metrics {
             forwarded,
             shards_owned,
             lease_renewals,
-            handout_releases,
+            handout_renewals,
             semi_sync_on,
             semi_sync_no_tx,
             replica_lag_ms,
@@ -488,7 +488,7 @@ impl Metrics {
             ("dropped", dropped),
         ] {
             if n > 0 {
-                self.handout_releases
+                self.handout_renewals
                     .get_or_create(&OutcomeLabel { outcome })
                     .inc_by(n);
             }

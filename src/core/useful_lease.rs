@@ -29,7 +29,7 @@
 //! the last check take them from it again, so that it neither refuses their renewal nor
 //! gives them back while a consumer holds them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use futures::future::join_all;
 
@@ -37,7 +37,7 @@ use super::access::Caller;
 use super::api::TouchRequestItem;
 use super::host::{Host, ShardMap};
 use super::validate::limits;
-use crate::error::ErrorCode;
+use crate::config::LEASE_MS_DEFAULT;
 use crate::model::{Item, Policy, ShardId};
 use crate::shard::{Settled, TouchOp};
 
@@ -57,18 +57,8 @@ fn extend_ms(item: &Item) -> i64 {
     if item.lease_ms > 0 {
         item.lease_ms
     } else {
-        30_000
+        LEASE_MS_DEFAULT
     }
-}
-
-/// What became of a renewal.
-enum Renewal {
-    /// Renewed: the lease ends then.
-    To(i64),
-    /// Not applied (the store failed): the row is on the delivery's lease still.
-    Failed,
-    /// The delivery's lease is over (the expiry scan ended it; on a peer, or refused).
-    Gone,
 }
 
 /// Renewal rounds in one reply: a round that waited on a slow store may leave other
@@ -84,25 +74,27 @@ impl Host {
         caller: &Caller,
         mut items: Vec<Item>,
     ) -> Vec<Item> {
-        let mut failed: HashMap<usize, Renewal> = HashMap::new();
+        // Positions renewed at least once, and those whose renewal failed (whatever the
+        // cause: what becomes of them depends on where they are, see the module comment).
         let mut renewed: HashSet<usize> = HashSet::new();
+        let mut failed: HashSet<usize> = HashSet::new();
         for _ in 0..RENEWAL_ROUNDS_MAX {
             let now = self.clock.now_ms();
             let stale: Vec<usize> = (0..items.len())
-                .filter(|i| !failed.contains_key(i) && needs_renewal(&items[*i], now))
+                .filter(|i| !failed.contains(i) && needs_renewal(&items[*i], now))
                 .collect();
             if stale.is_empty() {
                 break;
             }
             for (i, r) in self.renew(caller, &items, &stale).await {
                 match r {
-                    Renewal::To(expires) => {
+                    Some(expires) => {
                         let it = &mut items[i];
                         it.lease_expires_ms = it.lease_expires_ms.max(expires);
                         renewed.insert(i);
                     }
-                    other => {
-                        failed.insert(i, other);
+                    None => {
+                        failed.insert(i);
                     }
                 }
             }
@@ -111,57 +103,48 @@ impl Host {
         // renewal had failed.
         let now = self.clock.now_ms();
         for (i, it) in items.iter().enumerate() {
-            if !failed.contains_key(&i) && needs_renewal(it, now) {
-                failed.insert(i, Renewal::Failed);
+            if needs_renewal(it, now) {
+                failed.insert(i);
             }
         }
         // The workers serving the shards now (one may have died meanwhile).
         let fresh = self.shards();
         let mut out = Vec::with_capacity(items.len());
         let mut back: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
-        let mut settled: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
+        // The leases (key, token) of the items that leave reply as they are.
+        let mut settled: BTreeMap<ShardId, Vec<(u64, i64)>> = BTreeMap::new();
         let (mut kept, mut dropped) = (0u64, 0u64);
         for (i, it) in items.into_iter().enumerate() {
-            let verdict = failed.get(&i);
-            let Some(shard) = fresh.get(&it.id.shard) else {
-                // A peer's item (or one of a shard this host let go meanwhile): as its
-                // owner left it.
-                let keep = verdict.is_none()
-                    || it.lease_expires_ms > now
-                    || it.policy == Policy::AtMostOnce;
-                match keep {
-                    true => {
-                        kept += u64::from(renewed.contains(&i));
-                        out.push(it)
-                    }
-                    false => dropped += 1,
-                }
-                continue;
-            };
-            if !shard.is_in_reply(&it) {
+            // On a shard of this host (not a peer's, nor one this host let go meanwhile).
+            let here = fresh.get(&it.id.shard);
+            if let Some(shard) = here.filter(|s| !s.is_in_reply(&it)) {
                 // Taken over as handed to nobody by a worker that started since: take it.
                 shard.hand_out(vec![it.clone()]);
             }
-            match verdict {
-                None => {
-                    kept += u64::from(renewed.contains(&i));
-                    settled.entry(it.id.shard).or_default().push(it.clone());
-                    out.push(it);
+            if !failed.contains(&i) {
+                kept += u64::from(renewed.contains(&i));
+                if here.is_some() {
+                    settled
+                        .entry(it.id.shard)
+                        .or_default()
+                        .push((it.id.key, it.lease_token));
                 }
+                out.push(it);
+            } else if here.is_some_and(|s| s.is_in_reply(&it)) {
                 // Not renewed but in reply here: still on its lease (nothing else ends a
                 // lease in reply), and nobody saw this delivery.
-                Some(_) if shard.is_in_reply(&it) => back.entry(it.id.shard).or_default().push(it),
-                // Not in reply (its shard ended its lease meanwhile): its fate is decided
-                // there; see the module comment.
-                Some(_) if it.lease_expires_ms > now || it.policy == Policy::AtMostOnce => {
-                    out.push(it)
-                }
-                Some(_) => dropped += 1,
+                back.entry(it.id.shard).or_default().push(it);
+            } else if it.lease_expires_ms > now || it.policy == Policy::AtMostOnce {
+                // Its fate is decided where it lives (a peer; here, its shard ended its
+                // lease meanwhile): see the module comment.
+                out.push(it);
+            } else {
+                dropped += 1;
             }
         }
         // Out of reply: from here the expiry scan treats them as any delivery.
-        for (id, its) in settled {
-            fresh[&id].replied(&its);
+        for (id, leases) in settled {
+            fresh[&id].replied(leases);
         }
         let mut released = 0u64;
         for (id, its) in back {
@@ -186,13 +169,14 @@ impl Host {
     }
 
     /// Renews the leases of `items[i]` for each `i` of `stale`: at this host's shards as
-    /// deliveries in reply, at peers' as a touch.
+    /// deliveries in reply, at peers' as a touch. For each, when its lease now ends (None:
+    /// not renewed).
     async fn renew(
         &self,
         caller: &Caller,
         items: &[Item],
         stale: &[usize],
-    ) -> Vec<(usize, Renewal)> {
+    ) -> Vec<(usize, Option<i64>)> {
         let shards = self.shards();
         // A shard whose worker died since it handed these out serves them from a new
         // worker, which took them over as handed to nobody: take them from it again (a
@@ -226,18 +210,11 @@ impl Host {
         .await;
         for ((_, positions), r) in local.iter().zip(at_shards) {
             for (n, &i) in positions.iter().enumerate() {
-                let verdict = match &r {
-                    Ok(s) => match s.get(n) {
-                        Some(Settled::Done) => Renewal::To(asked + extend_ms(&items[i])),
-                        Some(Settled::NotFound | Settled::LeaseEnded) => Renewal::Gone,
-                        _ => Renewal::Failed,
-                    },
-                    Err(e) => {
-                        tracing::debug!(id = %items[i].id, error = %e, "re-lease at hand-out failed");
-                        Renewal::Failed
-                    }
-                };
-                out.push((i, verdict));
+                if let Err(e) = &r {
+                    tracing::debug!(id = %items[i].id, error = %e, "re-lease at hand-out failed");
+                }
+                let done = matches!(&r, Ok(s) if s.get(n) == Some(&Settled::Done));
+                out.push((i, done.then(|| asked + extend_ms(&items[i]))));
             }
         }
         for chunk in remote.chunks(limits::ITEMS_PER_REQUEST_MAX) {
@@ -255,12 +232,7 @@ impl Host {
                 Err(e) => vec![Err(e); chunk.len()],
             };
             for (&i, r) in chunk.iter().zip(outcomes) {
-                let verdict = match r {
-                    Ok(()) => Renewal::To(asked + extend_ms(&items[i])),
-                    Err(e) if e.code == ErrorCode::NotFound => Renewal::Gone,
-                    Err(_) => Renewal::Failed,
-                };
-                out.push((i, verdict));
+                out.push((i, r.is_ok().then(|| asked + extend_ms(&items[i]))));
             }
         }
         out

@@ -238,9 +238,9 @@ impl Driver {
     }
 
     /// Waits, at most `within`, until `to` has applied all but a few of `from`'s
-    /// transactions (domain 0); an error says how far it stayed, or why it cannot tell: at most what it applies in [`APPROACH_WINDOW_MS`] at the
+    /// transactions (domain 0): at most what it applies in [`APPROACH_WINDOW_MS`] at the
     /// rate it was seen applying, within [`APPROACH_TX`]. Returns how long that took and
-    /// how far behind it was then. Vitess's PlannedReparentShard also waits for its target
+    /// how far behind it was then; an error says how far it stayed, or why it cannot tell. Vitess's PlannedReparentShard also waits for its target
     /// before demoting the primary, but after demoting it; here the primary still serves,
     /// so the wait costs clients nothing.
     async fn approach(&self, from: &str, to: &str, within: Duration) -> Result<(u64, i64), String> {

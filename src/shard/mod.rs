@@ -471,12 +471,10 @@ impl ShardHandle {
         self.shared.staged.hand_out(items)
     }
 
-    /// The reply carrying these handed-out items left the host (or left them out): their
+    /// The reply carrying these handed-out deliveries (key, token) left the host: their
     /// leases end by the expiry scan again (see [`Staged`]).
-    pub fn replied(&self, items: &[Item]) {
-        self.shared
-            .staged
-            .replied(items.iter().map(|i| (i.id.key, i.lease_token)));
+    pub fn replied(&self, leases: impl IntoIterator<Item = (u64, i64)>) {
+        self.shared.staged.replied(leases);
     }
 
     /// Takes handed-out items back, as if never handed out (staged again under their
