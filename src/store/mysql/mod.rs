@@ -63,6 +63,8 @@ pub struct MySqlStore {
     lock: tokio::sync::Mutex<Option<OwnerLock>>,
     /// Bounds the owner lock's checks, as every other operation is bounded.
     check_timeout: std::time::Duration,
+    /// Bounds a connect or a wait for a pooled connection (see [`within`]).
+    connect_timeout: std::time::Duration,
     topics: Mutex<TopicIds>,
 }
 
@@ -108,6 +110,7 @@ impl MySqlStore {
             owned: Arc::new(AtomicBool::new(true)),
             lock: tokio::sync::Mutex::new(None),
             check_timeout: std::time::Duration::from_secs(5),
+            connect_timeout: std::time::Duration::from_secs(5),
             topics: Mutex::new(TopicIds::default()),
         })
     }
@@ -136,6 +139,7 @@ impl MySqlStore {
             .into();
         self.pool = Pool::new(opts.clone());
         self.shard_opts = opts;
+        self.connect_timeout = std::time::Duration::from_millis(ms.max(1000));
         self
     }
 
@@ -155,7 +159,7 @@ impl MySqlStore {
         if !self.owned.load(Ordering::SeqCst) {
             return Err(StoreError::Fenced);
         }
-        Ok(self.pool.get_conn().await?)
+        within(self.connect_timeout, self.pool.get_conn()).await
     }
 
     /// A connection without the statement bound, for what may rightly take long and has
@@ -192,6 +196,21 @@ impl MySqlStore {
     }
 }
 
+/// Bounds what waits on the server before any statement runs (a connect, a connection
+/// from the pool): a frozen server (SIGSTOP, a hung machine) accepts TCP connections and
+/// never greets, and mysql_async bounds neither. Unbounded, a shard's open on such a
+/// server hung, and with it the host's following of its shard manager: it handed no shard
+/// over, and the set whose lowest shard was in transit had no leader to fail it over.
+pub(super) async fn within<T>(
+    d: std::time::Duration,
+    f: impl std::future::Future<Output = Result<T, mysql_async::Error>>,
+) -> StoreResult<T> {
+    match tokio::time::timeout(d, f).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(StoreError::Timeout(d.as_millis() as u64)),
+    }
+}
+
 /// Runs one statement in the text protocol: no prepare round trip for SQL that is
 /// different every time.
 async fn run<Q: Queryable>(q: &mut Q, sql: &Statement) -> StoreResult<()> {
@@ -213,7 +232,7 @@ impl ShardStore for MySqlStore {
             .await?;
             *self.lock.lock().await = Some(lock);
         }
-        let mut server = Conn::new(self.server_opts.clone()).await?;
+        let mut server = within(self.connect_timeout, Conn::new(self.server_opts.clone())).await?;
         let create = format!(
             "CREATE DATABASE IF NOT EXISTS `{}`",
             self.database.replace('`', "``")

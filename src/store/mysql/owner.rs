@@ -61,10 +61,13 @@ impl OwnerLock {
         check_timeout: Duration,
     ) -> StoreResult<OwnerLock> {
         let name = lock_name(database);
-        let mut conn = Conn::new(opts).await?;
-        let got: Option<Option<i64>> = conn
-            .exec_first("SELECT GET_LOCK(?, ?)", (&name, ACQUIRE_WAIT_S))
-            .await?;
+        let mut conn = super::within(check_timeout, Conn::new(opts)).await?;
+        let wait = check_timeout + Duration::from_secs(ACQUIRE_WAIT_S as u64);
+        let got: Option<Option<i64>> = super::within(
+            wait,
+            conn.exec_first("SELECT GET_LOCK(?, ?)", (&name, ACQUIRE_WAIT_S)),
+        )
+        .await?;
         if got.flatten() != Some(1) {
             let holder = holder(&mut conn, &name).await;
             let _ = conn.disconnect().await;
