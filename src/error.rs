@@ -23,6 +23,10 @@ pub struct Error {
     pub retryable: bool,
     /// "host:port" of the host that can serve the request (`WRONG_HOST`).
     pub redirect: Option<String>,
+    /// A call forwarded to a peer went out and no answer came back: the peer may have
+    /// applied it. Never sent on the wire; the forwarding host resolves it (see
+    /// `core::in_doubt`) before it answers.
+    pub in_doubt: bool,
 }
 
 impl Error {
@@ -34,6 +38,7 @@ impl Error {
             message: message.into(),
             retryable,
             redirect: None,
+            in_doubt: false,
         }
     }
 
@@ -54,6 +59,14 @@ impl Error {
 
     pub fn not_found(message: impl Into<String>) -> Self {
         Error::new(ErrorCode::NotFound, message)
+    }
+
+    /// `UNAVAILABLE`, marked as sent with its outcome unknown.
+    pub fn in_doubt(message: impl Into<String>) -> Self {
+        Error {
+            in_doubt: true,
+            ..Error::unavailable(message)
+        }
     }
 }
 

@@ -358,3 +358,61 @@ async fn a_host_whose_shards_are_all_sick_forwards_enqueues_and_the_client_sees_
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// An ack forwarded to the shard's owner, whose answer never came back (the owner's delete
+/// was held past the forward's `peer_timeout_ms`, and then went through): the forwarding
+/// host does not answer `UNAVAILABLE` ("nothing applied") for an item its ack deleted; it
+/// acks again until it knows, and answers OK. (Before: `UNAVAILABLE`, and the item gone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_ack_whose_answer_was_lost_is_resolved_before_the_reply() {
+    let db = TestDb::new(2);
+    let (pa, pb) = (free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] =
+        &[("a", pa, "default", &[0]), ("b", pb, "default", &[1])];
+    let mut cfg_a = host_config(&db.shards_toml(), "a", hosts, true, "");
+    cfg_a.cluster.peer_timeout_ms = 300;
+    let a = start(&cfg_a).await;
+    let faults = foqs::store::faulty::Faults::default();
+    let b = foqs::daemon::start_with_faults(
+        &host_config(&db.shards_toml(), "b", hosts, false, ""),
+        Arc::new(SystemClock),
+        std::collections::BTreeMap::from([(1, faults.clone())]),
+    )
+    .await
+    .expect("b starts");
+    let (a_addr, b_addr) = (a.addr, b.addr);
+    let id = tokio::task::spawn_blocking(move || {
+        let mut cb = Client::connect(b_addr, Proto::Binary);
+        let ids = cb.enqueue(vec![item("ns", "doubt", 0, b"x")]);
+        assert_eq!(owner_shard(&ids[0]), 1, "b writes its own shard");
+        let got = cb.dequeue("ns", "doubt", 1);
+        assert_eq!(got.len(), 1);
+        ids[0].clone()
+    })
+    .await
+    .unwrap();
+    faults.arm("delete", foqs::store::faulty::Fault::Hold);
+    let acking = {
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || Client::connect(a_addr, Proto::Binary).ack(&[id]))
+    };
+    // b's delete has started: a's forward has been out at least this long. Past a's
+    // timeout (300 ms), the delete goes through.
+    faults.waiting().notified().await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    faults.release();
+    let results = acking.await.unwrap();
+    assert!(
+        results[0].error.is_none(),
+        "the ack deleted the item, so its answer is OK: {:?}",
+        results[0].error
+    );
+    let left = tokio::task::spawn_blocking(move || {
+        Client::connect(b_addr, Proto::Binary).dequeue("ns", "doubt", 1)
+    })
+    .await
+    .unwrap();
+    assert!(left.is_empty(), "the item is gone: {left:?}");
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -145,6 +145,7 @@ impl Host {
                 manager: "single",
                 serves_all_tiers: true,
                 forwarding: false,
+                in_doubt_max: std::time::Duration::from_secs(2),
                 tier_shards: Default::default(),
             },
             peers: Arc::new(super::peers::NoPeers),

@@ -9,6 +9,7 @@ mod dequeue;
 mod enqueue;
 mod health;
 mod host;
+mod in_doubt;
 mod inspect;
 mod merge;
 mod overview;

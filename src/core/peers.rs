@@ -297,6 +297,10 @@ pub struct ClusterSettings {
     /// A single host serves every tier: there is nobody to forward to.
     pub serves_all_tiers: bool,
     pub forwarding: bool,
+    /// How long a forwarded ack whose outcome is in doubt (the peer went away after it
+    /// was sent) is tried again before the reply: long enough for the shard to get a new
+    /// owner, and that one to open it (etcd: `lease_ttl_ms` + 5 s).
+    pub in_doubt_max: std::time::Duration,
     /// Every tier's shards, wherever they are served.
     pub tier_shards: BTreeMap<String, Vec<ShardId>>,
 }

@@ -7,6 +7,7 @@ use futures::future::{join_all, BoxFuture};
 
 use super::access::{denied, Caller, Kind};
 use super::host::{check_batch, Host, ShardMap};
+use super::in_doubt::LEASE_ENDED;
 use super::peers::Forwarded;
 use super::validate::{check_duration, limits};
 use super::{AckRequestItem, NackRequestItem, TouchRequestItem};
@@ -94,7 +95,7 @@ impl Host {
                             Err(Error::not_found(format!("item {} not found", ids[pos].0)))
                         }
                         Settled::LeaseEnded => Err(Error::not_found(format!(
-                            "item {}: lease ended (lease_id is not the item's current delivery)",
+                            "item {}: {LEASE_ENDED} (lease_id is not the item's current delivery)",
                             ids[pos].0
                         ))),
                         Settled::Unapplied => Err(Error::unavailable(format!(
@@ -245,7 +246,25 @@ impl Host {
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "ids")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let caller = &caller;
+        let mut results = self.ack_once(&caller, &items, may_forward).await;
+        if may_forward
+            && results
+                .iter()
+                .any(|r| r.as_ref().is_err_and(|e| e.in_doubt))
+        {
+            self.resolve_in_doubt_acks(&caller, &items, &mut results)
+                .await;
+        }
+        Ok(results)
+    }
+
+    /// One pass of [`Host::ack_items`]: each item acked by its shard here, or forwarded.
+    pub(super) async fn ack_once(
+        &self,
+        caller: &Caller,
+        items: &[AckRequestItem],
+        may_forward: bool,
+    ) -> Vec<Result<()>> {
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| items[p].clone()).collect();
@@ -256,20 +275,19 @@ impl Host {
             .map(|it| (it.id.clone(), Ok(it.lease_id)))
             .collect();
         let remote: Option<&Remote> = may_forward.then_some(&remote);
-        Ok(self
-            .settle(
-                checked,
-                (caller, Kind::Consume),
-                |shard, ops| async move {
-                    let ops = ops
-                        .into_iter()
-                        .map(|(key, lease_id)| AckOp { key, lease_id })
-                        .collect();
-                    shard.ack(ops).await
-                },
-                remote,
-            )
-            .await)
+        self.settle(
+            checked,
+            (caller, Kind::Consume),
+            |shard, ops| async move {
+                let ops = ops
+                    .into_iter()
+                    .map(|(key, lease_id)| AckOp { key, lease_id })
+                    .collect();
+                shard.ack(ops).await
+            },
+            remote,
+        )
+        .await
     }
 
     /// Makes each leased item ready again after its delay, with new metadata when given.

@@ -434,6 +434,10 @@ async fn start_planned(
         manager: manager.kind(),
         serves_all_tiers: c.manager == ManagerKind::Single,
         forwarding: c.forwarding,
+        in_doubt_max: Duration::from_millis(match c.manager {
+            ManagerKind::Etcd => c.etcd.lease_ttl_ms + 5000,
+            _ => 2000,
+        }),
         tier_shards,
     };
     let peers = Arc::new(PeerClient::new(

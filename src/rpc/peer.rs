@@ -3,6 +3,7 @@
 //! connections: one `bb8` pool per peer address, created on first use.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -153,6 +154,12 @@ impl PeerClient {
         result: impl FnOnce(&mut dyn TInputProtocol) -> thrift::Result<R>,
     ) -> Result<R> {
         let unavailable = |why: String| Error::unavailable(format!("peer {addr}: {why}"));
+        let doubt = |why: String| {
+            Error::in_doubt(format!(
+                "peer {addr}: {why} (the call was sent: its outcome is unknown)"
+            ))
+        };
+        let sent = AtomicBool::new(false);
         let pool = self.pool(addr);
         let work = async {
             let mut conn = pool
@@ -162,34 +169,44 @@ impl PeerClient {
             conn.seq = conn.seq.wrapping_add(1);
             let frame = encode(method, conn.seq, args).map_err(|e| unavailable(describe(&e)))?;
             conn.broken = true;
+            // From the first byte written on, the peer may act on the call: a failure
+            // is in doubt (the peer may have applied it), not a refusal.
+            sent.store(true, Ordering::Relaxed);
             conn.stream
                 .write_all(&frame)
                 .await
-                .map_err(|e| unavailable(e.to_string()))?;
+                .map_err(|e| doubt(e.to_string()))?;
             // TLS buffers what it encrypts: push it out.
             conn.stream
                 .flush()
                 .await
-                .map_err(|e| unavailable(e.to_string()))?;
+                .map_err(|e| doubt(e.to_string()))?;
             let len = conn
                 .stream
                 .read_i32()
                 .await
-                .map_err(|e| unavailable(e.to_string()))?;
+                .map_err(|e| doubt(e.to_string()))?;
             if len <= 0 || len as usize > REPLY_FRAME_BYTES_MAX {
-                return Err(unavailable(format!("reply frame of {len} bytes")));
+                return Err(doubt(format!("reply frame of {len} bytes")));
             }
             let mut reply = vec![0u8; len as usize];
             conn.stream
                 .read_exact(&mut reply)
                 .await
-                .map_err(|e| unavailable(e.to_string()))?;
+                .map_err(|e| doubt(e.to_string()))?;
             conn.broken = false;
-            decode(&reply, result).map_err(|e| unavailable(describe(&e)))
+            decode(&reply, result).map_err(|e| doubt(describe(&e)))
         };
         tokio::time::timeout(self.timeout, work)
             .await
-            .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))?
+            .map_err(|_| {
+                let why = format!("no answer within {} ms", self.timeout.as_millis());
+                if sent.load(Ordering::Relaxed) {
+                    doubt(why)
+                } else {
+                    unavailable(why)
+                }
+            })?
     }
 }
 
