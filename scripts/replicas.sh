@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Three private MariaDB servers standing for three regions, replicating one another with
-# MariaDB's own replication (GTID, semi-synchronous), for the replication tests and drills.
+# Replica sets of three private MariaDB servers each, one server per region (r1, r2, r3),
+# replicating one another with MariaDB's own replication (GTID, semi-synchronous), for the
+# replication tests and drills.
 #
-#   scripts/replicas.sh up     [--dir D] [--port P]   start them; server 1 (port P, region
-#                                                      r1) is the primary, 2 and 3 replicate
+#   scripts/replicas.sh up     [--dir D] [--port P] [--sets K]
+#                                                      start K sets (default 1): set k
+#                                                      (0-based) is servers 3k+1..3k+3 on
+#                                                      ports P+3k..P+3k+2; its first server
+#                                                      is its primary, in region r(k%3+1),
+#                                                      its other two in the next regions
 #   scripts/replicas.sh down   [--dir D]              stop them (by pid) and remove D
 #   scripts/replicas.sh rejoin N PRIMARY_PORT [--dir D]
 #                                                      kill -9 server N and start it again:
@@ -16,7 +21,9 @@
 #                                                      repoints it
 #   scripts/replicas.sh kill N | stop N | cont N [--dir D]   kill -9, SIGSTOP, SIGCONT
 #
-# D defaults to .run/replicas, P to 3410 (servers on P, P+1, P+2). Every server:
+# D defaults to .run/replicas, P to 3410. Every server:
+# - a small footprint (an 8 MB buffer pool, 200 connections): nine of them fit beside the
+#   load on a 2-core machine;
 # - binlog in ROW format with GTIDs (domain 0, strict mode), `log_slave_updates`, and
 #   `sync_binlog = 1` / `innodb_flush_log_at_trx_commit = 1` (what a reply promised is on disk);
 # - semi-synchronous replication armed both ways (`AFTER_SYNC`, `wait_no_slave = ON`,
@@ -24,10 +31,11 @@
 #   primary's side is switched on only on the primary, by a promotion;
 # - starts with `read_only = ON` (only a promotion turns it off) and `init_rpl_role =
 #   SLAVE`, so that after a crash it discards the transactions no replica acknowledged.
-# Users (created on the primary, replicated): `foqs`/`foqs` owns the databases `foqs%` and
+# The sets are independent topologies (each its own GTID history in domain 0).
+# Users (created on each set's primary, replicated): `foqs`/`foqs` owns the databases `foqs%` and
 # has neither SUPER nor READ ONLY ADMIN, so `read_only` stops its writes; `foqs_repl`/
 # `foqs_repl` replicates; root (no password, from 127.0.0.1) administers.
-# `D/servers` lists "N PORT REGION" per server.
+# `D/servers` lists "N PORT REGION SET" per server.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -35,11 +43,13 @@ cmd=${1:-}
 shift || true
 dir="$FOQS_RUN/replicas"
 port=3410
+sets=1
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
+    --sets) sets=$2; shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -61,7 +71,8 @@ start_server() { # start_server N PORT
   "$(mariadbd_bin)" --no-defaults \
     --datadir="$s/data" --port="$p" --bind-address=127.0.0.1 --socket="$s/sock" \
     --pid-file="$s/pid" --user="$user" --skip-name-resolve --log-error="$s/error.log" \
-    --innodb-buffer-pool-size=64M --max-connections=500 \
+    --innodb-buffer-pool-size=8M --max-connections=200 --innodb-log-buffer-size=1M \
+    --key-buffer-size=1M --table-open-cache=200 \
     --server-id="$n" --log-bin="$s/binlog" --binlog-format=ROW --log-slave-updates \
     --gtid-strict-mode=ON --gtid-domain-id=0 --sync-binlog=1 --innodb-flush-log-at-trx-commit=1 \
     --read-only=ON --init-rpl-role=SLAVE \
@@ -91,15 +102,17 @@ replicate_from() { # replicate_from PORT PRIMARY_PORT POS_KIND
 
 up() {
   [ -n "$(mariadbd_bin)" ] || foqs_apt_install mariadb-server
+  local total=$((3 * sets))
   if [ -f "$dir/servers" ]; then
-    local all=1 n p r
-    while read -r n p r; do foqs_port_open 127.0.0.1 "$p" || all=0; done <"$dir/servers"
+    local all=1 n p r k
+    [ "$(wc -l <"$dir/servers")" = "$total" ] || all=0
+    while read -r n p r k; do foqs_port_open 127.0.0.1 "$p" || all=0; done <"$dir/servers"
     if [ $all = 1 ]; then foqs_log "replicas already up in $dir"; cat "$dir/servers"; return 0; fi
     down
   fi
   mkdir -p "$dir"
   local n p
-  for n in 1 2 3; do
+  for n in $(seq 1 "$total"); do
     p=$((port + n - 1))
     if foqs_port_open 127.0.0.1 "$p"; then foqs_log "port $p is taken; choose another with --port"; return 1; fi
     mkdir -p "$dir/s$n/tmp"
@@ -108,35 +121,54 @@ up() {
   done
   wait
   : >"$dir/servers"
-  for n in 1 2 3; do
+  for n in $(seq 1 "$total"); do
     p=$((port + n - 1))
-    start_server "$n" "$p"
-    echo "$n $p r$n" >>"$dir/servers"
+    start_server "$n" "$p" &
+  done
+  wait
+  for n in $(seq 1 "$total"); do
+    p=$((port + n - 1))
+    foqs_port_open 127.0.0.1 "$p" || { foqs_log "server $n did not start"; return 1; }
+    local k=$(((n - 1) / 3)) j=$(((n - 1) % 3))
+    echo "$n $p r$(((k + j) % 3 + 1)) $k" >>"$dir/servers"
     sql "$p" "RESET MASTER;"
   done
-  local primary=$port
+  local k
+  for k in $(seq 0 $((sets - 1))); do
+    up_set "$k" &
+  done
+  wait
+  for k in $(seq 0 $((sets - 1))); do
+    [ "$(sql $((port + 3 * k)) "SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'" | awk '{print $2}')" = 2 ] ||
+      foqs_log "set $k: not every replica acknowledges yet"
+  done
+  foqs_log "replicas up in $dir: $sets set(s); set k's primary is 127.0.0.1:$port+3k (region r(k%3+1))"
+  cat "$dir/servers"
+}
+
+up_set() { # up_set K: the users on the set's primary, its replicas pointed at it, promoted
+  local primary=$((port + 3 * $1))
   # The users, created on the primary and replicated from its first transaction on.
   sql "$primary" "
     CREATE USER 'foqs'@'127.0.0.1' IDENTIFIED BY 'foqs';
     GRANT ALL PRIVILEGES ON \`foqs%\`.* TO 'foqs'@'127.0.0.1';
     CREATE USER 'foqs_repl'@'127.0.0.1' IDENTIFIED BY 'foqs_repl';
     GRANT REPLICATION SLAVE ON *.* TO 'foqs_repl'@'127.0.0.1';"
-  for n in 2 3; do replicate_from $((port + n - 1)) "$primary" slave_pos; done
-  # Promote server 1: the primary side of semi-sync on, writable.
+  local j
+  for j in 1 2; do replicate_from $((primary + j)) "$primary" slave_pos; done
+  # Promote the first server: the primary side of semi-sync on, writable.
   sql "$primary" "SET GLOBAL rpl_semi_sync_master_enabled = ON; SET GLOBAL read_only = OFF;"
   local i
   for i in $(seq 1 40); do
     [ "$(sql "$primary" "SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'" | awk '{print $2}')" = 2 ] && break
     sleep 0.25
   done
-  foqs_log "replicas up in $dir: primary 127.0.0.1:$primary (r1), replicas 127.0.0.1:$((port + 1)) (r2), 127.0.0.1:$((port + 2)) (r3)"
-  cat "$dir/servers"
 }
 
 down() {
   [ -d "$dir" ] || return 0
   local n pid
-  for n in 1 2 3; do
+  for n in $(cd "$dir" && ls -d s* 2>/dev/null | sed 's/^s//'); do
     [ -f "$dir/s$n/pid" ] || continue
     pid=$(cat "$dir/s$n/pid")
     kill -CONT "$pid" 2>/dev/null || true
@@ -178,5 +210,5 @@ case "$cmd" in
   kill) signal 9 "${args[0]}" ;;
   stop) signal STOP "${args[0]}" ;;
   cont) signal CONT "${args[0]}" ;;
-  *) echo "usage: $0 up|down|rejoin N PRIMARY_PORT|start N|kill N|stop N|cont N [--dir D] [--port P]" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--sets K]|down|rejoin N PRIMARY_PORT|start N|kill N|stop N|cont N [--dir D] [--port P]" >&2; exit 2 ;;
 esac

@@ -457,6 +457,10 @@ struct SwitchReport {
 
 struct SwitchResponse {
   1: list<SwitchReport> switches,
+  // The whole call, as the host that answered timed it (a region drain: from the request
+  // to the last set's switch done, its sets switched up to replication.drain_parallel_max
+  // at once).
+  2: optional i64 elapsed_ms,
 }
 
 struct ReplicaInfo {

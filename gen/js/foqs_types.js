@@ -4391,9 +4391,13 @@ SwitchReport.prototype.write = function(output) {
 
 var SwitchResponse = module.exports.SwitchResponse = function(args) {
   this.switches = null;
+  this.elapsed_ms = null;
   if (args) {
     if (args.switches !== undefined && args.switches !== null) {
       this.switches = Thrift.copyList(args.switches, [ttypes.SwitchReport]);
+    }
+    if (args.elapsed_ms !== undefined && args.elapsed_ms !== null) {
+      this.elapsed_ms = args.elapsed_ms;
     }
   }
 };
@@ -4424,9 +4428,13 @@ SwitchResponse.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
-      case 0:
+      case 2:
+      if (ftype == Thrift.Type.I64) {
+        this.elapsed_ms = input.readI64();
+      } else {
         input.skip(ftype);
-        break;
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -4448,6 +4456,11 @@ SwitchResponse.prototype.write = function(output) {
       }
     }
     output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  if (this.elapsed_ms !== null && this.elapsed_ms !== undefined) {
+    output.writeFieldBegin('elapsed_ms', Thrift.Type.I64, 2);
+    output.writeI64(this.elapsed_ms);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

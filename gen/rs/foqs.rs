@@ -4902,12 +4902,14 @@ impl Default for SwitchReport {
 #[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
 pub struct SwitchResponse {
   pub switches: Option<Vec<SwitchReport>>,
+  pub elapsed_ms: Option<i64>,
 }
 
 impl SwitchResponse {
-  pub fn new<F1>(switches: F1) -> SwitchResponse where F1: Into<Option<Vec<SwitchReport>>> {
+  pub fn new<F1, F2>(switches: F1, elapsed_ms: F2) -> SwitchResponse where F1: Into<Option<Vec<SwitchReport>>>, F2: Into<Option<i64>> {
     SwitchResponse {
       switches: switches.into(),
+      elapsed_ms: elapsed_ms.into(),
     }
   }
 }
@@ -4916,6 +4918,7 @@ impl TSerializable for SwitchResponse {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<SwitchResponse> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<SwitchReport>> = Some(Vec::new());
+    let mut f_2: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -4933,6 +4936,10 @@ impl TSerializable for SwitchResponse {
           i_prot.read_list_end()?;
           f_1 = Some(val);
         },
+        2 => {
+          let val = i_prot.read_i64()?;
+          f_2 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -4942,6 +4949,7 @@ impl TSerializable for SwitchResponse {
     i_prot.read_struct_end()?;
     let ret = SwitchResponse {
       switches: f_1,
+      elapsed_ms: f_2,
     };
     Ok(ret)
   }
@@ -4957,6 +4965,11 @@ impl TSerializable for SwitchResponse {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.elapsed_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("elapsed_ms", TType::I64, 2))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -4966,6 +4979,7 @@ impl Default for SwitchResponse {
   fn default() -> Self {
     SwitchResponse{
       switches: Some(Vec::new()),
+      elapsed_ms: Some(0),
     }
   }
 }

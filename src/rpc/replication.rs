@@ -1,6 +1,8 @@
 //! The replication admin methods on the wire: decoding, the call into the host, and the
 //! conversion of its reports.
 
+use std::time::Instant;
+
 use thrift::protocol::{TInputProtocol, TOutputProtocol};
 
 use super::split;
@@ -77,15 +79,19 @@ fn shard_id(id: Option<i32>) -> crate::error::Result<u32> {
     })
 }
 
+/// The reports of a switch call that started at `t0`.
 fn switched(
     r: crate::error::Result<Vec<SwitchReport>>,
+    t0: Instant,
 ) -> (Option<t::SwitchResponse>, Option<t::FoqsError>) {
     split(r.map(|v| t::SwitchResponse {
         switches: Some(v.into_iter().map(report).collect()),
+        elapsed_ms: Some(t0.elapsed().as_millis() as i64),
     }))
 }
 
 pub(super) async fn dispatch(host: &Host, caller: &Caller, call: Call) -> Reply {
+    let t0 = Instant::now();
     match call {
         Call::Switchover(req) => {
             let r = match shard_id(req.shard_id) {
@@ -95,13 +101,13 @@ pub(super) async fn dispatch(host: &Host, caller: &Caller, call: Call) -> Reply 
                 }
                 Err(e) => Err(e),
             };
-            let (result_value, err) = switched(r);
+            let (result_value, err) = switched(r, t0);
             Reply::Switchover(t::FoqsShardSwitchoverResult { result_value, err })
         }
         Call::Drain(req) => {
             let from = req.from_region.unwrap_or_default();
             let to = req.to_region.filter(|t| !t.is_empty());
-            let (result_value, err) = switched(host.region_drain(caller, from, to).await);
+            let (result_value, err) = switched(host.region_drain(caller, from, to).await, t0);
             Reply::Drain(t::FoqsRegionDrainResult { result_value, err })
         }
         Call::Failover(req) => {
@@ -112,7 +118,7 @@ pub(super) async fn dispatch(host: &Host, caller: &Caller, call: Call) -> Reply 
                 }
                 Err(e) => Err(e),
             };
-            let (result_value, err) = switched(r);
+            let (result_value, err) = switched(r, t0);
             Reply::Failover(t::FoqsShardFailoverResult { result_value, err })
         }
         Call::Status => {

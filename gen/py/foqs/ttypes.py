@@ -4090,12 +4090,14 @@ class SwitchResponse(object):
     """
     Attributes:
      - switches
+     - elapsed_ms
 
     """
 
 
-    def __init__(self, switches=None,):
+    def __init__(self, switches=None, elapsed_ms=None,):
         self.switches = switches
+        self.elapsed_ms = elapsed_ms
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -4117,6 +4119,11 @@ class SwitchResponse(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.elapsed_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -4133,6 +4140,10 @@ class SwitchResponse(object):
             for iter167 in self.switches:
                 iter167.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.elapsed_ms is not None:
+            oprot.writeFieldBegin('elapsed_ms', TType.I64, 2)
+            oprot.writeI64(self.elapsed_ms)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4878,6 +4889,7 @@ all_structs.append(SwitchResponse)
 SwitchResponse.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'switches', (TType.STRUCT, [SwitchReport, None], False), None, ),  # 1
+    (2, TType.I64, 'elapsed_ms', None, None, ),  # 2
 )
 all_structs.append(ReplicaInfo)
 ReplicaInfo.thrift_spec = (

@@ -1,4 +1,4 @@
-//! Three private MariaDB servers replicating one another, started and stopped through
+//! Replica sets of three private MariaDB servers each, started and stopped through
 //! `scripts/replicas.sh` (the same servers the drill script and operators use), and the
 //! SQL the replication tests read them with (through the `mariadb` client, as root).
 
@@ -7,8 +7,9 @@ use std::process::Command;
 
 pub struct Replicas {
     pub dir: PathBuf,
-    /// Server n (1..=3) listens on `base + n - 1`, region `r<n>`.
+    /// Server n (1..=3 x sets) listens on `base + n - 1`.
     pub base: u16,
+    pub sets: u16,
 }
 
 fn script(args: &[&str]) -> String {
@@ -27,33 +28,53 @@ fn script(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Three consecutive ports free now.
-fn free_ports() -> u16 {
+/// `n` consecutive ports free now.
+fn free_ports(n: u16) -> u16 {
     for _ in 0..100 {
         let base = super::free_port();
         if base > 65000 {
             continue;
         }
-        if (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+        if (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
             return base;
         }
     }
-    panic!("no three consecutive free ports");
+    panic!("no {n} consecutive free ports");
 }
 
 impl Replicas {
-    pub fn up() -> Replicas {
-        let base = free_ports();
+    /// `sets` replica sets (`scripts/replicas.sh up --sets`): set k (0-based) is servers
+    /// 3k+1..3k+3, its first the primary, in region r(k%3+1), the others in the next two.
+    pub fn up(sets: u16) -> Replicas {
+        let base = free_ports(3 * sets);
         let dir = std::env::temp_dir().join(format!("foqs-replicas-{}-{base}", std::process::id()));
-        let r = Replicas { dir, base };
+        let r = Replicas { dir, base, sets };
         script(&[
             "up",
             "--dir",
             r.dir.to_str().unwrap(),
             "--port",
             &base.to_string(),
+            "--sets",
+            &sets.to_string(),
         ]);
         r
+    }
+
+    /// The servers of set k, its first primary at the start.
+    pub fn set_servers(&self, k: u16) -> [u16; 3] {
+        [3 * k + 1, 3 * k + 2, 3 * k + 3]
+    }
+
+    /// The set server n belongs to.
+    pub fn set_of(&self, n: u16) -> u16 {
+        (n - 1) / 3
+    }
+
+    /// The region of server n ("r1".."r3").
+    pub fn region(&self, n: u16) -> String {
+        let (k, j) = ((n - 1) / 3, (n - 1) % 3);
+        format!("r{}", (k + j) % 3 + 1)
     }
 
     fn run(&self, args: &[&str]) -> String {

@@ -43,10 +43,12 @@ fn report_json(r: &SwitchReport) -> Value {
     })
 }
 
-/// Prints each switch; Err when one of them did nothing.
+/// Prints each switch (and, for a drain, a last line with the whole drain's time and its
+/// longest read-only window); Err when one of them did nothing.
 fn print_switches(
     resp: SwitchResponse,
     json_out: bool,
+    drain: bool,
     out: &mut dyn FnMut(&str) -> Result<(), String>,
 ) -> Result<(), String> {
     let switches = resp.switches.unwrap_or_default();
@@ -83,6 +85,28 @@ fn print_switches(
     if switches.is_empty() && !json_out {
         out("nothing to switch")?;
     }
+    if drain {
+        let ok = switches.iter().filter(|r| r.ok == Some(true)).count();
+        let worst = switches
+            .iter()
+            .filter(|r| r.ok == Some(true))
+            .filter_map(|r| r.read_only_ms)
+            .max();
+        if json_out {
+            out(
+                &json!({"drain": true, "sets": switches.len(), "switched": ok,
+                "elapsed_ms": resp.elapsed_ms, "read_only_ms_max": worst})
+                .to_string(),
+            )?;
+        } else if !switches.is_empty() {
+            out(&format!(
+                "drain: {ok} of {} replica sets switched in {} ms (longest read-only window {} ms)",
+                switches.len(),
+                resp.elapsed_ms.unwrap_or(0),
+                worst.unwrap_or(0)
+            ))?;
+        }
+    }
     if failed > 0 {
         return Err(format!(
             "{failed} of {} switches did nothing",
@@ -113,7 +137,7 @@ pub fn shard(
             })
             .map_err(e)?,
     };
-    print_switches(resp, json_out, out)
+    print_switches(resp, json_out, false, out)
 }
 
 pub fn region(
@@ -130,7 +154,7 @@ pub fn region(
             to_region: to.clone(),
         })
         .map_err(e)?;
-    print_switches(resp, json_out, out)
+    print_switches(resp, json_out, true, out)
 }
 
 pub fn shards(
