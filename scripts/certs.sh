@@ -5,10 +5,12 @@
 #   ca.pem, ca.key            a CA (EC P-256, valid 30 days)
 #   server.pem, server.key    a server certificate for 127.0.0.1, ::1 and localhost
 #   NAME.pem, NAME.key        for each CLIENT_NAME, a client certificate whose identity
-#                             (first DNS SAN and CN) is NAME
+#                             (first DNS SAN and CN) is NAME; a NAME starting "rsa-" gets
+#                             an RSA key in PKCS#1 PEM (what mysql_async reads for a client
+#                             certificate to MySQL)
 #   other-ca.pem, intruder.pem, intruder.key   a second CA and a client certificate it
 #                             signed (identity "intruder"), to see a handshake refused
-# Keys are PKCS#8 PEM. Uses the openssl command (installed from Debian when missing).
+# Keys are PKCS#8 PEM (but rsa-* ones). Uses the openssl command (installed from Debian when missing).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 [ $# -ge 1 ] || { echo "usage: $0 DIR [CLIENT_NAME...]" >&2; exit 2; }
@@ -17,7 +19,12 @@ command -v openssl >/dev/null 2>&1 || foqs_apt_install openssl
 mkdir -p "$dir"
 cd "$dir"
 
-key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+key() {
+  case "$(basename "$1")" in
+    rsa-*) openssl genrsa -traditional -out "$1" 2048 2>/dev/null ;;
+    *) openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null ;;
+  esac
+}
 
 ca() { # name
   key "$1.key"

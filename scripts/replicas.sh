@@ -3,12 +3,16 @@
 # replicating one another with MariaDB's own replication (GTID, semi-synchronous), for the
 # replication tests and drills.
 #
-#   scripts/replicas.sh up     [--dir D] [--port P] [--sets K]
+#   scripts/replicas.sh up     [--dir D] [--port P] [--sets K] [--tls CERTS]
 #                                                      start K sets (default 1): set k
 #                                                      (0-based) is servers 3k+1..3k+3 on
 #                                                      ports P+3k..P+3k+2; its first server
 #                                                      is its primary, in region r(k%3+1),
-#                                                      its other two in the next regions
+#                                                      its other two in the next regions;
+#                                                      --tls: every server requires TLS
+#                                                      (require_secure_transport, CERTS/
+#                                                      {ca,server}.pem from scripts/certs.sh)
+#                                                      and replicates over it
 #   scripts/replicas.sh down   [--dir D]              stop them (by pid) and remove D
 #   scripts/replicas.sh rejoin N PRIMARY_PORT [--dir D]
 #                                                      kill -9 server N and start it again:
@@ -44,12 +48,14 @@ shift || true
 dir="$FOQS_RUN/replicas"
 port=3410
 sets=1
+tls=
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --sets) sets=$2; shift 2 ;;
+    --tls) tls=$(cd "$2" && pwd); shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -64,10 +70,18 @@ sql() { # sql PORT STATEMENTS
 
 port_of() { awk -v n="$1" '$1 == n { print $2 }' "$dir/servers"; }
 
+# The certificates folder the servers were started with (kept for restarts), if any.
+tls_dir() { [ -n "$tls" ] && echo "$tls" || cat "$dir/tls" 2>/dev/null || true; }
+
 start_server() { # start_server N PORT
   local n=$1 p=$2 s="$dir/s$1"
-  local user
+  local user t
   user=$(id -un)
+  local tls_args=()
+  t=$(tls_dir)
+  if [ -n "$t" ]; then
+    tls_args=(--ssl-ca="$t/ca.pem" --ssl-cert="$t/server.pem" --ssl-key="$t/server.key" --require-secure-transport=ON)
+  fi
   "$(mariadbd_bin)" --no-defaults \
     --datadir="$s/data" --port="$p" --bind-address=127.0.0.1 --socket="$s/sock" \
     --pid-file="$s/pid" --user="$user" --skip-name-resolve --log-error="$s/error.log" \
@@ -78,7 +92,7 @@ start_server() { # start_server N PORT
     --read-only=ON --init-rpl-role=SLAVE \
     --rpl-semi-sync-slave-enabled=ON --rpl-semi-sync-master-wait-point=AFTER_SYNC \
     --rpl-semi-sync-master-wait-no-slave=ON --rpl-semi-sync-master-timeout=3600000 \
-    --slave-net-timeout=1 --slave-parallel-threads=0 \
+    --slave-net-timeout=1 --slave-parallel-threads=0 "${tls_args[@]}" \
     >/dev/null 2>&1 &
   local i
   for i in $(seq 1 240); do
@@ -92,12 +106,15 @@ start_server() { # start_server N PORT
 replicate_from() { # replicate_from PORT PRIMARY_PORT POS_KIND
   # Retried: foqsd may repoint the same server at the same moment (a demoted primary that
   # answers again is repointed by the host that leads its replica set).
-  local i
+  local i t ssl=
+  t=$(tls_dir)
+  [ -n "$t" ] && ssl=", MASTER_SSL=1, MASTER_SSL_CA='$t/ca.pem', MASTER_SSL_VERIFY_SERVER_CERT=1"
+  local change="STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$2, MASTER_USER='foqs_repl', MASTER_PASSWORD='foqs_repl', MASTER_USE_GTID=$3, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=0.25$ssl; START SLAVE;"
   for i in 1 2 3 4 5; do
-    sql "$1" "STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$2, MASTER_USER='foqs_repl', MASTER_PASSWORD='foqs_repl', MASTER_USE_GTID=$3, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=0.25; START SLAVE;" 2>/dev/null && return 0
+    sql "$1" "$change" 2>/dev/null && return 0
     sleep 0.2
   done
-  sql "$1" "STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$2, MASTER_USER='foqs_repl', MASTER_PASSWORD='foqs_repl', MASTER_USE_GTID=$3, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=0.25; START SLAVE;"
+  sql "$1" "$change"
 }
 
 up() {
@@ -111,6 +128,7 @@ up() {
     down
   fi
   mkdir -p "$dir"
+  if [ -n "$tls" ]; then echo "$tls" >"$dir/tls"; else rm -f "$dir/tls"; fi
   local n p
   for n in $(seq 1 "$total"); do
     p=$((port + n - 1))

@@ -37,7 +37,7 @@ fn certs() -> PathBuf {
         let ok = Command::new("bash")
             .arg(script)
             .arg(&dir)
-            .args(["alice", "bob", "ops", "host-1", "host-2"])
+            .args(["alice", "bob", "ops", "host-1", "host-2", "rsa-db"])
             .status()
             .expect("run scripts/certs.sh");
         assert!(ok.success());
@@ -347,4 +347,91 @@ async fn peers_forward_over_tls_and_the_owner_checks_the_client() {
     for r in running {
         r.shutdown().await;
     }
+}
+
+/// TLS to MySQL: a private MariaDB that requires secure transport (`require_secure_transport
+/// = ON`, certificates from `scripts/certs.sh`). foqsd serves a shard on it with `[[shards]]
+/// tls` (the CA; a client certificate for an account that `REQUIRE X509`), and is refused
+/// without TLS, or trusting another CA, with an error that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_reach_mysql_over_tls_and_are_refused_without_it() {
+    let dir = certs();
+    let d = dir.clone();
+    let db = tokio::task::spawn_blocking(move || {
+        let f = |n: &str| d.join(n).display().to_string();
+        let db = PrivateMariaDb::start_with(&[
+            format!("--ssl-ca={}", f("ca.pem")),
+            format!("--ssl-cert={}", f("server.pem")),
+            format!("--ssl-key={}", f("server.key")),
+        ]);
+        db.sql(
+            "CREATE USER 'x509'@'127.0.0.1' REQUIRE X509; \
+             GRANT ALL PRIVILEGES ON `foqs%`.* TO 'x509'@'127.0.0.1'; \
+             SET GLOBAL require_secure_transport = ON;",
+        );
+        db
+    })
+    .await
+    .unwrap();
+    let port = db.port;
+    let cfg = |user: &str, tls: &str| {
+        Config::from_toml(&format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\
+             [[shards]]\nid = 0\nurl = \"mysql://{user}@127.0.0.1:{port}/foqs_tls\"\n{tls}\n"
+        ))
+        .expect("config")
+    };
+    let ca = dir.join("ca.pem").display().to_string();
+    let refused = |r: Result<foqs::daemon::Running, foqs::daemon::StartError>| match r {
+        Ok(_) => panic!("foqsd served a shard it should not reach"),
+        Err(e) => e.to_string(),
+    };
+    // Without TLS: the server's own refusal, named.
+    let e = refused(foqs::daemon::start(&cfg("root", ""), Arc::new(SystemClock)).await);
+    assert!(
+        e.contains("Access denied") && e.contains("without TLS"),
+        "{e}"
+    );
+    // Trusting another CA: the handshake fails on the server's certificate.
+    let other = format!(
+        "tls = {{ ca_file = \"{}\" }}",
+        dir.join("other-ca.pem").display()
+    );
+    let e = refused(foqs::daemon::start(&cfg("root", &other), Arc::new(SystemClock)).await);
+    assert!(
+        e.to_lowercase().contains("certificate") || e.to_lowercase().contains("issuer"),
+        "{e}"
+    );
+    // An account that requires a client certificate, without one: refused by the server.
+    let only_ca = format!("tls = {{ ca_file = \"{ca}\" }}");
+    let e = refused(foqs::daemon::start(&cfg("x509", &only_ca), Arc::new(SystemClock)).await);
+    assert!(e.contains("Access denied"), "{e}");
+    // With the CA (and, for that account, a client certificate): served.
+    for (user, tls) in [
+        ("root", only_ca.clone()),
+        (
+            "x509",
+            format!(
+                "tls = {{ ca_file = \"{ca}\", cert_file = \"{}\", key_file = \"{}\" }}",
+                dir.join("rsa-db.pem").display(),
+                dir.join("rsa-db.key").display()
+            ),
+        ),
+    ] {
+        let running = foqs::daemon::start(&cfg(user, &tls), Arc::new(SystemClock))
+            .await
+            .unwrap_or_else(|e| panic!("{user} over TLS: {e}"));
+        let addr = running.addr;
+        let got = tokio::task::spawn_blocking(move || {
+            let mut c = Client::connect(addr, Proto::Binary);
+            c.enqueue(vec![item("tls", user, 0, b"over tls")]);
+            c.dequeue("tls", user, 1)
+        })
+        .await
+        .unwrap();
+        assert_eq!(got.len(), 1, "{user}: {got:?}");
+        assert_eq!(got[0].payload.as_deref(), Some(&b"over tls"[..]));
+        running.shutdown().await;
+    }
+    drop(db);
 }

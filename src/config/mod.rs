@@ -121,6 +121,10 @@ pub struct ShardConfig {
     /// etcd holds the current primary from then on (see `crate::replication`).
     #[serde(default)]
     pub replicas: Vec<crate::replication::ReplicaConfig>,
+    /// TLS to this shard's MySQL servers (its data, owner-lock and heartbeat
+    /// connections; a replica may set its own).
+    #[serde(default)]
+    pub tls: Option<crate::store::MysqlTls>,
 }
 
 fn pool_connections_max_default() -> usize {
@@ -370,8 +374,22 @@ impl Config {
                         s.id, s.url
                     ));
                 }
+                if s.tls.is_some() {
+                    problems.push(format!(
+                        "shard {}: tls is for MySQL servers; a SQLite shard is a local file",
+                        s.id
+                    ));
+                }
             } else if let Err(e) = mysql_async::Opts::from_url(&s.url) {
                 problems.push(format!("shard {}: url {:?}: {e}", s.id, s.url));
+            }
+            let what = format!("shards[id = {}]", s.id);
+            for tls in s
+                .tls
+                .iter()
+                .chain(s.replicas.iter().filter_map(|r| r.tls.as_ref()))
+            {
+                problems.extend(tls.problems(&what));
             }
             if s.pool_connections_max == 0 {
                 problems.push(format!("shard {}: pool_connections_max must be > 0", s.id));

@@ -16,6 +16,9 @@ pub struct ReplicaConfig {
     /// shard's `url`, on another server.
     pub url: String,
     pub region: String,
+    /// TLS to this server, when not the shard's `tls`.
+    #[serde(default)]
+    pub tls: Option<crate::store::MysqlTls>,
 }
 
 /// How foqsd drives MariaDB's replication.
@@ -31,6 +34,10 @@ pub struct ReplicationConfig {
     /// The account replicas replicate with (`REPLICATION SLAVE`).
     pub repl_user: String,
     pub repl_password: String,
+    /// Replication channels over TLS: the CA file as the database servers see it (a path
+    /// on their machines). Set, every `CHANGE MASTER` foqsd runs says `MASTER_SSL = 1`,
+    /// this `MASTER_SSL_CA` and `MASTER_SSL_VERIFY_SERVER_CERT = 1`.
+    pub repl_ssl_ca: Option<String>,
     /// A primary that has not answered for this long is replaced by a replica.
     pub failover_after_ms: u64,
     /// How often the primaries are probed (and the heartbeat row written).
@@ -52,6 +59,27 @@ pub struct ReplicationConfig {
     /// How long an enqueue waits for its host's shards while a switch pauses them, before
     /// it goes to another host (or fails with `UNAVAILABLE`, retryable).
     pub enqueue_hold_ms: u64,
+    /// TLS for the admin account's connections; absent: each server's own (the `tls` of
+    /// its shards, or of its `[[shards.replicas]]` entry).
+    pub tls: Option<crate::store::MysqlTls>,
+}
+
+/// How a replica reaches its primary (what `CHANGE MASTER` says besides the primary).
+#[derive(Debug, Clone)]
+pub struct Channel {
+    pub user: String,
+    pub password: String,
+    pub ssl_ca: Option<String>,
+}
+
+impl ReplicationConfig {
+    pub fn channel(&self) -> Channel {
+        Channel {
+            user: self.repl_user.clone(),
+            password: self.repl_password.clone(),
+            ssl_ca: self.repl_ssl_ca.clone(),
+        }
+    }
 }
 
 impl Default for ReplicationConfig {
@@ -61,6 +89,7 @@ impl Default for ReplicationConfig {
             admin_password: String::new(),
             repl_user: "foqs_repl".into(),
             repl_password: "foqs_repl".into(),
+            repl_ssl_ca: None,
             failover_after_ms: 3000,
             probe_interval_ms: 250,
             lag_max_ms: 2000,
@@ -69,6 +98,7 @@ impl Default for ReplicationConfig {
             drain_parallel_max: 4,
             semi_sync: true,
             enqueue_hold_ms: 1000,
+            tls: None,
         }
     }
 }
@@ -109,6 +139,9 @@ pub fn check(cfg: &Config, problems: &mut Vec<String>) {
             "replication.failover_after_ms must be at least 2 x replication.probe_interval_ms"
                 .into(),
         );
+    }
+    if let Some(tls) = &r.tls {
+        problems.extend(tls.problems("replication"));
     }
     if r.admin_user.is_empty() || r.repl_user.is_empty() {
         problems.push("replication.admin_user and replication.repl_user must be set".into());

@@ -148,9 +148,9 @@ impl Driver {
     pub(super) fn admin(&self, addr: &str) -> ServerAdmin {
         ServerAdmin::new(
             addr,
-            &self.cfg.admin_user,
-            &self.cfg.admin_password,
+            (&self.cfg.admin_user, &self.cfg.admin_password),
             Duration::from_millis(self.cfg.probe_interval_ms.max(250) * 2),
+            self.cfg.tls.as_ref().or_else(|| self.layout.tls_of(addr)),
         )
     }
 

@@ -251,11 +251,17 @@ struct Beat {
 
 /// Writes the heartbeat row; true when the server answered (a refusal, such as
 /// `read_only`, is an answer).
-async fn beat(b: &mut Beat, url: &str, bound: Duration, now_ms: i64) -> bool {
+async fn beat(
+    b: &mut Beat,
+    (url, tls): (&str, Option<&crate::store::MysqlTls>),
+    bound: Duration,
+    now_ms: i64,
+) -> bool {
     let run = async {
         if b.conn.is_none() {
             let opts = mysql_async::Opts::from_url(url)
                 .map_err(|e| mysql_async::Error::Other(Box::new(e)))?;
+            let opts = crate::store::with_tls(mysql_async::OptsBuilder::from_opts(opts), tls);
             let mut c = mysql_async::Conn::new(opts).await?;
             c.query_drop("CREATE TABLE IF NOT EXISTS foqs_heartbeat (id INT PRIMARY KEY, at_ms BIGINT NOT NULL)")
                 .await?;
@@ -334,7 +340,7 @@ async fn detect(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or(0);
-            if beat(b, &url, every * 2, now_ms).await {
+            if beat(b, (&url, set.tls_of(&rec.addr)), every * 2, now_ms).await {
                 down_since.remove(&i);
                 continue;
             }
@@ -444,12 +450,12 @@ async fn rejoin(d: &Driver, server: &str, primary: &str) -> Result<(), String> {
             errant.join(",")
         ));
     }
-    let (u, p) = (d.cfg.repl_user.clone(), d.cfg.repl_password.clone());
+    let ch = d.cfg.channel();
     let (primary, user) = (primary.to_string(), d.data_user.clone());
     d.admin(server)
         .with(Duration::from_secs(3), |c| {
             Box::pin(async move {
-                srv::follow(c, &primary, &u, &p).await?;
+                srv::follow(c, &primary, &ch).await?;
                 srv::kill_user(c, &user).await.map(|_| ())
             })
         })

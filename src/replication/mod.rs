@@ -62,6 +62,8 @@ pub fn url_on(url: &str, addr: &str) -> String {
 pub struct Server {
     pub addr: String,
     pub region: String,
+    /// TLS for the shards' account on it (its replica entry's, or its shards').
+    pub tls: Option<crate::store::MysqlTls>,
 }
 
 /// The configured replica sets: servers (the initial primary first) and their shards.
@@ -98,11 +100,13 @@ impl Layout {
             let mut servers = vec![Server {
                 addr: primary,
                 region: s.region.clone().unwrap_or_default(),
+                tls: s.tls.clone(),
             }];
             servers.extend(s.replicas.iter().filter_map(|r| {
                 Some(Server {
                     addr: server_addr(&r.url)?,
                     region: r.region.clone(),
+                    tls: r.tls.clone().or_else(|| s.tls.clone()),
                 })
             }));
             sets.push(SetLayout {
@@ -122,6 +126,11 @@ impl Layout {
         self.sets.iter().find(|s| s.shards.contains(&shard))
     }
 
+    /// The TLS settings of the shards' account on `addr`, in whichever set it is.
+    pub fn tls_of(&self, addr: &str) -> Option<&crate::store::MysqlTls> {
+        self.sets.iter().find_map(|s| s.tls_of(addr))
+    }
+
     /// Every replicated shard's first primary, as the config gives it.
     pub fn initial(&self) -> BTreeMap<ShardId, Server> {
         self.sets
@@ -137,6 +146,14 @@ impl SetLayout {
             .iter()
             .find(|s| s.addr == addr)
             .map(|s| s.region.as_str())
+    }
+
+    /// The TLS settings of the shards' account on `addr`.
+    pub fn tls_of(&self, addr: &str) -> Option<&crate::store::MysqlTls> {
+        self.servers
+            .iter()
+            .find(|s| s.addr == addr)
+            .and_then(|s| s.tls.as_ref())
     }
 }
 

@@ -23,15 +23,20 @@ pub struct ServerAdmin {
 }
 
 impl ServerAdmin {
-    pub fn new(addr: &str, user: &str, password: &str, timeout: Duration) -> ServerAdmin {
+    pub fn new(
+        addr: &str,
+        (user, password): (&str, &str),
+        timeout: Duration,
+        tls: Option<&crate::store::MysqlTls>,
+    ) -> ServerAdmin {
         let (host, port) = addr.rsplit_once(':').unwrap_or((addr, "3306"));
         let opts = OptsBuilder::default()
             .ip_or_hostname(host.to_string())
             .tcp_port(port.parse().unwrap_or(3306))
             .user(Some(user.to_string()))
             .pass((!password.is_empty()).then(|| password.to_string()))
-            .prefer_socket(false)
-            .into();
+            .prefer_socket(false);
+        let opts = crate::store::with_tls(opts, tls).into();
         ServerAdmin {
             addr: addr.to_string(),
             opts,
@@ -301,7 +306,7 @@ pub async fn promote(c: &mut Conn, semi_sync: bool) -> Step<()> {
 /// Replicates from `primary` from this server's own last transaction on (`current_pos`:
 /// a demoted primary's binlog, or a replica's applied position), read-only, its primary
 /// side of semi-sync off.
-pub async fn follow(c: &mut Conn, primary: &str, user: &str, password: &str) -> Step<()> {
+pub async fn follow(c: &mut Conn, primary: &str, ch: &super::config::Channel) -> Step<()> {
     let (host, port) = primary.rsplit_once(':').ok_or("primary is not HOST:PORT")?;
     let port: u16 = port.parse().map_err(words)?;
     c.query_drop("SET SESSION lock_wait_timeout = 2")
@@ -316,12 +321,19 @@ pub async fn follow(c: &mut Conn, primary: &str, user: &str, password: &str) -> 
     stop_io(c).await?;
     c.query_drop("STOP SLAVE").await.map_err(words)?;
     // CHANGE MASTER takes no placeholders: its strings are spliced in as quoted literals.
+    let ssl = match &ch.ssl_ca {
+        Some(ca) => format!(
+            ", MASTER_SSL = 1, MASTER_SSL_CA = {}, MASTER_SSL_VERIFY_SERVER_CERT = 1",
+            quoted(ca)
+        ),
+        None => String::new(),
+    };
     c.query_drop(format!(
         "CHANGE MASTER TO MASTER_HOST = {}, MASTER_PORT = {port}, MASTER_USER = {}, MASTER_PASSWORD = {}, \
-         MASTER_USE_GTID = current_pos, MASTER_CONNECT_RETRY = 1, MASTER_HEARTBEAT_PERIOD = 0.25",
+         MASTER_USE_GTID = current_pos, MASTER_CONNECT_RETRY = 1, MASTER_HEARTBEAT_PERIOD = 0.25{ssl}",
         quoted(host),
-        quoted(user),
-        quoted(password)
+        quoted(&ch.user),
+        quoted(&ch.password)
     ))
     .await
     .map_err(|e| format!("CHANGE MASTER: {e}"))?;

@@ -199,12 +199,12 @@ impl Driver {
             .await
         {
             // Half promoted, maybe: back to a read-only replica of the old primary.
-            let (u, p) = (self.cfg.repl_user.clone(), self.cfg.repl_password.clone());
+            let ch = self.cfg.channel();
             let old = from.clone();
             let back = self
                 .admin(&to)
                 .with(bound, |c| {
-                    Box::pin(async move { srv::follow(c, &old, &u, &p).await })
+                    Box::pin(async move { srv::follow(c, &old, &ch).await })
                 })
                 .await;
             self.undo(&from, &recs).await;
@@ -318,19 +318,19 @@ impl Driver {
         semi: bool,
     ) -> Vec<String> {
         let bound = self.step_bound();
-        let (user, pw) = (self.cfg.repl_user.clone(), self.cfg.repl_password.clone());
+        let ch = self.cfg.channel();
         let others = set
             .servers
             .iter()
             .filter(|s| s.addr != primary && Some(s.addr.as_str()) != skip);
         let results = futures::future::join_all(others.map(|s| {
-            let (user, pw) = (user.clone(), pw.clone());
+            let ch = ch.clone();
             let admin = self.admin(&s.addr);
             let primary = primary.to_string();
             async move {
                 admin
                     .with(bound, |c| {
-                        Box::pin(async move { srv::follow(c, &primary, &user, &pw).await })
+                        Box::pin(async move { srv::follow(c, &primary, &ch).await })
                     })
                     .await
             }

@@ -22,7 +22,7 @@ use std::future::Future;
 
 pub use cache::{Cached, PayloadCache};
 pub use fenced::Fenced;
-pub use mysql::{MySqlStore, OnLost};
+pub use mysql::{with_tls, MySqlStore, MysqlTls, OnLost};
 pub use sqlite::{sqlite_path, SqliteStore};
 
 use crate::model::{

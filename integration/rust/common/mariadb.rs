@@ -22,6 +22,11 @@ fn mariadbd() -> String {
 
 impl PrivateMariaDb {
     pub fn start() -> PrivateMariaDb {
+        Self::start_with(&[])
+    }
+
+    /// Started with `extra` server options (TLS files, say) after the usual ones.
+    pub fn start_with(extra: &[String]) -> PrivateMariaDb {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -65,6 +70,7 @@ impl PrivateMariaDb {
                 "--innodb-buffer-pool-size=64M",
                 &format!("--log-error={}", dir.join("error.log").display()),
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -79,6 +85,22 @@ impl PrivateMariaDb {
             std::thread::sleep(Duration::from_millis(100));
         }
         db
+    }
+
+    /// Runs `sql` as root through the `mariadb` client (no TLS: before the server
+    /// requires it).
+    pub fn sql(&self, sql: &str) {
+        let out = Command::new("mariadb")
+            .args(["--protocol=tcp", "-h127.0.0.1", "-uroot"])
+            .arg(format!("-P{}", self.port))
+            .args(["-e", sql])
+            .output()
+            .expect("mariadb client");
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     pub fn url(&self, database: &str) -> String {

@@ -23,6 +23,7 @@ mod errors;
 mod owner;
 mod rows;
 mod schema;
+mod tls;
 
 pub use owner::OnLost;
 use owner::OwnerLock;
@@ -30,6 +31,7 @@ use rows::column;
 use schema::meta_get;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+pub use tls::{with_tls, MysqlTls};
 
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
 use super::topics::{state_counts, topic_filter, TopicIds};
@@ -113,6 +115,18 @@ impl MySqlStore {
             connect_timeout: std::time::Duration::from_secs(5),
             topics: Mutex::new(TopicIds::default()),
         })
+    }
+
+    /// Connects with TLS (every connection: the pool's, the owner lock's, the schema's).
+    /// Call before [`Self::with_statement_timeout`], which keeps what this sets.
+    pub fn with_tls(mut self, tls: Option<&MysqlTls>) -> MySqlStore {
+        if tls.is_none() {
+            return self;
+        }
+        self.shard_opts = with_tls(OptsBuilder::from_opts(self.shard_opts.clone()), tls).into();
+        self.server_opts = with_tls(OptsBuilder::from_opts(self.server_opts.clone()), tls).into();
+        self.pool = Pool::new(self.shard_opts.clone());
+        self
     }
 
     /// Takes the shard's owner lock when opened, and refuses to open while another
