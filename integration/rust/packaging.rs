@@ -3,6 +3,8 @@
 //! the shipped systemd unit and container recipe load a config that passes, run as a
 //! user of their own, stop with SIGTERM within the graceful stop, and check /readyz.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -203,4 +205,62 @@ fn console_users_take_foqsctl_hashes_and_console_mistakes_are_named() {
         assert!(text.contains(want), "{want:?} missing from {text}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// With replicated shards, `--check-config` asks each server, as the replication admin
+/// account, what it may do: an account with only the grants the README once listed fails
+/// the check, naming what MariaDB 10.11 also needs (`RELOAD`, `SLAVE MONITOR`, `SELECT` on
+/// the heartbeat's database); with them it passes. A server that does not answer is
+/// reported, not failed.
+#[test]
+fn check_config_names_the_privileges_the_admin_account_lacks() {
+    let db = common::PrivateMariaDb::start();
+    db.sql(
+        "CREATE USER 'weak'@'127.0.0.1' IDENTIFIED BY 'w'; \
+         GRANT PROCESS, BINLOG MONITOR, CONNECTION ADMIN, READ_ONLY ADMIN, REPLICATION SLAVE ADMIN, \
+         REPLICATION MASTER ADMIN ON *.* TO 'weak'@'127.0.0.1';",
+    );
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("foqs-grants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("replicated.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[cluster]\nmanager = \"etcd\"\n\
+             [replication]\nadmin_user = \"weak\"\nadmin_password = \"w\"\n\
+             [[shards]]\nid = 0\nurl = \"mysql://foqs:foqs@127.0.0.1:{}/foqs_g_0\"\nregion = \"r1\"\n\
+             replicas = [{{ url = \"mysql://foqs:foqs@127.0.0.1:{gone}/foqs_g_0\", region = \"r2\" }}]\n",
+            db.port
+        ),
+    )
+    .unwrap();
+    let (ok, text) = check(&path);
+    assert!(!ok, "{text}");
+    for lacking in [
+        "RELOAD ON *.*",
+        "SLAVE MONITOR ON *.* (or SUPER)",
+        "SELECT ON `foqs_g_0`.*",
+    ] {
+        assert!(text.contains(lacking), "{lacking}: {text}");
+    }
+    assert!(
+        text.contains(&format!("127.0.0.1:{gone}: not checked")),
+        "{text}"
+    );
+    db.sql("GRANT RELOAD, SLAVE MONITOR ON *.* TO 'weak'@'127.0.0.1'; GRANT SELECT ON `foqs%`.* TO 'weak'@'127.0.0.1';");
+    let (ok, text) = check(&path);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "127.0.0.1:{}: the admin account may do every switch step",
+            db.port
+        )),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

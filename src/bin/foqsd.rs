@@ -50,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(path) = &args.check_config {
         // The problems alone (no backtrace, whatever RUST_BACKTRACE says): for scripts.
-        if let Err(e) = check_config(path) {
+        if let Err(e) = check_config(path).await {
             eprintln!("foqsd: {e:#}");
             std::process::exit(1);
         }
@@ -77,11 +77,34 @@ async fn main() -> anyhow::Result<()> {
     std::process::exit(0)
 }
 
-/// `--check-config`: what a start would refuse, without starting.
-fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
+/// `--check-config`: what a start would refuse, without starting; and, with replicated
+/// shards, what the replication admin account may not do on each server (a switch would
+/// fail there): a missing privilege fails the check, a server that does not answer is
+/// only reported.
+async fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
     let cfg = Config::load(path).with_context(|| format!("checking {}", path.display()))?;
     if let Some(t) = &cfg.server.tls {
         foqs::tls::server_config(t).with_context(|| format!("checking {}", path.display()))?;
+    }
+    let mut lacking = Vec::new();
+    for (server, r) in foqs::replication::grants::check_servers(&cfg).await {
+        match r {
+            Ok(m) if m.is_empty() => {
+                println!("{server}: the admin account may do every switch step")
+            }
+            Ok(m) => {
+                println!("{server}: the admin account lacks {}", m.join(", "));
+                lacking.push(format!("{server}: GRANT {}", m.join(", ")));
+            }
+            Err(e) => println!("{server}: not checked ({e})"),
+        }
+    }
+    if !lacking.is_empty() {
+        anyhow::bail!(
+            "the replication admin account ({}) lacks privileges a switch needs: {}",
+            cfg.replication.admin_user,
+            lacking.join("; ")
+        );
     }
     println!(
         "{}: valid ({} shards, cluster.manager = {}, listen {})",

@@ -552,6 +552,15 @@ async fn start_planned(
             d,
             stop_rx.clone(),
         )));
+        // Said once at start, before a switch needs it (`foqsd --check-config` says it too).
+        let grants_cfg = cfg.clone();
+        tokio::spawn(async move {
+            for (server, r) in crate::replication::grants::check_servers(&grants_cfg).await {
+                if let Some(m) = r.ok().filter(|m| !m.is_empty()) {
+                    tracing::error!(server, lacks = %m.join(", "), "the replication admin account lacks privileges a switch or failover needs");
+                }
+            }
+        });
     }
     if c.manager != ManagerKind::Single {
         background.push(tokio::spawn(

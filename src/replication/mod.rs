@@ -21,6 +21,7 @@
 pub mod config;
 pub mod driver;
 pub mod failover;
+pub mod grants;
 pub mod server;
 mod switch;
 
