@@ -36,9 +36,11 @@
 # - starts with `read_only = ON` (only a promotion turns it off) and `init_rpl_role =
 #   SLAVE`, so that after a crash it discards the transactions no replica acknowledged.
 # The sets are independent topologies (each its own GTID history in domain 0).
-# Users (created on each set's primary, replicated): `foqs`/`foqs` owns the databases `foqs%` and
-# has neither SUPER nor READ ONLY ADMIN, so `read_only` stops its writes; `foqs_repl`/
-# `foqs_repl` replicates; root (no password, from 127.0.0.1) administers.
+# Each set is set up by the README's steps (scripts/replica-set/*.sql), so its accounts
+# (created on each set's primary, replicated) are the README's: `foqs`/`foqs` owns the
+# databases `foqs%` and has neither SUPER nor READ ONLY ADMIN, so `read_only` stops its
+# writes; `foqs_repl`/`foqs_repl` replicates; `foqs_admin`/`foqs_admin` has the admin
+# grants the README lists; root (no password, from 127.0.0.1) is there too.
 # `D/servers` lists "N PORT REGION SET" per server.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -164,18 +166,24 @@ up() {
   cat "$dir/servers"
 }
 
+# The README's steps for a new replica set (scripts/replica-set/*.sql, shown there as they
+# are), with this machine's values: every account from 127.0.0.1, its password its name.
+steps() { # steps FILE PRIMARY_PORT
+  sed -e "s/@CLIENTS@/127.0.0.1/g" -e "s/@FOQS_PASSWORD@/foqs/g" -e "s/@REPL_PASSWORD@/foqs_repl/g" \
+    -e "s/@ADMIN_PASSWORD@/foqs_admin/g" -e "s/@PRIMARY_HOST@/127.0.0.1/g" \
+    -e "s/@PRIMARY_PORT@/$2/g" -e "s|@CA_FILE@|$(tls_dir)/ca.pem|g" \
+    "$(dirname "$0")/replica-set/$1"
+}
+
 up_set() { # up_set K: the users on the set's primary, its replicas pointed at it, promoted
   local primary=$((port + 3 * $1))
-  # The users, created on the primary and replicated from its first transaction on.
-  sql "$primary" "
-    CREATE USER 'foqs'@'127.0.0.1' IDENTIFIED BY 'foqs';
-    GRANT ALL PRIVILEGES ON \`foqs%\`.* TO 'foqs'@'127.0.0.1';
-    CREATE USER 'foqs_repl'@'127.0.0.1' IDENTIFIED BY 'foqs_repl';
-    GRANT REPLICATION SLAVE ON *.* TO 'foqs_repl'@'127.0.0.1';"
+  sql "$primary" "$(steps 1-users.sql "$primary")"
   local j
-  for j in 1 2; do replicate_from $((primary + j)) "$primary" slave_pos; done
-  # Promote the first server: the primary side of semi-sync on, writable.
-  sql "$primary" "SET GLOBAL rpl_semi_sync_master_enabled = ON; SET GLOBAL read_only = OFF;"
+  for j in 1 2; do
+    sql $((primary + j)) "$(steps 2-replica.sql "$primary")"
+    [ -n "$(tls_dir)" ] && sql $((primary + j)) "$(steps 2-replica-tls.sql "$primary")"
+  done
+  sql "$primary" "$(steps 3-promote.sql "$primary")"
   local i
   for i in $(seq 1 40); do
     [ "$(sql "$primary" "SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'" | awk '{print $2}')" = 2 ] && break

@@ -49,7 +49,7 @@ fn toml(r: &Replicas, etcd: &Etcd, tag: &str) -> PathBuf {
          [[namespaces]]\nname = \"{NS}\"\n[[namespaces]]\nname = \"{QUOTA_NS}\"\nenqueues_per_minute = {QUOTA_PER_MINUTE}\n\
          [cluster]\nmanager = \"etcd\"\npeer_poll_ms = 100\n\
          [cluster.etcd]\nendpoints = [\"{}\"]\nprefix = \"/{tag}\"\nlease_ttl_ms = 3000\npoll_ms = 100\n\
-         [replication]\nfailover_after_ms = 1500\nprobe_interval_ms = 200\nlag_max_ms = {LAG_MAX_MS}\n",
+         [replication]\nadmin_user = \"foqs_admin\"\nadmin_password = \"foqs_admin\"\nfailover_after_ms = 1500\nprobe_interval_ms = 200\nlag_max_ms = {LAG_MAX_MS}\n",
         etcd.endpoint
     );
     // Every server requires TLS: the shards' data, owner-lock and heartbeat connections,
