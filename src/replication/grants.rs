@@ -120,6 +120,42 @@ pub fn missing(grants: &[String], databases: &[String]) -> Vec<String> {
     out
 }
 
+/// What the admin account lacks on one server; `Err` when the server could not be asked.
+pub type ServerCheck = (String, Result<Vec<String>, String>);
+
+/// Asks every server of every configured replica set, as the admin account, what it may
+/// do, and says what it lacks there (see [`missing`]); a few seconds at most per server.
+pub async fn check_servers(cfg: &crate::config::Config) -> Vec<ServerCheck> {
+    let layout = super::Layout::from_config(cfg);
+    let r = &cfg.replication;
+    let asks = layout.sets.iter().flat_map(|set| {
+        let db = super::driver::heartbeat_db(&set.heartbeat_url);
+        set.servers.iter().map(move |s| {
+            let admin = super::server::ServerAdmin::new(
+                &s.addr,
+                (&r.admin_user, &r.admin_password),
+                std::time::Duration::from_secs(3),
+                r.tls.as_ref().or(s.tls.as_ref()),
+            );
+            let db = db.clone();
+            async move {
+                let grants = admin
+                    .with(std::time::Duration::from_secs(3), |c| {
+                        Box::pin(async move {
+                            use mysql_async::prelude::Queryable;
+                            c.query::<String, _>("SHOW GRANTS")
+                                .await
+                                .map_err(|e| e.to_string())
+                        })
+                    })
+                    .await;
+                (admin.addr.clone(), grants.map(|g| missing(&g, &[db])))
+            }
+        })
+    });
+    futures::future::join_all(asks).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,40 +214,4 @@ mod tests {
         assert!(matches("f_qs", "foqs"));
         assert!(!matches("foqs", "foqs_0"));
     }
-}
-
-/// What the admin account lacks on one server; `Err` when the server could not be asked.
-pub type ServerCheck = (String, Result<Vec<String>, String>);
-
-/// Asks every server of every configured replica set, as the admin account, what it may
-/// do, and says what it lacks there (see [`missing`]); a few seconds at most per server.
-pub async fn check_servers(cfg: &crate::config::Config) -> Vec<ServerCheck> {
-    let layout = super::Layout::from_config(cfg);
-    let r = &cfg.replication;
-    let asks = layout.sets.iter().flat_map(|set| {
-        let db = super::driver::heartbeat_db(&set.heartbeat_url);
-        set.servers.iter().map(move |s| {
-            let admin = super::server::ServerAdmin::new(
-                &s.addr,
-                (&r.admin_user, &r.admin_password),
-                std::time::Duration::from_secs(3),
-                r.tls.as_ref().or(s.tls.as_ref()),
-            );
-            let db = db.clone();
-            async move {
-                let grants = admin
-                    .with(std::time::Duration::from_secs(3), |c| {
-                        Box::pin(async move {
-                            use mysql_async::prelude::Queryable;
-                            c.query::<String, _>("SHOW GRANTS")
-                                .await
-                                .map_err(|e| e.to_string())
-                        })
-                    })
-                    .await;
-                (admin.addr.clone(), grants.map(|g| missing(&g, &[db])))
-            }
-        })
-    });
-    futures::future::join_all(asks).await
 }
