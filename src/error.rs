@@ -23,9 +23,9 @@ pub struct Error {
     pub retryable: bool,
     /// "host:port" of the host that can serve the request (`WRONG_HOST`).
     pub redirect: Option<String>,
-    /// A call forwarded to a peer went out and no answer came back: the peer may have
-    /// applied it. Never sent on the wire; the forwarding host resolves it (see
-    /// `core::in_doubt`) before it answers.
+    /// The change may have been applied: it went out (to storage, or to the owning host)
+    /// and no answer came back within its bound. On the wire as `outcome_unknown`; a
+    /// forwarded ack in doubt is resolved before the reply (see `core::in_doubt`).
     pub in_doubt: bool,
 }
 

@@ -33,12 +33,18 @@ exception FoqsError {
   3: optional string redirect_host,
   // True when the same request may succeed later (UNAVAILABLE, RATE_LIMITED).
   4: optional bool retryable,
+  // True when the change may have been applied (sent to storage or to the owning host,
+  // and no answer came back within its bound): UNAVAILABLE otherwise means that nothing
+  // was applied. Absent: false.
+  5: optional bool outcome_unknown,
 }
 
 struct ItemError {
   1: ErrorCode code,
   2: string message,
   3: optional string redirect_host,
+  // As FoqsError.outcome_unknown, for this item.
+  4: optional bool outcome_unknown,
 }
 
 struct EnqueueItem {

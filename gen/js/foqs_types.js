@@ -34,6 +34,7 @@ var FoqsError = module.exports.FoqsError = function(args) {
   this.message = null;
   this.redirect_host = null;
   this.retryable = null;
+  this.outcome_unknown = null;
   if (args) {
     if (args.code !== undefined && args.code !== null) {
       this.code = args.code;
@@ -46,6 +47,9 @@ var FoqsError = module.exports.FoqsError = function(args) {
     }
     if (args.retryable !== undefined && args.retryable !== null) {
       this.retryable = args.retryable;
+    }
+    if (args.outcome_unknown !== undefined && args.outcome_unknown !== null) {
+      this.outcome_unknown = args.outcome_unknown;
     }
   }
 };
@@ -89,6 +93,13 @@ FoqsError.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 5:
+      if (ftype == Thrift.Type.BOOL) {
+        this.outcome_unknown = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -120,6 +131,11 @@ FoqsError.prototype.write = function(output) {
     output.writeBool(this.retryable);
     output.writeFieldEnd();
   }
+  if (this.outcome_unknown !== null && this.outcome_unknown !== undefined) {
+    output.writeFieldBegin('outcome_unknown', Thrift.Type.BOOL, 5);
+    output.writeBool(this.outcome_unknown);
+    output.writeFieldEnd();
+  }
   output.writeFieldStop();
   output.writeStructEnd();
   return;
@@ -129,6 +145,7 @@ var ItemError = module.exports.ItemError = function(args) {
   this.code = null;
   this.message = null;
   this.redirect_host = null;
+  this.outcome_unknown = null;
   if (args) {
     if (args.code !== undefined && args.code !== null) {
       this.code = args.code;
@@ -138,6 +155,9 @@ var ItemError = module.exports.ItemError = function(args) {
     }
     if (args.redirect_host !== undefined && args.redirect_host !== null) {
       this.redirect_host = args.redirect_host;
+    }
+    if (args.outcome_unknown !== undefined && args.outcome_unknown !== null) {
+      this.outcome_unknown = args.outcome_unknown;
     }
   }
 };
@@ -173,6 +193,13 @@ ItemError.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.BOOL) {
+        this.outcome_unknown = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -197,6 +224,11 @@ ItemError.prototype.write = function(output) {
   if (this.redirect_host !== null && this.redirect_host !== undefined) {
     output.writeFieldBegin('redirect_host', Thrift.Type.STRING, 3);
     output.writeString(this.redirect_host);
+    output.writeFieldEnd();
+  }
+  if (this.outcome_unknown !== null && this.outcome_unknown !== undefined) {
+    output.writeFieldBegin('outcome_unknown', Thrift.Type.BOOL, 4);
+    output.writeBool(this.outcome_unknown);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

@@ -158,21 +158,156 @@ pub struct FoqsError {
   pub message: Option<String>,
   pub redirect_host: Option<String>,
   pub retryable: Option<bool>,
+  pub outcome_unknown: Option<bool>,
 }
 
 impl FoqsError {
-  pub fn new<F1, F2, F3, F4>(code: F1, message: F2, redirect_host: F3, retryable: F4) -> FoqsError where F1: Into<Option<ErrorCode>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5>(code: F1, message: F2, redirect_host: F3, retryable: F4, outcome_unknown: F5) -> FoqsError where F1: Into<Option<ErrorCode>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<bool>>, F5: Into<Option<bool>> {
     FoqsError {
       code: code.into(),
       message: message.into(),
       redirect_host: redirect_host.into(),
       retryable: retryable.into(),
+      outcome_unknown: outcome_unknown.into(),
     }
   }
 }
 
 impl TSerializable for FoqsError {
   fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsError> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<ErrorCode> = None;
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<String> = None;
+    let mut f_4: Option<bool> = None;
+    let mut f_5: Option<bool> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = ErrorCode::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_string()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_bool()?;
+          f_4 = Some(val);
+        },
+        5 => {
+          let val = i_prot.read_bool()?;
+          f_5 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsError {
+      code: f_1,
+      message: f_2,
+      redirect_host: f_3,
+      retryable: f_4,
+      outcome_unknown: f_5,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsError");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.code {
+      o_prot.write_field_begin(&TFieldIdentifier::new("code", TType::I32, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.message {
+      o_prot.write_field_begin(&TFieldIdentifier::new("message", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.redirect_host {
+      o_prot.write_field_begin(&TFieldIdentifier::new("redirect_host", TType::String, 3))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.retryable {
+      o_prot.write_field_begin(&TFieldIdentifier::new("retryable", TType::Bool, 4))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.outcome_unknown {
+      o_prot.write_field_begin(&TFieldIdentifier::new("outcome_unknown", TType::Bool, 5))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for FoqsError {
+  fn default() -> Self {
+    FoqsError{
+      code: None,
+      message: Some("".to_owned()),
+      redirect_host: Some("".to_owned()),
+      retryable: Some(false),
+      outcome_unknown: Some(false),
+    }
+  }
+}
+
+impl Error for FoqsError {}
+
+impl From<FoqsError> for thrift::Error {
+  fn from(e: FoqsError) -> Self {
+    thrift::Error::User(Box::new(e))
+  }
+}
+
+impl Display for FoqsError {
+  fn fmt(&self, f: &mut Formatter) -> fmt::Result {
+    write!(f, "remote service threw FoqsError")
+  }
+}
+
+//
+// ItemError
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct ItemError {
+  pub code: Option<ErrorCode>,
+  pub message: Option<String>,
+  pub redirect_host: Option<String>,
+  pub outcome_unknown: Option<bool>,
+}
+
+impl ItemError {
+  pub fn new<F1, F2, F3, F4>(code: F1, message: F2, redirect_host: F3, outcome_unknown: F4) -> ItemError where F1: Into<Option<ErrorCode>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<bool>> {
+    ItemError {
+      code: code.into(),
+      message: message.into(),
+      redirect_host: redirect_host.into(),
+      outcome_unknown: outcome_unknown.into(),
+    }
+  }
+}
+
+impl TSerializable for ItemError {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ItemError> {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<ErrorCode> = None;
     let mut f_2: Option<String> = Some("".to_owned());
@@ -208,124 +343,11 @@ impl TSerializable for FoqsError {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    let ret = FoqsError {
-      code: f_1,
-      message: f_2,
-      redirect_host: f_3,
-      retryable: f_4,
-    };
-    Ok(ret)
-  }
-  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
-    let struct_ident = TStructIdentifier::new("FoqsError");
-    o_prot.write_struct_begin(&struct_ident)?;
-    if let Some(ref fld_var) = self.code {
-      o_prot.write_field_begin(&TFieldIdentifier::new("code", TType::I32, 1))?;
-      fld_var.write_to_out_protocol(o_prot)?;
-      o_prot.write_field_end()?
-    }
-    if let Some(ref fld_var) = self.message {
-      o_prot.write_field_begin(&TFieldIdentifier::new("message", TType::String, 2))?;
-      o_prot.write_string(fld_var)?;
-      o_prot.write_field_end()?
-    }
-    if let Some(ref fld_var) = self.redirect_host {
-      o_prot.write_field_begin(&TFieldIdentifier::new("redirect_host", TType::String, 3))?;
-      o_prot.write_string(fld_var)?;
-      o_prot.write_field_end()?
-    }
-    if let Some(fld_var) = self.retryable {
-      o_prot.write_field_begin(&TFieldIdentifier::new("retryable", TType::Bool, 4))?;
-      o_prot.write_bool(fld_var)?;
-      o_prot.write_field_end()?
-    }
-    o_prot.write_field_stop()?;
-    o_prot.write_struct_end()
-  }
-}
-
-impl Default for FoqsError {
-  fn default() -> Self {
-    FoqsError{
-      code: None,
-      message: Some("".to_owned()),
-      redirect_host: Some("".to_owned()),
-      retryable: Some(false),
-    }
-  }
-}
-
-impl Error for FoqsError {}
-
-impl From<FoqsError> for thrift::Error {
-  fn from(e: FoqsError) -> Self {
-    thrift::Error::User(Box::new(e))
-  }
-}
-
-impl Display for FoqsError {
-  fn fmt(&self, f: &mut Formatter) -> fmt::Result {
-    write!(f, "remote service threw FoqsError")
-  }
-}
-
-//
-// ItemError
-//
-
-#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
-pub struct ItemError {
-  pub code: Option<ErrorCode>,
-  pub message: Option<String>,
-  pub redirect_host: Option<String>,
-}
-
-impl ItemError {
-  pub fn new<F1, F2, F3>(code: F1, message: F2, redirect_host: F3) -> ItemError where F1: Into<Option<ErrorCode>>, F2: Into<Option<String>>, F3: Into<Option<String>> {
-    ItemError {
-      code: code.into(),
-      message: message.into(),
-      redirect_host: redirect_host.into(),
-    }
-  }
-}
-
-impl TSerializable for ItemError {
-  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ItemError> {
-    i_prot.read_struct_begin()?;
-    let mut f_1: Option<ErrorCode> = None;
-    let mut f_2: Option<String> = Some("".to_owned());
-    let mut f_3: Option<String> = None;
-    loop {
-      let field_ident = i_prot.read_field_begin()?;
-      if field_ident.field_type == TType::Stop {
-        break;
-      }
-      let field_id = field_id(&field_ident)?;
-      match field_id {
-        1 => {
-          let val = ErrorCode::read_from_in_protocol(i_prot)?;
-          f_1 = Some(val);
-        },
-        2 => {
-          let val = i_prot.read_string()?;
-          f_2 = Some(val);
-        },
-        3 => {
-          let val = i_prot.read_string()?;
-          f_3 = Some(val);
-        },
-        _ => {
-          i_prot.skip(field_ident.field_type)?;
-        },
-      };
-      i_prot.read_field_end()?;
-    }
-    i_prot.read_struct_end()?;
     let ret = ItemError {
       code: f_1,
       message: f_2,
       redirect_host: f_3,
+      outcome_unknown: f_4,
     };
     Ok(ret)
   }
@@ -347,6 +369,11 @@ impl TSerializable for ItemError {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.outcome_unknown {
+      o_prot.write_field_begin(&TFieldIdentifier::new("outcome_unknown", TType::Bool, 4))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -358,6 +385,7 @@ impl Default for ItemError {
       code: None,
       message: Some("".to_owned()),
       redirect_host: Some("".to_owned()),
+      outcome_unknown: Some(false),
     }
   }
 }

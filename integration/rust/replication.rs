@@ -337,6 +337,9 @@ fn region_drill_loses_nothing_acknowledged() {
     let set_of = |addr: &str| r.set_of(r.number(addr)) as usize;
     let region_of = |addr: &str| r.region(r.number(addr));
     let load = Load::start(&cluster.addrs());
+    // At-most-once items while shards move only by plan (the switchovers and drains
+    // below): the strict checker.
+    let amo = load::AmoLoad::start(&cluster.addrs());
     let load_started = Instant::now();
     let pause = Duration::from_millis(if long { 1500 } else { 700 });
     std::thread::sleep(pause);
@@ -400,6 +403,23 @@ fn region_drill_loses_nothing_acknowledged() {
             all_set_drains.push(resp.elapsed_ms.unwrap_or(0) as u64);
         }
     }
+    let moves = planned.len();
+    let (amo_acknowledged, amo_received, amo_missing, amo_lost_replies) =
+        amo.finish(Duration::from_secs(30));
+    lines.push(json!({"at_most_once": true, "planned_set_switches": moves,
+        "acknowledged": amo_acknowledged, "received": amo_received,
+        "missing": amo_missing.len(), "dequeue_replies_lost": amo_lost_replies,
+        "missing_first": amo_missing.iter().take(5).collect::<Vec<_>>()}));
+    assert!(
+        moves >= 8 && amo_acknowledged > 100,
+        "too little to mean anything: {moves} switches, {amo_acknowledged} at-most-once items"
+    );
+    assert!(
+        amo_missing.is_empty(),
+        "at-most-once items acknowledged, never received, gone across {moves} planned switches \
+         ({amo_lost_replies} dequeue replies lost): {:?}",
+        amo_missing.iter().take(10).collect::<Vec<_>>()
+    );
     // A drain one set refuses: set 1's replica in r2 applies 4 s late (MASTER_DELAY), so
     // it lags past lag_max_ms; the other sets switch all the same, and the refusal names
     // the set and why.

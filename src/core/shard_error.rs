@@ -6,7 +6,9 @@ use crate::shard::ShardError;
 
 impl From<ShardError> for Error {
     fn from(e: ShardError) -> Error {
-        if e.retryable() {
+        if e.in_doubt() {
+            Error::in_doubt(format!("{e} (its outcome is unknown)"))
+        } else if e.retryable() {
             Error::unavailable(e.to_string())
         } else {
             Error::new(ErrorCode::Internal, e.to_string())

@@ -116,6 +116,7 @@ pub fn foqs_error(e: Error) -> t::FoqsError {
         message: Some(e.message),
         redirect_host: e.redirect,
         retryable: Some(e.retryable),
+        outcome_unknown: e.in_doubt.then_some(true),
     }
 }
 
@@ -124,6 +125,7 @@ pub fn item_error(e: Error) -> t::ItemError {
         code: Some(error_code(e.code)),
         message: Some(e.message),
         redirect_host: e.redirect,
+        outcome_unknown: e.in_doubt.then_some(true),
     }
 }
 
@@ -414,12 +416,14 @@ fn code_from_wire(c: Option<t::ErrorCode>) -> ErrorCode {
 pub fn error_from_wire(e: t::FoqsError) -> Error {
     let mut err = Error::new(code_from_wire(e.code), e.message.unwrap_or_default());
     err.redirect = e.redirect_host;
+    err.in_doubt = e.outcome_unknown == Some(true);
     err
 }
 
 fn item_error_from_wire(e: t::ItemError) -> Error {
     let mut err = Error::new(code_from_wire(e.code), e.message.unwrap_or_default());
     err.redirect = e.redirect_host;
+    err.in_doubt = e.outcome_unknown == Some(true);
     err
 }
 

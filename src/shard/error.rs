@@ -24,6 +24,21 @@ pub enum ShardError {
 }
 
 impl ShardError {
+    /// The request went to storage (or the worker) and no answer came back within its
+    /// bound: it may still take effect. (MariaDB's `max_statement_time` ends a statement,
+    /// not a commit waiting for a semi-sync acknowledgement, nor one whose answer a frozen
+    /// server never sent.)
+    pub fn in_doubt(&self) -> bool {
+        matches!(
+            self,
+            ShardError::NoAnswer { .. }
+                | ShardError::Storage {
+                    error: StoreError::Timeout(_),
+                    ..
+                }
+        )
+    }
+
     /// False only for stored data or a schema this build cannot use: no retry fixes it.
     pub fn retryable(&self) -> bool {
         !matches!(

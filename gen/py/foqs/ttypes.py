@@ -74,15 +74,17 @@ class FoqsError(TException):
      - message
      - redirect_host
      - retryable
+     - outcome_unknown
 
     """
 
 
-    def __init__(self, code=None, message=None, redirect_host=None, retryable=None,):
+    def __init__(self, code=None, message=None, redirect_host=None, retryable=None, outcome_unknown=None,):
         super(FoqsError, self).__setattr__('code', code)
         super(FoqsError, self).__setattr__('message', message)
         super(FoqsError, self).__setattr__('redirect_host', redirect_host)
         super(FoqsError, self).__setattr__('retryable', retryable)
+        super(FoqsError, self).__setattr__('outcome_unknown', outcome_unknown)
 
     def __setattr__(self, *args):
         raise TypeError("can't modify immutable instance")
@@ -91,7 +93,7 @@ class FoqsError(TException):
         raise TypeError("can't modify immutable instance")
 
     def __hash__(self):
-        return hash(self.__class__) ^ hash((self.code, self.message, self.redirect_host, self.retryable, ))
+        return hash(self.__class__) ^ hash((self.code, self.message, self.redirect_host, self.retryable, self.outcome_unknown, ))
 
     @classmethod
     def read(cls, iprot):
@@ -102,6 +104,7 @@ class FoqsError(TException):
         message = None
         redirect_host = None
         retryable = None
+        outcome_unknown = None
         while True:
             (fname, ftype, fid) = iprot.readFieldBegin()
             if ftype == TType.STOP:
@@ -126,6 +129,11 @@ class FoqsError(TException):
                     retryable = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.BOOL:
+                    outcome_unknown = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -135,6 +143,7 @@ class FoqsError(TException):
             message=message,
             redirect_host=redirect_host,
             retryable=retryable,
+            outcome_unknown=outcome_unknown,
         )
 
     def write(self, oprot):
@@ -157,6 +166,10 @@ class FoqsError(TException):
         if self.retryable is not None:
             oprot.writeFieldBegin('retryable', TType.BOOL, 4)
             oprot.writeBool(self.retryable)
+            oprot.writeFieldEnd()
+        if self.outcome_unknown is not None:
+            oprot.writeFieldBegin('outcome_unknown', TType.BOOL, 5)
+            oprot.writeBool(self.outcome_unknown)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -185,14 +198,16 @@ class ItemError(object):
      - code
      - message
      - redirect_host
+     - outcome_unknown
 
     """
 
 
-    def __init__(self, code=None, message=None, redirect_host=None,):
+    def __init__(self, code=None, message=None, redirect_host=None, outcome_unknown=None,):
         self.code = code
         self.message = message
         self.redirect_host = redirect_host
+        self.outcome_unknown = outcome_unknown
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -218,6 +233,11 @@ class ItemError(object):
                     self.redirect_host = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.BOOL:
+                    self.outcome_unknown = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -239,6 +259,10 @@ class ItemError(object):
         if self.redirect_host is not None:
             oprot.writeFieldBegin('redirect_host', TType.STRING, 3)
             oprot.writeString(self.redirect_host.encode('utf-8') if sys.version_info[0] == 2 else self.redirect_host)
+            oprot.writeFieldEnd()
+        if self.outcome_unknown is not None:
+            oprot.writeFieldBegin('outcome_unknown', TType.BOOL, 4)
+            oprot.writeBool(self.outcome_unknown)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4555,6 +4579,7 @@ FoqsError.thrift_spec = (
     (2, TType.STRING, 'message', 'UTF8', None, ),  # 2
     (3, TType.STRING, 'redirect_host', 'UTF8', None, ),  # 3
     (4, TType.BOOL, 'retryable', None, None, ),  # 4
+    (5, TType.BOOL, 'outcome_unknown', None, None, ),  # 5
 )
 all_structs.append(ItemError)
 ItemError.thrift_spec = (
@@ -4562,6 +4587,7 @@ ItemError.thrift_spec = (
     (1, TType.I32, 'code', None, None, ),  # 1
     (2, TType.STRING, 'message', 'UTF8', None, ),  # 2
     (3, TType.STRING, 'redirect_host', 'UTF8', None, ),  # 3
+    (4, TType.BOOL, 'outcome_unknown', None, None, ),  # 4
 )
 all_structs.append(EnqueueItem)
 EnqueueItem.thrift_spec = (
