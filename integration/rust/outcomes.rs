@@ -360,3 +360,72 @@ async fn a_delivery_leaves_with_at_least_half_its_lease() {
     assert!(acked.iter().all(|r| r.is_ok()), "{acked:?}");
     running.shutdown().await;
 }
+
+/// An enqueue whose insert the store did not answer within its bound (and which then
+/// committed) is not answered as if nothing were applied: its error says
+/// `outcome_unknown`, and the items it may have stored are there. (Before: a plain
+/// `UNAVAILABLE`, "nothing applied; retry", for items that were stored.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_whose_insert_went_unanswered_says_its_outcome_is_unknown() {
+    use foqs::clock::SystemClock;
+    use foqs::core::{Caller, EnqueueRequestItem, TopicRequest};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    let db = TestDb::new(1);
+    let cfg = foqs::config::Config::from_toml(&config_toml(&db, "", FAST_ENGINE)).unwrap();
+    let faults = Faults::default();
+    let running = foqs::daemon::start_with_faults(
+        &cfg,
+        Arc::new(SystemClock),
+        BTreeMap::from([(0, faults.clone())]),
+    )
+    .await
+    .unwrap();
+    let host = running.host.clone();
+    let caller = Caller::anonymous();
+    faults.arm("insert", Fault::CommitLate(Duration::from_millis(50)));
+    let r = host
+        .enqueue(
+            &caller,
+            vec![EnqueueRequestItem {
+                ns: "doubt".into(),
+                topic: "t".into(),
+                payload: b"maybe".to_vec(),
+                ..Default::default()
+            }],
+            None,
+        )
+        .await
+        .unwrap();
+    let e = r[0].as_ref().expect_err("the insert was not answered");
+    assert!(e.in_doubt, "an unanswered insert is in doubt: {e:?}");
+    assert!(e.message.contains("outcome is unknown"), "{e:?}");
+    // It committed: the item is there to be dequeued.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = host
+            .dequeue(
+                &caller,
+                vec![TopicRequest {
+                    ns: "doubt".into(),
+                    topic: "t".into(),
+                    count: 1,
+                    before: (None, None),
+                }],
+                None,
+                false,
+            )
+            .await
+            .unwrap();
+        if !got.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the late insert never showed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.shutdown().await;
+}
