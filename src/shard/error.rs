@@ -33,7 +33,7 @@ impl ShardError {
             self,
             ShardError::NoAnswer { .. }
                 | ShardError::Storage {
-                    error: StoreError::Timeout(_),
+                    error: StoreError::Timeout(_) | StoreError::Lost(_),
                     ..
                 }
         )

@@ -48,6 +48,10 @@ pub enum StoreError {
     Schema(String),
     #[error("no answer within {0} ms")]
     Timeout(u64),
+    /// The connection failed while a call was in flight (the server died or froze and was
+    /// cut off): what was sent may have been applied, as after a timeout.
+    #[error("connection lost mid-call (it may have been applied): {0}")]
+    Lost(String),
     #[error("this host's ownership of the shard may have lapsed (fenced): it writes no more")]
     Fenced,
     /// Another process holds the shard (its owner lock).

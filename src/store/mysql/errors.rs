@@ -20,6 +20,9 @@ impl From<mysql_async::Error> for StoreError {
             mysql_async::Error::Server(s) if SCHEMA.contains(&s.code) => {
                 StoreError::Schema(format!("mysql: {e}"))
             }
+            // The connection broke: mid-statement, whatever was sent may have committed.
+            // (A connect that fails is made Transient where connections are taken.)
+            mysql_async::Error::Io(_) => StoreError::Lost(format!("mysql: {e}")),
             _ => StoreError::Transient(format!("mysql: {e}")),
         }
     }

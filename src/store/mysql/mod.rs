@@ -220,7 +220,12 @@ pub(super) async fn within<T>(
     f: impl std::future::Future<Output = Result<T, mysql_async::Error>>,
 ) -> StoreResult<T> {
     match tokio::time::timeout(d, f).await {
-        Ok(r) => Ok(r?),
+        Ok(Ok(v)) => Ok(v),
+        // Nothing was sent yet: a failed connect is not in doubt.
+        Ok(Err(e)) => Err(match StoreError::from(e) {
+            StoreError::Lost(m) => StoreError::Transient(m),
+            other => other,
+        }),
         Err(_) => Err(StoreError::Timeout(d.as_millis() as u64)),
     }
 }
