@@ -380,9 +380,11 @@ pub struct AmoLoad {
     consuming: Arc<AtomicBool>,
     producer: Option<std::thread::JoinHandle<()>>,
     consumer: Option<std::thread::JoinHandle<()>>,
-    /// Payloads acknowledged, payloads received, dequeue replies lost.
-    seen: Arc<Mutex<(HashSet<String>, HashSet<String>, u64)>>,
+    seen: Arc<Mutex<AmoSeen>>,
 }
+
+/// Payloads acknowledged, payloads received, dequeue replies lost.
+type AmoSeen = (HashSet<String>, HashSet<String>, u64);
 
 /// The at-most-once namespace's topic.
 pub const AMO_TOPIC: &str = "once";
