@@ -731,8 +731,9 @@ fn region_drill_loses_nothing_acknowledged() {
 /// kill -9 must show them lost.
 fn negative_control(r: &Replicas, cluster: &Cluster, primary: &str) {
     let p = r.number(primary);
-    r.query(p, "SET GLOBAL rpl_semi_sync_master_enabled = OFF")
-        .expect("semi-sync off");
+    // The replicas first: the primary's owner turns semi-sync back on whenever a replica
+    // could acknowledge, and then every commit would wait (nothing acknowledged, nothing
+    // to lose).
     for n in r.set_servers(0).into_iter().filter(|n| *n != p) {
         r.query(
             n,
@@ -740,6 +741,8 @@ fn negative_control(r: &Replicas, cluster: &Cluster, primary: &str) {
         )
         .expect("IO thread stopped");
     }
+    r.query(p, "SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+        .expect("semi-sync off");
     let load = Load::start(&cluster.addrs());
     std::thread::sleep(Duration::from_secs(2));
     r.kill(p);
