@@ -250,16 +250,12 @@ impl Host {
         }
         // Dequeues already claiming may still get items of this shard: wait for them to
         // hand those out (through the map they started with) or stage them, so that the
-        // drain below finds every one nobody was handed. An abandoned shard's claims wait
-        // on a fenced (often frozen) server until the store's timeout and cannot succeed;
-        // its stop waits for them only its bound: a claim of it that did commit before the
-        // fence staged late is an item leased on the new primary too, handed out once or
-        // given back when its lease ends there. (Waiting the whole store timeout held up
-        // the shard's reopen on the new primary by up to a second in the SIGSTOP drill.)
-        match abandon {
-            Some(bound) => drop(tokio::time::timeout(bound, self.claiming.write()).await),
-            None => drop(self.claiming.write().await),
-        }
+        // drain below finds every one nobody was handed. (Also for an abandoned shard,
+        // whose claims on a frozen server can only time out: a claim that ends after the
+        // unseen leases below are read would leave a lease nobody knows, on the new
+        // primary too if it committed, counted as a delivery when it ends. Waiting costs
+        // the SIGSTOP drill up to a store timeout before the reopen.)
+        drop(self.claiming.write().await);
         let staged = self.prefetch.drain_shard(id);
         let mut released = staged.is_empty();
         if !staged.is_empty() && abandon.is_none() {

@@ -34,6 +34,7 @@ impl Host {
         caller: &Caller,
         items: &[AckRequestItem],
         results: &mut [Result<()>],
+        may_forward: bool,
     ) {
         let deadline = Instant::now() + self.cluster.settings.in_doubt_max;
         let mut open: Vec<usize> = (0..items.len())
@@ -46,12 +47,24 @@ impl Host {
             }
             tries += 1;
             let sub: Vec<AckRequestItem> = open.iter().map(|&i| items[i].clone()).collect();
-            let again = self.ack_once(caller, &sub, true).await;
+            // Each try within what is left of the bound (a try can take a store's or a
+            // peer's whole timeout).
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(again) =
+                tokio::time::timeout(left, self.ack_once(caller, &sub, may_forward)).await
+            else {
+                break;
+            };
             let mut still = Vec::new();
             for (i, r) in open.into_iter().zip(again) {
                 match r {
                     Ok(()) => results[i] = Ok(()),
-                    Err(e) if e.code == ErrorCode::NotFound && !e.message.contains(LEASE_ENDED) => {
+                    // The item is gone (not: another lease; not: an unknown shard).
+                    Err(e)
+                        if e.code == ErrorCode::NotFound
+                            && e.message.contains(ITEM_NOT_FOUND)
+                            && !e.message.contains(LEASE_ENDED) =>
+                    {
                         results[i] = Ok(())
                     }
                     // No owner yet, in doubt again, or two hosts' views of the shard's
@@ -62,7 +75,14 @@ impl Host {
                     {
                         still.push(i)
                     }
-                    Err(e) => results[i] = Err(e),
+                    // A certain refusal of this try (the item on another lease): the
+                    // first try was not applied either.
+                    Err(e) if e.code == ErrorCode::NotFound => results[i] = Err(e),
+                    // Anything else says nothing of the first try: still in doubt.
+                    Err(mut e) => {
+                        e.in_doubt = true;
+                        results[i] = Err(e)
+                    }
                 }
             }
             open = still;
@@ -81,3 +101,6 @@ impl Host {
 
 /// What the shard answers for an ack on another delivery's lease (see `Host::settle`).
 pub(super) const LEASE_ENDED: &str = "lease ended";
+
+/// What the shard answers for an ack of an item it does not hold (see `Host::settle`).
+pub(super) const ITEM_NOT_FOUND: &str = "not found";

@@ -247,12 +247,14 @@ impl Host {
         check_batch(items.len(), "ids")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
         let mut results = self.ack_once(&caller, &items, may_forward).await;
-        if may_forward
+        // Resolved where the client's call arrived (a forwarded call's doubt goes back to
+        // the host that forwarded it, as outcome_unknown).
+        if forwarded.0.is_none()
             && results
                 .iter()
                 .any(|r| r.as_ref().is_err_and(|e| e.in_doubt))
         {
-            self.resolve_in_doubt_acks(&caller, &items, &mut results)
+            self.resolve_in_doubt_acks(&caller, &items, &mut results, may_forward)
                 .await;
         }
         Ok(results)

@@ -15,7 +15,8 @@
 //!   database (without it every replica seems to have no lag, and every switchover is
 //!   refused as not ready).
 //!
-//! Roles are not followed (a privilege held through a role is reported missing).
+//! Roles are not followed: an account with roles that seems to lack something is reported
+//! as not checked (it may hold it through a role).
 
 use std::collections::BTreeSet;
 
@@ -31,20 +32,41 @@ const GLOBAL: [(&str, &[&str]); 8] = [
     ("CONNECTION ADMIN", &["SUPER"]),
 ];
 
-/// One `GRANT ... ON target TO ...` line: its privileges and target (`None`: `*.*`, else
-/// the database pattern of `` `db`.* ``). Roles granted and table grants give `None`.
-fn parse(line: &str) -> Option<(BTreeSet<String>, Option<String>)> {
+/// What a grant is on.
+#[derive(Debug, PartialEq)]
+enum Target {
+    Global,
+    /// `` `db`.* ``: a database pattern.
+    Database(String),
+    /// `` `db`.`table` ``.
+    Table(String, String),
+}
+
+/// One `GRANT ... ON target TO ...` line: its privileges and target. A role granted (no
+/// `ON`) gives `None`.
+fn parse(line: &str) -> Option<(BTreeSet<String>, Target)> {
     let rest = line.trim().strip_prefix("GRANT ")?;
     let (privs, rest) = rest.split_once(" ON ")?;
     let (target, _) = rest.split_once(" TO ")?;
     let privs = split_privileges(privs);
     let target = target.trim();
     if target == "*.*" {
-        return Some((privs, None));
+        return Some((privs, Target::Global));
     }
-    let db = target.strip_suffix(".*")?;
-    let db = db.trim_matches('`').replace("``", "`");
-    Some((privs, Some(db)))
+    let unquote = |s: &str| s.trim_matches('`').replace("``", "`");
+    let (db, table) = target.split_once("`.")?;
+    let db = unquote(&format!("{db}`"));
+    Some(match table {
+        "*" => (privs, Target::Database(db)),
+        t => (privs, Target::Table(db, unquote(t))),
+    })
+}
+
+/// Whether these `SHOW GRANTS` lines grant roles (whose privileges are not followed).
+pub fn has_roles(grants: &[String]) -> bool {
+    grants
+        .iter()
+        .any(|g| g.trim().starts_with("GRANT ") && !g.contains(" ON "))
 }
 
 /// "SELECT, INSERT (a, b), ALL PRIVILEGES" -> {SELECT, INSERT, ALL PRIVILEGES}.
@@ -92,7 +114,7 @@ pub fn missing(grants: &[String], databases: &[String]) -> Vec<String> {
     let parsed: Vec<_> = grants.iter().filter_map(|g| parse(g)).collect();
     let global: BTreeSet<String> = parsed
         .iter()
-        .filter(|(_, t)| t.is_none())
+        .filter(|(_, t)| *t == Target::Global)
         .flat_map(|(p, _)| p.iter().cloned())
         .collect();
     let all = |p: &BTreeSet<String>| p.contains("ALL PRIVILEGES") || p.contains("ALL");
@@ -111,7 +133,12 @@ pub fn missing(grants: &[String], databases: &[String]) -> Vec<String> {
     for db in databases {
         let readable = global.contains("SELECT")
             || parsed.iter().any(|(p, t)| {
-                t.as_deref().is_some_and(|pat| matches(pat, db)) && (p.contains("SELECT") || all(p))
+                let on = match t {
+                    Target::Database(pat) => matches(pat, db),
+                    Target::Table(d, table) => d == db && table == "foqs_heartbeat",
+                    Target::Global => false,
+                };
+                on && (p.contains("SELECT") || all(p))
             });
         if !readable {
             out.push(format!("SELECT ON `{db}`.* (the heartbeat row)"));
@@ -149,7 +176,18 @@ pub async fn check_servers(cfg: &crate::config::Config) -> Vec<ServerCheck> {
                         })
                     })
                     .await;
-                (admin.addr.clone(), grants.map(|g| missing(&g, &[db])))
+                let r = grants.and_then(|g| {
+                    let m = missing(&g, &[db]);
+                    if !m.is_empty() && has_roles(&g) {
+                        // It may hold them through a role.
+                        return Err(format!(
+                            "the account has roles, whose privileges are not followed; without them it lacks {}",
+                            m.join(", ")
+                        ));
+                    }
+                    Ok(m)
+                });
+                (admin.addr.clone(), r)
             }
         })
     });
@@ -204,6 +242,13 @@ mod tests {
             "GRANT SELECT (id) ON `other`.`t` TO `a`@`%`",
         ]);
         assert!(missing(&db_all, &["foqs_shard_0".into()]).is_empty());
+        assert!(has_roles(&db_all));
+        let table = g(&[
+            "GRANT READ_ONLY ADMIN, RELOAD, PROCESS, SUPER ON *.* TO `a`@`%`",
+            "GRANT SELECT ON `foqs_0`.`foqs_heartbeat` TO `a`@`%`",
+        ]);
+        assert!(missing(&table, &["foqs_0".into()]).is_empty());
+        assert_eq!(missing(&table, &["foqs_1".into()]).len(), 1);
     }
 
     #[test]

@@ -20,9 +20,14 @@ impl From<mysql_async::Error> for StoreError {
             mysql_async::Error::Server(s) if SCHEMA.contains(&s.code) => {
                 StoreError::Schema(format!("mysql: {e}"))
             }
-            // The connection broke: mid-statement, whatever was sent may have committed.
-            // (A connect that fails is made Transient where connections are taken.)
+            // The connection broke, or the server ended it (KILL CONNECTION at a fence,
+            // a shutdown) mid-statement: whatever was sent may have committed (a commit
+            // waiting for a semi-sync acknowledgement is binlogged already). (A connect
+            // that fails is made Transient where connections are taken.)
             mysql_async::Error::Io(_) => StoreError::Lost(format!("mysql: {e}")),
+            mysql_async::Error::Server(s) if s.code == 1927 || s.code == 1053 => {
+                StoreError::Lost(format!("mysql: {e}"))
+            }
             _ => StoreError::Transient(format!("mysql: {e}")),
         }
     }

@@ -226,7 +226,11 @@ pub(super) async fn within<T>(
             StoreError::Lost(m) => StoreError::Transient(m),
             other => other,
         }),
-        Err(_) => Err(StoreError::Timeout(d.as_millis() as u64)),
+        // Nor is a connect or a wait for a pooled connection that timed out.
+        Err(_) => Err(StoreError::Transient(format!(
+            "no connection within {} ms",
+            d.as_millis()
+        ))),
     }
 }
 
