@@ -57,16 +57,19 @@ pub(super) async fn ack_exec<S: ShardStore>(
     let mut kept = HashSet::new();
     if !plan.named.is_empty() {
         let named: Vec<u64> = plan.named.iter().map(|(k, _)| *k).collect();
+        // Nothing was written when the look before the DELETE fails: no ack of this turn
+        // is applied, and the error says so (not a timeout or a lost connection, which
+        // would answer outcome_unknown).
+        let nothing = |why: String| {
+            Err((
+                StoreError::Transient(format!("{why} (before any delete: nothing applied)")),
+                Some(HashSet::new()),
+            ))
+        };
         let found = match tokio::time::timeout(timeout, store.lookup(&named)).await {
             Ok(Ok(found)) => found,
-            // Nothing was written: no ack of this turn is applied.
-            Ok(Err(e)) => return Err((e, Some(HashSet::new()))),
-            Err(_) => {
-                return Err((
-                    StoreError::Timeout(timeout.as_millis() as u64),
-                    Some(HashSet::new()),
-                ))
-            }
+            Ok(Err(e)) => return nothing(e.to_string()),
+            Err(_) => return nothing(format!("no answer within {} ms", timeout.as_millis())),
         };
         let rows: HashMap<u64, ItemMeta> = found.into_iter().map(|m| (m.key, m)).collect();
         for (key, lease) in &plan.named {

@@ -343,10 +343,14 @@ impl<S: ShardStore> ShardWorker<S> {
                     if found.contains_key(&op.key) {
                         return Settled::Done;
                     }
+                    // The row is there on another lease: no ack of this lease deleted it
+                    // (whatever an earlier failed one is remembered as).
+                    if outcome.kept.contains(&op.key) {
+                        return Settled::LeaseEnded;
+                    }
                     match self.acked.recall(op.key, op.lease_id, now) {
                         Recall::Same => Settled::Done,
                         Recall::Other => Settled::LeaseEnded,
-                        Recall::Unknown if outcome.kept.contains(&op.key) => Settled::LeaseEnded,
                         Recall::Unknown => Settled::NotFound,
                     }
                 })
