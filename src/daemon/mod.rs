@@ -4,8 +4,14 @@
 //! ones), and serves until told to stop. Used by the binary and by the tests.
 
 mod follow;
+mod opener;
 
-use std::collections::{BTreeMap, HashMap};
+#[cfg(feature = "faults")]
+pub use opener::FaultPlan;
+#[cfg(not(feature = "faults"))]
+use opener::FaultPlan;
+use opener::ShardOpener;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,16 +23,15 @@ use tokio::task::JoinHandle;
 use crate::clock::SharedClock;
 use crate::cluster::config::tier_shards;
 use crate::cluster::{EtcdBudget, EtcdManager, ManagerKind, Member, ShardManager, StaticManager};
-use crate::config::{Config, Namespaces, ShardConfig};
+use crate::config::{Config, Namespaces};
 use crate::core::{Access, ClusterSettings, Host, HostParts, PrefetchConfig};
-use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::model::{PrimaryRecord, PrimaryState, ShardId};
 use crate::quota::{LocalBudget, QuotaBudget};
 use crate::rpc::PeerClient;
 use crate::server::{serve, serve_http, ServerLimits};
-use crate::shard::{ShardHandle, ShardWorker, WorkerConfig};
-use crate::store::{Cached, Fenced, MySqlStore, PayloadCache, ShardStore, SqliteStore, StoreError};
+use crate::shard::WorkerConfig;
+use crate::store::{PayloadCache, StoreError};
 use crate::waiters::Waiters;
 
 #[derive(Debug, thiserror::Error)]
@@ -95,213 +100,6 @@ impl Running {
         // Leaving gives up every shard at once (etcd: the lease is revoked).
         self.manager.leave().await;
     }
-}
-
-/// Opens shards given to this host: a store (with the manager's fence) and a started
-/// worker, which rebuilds its index and checkpoints from MySQL.
-#[derive(Clone)]
-struct ShardOpener {
-    shards: BTreeMap<ShardId, ShardConfig>,
-    workers: WorkerConfig,
-    clock: SharedClock,
-    waiters: Arc<Waiters>,
-    fence: Fence,
-    /// Under a fixed assignment (single, static), each shard is opened under its owner
-    /// lock, and a lost lock is reported here. Under etcd the lease and its fence are the
-    /// authority (see README, "One writer per shard").
-    lost: Option<mpsc::UnboundedSender<ShardId>>,
-    /// A shard whose worker died is reported here, under every manager: the follow loop
-    /// stops serving it and opens it anew.
-    died: mpsc::UnboundedSender<ShardId>,
-    store_timeout_ms: u64,
-    /// Recently inserted rows of every shard here (see `store::cache`).
-    payload_cache: Arc<PayloadCache>,
-    metrics: Arc<Metrics>,
-    #[cfg_attr(not(feature = "faults"), allow(dead_code))]
-    faults: FaultPlan,
-    /// Each shard's recent worker deaths, for the backoff before a reopen.
-    deaths: Arc<std::sync::Mutex<HashMap<ShardId, Deaths>>>,
-    /// Replicated shards: the generation each served shard was opened with, and the
-    /// shards this host owns but does not serve (paused for a switch, or failing to open).
-    replicated: Arc<std::sync::Mutex<follow::Replicated>>,
-}
-
-/// A shard's worker deaths in a row (each within [`DEATHS_FORGOTTEN`] of the last): the
-/// first reopens at once, each further one waits twice as long as the one before (1 s,
-/// 2 s, 4 s ... up to [`REOPEN_BACKOFF_MAX`]), so that a worker that dies at every turn
-/// (a bug that storage state triggers) costs little and does not flood the log.
-#[derive(Debug, Clone, Copy)]
-struct Deaths {
-    in_a_row: u32,
-    last: std::time::Instant,
-}
-
-const DEATHS_FORGOTTEN: Duration = Duration::from_secs(60);
-const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-impl Deaths {
-    /// Records a death now; returns how long to wait before the reopen.
-    fn record(deaths: &mut HashMap<ShardId, Deaths>, id: ShardId) -> Duration {
-        let now = std::time::Instant::now();
-        let in_a_row = match deaths.get(&id) {
-            Some(d) if now.duration_since(d.last) < DEATHS_FORGOTTEN => d.in_a_row + 1,
-            _ => 1,
-        };
-        deaths.insert(
-            id,
-            Deaths {
-                in_a_row,
-                last: now,
-            },
-        );
-        match in_a_row {
-            1 => Duration::ZERO,
-            n => Duration::from_secs(1u64 << (n - 2).min(5)).min(REOPEN_BACKOFF_MAX),
-        }
-    }
-}
-
-/// Faults to inject around shards' stores, by shard (tests only: feature `faults`).
-#[cfg(feature = "faults")]
-pub type FaultPlan = BTreeMap<ShardId, crate::store::faulty::Faults>;
-#[cfg(not(feature = "faults"))]
-type FaultPlan = ();
-
-impl ShardOpener {
-    /// The shard has replicas: it is served only on the primary etcd names.
-    fn replicas_of(&self, id: ShardId) -> bool {
-        self.shards.get(&id).is_some_and(|s| !s.replicas.is_empty())
-    }
-
-    /// `unseen`: leases a previous worker of the shard here left with nobody (see
-    /// `Host::remove_shard`), known to the new worker before it runs.
-    async fn open(
-        &self,
-        id: ShardId,
-        unseen: Option<Vec<(u64, i64)>>,
-        primary: Option<&PrimaryRecord>,
-    ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
-        let err = |source| StartError::Shard { shard: id, source };
-        let s = self.shards.get(&id).ok_or_else(|| {
-            err(StoreError::Schema(format!(
-                "shard {id} is not in [[shards]]"
-            )))
-        })?;
-        if let Some(path) = crate::store::sqlite_path(&s.url, std::path::Path::new(".")) {
-            // A file of this host: its owner lock is a lock on the file (see
-            // `store::sqlite`), and it is opened only under the `single` manager.
-            tracing::info!(shard = s.id, file = %path.display(), "opening shard");
-            return self.start(id, SqliteStore::new(s.id, path), unseen).await;
-        }
-        // A replicated shard is opened on the primary etcd names, never on another.
-        let url = match primary {
-            Some(p) => crate::replication::url_on(&s.url, &p.addr),
-            None => s.url.clone(),
-        };
-        // TLS: the settings of the server connected to (a replica's own, or the shard's).
-        let server = crate::replication::server_addr(&url);
-        let tls = s
-            .replicas
-            .iter()
-            .find(|r| server.is_some() && crate::replication::server_addr(&r.url) == server)
-            .and_then(|r| r.tls.as_ref())
-            .or(s.tls.as_ref());
-        let mut store = MySqlStore::new(s.id, &url, s.pool_connections_max)
-            .map_err(err)?
-            .with_tls(tls)
-            .with_statement_timeout(self.store_timeout_ms);
-        if let Some(lost) = &self.lost {
-            let lost = lost.clone();
-            store = store.with_owner_lock(
-                Arc::new(move || {
-                    let _ = lost.send(id);
-                }),
-                self.store_timeout_ms,
-            );
-        }
-        tracing::info!(shard = s.id, database = store.database(), server = %crate::replication::server_addr(&url).unwrap_or_default(), generation = primary.map(|p| p.generation), "opening shard");
-        let no_tls = tls.is_none();
-        self.start(id, store, unseen).await.map_err(|e| match e {
-            // A server that requires secure transport refuses a plain connection as an
-            // access denied, and says no more.
-            StartError::Shard { shard, source } if no_tls && source.to_string().contains("Access denied") => {
-                StartError::Shard {
-                    shard,
-                    source: StoreError::Schema(format!(
-                        "{source} (connected without TLS: if the server requires secure transport, give the shard tls = {{ ca_file = \"...\" }})"
-                    )),
-                }
-            }
-            e => e,
-        })
-    }
-
-    /// Starts a shard's worker over `store` with the host's payload cache in front of its
-    /// claims, and the faults a test planned for it around both.
-    async fn start<S: ShardStore>(
-        &self,
-        id: ShardId,
-        store: S,
-        unseen: Option<Vec<(u64, i64)>>,
-    ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
-        let store = Cached::new(store, id, self.payload_cache.clone());
-        #[cfg(feature = "faults")]
-        if let Some(f) = self.faults.get(&id) {
-            let store = crate::store::faulty::Faulty::new(store, f.clone());
-            return self.start_worker(id, store, unseen).await;
-        }
-        self.start_worker(id, store, unseen).await
-    }
-
-    /// Starts a shard's worker over `store`. Fencing wraps whatever store the shard has
-    /// (see `store::Fenced`).
-    async fn start_worker<S: ShardStore>(
-        &self,
-        id: ShardId,
-        store: S,
-        unseen: Option<Vec<(u64, i64)>>,
-    ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
-        let (handle, worker) = ShardWorker::start_inheriting(
-            id,
-            Fenced::new(store, self.fence.clone()),
-            self.clock.clone(),
-            self.workers.clone(),
-            self.waiters.clone(),
-            self.metrics.clone(),
-            unseen.as_deref(),
-        )
-        .await
-        .map_err(|source| StartError::Shard { shard: id, source })?;
-        // The worker's end is watched: one that panicked leaves its shard unhealthy
-        // (readiness, getHostInfo), counted and logged, and reported to be reopened. Its
-        // requests fail meanwhile with a retryable UNAVAILABLE (its queue is closed).
-        let (dead, died, metrics) = (handle.clone(), self.died.clone(), self.metrics.clone());
-        let deaths = self.deaths.clone();
-        let supervised = tokio::spawn(async move {
-            match worker.await {
-                Err(e) if e.is_panic() => {
-                    let why = panic_message(&*e.into_panic());
-                    dead.mark_dead();
-                    metrics.worker_died(id);
-                    let wait =
-                        Deaths::record(&mut deaths.lock().unwrap_or_else(|p| p.into_inner()), id);
-                    tracing::error!(shard = id, error = %why, reopen_in_ms = wait.as_millis() as u64, "shard worker died; reopening the shard");
-                    tokio::time::sleep(wait).await;
-                    let _ = died.send(id);
-                }
-                _ => {}
-            }
-        });
-        Ok((handle, supervised))
-    }
-}
-
-/// What a panic said, for the log.
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into())
 }
 
 async fn bind(addr: &str, backlog: u32) -> Result<(TcpListener, SocketAddr), StartError> {
@@ -616,23 +414,4 @@ async fn start_planned(
         listeners,
         grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reopens_after_deaths_in_a_row_back_off_and_a_quiet_minute_forgives() {
-        let mut d = HashMap::new();
-        let waits: Vec<u64> = (0..9)
-            .map(|_| Deaths::record(&mut d, 3).as_secs())
-            .collect();
-        assert_eq!(waits, vec![0, 1, 2, 4, 8, 16, 30, 30, 30]);
-        // Another shard's deaths are its own.
-        assert_eq!(Deaths::record(&mut d, 4), Duration::ZERO);
-        // A minute without a death: the next is a first again.
-        d.get_mut(&3).unwrap().last -= DEATHS_FORGOTTEN;
-        assert_eq!(Deaths::record(&mut d, 3), Duration::ZERO);
-    }
 }
