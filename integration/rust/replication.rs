@@ -15,17 +15,20 @@
 //! `FOQS_DRILL_NEGATIVE=1` adds the negative control (semi-sync off, the replicas' IO
 //! threads stopped, a forced failover: the checker must see loss).
 
+#[path = "replication/cluster.rs"]
+mod cluster;
 mod common;
 #[path = "replication/load.rs"]
 mod load;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use cluster::{converged, drain, percentile, spawn_host, switch_line, Cluster, Lines};
 use common::replicas::Replicas;
-use common::{now_ms, Etcd, Proc};
+use common::{now_ms, Etcd};
 use foqs::client::{connect, Protocol, SyncClient};
 use foqs::thrift_gen::*;
 use load::Load;
@@ -89,234 +92,6 @@ fn toml(r: &Replicas, etcd: &Etcd, tag: &str) -> PathBuf {
 
 fn client(addr: SocketAddr) -> Option<SyncClient> {
     connect(addr, Protocol::Binary, Duration::from_secs(10)).ok()
-}
-
-struct Cluster {
-    hosts: Vec<Proc>,
-    sets: u16,
-    config: PathBuf,
-}
-
-fn spawn_host(config: &Path, n: usize, port: Option<u16>) -> Proc {
-    let env = [
-        ("FOQS__SERVER__HOST_ID", format!("h{n}")),
-        ("FOQS__CLUSTER__REGION", format!("r{n}")),
-    ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    match port {
-        Some(p) => Proc::spawn_on(config, p, &env),
-        None => Proc::spawn(config, &env),
-    }
-}
-
-impl Cluster {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        self.hosts.iter().map(|p| p.addr).collect()
-    }
-
-    /// The replication status, asked of any host that answers.
-    fn replication(&self) -> Vec<ShardReplicationInfo> {
-        for a in self.addrs() {
-            if let Some(mut c) = client(a) {
-                if let Ok(r) = c.get_replication() {
-                    return r.shards.unwrap_or_default();
-                }
-            }
-        }
-        Vec::new()
-    }
-
-    /// Each set's primary, when every shard is served on its set's one primary by an
-    /// owner (and, with `replicating`, every replica replicates).
-    fn primaries(&self, r: &[ShardReplicationInfo], replicating: bool) -> Option<Vec<String>> {
-        if r.len() != (self.sets as u32 * SHARDS_PER_SET) as usize {
-            return None;
-        }
-        let mut by_set: Vec<Option<String>> = vec![None; self.sets as usize];
-        for s in r {
-            let set = (s.shard_id? as u32 / SHARDS_PER_SET) as usize;
-            let p = s.primary.clone()?;
-            let serving = s.state.as_deref() == Some("serving") && s.owner.is_some();
-            let running = s
-                .replicas
-                .iter()
-                .flatten()
-                .all(|x| x.io_running == Some(true) && x.sql_running == Some(true));
-            if !serving || (replicating && !running) {
-                return None;
-            }
-            match &by_set[set] {
-                None => by_set[set] = Some(p),
-                Some(q) if *q == p => {}
-                Some(_) => return None,
-            }
-        }
-        by_set.into_iter().collect()
-    }
-
-    /// Every shard served by exactly one host, as the hosts themselves say (`getHostInfo`:
-    /// opened, not only owned in etcd).
-    fn served_once(&self) -> bool {
-        let mut served = Vec::new();
-        for a in self.addrs() {
-            let Some(info) = client(a).and_then(|mut c| c.get_host_info().ok()) else {
-                return false;
-            };
-            served.extend(
-                info.shards
-                    .unwrap_or_default()
-                    .iter()
-                    .filter(|s| s.state.as_deref() == Some("serving"))
-                    .filter_map(|s| s.shard_id),
-            );
-        }
-        served.sort();
-        served == (0..(self.sets as u32 * SHARDS_PER_SET) as i32).collect::<Vec<_>>()
-    }
-
-    /// Waits until every set is served on one primary, every replica replicating, and
-    /// every shard opened by one host; returns each set's primary.
-    fn settled(&self, within: Duration) -> Vec<String> {
-        let end = Instant::now() + within;
-        loop {
-            let r = self.replication();
-            if let Some(p) = self.primaries(&r, true).filter(|_| self.served_once()) {
-                return p;
-            }
-            assert!(Instant::now() < end, "the cluster did not settle: {r:?}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits until every shard is served again, none on `old`; returns each set's primary.
-    fn settled_without(&self, old: &str, within: Duration) -> Vec<String> {
-        let end = Instant::now() + within;
-        loop {
-            let r = self.replication();
-            if let Some(p) = self
-                .primaries(&r, false)
-                .filter(|p| !p.iter().any(|x| x == old))
-            {
-                return p;
-            }
-            assert!(Instant::now() < end, "no failover away from {old}: {r:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn admin(&self, i: usize) -> SyncClient {
-        let addrs = self.addrs();
-        client(addrs[i % addrs.len()]).expect("connect for an admin call")
-    }
-
-    /// Lag of `server` as the hosts report it, in ms.
-    fn lag_ms(&self, server: &str) -> Option<i64> {
-        self.replication()
-            .iter()
-            .flat_map(|s| s.replicas.iter().flatten())
-            .find(|x| x.server.as_deref() == Some(server))
-            .and_then(|x| x.lag_ms)
-    }
-}
-
-fn switch_line(r: &SwitchReport, gap_ms: u64) -> serde_json::Value {
-    json!({"switch": r.kind, "shards": r.shards, "from": r.from_server, "to": r.to_server,
-        "to_region": r.to_region, "generation": r.generation, "ok": r.ok, "error": r.error,
-        "pause_ms": r.pause_ms, "read_only_ms": r.read_only_ms, "catchup_ms": r.catchup_ms,
-        "client_gap_ms": gap_ms})
-}
-
-fn percentile(mut v: Vec<u64>, p: f64) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort();
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-/// The tables of set k's shards.
-fn tables(k: u16, tag: &str) -> String {
-    (0..SHARDS_PER_SET)
-        .map(|j| format!("foqs_{tag}_{}.items", k as u32 * SHARDS_PER_SET + j))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Waits until each set's primary's binlog position is its every server's, then compares
-/// the set's shards' tables; returns (converged, errant GTIDs).
-fn converged(r: &Replicas, primaries: &[u16], tag: &str) -> (bool, Vec<String>) {
-    let mut same = true;
-    let mut errant = Vec::new();
-    for (k, &primary) in primaries.iter().enumerate() {
-        let servers = r.set_servers(k as u16);
-        let end = Instant::now() + Duration::from_secs(20);
-        let pos = |n| r.value(n, "SELECT @@global.gtid_binlog_pos");
-        // The last transaction's sequence number (domain 0): the primary's heartbeat
-        // writes on, so each server must reach what the primary had when read first.
-        let seq = |n| {
-            pos(n).and_then(|p: String| p.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()))
-        };
-        loop {
-            let p = seq(primary);
-            if p.is_some() && servers.iter().all(|n| seq(*n) >= p) {
-                break;
-            }
-            if Instant::now() > end {
-                same = false;
-                errant.push(format!(
-                    "set {k}: positions differ: {:?}",
-                    servers.iter().map(|n| pos(*n)).collect::<Vec<_>>()
-                ));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let sums = |n| r.query(n, &format!("CHECKSUM TABLE {}", tables(k as u16, tag)));
-        let first = sums(primary);
-        same &= first.is_some() && servers.iter().all(|n| sums(*n) == first);
-        let state = |n| {
-            r.value(n, "SELECT @@global.gtid_binlog_state")
-                .unwrap_or_default()
-        };
-        errant.extend(
-            servers
-                .iter()
-                .filter(|n| **n != primary)
-                .flat_map(|n| foqs::replication::server::errant(&state(*n), &state(primary))),
-        );
-    }
-    (same, errant)
-}
-
-/// A region drain through host `via`, with the JSON line of each set's switch and one of
-/// the whole drain.
-fn drain(cluster: &Cluster, via: usize, from: &str, to: &str, lines: &mut Lines) -> SwitchResponse {
-    let resp = cluster
-        .admin(via)
-        .region_drain(RegionDrainRequest {
-            from_region: Some(from.into()),
-            to_region: Some(to.into()),
-        })
-        .expect("regionDrain");
-    let switches = resp.switches.clone().unwrap_or_default();
-    for s in &switches {
-        lines.push(switch_line(s, 0));
-    }
-    lines.push(json!({"drain": from, "to": to, "sets": switches.len(),
-        "switched": switches.iter().filter(|s| s.ok == Some(true)).count(),
-        "elapsed_ms": resp.elapsed_ms,
-        "read_only_ms_max": switches.iter().filter_map(|s| s.read_only_ms).max()}));
-    resp
-}
-
-/// The drill's JSON lines, printed as they come (a failure shows how far it got).
-struct Lines;
-
-impl Lines {
-    fn push(&mut self, mut l: serde_json::Value) {
-        l["at_ms"] = json!(now_ms());
-        println!("{l}");
-    }
 }
 
 #[test]
