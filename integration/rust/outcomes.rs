@@ -429,3 +429,42 @@ async fn an_enqueue_whose_insert_went_unanswered_says_its_outcome_is_unknown() {
     }
     running.shutdown().await;
 }
+
+/// An ack naming a lease that failed before any DELETE (its look at the row failed) is
+/// remembered, yet a later ack of that lease, once the item is on another delivery's lease,
+/// is "lease ended" (the row is there: no ack of that lease deleted it), not done. (Before:
+/// done, from the memory, for an ack that provably never applied.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_ack_remembered_does_not_answer_done_for_a_row_on_another_lease() {
+    let db = TestDb::mysql(1);
+    let (shard, worker, faults) = start(&db).await;
+    let x = delivered(&shard, "relet").await;
+    let (key, first) = (x.id.key, x.lease_token);
+    faults.arm("lookup", Fault::FailBefore);
+    let failed = shard.ack(vec![ack_op(key, Some(first))]).await;
+    assert!(failed.is_err(), "the look failed: {failed:?}");
+    // Back to ready and delivered again: the row is on another lease.
+    let nacked = shard
+        .nack(vec![NackOp {
+            key,
+            delay_ms: 0,
+            metadata: None,
+            to_dlq: false,
+            lease_id: Some(first),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(nacked, vec![Settled::Done]);
+    let keys = shard.peek(topic("relet"), 10).await.unwrap();
+    let claimed = shard.claim(topic("relet"), keys).await.unwrap();
+    let again = shard.hand_out(claimed);
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].lease_token, first);
+    assert_eq!(
+        shard.ack(vec![ack_op(key, Some(first))]).await.unwrap(),
+        vec![Settled::LeaseEnded]
+    );
+    assert_eq!(db.count("1").await, 1, "the item is still there");
+    shard.shutdown().await;
+    worker.await.unwrap();
+}
