@@ -516,8 +516,26 @@ fn negative_control(r: &Replicas, cluster: &Cluster, primary: &str) {
         )
         .expect("IO thread stopped");
     }
-    r.query(p, "SET GLOBAL rpl_semi_sync_master_enabled = OFF")
-        .expect("semi-sync off");
+    // And the primary's side off until it stays off for longer than the owner's
+    // housekeeping cycle (1 s): a cycle that read the replicas before they stopped may
+    // still turn it back on once.
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut off_since = None;
+    loop {
+        let on = r
+            .query(p, "SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_status'")
+            .is_some_and(|rows| rows.iter().any(|l| l.ends_with("ON")));
+        if on || off_since.is_none() {
+            r.query(p, "SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+                .expect("semi-sync off");
+            off_since = (!on).then(Instant::now).or(off_since.filter(|_| !on));
+        }
+        if off_since.is_some_and(|t| t.elapsed() > Duration::from_millis(1500)) {
+            break;
+        }
+        assert!(Instant::now() < end, "the primary's semi-sync kept coming back on");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let load = Load::start(&cluster.addrs());
     std::thread::sleep(Duration::from_secs(2));
     r.kill(p);
