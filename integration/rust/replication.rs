@@ -533,7 +533,10 @@ fn negative_control(r: &Replicas, cluster: &Cluster, primary: &str) {
         if off_since.is_some_and(|t| t.elapsed() > Duration::from_millis(1500)) {
             break;
         }
-        assert!(Instant::now() < end, "the primary's semi-sync kept coming back on");
+        assert!(
+            Instant::now() < end,
+            "the primary's semi-sync kept coming back on"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let load = Load::start(&cluster.addrs());
