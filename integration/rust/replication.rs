@@ -175,7 +175,14 @@ fn region_drill_loses_nothing_acknowledged() {
             primaries[k] = to;
         }
         if all {
-            all_set_drains.push(resp.elapsed_ms.unwrap_or(0) as u64);
+            // The whole drain, timed by the host that ran it: at least its longest switch.
+            let elapsed = resp.elapsed_ms.expect("a drain's elapsed_ms") as u64;
+            let longest = switches.iter().filter_map(|s| s.read_only_ms).max();
+            assert!(
+                longest.is_some_and(|l| elapsed >= l as u64),
+                "drain {from} -> {to}: elapsed {elapsed} ms against read-only {longest:?}"
+            );
+            all_set_drains.push(elapsed);
         }
     }
     let moves = planned.len();
