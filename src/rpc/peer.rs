@@ -87,7 +87,17 @@ impl bb8::ManageConnection for Connector {
         if conn.broken {
             return Err(std::io::Error::other("broken"));
         }
-        Ok(())
+        // An idle connection has nothing to read: one that is readable was closed by the
+        // peer (it restarted, or died: its kernel sent FIN or RST), or is out of step.
+        // Without this look, the next call wrote into it and read EOF, and a forwarded
+        // call the peer never received was answered outcome_unknown.
+        let mut byte = [0u8; 1];
+        match futures::FutureExt::now_or_never(conn.stream.read(&mut byte)) {
+            None => Ok(()),
+            Some(Ok(0)) => Err(std::io::Error::other("closed by the peer")),
+            Some(Ok(_)) => Err(std::io::Error::other("unexpected bytes on an idle connection")),
+            Some(Err(e)) => Err(e),
+        }
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
