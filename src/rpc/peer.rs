@@ -95,7 +95,9 @@ impl bb8::ManageConnection for Connector {
         match futures::FutureExt::now_or_never(conn.stream.read(&mut byte)) {
             None => Ok(()),
             Some(Ok(0)) => Err(std::io::Error::other("closed by the peer")),
-            Some(Ok(_)) => Err(std::io::Error::other("unexpected bytes on an idle connection")),
+            Some(Ok(_)) => Err(std::io::Error::other(
+                "unexpected bytes on an idle connection",
+            )),
             Some(Err(e)) => Err(e),
         }
     }
