@@ -416,3 +416,46 @@ async fn a_forwarded_ack_whose_answer_was_lost_is_resolved_before_the_reply() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A peer that restarted closed the connections the forwarding host kept pooled to it:
+/// the next forwarded enqueue takes a fresh connection and succeeds. (Before: it was
+/// written into the closed one, read EOF, and answered UNAVAILABLE `outcome_unknown` for
+/// items the peer never received.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_after_the_peer_restarted_goes_through_a_fresh_connection() {
+    let db = TestDb::new(2);
+    let (pa, pb) = (free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] =
+        &[("a", pa, "default", &[0]), ("b", pb, "gold", &[1])];
+    let tiers =
+        "[[tiers]]\nname = \"gold\"\nshards = [1]\n[[namespaces]]\nname = \"g\"\ntier = \"gold\"\n";
+    let mut cfg_a = host_config(&db.shards_toml(), "a", hosts, true, tiers);
+    // No peer polls between the two enqueues: only the forward itself uses the pool.
+    cfg_a.cluster.peer_poll_ms = 600_000;
+    let a = start(&cfg_a).await;
+    let cfg_b = host_config(&db.shards_toml(), "b", hosts, true, tiers);
+    let b = start(&cfg_b).await;
+    let a_addr = a.addr;
+    let first = tokio::task::spawn_blocking(move || {
+        Client::connect(a_addr, Proto::Binary).try_enqueue(vec![item("g", "t", 0, b"1")])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(first[0].error.is_none(), "{first:?}");
+    b.shutdown().await;
+    let b = start(&cfg_b).await;
+    let second = tokio::task::spawn_blocking(move || {
+        Client::connect(a_addr, Proto::Binary).try_enqueue(vec![item("g", "t", 0, b"2")])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        second[0].error.is_none(),
+        "forwarded after the peer restarted: {:?}",
+        second[0].error
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
