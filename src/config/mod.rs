@@ -127,6 +127,18 @@ pub struct ShardConfig {
     pub tls: Option<crate::store::MysqlTls>,
 }
 
+impl ShardConfig {
+    /// The TLS settings for this shard's account on the server at `addr` ("host:port"):
+    /// its `[[shards.replicas]]` entry's own, else the shard's.
+    pub fn tls_on(&self, addr: &str) -> Option<&crate::store::MysqlTls> {
+        self.replicas
+            .iter()
+            .find(|r| crate::replication::server_addr(&r.url).as_deref() == Some(addr))
+            .and_then(|r| r.tls.as_ref())
+            .or(self.tls.as_ref())
+    }
+}
+
 fn pool_connections_max_default() -> usize {
     4
 }

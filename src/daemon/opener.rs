@@ -120,14 +120,7 @@ impl ShardOpener {
             Some(p) => crate::replication::url_on(&s.url, &p.addr),
             None => s.url.clone(),
         };
-        // TLS: the settings of the server connected to (a replica's own, or the shard's).
-        let server = crate::replication::server_addr(&url);
-        let tls = s
-            .replicas
-            .iter()
-            .find(|r| server.is_some() && crate::replication::server_addr(&r.url) == server)
-            .and_then(|r| r.tls.as_ref())
-            .or(s.tls.as_ref());
+        let tls = crate::replication::server_addr(&url).and_then(|a| s.tls_on(&a));
         let mut store = MySqlStore::new(s.id, &url, s.pool_connections_max)
             .map_err(err)?
             .with_tls(tls)
@@ -142,20 +135,7 @@ impl ShardOpener {
             );
         }
         tracing::info!(shard = s.id, database = store.database(), server = %crate::replication::server_addr(&url).unwrap_or_default(), generation = primary.map(|p| p.generation), "opening shard");
-        let no_tls = tls.is_none();
-        self.start(id, store, unseen).await.map_err(|e| match e {
-            // A server that requires secure transport refuses a plain connection as an
-            // access denied, and says no more.
-            StartError::Shard { shard, source } if no_tls && source.to_string().contains("Access denied") => {
-                StartError::Shard {
-                    shard,
-                    source: StoreError::Schema(format!(
-                        "{source} (connected without TLS: if the server requires secure transport, give the shard tls = {{ ca_file = \"...\" }})"
-                    )),
-                }
-            }
-            e => e,
-        })
+        self.start(id, store, unseen).await
     }
 
     /// Starts a shard's worker over `store` with the host's payload cache in front of its

@@ -147,10 +147,10 @@ impl Driver {
 
     pub(super) fn admin(&self, addr: &str) -> ServerAdmin {
         ServerAdmin::new(
+            &self.cfg,
             addr,
-            (&self.cfg.admin_user, &self.cfg.admin_password),
+            self.layout.tls_of(addr),
             Duration::from_millis(self.cfg.probe_interval_ms.max(250) * 2),
-            self.cfg.tls.as_ref().or_else(|| self.layout.tls_of(addr)),
         )
     }
 

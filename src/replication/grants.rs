@@ -159,10 +159,10 @@ pub async fn check_servers(cfg: &crate::config::Config) -> Vec<ServerCheck> {
         let db = super::driver::heartbeat_db(&set.heartbeat_url);
         set.servers.iter().map(move |s| {
             let admin = super::server::ServerAdmin::new(
+                r,
                 &s.addr,
-                (&r.admin_user, &r.admin_password),
+                s.tls.as_ref(),
                 std::time::Duration::from_secs(3),
-                r.tls.as_ref().or(s.tls.as_ref()),
             );
             let db = db.clone();
             async move {

@@ -104,10 +104,11 @@ impl Layout {
                 tls: s.tls.clone(),
             }];
             servers.extend(s.replicas.iter().filter_map(|r| {
+                let addr = server_addr(&r.url)?;
                 Some(Server {
-                    addr: server_addr(&r.url)?,
+                    tls: s.tls_on(&addr).cloned(),
+                    addr,
                     region: r.region.clone(),
-                    tls: r.tls.clone().or_else(|| s.tls.clone()),
                 })
             }));
             sets.push(SetLayout {

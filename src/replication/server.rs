@@ -23,12 +23,16 @@ pub struct ServerAdmin {
 }
 
 impl ServerAdmin {
+    /// The admin account of `cfg` on `addr`, over `[replication] tls`, else the server's
+    /// own TLS settings (`server_tls`).
     pub fn new(
+        cfg: &super::config::ReplicationConfig,
         addr: &str,
-        (user, password): (&str, &str),
+        server_tls: Option<&crate::store::MysqlTls>,
         timeout: Duration,
-        tls: Option<&crate::store::MysqlTls>,
     ) -> ServerAdmin {
+        let (user, password) = (&cfg.admin_user, &cfg.admin_password);
+        let tls = cfg.tls.as_ref().or(server_tls);
         let (host, port) = addr.rsplit_once(':').unwrap_or((addr, "3306"));
         let opts = OptsBuilder::default()
             .ip_or_hostname(host.to_string())

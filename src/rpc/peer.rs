@@ -3,7 +3,6 @@
 //! connections: one `bb8` pool per peer address, created on first use.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -171,7 +170,7 @@ impl PeerClient {
                 "peer {addr}: {why} (the call was sent: its outcome is unknown)"
             ))
         };
-        let sent = AtomicBool::new(false);
+        let mut sent = false;
         let pool = self.pool(addr);
         let work = async {
             let mut conn = pool
@@ -183,7 +182,7 @@ impl PeerClient {
             conn.broken = true;
             // From the first byte written on, the peer may act on the call: a failure
             // is in doubt (the peer may have applied it), not a refusal.
-            sent.store(true, Ordering::Relaxed);
+            sent = true;
             conn.stream
                 .write_all(&frame)
                 .await
@@ -213,7 +212,7 @@ impl PeerClient {
             .await
             .map_err(|_| {
                 let why = format!("no answer within {} ms", self.timeout.as_millis());
-                if sent.load(Ordering::Relaxed) {
+                if sent {
                     doubt(why)
                 } else {
                     unavailable(why)

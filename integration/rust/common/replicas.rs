@@ -10,8 +10,8 @@ pub struct Replicas {
     /// Server n (1..=3 x sets) listens on `base + n - 1`.
     pub base: u16,
     pub sets: u16,
-    /// The certificates every server requires TLS with (`scripts/certs.sh`), if any.
-    pub certs: Option<PathBuf>,
+    /// The certificates every server requires TLS with (`scripts/certs.sh`).
+    pub certs: PathBuf,
 }
 
 fn script(args: &[&str]) -> String {
@@ -47,46 +47,41 @@ fn free_ports(n: u16) -> u16 {
 impl Replicas {
     /// `sets` replica sets (`scripts/replicas.sh up --sets`): set k (0-based) is servers
     /// 3k+1..3k+3, its first the primary, in region r(k%3+1), the others in the next two.
-    /// With `tls`, every server requires TLS (`require_secure_transport`) and replicates
-    /// over it, with certificates made by `scripts/certs.sh` (`certs`).
-    pub fn up(sets: u16, tls: bool) -> Replicas {
+    /// Every server requires TLS (`require_secure_transport`) and replicates over it, with
+    /// certificates made by `scripts/certs.sh` (`certs`).
+    pub fn up(sets: u16) -> Replicas {
         let base = free_ports(3 * sets);
         let dir = std::env::temp_dir().join(format!("foqs-replicas-{}-{base}", std::process::id()));
-        let certs = tls.then(|| {
-            let c = std::env::temp_dir()
-                .join(format!("foqs-replicas-certs-{}-{base}", std::process::id()));
-            let root = env!("CARGO_MANIFEST_DIR");
-            let ok = Command::new("bash")
-                .arg(format!("{root}/scripts/certs.sh"))
-                .arg(&c)
-                .output()
-                .expect("run scripts/certs.sh");
-            assert!(
-                ok.status.success(),
-                "certs.sh: {}",
-                String::from_utf8_lossy(&ok.stderr)
-            );
-            c
-        });
+        let certs =
+            std::env::temp_dir().join(format!("foqs-replicas-certs-{}-{base}", std::process::id()));
+        let root = env!("CARGO_MANIFEST_DIR");
+        let ok = Command::new("bash")
+            .arg(format!("{root}/scripts/certs.sh"))
+            .arg(&certs)
+            .output()
+            .expect("run scripts/certs.sh");
+        assert!(
+            ok.status.success(),
+            "certs.sh: {}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
         let r = Replicas {
             dir,
             base,
             sets,
             certs,
         };
-        let mut args = vec![
-            "up".to_string(),
-            "--dir".into(),
-            r.dir.display().to_string(),
-            "--port".into(),
-            base.to_string(),
-            "--sets".into(),
-            sets.to_string(),
-        ];
-        if let Some(c) = &r.certs {
-            args.extend(["--tls".into(), c.display().to_string()]);
-        }
-        script(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        script(&[
+            "up",
+            "--dir",
+            &r.dir.display().to_string(),
+            "--port",
+            &base.to_string(),
+            "--sets",
+            &sets.to_string(),
+            "--tls",
+            &r.certs.display().to_string(),
+        ]);
         r
     }
 
@@ -187,8 +182,6 @@ impl Drop for Replicas {
             ))
             .args(["down", "--dir", self.dir.to_str().unwrap()])
             .status();
-        if let Some(c) = &self.certs {
-            let _ = std::fs::remove_dir_all(c);
-        }
+        let _ = std::fs::remove_dir_all(&self.certs);
     }
 }

@@ -176,19 +176,7 @@ impl Load {
                         continue;
                     };
                     let topic = format!("t{}", (k + n) % TOPICS);
-                    let req = DequeueRequest {
-                        topics: Some(vec![TopicRequest {
-                            ns: Some(NS.into()),
-                            topic: Some(topic),
-                            count: Some(20),
-                            before_priority: None,
-                            before_deliver_after_ms: None,
-                        }]),
-                        wait_ms: None,
-                        local_only: None,
-                        forwarded_by: None,
-                    };
-                    let items = match cl.dequeue(req) {
+                    let items = match cl.dequeue(dequeue_request(&topic, 20)) {
                         Ok(r) => r.items.unwrap_or_default(),
                         Err(_) => {
                             failed.fetch_add(1, Ordering::Relaxed);
@@ -436,19 +424,7 @@ impl AmoLoad {
                         std::thread::sleep(Duration::from_millis(50));
                         continue;
                     };
-                    let req = DequeueRequest {
-                        topics: Some(vec![TopicRequest {
-                            ns: Some(NS.into()),
-                            topic: Some(AMO_TOPIC.into()),
-                            count: Some(10),
-                            before_priority: None,
-                            before_deliver_after_ms: None,
-                        }]),
-                        wait_ms: None,
-                        local_only: None,
-                        forwarded_by: None,
-                    };
-                    match cl.dequeue(req) {
+                    match cl.dequeue(dequeue_request(AMO_TOPIC, 10)) {
                         Ok(r) => {
                             let items = r.items.unwrap_or_default();
                             if items.is_empty() {
@@ -516,5 +492,21 @@ fn call_error(e: &thrift::Error) -> String {
             None => e.to_string(),
         },
         _ => e.to_string(),
+    }
+}
+
+/// A dequeue of up to `count` items of the drill's namespace's `topic`.
+fn dequeue_request(topic: &str, count: i32) -> DequeueRequest {
+    DequeueRequest {
+        topics: Some(vec![TopicRequest {
+            ns: Some(NS.into()),
+            topic: Some(topic.into()),
+            count: Some(count),
+            before_priority: None,
+            before_deliver_after_ms: None,
+        }]),
+        wait_ms: None,
+        local_only: None,
+        forwarded_by: None,
     }
 }

@@ -173,7 +173,7 @@ impl MySqlStore {
         if !self.owned.load(Ordering::SeqCst) {
             return Err(StoreError::Fenced);
         }
-        within(self.connect_timeout, self.pool.get_conn()).await
+        connecting(self.connect_timeout, &self.shard_opts, self.pool.get_conn()).await
     }
 
     /// A connection without the statement bound, for what may rightly take long and has
@@ -210,27 +210,37 @@ impl MySqlStore {
     }
 }
 
-/// Bounds what waits on the server before any statement runs (a connect, a connection
-/// from the pool): a frozen server (SIGSTOP, a hung machine) accepts TCP connections and
-/// never greets, and mysql_async bounds neither. Unbounded, a shard's open on such a
-/// server hung, and with it the host's following of its shard manager: it handed no shard
-/// over, and the set whose lowest shard was in transit had no leader to fail it over.
-pub(super) async fn within<T>(
+/// Bounds a connect or a wait for a pooled connection (with `opts`, the connection's):
+/// a frozen server (SIGSTOP, a hung machine) accepts TCP connections and never greets, and
+/// mysql_async bounds neither. Unbounded, a shard's open on such a server hung, and with it
+/// the host's following of its shard manager: it handed no shard over, and the set whose
+/// lowest shard was in transit had no leader to fail it over. Nothing is sent before a
+/// connection is had, so no failure here is in doubt.
+pub(super) async fn connecting<T>(
     d: std::time::Duration,
+    opts: &Opts,
     f: impl std::future::Future<Output = Result<T, mysql_async::Error>>,
 ) -> StoreResult<T> {
     match tokio::time::timeout(d, f).await {
         Ok(Ok(v)) => Ok(v),
-        // Nothing was sent yet: a failed connect is not in doubt.
-        Ok(Err(e)) => Err(match StoreError::from(e) {
-            StoreError::Lost(m) => StoreError::Transient(m),
-            other => other,
-        }),
-        // Nor is a connect or a wait for a pooled connection that timed out.
+        Ok(Err(e)) => Err(connect_error(e, opts.ssl_opts().is_none())),
         Err(_) => Err(StoreError::Transient(format!(
             "no connection within {} ms",
             d.as_millis()
         ))),
+    }
+}
+
+/// A failed connect in the store's terms. A server that requires secure transport
+/// refuses a plain connection as an access denied and says no more: `plain` says so.
+fn connect_error(e: mysql_async::Error, plain: bool) -> StoreError {
+    let denied = matches!(&e, mysql_async::Error::Server(s) if s.code == 1045);
+    match StoreError::from(e) {
+        StoreError::Lost(m) => StoreError::Transient(m),
+        StoreError::Schema(m) if plain && denied => StoreError::Schema(format!(
+            "{m} (connected without TLS: if the server requires secure transport, give the shard tls = {{ ca_file = \"...\" }})"
+        )),
+        other => other,
     }
 }
 
@@ -255,7 +265,12 @@ impl ShardStore for MySqlStore {
             .await?;
             *self.lock.lock().await = Some(lock);
         }
-        let mut server = within(self.connect_timeout, Conn::new(self.server_opts.clone())).await?;
+        let mut server = connecting(
+            self.connect_timeout,
+            &self.server_opts,
+            Conn::new(self.server_opts.clone()),
+        )
+        .await?;
         let create = format!(
             "CREATE DATABASE IF NOT EXISTS `{}`",
             self.database.replace('`', "``")

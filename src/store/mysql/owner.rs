@@ -61,13 +61,14 @@ impl OwnerLock {
         check_timeout: Duration,
     ) -> StoreResult<OwnerLock> {
         let name = lock_name(database);
-        let mut conn = super::within(check_timeout, Conn::new(opts)).await?;
+        let mut conn = super::connecting(check_timeout, &opts, Conn::new(opts.clone())).await?;
         let wait = check_timeout + Duration::from_secs(ACQUIRE_WAIT_S as u64);
-        let got: Option<Option<i64>> = super::within(
+        let got: Option<Option<i64>> = tokio::time::timeout(
             wait,
             conn.exec_first("SELECT GET_LOCK(?, ?)", (&name, ACQUIRE_WAIT_S)),
         )
-        .await?;
+        .await
+        .map_err(|_| StoreError::Timeout(wait.as_millis() as u64))??;
         if got.flatten() != Some(1) {
             let holder = holder(&mut conn, &name).await;
             let _ = conn.disconnect().await;
