@@ -18,6 +18,7 @@
 //!   the fault-injecting `store::faulty::Faulty`.
 //! - [`cluster`]: the pluggable [`cluster::ShardManager`] (single host, static, etcd) that
 //!   says which host owns which shard, tiers, and the cluster-wide enqueue quota budget.
+//! - [`failpoint`]: named failpoints for tests (nothing in a release build).
 //! - [`fence`]: until when this host may write its shards (lease-based fencing).
 //! - [`tls`]: rustls configurations from PEM files, and a caller's identity.
 //! - [`metrics`]: the Prometheus registry of one running host.
@@ -78,6 +79,7 @@ pub mod core;
 pub mod daemon;
 pub mod demand;
 pub mod error;
+pub mod failpoint;
 pub mod fence;
 pub mod hash;
 pub mod metrics;

@@ -20,6 +20,8 @@ mod cluster;
 mod common;
 #[path = "replication/load.rs"]
 mod load;
+#[path = "replication/resume.rs"]
+mod resume;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -86,8 +88,18 @@ fn client(addr: SocketAddr) -> Option<SyncClient> {
     connect(addr, Protocol::Binary, Duration::from_secs(10)).ok()
 }
 
+/// The tests of this file start their own servers and hosts: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn a_switch_whose_driver_stops_at_any_step_is_finished_or_undone() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    resume::a_switch_whose_driver_stops_at_any_step_is_settled();
+}
+
 #[test]
 fn region_drill_loses_nothing_acknowledged() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let long = std::env::var("FOQS_DRILL").as_deref() == Ok("long");
     let sets: u16 = if long { 3 } else { 2 };
     let r = Replicas::up(sets);

@@ -3,8 +3,10 @@
 //!   generation and whether it is being switched;
 //! - `P/paused/<shard>` and `P/served/<shard>` = [`Ack`], under the owner's lease: the
 //!   owner paused the shard for a switch, or serves it on the primary of a generation;
-//! - `P/switching/<server>` = the driving host, under the driver's own lease: one switch
+//! - `P/switching/<servers>` = the driving host, under a lease of the driver's: one switch
 //!   of a replica set at a time;
+//! - `P/switch/<servers>` = the journal of a switch under way (no lease): where it got
+//!   to, so that the next driver finishes or undoes it (`crate::replication::journal`);
 //! - `P/demoted/<server>` = [`Demoted`] (no lease): a primary that was failed over while it
 //!   did not answer, to be made read-only and repointed when it answers again.
 
@@ -91,11 +93,13 @@ pub async fn read<T: for<'de> Deserialize<'de>>(
     Ok(all.into_iter().collect())
 }
 
-/// Writes `records` in one transaction, if every one is still at the revision read.
+/// Writes `records` in one transaction, if every one is still at the revision read;
+/// `also` in the same transaction.
 pub async fn publish(
     client: &mut Client,
     prefix: &str,
     records: &[(ShardId, PrimaryRecord, i64)],
+    also: Vec<TxnOp>,
 ) -> EtcdResult<bool> {
     let when: Vec<Compare> = records
         .iter()
@@ -112,6 +116,7 @@ pub async fn publish(
                 None,
             )
         })
+        .chain(also)
         .collect();
     Ok(client
         .txn(Txn::new().when(when).and_then(then))
@@ -162,6 +167,25 @@ pub async fn lock(
         let _ = client.lease_revoke(lease).await;
         Ok(None)
     }
+}
+
+/// Puts `value` at `k` if the lock `lock_key` is still held under `lease`.
+pub async fn put_if_locked(
+    client: &mut Client,
+    k: String,
+    value: Vec<u8>,
+    (lock_key, lease): (&str, i64),
+) -> EtcdResult<bool> {
+    let txn = Txn::new()
+        .when([Compare::lease(lock_key, CompareOp::Equal, lease)])
+        .and_then([TxnOp::put(k, value, None)]);
+    Ok(client.txn(txn).await?.succeeded())
+}
+
+/// The value at `k`, if any.
+pub async fn get(client: &mut Client, k: &str) -> EtcdResult<Option<Vec<u8>>> {
+    let resp = client.get(k, None).await?;
+    Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
 }
 
 pub async fn unlock(client: &mut Client, lease: i64) {

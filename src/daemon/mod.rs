@@ -285,6 +285,7 @@ async fn start_planned(
                     layout: layout.clone(),
                     cfg: cfg.replication.clone(),
                     data_user,
+                    lock_ttl_s: (c.etcd.lease_ttl_ms / 1000) as i64,
                 },
                 manager.watch(),
                 metrics.clone(),

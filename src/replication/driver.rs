@@ -20,8 +20,6 @@ use crate::model::{ClusterView, PrimaryRecord, PrimaryState, ShardId};
 pub(super) const SERVED_WAIT: Duration = Duration::from_secs(10);
 /// How often a switch reads the owners' acks.
 const ACK_POLL: Duration = Duration::from_millis(5);
-/// The switch lock's lease: a driver that dies mid-switch frees the set this long after.
-const LOCK_TTL_S: i64 = 30;
 
 pub struct Driver {
     pub(super) client: Client,
@@ -35,6 +33,8 @@ pub struct Driver {
     pub(super) metrics: Arc<crate::metrics::Metrics>,
     /// Whether each primary was last seen waiting for acknowledgements (by `observe`).
     pub(super) semi_seen: std::sync::Mutex<std::collections::HashMap<String, bool>>,
+    /// The switch lock's lease, in seconds (see [`super::journal`]).
+    pub(super) lock_ttl_s: i64,
 }
 
 /// The records of one set's shards as read, all at one generation and primary.
@@ -52,6 +52,9 @@ pub struct Setup {
     pub cfg: ReplicationConfig,
     /// The shards' account (its connections are ended at a fence).
     pub data_user: String,
+    /// The cluster's host lease TTL, in seconds: a switch's driver that dies frees the
+    /// set's switch lock this long after, and the next driver settles the switch.
+    pub lock_ttl_s: i64,
 }
 
 impl Driver {
@@ -71,6 +74,7 @@ impl Driver {
             data_user: setup.data_user,
             metrics,
             semi_seen: Default::default(),
+            lock_ttl_s: setup.lock_ttl_s,
         }
     }
 
@@ -190,13 +194,23 @@ impl Driver {
         recs: &SetRecords,
         to: PrimaryRecord,
     ) -> Result<SetRecords, String> {
+        self.publish_also(recs, to, Vec::new()).await
+    }
+
+    /// [`Self::publish`], with `also` in the same etcd transaction.
+    pub(super) async fn publish_also(
+        &self,
+        recs: &SetRecords,
+        to: PrimaryRecord,
+        also: Vec<etcd_client::TxnOp>,
+    ) -> Result<SetRecords, String> {
         let mut client = self.client.clone();
         let next: Vec<_> = recs
             .records
             .iter()
             .map(|(s, _, rev)| (*s, to.clone(), *rev))
             .collect();
-        if !primaries::publish(&mut client, &self.prefix, &next)
+        if !primaries::publish(&mut client, &self.prefix, &next, also)
             .await
             .map_err(|e| format!("etcd: {e}"))?
         {
@@ -241,54 +255,24 @@ impl Driver {
         }
     }
 
-    pub(super) async fn locked<F, T>(&self, set: &SetLayout, f: F) -> Result<T, String>
-    where
-        F: std::future::Future<Output = Result<T, String>>,
-    {
-        let mut client = self.client.clone();
-        // Named by every server of the set, so that any host takes the same lock.
-        let mut names: Vec<&str> = set.servers.iter().map(|s| s.addr.as_str()).collect();
-        names.sort_unstable();
-        let name = names.join(",");
-        let lease = primaries::lock(&mut client, &self.prefix, &name, &self.host_id, LOCK_TTL_S)
-            .await
-            .map_err(|e| format!("etcd: {e}"))?
-            .ok_or_else(|| {
-                format!(
-                    "another switch of the replica set of shards {:?} is under way",
-                    set.shards
-                )
-            })?;
-        // The lease lives as long as the switch does (its steps' bounds add up to more
-        // than the TTL when catch-up is slow).
-        let keep = async {
-            if let Ok((mut keeper, mut stream)) = client.clone().lease_keep_alive(lease).await {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(LOCK_TTL_S as u64 / 3)).await;
-                    if keeper.keep_alive().await.is_err() || stream.message().await.is_err() {
-                        tracing::warn!("etcd: cannot renew the switch lock");
-                    }
-                }
-            }
-            std::future::pending::<()>().await
-        };
-        let r = tokio::select! {
-            r = f => r,
-            _ = keep => unreachable!("the keeper never ends"),
-        };
-        primaries::unlock(&mut client, lease).await;
-        r
-    }
-
-    /// The last publish of a switch, retried: the new primary is writable by now.
+    /// The last publish of a switch, retried: the new primary is writable by now. The
+    /// switch's journal ends with it.
     pub(super) async fn publish_final(
         &self,
+        set: &SetLayout,
         recs: &SetRecords,
         to: PrimaryRecord,
     ) -> Result<SetRecords, String> {
         let mut last = String::new();
         for _ in 0..10 {
-            match self.publish(recs, to.clone()).await {
+            if crate::failpoint::fires("switch-final-publish-fails") {
+                last = "failpoint switch-final-publish-fails".into();
+                break;
+            }
+            match self
+                .publish_also(recs, to.clone(), vec![self.journal_end(set)])
+                .await
+            {
                 Ok(r) => return Ok(r),
                 Err(e) => last = e,
             }
@@ -296,7 +280,7 @@ impl Driver {
         }
         tracing::error!(shards = ?recs.records.iter().map(|r| r.0).collect::<Vec<_>>(), primary = %to.addr, error = %last, "the new primary is writable but etcd could not be told");
         Err(format!(
-            "{} is the new primary (writable) but etcd could not be told ({last}); the shards stay {:?} until a switch is run again",
+            "{} is the new primary (writable) but etcd could not be told ({last}); the shards stay {:?} until the next driver finishes the switch (the set's leader, within the switch lock's lease)",
             to.addr, recs.current.state
         ))
     }
@@ -412,11 +396,16 @@ impl Driver {
             shards: set.shards.clone(),
             ..Default::default()
         };
+        let rep = &mut report;
         let r = self
-            .locked(
-                set,
-                super::failover::failover(self, set, allow_loss, &mut report),
-            )
+            .locked(set, |lock| async move {
+                // A planned switch its driver left: settled first (a failover from a
+                // paused set whose target was promoted would find no candidate).
+                if let Err(e) = self.settle(set, &lock).await {
+                    tracing::warn!(shards = ?set.shards, error = %e, "failover: the switch under way cannot be settled; failing over anyway");
+                }
+                super::failover::failover(self, set, allow_loss, rep, &lock).await
+            })
             .await;
         self.finish(report, r)
     }

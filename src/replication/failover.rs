@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::*;
 use tokio::sync::watch;
 
-use super::driver::Driver;
+use super::driver::{Driver, SetRecords};
+use super::journal::{Journal, Lock, Step};
 use super::server::{self as srv};
 use super::{SetLayout, SwitchReport};
 use crate::cluster::primaries::{self, Demoted};
@@ -32,12 +33,24 @@ pub(super) async fn failover(
     set: &SetLayout,
     allow_loss: bool,
     report: &mut SwitchReport,
+    lock: &Lock,
 ) -> Result<(), String> {
     let recs = d.records(set).await?;
     let from = recs.current.addr.clone();
     report.from = from.clone();
     let g = recs.current.generation + 1;
     report.generation = g;
+    // Journaled, so that the next driver undoes or finishes it (see `journal`).
+    let mut j = Journal {
+        from: from.clone(),
+        to: String::new(),
+        to_region: String::new(),
+        generation: g,
+        step: Step::Fencing,
+        driver: d.host_id.clone(),
+        failover: true,
+    };
+    d.write_journal(set, lock, &j).await?;
     // 1. Fenced by the generation: no host serves the shards on `from` from now on.
     let started = Instant::now();
     let fenced_record = PrimaryRecord {
@@ -75,6 +88,7 @@ pub(super) async fn failover(
         (s, r)
     }));
     let (fenced, asked) = futures::join!(fence, asked);
+    crate::failpoint::pause("failover-fenced").await;
     let mut steps = vec![("fence_and_candidates", started.elapsed().as_millis() as u64)];
     let mut answered = Vec::new();
     let mut silent = Vec::new();
@@ -106,35 +120,10 @@ pub(super) async fn failover(
         .filter(|c| c.semi_sync)
         .max_by_key(|c| c.received);
     let fence_held = fenced.is_ok();
-    let answered_addrs: Vec<String> = answered.iter().map(|c| c.addr.clone()).collect();
     let refuse = |why: String| {
         let recs = &recs;
-        let answered_addrs = answered_addrs.clone();
-        let from = from.clone();
         async move {
-            // Nothing promoted: the replicas receive again, the old primary is writable
-            // again if the fence reached it, and the shards stay on it (failing while it
-            // does not answer) until it answers or an operator forces a promotion.
-            for a in &answered_addrs {
-                let _ = d
-                    .admin(a)
-                    .exec(Duration::from_secs(2), "START SLAVE IO_THREAD")
-                    .await;
-            }
-            if fence_held {
-                let _ = d
-                    .admin(&from)
-                    .with(Duration::from_secs(2), |c| {
-                        Box::pin(srv::set_read_only(c, false))
-                    })
-                    .await;
-            }
-            let back = PrimaryRecord {
-                state: PrimaryState::Serving,
-                generation: g,
-                ..recs.current.clone()
-            };
-            let _ = d.publish(recs, back).await;
+            undo(d, set, recs, fence_held).await;
             Err(why)
         }
     };
@@ -198,6 +187,12 @@ pub(super) async fn failover(
         ))
         .await;
     }
+    // From here on the failover is finished, by this driver or the next.
+    j.to = chosen.addr.clone();
+    j.to_region = chosen.region.clone();
+    j.step = Step::Promoting;
+    d.write_journal(set, lock, &j).await?;
+    crate::failpoint::pause("failover-caught-up").await;
     if let Err(e) = d
         .admin(&chosen.addr)
         .with(Duration::from_secs(3), |c| Box::pin(srv::promote(c, semi)))
@@ -206,25 +201,7 @@ pub(super) async fn failover(
         return refuse(format!("cannot promote {}: {e}", chosen.addr)).await;
     }
     steps.push(("promoted", started.elapsed().as_millis() as u64));
-    let mut problems = d.repoint(set, &chosen.addr, Some(&from), semi).await;
-    steps.push(("repointed", started.elapsed().as_millis() as u64));
-    let demoted = Demoted {
-        primary: chosen.addr.clone(),
-        generation: g,
-    };
-    if let Err(e) = d.put_demoted(&from, &demoted).await {
-        problems.push(format!("cannot mark {from} demoted: {e}"));
-    }
-    d.publish_final(
-        &recs,
-        PrimaryRecord {
-            addr: chosen.addr.clone(),
-            region: chosen.region.clone(),
-            generation: g,
-            state: PrimaryState::Serving,
-        },
-    )
-    .await?;
+    let mut problems = complete(d, set, &recs, &j, lock, Some(semi)).await?;
     steps.push(("published", started.elapsed().as_millis() as u64));
     if !d.served(set, g).await {
         problems.push("not every shard was served on the new primary in time".into());
@@ -241,6 +218,89 @@ pub(super) async fn failover(
     }
     tracing::warn!(shards = ?set.shards, from, to = %chosen.addr, generation = g, outage_ms = report.read_only_ms, lost = report.lost_transactions, steps_ms = ?steps, notes = ?report.error, "failed over replica set");
     Ok(())
+}
+
+/// A failover that promotes nobody: the replicas receive again, the old primary is
+/// writable again if `fenced` (the fence reached it: it answers), and the shards stay on
+/// it (failing while it does not answer) until it answers or an operator forces a
+/// promotion; the journal ends.
+pub(super) async fn undo(d: &Driver, set: &SetLayout, recs: &SetRecords, fenced: bool) {
+    let from = &recs.current.addr;
+    let others = set.servers.iter().filter(|s| &s.addr != from);
+    futures::future::join_all(others.map(|s| async move {
+        let _ = d
+            .admin(&s.addr)
+            .exec(Duration::from_secs(2), "START SLAVE IO_THREAD")
+            .await;
+    }))
+    .await;
+    if fenced {
+        let _ = d
+            .admin(from)
+            .with(Duration::from_secs(2), |c| {
+                Box::pin(srv::set_read_only(c, false))
+            })
+            .await;
+    }
+    let back = PrimaryRecord {
+        state: PrimaryState::Serving,
+        ..recs.current.clone()
+    };
+    if let Err(e) = d.publish_also(recs, back, vec![d.journal_end(set)]).await {
+        tracing::error!(error = %e, "failover undo: cannot serve the shards again");
+    }
+}
+
+/// The rest of a failover whose new primary `j.to` applied what it received (`recs`:
+/// the fenced records): promoted (unless `promoted`, with the semi-sync setting it was
+/// promoted with; promoting is idempotent), the others but the old primary repointed,
+/// the old primary marked demoted, the shards served on the new one, the journal ended.
+/// Returns what went wrong without stopping it.
+pub(super) async fn complete(
+    d: &Driver,
+    set: &SetLayout,
+    recs: &SetRecords,
+    j: &Journal,
+    lock: &Lock,
+    promoted: Option<bool>,
+) -> Result<Vec<String>, String> {
+    let (from, to, g) = (&j.from, &j.to, j.generation);
+    let semi = match promoted {
+        Some(semi) => semi,
+        // Settled by another driver: semi-sync as configured (a replica that can
+        // acknowledge is repointed to it below; with none, writes wait for
+        // `rpl_semi_sync_master_timeout` and then go on without).
+        None => {
+            let semi = d.cfg.semi_sync;
+            d.admin(to)
+                .with(Duration::from_secs(3), |c| Box::pin(srv::promote(c, semi)))
+                .await
+                .map_err(|e| format!("cannot promote {to}: {e}"))?;
+            semi
+        }
+    };
+    let mut problems = d.repoint(set, to, Some(from), semi).await;
+    let demoted = Demoted {
+        primary: to.clone(),
+        generation: g,
+    };
+    if let Err(e) = d.put_demoted(from, &demoted).await {
+        problems.push(format!("cannot mark {from} demoted: {e}"));
+    }
+    // Still the set's driver? (One that lost its lock leaves the rest to the next.)
+    d.write_journal(set, lock, j).await?;
+    d.publish_final(
+        set,
+        recs,
+        PrimaryRecord {
+            addr: to.clone(),
+            region: j.to_region.clone(),
+            generation: g,
+            state: PrimaryState::Serving,
+        },
+    )
+    .await?;
+    Ok(problems)
 }
 
 /// The heartbeat connection of one set: the shards' account on the current primary.
@@ -367,6 +427,8 @@ async fn housekeep(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
+        // Switches whose driver stopped mid-way, on the sets this host leads.
+        d.settle_led().await;
         let led = led(&d);
         if led.is_empty() {
             continue;
@@ -389,7 +451,7 @@ async fn housekeep(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
             // Under the set's switch lock, against the primary etcd names now (a view
             // read before a failover made meanwhile would name the demoted server).
             let r = d
-                .locked(set, async {
+                .locked(set, |_lock| async {
                     let rec = d.records(set).await?.current;
                     if rec.state != PrimaryState::Serving {
                         return Err("a switch is under way".to_string());

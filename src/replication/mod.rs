@@ -22,6 +22,7 @@ pub mod config;
 pub mod driver;
 pub mod failover;
 pub mod grants;
+pub mod journal;
 pub mod server;
 mod switch;
 

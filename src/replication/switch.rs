@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::stream::StreamExt;
 
 use super::driver::{servers, Driver, SetRecords, SERVED_WAIT};
+use super::journal::{Journal, Lock, Step};
 use super::server::{self as srv};
 use super::{Refused, ReplicaState, SetLayout, SwitchReport, Switched};
 use crate::model::{PrimaryRecord, PrimaryState};
@@ -33,7 +34,9 @@ impl Driver {
             ..Default::default()
         };
         let r = self
-            .locked(set, self.switch_locked(set, target, region, &mut report))
+            .locked(set, |lock| {
+                self.switch_locked(set, target, region, &mut report, lock)
+            })
             .await;
         self.finish(report, r)
     }
@@ -54,7 +57,12 @@ impl Driver {
         target: Option<String>,
         region: Option<String>,
         report: &mut SwitchReport,
+        lock: Lock,
     ) -> Result<(), String> {
+        // A switch of this set that its driver left half done: finished or undone first.
+        if let Some(done) = self.settle(set, &lock).await? {
+            tracing::warn!(shards = ?set.shards, done, "switch settled before the next one");
+        }
         let recs = self.records(set).await?;
         let from = recs.current.addr.clone();
         report.from = from.clone();
@@ -109,7 +117,6 @@ impl Driver {
         let to = t.addr.clone();
         report.to = to.clone();
         report.to_region = t.region.clone();
-        let semi = self.cfg.semi_sync;
         // 0. Catch the target up while the old primary still serves, so that the read-only
         // window below holds the apply of a few transactions, not the target's lag.
         // A target that cannot close the distance while the primary takes writes (a
@@ -126,6 +133,17 @@ impl Driver {
         }
         let g = recs.current.generation + 1;
         report.generation = g;
+        // Each step below is journaled before it changes anything (see `journal`).
+        let mut j = Journal {
+            from: from.clone(),
+            to: to.clone(),
+            to_region: t.region.clone(),
+            generation: g,
+            step: Step::Pausing,
+            driver: self.host_id.clone(),
+            failover: false,
+        };
+        self.write_journal(set, &lock, &j).await?;
         // 1. Pause: owners flush their buffers and stop the shards.
         let paused_at = Instant::now();
         let recs = self
@@ -140,12 +158,13 @@ impl Driver {
             .await?;
         let pause_within = Duration::from_millis(self.cfg.pause_timeout_ms);
         if !self.acks(&set.shards, "paused", g, pause_within).await {
-            self.publish(
+            self.publish_also(
                 &recs,
                 PrimaryRecord {
                     state: PrimaryState::Serving,
                     ..recs.current.clone()
                 },
+                vec![self.journal_end(set)],
             )
             .await?;
             return Err(format!(
@@ -154,6 +173,9 @@ impl Driver {
             ));
         }
         report.pause_ms = paused_at.elapsed().as_millis() as u64;
+        crate::failpoint::pause("switch-paused").await;
+        j.step = Step::ReadOnly;
+        self.write_journal(set, &lock, &j).await?;
         // 2. The old primary read-only, and its last transaction.
         let bound = self.step_bound();
         let ro_at = Instant::now();
@@ -169,12 +191,13 @@ impl Driver {
         let pos = match pos {
             Ok(p) => p,
             Err(e) => {
-                self.undo(&from, &recs).await;
+                self.undo(set, &from, &recs).await;
                 return Err(format!(
                     "cannot make the old primary read-only: {e}; undone"
                 ));
             }
         };
+        crate::failpoint::pause("switch-read-only").await;
         // 3. The target applies it.
         let catchup = Duration::from_millis(self.cfg.catchup_timeout_ms);
         let caught = self
@@ -186,15 +209,43 @@ impl Driver {
             .await;
         report.catchup_ms = ro_at.elapsed().as_millis() as u64;
         if caught != Ok(true) {
-            self.undo(&from, &recs).await;
+            self.undo(set, &from, &recs).await;
             return Err(format!(
                 "{to} did not reach {pos} within {catchup:?} ({caught:?}); undone"
             ));
         }
+        // From here on the switch is finished, by this driver or the next.
+        j.step = Step::Promoting;
+        self.write_journal(set, &lock, &j).await?;
+        crate::failpoint::pause("switch-caught-up").await;
+        let problems = self.complete(set, &recs, &j, &lock).await?;
+        report.read_only_ms = ro_at.elapsed().as_millis() as u64;
+        report.ok = true;
+        if !problems.is_empty() {
+            report.error = Some(problems.join("; "));
+        }
+        tracing::info!(shards = ?set.shards, from, to, generation = g, read_only_ms = report.read_only_ms, "switched replica set");
+        Ok(())
+    }
+
+    /// The rest of a switch whose target has caught up with the read-only old primary
+    /// (`recs`: the paused records): the target promoted, the others repointed, the
+    /// shards served on it, the journal ended. A promotion that fails is undone. Returns
+    /// what went wrong without stopping the switch.
+    pub(super) async fn complete(
+        &self,
+        set: &SetLayout,
+        recs: &SetRecords,
+        j: &Journal,
+        lock: &Lock,
+    ) -> Result<Vec<String>, String> {
+        let (from, to, g) = (&j.from, &j.to, j.generation);
+        let bound = self.step_bound();
+        let semi = self.cfg.semi_sync;
         // 4. Promote it, and let the others replicate from it before anyone writes to
         // it (semi-sync waits for a replica that acknowledges).
         if let Err(e) = self
-            .admin(&to)
+            .admin(to)
             .with(bound, |c| Box::pin(srv::promote(c, semi)))
             .await
         {
@@ -202,39 +253,36 @@ impl Driver {
             let ch = self.cfg.channel();
             let old = from.clone();
             let back = self
-                .admin(&to)
+                .admin(to)
                 .with(bound, |c| {
                     Box::pin(async move { srv::follow(c, &old, &ch).await })
                 })
                 .await;
-            self.undo(&from, &recs).await;
+            self.undo(set, from, recs).await;
             return Err(format!(
                 "cannot promote {to}: {e}; undone (target back to a replica: {back:?})"
             ));
         }
-        let mut problems = self.repoint(set, &to, None, semi).await;
+        let mut problems = self.repoint(set, to, None, semi).await;
+        crate::failpoint::pause("switch-promoted").await;
+        // Still the set's driver? (One that lost its lock leaves the rest to the next.)
+        self.write_journal(set, lock, j).await?;
         // 5. Serve it.
         self.publish_final(
-            &recs,
+            set,
+            recs,
             PrimaryRecord {
                 addr: to.clone(),
-                region: t.region.clone(),
+                region: j.to_region.clone(),
                 generation: g,
                 state: PrimaryState::Serving,
             },
         )
         .await?;
-        let served = self.acks(&set.shards, "served", g, SERVED_WAIT).await;
-        report.read_only_ms = ro_at.elapsed().as_millis() as u64;
-        if !served {
+        if !self.acks(&set.shards, "served", g, SERVED_WAIT).await {
             problems.push(format!("not every shard was served within {SERVED_WAIT:?}"));
         }
-        report.ok = true;
-        if !problems.is_empty() {
-            report.error = Some(problems.join("; "));
-        }
-        tracing::info!(shards = ?set.shards, from, to, generation = g, read_only_ms = report.read_only_ms, "switched replica set");
-        Ok(())
+        Ok(problems)
     }
 
     /// Waits, at most `within`, until `to` has applied all but a few of `from`'s
@@ -288,8 +336,9 @@ impl Driver {
         }
     }
 
-    /// After a failed switch step: the old primary writable again, the shards served on it.
-    async fn undo(&self, from: &str, recs: &SetRecords) {
+    /// After a failed switch step: the old primary writable again, the shards served on
+    /// it, the journal ended.
+    pub(super) async fn undo(&self, set: &SetLayout, from: &str, recs: &SetRecords) {
         let r = self
             .admin(from)
             .with(self.step_bound(), |c| {
@@ -303,7 +352,10 @@ impl Driver {
             state: PrimaryState::Serving,
             ..recs.current.clone()
         };
-        if let Err(e) = self.publish(recs, back).await {
+        if let Err(e) = self
+            .publish_also(recs, back, vec![self.journal_end(set)])
+            .await
+        {
             tracing::error!(error = %e, "switch undo: cannot serve the shards again");
         }
     }

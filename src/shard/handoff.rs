@@ -20,20 +20,6 @@ use super::Command;
 use crate::model::{Item, ItemId, NewItem, Policy, ReadyKey, TopicName};
 use crate::store::{Handoff, ShardStore};
 
-/// Test builds: the pause the failpoint `name` asks for (its `return(MS)` action), for
-/// the worker to await: unlike the `sleep` action it leaves the runtime's threads free,
-/// so the rest of the host (a connection closing, say) goes on meanwhile.
-#[cfg(feature = "failpoints")]
-pub(super) async fn failpoint_pause(name: String) {
-    let pause = || -> Option<u64> {
-        fail::fail_point!(&name, |v| v.and_then(|s| s.parse().ok()));
-        None
-    };
-    if let Some(ms) = pause() {
-        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-    }
-}
-
 /// A row that may be handed: its place in the ready order, its INSERT group, its policy.
 type Candidate = (ReadyKey, usize, Policy);
 

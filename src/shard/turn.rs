@@ -22,7 +22,7 @@ impl<S: ShardStore> ShardWorker<S> {
         // blocks its thread; nothing without the `failpoints` feature): its shard must be
         // noticed as dead and reopened, or stuck and left behind.
         #[cfg(feature = "failpoints")]
-        super::handoff::failpoint_pause(format!("shard-{}-turn", self.id)).await;
+        crate::failpoint::pause(&format!("shard-{}-turn", self.id)).await;
         let mut enqueues = Vec::new();
         let mut acks = Vec::new();
         let mut nacks = Vec::new();
@@ -214,7 +214,7 @@ impl<S: ShardStore> ShardWorker<S> {
         self.plan_handoff(&mut inserts, now);
         #[cfg(feature = "failpoints")]
         if inserts.iter().any(|g| !g.handoff.keys.is_empty()) {
-            super::handoff::failpoint_pause(format!("shard-{}-handoff-planned", self.id)).await;
+            crate::failpoint::pause(&format!("shard-{}-handoff-planned", self.id)).await;
         }
         let store = self.store.clone();
         let nack_ops: Vec<&[super::NackOp]> = nacks.iter().map(|(n, _)| n.as_slice()).collect();
@@ -279,7 +279,7 @@ impl<S: ShardStore> ShardWorker<S> {
             .any(|(g, (r, _))| r.is_ok() && !g.handoff.keys.is_empty())
         {
             // Committed, not handed over yet.
-            super::handoff::failpoint_pause(format!("shard-{}-handoff-committed", self.id)).await;
+            crate::failpoint::pause(&format!("shard-{}-handoff-committed", self.id)).await;
         }
         for (group, r) in inserts.into_iter().zip(inserted) {
             self.finish_insert(group, r);

@@ -20,11 +20,17 @@ pub struct Cluster {
 }
 
 pub fn spawn_host(config: &Path, n: usize, port: Option<u16>) -> Proc {
+    spawn_host_with(config, n, port, &[])
+}
+
+/// [`spawn_host`], with `extra` in its environment.
+pub fn spawn_host_with(config: &Path, n: usize, port: Option<u16>, extra: &[(&str, &str)]) -> Proc {
     let env = [
         ("FOQS__SERVER__HOST_ID", format!("h{n}")),
         ("FOQS__CLUSTER__REGION", format!("r{n}")),
     ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.extend_from_slice(extra);
     match port {
         Some(p) => Proc::spawn_on(config, p, &env),
         None => Proc::spawn(config, &env),
