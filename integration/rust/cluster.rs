@@ -417,6 +417,117 @@ async fn a_forwarded_ack_whose_answer_was_lost_is_resolved_before_the_reply() {
     b.shutdown().await;
 }
 
+/// A nack and a touch forwarded to the shard's owner, each naming its lease, whose
+/// answers never came back (the owner's write was held past the forward's
+/// `peer_timeout_ms`, and then went through): the forwarding host resolves each before it
+/// replies (a nack again, which finds its own lease settled in the row; a touch again),
+/// and answers OK, not `UNAVAILABLE` `outcome_unknown`. A nack naming a lease that another
+/// nack settled stays `lease_ended`. (Before: both `UNAVAILABLE`, outcome unknown, for
+/// changes that were applied.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_nack_or_touch_whose_answer_was_lost_is_resolved_before_the_reply() {
+    use foqs::store::faulty::Fault;
+    use foqs::thrift_gen::{NackItem, TFoqsSyncClient, TouchItem, TouchRequest};
+    let db = TestDb::new(2);
+    let (pa, pb) = (free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] =
+        &[("a", pa, "default", &[0]), ("b", pb, "default", &[1])];
+    let mut cfg_a = host_config(&db.shards_toml(), "a", hosts, true, "");
+    cfg_a.cluster.peer_timeout_ms = 300;
+    let a = start(&cfg_a).await;
+    let faults = foqs::store::faulty::Faults::default();
+    let b = foqs::daemon::start_with_faults(
+        &host_config(&db.shards_toml(), "b", hosts, false, ""),
+        Arc::new(SystemClock),
+        std::collections::BTreeMap::from([(1, faults.clone())]),
+    )
+    .await
+    .expect("b starts");
+    let (a_addr, b_addr) = (a.addr, b.addr);
+    let delivered = move |topic: &'static str| {
+        tokio::task::spawn_blocking(move || {
+            let mut cb = Client::connect(b_addr, Proto::Binary);
+            let ids = cb.enqueue(vec![item("ns", topic, 0, b"x")]);
+            assert_eq!(owner_shard(&ids[0]), 1, "b writes its own shard");
+            let got = cb.dequeue("ns", topic, 1);
+            assert_eq!(got.len(), 1);
+            (ids[0].clone(), got[0].lease_id.expect("a lease id"))
+        })
+    };
+    // Held at b past a's timeout, then let through.
+    let held = |faults: foqs::store::faulty::Faults| async move {
+        faults.waiting().notified().await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        faults.release();
+    };
+
+    let (id, lease) = delivered("nacked").await.unwrap();
+    faults.arm("apply", Fault::Hold);
+    let nacking = {
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || {
+            Client::connect(a_addr, Proto::Binary).nack(vec![NackItem {
+                lease_id: Some(lease),
+                ..nack(&id, None, Some(b"m2"))
+            }])
+        })
+    };
+    held(faults.clone()).await;
+    let results = nacking.await.unwrap();
+    assert!(
+        results[0].error.is_none(),
+        "the nack was applied, so its answer is OK: {:?}",
+        results[0].error
+    );
+    let again = tokio::task::spawn_blocking(move || {
+        let mut cb = Client::connect(b_addr, Proto::Binary);
+        let got = cb.dequeue("ns", "nacked", 1);
+        // Delivered again: a nack of the first lease is still done (its row remembers);
+        // one naming a lease nobody settled is not.
+        let repeat = cb.nack(vec![NackItem {
+            lease_id: Some(lease),
+            ..nack(&id, None, None)
+        }]);
+        let other = cb.nack(vec![NackItem {
+            lease_id: Some(lease + 1_000_000),
+            ..nack(&id, None, None)
+        }]);
+        (got, repeat, other)
+    })
+    .await
+    .unwrap();
+    let (got, repeat, other) = again;
+    assert_eq!(got.len(), 1, "the nacked item is ready again");
+    assert_eq!(got[0].metadata.as_deref(), Some(&b"m2"[..]));
+    assert!(repeat[0].error.is_none(), "{:?}", repeat[0].error);
+    assert_eq!(code_of(&other[0].error), Some(ErrorCode::NOT_FOUND));
+
+    let (id, lease) = delivered("touched").await.unwrap();
+    faults.arm("apply", Fault::Hold);
+    let touching = tokio::task::spawn_blocking(move || {
+        Client::connect(a_addr, Proto::Binary).call(|c| {
+            c.touch(TouchRequest {
+                items: Some(vec![TouchItem {
+                    id: Some(id),
+                    extend_ms: Some(60_000),
+                    lease_id: Some(lease),
+                }]),
+                forwarded_by: None,
+                forwarded_for: None,
+            })
+        })
+    });
+    held(faults.clone()).await;
+    let results = touching.await.unwrap().expect("touch").results.unwrap();
+    assert!(
+        results[0].error.is_none(),
+        "the touch was applied, so its answer is OK: {:?}",
+        results[0].error
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// A peer that restarted closed the connections the forwarding host kept pooled to it:
 /// the next forwarded enqueue takes a fresh connection and succeeds. (Before: it was
 /// written into the closed one, read EOF, and answered UNAVAILABLE `outcome_unknown` for

@@ -284,3 +284,30 @@ async fn a_shard_of_a_newer_schema_refuses_to_open() {
     }
     store.close().await;
 }
+
+/// A shard made by a build before `settled_token` (the lease a consumer's nack last
+/// settled) gains the column when this build opens it, and its rows read 0 (no nack
+/// settled): the column is added in place, not a new schema version, so an earlier build
+/// keeps working with the table too (it never names the column).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_of_an_earlier_build_gains_the_settled_token_column() {
+    let db = TestDb::mysql(1);
+    let store = MySqlStore::new(0, &db.url(0), 1).unwrap();
+    store.open().await.unwrap();
+    store.close().await;
+    exec(&db, "ALTER TABLE items DROP COLUMN settled_token").await;
+    let store = MySqlStore::new(0, &db.url(0), 1).unwrap();
+    store.open().await.expect("opens, adding the column");
+    store.close().await;
+    let mut conn = mysql_async::Conn::from_url(db.url(0)).await.unwrap();
+    use mysql_async::prelude::*;
+    let n: Option<i64> = conn
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.columns
+             WHERE table_schema = DATABASE() AND table_name = 'items' AND column_name = 'settled_token'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, Some(1));
+    let _ = conn.disconnect().await;
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::shard as faulty;
 use common::*;
-use foqs::model::{NewItem, TopicName};
+use foqs::model::{ItemState, NewItem, TopicName};
 use foqs::shard::{AckOp, NackOp, Settled, ShardHandle, WorkerConfig};
 use foqs::store::faulty::{Fault, Faults};
 
@@ -101,6 +101,76 @@ async fn an_ack_that_committed_is_answered_done_whatever_its_store_said() {
         vec![Settled::Done]
     );
     assert_eq!(db.count("1").await, 0);
+    shard.shutdown().await;
+    worker.await.unwrap();
+}
+
+/// Issue 32: a nack naming its lease whose UPDATE committed and whose answer was lost is,
+/// retried, done: the row records the lease a consumer's nack settled, so the retry knows
+/// its first try applied, even once the item was delivered again. A nack whose UPDATE
+/// failed before committing applies on its retry. A nack naming a lease nobody settled is
+/// `lease_ended`. (Before: the retry answered `NOT_FOUND`, and the client could not tell
+/// done from not done.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_that_committed_is_done_when_retried_even_after_the_next_delivery() {
+    let db = TestDb::mysql(1);
+    let (shard, worker, faults) = start(&db).await;
+    let nack_of = |key: u64, lease: i64, to_dlq: bool| NackOp {
+        key,
+        delay_ms: 0,
+        metadata: None,
+        to_dlq,
+        lease_id: Some(lease),
+    };
+    let first = delivered(&shard, "n").await;
+    let (key, lease) = (first.id.key, first.lease_token);
+    faults.arm("apply", Fault::FailAfterCommit);
+    assert!(
+        shard.nack(vec![nack_of(key, lease, false)]).await.is_err(),
+        "the store said it timed out"
+    );
+    // Delivered again (the nack had applied), then the first nack retried: done.
+    let keys = shard.peek(topic("n"), 10).await.unwrap();
+    let claimed = shard.claim(topic("n"), keys).await.unwrap();
+    let second = shard.hand_out(claimed).remove(0);
+    assert_eq!(second.id.key, key);
+    assert_ne!(second.lease_token, lease);
+    assert_eq!(
+        shard.nack(vec![nack_of(key, lease, false)]).await.unwrap(),
+        vec![Settled::Done]
+    );
+    // And it did not touch the second delivery's lease.
+    assert_eq!(
+        shard
+            .nack(vec![nack_of(key, lease + 1_000_000, false)])
+            .await
+            .unwrap(),
+        vec![Settled::LeaseEnded]
+    );
+    assert_eq!(
+        shard
+            .nack(vec![nack_of(key, second.lease_token, true)])
+            .await
+            .unwrap(),
+        vec![Settled::Done],
+        "the second delivery's own nack (to the dead letters) settles it"
+    );
+    // Failed before committing: not applied, and its retry applies it.
+    let third = delivered(&shard, "m").await;
+    faults.arm("apply", Fault::FailBefore);
+    assert!(shard
+        .nack(vec![nack_of(third.id.key, third.lease_token, false)])
+        .await
+        .is_err());
+    assert_eq!(db.count_in(ItemState::Leased, "").await, 1);
+    assert_eq!(
+        shard
+            .nack(vec![nack_of(third.id.key, third.lease_token, false)])
+            .await
+            .unwrap(),
+        vec![Settled::Done]
+    );
+    assert_eq!(db.count_in(ItemState::Leased, "").await, 0);
     shard.shutdown().await;
     worker.await.unwrap();
 }

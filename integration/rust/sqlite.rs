@@ -152,3 +152,35 @@ async fn a_full_queue_of_reads_is_a_busy_error_not_a_wait() {
     assert_eq!(ok + busy, 1_000);
     s.close().await;
 }
+
+/// A file made by a build before `settled_token` gains the column when this build opens
+/// it (see `migrate.rs`'s MySQL twin), with its rows at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_of_an_earlier_build_gains_the_settled_token_column() {
+    let db = TestDb::sqlite(1);
+    let s = opened(&db).await;
+    fill(&s, "old", 1, 3).await;
+    s.close().await;
+    let path = db.url(0).strip_prefix("sqlite://").unwrap().to_string();
+    let has = |c: &rusqlite::Connection| -> i64 {
+        c.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('items') WHERE name = 'settled_token'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("ALTER TABLE items DROP COLUMN settled_token")
+            .unwrap();
+        assert_eq!(has(&c), 0);
+    }
+    let s = opened(&db).await;
+    let rows = s.lookup(&[1, 2, 3]).await.unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|m| m.settled_token == 0));
+    s.close().await;
+    let c = rusqlite::Connection::open(&path).unwrap();
+    assert_eq!(has(&c), 1);
+}

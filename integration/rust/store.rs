@@ -225,17 +225,20 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
                 lease: 6,
                 deliver_after_ms: None,
                 metadata: Some(b"late".to_vec()),
+                by_consumer: true,
             },
             Change::Ready {
                 key: 3,
                 lease: 6,
                 deliver_after_ms: None,
                 metadata: None,
+                by_consumer: true,
             },
             Change::Dead {
                 key: 3,
                 lease: 6,
                 at_ms: NOW,
+                by_consumer: false,
             },
             Change::Extend {
                 key: 3,
@@ -259,6 +262,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
             lease: 7,
             deliver_after_ms: Some(NOW + 300),
             metadata: Some(b"m2".to_vec()),
+            by_consumer: true,
         }],
         NOW,
     )
@@ -269,6 +273,8 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         (m.state, m.deliver_after_ms, m.next_event_ms),
         (ItemState::Ready, NOW + 300, Some(NOW + 300))
     );
+    // A consumer's nack records the lease it settled (a retry of it is answered done).
+    assert_eq!(m.settled_token, 7);
     assert_eq!(
         keys(&s.ready_keys("a", "t", None, NOW, 10).await.unwrap()),
         vec![2, 1]
@@ -282,6 +288,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
             lease: 0,
             deliver_after_ms: Some(NOW + 9_999),
             metadata: None,
+            by_consumer: true,
         }],
         NOW,
     )
@@ -297,11 +304,13 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
                 key: 1,
                 lease: 9,
                 at_ms: NOW + 5,
+                by_consumer: false,
             },
             Change::Dead {
                 key: 6,
                 lease: 9,
                 at_ms: NOW + 6,
+                by_consumer: true,
             },
         ],
         NOW,
@@ -313,6 +322,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
             key: 2,
             lease: 0,
             at_ms: NOW,
+            by_consumer: false,
         }],
         NOW,
     )
@@ -331,6 +341,10 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         vec![(1, NOW + 5)]
     );
     assert_eq!(s.topic_snapshot("a", "t", NOW).await.unwrap().dead, 1);
+    // Only a consumer's dead-lettering records the lease it settled; the lease's own end
+    // (attempts used up) does not.
+    assert_eq!(meta(&s, 1).await.unwrap().settled_token, 0);
+    assert_eq!(meta(&s, 6).await.unwrap().settled_token, 9);
     s.apply(&[Change::Revive { key: 1 }], NOW).await.unwrap();
     let m = meta(&s, 1).await.unwrap();
     assert_eq!((m.state, m.delivery_count), (ItemState::Ready, 0));
@@ -617,6 +631,7 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
                     lease: 7,
                     deliver_after_ms: None,
                     metadata: None,
+                    by_consumer: true,
                 }],
                 NOW,
             )
@@ -763,6 +778,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
             lease: 10,
             deliver_after_ms: None,
             metadata: Some(m2.clone()),
+            by_consumer: true,
         }],
         NOW,
     )
@@ -796,6 +812,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
             lease: 12,
             deliver_after_ms: None,
             metadata: None,
+            by_consumer: true,
         }],
         NOW + 9_000,
     )
@@ -814,6 +831,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
             key: 3,
             lease: 14,
             at_ms: NOW,
+            by_consumer: false,
         }],
         NOW,
     )
@@ -1247,6 +1265,7 @@ async fn a_new_worker_does_not_use_an_earlier_workers_rows() {
         lease: 5,
         deliver_after_ms: None,
         metadata: Some(b"new".to_vec()),
+        by_consumer: true,
     };
     elsewhere.apply(&[nack], NOW).await.unwrap();
     elsewhere.close().await;

@@ -1,6 +1,6 @@
-//! Forwarded acks whose outcome is in doubt: the call went out to the shard's owner and
-//! no answer came back (the owner died or was cut off mid-call), so the owner may have
-//! deleted the items. Answering `UNAVAILABLE` ("nothing was applied; retry") would be
+//! Acks (and below, nacks and touches) whose outcome is in doubt: the call went out to
+//! the shard's owner, or to its store, and no answer came back (the owner died or was
+//! cut off mid-call, the connection broke at commit), so the items may be deleted. Answering `UNAVAILABLE` ("nothing was applied; retry") would be
 //! wrong when it did, and its retry would get `NOT_FOUND`: the client could not tell
 //! done from not done. So the forwarding host resolves the outcome before it replies:
 //! it acks those items again, through whichever host serves their shards now (the
@@ -17,28 +17,84 @@
 //!   the shard moves): tried again;
 //! - still no owner, or in doubt again, when the bound passes: `UNAVAILABLE`, with the
 //!   message saying the outcome is unknown.
+//!
+//! Nacks and touches in doubt are resolved the same way, when they name their delivery
+//! (`lease_id`; one that does not could, retried, settle the next delivery's lease):
+//! - a nack: done now, or already (the row's `settled_token` is this lease: its first
+//!   try applied, whatever became of the item since), or the item is gone (finished:
+//!   this delivery's nack has nothing left to release): OK; `lease_ended` (the row is
+//!   there on another lease, or ready or dead and settled by another lease): that answer,
+//!   certain. (One case stays wrong: the item nacked by this try, delivered again and
+//!   nacked by that delivery too, all before the retry: `lease_ended`.)
+//! - a touch: done now: OK; `NOT_FOUND` or `lease_ended`: that answer, certain for what
+//!   matters (the lease is over now, whatever the first try did).
 
 use std::time::Instant;
 
+use futures::future::BoxFuture;
+
 use super::host::Host;
-use super::{AckRequestItem, Caller};
-use crate::error::{ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result};
 
 /// Between tries: the shard's next owner appears within a poll of the shard manager.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// The call whose doubt is resolved: what its retry's answers mean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Resolving {
+    Ack,
+    Nack,
+    Touch,
+}
+
+/// What one retry's answer says of the first try.
+enum Verdict {
+    Certain(Result<()>),
+    Again,
+}
+
+fn judge(call: Resolving, r: Result<()>) -> Verdict {
+    let gone = |e: &Error| {
+        e.code == ErrorCode::NotFound
+            && e.message.contains(ITEM_NOT_FOUND)
+            && !e.message.contains(LEASE_ENDED)
+    };
+    match r {
+        Ok(()) => Verdict::Certain(Ok(())),
+        // No owner yet, in doubt again, or two hosts' views of the shard's owner disagree
+        // while it moves: again.
+        Err(e) if e.in_doubt || matches!(e.code, ErrorCode::Unavailable | ErrorCode::WrongHost) => {
+            Verdict::Again
+        }
+        // The item is gone (not: another lease; not: an unknown shard).
+        Err(e) if gone(&e) && call != Resolving::Touch => Verdict::Certain(Ok(())),
+        // A certain refusal of this try (the item on another lease, or, for a touch, no
+        // lease at all): the first try was not applied either (or, for a touch, its lease
+        // is over anyway).
+        Err(e) if e.code == ErrorCode::NotFound => Verdict::Certain(Err(e)),
+        // Anything else says nothing of the first try: still in doubt.
+        Err(mut e) => {
+            e.in_doubt = true;
+            Verdict::Certain(Err(e))
+        }
+    }
+}
+
 impl Host {
-    /// Resolves the in-doubt results among `results` (see the module's notes), in place.
-    pub(super) async fn resolve_in_doubt_acks(
-        &self,
-        caller: &Caller,
-        items: &[AckRequestItem],
+    /// Resolves the in-doubt results among `results` (see the module's notes), in place:
+    /// `retry` runs the call again for the items at the positions it is given. Only
+    /// acks, and nacks and touches that name their lease (`named`), are retried.
+    pub(super) async fn resolve_in_doubt<'a>(
+        &'a self,
+        call: Resolving,
+        named: &[bool],
         results: &mut [Result<()>],
-        may_forward: bool,
+        retry: impl Fn(Vec<usize>) -> BoxFuture<'a, Vec<Result<()>>>,
     ) {
         let deadline = Instant::now() + self.cluster.settings.in_doubt_max;
-        let mut open: Vec<usize> = (0..items.len())
+        let mut open: Vec<usize> = (0..results.len())
             .filter(|&i| results[i].as_ref().is_err_and(|e| e.in_doubt))
+            .filter(|&i| call == Resolving::Ack || named[i])
             .collect();
         let mut tries = 0u32;
         while !open.is_empty() && Instant::now() < deadline {
@@ -46,54 +102,29 @@ impl Host {
                 tokio::time::sleep(RETRY_EVERY).await;
             }
             tries += 1;
-            let sub: Vec<AckRequestItem> = open.iter().map(|&i| items[i].clone()).collect();
             // Each try within what is left of the bound (a try can take a store's or a
             // peer's whole timeout).
             let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(again) =
-                tokio::time::timeout(left, self.ack_once(caller, &sub, may_forward)).await
-            else {
+            let Ok(again) = tokio::time::timeout(left, retry(open.clone())).await else {
                 break;
             };
             let mut still = Vec::new();
             for (i, r) in open.into_iter().zip(again) {
-                match r {
-                    Ok(()) => results[i] = Ok(()),
-                    // The item is gone (not: another lease; not: an unknown shard).
-                    Err(e)
-                        if e.code == ErrorCode::NotFound
-                            && e.message.contains(ITEM_NOT_FOUND)
-                            && !e.message.contains(LEASE_ENDED) =>
-                    {
-                        results[i] = Ok(())
-                    }
-                    // No owner yet, in doubt again, or two hosts' views of the shard's
-                    // owner disagree while it moves: again.
-                    Err(e)
-                        if e.in_doubt
-                            || matches!(e.code, ErrorCode::Unavailable | ErrorCode::WrongHost) =>
-                    {
-                        still.push(i)
-                    }
-                    // A certain refusal of this try (the item on another lease): the
-                    // first try was not applied either.
-                    Err(e) if e.code == ErrorCode::NotFound => results[i] = Err(e),
-                    // Anything else says nothing of the first try: still in doubt.
-                    Err(mut e) => {
-                        e.in_doubt = true;
-                        results[i] = Err(e)
-                    }
+                match judge(call, r) {
+                    Verdict::Certain(r) => results[i] = r,
+                    Verdict::Again => still.push(i),
                 }
             }
             open = still;
         }
         if open.is_empty() {
-            tracing::info!(tries, "forwarded acks in doubt resolved");
+            tracing::info!(?call, tries, "calls in doubt resolved");
         } else {
             tracing::warn!(
+                ?call,
                 unresolved = open.len(),
                 tries,
-                "forwarded acks still in doubt at the bound: answered UNAVAILABLE, outcome unknown"
+                "calls still in doubt at the bound: answered UNAVAILABLE, outcome unknown"
             );
         }
     }

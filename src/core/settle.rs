@@ -7,7 +7,7 @@ use futures::future::{join_all, BoxFuture};
 
 use super::access::{denied, Caller, Kind};
 use super::host::{check_batch, Host, ShardMap};
-use super::in_doubt::LEASE_ENDED;
+use super::in_doubt::{Resolving, LEASE_ENDED};
 use super::peers::Forwarded;
 use super::validate::{check_duration, limits};
 use super::{AckRequestItem, NackRequestItem, TouchRequestItem};
@@ -254,8 +254,13 @@ impl Host {
                 .iter()
                 .any(|r| r.as_ref().is_err_and(|e| e.in_doubt))
         {
-            self.resolve_in_doubt_acks(&caller, &items, &mut results, may_forward)
-                .await;
+            let caller = &caller;
+            let items = &items;
+            self.resolve_in_doubt(Resolving::Ack, &[], &mut results, |at| {
+                let sub: Vec<AckRequestItem> = at.iter().map(|&i| items[i].clone()).collect();
+                Box::pin(async move { self.ack_once(caller, &sub, may_forward).await })
+            })
+            .await;
         }
         Ok(results)
     }
@@ -293,6 +298,7 @@ impl Host {
     }
 
     /// Makes each leased item ready again after its delay, with new metadata when given.
+    /// One in doubt that names its lease is resolved before the reply (see `in_doubt`).
     pub async fn nack(
         &self,
         caller: &Caller,
@@ -301,7 +307,26 @@ impl Host {
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let caller = &caller;
+        let mut results = self.nack_once(&caller, &items, may_forward).await;
+        if forwarded.0.is_none() {
+            let named: Vec<bool> = items.iter().map(|i| i.lease_id.is_some()).collect();
+            let (caller, items) = (&caller, &items);
+            self.resolve_in_doubt(Resolving::Nack, &named, &mut results, |at| {
+                let sub: Vec<NackRequestItem> = at.iter().map(|&i| items[i].clone()).collect();
+                Box::pin(async move { self.nack_once(caller, &sub, may_forward).await })
+            })
+            .await;
+        }
+        Ok(results)
+    }
+
+    /// One pass of [`Host::nack`].
+    async fn nack_once(
+        &self,
+        caller: &Caller,
+        items: &[NackRequestItem],
+        may_forward: bool,
+    ) -> Vec<Result<()>> {
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| items[p].clone()).collect();
@@ -327,33 +352,33 @@ impl Host {
                 (it.id, ok)
             })
             .collect();
-        Ok(self
-            .settle(
-                checked,
-                (caller, Kind::Consume),
-                |shard, nacks| async move {
-                    shard
-                        .nack(
-                            nacks
-                                .into_iter()
-                                .map(|(key, (delay_ms, metadata, to_dlq, lease_id))| NackOp {
-                                    key,
-                                    delay_ms,
-                                    metadata,
-                                    to_dlq,
-                                    lease_id,
-                                })
-                                .collect(),
-                        )
-                        .await
-                },
-                remote,
-            )
-            .await)
+        self.settle(
+            checked,
+            (caller, Kind::Consume),
+            |shard, nacks| async move {
+                shard
+                    .nack(
+                        nacks
+                            .into_iter()
+                            .map(|(key, (delay_ms, metadata, to_dlq, lease_id))| NackOp {
+                                key,
+                                delay_ms,
+                                metadata,
+                                to_dlq,
+                                lease_id,
+                            })
+                            .collect(),
+                    )
+                    .await
+            },
+            remote,
+        )
+        .await
     }
 
     /// Extends the leases of items still leased to now + `extend_ms`; an item that is not
-    /// leased (acked, expired, never delivered) gets `NOT_FOUND`.
+    /// leased (acked, expired, never delivered) gets `NOT_FOUND`. One in doubt that names
+    /// its lease is resolved before the reply (see `in_doubt`).
     pub async fn touch(
         &self,
         caller: &Caller,
@@ -362,7 +387,26 @@ impl Host {
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let caller = &caller;
+        let mut results = self.touch_once(&caller, &items, may_forward).await;
+        if forwarded.0.is_none() {
+            let named: Vec<bool> = items.iter().map(|i| i.lease_id.is_some()).collect();
+            let (caller, items) = (&caller, &items);
+            self.resolve_in_doubt(Resolving::Touch, &named, &mut results, |at| {
+                let sub: Vec<TouchRequestItem> = at.iter().map(|&i| items[i].clone()).collect();
+                Box::pin(async move { self.touch_once(caller, &sub, may_forward).await })
+            })
+            .await;
+        }
+        Ok(results)
+    }
+
+    /// One pass of [`Host::touch`].
+    async fn touch_once(
+        &self,
+        caller: &Caller,
+        items: &[TouchRequestItem],
+        may_forward: bool,
+    ) -> Vec<Result<()>> {
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| items[p].clone()).collect();
@@ -381,24 +425,23 @@ impl Host {
                 (it.id, ok)
             })
             .collect();
-        Ok(self
-            .settle(
-                checked,
-                (caller, Kind::Consume),
-                |shard, ops| async move {
-                    let ops = ops
-                        .into_iter()
-                        .map(|(key, (extend_ms, lease_id))| TouchOp {
-                            key,
-                            extend_ms,
-                            lease_id,
-                            in_reply: false,
-                        })
-                        .collect();
-                    shard.touch(ops).await
-                },
-                remote,
-            )
-            .await)
+        self.settle(
+            checked,
+            (caller, Kind::Consume),
+            |shard, ops| async move {
+                let ops = ops
+                    .into_iter()
+                    .map(|(key, (extend_ms, lease_id))| TouchOp {
+                        key,
+                        extend_ms,
+                        lease_id,
+                        in_reply: false,
+                    })
+                    .collect();
+                shard.touch(ops).await
+            },
+            remote,
+        )
+        .await
     }
 }

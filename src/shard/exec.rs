@@ -256,7 +256,27 @@ pub(super) async fn nack_exec<S: ShardStore>(
         .iter()
         .flat_map(|n| n.iter().map(|op| op.key))
         .collect();
-    let mut leased = leased(store, &keys).await.map_err(|e| (e, Some(vec![])))?;
+    let rows: HashMap<u64, ItemMeta> = store
+        .lookup(&keys)
+        .await
+        .map_err(|e| (e, Some(vec![])))?
+        .into_iter()
+        .map(|m| (m.key, m))
+        .collect();
+    // A nack naming a lease that a consumer's nack already settled (this one's first
+    // try, whose answer was lost): done, whatever became of the item since.
+    let already = |key: &u64, lease_id: &Option<i64>| {
+        lease_id.is_some_and(|id| {
+            rows.get(key).is_some_and(|m| {
+                m.settled_token == id && !(m.state == ItemState::Leased && m.lease_token == id)
+            })
+        })
+    };
+    let mut leased: HashMap<u64, ItemMeta> = rows
+        .iter()
+        .filter(|(_, m)| m.state == ItemState::Leased)
+        .map(|(k, m)| (*k, m.clone()))
+        .collect();
     let mut changes = Vec::new();
     let mut readied = Vec::new();
     let mut touched = Vec::new();
@@ -272,6 +292,16 @@ pub(super) async fn nack_exec<S: ShardStore>(
             lease_id,
         } in nacks.iter()
         {
+            if already(key, lease_id) {
+                out.push(Settled::Done);
+                continue;
+            }
+            // Named, there, not leased: that lease ended (not "not found": the item is
+            // not finished, and the resolution of a nack in doubt tells the two apart).
+            if lease_id.is_some() && rows.get(key).is_some_and(|m| m.state != ItemState::Leased) {
+                out.push(Settled::LeaseEnded);
+                continue;
+            }
             if let Err(s) = held(&leased, unheld, *key, *lease_id, now) {
                 out.push(s);
                 continue;
@@ -284,6 +314,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
                     key: *key,
                     lease: m.lease_token,
                     at_ms: now,
+                    by_consumer: true,
                 });
                 moves.push((m.ns.clone(), m.topic.clone(), ItemState::Dead, 0));
             } else {
@@ -299,6 +330,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
                     lease: m.lease_token,
                     deliver_after_ms: Some(deliver_after_ms),
                     metadata: metadata.clone(),
+                    by_consumer: true,
                 });
                 if deliver_after_ms <= now {
                     let k = ReadyKey {

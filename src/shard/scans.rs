@@ -217,6 +217,7 @@ impl<S: ShardStore> ShardWorker<S> {
                             key: m.key,
                             lease: m.lease_token,
                             at_ms: now,
+                            by_consumer: false,
                         });
                         moves.push((
                             m.ns.clone(),
@@ -230,6 +231,7 @@ impl<S: ShardStore> ShardWorker<S> {
                             lease: m.lease_token,
                             deliver_after_ms: None,
                             metadata: None,
+                            by_consumer: false,
                         });
                         readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
                         let to = Some((ItemState::Ready, m.deliver_after_ms));

@@ -82,6 +82,9 @@ pub struct ItemMeta {
     pub lease_token: i64,
     /// Where the row sits on the timer index (see [`next_event`]).
     pub next_event_ms: Option<i64>,
+    /// The lease a consumer's nack or dead-lettering last settled (0: none); lease
+    /// expiry and the host's own releases leave it alone.
+    pub settled_token: i64,
 }
 
 impl ItemMeta {
@@ -108,6 +111,9 @@ pub enum Change {
         lease: i64,
         deliver_after_ms: Option<i64>,
         metadata: Option<Vec<u8>>,
+        /// A consumer's nack (the row's `settled_token` becomes `lease`), not the
+        /// lease's end.
+        by_consumer: bool,
     },
     /// A leased row whose attempts are exhausted (or nacked to the dead letters): kept,
     /// never delivered, until requeued or purged.
@@ -115,6 +121,8 @@ pub enum Change {
         key: u64,
         lease: i64,
         at_ms: i64,
+        /// As for `Ready`.
+        by_consumer: bool,
     },
     /// A dead row ready again at its old place, its delivery count reset.
     Revive {

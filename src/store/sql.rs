@@ -299,32 +299,52 @@ fn on_lease(rows: &[(u64, i64)]) -> String {
 /// The fewest statements that apply `changes` at `now`: one per kind of change (and per
 /// new time), except that a change carrying metadata updates its row alone.
 pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<Statement> {
+    // A consumer's nack or dead-lettering also records the lease it settled (assigned
+    // first: MySQL assigns left to right, SQLite from the old row, so both read the
+    // lease before it is cleared).
+    let settle = |by_consumer: bool| {
+        if by_consumer {
+            "UPDATE items SET settled_token = lease_token, "
+        } else {
+            "UPDATE items SET "
+        }
+    };
+    let ready = |by_consumer: bool| format!("{}state = 0, lease_token = 0", settle(by_consumer));
     const READY: &str = "UPDATE items SET state = 0, lease_token = 0";
     let ttl = ttl_timer(dialect, now);
     let mut deletes = Vec::new();
-    let mut dead: BTreeMap<i64, Vec<(u64, i64)>> = BTreeMap::new();
+    let mut dead: BTreeMap<(i64, bool), Vec<(u64, i64)>> = BTreeMap::new();
     let mut revived = Vec::new();
-    let mut keep_place = Vec::new();
-    let mut at: BTreeMap<i64, Vec<(u64, i64)>> = BTreeMap::new();
+    let mut keep_place: BTreeMap<bool, Vec<(u64, i64)>> = BTreeMap::new();
+    let mut at: BTreeMap<(i64, bool), Vec<(u64, i64)>> = BTreeMap::new();
     let mut released: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
     let mut extended: BTreeMap<i64, Vec<(u64, i64)>> = BTreeMap::new();
     let mut timers: BTreeMap<Option<i64>, Vec<u64>> = BTreeMap::new();
     let mut out: Vec<Statement> = Vec::new();
     // A nack to `t`: deferred until then, or ready at once at `t`.
-    let ready_at = |t: i64| {
+    let ready_at = |t: i64, by_consumer: bool| {
         let timer = if t > now {
             timer_at(&t.to_string(), now)
         } else {
             ttl.clone()
         };
-        format!("{READY}, deliver_after_ms = {t}, next_event_ms = {timer}")
+        format!(
+            "{}, deliver_after_ms = {t}, next_event_ms = {timer}",
+            ready(by_consumer)
+        )
     };
     for c in changes {
         match c {
             Change::Delete { key } => deletes.push(*key),
-            Change::Dead { key, lease, at_ms } => {
-                dead.entry(*at_ms).or_default().push((*key, *lease))
-            }
+            Change::Dead {
+                key,
+                lease,
+                at_ms,
+                by_consumer,
+            } => dead
+                .entry((*at_ms, *by_consumer))
+                .or_default()
+                .push((*key, *lease)),
             Change::Revive { key } => revived.push(*key),
             Change::Release { key, token } => released.entry(*token).or_default().push(*key),
             Change::Extend {
@@ -341,22 +361,31 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
                 lease,
                 deliver_after_ms: None,
                 metadata: None,
-            } => keep_place.push((*key, *lease)),
+                by_consumer,
+            } => keep_place
+                .entry(*by_consumer)
+                .or_default()
+                .push((*key, *lease)),
             Change::Ready {
                 key,
                 lease,
                 deliver_after_ms: Some(t),
                 metadata: None,
-            } => at.entry(*t).or_default().push((*key, *lease)),
+                by_consumer,
+            } => at
+                .entry((*t, *by_consumer))
+                .or_default()
+                .push((*key, *lease)),
             Change::Ready {
                 key,
                 lease,
                 deliver_after_ms,
                 metadata: Some(m),
+                by_consumer,
             } => {
                 let set = match deliver_after_ms {
-                    Some(t) => ready_at(*t),
-                    None => format!("{READY}, next_event_ms = {ttl}"),
+                    Some(t) => ready_at(*t, *by_consumer),
+                    None => format!("{}, next_event_ms = {ttl}", ready(*by_consumer)),
                 };
                 let mut sql = format!("{set}, metadata = ");
                 push_hex(&mut sql, m);
@@ -369,14 +398,19 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
         }
     }
     let mut push = |sql: String| out.push(sql);
-    if !keep_place.is_empty() {
+    for (by_consumer, keys) in keep_place {
         push(format!(
-            "{READY}, next_event_ms = {ttl} WHERE {}",
-            on_lease(&keep_place)
+            "{}, next_event_ms = {ttl} WHERE {}",
+            ready(by_consumer),
+            on_lease(&keys)
         ));
     }
-    for (t, keys) in at {
-        push(format!("{} WHERE {}", ready_at(t), on_lease(&keys)));
+    for ((t, by_consumer), keys) in at {
+        push(format!(
+            "{} WHERE {}",
+            ready_at(t, by_consumer),
+            on_lease(&keys)
+        ));
     }
     for (until, keys) in extended {
         push(format!(
@@ -392,10 +426,11 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
             key_list(&keys)
         ));
     }
-    for (at_ms, keys) in dead {
+    for ((at_ms, by_consumer), keys) in dead {
         push(format!(
-            "UPDATE items SET state = 2, lease_token = 0, died_at_ms = {at_ms}, next_event_ms = {ttl}
+            "{}state = 2, lease_token = 0, died_at_ms = {at_ms}, next_event_ms = {ttl}
              WHERE {}",
+            settle(by_consumer),
             on_lease(&keys)
         ));
     }

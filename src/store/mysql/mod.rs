@@ -43,9 +43,9 @@ use crate::model::{
 };
 
 const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token, lease_ms";
-const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup";
+const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup, settled_token";
 /// Every column of `items` at this schema version, to check a table at open.
-const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_event_ms, died_at_ms, enqueued_at_ms, lease_ms, lease_expires_ms, lease_token, expires_at_ms, policy, max_attempts, delivery_count, has_dedup, payload, metadata";
+const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_event_ms, died_at_ms, enqueued_at_ms, lease_ms, lease_expires_ms, lease_token, expires_at_ms, policy, max_attempts, delivery_count, has_dedup, payload, metadata, settled_token";
 
 pub struct MySqlStore {
     shard: ShardId,

@@ -57,6 +57,7 @@ impl MySqlStore {
                 // 0 is MySQL's spelling of no event (`Dialect::no_event`); NULL is an
                 // older row's.
                 next_event_ms: column::<Option<i64>>(&mut row, 11)?.filter(|t| *t != 0),
+                settled_token: column(&mut row, 13)?,
             },
             has_dedup != 0,
         ))

@@ -41,6 +41,7 @@ fn items_ddl(name: &str) -> String {
         has_dedup TINYINT NOT NULL DEFAULT 0,
         payload BLOB NOT NULL,
         metadata BLOB NOT NULL,
+        settled_token BIGINT NOT NULL DEFAULT 0,
         KEY ready_order (tid, state, priority, deliver_after_ms, id),
         KEY timer (next_event_ms)
     ) ENGINE=InnoDB"
@@ -66,6 +67,11 @@ const DEDUP: &str = "CREATE TABLE IF NOT EXISTS dedup (
         PRIMARY KEY (tid, dedup_key),
         KEY item (id)
     ) ENGINE=InnoDB";
+
+/// The lease a consumer's nack or dead-lettering last settled (0: none): a nack retried
+/// after its first try's outcome was lost is answered done from it, even once the item
+/// was delivered again (see `shard::exec::nack_exec`).
+const SETTLED_TOKEN: &str = "ALTER TABLE items ADD COLUMN settled_token BIGINT NOT NULL DEFAULT 0";
 
 const META: &str = "CREATE TABLE IF NOT EXISTS foqs_meta (
         name VARBINARY(64) NOT NULL PRIMARY KEY,
@@ -132,6 +138,11 @@ pub(super) async fn prepare(conn: &mut Conn, shard: ShardId, database: &str) -> 
                  run the newer build, or drop the database"
             )))
         }
+    }
+    // Added in place to tables of earlier builds (instant on MariaDB, and they go on
+    // working with it: they never name it).
+    if !has_column(conn, "items", "settled_token").await? {
+        conn.query_drop(SETTLED_TOKEN).await?;
     }
     // Catch tables created by a development build with other columns now, with a clear
     // message, rather than at the first write.

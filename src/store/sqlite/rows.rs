@@ -11,7 +11,7 @@ use crate::store::topics::TopicIds;
 use crate::store::{ItemMeta, StoreResult};
 
 pub(super) const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token, lease_ms";
-pub(super) const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup";
+pub(super) const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup, settled_token";
 /// What the row readers need, owned, so that a job can take it to the shard's thread.
 #[derive(Clone)]
 pub(super) struct Rows {
@@ -67,6 +67,7 @@ impl Rows {
                 expires_at_ms: r.get(9)?,
                 lease_token: r.get(10)?,
                 next_event_ms: r.get(11)?,
+                settled_token: r.get(13)?,
             },
             r.get::<_, i64>(12)? != 0,
         ))

@@ -39,7 +39,8 @@ const SCHEMA: &str = "
         delivery_count INTEGER NOT NULL DEFAULT 0,
         has_dedup INTEGER NOT NULL DEFAULT 0,
         payload BLOB NOT NULL,
-        metadata BLOB NOT NULL
+        metadata BLOB NOT NULL,
+        settled_token INTEGER NOT NULL DEFAULT 0
     );
     CREATE INDEX IF NOT EXISTS ready_order ON items (tid, state, priority, deliver_after_ms, id);
     CREATE INDEX IF NOT EXISTS timer ON items (next_event_ms) WHERE next_event_ms IS NOT NULL;
@@ -56,7 +57,7 @@ const SCHEMA: &str = "
     );";
 
 /// Every column of `items` at this schema version, to check a file at open.
-const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_event_ms, died_at_ms, enqueued_at_ms, lease_ms, lease_expires_ms, lease_token, expires_at_ms, policy, max_attempts, delivery_count, has_dedup, payload, metadata";
+const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_event_ms, died_at_ms, enqueued_at_ms, lease_ms, lease_expires_ms, lease_token, expires_at_ms, policy, max_attempts, delivery_count, has_dedup, payload, metadata, settled_token";
 
 pub(super) fn meta_get(conn: &Connection, name: &str) -> StoreResult<Option<i64>> {
     use rusqlite::OptionalExtension;
@@ -87,6 +88,21 @@ pub(super) fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
             Ok(())
         }
         Some(SCHEMA_VERSION) => {
+            // Added in place to files of earlier builds (see the MySQL store's
+            // `SETTLED_TOKEN`; earlier builds never name it).
+            let has: i64 = conn
+                .query_row(
+                    "SELECT COUNT(*) FROM pragma_table_info('items') WHERE name = 'settled_token'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(store_error)?;
+            if has == 0 {
+                conn.execute_batch(
+                    "ALTER TABLE items ADD COLUMN settled_token INTEGER NOT NULL DEFAULT 0",
+                )
+                .map_err(store_error)?;
+            }
             // A file of another build with other columns: say so now, not at the first
             // write.
             for (table, columns) in [
