@@ -59,7 +59,11 @@ lease=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["lease_id"])'
 [ "$(status "$ctl" touch "$id" --extend-ms 60000 --lease-id $((lease + 1)))" = 1 ] || fail "touch with another lease_id should fail"
 "$ctl" touch "$id" --extend-ms 60000 --lease-id "$lease" >/dev/null || fail "touch with the lease_id"
 "$ctl" nack "$id" --lease-id "$lease" >/dev/null || fail "nack with the lease_id"
-[ "$(status "$ctl" nack "$id" --lease-id "$lease")" = 1 ] || fail "a second nack of the same delivery should fail"
+# Done again (a client that lost the reply retries and learns the truth), but settles
+# nothing more: the lease is over for a touch, and another lease's nack is refused.
+"$ctl" nack "$id" --lease-id "$lease" >/dev/null || fail "a retried nack of the same delivery is done again"
+[ "$(status "$ctl" touch "$id" --extend-ms 60000 --lease-id "$lease")" = 1 ] || fail "a touch after the nack should fail"
+[ "$(status "$ctl" nack "$id" --lease-id $((lease + 1)))" = 1 ] || fail "a nack of another delivery should fail"
 ok
 
 # Touch, nack to the dead letters, list them, requeue them all.
