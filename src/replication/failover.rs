@@ -18,6 +18,12 @@ use super::{SetLayout, SwitchReport};
 use crate::cluster::primaries::{self, Demoted};
 use crate::model::{PrimaryRecord, PrimaryState};
 
+/// How long the fence (the old primary read-only, foqsd's connections ended) may take.
+const FENCE_BOUND: Duration = Duration::from_millis(500);
+/// How long a failover waits for the fence after the candidates answered: a primary that
+/// answers at all is fenced by then; a silent one is not waited for.
+const FENCE_GRACE: Duration = Duration::from_millis(100);
+
 /// One candidate for promotion, as it answered.
 struct Candidate {
     addr: String,
@@ -63,12 +69,18 @@ pub(super) async fn failover(
     // ended.
     let user = d.data_user.clone();
     let old = d.admin(&from);
-    let fence = old.with(Duration::from_millis(500), |c| {
-        Box::pin(async move {
-            srv::set_read_only(c, true).await?;
-            srv::kill_user(c, &user).await
-        })
-    });
+    let (fence_tx, mut fence_rx) = tokio::sync::watch::channel(None::<bool>);
+    let fence = async move {
+        let r = old
+            .with(FENCE_BOUND, |c| {
+                Box::pin(async move {
+                    srv::set_read_only(c, true).await?;
+                    srv::kill_user(c, &user).await
+                })
+            })
+            .await;
+        let _ = fence_tx.send(Some(r.is_ok()));
+    };
     // 2. The candidates: each stops receiving first, then says what it received (a
     // position read while it still receives could miss a commit it acknowledged next).
     let others = set.servers.iter().filter(|s| s.addr != from);
@@ -87,7 +99,13 @@ pub(super) async fn failover(
             .await;
         (s, r)
     }));
-    let (fenced, asked) = futures::join!(fence, asked);
+    // The fence runs on its own: a primary that answers is fenced within the candidates'
+    // round trip (waited for, a little longer); one that does not (frozen) is not waited
+    // for, as nothing it could still commit is acknowledged: its replicas stopped
+    // receiving, and its owners stop at the fenced record.
+    tokio::spawn(fence);
+    let asked = asked.await;
+    let _ = tokio::time::timeout(FENCE_GRACE, fence_rx.wait_for(Option::is_some)).await;
     crate::failpoint::pause("failover-fenced").await;
     let mut steps = vec![("fence_and_candidates", started.elapsed().as_millis() as u64)];
     let mut answered = Vec::new();
@@ -119,11 +137,19 @@ pub(super) async fn failover(
         .iter()
         .filter(|c| c.semi_sync)
         .max_by_key(|c| c.received);
-    let fence_held = fenced.is_ok();
+    // Whether the fence reached it: known for sure only once the fence ended (its bound).
+    let fence_held = || {
+        let mut rx = fence_rx.clone();
+        async move {
+            let r = tokio::time::timeout(FENCE_BOUND * 2, rx.wait_for(Option::is_some)).await;
+            matches!(r, Ok(Ok(v)) if *v == Some(true))
+        }
+    };
     let refuse = |why: String| {
         let recs = &recs;
+        let fence_held = fence_held();
         async move {
-            undo(d, set, recs, fence_held).await;
+            undo(d, set, recs, fence_held.await).await;
             Err(why)
         }
     };
@@ -208,7 +234,7 @@ pub(super) async fn failover(
     }
     report.read_only_ms = started.elapsed().as_millis() as u64;
     report.ok = true;
-    if fence_held {
+    if *fence_rx.borrow() == Some(true) {
         problems.push(format!(
             "{from} answered the fence: it was made read-only and foqsd's connections to it ended"
         ));
@@ -372,7 +398,9 @@ async fn detect(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
     let after = Duration::from_millis(d.cfg.failover_after_ms);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut down_since: HashMap<usize, Instant> = HashMap::new();
+    // Per set: when its primary last answered (silence is counted from there, not from
+    // the first beat that went unanswered, which itself waits out its bound).
+    let mut answered: HashMap<usize, Instant> = HashMap::new();
     let mut beats: HashMap<usize, Beat> = HashMap::new();
     loop {
         tokio::select! {
@@ -381,7 +409,7 @@ async fn detect(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
         }
         let led = led(&d);
         // Sets not led (any more): no connection of ours stays on their primaries.
-        down_since.retain(|i, _| led.iter().any(|(j, _)| j == i));
+        answered.retain(|i, _| led.iter().any(|(j, _)| j == i));
         beats.retain(|i, _| led.iter().any(|(j, _)| j == i));
         for (i, rec) in led {
             let set = &d.layout.sets[i];
@@ -400,18 +428,19 @@ async fn detect(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or(0);
+            let sent = Instant::now();
             if beat(b, (&url, set.tls_of(&rec.addr)), every * 2, now_ms).await {
-                down_since.remove(&i);
+                answered.insert(i, sent);
                 continue;
             }
-            let since = *down_since.entry(i).or_insert_with(Instant::now);
+            let since = *answered.entry(i).or_insert(sent);
             if since.elapsed() >= after {
                 tracing::warn!(shards = ?set.shards, primary = %rec.addr, silent_ms = since.elapsed().as_millis() as u64, "primary does not answer; failing over");
                 let r = d.failover_set(set, false).await;
                 if !r.ok {
                     tracing::error!(shards = ?set.shards, error = ?r.error, "failover refused or failed; retrying while the primary is silent");
                 }
-                down_since.remove(&i);
+                answered.remove(&i);
                 b.conn = None;
             }
         }
