@@ -94,7 +94,8 @@ start_server() { # start_server N PORT
     --read-only=ON --init-rpl-role=SLAVE \
     --rpl-semi-sync-slave-enabled=ON --rpl-semi-sync-master-wait-point=AFTER_SYNC \
     --rpl-semi-sync-master-wait-no-slave=ON --rpl-semi-sync-master-timeout=3600000 \
-    --slave-net-timeout=1 --slave-parallel-threads=0 "${tls_args[@]}" \
+    --slave-net-timeout=1 --rpl-semi-sync-slave-kill-conn-timeout=1 \
+    --slave-parallel-threads=0 "${tls_args[@]}" \
     >/dev/null 2>&1 &
   local i
   for i in $(seq 1 240); do

@@ -24,6 +24,13 @@ const FENCE_BOUND: Duration = Duration::from_millis(500);
 /// answers at all is fenced by then; a silent one is not waited for.
 const FENCE_GRACE: Duration = Duration::from_millis(100);
 
+/// How long a failover waits for a candidate's IO thread to stop before reading what it
+/// received anyway, when it is not connected (see [`ask`]).
+const STOP_WAIT: Duration = Duration::from_millis(250);
+/// How long a new primary's IO thread may take to stop before its replication settings
+/// are dropped (see `srv::forget_primary`).
+const FORGET_BOUND: Duration = Duration::from_secs(10);
+
 /// One candidate for promotion, as it answered.
 struct Candidate {
     addr: String,
@@ -84,21 +91,8 @@ pub(super) async fn failover(
     // 2. The candidates: each stops receiving first, then says what it received (a
     // position read while it still receives could miss a commit it acknowledged next).
     let others = set.servers.iter().filter(|s| s.addr != from);
-    let asked = futures::future::join_all(others.map(|s| async move {
-        let r = d
-            .admin(&s.addr)
-            .with(Duration::from_secs(3), |c| {
-                Box::pin(async move {
-                    let status = srv::replica_status(c).await?;
-                    if status.is_some() {
-                        srv::stop_io(c).await?;
-                    }
-                    Ok((srv::replica_status(c).await?, srv::semi_sync(c).await?))
-                })
-            })
-            .await;
-        (s, r)
-    }));
+    let asked =
+        futures::future::join_all(others.map(|s| async move { (s, ask(d, &s.addr).await) }));
     // The fence runs on its own: a primary that answers is fenced within the candidates'
     // round trip (waited for, a little longer); one that does not (frozen) is not waited
     // for, as nothing it could still commit is acknowledged: its replicas stopped
@@ -200,7 +194,7 @@ pub(super) async fn failover(
         .admin(&chosen.addr)
         .with(catchup + Duration::from_secs(2), |c| {
             Box::pin(async move {
-                srv::stop_io(c).await?;
+                srv::kill_io(c).await?;
                 srv::wait_for(c, &pos, catchup).await
             })
         })
@@ -221,11 +215,24 @@ pub(super) async fn failover(
     crate::failpoint::pause("failover-caught-up").await;
     if let Err(e) = d
         .admin(&chosen.addr)
-        .with(Duration::from_secs(3), |c| Box::pin(srv::promote(c, semi)))
+        .with(Duration::from_secs(3), |c| {
+            Box::pin(srv::promote_now(c, semi))
+        })
         .await
     {
         return refuse(format!("cannot promote {}: {e}", chosen.addr)).await;
     }
+    // Its replication settings dropped once its IO thread stopped (not waited for).
+    let forget = d.admin(&chosen.addr);
+    let forgotten = chosen.addr.clone();
+    tokio::spawn(async move {
+        let r = forget
+            .with(FORGET_BOUND, |c| Box::pin(srv::forget_primary(c)))
+            .await;
+        if let Err(e) = r {
+            tracing::warn!(server = %forgotten, error = %e, "the new primary still has the old one's replication settings (its IO thread did not stop in time); they are dropped at its next promotion");
+        }
+    });
     steps.push(("promoted", started.elapsed().as_millis() as u64));
     let mut problems = complete(d, set, &recs, &j, lock, Some(semi)).await?;
     steps.push(("published", started.elapsed().as_millis() as u64));
@@ -244,6 +251,51 @@ pub(super) async fn failover(
     }
     tracing::warn!(shards = ?set.shards, from, to = %chosen.addr, generation = g, outage_ms = report.read_only_ms, lost = report.lost_transactions, steps_ms = ?steps, notes = ?report.error, "failed over replica set");
     Ok(())
+}
+
+/// What a candidate received, once it stopped receiving: its replication status and its
+/// semi-sync settings. Its IO thread is told to stop on a connection of its own; a
+/// thread stuck connecting to a frozen primary takes about 2 s to end, and is not waited
+/// for past [`STOP_WAIT`] when the status says it is not connected (it receives nothing
+/// meanwhile, and does not start once told to stop). One still connected is waited for:
+/// a position read while it receives could miss a commit it acknowledged next.
+async fn ask(
+    d: &Driver,
+    addr: &str,
+) -> Result<(Option<srv::ReplicaStatus>, srv::SemiSync), String> {
+    let admin = d.admin(addr);
+    let mut stop = tokio::spawn(async move {
+        admin
+            .with(Duration::from_secs(5), |c| {
+                Box::pin(async move {
+                    if srv::replica_status(c).await?.is_some() {
+                        srv::stop_io(c).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .await
+    });
+    let stopped = matches!(
+        tokio::time::timeout(STOP_WAIT, &mut stop).await,
+        Ok(Ok(Ok(())))
+    );
+    let reader = d.admin(addr);
+    let read = || {
+        reader.with(Duration::from_secs(3), |c| {
+            Box::pin(async move { Ok((srv::replica_status(c).await?, srv::semi_sync(c).await?)) })
+        })
+    };
+    let first = read().await?;
+    let receiving = first.0.as_ref().is_some_and(|st| st.io_running);
+    if stopped || !receiving {
+        return Ok(first);
+    }
+    match tokio::time::timeout(Duration::from_secs(3), stop).await {
+        Ok(Ok(Ok(()))) => read().await,
+        Ok(Ok(Err(e))) => Err(e),
+        _ => Err(format!("{addr}: its IO thread did not stop within 3 s")),
+    }
 }
 
 /// A failover that promotes nobody: the replicas receive again, the old primary is

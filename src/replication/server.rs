@@ -272,9 +272,11 @@ pub async fn semi_sync(c: &mut Conn) -> Step<SemiSync> {
     Ok(s)
 }
 
-/// Stops the replication IO thread at once: `STOP SLAVE` waits for a thread stuck
-/// connecting to a frozen primary (up to `slave_net_timeout`), killing it does not.
-pub async fn stop_io(c: &mut Conn) -> Step<()> {
+/// Tells the replication IO thread to stop, without waiting for it: a thread stuck
+/// connecting to a frozen primary ends only when its attempt does (about 2 s here, with
+/// `slave_net_timeout = 1` and `MASTER_CONNECT_RETRY = 1`); meanwhile it receives nothing,
+/// and it does not start receiving once told to stop.
+pub async fn kill_io(c: &mut Conn) -> Step<()> {
     let ids: Vec<u64> = c
         .query("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = 'system user' AND COMMAND IN ('Connect', 'Slave_IO')")
         .await
@@ -282,7 +284,44 @@ pub async fn stop_io(c: &mut Conn) -> Step<()> {
     for id in ids {
         let _ = c.query_drop(format!("KILL {id}")).await;
     }
+    Ok(())
+}
+
+/// Stops the replication IO thread, waiting until it has stopped (see [`kill_io`]).
+pub async fn stop_io(c: &mut Conn) -> Step<()> {
+    kill_io(c).await?;
     c.query_drop("STOP SLAVE IO_THREAD").await.map_err(words)
+}
+
+/// [`promote`] without waiting for an IO thread stuck connecting to a frozen primary (a
+/// failover's): the IO thread told to stop, the SQL thread stopped (the relay log applied
+/// up to what was received), the primary side of semi-sync as asked, writable. The old
+/// primary is forgotten ([`forget_primary`]) once the IO thread has stopped.
+pub async fn promote_now(c: &mut Conn, semi_sync: bool) -> Step<()> {
+    kill_io(c).await?;
+    let semi = if semi_sync {
+        "SET GLOBAL rpl_semi_sync_master_enabled = ON"
+    } else {
+        "SET GLOBAL rpl_semi_sync_master_enabled = OFF"
+    };
+    for q in [
+        "STOP SLAVE SQL_THREAD",
+        semi,
+        "SET SESSION lock_wait_timeout = 2",
+        "SET GLOBAL read_only = OFF",
+    ] {
+        c.query_drop(q).await.map_err(|e| format!("{q}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// After [`promote_now`]: waits for the IO thread to stop, then drops the replication
+/// settings, so that nothing ever replicates from the old primary again.
+pub async fn forget_primary(c: &mut Conn) -> Step<()> {
+    for q in ["STOP SLAVE", "RESET SLAVE ALL"] {
+        c.query_drop(q).await.map_err(|e| format!("{q}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Stops replicating (the relay log applied up to what was received), forgets the old
