@@ -158,7 +158,14 @@ pub struct ReadyTopic {
     pub topic: TopicName,
     pub ready: i64,
     pub head: Option<Head>,
+    /// The keys of its most urgent ready items there, most urgent first, at most
+    /// [`HEADS_MAX`]: every ready item not listed is no more urgent than the last one
+    /// listed (empty: nothing known past `head`).
+    pub heads: Vec<Head>,
 }
+
+/// How many of a topic's head keys a host tells its peers (see [`ReadyTopic::heads`]).
+pub const HEADS_MAX: usize = 32;
 
 /// A (namespace, topic) pair; both are exact byte strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -381,6 +381,12 @@ struct PeerInfo {
   6: i64 spare_capacity,
 }
 
+// The delivery-order key of one ready item (the id left out).
+struct HeadKey {
+  1: i32 priority,
+  2: i64 deliver_after_ms,
+}
+
 struct ReadyTopic {
   1: string ns,
   2: string topic,
@@ -391,6 +397,11 @@ struct ReadyTopic {
   // A host routing a dequeue asks the peers whose head beats what it holds.
   4: optional i32 head_priority,
   5: optional i64 head_deliver_after_ms,
+  // The keys of the topic's most urgent ready items on this host, most urgent first: at
+  // most 32, and fewer where the host cannot tell what comes next (every ready item not
+  // listed is no more urgent than the last one listed). A host routing a dequeue merges
+  // them to know how many items to take from each host.
+  6: optional list<HeadKey> heads,
 }
 
 struct HostInfo {

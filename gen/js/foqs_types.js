@@ -3581,12 +3581,76 @@ PeerInfo.prototype.write = function(output) {
   return;
 };
 
+var HeadKey = module.exports.HeadKey = function(args) {
+  this.priority = null;
+  this.deliver_after_ms = null;
+  if (args) {
+    if (args.priority !== undefined && args.priority !== null) {
+      this.priority = args.priority;
+    }
+    if (args.deliver_after_ms !== undefined && args.deliver_after_ms !== null) {
+      this.deliver_after_ms = args.deliver_after_ms;
+    }
+  }
+};
+HeadKey.prototype = {};
+HeadKey.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.I32) {
+        this.priority = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.I64) {
+        this.deliver_after_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+HeadKey.prototype.write = function(output) {
+  output.writeStructBegin('HeadKey');
+  if (this.priority !== null && this.priority !== undefined) {
+    output.writeFieldBegin('priority', Thrift.Type.I32, 1);
+    output.writeI32(this.priority);
+    output.writeFieldEnd();
+  }
+  if (this.deliver_after_ms !== null && this.deliver_after_ms !== undefined) {
+    output.writeFieldBegin('deliver_after_ms', Thrift.Type.I64, 2);
+    output.writeI64(this.deliver_after_ms);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
 var ReadyTopic = module.exports.ReadyTopic = function(args) {
   this.ns = null;
   this.topic = null;
   this.ready = null;
   this.head_priority = null;
   this.head_deliver_after_ms = null;
+  this.heads = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -3602,6 +3666,9 @@ var ReadyTopic = module.exports.ReadyTopic = function(args) {
     }
     if (args.head_deliver_after_ms !== undefined && args.head_deliver_after_ms !== null) {
       this.head_deliver_after_ms = args.head_deliver_after_ms;
+    }
+    if (args.heads !== undefined && args.heads !== null) {
+      this.heads = Thrift.copyList(args.heads, [ttypes.HeadKey]);
     }
   }
 };
@@ -3651,6 +3718,22 @@ ReadyTopic.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 6:
+      if (ftype == Thrift.Type.LIST) {
+        this.heads = [];
+        var _rtmp391 = input.readListBegin();
+        var _size90 = _rtmp391.size || 0;
+        for (var _i92 = 0; _i92 < _size90; ++_i92) {
+          var elem93 = null;
+          elem93 = new ttypes.HeadKey();
+          elem93.read(input);
+          this.heads.push(elem93);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -3685,6 +3768,18 @@ ReadyTopic.prototype.write = function(output) {
   if (this.head_deliver_after_ms !== null && this.head_deliver_after_ms !== undefined) {
     output.writeFieldBegin('head_deliver_after_ms', Thrift.Type.I64, 5);
     output.writeI64(this.head_deliver_after_ms);
+    output.writeFieldEnd();
+  }
+  if (this.heads !== null && this.heads !== undefined) {
+    output.writeFieldBegin('heads', Thrift.Type.LIST, 6);
+    output.writeListBegin(Thrift.Type.STRUCT, this.heads.length);
+    for (var iter94 in this.heads) {
+      if (this.heads.hasOwnProperty(iter94)) {
+        iter94 = this.heads[iter94];
+        iter94.write(output);
+      }
+    }
+    output.writeListEnd();
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -3760,13 +3855,13 @@ HostInfo.prototype.read = function(input) {
       case 3:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp391 = input.readListBegin();
-        var _size90 = _rtmp391.size || 0;
-        for (var _i92 = 0; _i92 < _size90; ++_i92) {
-          var elem93 = null;
-          elem93 = new ttypes.ShardInfo();
-          elem93.read(input);
-          this.shards.push(elem93);
+        var _rtmp396 = input.readListBegin();
+        var _size95 = _rtmp396.size || 0;
+        for (var _i97 = 0; _i97 < _size95; ++_i97) {
+          var elem98 = null;
+          elem98 = new ttypes.ShardInfo();
+          elem98.read(input);
+          this.shards.push(elem98);
         }
         input.readListEnd();
       } else {
@@ -3797,13 +3892,13 @@ HostInfo.prototype.read = function(input) {
       case 7:
       if (ftype == Thrift.Type.LIST) {
         this.peers = [];
-        var _rtmp395 = input.readListBegin();
-        var _size94 = _rtmp395.size || 0;
-        for (var _i96 = 0; _i96 < _size94; ++_i96) {
-          var elem97 = null;
-          elem97 = new ttypes.PeerInfo();
-          elem97.read(input);
-          this.peers.push(elem97);
+        var _rtmp3100 = input.readListBegin();
+        var _size99 = _rtmp3100.size || 0;
+        for (var _i101 = 0; _i101 < _size99; ++_i101) {
+          var elem102 = null;
+          elem102 = new ttypes.PeerInfo();
+          elem102.read(input);
+          this.peers.push(elem102);
         }
         input.readListEnd();
       } else {
@@ -3820,13 +3915,13 @@ HostInfo.prototype.read = function(input) {
       case 9:
       if (ftype == Thrift.Type.LIST) {
         this.ready_topics = [];
-        var _rtmp399 = input.readListBegin();
-        var _size98 = _rtmp399.size || 0;
-        for (var _i100 = 0; _i100 < _size98; ++_i100) {
-          var elem101 = null;
-          elem101 = new ttypes.ReadyTopic();
-          elem101.read(input);
-          this.ready_topics.push(elem101);
+        var _rtmp3104 = input.readListBegin();
+        var _size103 = _rtmp3104.size || 0;
+        for (var _i105 = 0; _i105 < _size103; ++_i105) {
+          var elem106 = null;
+          elem106 = new ttypes.ReadyTopic();
+          elem106.read(input);
+          this.ready_topics.push(elem106);
         }
         input.readListEnd();
       } else {
@@ -3857,10 +3952,10 @@ HostInfo.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 3);
     output.writeListBegin(Thrift.Type.STRUCT, this.shards.length);
-    for (var iter102 in this.shards) {
-      if (this.shards.hasOwnProperty(iter102)) {
-        iter102 = this.shards[iter102];
-        iter102.write(output);
+    for (var iter107 in this.shards) {
+      if (this.shards.hasOwnProperty(iter107)) {
+        iter107 = this.shards[iter107];
+        iter107.write(output);
       }
     }
     output.writeListEnd();
@@ -3884,10 +3979,10 @@ HostInfo.prototype.write = function(output) {
   if (this.peers !== null && this.peers !== undefined) {
     output.writeFieldBegin('peers', Thrift.Type.LIST, 7);
     output.writeListBegin(Thrift.Type.STRUCT, this.peers.length);
-    for (var iter103 in this.peers) {
-      if (this.peers.hasOwnProperty(iter103)) {
-        iter103 = this.peers[iter103];
-        iter103.write(output);
+    for (var iter108 in this.peers) {
+      if (this.peers.hasOwnProperty(iter108)) {
+        iter108 = this.peers[iter108];
+        iter108.write(output);
       }
     }
     output.writeListEnd();
@@ -3901,10 +3996,10 @@ HostInfo.prototype.write = function(output) {
   if (this.ready_topics !== null && this.ready_topics !== undefined) {
     output.writeFieldBegin('ready_topics', Thrift.Type.LIST, 9);
     output.writeListBegin(Thrift.Type.STRUCT, this.ready_topics.length);
-    for (var iter104 in this.ready_topics) {
-      if (this.ready_topics.hasOwnProperty(iter104)) {
-        iter104 = this.ready_topics[iter104];
-        iter104.write(output);
+    for (var iter109 in this.ready_topics) {
+      if (this.ready_topics.hasOwnProperty(iter109)) {
+        iter109 = this.ready_topics[iter109];
+        iter109.write(output);
       }
     }
     output.writeListEnd();
@@ -3948,13 +4043,13 @@ NotifyReadyRequest.prototype.read = function(input) {
       case 2:
       if (ftype == Thrift.Type.LIST) {
         this.topics = [];
-        var _rtmp3106 = input.readListBegin();
-        var _size105 = _rtmp3106.size || 0;
-        for (var _i107 = 0; _i107 < _size105; ++_i107) {
-          var elem108 = null;
-          elem108 = new ttypes.ReadyTopic();
-          elem108.read(input);
-          this.topics.push(elem108);
+        var _rtmp3111 = input.readListBegin();
+        var _size110 = _rtmp3111.size || 0;
+        for (var _i112 = 0; _i112 < _size110; ++_i112) {
+          var elem113 = null;
+          elem113 = new ttypes.ReadyTopic();
+          elem113.read(input);
+          this.topics.push(elem113);
         }
         input.readListEnd();
       } else {
@@ -3980,10 +4075,10 @@ NotifyReadyRequest.prototype.write = function(output) {
   if (this.topics !== null && this.topics !== undefined) {
     output.writeFieldBegin('topics', Thrift.Type.LIST, 2);
     output.writeListBegin(Thrift.Type.STRUCT, this.topics.length);
-    for (var iter109 in this.topics) {
-      if (this.topics.hasOwnProperty(iter109)) {
-        iter109 = this.topics[iter109];
-        iter109.write(output);
+    for (var iter114 in this.topics) {
+      if (this.topics.hasOwnProperty(iter114)) {
+        iter114 = this.topics[iter114];
+        iter114.write(output);
       }
     }
     output.writeListEnd();
@@ -4256,12 +4351,12 @@ SwitchReport.prototype.read = function(input) {
       case 2:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp3111 = input.readListBegin();
-        var _size110 = _rtmp3111.size || 0;
-        for (var _i112 = 0; _i112 < _size110; ++_i112) {
-          var elem113 = null;
-          elem113 = input.readI32();
-          this.shards.push(elem113);
+        var _rtmp3116 = input.readListBegin();
+        var _size115 = _rtmp3116.size || 0;
+        for (var _i117 = 0; _i117 < _size115; ++_i117) {
+          var elem118 = null;
+          elem118 = input.readI32();
+          this.shards.push(elem118);
         }
         input.readListEnd();
       } else {
@@ -4357,10 +4452,10 @@ SwitchReport.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 2);
     output.writeListBegin(Thrift.Type.I32, this.shards.length);
-    for (var iter114 in this.shards) {
-      if (this.shards.hasOwnProperty(iter114)) {
-        iter114 = this.shards[iter114];
-        output.writeI32(iter114);
+    for (var iter119 in this.shards) {
+      if (this.shards.hasOwnProperty(iter119)) {
+        iter119 = this.shards[iter119];
+        output.writeI32(iter119);
       }
     }
     output.writeListEnd();
@@ -4447,13 +4542,13 @@ SwitchResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.switches = [];
-        var _rtmp3116 = input.readListBegin();
-        var _size115 = _rtmp3116.size || 0;
-        for (var _i117 = 0; _i117 < _size115; ++_i117) {
-          var elem118 = null;
-          elem118 = new ttypes.SwitchReport();
-          elem118.read(input);
-          this.switches.push(elem118);
+        var _rtmp3121 = input.readListBegin();
+        var _size120 = _rtmp3121.size || 0;
+        for (var _i122 = 0; _i122 < _size120; ++_i122) {
+          var elem123 = null;
+          elem123 = new ttypes.SwitchReport();
+          elem123.read(input);
+          this.switches.push(elem123);
         }
         input.readListEnd();
       } else {
@@ -4481,10 +4576,10 @@ SwitchResponse.prototype.write = function(output) {
   if (this.switches !== null && this.switches !== undefined) {
     output.writeFieldBegin('switches', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.switches.length);
-    for (var iter119 in this.switches) {
-      if (this.switches.hasOwnProperty(iter119)) {
-        iter119 = this.switches[iter119];
-        iter119.write(output);
+    for (var iter124 in this.switches) {
+      if (this.switches.hasOwnProperty(iter124)) {
+        iter124 = this.switches[iter124];
+        iter124.write(output);
       }
     }
     output.writeListEnd();
@@ -4812,13 +4907,13 @@ ShardReplicationInfo.prototype.read = function(input) {
       case 10:
       if (ftype == Thrift.Type.LIST) {
         this.replicas = [];
-        var _rtmp3121 = input.readListBegin();
-        var _size120 = _rtmp3121.size || 0;
-        for (var _i122 = 0; _i122 < _size120; ++_i122) {
-          var elem123 = null;
-          elem123 = new ttypes.ReplicaInfo();
-          elem123.read(input);
-          this.replicas.push(elem123);
+        var _rtmp3126 = input.readListBegin();
+        var _size125 = _rtmp3126.size || 0;
+        for (var _i127 = 0; _i127 < _size125; ++_i127) {
+          var elem128 = null;
+          elem128 = new ttypes.ReplicaInfo();
+          elem128.read(input);
+          this.replicas.push(elem128);
         }
         input.readListEnd();
       } else {
@@ -4884,10 +4979,10 @@ ShardReplicationInfo.prototype.write = function(output) {
   if (this.replicas !== null && this.replicas !== undefined) {
     output.writeFieldBegin('replicas', Thrift.Type.LIST, 10);
     output.writeListBegin(Thrift.Type.STRUCT, this.replicas.length);
-    for (var iter124 in this.replicas) {
-      if (this.replicas.hasOwnProperty(iter124)) {
-        iter124 = this.replicas[iter124];
-        iter124.write(output);
+    for (var iter129 in this.replicas) {
+      if (this.replicas.hasOwnProperty(iter129)) {
+        iter129 = this.replicas[iter129];
+        iter129.write(output);
       }
     }
     output.writeListEnd();
@@ -4920,13 +5015,13 @@ ReplicationResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp3126 = input.readListBegin();
-        var _size125 = _rtmp3126.size || 0;
-        for (var _i127 = 0; _i127 < _size125; ++_i127) {
-          var elem128 = null;
-          elem128 = new ttypes.ShardReplicationInfo();
-          elem128.read(input);
-          this.shards.push(elem128);
+        var _rtmp3131 = input.readListBegin();
+        var _size130 = _rtmp3131.size || 0;
+        for (var _i132 = 0; _i132 < _size130; ++_i132) {
+          var elem133 = null;
+          elem133 = new ttypes.ShardReplicationInfo();
+          elem133.read(input);
+          this.shards.push(elem133);
         }
         input.readListEnd();
       } else {
@@ -4950,10 +5045,10 @@ ReplicationResponse.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.shards.length);
-    for (var iter129 in this.shards) {
-      if (this.shards.hasOwnProperty(iter129)) {
-        iter129 = this.shards[iter129];
-        iter129.write(output);
+    for (var iter134 in this.shards) {
+      if (this.shards.hasOwnProperty(iter134)) {
+        iter134 = this.shards[iter134];
+        iter134.write(output);
       }
     }
     output.writeListEnd();

@@ -4041,6 +4041,85 @@ impl Default for PeerInfo {
 }
 
 //
+// HeadKey
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct HeadKey {
+  pub priority: Option<i32>,
+  pub deliver_after_ms: Option<i64>,
+}
+
+impl HeadKey {
+  pub fn new<F1, F2>(priority: F1, deliver_after_ms: F2) -> HeadKey where F1: Into<Option<i32>>, F2: Into<Option<i64>> {
+    HeadKey {
+      priority: priority.into(),
+      deliver_after_ms: deliver_after_ms.into(),
+    }
+  }
+}
+
+impl TSerializable for HeadKey {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<HeadKey> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<i32> = Some(0);
+    let mut f_2: Option<i64> = Some(0);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_i32()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_i64()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = HeadKey {
+      priority: f_1,
+      deliver_after_ms: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("HeadKey");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(fld_var) = self.priority {
+      o_prot.write_field_begin(&TFieldIdentifier::new("priority", TType::I32, 1))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.deliver_after_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("deliver_after_ms", TType::I64, 2))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for HeadKey {
+  fn default() -> Self {
+    HeadKey{
+      priority: Some(0),
+      deliver_after_ms: Some(0),
+    }
+  }
+}
+
+//
 // ReadyTopic
 //
 
@@ -4051,16 +4130,18 @@ pub struct ReadyTopic {
   pub ready: Option<i64>,
   pub head_priority: Option<i32>,
   pub head_deliver_after_ms: Option<i64>,
+  pub heads: Option<Vec<HeadKey>>,
 }
 
 impl ReadyTopic {
-  pub fn new<F1, F2, F3, F4, F5>(ns: F1, topic: F2, ready: F3, head_priority: F4, head_deliver_after_ms: F5) -> ReadyTopic where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>>, F4: Into<Option<i32>>, F5: Into<Option<i64>> {
+  pub fn new<F1, F2, F3, F4, F5, F6>(ns: F1, topic: F2, ready: F3, head_priority: F4, head_deliver_after_ms: F5, heads: F6) -> ReadyTopic where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>>, F4: Into<Option<i32>>, F5: Into<Option<i64>>, F6: Into<Option<Vec<HeadKey>>> {
     ReadyTopic {
       ns: ns.into(),
       topic: topic.into(),
       ready: ready.into(),
       head_priority: head_priority.into(),
       head_deliver_after_ms: head_deliver_after_ms.into(),
+      heads: heads.into(),
     }
   }
 }
@@ -4073,6 +4154,7 @@ impl TSerializable for ReadyTopic {
     let mut f_3: Option<i64> = Some(0);
     let mut f_4: Option<i32> = None;
     let mut f_5: Option<i64> = None;
+    let mut f_6: Option<Vec<HeadKey>> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -4100,6 +4182,16 @@ impl TSerializable for ReadyTopic {
           let val = i_prot.read_i64()?;
           f_5 = Some(val);
         },
+        6 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<HeadKey> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_18 = HeadKey::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_18);
+          }
+          i_prot.read_list_end()?;
+          f_6 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -4113,6 +4205,7 @@ impl TSerializable for ReadyTopic {
       ready: f_3,
       head_priority: f_4,
       head_deliver_after_ms: f_5,
+      heads: f_6,
     };
     Ok(ret)
   }
@@ -4144,6 +4237,15 @@ impl TSerializable for ReadyTopic {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.heads {
+      o_prot.write_field_begin(&TFieldIdentifier::new("heads", TType::List, 6))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -4157,6 +4259,7 @@ impl Default for ReadyTopic {
       ready: Some(0),
       head_priority: Some(0),
       head_deliver_after_ms: Some(0),
+      heads: Some(Vec::new()),
     }
   }
 }
@@ -4225,8 +4328,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_18 = ShardInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_18);
+            let list_elem_19 = ShardInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_19);
           }
           i_prot.read_list_end()?;
           f_3 = Some(val);
@@ -4247,8 +4350,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<PeerInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_19 = PeerInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_19);
+            let list_elem_20 = PeerInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_20);
           }
           i_prot.read_list_end()?;
           f_7 = Some(val);
@@ -4261,8 +4364,8 @@ impl TSerializable for HostInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ReadyTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_20 = ReadyTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_20);
+            let list_elem_21 = ReadyTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_21);
           }
           i_prot.read_list_end()?;
           f_9 = Some(val);
@@ -4407,8 +4510,8 @@ impl TSerializable for NotifyReadyRequest {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ReadyTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_21 = ReadyTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_21);
+            let list_elem_22 = ReadyTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_22);
           }
           i_prot.read_list_end()?;
           f_2 = Some(val);
@@ -4763,8 +4866,8 @@ impl TSerializable for SwitchReport {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<i32> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_22 = i_prot.read_i32()?;
-            val.push(list_elem_22);
+            let list_elem_23 = i_prot.read_i32()?;
+            val.push(list_elem_23);
           }
           i_prot.read_list_end()?;
           f_2 = Some(val);
@@ -4958,8 +5061,8 @@ impl TSerializable for SwitchResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<SwitchReport> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_23 = SwitchReport::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_23);
+            let list_elem_24 = SwitchReport::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_24);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -5298,8 +5401,8 @@ impl TSerializable for ShardReplicationInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ReplicaInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_24 = ReplicaInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_24);
+            let list_elem_25 = ReplicaInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_25);
           }
           i_prot.read_list_end()?;
           f_10 = Some(val);
@@ -5436,8 +5539,8 @@ impl TSerializable for ReplicationResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardReplicationInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_25 = ShardReplicationInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_25);
+            let list_elem_26 = ShardReplicationInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_26);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);

@@ -201,6 +201,35 @@ async fn any_host_serves_its_whole_tier() {
     }
     assert_eq!(urgent_left, 0);
 
+    // 1c. The tier's order, merged: each host holds two items of every priority 0..49
+    //     (300 in all). A dequeue of 50 through h1 returns exactly the tier's 50 most
+    //     urgent: six of each priority 0..7 and two of 8, from all three hosts at once.
+    //     (Before the merge, taking from one peer at a time: up to priority 23.)
+    for id in ["h1", "h2", "h3"] {
+        let items = (0..100)
+            .map(|i| item(NS, "merged", i % 50, id.as_bytes()))
+            .collect();
+        cluster.client(id).enqueue(items);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // one peer poll
+    let mut h1 = cluster.client("h1");
+    let first = h1.dequeue(NS, "merged", 50);
+    let mut got: Vec<i32> = first.iter().map(|i| i.priority.unwrap()).collect();
+    got.sort_unstable();
+    let mut want: Vec<i32> = (0..8).flat_map(|p| [p; 6]).collect();
+    want.extend([8, 8]);
+    assert_eq!(got, want, "the first 50 of the tier's merged order");
+    let ids: Vec<String> = first.iter().map(|i| i.id.clone().unwrap()).collect();
+    assert!(h1.ack(&ids).iter().all(|r| r.error.is_none()));
+    let mut left = 300 - 50;
+    while left > 0 {
+        let items = h1.dequeue(NS, "merged", 50);
+        assert!(!items.is_empty(), "{left} left");
+        let ids: Vec<String> = items.iter().map(|i| i.id.clone().unwrap()).collect();
+        assert!(h1.ack(&ids).iter().all(|r| r.error.is_none()));
+        left -= items.len();
+    }
+
     // 2. A long poll on h1 wakes when an item lands on h2's shards.
     let mut waiter = cluster.client("h1");
     let lp = tokio::task::spawn_blocking(move || {

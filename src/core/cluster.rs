@@ -11,8 +11,8 @@ use super::access::{Caller, Kind};
 use super::host::Host;
 use super::peers::*;
 use crate::error::Result;
+use crate::model::HEADS_MAX;
 use crate::model::{ClusterView, Head, ReadyTopic, ShardStatus, TopicName};
-use crate::shard::ShardHead;
 
 /// Most topics in one announcement.
 const ANNOUNCE_BATCH_MAX: usize = 1000;
@@ -68,52 +68,47 @@ impl Host {
     /// A topic's head is unknown (`None`) when one of its shards does not know its own.
     pub fn ready_topics(&self) -> Vec<ReadyTopic> {
         let now = self.clock.now_ms();
-        // Per topic: how many, the best head known, and whether some source knew none.
-        let mut sum: HashMap<TopicName, (i64, Option<Head>, bool)> = HashMap::new();
-        let mut add = |r: ReadyTopic| {
-            let e = sum.entry(r.topic).or_insert((0, None, false));
-            e.0 += r.ready;
-            match r.head {
-                Some(h) => e.1 = Some(e.1.map_or(h, |b| b.min(h))),
-                None => e.2 = true,
-            }
-        };
-        for s in self.shards().values() {
-            s.ready_topics(now).into_iter().for_each(&mut add);
+        let mut parts: HashMap<TopicName, Vec<ReadyTopic>> = HashMap::new();
+        let sources = self
+            .shards()
+            .values()
+            .flat_map(|s| s.ready_topics(now))
+            .chain(self.prefetch.staged_topics(self.staged_live()))
+            .collect::<Vec<_>>();
+        for r in sources {
+            parts.entry(r.topic.clone()).or_default().push(r);
         }
-        self.prefetch
-            .staged_topics(self.staged_live())
+        let mut out: Vec<ReadyTopic> = parts
             .into_iter()
-            .for_each(&mut add);
-        let mut out: Vec<ReadyTopic> = sum
-            .into_iter()
-            .map(|(topic, (ready, head, unknown))| ReadyTopic {
-                topic,
-                ready,
-                head: head.filter(|_| !unknown),
-            })
+            .map(|(topic, parts)| merged(topic, parts))
             .collect();
         out.sort_by(|a, b| b.ready.cmp(&a.ready).then_with(|| a.topic.cmp(&b.topic)));
         out.truncate(READY_TOPICS_MAX);
+        // The heads' budget: the fullest topics keep theirs, the rest their first.
+        let mut budget = SUMMARY_HEADS_MAX;
+        for r in &mut out {
+            r.heads.truncate(budget.max(1));
+            budget = budget.saturating_sub(r.heads.len());
+        }
         out
     }
 
-    /// This host's head of one topic (see [`Self::ready_topics`]), for an announcement:
-    /// `None` when unknown or nothing is ready.
-    fn topic_head(&self, topic: &TopicName) -> Option<Head> {
+    /// This host's summary of one topic (see [`Self::ready_topics`]), for an
+    /// announcement: head and heads unknown or empty when nothing is known or ready.
+    fn topic_summary(&self, topic: &TopicName) -> ReadyTopic {
         let now = self.clock.now_ms();
-        let mut best: Option<Head> = None;
-        for s in self.shards().values() {
-            match s.topic_head(topic, now) {
-                ShardHead::Known(h) => best = Some(best.map_or(h, |b| b.min(h))),
-                ShardHead::NothingReady => {}
-                ShardHead::Unknown => return None,
-            }
-        }
-        if let Some(h) = self.prefetch.staged_head(topic, self.staged_live()) {
-            best = Some(best.map_or(h, |b| b.min(h)));
-        }
-        best
+        let mut parts: Vec<ReadyTopic> = self
+            .shards()
+            .values()
+            .filter_map(|s| s.ready_topic(topic, now))
+            .collect();
+        parts.extend(
+            self.prefetch
+                .staged_topics(self.staged_live())
+                .into_iter()
+                .filter(|r| &r.topic == topic),
+        );
+        merged(topic.clone(), parts)
     }
 
     /// Polls every peer every `every_ms` (spare capacity, ready topics) until `stop`
@@ -188,6 +183,7 @@ impl Host {
                             let known = PeerTopic {
                                 ready: r.ready,
                                 head: r.head,
+                                heads: r.heads,
                                 seq,
                             };
                             (r.topic, known)
@@ -198,7 +194,7 @@ impl Host {
                         if known.seq > since {
                             new.entry(t.clone())
                                 .and_modify(|n| n.merge_announced(known))
-                                .or_insert(*known);
+                                .or_insert(known.clone());
                         }
                     }
                     // A topic that appears here may have a long poll waiting for it (its
@@ -243,9 +239,8 @@ impl Host {
             let batch: Vec<ReadyTopic> = names
                 .into_iter()
                 .map(|topic| ReadyTopic {
-                    head: host.topic_head(&topic),
-                    topic,
                     ready: 1,
+                    ..host.topic_summary(&topic)
                 })
                 .collect();
             // Every peer, whatever its tier: a host routes a namespace's calls to that
@@ -299,6 +294,7 @@ impl Host {
                 let said = PeerTopic {
                     ready: r.ready,
                     head: r.head,
+                    heads: r.heads.clone(),
                     seq,
                 };
                 known
@@ -359,5 +355,86 @@ impl Host {
                 Vec::new()
             },
         }
+    }
+}
+
+/// At most this many head keys in one summary (see `model::HEADS_MAX`): a summary of
+/// 10,000 topics stays small; past it, a topic's summary carries its first head only.
+const SUMMARY_HEADS_MAX: usize = 4096;
+
+/// One topic's summary on this host from its sources' (shards, the stage): the ready
+/// counts added; the head the most urgent, unknown when one source's is; the heads merged
+/// and cut where a source's unlisted items could come between (each source's unlisted
+/// items are no more urgent than its last listed one, or its head when it lists none).
+fn merged(topic: TopicName, parts: Vec<ReadyTopic>) -> ReadyTopic {
+    let ready = parts.iter().map(|p| p.ready).sum();
+    let unknown = parts.iter().any(|p| p.ready > 0 && p.head.is_none());
+    let head = parts
+        .iter()
+        .filter_map(|p| p.head)
+        .min()
+        .filter(|_| !unknown);
+    let cut = parts
+        .iter()
+        .filter(|p| p.ready > p.heads.len() as i64)
+        .filter_map(|p| p.heads.last().copied().or(p.head))
+        .min();
+    let mut heads: Vec<Head> = if unknown {
+        Vec::new()
+    } else {
+        parts.iter().flat_map(|p| p.heads.iter().copied()).collect()
+    };
+    heads.sort_unstable();
+    if let Some(cut) = cut {
+        heads.retain(|h| *h <= cut);
+    }
+    heads.truncate(HEADS_MAX);
+    ReadyTopic {
+        topic,
+        ready,
+        head,
+        heads,
+    }
+}
+
+#[cfg(test)]
+mod merged_tests {
+    use super::*;
+
+    fn h(priority: i32) -> Head {
+        Head {
+            priority,
+            deliver_after_ms: 0,
+        }
+    }
+
+    fn part(ready: i64, heads: &[i32]) -> ReadyTopic {
+        let heads: Vec<Head> = heads.iter().map(|p| h(*p)).collect();
+        ReadyTopic {
+            topic: TopicName {
+                ns: "n".into(),
+                topic: "t".into(),
+            },
+            ready,
+            head: heads.first().copied(),
+            heads,
+        }
+    }
+
+    #[test]
+    fn a_hosts_heads_stop_where_a_sources_unlisted_items_could_come_between() {
+        let t = |r: &ReadyTopic| r.heads.iter().map(|h| h.priority).collect::<Vec<_>>();
+        // Both sources list everything: all of it, in order.
+        let r = merged(part(0, &[]).topic, vec![part(2, &[1, 4]), part(2, &[2, 3])]);
+        assert_eq!((r.ready, r.head, t(&r)), (4, Some(h(1)), vec![1, 2, 3, 4]));
+        // The second lists 2 of its 5: its others are no more urgent than 3, so the
+        // first's 4 cannot be told apart from them.
+        let r = merged(part(0, &[]).topic, vec![part(2, &[1, 4]), part(5, &[2, 3])]);
+        assert_eq!(t(&r), vec![1, 2, 3]);
+        // A source whose head is unknown makes the host's unknown.
+        let mut unknown = part(3, &[]);
+        unknown.head = None;
+        let r = merged(unknown.topic.clone(), vec![part(2, &[1, 4]), unknown]);
+        assert_eq!((r.head, t(&r)), (None, vec![]));
     }
 }

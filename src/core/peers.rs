@@ -26,7 +26,7 @@ pub const READY_TOPICS_MAX: usize = 10_000;
 pub(super) type ReadyTopics = HashMap<TopicName, PeerTopic>;
 
 /// What this host knows of a topic's ready items on a peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct PeerTopic {
     /// How many (as last said: dequeues since are not subtracted).
     pub ready: i64,
@@ -35,6 +35,9 @@ pub(super) struct PeerTopic {
     /// announces a topic once per poll interval, so a more urgent item that came since is
     /// known at its next poll.
     pub head: Option<Head>,
+    /// The keys of its most urgent ready items there, as last said (see
+    /// `model::ReadyTopic::heads`), less those a routed dequeue took since.
+    pub heads: Vec<Head>,
     /// Which poll or announcement said so (one counter for both, `announcements`).
     pub seq: u64,
 }
@@ -48,6 +51,12 @@ impl PeerTopic {
         self.head = match (self.head, said.head) {
             (Some(a), Some(b)) => Some(a.min(b)),
             _ => None,
+        };
+        // The announced keys are the peer's whole list as it stood then: newer than any.
+        self.heads = if self.head.is_some() {
+            said.heads.clone()
+        } else {
+            Vec::new()
         };
         self.seq = self.seq.max(said.seq);
     }
@@ -412,11 +421,13 @@ mod tests {
         let polled = PeerTopic {
             ready: 10,
             head: head(5),
+            heads: head(5).into_iter().collect(),
             seq: 0,
         };
-        let said = |h, seq| PeerTopic {
+        let said = |h: Option<Head>, seq| PeerTopic {
             ready: 1,
             head: h,
+            heads: h.into_iter().collect(),
             seq,
         };
         let mut k = polled;

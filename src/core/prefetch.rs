@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::demand::AT_MOST_ONCE_HOLD_MS;
-use crate::model::{GlobalKey, Head, Item, Policy, ReadyTopic, ShardId, TopicName};
+use crate::model::{GlobalKey, Head, Item, Policy, ReadyTopic, ShardId, TopicName, HEADS_MAX};
 
 /// Half-life of the dequeue-rate estimate.
 const RATE_HALF_LIFE_MS: f64 = 1000.0;
@@ -367,26 +367,22 @@ impl Prefetch {
         topics
             .iter()
             .filter_map(|(t, s)| {
-                let mut live_items = s.items.values().filter(|s| live(&s.item));
-                let head = Head::of(&live_items.next()?.item);
+                let mut heads = Vec::new();
+                let mut ready = 0i64;
+                for s in s.items.values().filter(|s| live(&s.item)) {
+                    if heads.len() < HEADS_MAX {
+                        heads.push(Head::of(&s.item));
+                    }
+                    ready += 1;
+                }
                 Some(ReadyTopic {
                     topic: t.clone(),
-                    ready: 1 + live_items.count() as i64,
-                    head: Some(head),
+                    ready,
+                    head: Some(*heads.first()?),
+                    heads,
                 })
             })
             .collect()
-    }
-
-    /// The most urgent staged item of a topic that may still be handed out.
-    pub fn staged_head(&self, topic: &TopicName, live: impl Fn(&Item) -> bool) -> Option<Head> {
-        let topics = self.topics.lock().expect("not poisoned");
-        topics
-            .get(topic)?
-            .items
-            .values()
-            .find(|s| live(&s.item))
-            .map(|s| Head::of(&s.item))
     }
 
     /// The heads of up to `max` staged items of a topic that could be handed out now, the
@@ -541,7 +537,8 @@ mod tests {
             vec![ReadyTopic {
                 topic: topic(),
                 ready: 1,
-                head: Some(head)
+                head: Some(head),
+                heads: vec![head],
             }]
         );
         assert_eq!(p.staged_heads(&topic(), 10, 1, live), vec![head]);

@@ -1,7 +1,11 @@
 //! A dequeue routed across the tier: the tier's most urgent items first, as far as this
-//! host knows the peers' heads (each topic's most urgent ready item there, from the peer's
-//! last poll or announcement, or its last answer to a routed dequeue). A peer that cannot
-//! be reached is skipped (its items wait); the call fails only when nothing was found and
+//! host knows the peers' heads (the keys of each topic's most urgent ready items there,
+//! from the peer's last poll or announcement, less what routed dequeues took since). It
+//! merges what it knows (its own heads and the peers') into how many items to take from
+//! each host, and asks each for exactly that many, none past the merge's last key: so a
+//! reply holds the tier's most urgent items as of those heads, across any number of
+//! hosts, and no item is leased that the reply does not return. A peer that cannot be
+//! reached is skipped (its items wait); the call fails only when nothing was found and
 //! some host with items could not be reached.
 
 use super::host::Host;
@@ -9,13 +13,48 @@ use super::peers::ClusterState;
 use crate::error::Result;
 use crate::model::{Head, Item, TopicName};
 
+/// How many times a routed dequeue plans and asks again when a peer answered with fewer
+/// than planned.
+const MERGE_ROUNDS_MAX: usize = 3;
+
 /// A peer a routed dequeue may ask, with what this host knows of its head.
 pub(super) struct RoutePeer {
     pub id: String,
     pub addr: String,
     pub head: Option<Head>,
+    /// Its most urgent ready keys as known (at least `head` when that is known).
+    pub heads: Vec<Head>,
+    /// Whether it said it holds more ready items than `heads` lists (those are no more
+    /// urgent than the last listed).
+    pub more: bool,
     /// The poll or announcement the head came with (see `PeerTopic::seq`).
     pub seq: u64,
+}
+
+/// How many items a routed dequeue of `count` takes from this host (`mine`, its own
+/// heads) and from each peer (their known heads): the `count` most urgent keys of them
+/// all, ties to this host, then to the earlier peer; and the least urgent key taken when
+/// `count` were found (no host is asked for items past it).
+pub(super) fn plan(
+    mine: &[Head],
+    peers: &[&[Head]],
+    count: usize,
+) -> (usize, Vec<usize>, Option<Head>) {
+    let mut keys: Vec<(Head, usize)> = mine.iter().map(|h| (*h, 0)).collect();
+    for (i, heads) in peers.iter().enumerate() {
+        keys.extend(heads.iter().map(|h| (*h, i + 1)));
+    }
+    keys.sort_unstable();
+    keys.truncate(count);
+    let mut take = vec![0usize; peers.len() + 1];
+    for (_, source) in &keys {
+        take[*source] += 1;
+    }
+    let last = (keys.len() == count)
+        .then(|| keys.last().map(|k| k.0))
+        .flatten();
+    let mine = take.remove(0);
+    (mine, take, last)
 }
 
 impl ClusterState {
@@ -30,13 +69,19 @@ impl ClusterState {
             .into_iter()
             .filter(|(id, _)| loads.get(id).is_none_or(|l| l.reachable))
             .filter_map(|(id, addr)| {
-                let known = *ready.get(&id)?.get(topic)?;
+                let known = ready.get(&id)?.get(topic)?;
+                let heads = match (&known.heads[..], known.head) {
+                    ([], Some(h)) => vec![h],
+                    (heads, _) => heads.to_vec(),
+                };
                 (known.ready > 0).then_some((
                     known.ready,
                     RoutePeer {
                         id,
                         addr,
                         head: known.head,
+                        more: known.ready > heads.len() as i64,
+                        heads,
                         seq: known.seq,
                     },
                 ))
@@ -59,6 +104,22 @@ impl ClusterState {
         }
     }
 
+    /// A peer answered with `n` items: the first `n` of its known keys are taken (unless
+    /// an announcement came since `seq` was read: its keys are newer).
+    fn took(&self, p: &RoutePeer, topic: &TopicName, n: usize) {
+        let mut ready = self.ready.lock().expect("not poisoned");
+        if let Some(k) = ready.get_mut(&p.id).and_then(|t| t.get_mut(topic)) {
+            if k.seq == p.seq {
+                let n = n.min(k.heads.len());
+                k.heads.drain(..n);
+                k.ready = (k.ready - n as i64).max(0);
+                if let Some(first) = k.heads.first() {
+                    k.head = Some(k.head.map_or(*first, |h| h.max(*first)));
+                }
+            }
+        }
+    }
+
     /// A peer's answer showed that none of its ready items of `topic` is more urgent than
     /// `head`: raise what is known of its head, unless an announcement came since `seq`
     /// was read (it may have brought a more urgent item).
@@ -67,6 +128,8 @@ impl ClusterState {
         if let Some(k) = ready.get_mut(&p.id).and_then(|t| t.get_mut(topic)) {
             if k.seq == p.seq {
                 k.head = Some(k.head.map_or(head, |h| h.max(head)));
+                // The keys it had before that are taken.
+                k.heads.retain(|h| *h >= head);
             }
         }
     }
@@ -74,14 +137,11 @@ impl ClusterState {
 
 impl Host {
     /// Up to `count` items of `topic` for one dequeue, the tier's most urgent as far as
-    /// this host knows. It looks at what it would give itself (the heads of its `count`
-    /// most urgent ready items, from memory) and asks the peers whose head beats the least
-    /// urgent of those, the most urgent head first, for items before it (`before`); then it
-    /// takes from its own shards what is left to take, and asks the peers that have the
-    /// topic for whatever is still missing. A peer's head comes from its last poll or
-    /// announcement, or from its last answer. Two peers' items are not traded against each
-    /// other: one peer's less urgent items may come while another holds more urgent ones,
-    /// until the next reply.
+    /// this host knows. It merges its own heads (its `count` most urgent ready keys, from
+    /// memory) with the peers' known heads ([`plan`]), asks each peer at once for its share
+    /// (items up to the merge's last key), takes the rest from its own shards, and asks
+    /// the peers that have the topic (those whose heads are unknown among them) for
+    /// whatever is still missing (a peer whose heads were stale answered with fewer).
     ///
     /// With `local_only` (a dequeue a peer routed here), this host's items only, and with
     /// `before` only those more urgent than it.
@@ -100,21 +160,76 @@ impl Host {
         let mut failure = None;
         let mut remote: Vec<Item> = Vec::new();
         let peers = self.cluster.peers_with_ready(tier, topic);
+        let unknown: Vec<&RoutePeer> = peers.iter().filter(|p| p.head.is_none()).collect();
         if !peers.is_empty() {
             let mine = self.local_heads(topic, count).await;
-            for p in &peers {
-                // This host's items that would still be in the reply.
+            // Peers whose heads are unknown (their shards have not read the topic since
+            // they opened) may hold anything: asked first, for items more urgent than the
+            // least urgent this host would give.
+            for p in unknown {
                 let mine_in = mine.len().min(count - remote.len());
                 let Some(worst) = mine_in.checked_sub(1).map(|i| mine[i]) else {
                     break;
                 };
-                if p.head.is_some_and(|h| h >= worst) {
-                    continue;
-                }
-                let want = count - remote.len();
-                match self.ask(p, topic, want, Some(worst)).await {
+                match self.ask(p, topic, count - remote.len(), Some(worst)).await {
                     Ok(items) => remote.extend(items),
                     Err(e) => failure = Some(e),
+                }
+            }
+            // Rounds: a peer whose heads were stale answers with fewer than planned; the
+            // next round plans again with what the answers showed.
+            for _ in 0..MERGE_ROUNDS_MAX {
+                let want = count - remote.len();
+                let peers = self.cluster.peers_with_ready(tier, topic);
+                let known: Vec<&RoutePeer> = peers.iter().filter(|p| p.head.is_some()).collect();
+                if want == 0 || known.is_empty() {
+                    break;
+                }
+                // A peer with more than it lists may hold any number more at or after its
+                // last listed key: planned as if they were at it (so it is asked for
+                // them), while the bound comes from the listed keys alone (the least
+                // urgent of the `want` most urgent known: nothing past it belongs in the
+                // reply).
+                let padded: Vec<Vec<Head>> = known
+                    .iter()
+                    .map(|p| {
+                        let mut v = p.heads.clone();
+                        if let (true, Some(last)) = (p.more, v.last().copied()) {
+                            v.resize(v.len().max(want), last);
+                        }
+                        v
+                    })
+                    .collect();
+                let heads: Vec<&[Head]> = padded.iter().map(|v| &v[..]).collect();
+                let (_, takes, _) = plan(&mine, &heads, want);
+                let listed: Vec<&[Head]> = known.iter().map(|p| &p.heads[..]).collect();
+                let (_, _, last) = plan(&mine, &listed, want);
+                // None past the merge's last key (`before` is exclusive: the key after it).
+                let bound = last.map(|h| Head {
+                    deliver_after_ms: h.deliver_after_ms.saturating_add(1),
+                    ..h
+                });
+                let asks: Vec<_> = known
+                    .iter()
+                    .zip(takes)
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(p, n)| async move { (n, self.ask(p, topic, n, bound).await) })
+                    .collect();
+                if asks.is_empty() {
+                    break;
+                }
+                let mut short = false;
+                for (n, r) in futures::future::join_all(asks).await {
+                    match r {
+                        Ok(items) => {
+                            short |= items.len() < n;
+                            remote.extend(items);
+                        }
+                        Err(e) => failure = Some(e),
+                    }
+                }
+                if !short {
+                    break;
                 }
             }
         }
@@ -174,7 +289,7 @@ impl Host {
             Ok(items) => match (before, items.last()) {
                 (None, None) => self.cluster.drained(&p.id, topic),
                 (Some(b), _) if items.len() < want => self.cluster.head_at_least(p, topic, b),
-                (_, Some(last)) => self.cluster.head_at_least(p, topic, Head::of(last)),
+                (_, Some(_)) => self.cluster.took(p, topic, items.len()),
                 (Some(_), None) => {}
             },
             Err(e) => {
@@ -187,5 +302,36 @@ impl Host {
             }
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(priority: i32) -> Head {
+        Head {
+            priority,
+            deliver_after_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_plan_takes_the_most_urgent_known_keys_from_each_host() {
+        // Three hosts, interleaved: this one 0, 3, 6, ...; the peers 1, 4, ... and 2, 5, ...
+        let mine: Vec<Head> = (0..10).map(|i| h(3 * i)).collect();
+        let a: Vec<Head> = (0..10).map(|i| h(3 * i + 1)).collect();
+        let b: Vec<Head> = (0..10).map(|i| h(3 * i + 2)).collect();
+        let (m, takes, last) = plan(&mine, &[&a, &b], 10);
+        assert_eq!((m, takes, last), (4, vec![3, 3], Some(h(9))));
+        // Fewer keys known than asked: all of them, and no bound.
+        let (m, takes, last) = plan(&mine[..2], &[&a[..1]], 10);
+        assert_eq!((m, takes, last), (2, vec![1], None));
+        // Ties go to this host, then to the earlier peer.
+        let (m, takes, _) = plan(&[h(1)], &[&[h(1)], &[h(1)]], 2);
+        assert_eq!((m, takes), (1, vec![1, 0]));
+        // A peer with nothing known is asked for nothing.
+        let (m, takes, _) = plan(&[h(5)], &[&[]], 3);
+        assert_eq!((m, takes), (1, vec![0]));
     }
 }

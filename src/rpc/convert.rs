@@ -270,6 +270,15 @@ pub fn ready_topics(topics: Vec<ReadyTopic>) -> Vec<t::ReadyTopic> {
             ready: Some(r.ready),
             head_priority: r.head.map(|h| h.priority),
             head_deliver_after_ms: r.head.map(|h| h.deliver_after_ms),
+            heads: (!r.heads.is_empty()).then(|| {
+                r.heads
+                    .iter()
+                    .map(|h| t::HeadKey {
+                        priority: Some(h.priority),
+                        deliver_after_ms: Some(h.deliver_after_ms),
+                    })
+                    .collect()
+            }),
         })
         .collect()
 }
@@ -293,6 +302,18 @@ pub fn ready_topics_from_wire(topics: Option<Vec<t::ReadyTopic>>) -> Vec<ReadyTo
             },
             ready: r.ready.unwrap_or(0),
             head: head_from_wire(r.head_priority, r.head_deliver_after_ms),
+            // Sorted and bounded whatever the peer sent.
+            heads: {
+                let mut heads: Vec<Head> = r
+                    .heads
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|k| head_from_wire(k.priority, k.deliver_after_ms))
+                    .take(crate::model::HEADS_MAX)
+                    .collect();
+                heads.sort_unstable();
+                heads
+            },
         })
         .collect()
 }

@@ -201,6 +201,10 @@ pub fn seeds() -> Vec<Vec<u8>> {
                         ready: Some(3),
                         head_priority: Some(-2),
                         head_deliver_after_ms: Some(1_000),
+                        heads: Some(vec![t::HeadKey {
+                            priority: Some(-2),
+                            deliver_after_ms: Some(1_000),
+                        }]),
                     }]),
                 },
             }

@@ -209,6 +209,15 @@ impl NsCounts {
             .is_some_and(|c| c.waiting.keys().next().is_some_and(|s| *s <= now_sec))
     }
 
+    /// How many items of one topic are ready at `now_ms`.
+    pub fn ready_of(&self, ns: &str, topic: &str, now_ms: i64) -> i64 {
+        let now_sec = now_ms.div_euclid(1000);
+        self.by_ns
+            .get(ns)
+            .and_then(|topics| topics.get(topic))
+            .map_or(0, |c| c.snapshot(now_sec).ready)
+    }
+
     /// Topics with ready items at `now_ms` and how many: (ns, topic, ready).
     pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
         let now_sec = now_ms.div_euclid(1000);

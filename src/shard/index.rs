@@ -150,6 +150,18 @@ impl ReadyIndex {
         self.topics.len()
     }
 
+    /// Whether another topic fits without evicting one.
+    pub fn has_room(&self) -> bool {
+        self.topics.len() < self.topics_max
+    }
+
+    /// Whether the topic's keys are known: it has been read since it was (re)loaded.
+    pub fn is_loaded(&self, t: &TopicName) -> bool {
+        self.topics
+            .get(t)
+            .is_some_and(|t| t.watermark != Watermark::Unloaded)
+    }
+
     /// The topic's index if it has one, not marked as used: for readers beside the worker,
     /// which must not add topics (adding one may evict another, see `ShardHandle::peek`).
     pub fn get(&self, t: &TopicName) -> Option<&TopicIndex> {

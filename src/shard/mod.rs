@@ -33,7 +33,7 @@ pub use worker::{ShardWorker, WorkerConfig, READS_BESIDE_MAX};
 
 use crate::model::{
     Head, Item, NewItem, ReadyKey, ReadyTopic, ShardId, ShardState, ShardStatus, TopicCounts,
-    TopicName, TopicSnapshot,
+    TopicName, TopicSnapshot, HEADS_MAX,
 };
 use crate::store::ItemMeta;
 pub use error::{Result, ShardError};
@@ -239,15 +239,6 @@ pub(crate) struct ShardShared {
     pub counts: std::sync::Mutex<NsCounts>,
 }
 
-/// A topic's head on one shard (see [`ShardHandle::topic_head`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShardHead {
-    NothingReady,
-    Known(Head),
-    /// Items are ready, but the index does not know which (not read since it opened).
-    Unknown,
-}
-
 /// The cloneable sender that talks to one shard's worker.
 #[derive(Clone)]
 pub struct ShardHandle {
@@ -389,34 +380,45 @@ impl ShardHandle {
             .into_iter()
             .map(|(ns, topic, ready)| {
                 let topic = TopicName { ns, topic };
-                let head = index
-                    .get(&topic)
-                    .and_then(|t| t.head_bound())
-                    .map(Head::from);
-                ReadyTopic { topic, ready, head }
+                let t = index.get(&topic);
+                ReadyTopic {
+                    head: t.and_then(|t| t.head_bound()).map(Head::from),
+                    // The index holds exactly the ready items up to its watermark, in
+                    // order: the rest lie above the last of these.
+                    heads: t.map_or_else(Vec::new, |t| {
+                        t.head(HEADS_MAX).into_iter().map(Head::from).collect()
+                    }),
+                    topic,
+                    ready,
+                }
             })
             .collect()
     }
 
-    /// One topic's head here (see [`Self::ready_topics`]).
-    pub fn topic_head(&self, topic: &TopicName, now_ms: i64) -> ShardHead {
+    /// One topic as [`Self::ready_topics`] shows it, if it has ready items here.
+    pub fn ready_topic(&self, topic: &TopicName, now_ms: i64) -> Option<ReadyTopic> {
         let ready = self
             .shared
             .counts
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .has_ready(&topic.ns, &topic.topic, now_ms);
-        if !ready {
-            return ShardHead::NothingReady;
+            .ready_of(&topic.ns, &topic.topic, now_ms);
+        if ready <= 0 {
+            return None;
         }
         let index = self
             .index
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match index.get(topic).and_then(|t| t.head_bound()) {
-            Some(k) => ShardHead::Known(Head::from(k)),
-            None => ShardHead::Unknown,
-        }
+        let t = index.get(topic);
+        Some(ReadyTopic {
+            topic: topic.clone(),
+            ready,
+            head: t.and_then(|t| t.head_bound()).map(Head::from),
+            heads: t.map_or_else(Vec::new, |t| {
+                t.head(HEADS_MAX).into_iter().map(Head::from).collect()
+            }),
+        })
     }
 
     /// The shard's items by namespace and state at `now_ms`, from memory.

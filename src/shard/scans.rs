@@ -10,6 +10,9 @@ use super::worker::{settle_window, timed, ShardWorker, WorkerConfig, SCAN_STEPS_
 use crate::model::{ItemState, Policy, TopicName, Totals};
 use crate::store::{next_event, Change, ShardStore, StoreError};
 
+/// See `ShardWorker::load_unindexed`.
+const UNINDEXED_LOADS_PER_TICK: usize = 8;
+
 /// An item's move between states, for the counts: (ns, topic, from, to; `None`: deleted),
 /// each state with its `deliver_after_ms` (see `NsCounts`).
 type Move = (String, String, (ItemState, i64), Option<(ItemState, i64)>);
@@ -44,7 +47,35 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
             }
         }
+        self.load_unindexed(now).await;
         self.save_checkpoints(false).await;
+    }
+
+    /// Reads the index of a few topics that have ready items but no index here (new
+    /// since the shard opened, and not dequeued yet), while the index has room for them:
+    /// so the host's summary knows their heads, and a peer routing a dequeue can merge
+    /// them (see `core::routed_dequeue`). At most `UNINDEXED_LOADS_PER_TICK` per tick, one
+    /// index-ordered read each.
+    async fn load_unindexed(&mut self, now: i64) {
+        let topics: Vec<TopicName> = {
+            let counts = self.counts().ready_topics(now);
+            let index = self.index();
+            if !index.has_room() {
+                return;
+            }
+            counts
+                .into_iter()
+                .map(|(ns, topic, _)| TopicName { ns, topic })
+                .filter(|t| !index.is_loaded(t))
+                .take(UNINDEXED_LOADS_PER_TICK)
+                .collect()
+        };
+        for t in topics {
+            if let Err(e) = self.peek(&t, 1).await {
+                tracing::debug!(shard = self.id, error = %e, "loading a topic's index failed");
+                return;
+            }
+        }
     }
 
     /// Topics whose unknown write outcome has settled (see `doubt.rs`): their index is

@@ -3370,6 +3370,74 @@ class PeerInfo(object):
         return not (self == other)
 
 
+class HeadKey(object):
+    """
+    Attributes:
+     - priority
+     - deliver_after_ms
+
+    """
+
+
+    def __init__(self, priority=None, deliver_after_ms=None,):
+        self.priority = priority
+        self.deliver_after_ms = deliver_after_ms
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.priority = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.deliver_after_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('HeadKey')
+        if self.priority is not None:
+            oprot.writeFieldBegin('priority', TType.I32, 1)
+            oprot.writeI32(self.priority)
+            oprot.writeFieldEnd()
+        if self.deliver_after_ms is not None:
+            oprot.writeFieldBegin('deliver_after_ms', TType.I64, 2)
+            oprot.writeI64(self.deliver_after_ms)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class ReadyTopic(object):
     """
     Attributes:
@@ -3378,16 +3446,18 @@ class ReadyTopic(object):
      - ready
      - head_priority
      - head_deliver_after_ms
+     - heads
 
     """
 
 
-    def __init__(self, ns=None, topic=None, ready=None, head_priority=None, head_deliver_after_ms=None,):
+    def __init__(self, ns=None, topic=None, ready=None, head_priority=None, head_deliver_after_ms=None, heads=None,):
         self.ns = ns
         self.topic = topic
         self.ready = ready
         self.head_priority = head_priority
         self.head_deliver_after_ms = head_deliver_after_ms
+        self.heads = heads
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3423,6 +3493,17 @@ class ReadyTopic(object):
                     self.head_deliver_after_ms = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.LIST:
+                    self.heads = []
+                    (_etype129, _size126) = iprot.readListBegin()
+                    for _i130 in range(_size126):
+                        _elem131 = HeadKey()
+                        _elem131.read(iprot)
+                        self.heads.append(_elem131)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3452,6 +3533,13 @@ class ReadyTopic(object):
         if self.head_deliver_after_ms is not None:
             oprot.writeFieldBegin('head_deliver_after_ms', TType.I64, 5)
             oprot.writeI64(self.head_deliver_after_ms)
+            oprot.writeFieldEnd()
+        if self.heads is not None:
+            oprot.writeFieldBegin('heads', TType.LIST, 6)
+            oprot.writeListBegin(TType.STRUCT, len(self.heads))
+            for iter132 in self.heads:
+                iter132.write(oprot)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3520,11 +3608,11 @@ class HostInfo(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype129, _size126) = iprot.readListBegin()
-                    for _i130 in range(_size126):
-                        _elem131 = ShardInfo()
-                        _elem131.read(iprot)
-                        self.shards.append(_elem131)
+                    (_etype136, _size133) = iprot.readListBegin()
+                    for _i137 in range(_size133):
+                        _elem138 = ShardInfo()
+                        _elem138.read(iprot)
+                        self.shards.append(_elem138)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3546,11 +3634,11 @@ class HostInfo(object):
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.peers = []
-                    (_etype135, _size132) = iprot.readListBegin()
-                    for _i136 in range(_size132):
-                        _elem137 = PeerInfo()
-                        _elem137.read(iprot)
-                        self.peers.append(_elem137)
+                    (_etype142, _size139) = iprot.readListBegin()
+                    for _i143 in range(_size139):
+                        _elem144 = PeerInfo()
+                        _elem144.read(iprot)
+                        self.peers.append(_elem144)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3562,11 +3650,11 @@ class HostInfo(object):
             elif fid == 9:
                 if ftype == TType.LIST:
                     self.ready_topics = []
-                    (_etype141, _size138) = iprot.readListBegin()
-                    for _i142 in range(_size138):
-                        _elem143 = ReadyTopic()
-                        _elem143.read(iprot)
-                        self.ready_topics.append(_elem143)
+                    (_etype148, _size145) = iprot.readListBegin()
+                    for _i149 in range(_size145):
+                        _elem150 = ReadyTopic()
+                        _elem150.read(iprot)
+                        self.ready_topics.append(_elem150)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3591,8 +3679,8 @@ class HostInfo(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter144 in self.shards:
-                iter144.write(oprot)
+            for iter151 in self.shards:
+                iter151.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.tier is not None:
@@ -3610,8 +3698,8 @@ class HostInfo(object):
         if self.peers is not None:
             oprot.writeFieldBegin('peers', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.peers))
-            for iter145 in self.peers:
-                iter145.write(oprot)
+            for iter152 in self.peers:
+                iter152.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.manager is not None:
@@ -3621,8 +3709,8 @@ class HostInfo(object):
         if self.ready_topics is not None:
             oprot.writeFieldBegin('ready_topics', TType.LIST, 9)
             oprot.writeListBegin(TType.STRUCT, len(self.ready_topics))
-            for iter146 in self.ready_topics:
-                iter146.write(oprot)
+            for iter153 in self.ready_topics:
+                iter153.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3673,11 +3761,11 @@ class NotifyReadyRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.topics = []
-                    (_etype150, _size147) = iprot.readListBegin()
-                    for _i151 in range(_size147):
-                        _elem152 = ReadyTopic()
-                        _elem152.read(iprot)
-                        self.topics.append(_elem152)
+                    (_etype157, _size154) = iprot.readListBegin()
+                    for _i158 in range(_size154):
+                        _elem159 = ReadyTopic()
+                        _elem159.read(iprot)
+                        self.topics.append(_elem159)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3698,8 +3786,8 @@ class NotifyReadyRequest(object):
         if self.topics is not None:
             oprot.writeFieldBegin('topics', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.topics))
-            for iter153 in self.topics:
-                iter153.write(oprot)
+            for iter160 in self.topics:
+                iter160.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3974,10 +4062,10 @@ class SwitchReport(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype157, _size154) = iprot.readListBegin()
-                    for _i158 in range(_size154):
-                        _elem159 = iprot.readI32()
-                        self.shards.append(_elem159)
+                    (_etype164, _size161) = iprot.readListBegin()
+                    for _i165 in range(_size161):
+                        _elem166 = iprot.readI32()
+                        self.shards.append(_elem166)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4048,8 +4136,8 @@ class SwitchReport(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 2)
             oprot.writeListBegin(TType.I32, len(self.shards))
-            for iter160 in self.shards:
-                oprot.writeI32(iter160)
+            for iter167 in self.shards:
+                oprot.writeI32(iter167)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.from_server is not None:
@@ -4135,11 +4223,11 @@ class SwitchResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.switches = []
-                    (_etype164, _size161) = iprot.readListBegin()
-                    for _i165 in range(_size161):
-                        _elem166 = SwitchReport()
-                        _elem166.read(iprot)
-                        self.switches.append(_elem166)
+                    (_etype171, _size168) = iprot.readListBegin()
+                    for _i172 in range(_size168):
+                        _elem173 = SwitchReport()
+                        _elem173.read(iprot)
+                        self.switches.append(_elem173)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4161,8 +4249,8 @@ class SwitchResponse(object):
         if self.switches is not None:
             oprot.writeFieldBegin('switches', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.switches))
-            for iter167 in self.switches:
-                iter167.write(oprot)
+            for iter174 in self.switches:
+                iter174.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.elapsed_ms is not None:
@@ -4429,11 +4517,11 @@ class ShardReplicationInfo(object):
             elif fid == 10:
                 if ftype == TType.LIST:
                     self.replicas = []
-                    (_etype171, _size168) = iprot.readListBegin()
-                    for _i172 in range(_size168):
-                        _elem173 = ReplicaInfo()
-                        _elem173.read(iprot)
-                        self.replicas.append(_elem173)
+                    (_etype178, _size175) = iprot.readListBegin()
+                    for _i179 in range(_size175):
+                        _elem180 = ReplicaInfo()
+                        _elem180.read(iprot)
+                        self.replicas.append(_elem180)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4486,8 +4574,8 @@ class ShardReplicationInfo(object):
         if self.replicas is not None:
             oprot.writeFieldBegin('replicas', TType.LIST, 10)
             oprot.writeListBegin(TType.STRUCT, len(self.replicas))
-            for iter174 in self.replicas:
-                iter174.write(oprot)
+            for iter181 in self.replicas:
+                iter181.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4531,11 +4619,11 @@ class ReplicationResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype178, _size175) = iprot.readListBegin()
-                    for _i179 in range(_size175):
-                        _elem180 = ShardReplicationInfo()
-                        _elem180.read(iprot)
-                        self.shards.append(_elem180)
+                    (_etype185, _size182) = iprot.readListBegin()
+                    for _i186 in range(_size182):
+                        _elem187 = ShardReplicationInfo()
+                        _elem187.read(iprot)
+                        self.shards.append(_elem187)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4552,8 +4640,8 @@ class ReplicationResponse(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter181 in self.shards:
-                iter181.write(oprot)
+            for iter188 in self.shards:
+                iter188.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4849,6 +4937,12 @@ PeerInfo.thrift_spec = (
     (5, TType.BOOL, 'reachable', None, None, ),  # 5
     (6, TType.I64, 'spare_capacity', None, None, ),  # 6
 )
+all_structs.append(HeadKey)
+HeadKey.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'priority', None, None, ),  # 1
+    (2, TType.I64, 'deliver_after_ms', None, None, ),  # 2
+)
 all_structs.append(ReadyTopic)
 ReadyTopic.thrift_spec = (
     None,  # 0
@@ -4857,6 +4951,7 @@ ReadyTopic.thrift_spec = (
     (3, TType.I64, 'ready', None, None, ),  # 3
     (4, TType.I32, 'head_priority', None, None, ),  # 4
     (5, TType.I64, 'head_deliver_after_ms', None, None, ),  # 5
+    (6, TType.LIST, 'heads', (TType.STRUCT, [HeadKey, None], False), None, ),  # 6
 )
 all_structs.append(HostInfo)
 HostInfo.thrift_spec = (
