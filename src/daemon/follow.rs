@@ -106,6 +106,14 @@ pub(super) async fn follow_view(
                 manager.released(s);
             }
         }
+        // Held but not served because its primary is not serving (fenced by a failover
+        // under way, or paused): unserved, so that it is released should the view move
+        // it before it is ever opened here. (Before: a shard acquired while fenced and
+        // moved away by region affinity once the failover ended was never released,
+        // and had no owner until this host restarted.)
+        for s in owned.iter().filter(|s| !mine.contains(s)) {
+            r.unserved.insert(*s);
+        }
         // Paused for a switch: say so, once per generation (generations only rise: the
         // pauses of older ones are forgotten).
         r.paused
