@@ -81,20 +81,20 @@ fn judge(call: Resolving, r: Result<()>) -> Verdict {
 }
 
 impl Host {
-    /// Resolves the in-doubt results among `results` (see the module's notes), in place:
-    /// `retry` runs the call again for the items at the positions it is given. Only
-    /// acks, and nacks and touches that name their lease (`named`), are retried.
-    pub(super) async fn resolve_in_doubt<'a>(
+    /// Resolves the in-doubt results among `results` (the answers to `items`, see the
+    /// module's notes), in place: `retry` runs the call again for some of the items.
+    /// Only acks, and nacks and touches that name their lease (`named`), are retried.
+    pub(super) async fn resolve_in_doubt<'a, T: Clone>(
         &'a self,
         call: Resolving,
-        named: &[bool],
+        (items, named): (&[T], impl Fn(&T) -> bool),
         results: &mut [Result<()>],
-        retry: impl Fn(Vec<usize>) -> BoxFuture<'a, Vec<Result<()>>>,
+        retry: impl Fn(Vec<T>) -> BoxFuture<'a, Vec<Result<()>>>,
     ) {
         let deadline = Instant::now() + self.cluster.settings.in_doubt_max;
         let mut open: Vec<usize> = (0..results.len())
             .filter(|&i| results[i].as_ref().is_err_and(|e| e.in_doubt))
-            .filter(|&i| call == Resolving::Ack || named[i])
+            .filter(|&i| call == Resolving::Ack || named(&items[i]))
             .collect();
         let mut tries = 0u32;
         while !open.is_empty() && Instant::now() < deadline {
@@ -105,7 +105,8 @@ impl Host {
             // Each try within what is left of the bound (a try can take a store's or a
             // peer's whole timeout).
             let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(again) = tokio::time::timeout(left, retry(open.clone())).await else {
+            let sub = open.iter().map(|&i| items[i].clone()).collect();
+            let Ok(again) = tokio::time::timeout(left, retry(sub)).await else {
                 break;
             };
             let mut still = Vec::new();

@@ -255,9 +255,7 @@ impl Host {
                 .any(|r| r.as_ref().is_err_and(|e| e.in_doubt))
         {
             let caller = &caller;
-            let items = &items;
-            self.resolve_in_doubt(Resolving::Ack, &[], &mut results, |at| {
-                let sub: Vec<AckRequestItem> = at.iter().map(|&i| items[i].clone()).collect();
+            self.resolve_in_doubt(Resolving::Ack, (&items, |_| true), &mut results, |sub| {
                 Box::pin(async move { self.ack_once(caller, &sub, may_forward).await })
             })
             .await;
@@ -309,10 +307,9 @@ impl Host {
         let (caller, may_forward) = self.acting(caller, forwarded)?;
         let mut results = self.nack_once(&caller, &items, may_forward).await;
         if forwarded.0.is_none() {
-            let named: Vec<bool> = items.iter().map(|i| i.lease_id.is_some()).collect();
-            let (caller, items) = (&caller, &items);
-            self.resolve_in_doubt(Resolving::Nack, &named, &mut results, |at| {
-                let sub: Vec<NackRequestItem> = at.iter().map(|&i| items[i].clone()).collect();
+            let caller = &caller;
+            let named = |i: &NackRequestItem| i.lease_id.is_some();
+            self.resolve_in_doubt(Resolving::Nack, (&items, named), &mut results, |sub| {
                 Box::pin(async move { self.nack_once(caller, &sub, may_forward).await })
             })
             .await;
@@ -389,10 +386,9 @@ impl Host {
         let (caller, may_forward) = self.acting(caller, forwarded)?;
         let mut results = self.touch_once(&caller, &items, may_forward).await;
         if forwarded.0.is_none() {
-            let named: Vec<bool> = items.iter().map(|i| i.lease_id.is_some()).collect();
-            let (caller, items) = (&caller, &items);
-            self.resolve_in_doubt(Resolving::Touch, &named, &mut results, |at| {
-                let sub: Vec<TouchRequestItem> = at.iter().map(|&i| items[i].clone()).collect();
+            let caller = &caller;
+            let named = |i: &TouchRequestItem| i.lease_id.is_some();
+            self.resolve_in_doubt(Resolving::Touch, (&items, named), &mut results, |sub| {
                 Box::pin(async move { self.touch_once(caller, &sub, may_forward).await })
             })
             .await;

@@ -365,19 +365,7 @@ pub(super) async fn complete(
     if let Err(e) = d.put_demoted(from, &demoted).await {
         problems.push(format!("cannot mark {from} demoted: {e}"));
     }
-    // Still the set's driver? (One that lost its lock leaves the rest to the next.)
-    d.write_journal(set, lock, j).await?;
-    d.publish_final(
-        set,
-        recs,
-        PrimaryRecord {
-            addr: to.clone(),
-            region: j.to_region.clone(),
-            generation: g,
-            state: PrimaryState::Serving,
-        },
-    )
-    .await?;
+    d.serve_target(set, recs, j, lock).await?;
     Ok(problems)
 }
 

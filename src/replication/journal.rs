@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use etcd_client::TxnOp;
 use serde::{Deserialize, Serialize};
 
-use super::driver::Driver;
+use super::driver::{Driver, SetRecords};
 use super::SetLayout;
 use crate::cluster::primaries;
-use crate::model::PrimaryState;
+use crate::model::{PrimaryRecord, PrimaryState};
 
 /// The set's switch lock, as held by this driver.
 pub(super) struct Lock {
@@ -164,6 +164,32 @@ impl Driver {
         };
         primaries::unlock(&mut client, lease).await;
         r
+    }
+
+    /// The last step of a switch or failover that got to `promoting`: this host still
+    /// the set's driver, the shards served on `j.to` at the switch's generation, the
+    /// journal ended with that publish.
+    pub(super) async fn serve_target(
+        &self,
+        set: &SetLayout,
+        recs: &SetRecords,
+        j: &Journal,
+        lock: &Lock,
+    ) -> Result<(), String> {
+        // Still the set's driver? (One that lost its lock leaves the rest to the next.)
+        self.write_journal(set, lock, j).await?;
+        self.publish_final(
+            set,
+            recs,
+            PrimaryRecord {
+                addr: j.to.clone(),
+                region: j.to_region.clone(),
+                generation: j.generation,
+                state: PrimaryState::Serving,
+            },
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Finishes or undoes the switch `set`'s journal records, if any (under its lock);

@@ -299,18 +299,24 @@ pub async fn stop_io(c: &mut Conn) -> Step<()> {
 /// primary is forgotten ([`forget_primary`]) once the IO thread has stopped.
 pub async fn promote_now(c: &mut Conn, semi_sync: bool) -> Step<()> {
     kill_io(c).await?;
+    become_primary(c, semi_sync, &["STOP SLAVE SQL_THREAD"]).await
+}
+
+/// Runs `first`, then the primary side of semi-sync as asked, and makes the server
+/// writable.
+async fn become_primary(c: &mut Conn, semi_sync: bool, first: &[&str]) -> Step<()> {
     let semi = if semi_sync {
         "SET GLOBAL rpl_semi_sync_master_enabled = ON"
     } else {
         "SET GLOBAL rpl_semi_sync_master_enabled = OFF"
     };
-    for q in [
-        "STOP SLAVE SQL_THREAD",
+    let rest = [
         semi,
         "SET SESSION lock_wait_timeout = 2",
         "SET GLOBAL read_only = OFF",
-    ] {
-        c.query_drop(q).await.map_err(|e| format!("{q}: {e}"))?;
+    ];
+    for q in first.iter().chain(&rest) {
+        c.query_drop(*q).await.map_err(|e| format!("{q}: {e}"))?;
     }
     Ok(())
 }
@@ -329,21 +335,7 @@ pub async fn forget_primary(c: &mut Conn) -> Step<()> {
 /// when `semi_sync`) and writable.
 pub async fn promote(c: &mut Conn, semi_sync: bool) -> Step<()> {
     stop_io(c).await?;
-    let semi = if semi_sync {
-        "SET GLOBAL rpl_semi_sync_master_enabled = ON"
-    } else {
-        "SET GLOBAL rpl_semi_sync_master_enabled = OFF"
-    };
-    for q in [
-        "STOP SLAVE",
-        "RESET SLAVE ALL",
-        semi,
-        "SET SESSION lock_wait_timeout = 2",
-        "SET GLOBAL read_only = OFF",
-    ] {
-        c.query_drop(q).await.map_err(|e| format!("{q}: {e}"))?;
-    }
-    Ok(())
+    become_primary(c, semi_sync, &["STOP SLAVE", "RESET SLAVE ALL"]).await
 }
 
 /// Replicates from `primary` from this server's own last transaction on (`current_pos`:

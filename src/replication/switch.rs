@@ -265,20 +265,8 @@ impl Driver {
         }
         let mut problems = self.repoint(set, to, None, semi).await;
         crate::failpoint::pause("switch-promoted").await;
-        // Still the set's driver? (One that lost its lock leaves the rest to the next.)
-        self.write_journal(set, lock, j).await?;
         // 5. Serve it.
-        self.publish_final(
-            set,
-            recs,
-            PrimaryRecord {
-                addr: to.clone(),
-                region: j.to_region.clone(),
-                generation: g,
-                state: PrimaryState::Serving,
-            },
-        )
-        .await?;
+        self.serve_target(set, recs, j, lock).await?;
         if !self.acks(&set.shards, "served", g, SERVED_WAIT).await {
             problems.push(format!("not every shard was served within {SERVED_WAIT:?}"));
         }
