@@ -91,8 +91,10 @@ pub(super) async fn failover(
     // 2. The candidates: each stops receiving first, then says what it received (a
     // position read while it still receives could miss a commit it acknowledged next).
     let others = set.servers.iter().filter(|s| s.addr != from);
-    let asked =
-        futures::future::join_all(others.map(|s| async move { (s, ask(d, &s.addr).await) }));
+    let asked = futures::future::join_all(others.map(|s| async move {
+        let (r, stopping) = ask(d, &s.addr).await;
+        (s, r, stopping)
+    }));
     // The fence runs on its own: a primary that answers is fenced within the candidates'
     // round trip (waited for, a little longer); one that does not (frozen) is not waited
     // for, as nothing it could still commit is acknowledged: its replicas stopped
@@ -105,7 +107,9 @@ pub(super) async fn failover(
     let mut answered = Vec::new();
     let mut silent = Vec::new();
     let mut idle = Vec::new();
-    for (s, r) in asked {
+    let mut stops = Vec::new();
+    for (s, r, stopping) in asked {
+        stops.push(stopping);
         match r {
             Ok((Some(st), semi)) => answered.push(Candidate {
                 addr: s.addr.clone(),
@@ -142,7 +146,12 @@ pub(super) async fn failover(
     let refuse = |why: String| {
         let recs = &recs;
         let fence_held = fence_held();
+        let stops = stops.clone();
         async move {
+            for mut s in stops {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(6), s.wait_for(Option::is_some)).await;
+            }
             undo(d, set, recs, fence_held.await).await;
             Err(why)
         }
@@ -220,7 +229,21 @@ pub(super) async fn failover(
         })
         .await
     {
-        return refuse(format!("cannot promote {}: {e}", chosen.addr)).await;
+        // Half promoted, maybe (its SQL thread stopped, writable): back to a read-only
+        // replica of the old primary before the refusal lets the others receive again.
+        let ch = d.cfg.channel();
+        let old = from.clone();
+        let back = d
+            .admin(&chosen.addr)
+            .with(Duration::from_secs(5), |c| {
+                Box::pin(async move { srv::follow(c, &old, &ch).await })
+            })
+            .await;
+        return refuse(format!(
+            "cannot promote {}: {e} (back to a replica: {back:?})",
+            chosen.addr
+        ))
+        .await;
     }
     // Its replication settings dropped once its IO thread stopped (not waited for).
     let forget = d.admin(&chosen.addr);
@@ -259,12 +282,9 @@ pub(super) async fn failover(
 /// for past [`STOP_WAIT`] when the status says it is not connected (it receives nothing
 /// meanwhile, and does not start once told to stop). One still connected is waited for:
 /// a position read while it receives could miss a commit it acknowledged next.
-async fn ask(
-    d: &Driver,
-    addr: &str,
-) -> Result<(Option<srv::ReplicaStatus>, srv::SemiSync), String> {
+async fn ask(d: &Driver, addr: &str) -> (Asked, Stopping) {
     let admin = d.admin(addr);
-    let mut stop = tokio::spawn(async move {
+    let stop = tokio::spawn(async move {
         admin
             .with(Duration::from_secs(5), |c| {
                 Box::pin(async move {
@@ -276,27 +296,46 @@ async fn ask(
             })
             .await
     });
-    let stopped = matches!(
-        tokio::time::timeout(STOP_WAIT, &mut stop).await,
-        Ok(Ok(Ok(())))
-    );
+    let (tx, rx) = tokio::sync::watch::channel(None::<Result<(), String>>);
+    tokio::spawn(async move {
+        let r = stop.await.unwrap_or_else(|e| Err(e.to_string()));
+        let _ = tx.send(Some(r));
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<Option<Result<(), String>>>, within| async move {
+        match tokio::time::timeout(within, rx.wait_for(Option::is_some)).await {
+            Ok(Ok(v)) => v.clone(),
+            _ => None,
+        }
+    };
     let reader = d.admin(addr);
     let read = || {
         reader.with(Duration::from_secs(3), |c| {
             Box::pin(async move { Ok((srv::replica_status(c).await?, srv::semi_sync(c).await?)) })
         })
     };
-    let first = read().await?;
-    let receiving = first.0.as_ref().is_some_and(|st| st.io_running);
-    if stopped || !receiving {
-        return Ok(first);
+    let early = stopped(rx.clone(), STOP_WAIT).await;
+    let asked = async {
+        let first = read().await?;
+        let receiving = first.0.as_ref().is_some_and(|st| st.io_running);
+        if matches!(early, Some(Ok(()))) || !receiving {
+            return Ok(first);
+        }
+        match stopped(rx.clone(), Duration::from_secs(3)).await {
+            Some(Ok(())) => read().await,
+            Some(Err(e)) => Err(e),
+            None => Err(format!("{addr}: its IO thread did not stop within 3 s")),
+        }
     }
-    match tokio::time::timeout(Duration::from_secs(3), stop).await {
-        Ok(Ok(Ok(()))) => read().await,
-        Ok(Ok(Err(e))) => Err(e),
-        _ => Err(format!("{addr}: its IO thread did not stop within 3 s")),
-    }
+    .await;
+    (asked, rx)
 }
+
+/// What a candidate answered (see [`ask`]).
+type Asked = Result<(Option<srv::ReplicaStatus>, srv::SemiSync), String>;
+/// The end of a candidate's stop, which may outlive [`ask`]: a refusal waits for it
+/// before the candidate receives again (a `START SLAVE` while the stop runs does
+/// nothing, and a stop that comes after it would stop the replica for good).
+type Stopping = tokio::sync::watch::Receiver<Option<Result<(), String>>>;
 
 /// A failover that promotes nobody: the replicas receive again, the old primary is
 /// writable again if `fenced` (the fence reached it: it answers), and the shards stay on
@@ -441,6 +480,8 @@ async fn detect(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
     // Per set: when its primary last answered (silence is counted from there, not from
     // the first beat that went unanswered, which itself waits out its bound).
     let mut answered: HashMap<usize, Instant> = HashMap::new();
+    // Per set: when its last beat was sent.
+    let mut probed: HashMap<usize, Instant> = HashMap::new();
     let mut beats: HashMap<usize, Beat> = HashMap::new();
     loop {
         tokio::select! {
@@ -450,6 +491,7 @@ async fn detect(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
         let led = led(&d);
         // Sets not led (any more): no connection of ours stays on their primaries.
         answered.retain(|i, _| led.iter().any(|(j, _)| j == i));
+        probed.retain(|i, _| led.iter().any(|(j, _)| j == i));
         beats.retain(|i, _| led.iter().any(|(j, _)| j == i));
         for (i, rec) in led {
             let set = &d.layout.sets[i];
@@ -469,6 +511,15 @@ async fn detect(d: Arc<Driver>, mut stop: watch::Receiver<bool>) {
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or(0);
             let sent = Instant::now();
+            // Silence counts only across beats actually sent: after this loop was held
+            // up for longer than `failover_after_ms` (a failover of another set runs in
+            // it), the silence starts again at this beat.
+            let held_up = probed
+                .insert(i, sent)
+                .is_some_and(|p| sent.duration_since(p) > after);
+            if held_up {
+                answered.insert(i, sent);
+            }
             if beat(b, (&url, set.tls_of(&rec.addr)), every * 2, now_ms).await {
                 answered.insert(i, sent);
                 continue;

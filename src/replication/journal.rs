@@ -139,9 +139,13 @@ impl Driver {
             let Ok((mut keeper, mut stream)) = client.clone().lease_keep_alive(lease).await else {
                 return;
             };
+            // Counted from when the last renewal that etcd granted was sent: the lease
+            // runs at least `ttl` from then. The driver stops a third of it earlier, so
+            // that it has stopped before another can take the lock.
             let mut renewed = Instant::now();
             loop {
                 tokio::time::sleep(ttl / 3).await;
+                let sent = Instant::now();
                 let answer = match keeper.keep_alive().await {
                     Ok(()) => tokio::time::timeout(ttl / 3, stream.message()).await,
                     Err(_) => Ok(Ok(None)),
@@ -149,8 +153,8 @@ impl Driver {
                 match answer {
                     // The lease is gone: another driver may hold the lock already.
                     Ok(Ok(Some(r))) if r.ttl() <= 0 => return,
-                    Ok(Ok(Some(_))) => renewed = Instant::now(),
-                    _ if renewed.elapsed() >= ttl => return,
+                    Ok(Ok(Some(_))) => renewed = sent,
+                    _ if renewed.elapsed() >= ttl * 2 / 3 => return,
                     _ => tracing::warn!("etcd: cannot renew the switch lock yet"),
                 }
             }
@@ -220,6 +224,14 @@ impl Driver {
             return Ok(Some("dropped (nothing left to do)"));
         }
         tracing::warn!(shards = ?set.shards, from = %j.from, to = %j.to, generation = j.generation, step = ?j.step, driver = %j.driver, "settling a switch whose driver stopped");
+        // A statement the stopped driver had already sent may still be running on a
+        // server (every step is bounded by `step_bound`): wait it out before changing the
+        // same servers, so that its late effect cannot land after this settle's.
+        tokio::time::sleep(self.step_bound()).await;
+        let recs = self.records(set).await?;
+        if recs.current.generation != j.generation || recs.current.state != state {
+            return Ok(Some("dropped (settled meanwhile)"));
+        }
         match j.step {
             Step::Pausing | Step::ReadOnly => {
                 self.undo(set, &j.from, &recs).await;
@@ -234,7 +246,7 @@ impl Driver {
                 Ok(Some("finished"))
             }
             Step::Promoting => {
-                let problems = self.complete(set, &recs, &j, lock).await?;
+                let problems = self.complete(set, &recs, &j, lock, false).await?;
                 if !problems.is_empty() {
                     tracing::warn!(shards = ?set.shards, problems = ?problems, "settled switch finished with problems");
                 }

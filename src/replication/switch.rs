@@ -218,7 +218,7 @@ impl Driver {
         j.step = Step::Promoting;
         self.write_journal(set, &lock, &j).await?;
         crate::failpoint::pause("switch-caught-up").await;
-        let problems = self.complete(set, &recs, &j, &lock).await?;
+        let problems = self.complete(set, &recs, &j, &lock, true).await?;
         report.read_only_ms = ro_at.elapsed().as_millis() as u64;
         report.ok = true;
         if !problems.is_empty() {
@@ -230,14 +230,18 @@ impl Driver {
 
     /// The rest of a switch whose target has caught up with the read-only old primary
     /// (`recs`: the paused records): the target promoted, the others repointed, the
-    /// shards served on it, the journal ended. A promotion that fails is undone. Returns
-    /// what went wrong without stopping the switch.
+    /// shards served on it, the journal ended. A promotion that fails is undone when
+    /// `undo` (the driver that ran the steps before knows nothing was repointed yet);
+    /// settling another driver's switch, it is an error, tried again at the next settle
+    /// (the others may already replicate from the target: an undo would split the set).
+    /// Returns what went wrong without stopping the switch.
     pub(super) async fn complete(
         &self,
         set: &SetLayout,
         recs: &SetRecords,
         j: &Journal,
         lock: &Lock,
+        undo: bool,
     ) -> Result<Vec<String>, String> {
         let (from, to, g) = (&j.from, &j.to, j.generation);
         let bound = self.step_bound();
@@ -249,6 +253,11 @@ impl Driver {
             .with(bound, |c| Box::pin(srv::promote(c, semi)))
             .await
         {
+            if !undo {
+                return Err(format!(
+                    "cannot promote {to}: {e}; tried again at the next settle"
+                ));
+            }
             // Half promoted, maybe: back to a read-only replica of the old primary.
             let ch = self.cfg.channel();
             let old = from.clone();
