@@ -359,13 +359,15 @@ async fn a_host_whose_shards_are_all_sick_forwards_enqueues_and_the_client_sees_
     b.shutdown().await;
 }
 
-/// An ack forwarded to the shard's owner, whose answer never came back (the owner's delete
-/// was held past the forward's `peer_timeout_ms`, and then went through): the forwarding
-/// host does not answer `UNAVAILABLE` ("nothing applied") for an item its ack deleted; it
-/// acks again until it knows, and answers OK. (Before: `UNAVAILABLE`, and the item gone.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forwarded_ack_whose_answer_was_lost_is_resolved_before_the_reply() {
-    let db = TestDb::new(2);
+/// Host a, forwarding with a 300 ms `peer_timeout_ms`, owns shard 0; host b owns shard 1,
+/// whose store runs through the fault injector the test arms.
+async fn forwarding_to_a_faulty_owner(
+    db: &TestDb,
+) -> (
+    foqs::daemon::Running,
+    foqs::daemon::Running,
+    foqs::store::faulty::Faults,
+) {
     let (pa, pb) = (free_port(), free_port());
     let hosts: &[(&str, u16, &str, &[u32])] =
         &[("a", pa, "default", &[0]), ("b", pb, "default", &[1])];
@@ -380,6 +382,17 @@ async fn a_forwarded_ack_whose_answer_was_lost_is_resolved_before_the_reply() {
     )
     .await
     .expect("b starts");
+    (a, b, faults)
+}
+
+/// An ack forwarded to the shard's owner, whose answer never came back (the owner's delete
+/// was held past the forward's `peer_timeout_ms`, and then went through): the forwarding
+/// host does not answer `UNAVAILABLE` ("nothing applied") for an item its ack deleted; it
+/// acks again until it knows, and answers OK. (Before: `UNAVAILABLE`, and the item gone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_ack_whose_answer_was_lost_is_resolved_before_the_reply() {
+    let db = TestDb::new(2);
+    let (a, b, faults) = forwarding_to_a_faulty_owner(&db).await;
     let (a_addr, b_addr) = (a.addr, b.addr);
     let id = tokio::task::spawn_blocking(move || {
         let mut cb = Client::connect(b_addr, Proto::Binary);
@@ -429,20 +442,7 @@ async fn a_forwarded_nack_or_touch_whose_answer_was_lost_is_resolved_before_the_
     use foqs::store::faulty::Fault;
     use foqs::thrift_gen::{NackItem, TFoqsSyncClient, TouchItem, TouchRequest};
     let db = TestDb::new(2);
-    let (pa, pb) = (free_port(), free_port());
-    let hosts: &[(&str, u16, &str, &[u32])] =
-        &[("a", pa, "default", &[0]), ("b", pb, "default", &[1])];
-    let mut cfg_a = host_config(&db.shards_toml(), "a", hosts, true, "");
-    cfg_a.cluster.peer_timeout_ms = 300;
-    let a = start(&cfg_a).await;
-    let faults = foqs::store::faulty::Faults::default();
-    let b = foqs::daemon::start_with_faults(
-        &host_config(&db.shards_toml(), "b", hosts, false, ""),
-        Arc::new(SystemClock),
-        std::collections::BTreeMap::from([(1, faults.clone())]),
-    )
-    .await
-    .expect("b starts");
+    let (a, b, faults) = forwarding_to_a_faulty_owner(&db).await;
     let (a_addr, b_addr) = (a.addr, b.addr);
     let delivered = move |topic: &'static str| {
         tokio::task::spawn_blocking(move || {
