@@ -93,19 +93,20 @@ pub async fn read<T: for<'de> Deserialize<'de>>(
     Ok(all.into_iter().collect())
 }
 
-/// Writes `records` in one transaction, if every one is still at the revision read;
-/// `also` in the same transaction.
+/// Writes `records` in one transaction, if every one is still at the revision read and
+/// `held` holds (the driver's switch lock); `also` in the same transaction.
 pub async fn publish(
     client: &mut Client,
     prefix: &str,
     records: &[(ShardId, PrimaryRecord, i64)],
-    also: Vec<TxnOp>,
+    (held, also): (Compare, Vec<TxnOp>),
 ) -> EtcdResult<bool> {
     let when: Vec<Compare> = records
         .iter()
         .map(|(s, _, rev)| {
             Compare::mod_revision(key(prefix, "primaries", s), CompareOp::Equal, *rev)
         })
+        .chain(std::iter::once(held))
         .collect();
     let then: Vec<TxnOp> = records
         .iter()
@@ -167,6 +168,23 @@ pub async fn lock(
         let _ = client.lease_revoke(lease).await;
         Ok(None)
     }
+}
+
+/// That the lock `lock_key` is still held under `lease`, for a transaction's guard.
+pub fn held(lock_key: &str, lease: i64) -> Compare {
+    Compare::lease(lock_key, CompareOp::Equal, lease)
+}
+
+/// Deletes `k` if the lock `lock_key` is still held under `lease`.
+pub async fn delete_if_locked(
+    client: &mut Client,
+    k: String,
+    (lock_key, lease): (&str, i64),
+) -> EtcdResult<bool> {
+    let txn = Txn::new()
+        .when([held(lock_key, lease)])
+        .and_then([TxnOp::delete(k, None)]);
+    Ok(client.txn(txn).await?.succeeded())
 }
 
 /// Puts `value` at `k` if the lock `lock_key` is still held under `lease`.

@@ -8,6 +8,7 @@ use etcd_client::Client;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
+use super::journal::Lock;
 use super::server::{self as srv, ServerAdmin};
 use super::{
     Layout, Refused, ReplicaState, ReplicationConfig, SetLayout, ShardReplication, SwitchReport,
@@ -189,12 +190,15 @@ impl Driver {
         Ok(SetRecords { records, current })
     }
 
+    /// Names `to` as the set's primary record, if the records are as `recs` read them
+    /// and this host still holds the set's switch `lock`.
     pub(super) async fn publish(
         &self,
         recs: &SetRecords,
         to: PrimaryRecord,
+        lock: &Lock,
     ) -> Result<SetRecords, String> {
-        self.publish_also(recs, to, Vec::new()).await
+        self.publish_also(recs, to, Vec::new(), lock).await
     }
 
     /// [`Self::publish`], with `also` in the same etcd transaction.
@@ -203,6 +207,7 @@ impl Driver {
         recs: &SetRecords,
         to: PrimaryRecord,
         also: Vec<etcd_client::TxnOp>,
+        lock: &Lock,
     ) -> Result<SetRecords, String> {
         let mut client = self.client.clone();
         let next: Vec<_> = recs
@@ -210,11 +215,14 @@ impl Driver {
             .iter()
             .map(|(s, _, rev)| (*s, to.clone(), *rev))
             .collect();
-        if !primaries::publish(&mut client, &self.prefix, &next, also)
+        let held = primaries::held(&lock.key, lock.lease);
+        if !primaries::publish(&mut client, &self.prefix, &next, (held, also))
             .await
             .map_err(|e| format!("etcd: {e}"))?
         {
-            return Err("the primary records changed under the switch".into());
+            return Err(
+                "the primary records changed under the switch, or this host lost the set's switch lock".into(),
+            );
         }
         let set = self
             .layout
@@ -262,6 +270,7 @@ impl Driver {
         set: &SetLayout,
         recs: &SetRecords,
         to: PrimaryRecord,
+        lock: &Lock,
     ) -> Result<SetRecords, String> {
         let mut last = String::new();
         for _ in 0..10 {
@@ -270,7 +279,7 @@ impl Driver {
                 break;
             }
             match self
-                .publish_also(recs, to.clone(), vec![self.journal_end(set)])
+                .publish_also(recs, to.clone(), vec![self.journal_end(set)], lock)
                 .await
             {
                 Ok(r) => return Ok(r),

@@ -71,7 +71,7 @@ pub(super) async fn failover(
         generation: g,
         ..recs.current.clone()
     };
-    let recs = d.publish(&recs, fenced_record).await?;
+    let recs = d.publish(&recs, fenced_record, lock).await?;
     // And on the server itself when it answers at all: read-only, foqsd's connections
     // ended.
     let user = d.data_user.clone();
@@ -152,7 +152,7 @@ pub(super) async fn failover(
                 let _ =
                     tokio::time::timeout(Duration::from_secs(6), s.wait_for(Option::is_some)).await;
             }
-            undo(d, set, recs, fence_held.await).await;
+            undo(d, set, recs, fence_held.await, lock).await;
             Err(why)
         }
     };
@@ -341,7 +341,13 @@ type Stopping = tokio::sync::watch::Receiver<Option<Result<(), String>>>;
 /// writable again if `fenced` (the fence reached it: it answers), and the shards stay on
 /// it (failing while it does not answer) until it answers or an operator forces a
 /// promotion; the journal ends.
-pub(super) async fn undo(d: &Driver, set: &SetLayout, recs: &SetRecords, fenced: bool) {
+pub(super) async fn undo(
+    d: &Driver,
+    set: &SetLayout,
+    recs: &SetRecords,
+    fenced: bool,
+    lock: &Lock,
+) {
     let from = &recs.current.addr;
     let others = set.servers.iter().filter(|s| &s.addr != from);
     futures::future::join_all(others.map(|s| async move {
@@ -363,7 +369,10 @@ pub(super) async fn undo(d: &Driver, set: &SetLayout, recs: &SetRecords, fenced:
         state: PrimaryState::Serving,
         ..recs.current.clone()
     };
-    if let Err(e) = d.publish_also(recs, back, vec![d.journal_end(set)]).await {
+    if let Err(e) = d
+        .publish_also(recs, back, vec![d.journal_end(set)], lock)
+        .await
+    {
         tracing::error!(error = %e, "failover undo: cannot serve the shards again");
     }
 }

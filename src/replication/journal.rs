@@ -191,6 +191,7 @@ impl Driver {
                 generation: j.generation,
                 state: PrimaryState::Serving,
             },
+            lock,
         )
         .await
         .map(|_| ())
@@ -217,10 +218,13 @@ impl Driver {
             // Never paused (the driver died before), or already published, or superseded
             // by a failover: nothing of it is left to do.
             let mut client = self.client.clone();
-            client
-                .delete(self.journal_key(set), None)
+            let held = (lock.key.as_str(), lock.lease);
+            if !primaries::delete_if_locked(&mut client, self.journal_key(set), held)
                 .await
-                .map_err(|e| format!("etcd: {e}"))?;
+                .map_err(|e| format!("etcd: {e}"))?
+            {
+                return Err("this host lost the set's switch lock".into());
+            }
             return Ok(Some("dropped (nothing left to do)"));
         }
         tracing::warn!(shards = ?set.shards, from = %j.from, to = %j.to, generation = j.generation, step = ?j.step, driver = %j.driver, "settling a switch whose driver stopped");
@@ -234,11 +238,11 @@ impl Driver {
         }
         match j.step {
             Step::Pausing | Step::ReadOnly => {
-                self.undo(set, &j.from, &recs).await;
+                self.undo(set, &j.from, &recs, lock).await;
                 Ok(Some("undone"))
             }
             Step::Fencing => {
-                super::failover::undo(self, set, &recs, true).await;
+                super::failover::undo(self, set, &recs, true, lock).await;
                 Ok(Some("undone"))
             }
             Step::Promoting if j.failover => {

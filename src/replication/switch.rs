@@ -154,6 +154,7 @@ impl Driver {
                     generation: g,
                     ..recs.current.clone()
                 },
+                &lock,
             )
             .await?;
         let pause_within = Duration::from_millis(self.cfg.pause_timeout_ms);
@@ -165,6 +166,7 @@ impl Driver {
                     ..recs.current.clone()
                 },
                 vec![self.journal_end(set)],
+                &lock,
             )
             .await?;
             return Err(format!(
@@ -191,7 +193,7 @@ impl Driver {
         let pos = match pos {
             Ok(p) => p,
             Err(e) => {
-                self.undo(set, &from, &recs).await;
+                self.undo(set, &from, &recs, &lock).await;
                 return Err(format!(
                     "cannot make the old primary read-only: {e}; undone"
                 ));
@@ -209,7 +211,7 @@ impl Driver {
             .await;
         report.catchup_ms = ro_at.elapsed().as_millis() as u64;
         if caught != Ok(true) {
-            self.undo(set, &from, &recs).await;
+            self.undo(set, &from, &recs, &lock).await;
             return Err(format!(
                 "{to} did not reach {pos} within {catchup:?} ({caught:?}); undone"
             ));
@@ -267,7 +269,7 @@ impl Driver {
                     Box::pin(async move { srv::follow(c, &old, &ch).await })
                 })
                 .await;
-            self.undo(set, from, recs).await;
+            self.undo(set, from, recs, lock).await;
             return Err(format!(
                 "cannot promote {to}: {e}; undone (target back to a replica: {back:?})"
             ));
@@ -335,7 +337,7 @@ impl Driver {
 
     /// After a failed switch step: the old primary writable again, the shards served on
     /// it, the journal ended.
-    pub(super) async fn undo(&self, set: &SetLayout, from: &str, recs: &SetRecords) {
+    pub(super) async fn undo(&self, set: &SetLayout, from: &str, recs: &SetRecords, lock: &Lock) {
         let r = self
             .admin(from)
             .with(self.step_bound(), |c| {
@@ -350,7 +352,7 @@ impl Driver {
             ..recs.current.clone()
         };
         if let Err(e) = self
-            .publish_also(recs, back, vec![self.journal_end(set)])
+            .publish_also(recs, back, vec![self.journal_end(set)], lock)
             .await
         {
             tracing::error!(error = %e, "switch undo: cannot serve the shards again");
