@@ -101,4 +101,15 @@ ok
 [ "$(status "$ctl" host-info)" = 0 ] || fail "host-info should exit 0"
 ok
 
+# A reader that goes away first ends foqsctl quietly, as it ends Unix tools (before:
+# "Broken pipe", exit 1). The reader closes its end at once, before foqsctl (which first
+# connects to foqsd) writes anything.
+set +e
+"$ctl" host-info 2>"$tmp/pipe.err" | { exec 0<&-; sleep 0.5; }
+rc=${PIPESTATUS[0]}
+set -e
+[ ! -s "$tmp/pipe.err" ] || fail "a closed pipe made foqsctl complain: $(cat "$tmp/pipe.err")"
+{ [ "$rc" = 0 ] || [ "$rc" = 141 ]; } || fail "a closed pipe: foqsctl exited $rc (want 141: SIGPIPE, or 0)"
+ok
+
 echo "foqsctl pipeline: $checks passed, 0 failed"

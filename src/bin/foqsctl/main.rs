@@ -238,6 +238,15 @@ enum Outcome {
 }
 
 fn main() -> ExitCode {
+    // A reader that goes away (`foqsctl stats | head -1`) ends foqsctl quietly, as it
+    // ends Unix tools: Rust's runtime ignores SIGPIPE, so the next write would fail and
+    // `println!` panic with "Broken pipe" (exit 1).
+    // SAFETY: called first thing, before any thread exists; it only restores the
+    // default disposition of one signal.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse(); // usage errors exit 2
     let protocol = if cli.protocol == "compact" {
         Protocol::Compact
