@@ -365,14 +365,7 @@ pub(super) async fn undo(
             })
             .await;
     }
-    let back = PrimaryRecord {
-        state: PrimaryState::Serving,
-        ..recs.current.clone()
-    };
-    if let Err(e) = d
-        .publish_also(recs, back, vec![d.journal_end(set)], lock)
-        .await
-    {
+    if let Err(e) = d.serve_again(set, recs, lock).await {
         tracing::error!(error = %e, "failover undo: cannot serve the shards again");
     }
 }

@@ -170,6 +170,22 @@ impl Driver {
         r
     }
 
+    /// The shards served again on the primary `recs` name (a switch or failover undone),
+    /// the journal ended with that publish.
+    pub(super) async fn serve_again(
+        &self,
+        set: &SetLayout,
+        recs: &SetRecords,
+        lock: &Lock,
+    ) -> Result<SetRecords, String> {
+        let back = PrimaryRecord {
+            state: PrimaryState::Serving,
+            ..recs.current.clone()
+        };
+        self.publish_also(recs, back, vec![self.journal_end(set)], lock)
+            .await
+    }
+
     /// The last step of a switch or failover that got to `promoting`: this host still
     /// the set's driver, the shards served on `j.to` at the switch's generation, the
     /// journal ended with that publish.

@@ -159,16 +159,7 @@ impl Driver {
             .await?;
         let pause_within = Duration::from_millis(self.cfg.pause_timeout_ms);
         if !self.acks(&set.shards, "paused", g, pause_within).await {
-            self.publish_also(
-                &recs,
-                PrimaryRecord {
-                    state: PrimaryState::Serving,
-                    ..recs.current.clone()
-                },
-                vec![self.journal_end(set)],
-                &lock,
-            )
-            .await?;
+            self.serve_again(set, &recs, &lock).await?;
             return Err(format!(
                 "the owners did not pause shards {:?} within {pause_within:?}; undone",
                 set.shards
@@ -347,14 +338,7 @@ impl Driver {
         if let Err(e) = r {
             tracing::error!(server = from, error = %e, "switch undo: cannot make the old primary writable again");
         }
-        let back = PrimaryRecord {
-            state: PrimaryState::Serving,
-            ..recs.current.clone()
-        };
-        if let Err(e) = self
-            .publish_also(recs, back, vec![self.journal_end(set)], lock)
-            .await
-        {
+        if let Err(e) = self.serve_again(set, recs, lock).await {
             tracing::error!(error = %e, "switch undo: cannot serve the shards again");
         }
     }
