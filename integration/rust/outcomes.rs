@@ -431,19 +431,28 @@ async fn a_delivery_leaves_with_at_least_half_its_lease() {
     running.shutdown().await;
 }
 
-/// An enqueue whose insert the store did not answer within its bound (and which then
-/// committed) is not answered as if nothing were applied: its error says
-/// `outcome_unknown`, and the items it may have stored are there. (Before: a plain
-/// `UNAVAILABLE`, "nothing applied; retry", for items that were stored.)
+/// An enqueue whose insert's outcome the store lost is answered with what happened, not
+/// with "outcome unknown": the host asks the shard whether the insert's batch committed
+/// (a tombstone decides it for good, see `store::batches`). Committed (the reply was lost
+/// after the commit): OK with the item's id, and the item is there. Not committed (the
+/// store never ran it, or its late commit meets the tombstone): `UNAVAILABLE` without
+/// doubt, and the item never shows. (Before: `outcome_unknown` in every case, and the
+/// client could not tell whether to retry.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_enqueue_whose_insert_went_unanswered_says_its_outcome_is_unknown() {
+async fn an_enqueue_whose_insert_went_unanswered_is_answered_with_what_happened() {
+    // Both stores: their late commits race the look differently.
+    enqueue_in_doubt_over(TestDb::sqlite(1)).await;
+    enqueue_in_doubt_over(TestDb::mysql(1)).await;
+}
+
+async fn enqueue_in_doubt_over(db: TestDb) {
     use foqs::clock::SystemClock;
-    use foqs::core::{Caller, EnqueueRequestItem, TopicRequest};
+    use foqs::core::{Caller, EnqueueRequestItem, Host, TopicRequest};
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    let db = TestDb::new(1);
-    let cfg = foqs::config::Config::from_toml(&config_toml(&db, "", FAST_ENGINE)).unwrap();
+    let engine = format!("{FAST_ENGINE}store_timeout_ms = 300\n");
+    let cfg = foqs::config::Config::from_toml(&config_toml(&db, "", &engine)).unwrap();
     let faults = Faults::default();
     let running = foqs::daemon::start_with_faults(
         &cfg,
@@ -454,33 +463,34 @@ async fn an_enqueue_whose_insert_went_unanswered_says_its_outcome_is_unknown() {
     .unwrap();
     let host = running.host.clone();
     let caller = Caller::anonymous();
-    faults.arm("insert", Fault::CommitLate(Duration::from_millis(50)));
-    let r = host
-        .enqueue(
-            &caller,
-            vec![EnqueueRequestItem {
-                ns: "doubt".into(),
-                topic: "t".into(),
-                payload: b"maybe".to_vec(),
-                ..Default::default()
-            }],
-            None,
-        )
-        .await
-        .unwrap();
-    let e = r[0].as_ref().expect_err("the insert was not answered");
-    assert!(e.in_doubt, "an unanswered insert is in doubt: {e:?}");
-    assert!(e.message.contains("outcome is unknown"), "{e:?}");
-    // It committed: the item is there to be dequeued.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let enqueue = |payload: &'static str| {
+        let (host, caller) = (host.clone(), caller.clone());
+        async move {
+            let r = host
+                .enqueue(
+                    &caller,
+                    vec![EnqueueRequestItem {
+                        ns: "doubt".into(),
+                        topic: "t".into(),
+                        payload: payload.as_bytes().to_vec(),
+                        ..Default::default()
+                    }],
+                    None,
+                )
+                .await
+                .unwrap();
+            r.into_iter().next().unwrap()
+        }
+    };
+    // Everything the topic hands out now (its items are ready at once).
+    async fn drain(host: &Host, caller: &Caller) -> Vec<(String, Vec<u8>)> {
         let got = host
             .dequeue(
-                &caller,
+                caller,
                 vec![TopicRequest {
                     ns: "doubt".into(),
                     topic: "t".into(),
-                    count: 1,
+                    count: 10,
                     before: (None, None),
                 }],
                 None,
@@ -488,15 +498,53 @@ async fn an_enqueue_whose_insert_went_unanswered_says_its_outcome_is_unknown() {
             )
             .await
             .unwrap();
-        if !got.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the late insert never showed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        got.into_iter()
+            .map(|i| (i.id.to_string(), i.payload))
+            .collect()
     }
+
+    // The reply was lost after the commit: OK, with the id the item has.
+    faults.arm("insert", Fault::FailAfterCommit);
+    let (id, _) = enqueue("committed").await.expect("it committed: OK");
+    assert_eq!(
+        drain(&host, &caller).await,
+        vec![(id.to_string(), b"committed".to_vec())]
+    );
+
+    // The store never ran it: UNAVAILABLE, certain.
+    faults.arm("insert", Fault::Hang);
+    let e = enqueue("never").await.expect_err("it did not commit");
+    assert!(!e.in_doubt, "decided, not in doubt: {e:?}");
+    assert_eq!(e.code, foqs::error::ErrorCode::Unavailable, "{e:?}");
+    assert!(e.message.contains("did not commit"), "{e:?}");
+
+    // It commits late. Over SQLite's one writer the late job runs before the shard's
+    // look (OK, and the item is there); over MySQL it starts after the look, meets the
+    // tombstone and fails (UNAVAILABLE, and it never shows). Either way the answer is
+    // what happened.
+    faults.arm("insert", Fault::CommitLate(Duration::from_millis(100)));
+    match enqueue("late").await {
+        Ok((id, _)) => assert_eq!(
+            drain(&host, &caller).await,
+            vec![(id.to_string(), b"late".to_vec())]
+        ),
+        Err(e) => {
+            assert!(!e.in_doubt, "decided, not in doubt: {e:?}");
+            // The late commit starts 100 ms after the fault and is dropped 200 ms later
+            // (`faulty::LATE_RUN_MAX`): past both, it has failed or never run.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let mut last = Vec::new();
+            for _ in 0..3 {
+                last.extend(drain(&host, &caller).await);
+            }
+            assert!(last.is_empty(), "refused, but stored: {last:?}");
+        }
+    }
+    let (id, _) = enqueue("after").await.expect("the shard works on");
+    assert_eq!(
+        drain(&host, &caller).await,
+        vec![(id.to_string(), b"after".to_vec())]
+    );
     running.shutdown().await;
 }
 

@@ -43,7 +43,15 @@ async fn fill(s: &SqliteStore, topic: &str, first: u64, n: u64) {
         let rows: Vec<(u64, NewItem)> = (start..(start + 2000).min(first + n))
             .map(|k| (k, item(topic, (k % 100) as i32)))
             .collect();
-        s.insert(&rows, None, &Handoff::NONE, NOW).await.unwrap();
+        s.insert(
+            &rows,
+            None,
+            foqs::store::new_batch_token(),
+            &Handoff::NONE,
+            NOW,
+        )
+        .await
+        .unwrap();
     }
 }
 
@@ -66,9 +74,15 @@ async fn a_burst_of_reads_does_not_delay_a_commit() {
         .collect();
     tokio::time::sleep(Duration::from_millis(5)).await;
     let t = Instant::now();
-    s.insert(&[(100_001, item("other", 0))], None, &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &[(100_001, item("other", 0))],
+        None,
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     let commit = t.elapsed();
     for r in reads {
         assert_eq!(r.await.unwrap().unwrap()[0].ready, 15_000);
@@ -95,7 +109,13 @@ async fn a_full_file_fails_the_probe_as_it_fails_writes_until_there_is_room() {
 
     s.simulate_full_disk(true).await.unwrap();
     let write = s
-        .insert(&[(5_000, item("t", 0))], None, &Handoff::NONE, NOW)
+        .insert(
+            &[(5_000, item("t", 0))],
+            None,
+            foqs::store::new_batch_token(),
+            &Handoff::NONE,
+            NOW,
+        )
         .await;
     assert!(
         matches!(&write, Err(StoreError::Transient(m)) if m.contains("full")),
@@ -113,9 +133,15 @@ async fn a_full_file_fails_the_probe_as_it_fails_writes_until_there_is_room() {
 
     s.simulate_full_disk(false).await.unwrap();
     s.ping().await.expect("room again: the probe passes");
-    s.insert(&[(5_000, item("t", 0))], None, &Handoff::NONE, NOW)
-        .await
-        .expect("room again: writes pass");
+    s.insert(
+        &[(5_000, item("t", 0))],
+        None,
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .expect("room again: writes pass");
     let counts = s.topic_counts("sq", None, NOW, 10).await.unwrap();
     assert_eq!(counts[0].ready, 2_001);
     s.close().await;
@@ -134,9 +160,15 @@ async fn a_full_queue_of_reads_is_a_busy_error_not_a_wait() {
             tokio::spawn(async move { s.topic_counts("sq", None, NOW, 100).await })
         })
         .collect();
-    s.insert(&[(50_000, item("other", 0))], None, &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &[(50_000, item("other", 0))],
+        None,
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     let (mut ok, mut busy) = (0, 0);
     for r in reads {
         match r.await.unwrap() {

@@ -87,9 +87,15 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         (5, mortal),
         (6, new_item("b", "t", 0, NOW - 10)),
     ];
-    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &rows,
+        Some(100),
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
 
     // Ready order: priority, then deliver_after, then key; deferred items are not ready.
     let ready = s.ready_keys("a", "t", None, NOW, 10).await.unwrap();
@@ -385,9 +391,15 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     assert!(s.dedup_lookup("a", "u", &["d1"]).await.unwrap().is_empty());
     let mut keyed = new_item("a", "u", 0, NOW);
     keyed.dedup_key = Some("d1".into());
-    s.insert(&[(7, keyed)], None, &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &[(7, keyed)],
+        None,
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         s.dedup_lookup("a", "u", &["d1"]).await.unwrap(),
         vec![("d1".to_string(), 7)]
@@ -400,12 +412,24 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     first.dedup_key = Some("d2".into());
     let mut second = first.clone();
     second.priority = 1;
-    s.insert(&[(8, first)], None, &Handoff::NONE, NOW)
-        .await
-        .unwrap();
-    s.insert(&[(9, second)], None, &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &[(8, first)],
+        None,
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
+    s.insert(
+        &[(9, second)],
+        None,
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         s.dedup_lookup("a", "u", &["d2"]).await.unwrap(),
         vec![("d2".to_string(), 8)]
@@ -414,9 +438,15 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     // A timer is never set behind the scan (a TTL that passed before the write).
     let mut late = new_item("a", "late", 0, NOW - 10);
     late.expires_at_ms = Some(NOW - 1);
-    s.insert(&[(10, late)], None, &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &[(10, late)],
+        None,
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     assert_eq!(meta(&s, 10).await.unwrap().next_event_ms, Some(NOW + 1));
     s.delete(&[10]).await.unwrap();
 
@@ -534,6 +564,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         f.insert(
             &[(50, new_item("a", "t", 0, NOW))],
             None,
+            foqs::store::new_batch_token(),
             &Handoff::NONE,
             NOW
         )
@@ -609,6 +640,7 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
     s.insert(
         &[(1, new_item("a", "t", 0, NOW))],
         Some(100),
+        foqs::store::new_batch_token(),
         &Handoff::NONE,
         NOW,
     )
@@ -661,9 +693,15 @@ async fn a_busy_mysql_shard_reuses_its_connections() {
     let s = Arc::new(MySqlStore::new(0, &db.url(0), POOL).unwrap());
     s.open().await.unwrap();
     let rows: Vec<(u64, NewItem)> = (1..=400).map(|k| (k, new_item("a", "t", 0, NOW))).collect();
-    s.insert(&rows, Some(1_000), &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &rows,
+        Some(1_000),
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     // Every connection to this shard's database, sampled until the work is done (the
     // sampler's own connection names no database).
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -736,9 +774,15 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
         (6, big),
         (7, new_item("c", "t", 7, NOW - 10)),
     ];
-    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &rows,
+        Some(100),
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     let claim = |keys: Vec<u64>, at: i64, token: i64| async move {
         let mut got = s.claim(&keys, at, token).await.unwrap();
         got.sort_by_key(|i| i.id.key);
@@ -899,7 +943,15 @@ async fn handed_rows_are_written_as_claimed<S: ShardStore>(s: &S) {
         token: 77,
         keys: vec![1, 3],
     };
-    s.insert(&rows, Some(100), &handoff, NOW).await.unwrap();
+    s.insert(
+        &rows,
+        Some(100),
+        foqs::store::new_batch_token(),
+        &handoff,
+        NOW,
+    )
+    .await
+    .unwrap();
     let m1 = meta(s, 1).await.unwrap();
     assert_eq!(
         (
@@ -975,9 +1027,15 @@ async fn awkward_names_round_trip<S: ShardStore>(s: &S) {
             (i as u64 + 1, item)
         })
         .collect();
-    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &rows,
+        Some(100),
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     for (i, k) in awkward.iter().enumerate() {
         // Near misses beside it, none of which may match.
         let asked = [*k, "it", "q", "", "backslash"];
@@ -1032,6 +1090,52 @@ async fn awkward_names_round_trip_on_every_store() {
     on_every_store!(awkward_names_round_trip);
 }
 
+/// An insert's batch mark answers whether it committed, for good: a batch inserted is
+/// committed; one never seen is not, and its tombstone makes a late insert of it fail
+/// without writing a row (see `store::batches`); marks are forgotten by age.
+async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
+    s.open().await.unwrap();
+    let (done, late) = (
+        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(),
+    );
+    s.insert(
+        &[(1, new_item("b", "t", 0, NOW))],
+        None,
+        done,
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
+    assert!(s.batch_committed(done, NOW + 1).await.unwrap());
+    // Asked again: the same answer (the tombstone was ignored).
+    assert!(s.batch_committed(done, NOW + 2).await.unwrap());
+    assert!(!s.batch_committed(late, NOW + 1).await.unwrap());
+    let r = s
+        .insert(
+            &[(2, new_item("b", "t", 0, NOW))],
+            None,
+            late,
+            &Handoff::NONE,
+            NOW + 3,
+        )
+        .await;
+    assert!(r.is_err(), "a late insert after its tombstone: {r:?}");
+    assert!(!s.batch_committed(late, NOW + 4).await.unwrap());
+    assert!(meta(s, 2).await.is_none(), "the late insert wrote its row");
+    assert!(meta(s, 1).await.is_some());
+    // Forgotten by age: `done`'s mark is older than NOW + 1, `late`'s tombstone is not.
+    assert_eq!(s.forget_batches(NOW + 1).await.unwrap(), 1);
+    assert_eq!(s.forget_batches(NOW + 1).await.unwrap(), 0);
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_marks_decide_an_insert_on_every_store() {
+    on_every_store!(batch_marks_decide_an_insert);
+}
+
 /// On MySQL a row with no next event holds 0 in `next_event_ms`, not NULL (InnoDB moved
 /// an index entry away from NULL at twice the cost: see `Dialect::no_event`). Both read
 /// as no event, neither is ever scanned, not even from a cursor at 0, and a NULL left by
@@ -1044,9 +1148,15 @@ async fn mysql_rows_without_an_event_hold_zero() {
     let rows: Vec<(u64, NewItem)> = (1..=3)
         .map(|k| (k, new_item("z", "t", 0, NOW - 10)))
         .collect();
-    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &rows,
+        Some(100),
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     let raw = |key: u64| {
         let db = &db;
         async move {
@@ -1142,9 +1252,15 @@ async fn cached_claims_equal_what_mysql_reads_back() {
         }
         rows.push((k, it));
     }
-    s.insert(&rows, Some(100), &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &rows,
+        Some(100),
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     let keys: Vec<u64> = (1..=40).collect();
     let sorted = |mut v: Vec<foqs::model::Item>| {
         v.sort_by_key(|i| i.id.key);
@@ -1193,9 +1309,15 @@ async fn the_payload_cache_keeps_to_its_budget() {
     for k in 1..=60u64 {
         let mut it = new_item("n", "t", 1, NOW - 10);
         it.payload = vec![k as u8; 100 + (k as usize % 3) * 200];
-        s.insert(&[(k, it)], Some(k + 1), &Handoff::NONE, NOW)
-            .await
-            .unwrap();
+        s.insert(
+            &[(k, it)],
+            Some(k + 1),
+            foqs::store::new_batch_token(),
+            &Handoff::NONE,
+            NOW,
+        )
+        .await
+        .unwrap();
         assert!(
             cache.bytes() <= 2_000,
             "{} bytes held after row {k}",
@@ -1206,9 +1328,15 @@ async fn the_payload_cache_keeps_to_its_budget() {
     let held = cache.len();
     let mut huge = new_item("n", "t", 1, NOW - 10);
     huge.payload = vec![7; 5_000];
-    s.insert(&[(61, huge)], Some(62), &Handoff::NONE, NOW)
-        .await
-        .unwrap();
+    s.insert(
+        &[(61, huge)],
+        Some(62),
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     assert_eq!(cache.len(), held);
     assert!(held >= 2, "only {held} rows held");
     // The newest rows are the ones held.
@@ -1248,11 +1376,23 @@ async fn a_new_worker_does_not_use_an_earlier_workers_rows() {
     other_shard.open().await.unwrap();
     let row = || vec![(1, new_item("o", "t", 1, NOW - 10))];
     first
-        .insert(&row(), Some(2), &Handoff::NONE, NOW)
+        .insert(
+            &row(),
+            Some(2),
+            foqs::store::new_batch_token(),
+            &Handoff::NONE,
+            NOW,
+        )
         .await
         .unwrap();
     other_shard
-        .insert(&row(), Some(2), &Handoff::NONE, NOW)
+        .insert(
+            &row(),
+            Some(2),
+            foqs::store::new_batch_token(),
+            &Handoff::NONE,
+            NOW,
+        )
         .await
         .unwrap();
     assert_eq!(cache.len(), 2);
@@ -1307,7 +1447,15 @@ async fn only_a_timer_move_keeps_a_cached_row() {
         (1, new_item("d", "t", 1, NOW + 1_000)),
         (2, new_item("d", "t", 1, NOW - 10)),
     ];
-    s.insert(&rows, Some(3), &Handoff::NONE, NOW).await.unwrap();
+    s.insert(
+        &rows,
+        Some(3),
+        foqs::store::new_batch_token(),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
     let due = Change::Timer {
         key: 1,
         at_ms: None,

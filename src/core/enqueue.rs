@@ -187,7 +187,7 @@ impl Host {
         };
         match dest {
             Dest::Shard(id) => match self.submit_to_shard(id, items) {
-                Ok(pending) => spread(id, pending.wait().await.map_err(Error::from)),
+                Ok(pending) => spread(id, self.resolve_enqueue(pending.wait().await).await),
                 Err(e) => vec![Err(e); n],
             },
             Dest::Peer(addr) => self.forward_enqueue(&addr, items, now).await,
@@ -199,7 +199,7 @@ impl Host {
                 let (items, e) = loop {
                     match self.submit_to_some_shard(items) {
                         Ok((id, pending)) => {
-                            return spread(id, pending.wait().await.map_err(Error::from))
+                            return spread(id, self.resolve_enqueue(pending.wait().await).await)
                         }
                         Err((back, e)) => {
                             if !self.switching_here() || std::time::Instant::now() >= hold_until {

@@ -21,6 +21,16 @@ pub enum ShardError {
     /// The storage failed. Retryable unless it holds what this build cannot use.
     #[error("shard {shard}: storage error: {error}")]
     Storage { shard: ShardId, error: StoreError },
+    /// An enqueue's insert failed with an outcome the worker cannot know (a timeout, a
+    /// lost connection): whether it committed is asked of the shard with `batch`
+    /// (`ShardHandle::batch_committed`); if it did, the request's items are `planned`.
+    #[error("shard {shard}: storage error: {error}")]
+    InsertInDoubt {
+        shard: ShardId,
+        error: StoreError,
+        batch: i64,
+        planned: Vec<super::Enqueued>,
+    },
 }
 
 impl ShardError {
@@ -32,6 +42,7 @@ impl ShardError {
         matches!(
             self,
             ShardError::NoAnswer { .. }
+                | ShardError::InsertInDoubt { .. }
                 | ShardError::Storage {
                     error: StoreError::Timeout(_) | StoreError::Lost(_),
                     ..

@@ -132,6 +132,10 @@ pub(crate) enum Command {
         keys: Vec<u64>,
         reply: Reply<Vec<ItemMeta>>,
     },
+    BatchCommitted {
+        batch: i64,
+        reply: Reply<bool>,
+    },
     TopicSnapshot {
         topic: TopicName,
         reply: Reply<TopicSnapshot>,
@@ -513,6 +517,13 @@ impl ShardHandle {
     /// the worker.
     pub async fn lookup(&self, keys: Vec<u64>) -> Result<Vec<ItemMeta>> {
         self.call(|reply| Command::Lookup { keys, reply }).await
+    }
+
+    /// Whether the insert of `batch` (see [`ShardError::InsertInDoubt`]) committed,
+    /// decided for good (see `store::batches`), asked beside the worker.
+    pub async fn batch_committed(&self, batch: i64) -> Result<bool> {
+        self.call(|reply| Command::BatchCommitted { batch, reply })
+            .await
     }
 
     /// The items among `keys` that are ready, read without leasing them (for peek).

@@ -36,6 +36,8 @@ pub(super) struct InsertGroup {
     pub handoff: Handoff,
     /// The worker's clock when the rows were written (their timers and leases).
     pub written_at_ms: i64,
+    /// The token of the insert's mark (see `store::batches`).
+    pub batch: i64,
     replies: Vec<(Vec<Enqueued>, Reply<Vec<Enqueued>>)>,
 }
 
@@ -137,6 +139,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     key_high_water: None,
                     handoff: Handoff::default(),
                     written_at_ms: 0,
+                    batch: crate::store::new_batch_token(),
                     replies: Vec::new(),
                 });
             }
@@ -187,7 +190,21 @@ impl<S: ShardStore> ShardWorker<S> {
                 self.outcome_unknown(&it.ns, &it.topic);
             }
             self.handoff_failed(g.handoff);
-            fail_all(g.replies, &storage_error(self.id, &e));
+            let err = storage_error(self.id, &e);
+            if !err.in_doubt() {
+                fail_all(g.replies, &err);
+                return;
+            }
+            // Whether it committed is for the caller to ask (see `store::batches`),
+            // with what each request was to get if it did.
+            for (planned, reply) in g.replies {
+                let _ = reply.send(Err(ShardError::InsertInDoubt {
+                    shard: self.id,
+                    error: e.clone(),
+                    batch: g.batch,
+                    planned,
+                }));
+            }
             return;
         }
         if let Some(mark) = g.key_high_water {

@@ -346,11 +346,17 @@ impl<S: ShardStore> ShardWorker<S> {
     }
 
     /// Persists the scans' checkpoints (each is the last millisecond fully processed) and
-    /// the topics' totals gathered since the last save.
+    /// the topics' totals gathered since the last save; at the same pace (not at a stop),
+    /// forgets a chunk of the enqueue batches' marks past their memory.
     pub(super) async fn save_checkpoints(&mut self, force: bool) {
         let now = self.clock.now_ms();
         if !force && now - self.last_checkpoint_ms < self.cfg.checkpoint_interval_ms as i64 {
             return;
+        }
+        if !force {
+            let before = now.saturating_sub(crate::store::BATCH_MEMORY_MS);
+            let (r, took) = timed(self.timeout(), self.store.forget_batches(before)).await;
+            self.record(&r, took);
         }
         if !self.totals.is_empty() {
             let deltas: Vec<(TopicName, Totals)> = self.totals.drain().collect();

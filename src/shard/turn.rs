@@ -95,6 +95,12 @@ impl<S: ShardStore> ShardWorker<S> {
                     .read_beside(reply, move |store, now| async move {
                         store.fetch_ready(&keys, now).await
                     }),
+                // A write, but of a row only it and the insert it decides write: beside
+                // the loop too, so a worker busy with a full turn answers it at once.
+                Command::BatchCommitted { batch, reply } => self
+                    .read_beside(reply, move |store, now| async move {
+                        store.batch_committed(batch, now).await
+                    }),
                 Command::Lookup { keys, reply } => self.read_beside(
                     reply,
                     move |store, _| async move { store.lookup(&keys).await },
@@ -221,11 +227,10 @@ impl<S: ShardStore> ShardWorker<S> {
         let touch_ops: Vec<&[super::TouchOp]> = touches.iter().map(|(t, _)| t.as_slice()).collect();
         let t = self.timeout();
         let (inserted, claimed, acked_rows, nacked, released, touched) = tokio::join!(
-            futures::future::join_all(
-                inserts
-                    .iter()
-                    .map(|g| timed(t, store.insert(&g.rows, g.key_high_water, &g.handoff, now)))
-            ),
+            futures::future::join_all(inserts.iter().map(|g| timed(
+                t,
+                store.insert(&g.rows, g.key_high_water, g.batch, &g.handoff, now)
+            ))),
             async {
                 match &claim {
                     Some(c) => Some(timed(t, store.claim(&c.keys, now, c.token)).await),

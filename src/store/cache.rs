@@ -354,6 +354,9 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         lookup(keys: &[u64]) -> Vec<ItemMeta>;
         scan(after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
         save_checkpoint(checkpoint_ms: i64) -> ();
+        // A batch that did not commit put nothing here.
+        batch_committed(batch: i64, now_ms: i64) -> bool;
+        forget_batches(before_ms: i64) -> u64;
         topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
         topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
         add_totals(deltas: &[(TopicName, Totals)]) -> ();
@@ -377,11 +380,12 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        batch: i64,
         handoff: &Handoff,
         now_ms: i64,
     ) -> StoreResult<()> {
         self.inner
-            .insert(rows, key_high_water, handoff, now_ms)
+            .insert(rows, key_high_water, batch, handoff, now_ms)
             .await?;
         if let Some(c) = &self.cache {
             self.kept.store(true, Ordering::Relaxed);

@@ -8,6 +8,7 @@
 //! only writer, so no method needs locking reads; guards in `WHERE` clauses are safety
 //! nets, not concurrency control.
 
+mod batches;
 mod cache;
 /// Fault injection around a real store, for tests only.
 #[cfg(feature = "faults")]
@@ -20,6 +21,7 @@ mod topics;
 
 use std::future::Future;
 
+pub use batches::{new_token as new_batch_token, BATCH_MEMORY_MS};
 pub use cache::{Cached, PayloadCache};
 pub use fenced::Fenced;
 pub use mysql::{with_tls, MySqlStore, MysqlTls, OnLost};
@@ -236,8 +238,9 @@ pub trait ShardStore: Send + Sync + 'static {
     /// Creates the schema when missing and reads what the worker needs to resume.
     fn open(&self) -> impl Future<Output = StoreResult<Recovered>> + Send;
 
-    /// Inserts `rows` (their keys chosen by the worker) in one transaction; when
-    /// `key_high_water` is given, persists it in the same transaction. The rows that
+    /// Inserts `rows` (their keys chosen by the worker) in one transaction, with the
+    /// mark of `batch` (see [`Self::batch_committed`]); when `key_high_water` is given,
+    /// persists it in the same transaction. The rows that
     /// `handoff` holds are written leased under its token (delivered once, the lease
     /// ending at `now_ms + lease_ms`), the others ready. Timers are set as of `now_ms`
     /// (see [`next_event`]).
@@ -245,9 +248,22 @@ pub trait ShardStore: Send + Sync + 'static {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        batch: i64,
         handoff: &Handoff,
         now_ms: i64,
     ) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Whether the insert of `batch` committed, decided for good: a tombstone written now
+    /// makes it fail if it has not committed yet (see `batches`).
+    fn batch_committed(
+        &self,
+        batch: i64,
+        now_ms: i64,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Deletes a chunk of batch marks and tombstones written before `before_ms`; returns
+    /// how many.
+    fn forget_batches(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
     /// Up to `limit` keys of ready items of a topic (`deliver_after_ms <= now_ms`), in
     /// ready order, strictly after `after` when given.

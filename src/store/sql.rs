@@ -526,7 +526,8 @@ impl InsertPlan {
     }
 
     /// Everything the batch writes, in one transaction: the key high-water mark when
-    /// given, new topics' rows, the items, their dedup keys.
+    /// given, new topics' rows, the items, their dedup keys. (The stores put the batch's
+    /// mark first, see `batches`.)
     pub fn statements(
         &self,
         dialect: Dialect,

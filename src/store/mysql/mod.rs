@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 pub use tls::{with_tls, MysqlTls};
 
+use super::batches;
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
 use super::topics::{state_counts, topic_filter, TopicIds};
 use super::{
@@ -314,6 +315,7 @@ impl ShardStore for MySqlStore {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        batch: i64,
         handoff: &Handoff,
         now_ms: i64,
     ) -> StoreResult<()> {
@@ -321,7 +323,8 @@ impl ShardStore for MySqlStore {
             return Ok(());
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        let statements = plan.statements(Dialect::MySql, rows, key_high_water, handoff, now_ms);
+        let mut statements = vec![batches::mark(batch, now_ms)];
+        statements.extend(plan.statements(Dialect::MySql, rows, key_high_water, handoff, now_ms));
         self.run_all(statements).await?;
         plan.committed(&self.topics);
         Ok(())
@@ -571,6 +574,21 @@ impl ShardStore for MySqlStore {
             ))
             .await?;
         self.metas(rows)
+    }
+
+    async fn batch_committed(&self, batch: i64, now_ms: i64) -> StoreResult<bool> {
+        let mut conn = self.conn().await?;
+        conn.query_drop(batches::tombstone(Dialect::MySql, batch, now_ms))
+            .await?;
+        let c: Option<i64> = conn.query_first(batches::read(batch)).await?;
+        Ok(c == Some(1))
+    }
+
+    async fn forget_batches(&self, before_ms: i64) -> StoreResult<u64> {
+        let mut conn = self.conn().await?;
+        conn.query_drop(batches::forget(Dialect::MySql, before_ms))
+            .await?;
+        Ok(conn.affected_rows())
     }
 
     async fn save_checkpoint(&self, checkpoint_ms: i64) -> StoreResult<()> {

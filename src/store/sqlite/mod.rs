@@ -20,6 +20,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use rusqlite::Connection;
 
+use super::batches;
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan};
 use super::topics::{state_counts, topic_filter, TopicIds};
 use super::{
@@ -221,6 +222,7 @@ impl ShardStore for SqliteStore {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
+        batch: i64,
         handoff: &Handoff,
         now_ms: i64,
     ) -> StoreResult<()> {
@@ -228,7 +230,8 @@ impl ShardStore for SqliteStore {
             return Ok(());
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        let statements = plan.statements(Dialect::Sqlite, rows, key_high_water, handoff, now_ms);
+        let mut statements = vec![batches::mark(batch, now_ms)];
+        statements.extend(plan.statements(Dialect::Sqlite, rows, key_high_water, handoff, now_ms));
         self.call(move |conn| run(conn, &statements)).await?;
         plan.committed(&self.topics);
         Ok(())
@@ -444,6 +447,27 @@ impl ShardStore for SqliteStore {
         let rows = self.rows();
         let found = self.call(move |conn| rows.metas(conn, &sql)).await?;
         Ok(found.into_iter().map(|(m, _)| m).collect())
+    }
+
+    async fn batch_committed(&self, batch: i64, now_ms: i64) -> StoreResult<bool> {
+        self.call(move |conn| {
+            conn.execute_batch(&batches::tombstone(Dialect::Sqlite, batch, now_ms))
+                .map_err(store_error)?;
+            let c: i64 = conn
+                .query_row(&batches::read(batch), [], |r| r.get(0))
+                .map_err(store_error)?;
+            Ok(c == 1)
+        })
+        .await
+    }
+
+    async fn forget_batches(&self, before_ms: i64) -> StoreResult<u64> {
+        self.call(move |conn| {
+            conn.execute(&batches::forget(Dialect::Sqlite, before_ms), [])
+                .map(|n| n as u64)
+                .map_err(store_error)
+        })
+        .await
     }
 
     async fn save_checkpoint(&self, checkpoint_ms: i64) -> StoreResult<()> {

@@ -81,8 +81,10 @@ pub(super) fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
         None => {
             conn.execute_batch(&format!(
                 "BEGIN IMMEDIATE; {SCHEMA}
+                 {}
                  INSERT INTO foqs_meta (name, value) VALUES ('schema_version', {SCHEMA_VERSION});
-                 COMMIT;"
+                 COMMIT;",
+                crate::store::batches::SQLITE_DDL
             ))
             .map_err(store_error)?;
             Ok(())
@@ -103,6 +105,9 @@ pub(super) fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
                 )
                 .map_err(store_error)?;
             }
+            // Created in place in files of earlier builds (which never name it).
+            conn.execute_batch(crate::store::batches::SQLITE_DDL)
+                .map_err(store_error)?;
             // A file of another build with other columns: say so now, not at the first
             // write.
             for (table, columns) in [
