@@ -12,6 +12,10 @@
 #   scripts/bench.sh transports single-item mixed throughput over each transport
 #                               (framed, unframed, THeader; and FOQS_BENCH_BEFORE's
 #                               binary, framed), 5 rounds interleaved, medians
+#   scripts/bench.sh tenants    a victim namespace at its guaranteed rate beside a
+#                               flooding one (see the mode below): the victim's
+#                               enqueue-to-delivery latency alone and beside, its refusals,
+#                               the flooder's throughput alone and beside
 #   scripts/bench.sh counters   one run; MySQL's work per item in each phase: InnoDB's
 #                               Handler_* and Innodb_rows_* counters (SHOW GLOBAL STATUS
 #                               around the phase) and the server's CPU time
@@ -112,6 +116,84 @@ if [ "$mode" = latency ]; then
     fresh_foqsd "$backend" "$binary" "$setting"
     line=$(bench --phases longpoll --items 2000 --producers 1 --consumers 1 --batch 1)
     echo "${line/\"system\":\"foqs\"/\"system\":\"$label\"}"
+  done
+  exit 0
+fi
+
+if [ "$mode" = tenants ]; then
+  # A victim namespace at its guaranteed rate beside a flooder with none, on one host, one
+  # backend after the other: the victim alone, the flooder alone, then both (the flooder
+  # started first, its load generator at nice 19: the load shares the cores with foqsd).
+  # Victim: --rate items/s (FOQS_BENCH_VICTIM_RATE, default 200, its guarantee) in single
+  # items and in batches of 20; flooder: 8 producers, batches of 100, 4 consumers.
+  secs=${FOQS_BENCH_SECONDS:-15}
+  vrate=${FOQS_BENCH_VICTIM_RATE:-200}
+  metrics_port=$((${listen##*:} + 1))
+  for cfg in "$config" "$sqlite_config"; do
+    cat >>"$cfg" <<EOT
+
+[metrics]
+listen = "127.0.0.1:$metrics_port"
+
+[[namespaces]]
+name = "victim"
+enqueues_per_minute = $((vrate * 60))
+
+[[namespaces]]
+name = "flood"
+EOT
+  done
+  # The server's view of the victim: its enqueue-to-delivery histogram, from /metrics.
+  server_side() {
+    curl -s "http://127.0.0.1:$metrics_port/metrics" | python3 -c '
+import sys, re
+b = {}
+for l in sys.stdin:
+    m = re.match(r"foqs_ns_enqueue_to_delivery_seconds_bucket\{.*ns=\"victim\".*le=\"([^\"]+)\".*\} (\S+)", l)
+    if m:
+        b[float("inf") if m[1] == "+Inf" else float(m[1])] = float(m[2])
+if not b:
+    print("null"); sys.exit()
+total = b[float("inf")]
+def q(p):
+    for le in sorted(b):
+        if b[le] >= p * total:
+            return round(le * 1000, 3)
+print("{\"count\":%d,\"p50_ms_le\":%s,\"p99_ms_le\":%s}" % (total, q(0.5), q(0.99)))'
+  }
+  victim() {
+    local label=$1 batch=$2 line
+    line=$(bench --ns victim --phases victim --rate "$vrate" --batch "$batch" --consumers 2 --max-seconds "$secs")
+    python3 -c 'import json, sys
+r = json.loads(sys.argv[1])
+print(json.dumps({"run": sys.argv[2], "victim_batch": int(sys.argv[3]), **r, "server": json.loads(sys.argv[4])}))' \
+      "$line" "$label" "$batch" "$(server_side)"
+  }
+  flood() { nice -n 19 ./target/release/foqs-bench --host "$listen" --ns flood --phases flood --producers 8 --consumers 4 --batch 100 --max-seconds "$1"; }
+  # With FOQS_BENCH_BEFORE, that foqsd runs each step too (labels end in -before).
+  binaries=(./target/release/foqsd)
+  [ -n "${FOQS_BENCH_BEFORE:-}" ] && binaries=("$FOQS_BENCH_BEFORE" "${binaries[@]}")
+  for backend in ${FOQS_BENCH_BACKENDS:-mysql sqlite}; do
+    for bin in "${binaries[@]}"; do
+      tag=$backend
+      [ "$bin" = "${FOQS_BENCH_BEFORE:-}" ] && tag=$backend-before
+      for batch in 1 20; do
+        fresh_foqsd "$backend" "$bin"
+        victim "$tag-victim-alone" "$batch"
+      done
+      fresh_foqsd "$backend" "$bin"
+      line=$(flood "$secs")
+      echo "{\"run\":\"$tag-flood-alone\",${line#\{}"
+      for batch in 1 20; do
+        fresh_foqsd "$backend" "$bin"
+        flood $((secs + 4)) >"$FOQS_RUN/bench-flood.json" &
+        flood_pid=$!
+        sleep 2
+        victim "$tag-victim-beside-flood" "$batch"
+        wait "$flood_pid"
+        echo "{\"run\":\"$tag-flood-beside-victim\",$(sed 's/^{//' "$FOQS_RUN/bench-flood.json")"
+      done
+    done
   done
   exit 0
 fi

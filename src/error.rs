@@ -27,6 +27,9 @@ pub struct Error {
     /// and no answer came back within its bound. On the wire as `outcome_unknown`; a
     /// forwarded ack in doubt is resolved before the reply (see `core::in_doubt`).
     pub in_doubt: bool,
+    /// `RATE_LIMITED`: how long to wait before retrying (a hint). On the wire as
+    /// `retry_after_ms`.
+    pub retry_after_ms: Option<u64>,
 }
 
 impl Error {
@@ -39,6 +42,7 @@ impl Error {
             retryable,
             redirect: None,
             in_doubt: false,
+            retry_after_ms: None,
         }
     }
 
@@ -59,6 +63,14 @@ impl Error {
 
     pub fn not_found(message: impl Into<String>) -> Self {
         Error::new(ErrorCode::NotFound, message)
+    }
+
+    /// `RATE_LIMITED`, with a hint of when to retry.
+    pub fn rate_limited(message: impl Into<String>, retry_after_ms: u64) -> Self {
+        Error {
+            retry_after_ms: Some(retry_after_ms),
+            ..Error::new(ErrorCode::RateLimited, message)
+        }
     }
 
     /// `UNAVAILABLE`, marked as sent with its outcome unknown.

@@ -80,6 +80,7 @@ pub mod daemon;
 pub mod demand;
 pub mod error;
 pub mod failpoint;
+pub mod fair;
 pub mod fence;
 pub mod hash;
 pub mod metrics;

@@ -33,6 +33,12 @@ pub struct NsLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NsReason {
+    pub ns: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NsState {
     pub ns: String,
     pub state: &'static str,
@@ -142,6 +148,16 @@ pub struct Metrics {
     pub semi_sync_no_tx: Family<ServerLabel, Gauge>,
     pub replica_lag_ms: Family<ServerLabel, Gauge>,
     pub switches: Family<SwitchLabel, Counter>,
+    /// What a tenant feels (see `core::tenants`): its refusals by reason, and how long
+    /// its items took from enqueue (or from coming due) to delivery.
+    ns_refusals: Family<NsReason, Counter>,
+    ns_enqueue_to_delivery: Family<NsLabel, Histogram, fn() -> Histogram>,
+    /// The fair gate's waiting room (see `crate::fair`): what waits now, and its bounds.
+    pub fair_waiting: Gauge,
+    pub fair_waiting_bytes: Gauge,
+    pub fair_waiting_max: Gauge,
+    pub fair_waiting_bytes_max: Gauge,
+    pub fair_slots: Gauge,
     labelled_ns: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Every namespace's item events together, by [`ItemEvent`] (the console's rates).
     event_totals: [AtomicU64; 6],
@@ -246,6 +262,47 @@ impl Metrics {
             "Open client connections",
             connections_open.clone(),
         );
+        let ns_refusals = Family::<NsReason, Counter>::default();
+        r.register(
+            "ns_refusals",
+            "Requests refused by namespace and reason: quota (over its enqueues_per_minute), requests or bytes (the host's waiting room for shard work was full and the namespace has no guaranteed rate)",
+            ns_refusals.clone(),
+        );
+        let ns_enqueue_to_delivery =
+            Family::<NsLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
+        r.register_with_unit(
+            "ns_enqueue_to_delivery",
+            "Time from an item's enqueue (or its deliver_after, when later) to its delivery, by namespace (first deliveries and redeliveries alike; millisecond clock)",
+            Unit::Seconds,
+            ns_enqueue_to_delivery.clone(),
+        );
+        let fair_gauges: [Gauge; 5] = Default::default();
+        for (g, (name, help)) in fair_gauges.iter().zip([
+            (
+                "fair_waiting",
+                "Enqueues and dequeues waiting for a slot at the shards (see engine.fair_slots)",
+            ),
+            (
+                "fair_waiting_bytes",
+                "Payload bytes of the enqueues waiting for a slot",
+            ),
+            (
+                "fair_waiting_max",
+                "The bound on fair_waiting (engine.fair_waiting_max)",
+            ),
+            (
+                "fair_waiting_bytes_max",
+                "The bound on fair_waiting_bytes (engine.fair_waiting_bytes_max)",
+            ),
+            (
+                "fair_slots",
+                "Enqueues and dequeues at work on the shards at once, at most (engine.fair_slots)",
+            ),
+        ]) {
+            r.register(name, help, g.clone());
+        }
+        let [fair_waiting, fair_waiting_bytes, fair_waiting_max, fair_waiting_bytes_max, fair_slots] =
+            fair_gauges;
         let handoffs = Counter::default();
         r.register(
             "handoffs",
@@ -358,6 +415,13 @@ impl Metrics {
             connections_open,
             connections_evicted,
             handoffs,
+            ns_refusals,
+            ns_enqueue_to_delivery,
+            fair_waiting,
+            fair_waiting_bytes,
+            fair_waiting_max,
+            fair_waiting_bytes_max,
+            fair_slots,
             payload_cache_hits,
             payload_cache_misses,
             payload_cache_bytes,
@@ -409,6 +473,26 @@ impl Metrics {
                 ns: self.ns_label(ns),
             })
             .inc_by(n);
+    }
+
+    /// A request of namespace `ns` refused for `reason`.
+    pub fn ns_refused(&self, ns: &str, reason: &'static str) {
+        self.ns_refusals
+            .get_or_create(&NsReason {
+                ns: self.ns_label(ns),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Items of namespace `ns` delivered, each this many ms after it was ready.
+    pub fn ns_delivered_after(&self, ns: &str, waited_ms: impl Iterator<Item = i64>) {
+        let h = self.ns_enqueue_to_delivery.get_or_create(&NsLabel {
+            ns: self.ns_label(ns),
+        });
+        for ms in waited_ms {
+            h.observe(ms.max(0) as f64 / 1000.0);
+        }
     }
 
     /// How many `event`s happened to any namespace's items since the host started.

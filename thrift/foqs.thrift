@@ -37,6 +37,8 @@ exception FoqsError {
   // and no answer came back within its bound): UNAVAILABLE otherwise means that nothing
   // was applied. Absent: false.
   5: optional bool outcome_unknown,
+  // RATE_LIMITED: how long to wait before retrying, in milliseconds (a hint).
+  6: optional i64 retry_after_ms,
 }
 
 struct ItemError {
@@ -45,6 +47,8 @@ struct ItemError {
   3: optional string redirect_host,
   // As FoqsError.outcome_unknown, for this item.
   4: optional bool outcome_unknown,
+  // As FoqsError.retry_after_ms, for this item.
+  5: optional i64 retry_after_ms,
 }
 
 struct EnqueueItem {

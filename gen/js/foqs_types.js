@@ -35,6 +35,7 @@ var FoqsError = module.exports.FoqsError = function(args) {
   this.redirect_host = null;
   this.retryable = null;
   this.outcome_unknown = null;
+  this.retry_after_ms = null;
   if (args) {
     if (args.code !== undefined && args.code !== null) {
       this.code = args.code;
@@ -50,6 +51,9 @@ var FoqsError = module.exports.FoqsError = function(args) {
     }
     if (args.outcome_unknown !== undefined && args.outcome_unknown !== null) {
       this.outcome_unknown = args.outcome_unknown;
+    }
+    if (args.retry_after_ms !== undefined && args.retry_after_ms !== null) {
+      this.retry_after_ms = args.retry_after_ms;
     }
   }
 };
@@ -100,6 +104,13 @@ FoqsError.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 6:
+      if (ftype == Thrift.Type.I64) {
+        this.retry_after_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -136,6 +147,11 @@ FoqsError.prototype.write = function(output) {
     output.writeBool(this.outcome_unknown);
     output.writeFieldEnd();
   }
+  if (this.retry_after_ms !== null && this.retry_after_ms !== undefined) {
+    output.writeFieldBegin('retry_after_ms', Thrift.Type.I64, 6);
+    output.writeI64(this.retry_after_ms);
+    output.writeFieldEnd();
+  }
   output.writeFieldStop();
   output.writeStructEnd();
   return;
@@ -146,6 +162,7 @@ var ItemError = module.exports.ItemError = function(args) {
   this.message = null;
   this.redirect_host = null;
   this.outcome_unknown = null;
+  this.retry_after_ms = null;
   if (args) {
     if (args.code !== undefined && args.code !== null) {
       this.code = args.code;
@@ -158,6 +175,9 @@ var ItemError = module.exports.ItemError = function(args) {
     }
     if (args.outcome_unknown !== undefined && args.outcome_unknown !== null) {
       this.outcome_unknown = args.outcome_unknown;
+    }
+    if (args.retry_after_ms !== undefined && args.retry_after_ms !== null) {
+      this.retry_after_ms = args.retry_after_ms;
     }
   }
 };
@@ -200,6 +220,13 @@ ItemError.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 5:
+      if (ftype == Thrift.Type.I64) {
+        this.retry_after_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -229,6 +256,11 @@ ItemError.prototype.write = function(output) {
   if (this.outcome_unknown !== null && this.outcome_unknown !== undefined) {
     output.writeFieldBegin('outcome_unknown', Thrift.Type.BOOL, 4);
     output.writeBool(this.outcome_unknown);
+    output.writeFieldEnd();
+  }
+  if (this.retry_after_ms !== null && this.retry_after_ms !== undefined) {
+    output.writeFieldBegin('retry_after_ms', Thrift.Type.I64, 5);
+    output.writeI64(this.retry_after_ms);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

@@ -159,16 +159,18 @@ pub struct FoqsError {
   pub redirect_host: Option<String>,
   pub retryable: Option<bool>,
   pub outcome_unknown: Option<bool>,
+  pub retry_after_ms: Option<i64>,
 }
 
 impl FoqsError {
-  pub fn new<F1, F2, F3, F4, F5>(code: F1, message: F2, redirect_host: F3, retryable: F4, outcome_unknown: F5) -> FoqsError where F1: Into<Option<ErrorCode>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<bool>>, F5: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5, F6>(code: F1, message: F2, redirect_host: F3, retryable: F4, outcome_unknown: F5, retry_after_ms: F6) -> FoqsError where F1: Into<Option<ErrorCode>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<bool>>, F5: Into<Option<bool>>, F6: Into<Option<i64>> {
     FoqsError {
       code: code.into(),
       message: message.into(),
       redirect_host: redirect_host.into(),
       retryable: retryable.into(),
       outcome_unknown: outcome_unknown.into(),
+      retry_after_ms: retry_after_ms.into(),
     }
   }
 }
@@ -181,6 +183,7 @@ impl TSerializable for FoqsError {
     let mut f_3: Option<String> = None;
     let mut f_4: Option<bool> = None;
     let mut f_5: Option<bool> = None;
+    let mut f_6: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -208,6 +211,10 @@ impl TSerializable for FoqsError {
           let val = i_prot.read_bool()?;
           f_5 = Some(val);
         },
+        6 => {
+          let val = i_prot.read_i64()?;
+          f_6 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -221,6 +228,7 @@ impl TSerializable for FoqsError {
       redirect_host: f_3,
       retryable: f_4,
       outcome_unknown: f_5,
+      retry_after_ms: f_6,
     };
     Ok(ret)
   }
@@ -252,6 +260,11 @@ impl TSerializable for FoqsError {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.retry_after_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("retry_after_ms", TType::I64, 6))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -265,6 +278,7 @@ impl Default for FoqsError {
       redirect_host: Some("".to_owned()),
       retryable: Some(false),
       outcome_unknown: Some(false),
+      retry_after_ms: Some(0),
     }
   }
 }
@@ -293,15 +307,17 @@ pub struct ItemError {
   pub message: Option<String>,
   pub redirect_host: Option<String>,
   pub outcome_unknown: Option<bool>,
+  pub retry_after_ms: Option<i64>,
 }
 
 impl ItemError {
-  pub fn new<F1, F2, F3, F4>(code: F1, message: F2, redirect_host: F3, outcome_unknown: F4) -> ItemError where F1: Into<Option<ErrorCode>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5>(code: F1, message: F2, redirect_host: F3, outcome_unknown: F4, retry_after_ms: F5) -> ItemError where F1: Into<Option<ErrorCode>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<bool>>, F5: Into<Option<i64>> {
     ItemError {
       code: code.into(),
       message: message.into(),
       redirect_host: redirect_host.into(),
       outcome_unknown: outcome_unknown.into(),
+      retry_after_ms: retry_after_ms.into(),
     }
   }
 }
@@ -313,6 +329,7 @@ impl TSerializable for ItemError {
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<String> = None;
     let mut f_4: Option<bool> = None;
+    let mut f_5: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -336,6 +353,10 @@ impl TSerializable for ItemError {
           let val = i_prot.read_bool()?;
           f_4 = Some(val);
         },
+        5 => {
+          let val = i_prot.read_i64()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -348,6 +369,7 @@ impl TSerializable for ItemError {
       message: f_2,
       redirect_host: f_3,
       outcome_unknown: f_4,
+      retry_after_ms: f_5,
     };
     Ok(ret)
   }
@@ -374,6 +396,11 @@ impl TSerializable for ItemError {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.retry_after_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("retry_after_ms", TType::I64, 5))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -386,6 +413,7 @@ impl Default for ItemError {
       message: Some("".to_owned()),
       redirect_host: Some("".to_owned()),
       outcome_unknown: Some(false),
+      retry_after_ms: Some(0),
     }
   }
 }

@@ -197,6 +197,14 @@ pub struct EngineConfig {
     /// Acked items one shard remembers at most (about 40 bytes each); past it the oldest
     /// are forgotten before `ack_memory_ms`.
     pub ack_memory_items_max: usize,
+    /// Enqueues and dequeues at work on the shards at once, across namespaces; the rest
+    /// wait in their namespace's queue, served by weight (see `fair`).
+    pub fair_slots: usize,
+    /// Requests waiting for a slot, at most; past it (or `fair_waiting_bytes_max`), a
+    /// namespace without a guaranteed rate is refused with `RATE_LIMITED`.
+    pub fair_waiting_max: usize,
+    /// Payload bytes of the requests waiting for a slot, at most.
+    pub fair_waiting_bytes_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -222,6 +230,9 @@ impl Default for EngineConfig {
             payload_cache_bytes_max: 0,
             ack_memory_ms: 600_000,
             ack_memory_items_max: 100_000,
+            fair_slots: 16,
+            fair_waiting_max: 4096,
+            fair_waiting_bytes_max: 64 << 20,
         }
     }
 }
@@ -426,6 +437,12 @@ impl Config {
             ("engine.dlq_call_ms_max", e.dlq_call_ms_max),
             ("engine.prefetch_stage_max_ms", e.prefetch_stage_max_ms),
             ("engine.prefetch_tick_ms", e.prefetch_tick_ms),
+            ("engine.fair_slots", e.fair_slots as u64),
+            ("engine.fair_waiting_max", e.fair_waiting_max as u64),
+            (
+                "engine.fair_waiting_bytes_max",
+                e.fair_waiting_bytes_max as u64,
+            ),
         ];
         for (name, v) in positive {
             if v == 0 {

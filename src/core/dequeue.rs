@@ -186,6 +186,9 @@ impl Host {
     ) -> Result<Vec<Item>> {
         // The shards as this dequeue found them: an item claimed on a shard that is being
         // removed meanwhile is still handed out through it (its lease is real).
+        // This namespace's turn at the shards (see `tenants`), taken before the shards'
+        // lock: a dequeue waiting its turn holds nothing others need.
+        let _turn = self.fair_turn(&topic.ns, "dequeue", count, 0).await?;
         let _claiming = self.claiming.read().await;
         let shards = self.shards();
         let gathered = self.gather(topic, count, true, before).await?;
@@ -244,6 +247,12 @@ impl Host {
             // A dequeue's items are of one topic.
             self.metrics
                 .item_event(&first.ns, ItemEvent::Delivered, delivered.len() as u64);
+            self.metrics.ns_delivered_after(
+                &first.ns,
+                delivered
+                    .iter()
+                    .map(|i| now - i.enqueued_at_ms.max(i.deliver_after_ms)),
+            );
         }
         delivered
     }

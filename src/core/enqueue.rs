@@ -116,9 +116,17 @@ impl Host {
             match allowed.get_mut(&n.ns) {
                 None => kept.push((i, n)),
                 Some(0) => {
-                    results[i] = Some(Err(Error::new(
-                        ErrorCode::RateLimited,
+                    self.metrics.ns_refused(&n.ns, "quota");
+                    let per_minute = self
+                        .namespaces
+                        .get(&n.ns)
+                        .and_then(|p| p.enqueues_per_minute)
+                        .unwrap_or(60_000)
+                        .max(1);
+                    // About when the next token comes (at least 1 ms).
+                    results[i] = Some(Err(Error::rate_limited(
                         format!("namespace {:?} is over its enqueue quota", n.ns),
+                        (60_000 / per_minute).max(1),
                     )))
                 }
                 Some(left) => {
@@ -176,6 +184,23 @@ impl Host {
         now: i64,
     ) -> Vec<EnqueueOutcome> {
         let n = items.len();
+        // This namespace's turn at the shards (see `tenants`), held until the shard's
+        // answer (not while a switch holds the batch, nor while an answer in doubt is
+        // resolved); a peer takes its own.
+        let mut turn = match &dest {
+            Dest::Peer(_) => None,
+            _ => {
+                // At least a byte an item: an enqueue always carries some (see `fair`).
+                let bytes = items
+                    .iter()
+                    .map(|i| 1 + i.payload.len() + i.metadata.len())
+                    .sum();
+                match self.fair_turn(&items[0].ns, "enqueue", n, bytes).await {
+                    Ok(p) => Some(p),
+                    Err(e) => return vec![Err(e); n],
+                }
+            }
+        };
         let spread = |shard: ShardId, r: Result<Vec<Enqueued>>| -> Vec<EnqueueOutcome> {
             match r {
                 Ok(keys) => keys
@@ -187,7 +212,11 @@ impl Host {
         };
         match dest {
             Dest::Shard(id) => match self.submit_to_shard(id, items) {
-                Ok(pending) => spread(id, self.resolve_enqueue(pending.wait().await).await),
+                Ok(pending) => {
+                    let answer = pending.wait().await;
+                    drop(turn);
+                    spread(id, self.resolve_enqueue(answer).await)
+                }
                 Err(e) => vec![Err(e); n],
             },
             Dest::Peer(addr) => self.forward_enqueue(&addr, items, now).await,
@@ -199,18 +228,27 @@ impl Host {
                 let (items, e) = loop {
                     match self.submit_to_some_shard(items) {
                         Ok((id, pending)) => {
-                            return spread(id, self.resolve_enqueue(pending.wait().await).await)
+                            let answer = pending.wait().await;
+                            drop(turn);
+                            return spread(id, self.resolve_enqueue(answer).await);
                         }
                         Err((back, e)) => {
                             if !self.switching_here() || std::time::Instant::now() >= hold_until {
                                 break (back, e);
                             }
                             items = back;
+                            // Held without a turn, taken again after.
+                            drop(turn.take());
                             tokio::time::sleep(HOLD_POLL).await;
+                            match self.fair_turn(&items[0].ns, "enqueue", n, 0).await {
+                                Ok(p) => turn = Some(p),
+                                Err(e) => return vec![Err(e); n],
+                            }
                         }
                     }
                 };
                 // Nothing was written: another host of the tier may take the batch.
+                drop(turn);
                 match self.cluster.spare_peer(forwarded) {
                     Some(addr) => {
                         tracing::debug!(peer = addr, error = %e, "forwarding an enqueue");
@@ -285,12 +323,17 @@ impl Host {
             };
             return Err((items, Error::unavailable(why)));
         }
+        // The least busy first (fewest commands queued), round-robin among equals: an
+        // enqueue does not queue behind another's batch on one shard while another idles.
         let start = self.next_shard.fetch_add(1, Ordering::Relaxed);
+        let mut order: Vec<_> = (0..healthy.len())
+            .map(|i| healthy[(start + i) % healthy.len()])
+            .collect();
+        order.sort_by_key(|s| s.queue_depth());
         let mut last_err = None;
         // A refused submit wrote nothing, so trying the next shard cannot duplicate an
         // item. Once accepted, the outcome is final: a storage error may have committed.
-        for i in 0..healthy.len() {
-            let shard = healthy[(start + i) % healthy.len()];
+        for shard in order {
             match shard.submit_enqueue(items) {
                 Ok(pending) => return Ok((shard.id(), pending)),
                 Err((back, e)) => {

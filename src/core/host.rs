@@ -64,6 +64,8 @@ pub struct HostParts {
     pub switchboard: Option<Arc<dyn crate::replication::Switchboard>>,
     /// How long an enqueue waits for this host's shards while a switch pauses them.
     pub enqueue_hold: std::time::Duration,
+    /// The bounds of the work shared among namespaces (see `crate::fair`).
+    pub fair: crate::fair::Limits,
 }
 
 pub struct Host {
@@ -87,6 +89,8 @@ pub struct Host {
     pub(super) dlq_call_bound: std::time::Duration,
     pub(super) dlq_routed_bound: std::time::Duration,
     pub(super) switchboard: Option<Arc<dyn crate::replication::Switchboard>>,
+    /// Enqueues and dequeues share the shards among namespaces through it.
+    pub(super) fair: Arc<crate::fair::FairGate>,
     pub(super) enqueue_hold: std::time::Duration,
 }
 
@@ -121,6 +125,7 @@ impl Host {
             dlq_routed_bound: p.dlq_routed_bound,
             switchboard: p.switchboard,
             enqueue_hold: p.enqueue_hold,
+            fair: crate::fair::FairGate::new(p.fair),
         }
     }
 
@@ -156,6 +161,7 @@ impl Host {
             dlq_routed_bound: std::time::Duration::from_secs(1),
             switchboard: None,
             enqueue_hold: std::time::Duration::ZERO,
+            fair: super::tenants::limits(&cfg.engine),
         });
         host.stop_waiting();
         host

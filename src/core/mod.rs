@@ -20,6 +20,7 @@ mod routed_dequeue;
 mod routing;
 mod settle;
 mod shard_error;
+mod tenants;
 mod useful_lease;
 mod validate;
 
@@ -35,4 +36,5 @@ pub use peers::{
     ClusterSettings, DeadItem, Forwarded, HostStatus, PeerLoad, PeerStatus, PeerSummary, Peers,
 };
 pub use prefetch::PrefetchConfig;
+pub use tenants::limits as tenant_limits;
 pub use validate::{check_name, limits, validate_item};

@@ -117,6 +117,7 @@ pub fn foqs_error(e: Error) -> t::FoqsError {
         redirect_host: e.redirect,
         retryable: Some(e.retryable),
         outcome_unknown: e.in_doubt.then_some(true),
+        retry_after_ms: e.retry_after_ms.map(|ms| ms as i64),
     }
 }
 
@@ -126,6 +127,7 @@ pub fn item_error(e: Error) -> t::ItemError {
         message: Some(e.message),
         redirect_host: e.redirect,
         outcome_unknown: e.in_doubt.then_some(true),
+        retry_after_ms: e.retry_after_ms.map(|ms| ms as i64),
     }
 }
 
@@ -438,6 +440,7 @@ pub fn error_from_wire(e: t::FoqsError) -> Error {
     let mut err = Error::new(code_from_wire(e.code), e.message.unwrap_or_default());
     err.redirect = e.redirect_host;
     err.in_doubt = e.outcome_unknown == Some(true);
+    err.retry_after_ms = e.retry_after_ms.map(|ms| ms.max(0) as u64);
     err
 }
 
@@ -445,6 +448,7 @@ fn item_error_from_wire(e: t::ItemError) -> Error {
     let mut err = Error::new(code_from_wire(e.code), e.message.unwrap_or_default());
     err.redirect = e.redirect_host;
     err.in_doubt = e.outcome_unknown == Some(true);
+    err.retry_after_ms = e.retry_after_ms.map(|ms| ms.max(0) as u64);
     err
 }
 

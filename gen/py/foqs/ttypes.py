@@ -75,16 +75,18 @@ class FoqsError(TException):
      - redirect_host
      - retryable
      - outcome_unknown
+     - retry_after_ms
 
     """
 
 
-    def __init__(self, code=None, message=None, redirect_host=None, retryable=None, outcome_unknown=None,):
+    def __init__(self, code=None, message=None, redirect_host=None, retryable=None, outcome_unknown=None, retry_after_ms=None,):
         super(FoqsError, self).__setattr__('code', code)
         super(FoqsError, self).__setattr__('message', message)
         super(FoqsError, self).__setattr__('redirect_host', redirect_host)
         super(FoqsError, self).__setattr__('retryable', retryable)
         super(FoqsError, self).__setattr__('outcome_unknown', outcome_unknown)
+        super(FoqsError, self).__setattr__('retry_after_ms', retry_after_ms)
 
     def __setattr__(self, *args):
         raise TypeError("can't modify immutable instance")
@@ -93,7 +95,7 @@ class FoqsError(TException):
         raise TypeError("can't modify immutable instance")
 
     def __hash__(self):
-        return hash(self.__class__) ^ hash((self.code, self.message, self.redirect_host, self.retryable, self.outcome_unknown, ))
+        return hash(self.__class__) ^ hash((self.code, self.message, self.redirect_host, self.retryable, self.outcome_unknown, self.retry_after_ms, ))
 
     @classmethod
     def read(cls, iprot):
@@ -105,6 +107,7 @@ class FoqsError(TException):
         redirect_host = None
         retryable = None
         outcome_unknown = None
+        retry_after_ms = None
         while True:
             (fname, ftype, fid) = iprot.readFieldBegin()
             if ftype == TType.STOP:
@@ -134,6 +137,11 @@ class FoqsError(TException):
                     outcome_unknown = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I64:
+                    retry_after_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -144,6 +152,7 @@ class FoqsError(TException):
             redirect_host=redirect_host,
             retryable=retryable,
             outcome_unknown=outcome_unknown,
+            retry_after_ms=retry_after_ms,
         )
 
     def write(self, oprot):
@@ -170,6 +179,10 @@ class FoqsError(TException):
         if self.outcome_unknown is not None:
             oprot.writeFieldBegin('outcome_unknown', TType.BOOL, 5)
             oprot.writeBool(self.outcome_unknown)
+            oprot.writeFieldEnd()
+        if self.retry_after_ms is not None:
+            oprot.writeFieldBegin('retry_after_ms', TType.I64, 6)
+            oprot.writeI64(self.retry_after_ms)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -199,15 +212,17 @@ class ItemError(object):
      - message
      - redirect_host
      - outcome_unknown
+     - retry_after_ms
 
     """
 
 
-    def __init__(self, code=None, message=None, redirect_host=None, outcome_unknown=None,):
+    def __init__(self, code=None, message=None, redirect_host=None, outcome_unknown=None, retry_after_ms=None,):
         self.code = code
         self.message = message
         self.redirect_host = redirect_host
         self.outcome_unknown = outcome_unknown
+        self.retry_after_ms = retry_after_ms
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -238,6 +253,11 @@ class ItemError(object):
                     self.outcome_unknown = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I64:
+                    self.retry_after_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -263,6 +283,10 @@ class ItemError(object):
         if self.outcome_unknown is not None:
             oprot.writeFieldBegin('outcome_unknown', TType.BOOL, 4)
             oprot.writeBool(self.outcome_unknown)
+            oprot.writeFieldEnd()
+        if self.retry_after_ms is not None:
+            oprot.writeFieldBegin('retry_after_ms', TType.I64, 5)
+            oprot.writeI64(self.retry_after_ms)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4668,6 +4692,7 @@ FoqsError.thrift_spec = (
     (3, TType.STRING, 'redirect_host', 'UTF8', None, ),  # 3
     (4, TType.BOOL, 'retryable', None, None, ),  # 4
     (5, TType.BOOL, 'outcome_unknown', None, None, ),  # 5
+    (6, TType.I64, 'retry_after_ms', None, None, ),  # 6
 )
 all_structs.append(ItemError)
 ItemError.thrift_spec = (
@@ -4676,6 +4701,7 @@ ItemError.thrift_spec = (
     (2, TType.STRING, 'message', 'UTF8', None, ),  # 2
     (3, TType.STRING, 'redirect_host', 'UTF8', None, ),  # 3
     (4, TType.BOOL, 'outcome_unknown', None, None, ),  # 4
+    (5, TType.I64, 'retry_after_ms', None, None, ),  # 5
 )
 all_structs.append(EnqueueItem)
 EnqueueItem.thrift_spec = (

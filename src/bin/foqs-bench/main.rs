@@ -17,6 +17,7 @@
 //! With `--rabbitmq URL` the same phases run against RabbitMQ instead (see `rabbit.rs`).
 
 mod rabbit;
+mod tenant;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -77,6 +78,23 @@ struct Args {
 struct Latencies(Vec<u32>);
 
 impl Latencies {
+    /// As [`Self::summary`], with the 99.9th percentile.
+    fn summary_with_p999(mut self) -> String {
+        if self.0.is_empty() {
+            return "null".into();
+        }
+        self.0.sort_unstable();
+        let at = |q: f64| self.0[((self.0.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
+        format!(
+            "{{\"count\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3}}}",
+            self.0.len(),
+            at(0.5),
+            at(0.99),
+            at(0.999),
+            at(1.0)
+        )
+    }
+
     fn summary(mut self) -> String {
         if self.0.is_empty() {
             return "null".into();
@@ -411,7 +429,11 @@ fn main() -> anyhow::Result<()> {
                     lat.summary()
                 ));
             }
-            other => bail!("unknown phase {other:?}: want enqueue, drain, mixed or longpoll"),
+            "victim" => run.victim(&mut fields)?,
+            "flood" => run.flood(&mut fields)?,
+            other => bail!(
+                "unknown phase {other:?}: want enqueue, drain, mixed, longpoll, victim or flood"
+            ),
         }
     }
     println!("{{{}}}", fields.join(","));

@@ -1,0 +1,78 @@
+//! Namespaces sharing a host: each enqueue and each local dequeue passes the host's
+//! [`FairGate`] under its namespace's share before it goes to the shards, and what the
+//! tenants feel is counted per namespace (refusals by reason; enqueue-to-delivery latency,
+//! observed where items are handed out).
+//!
+//! A namespace's weight is its guaranteed rate (`enqueues_per_minute`, its own or the
+//! defaults'); one without a rate weighs [`WEIGHT_WITHOUT_RATE`] (so namespaces without
+//! rates share equally) and has no guarantee: it is the first shed when the host's
+//! waiting room is full.
+
+use super::host::Host;
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::fair::{Limits, Permit, Share};
+
+/// The weight of a namespace without a configured rate: as if it were guaranteed 1,000
+/// items/s.
+pub const WEIGHT_WITHOUT_RATE: f64 = 60_000.0;
+
+pub fn limits(e: &EngineConfig) -> Limits {
+    Limits {
+        slots: e.fair_slots,
+        waiting_max: e.fair_waiting_max,
+        waiting_bytes_max: e.fair_waiting_bytes_max,
+    }
+}
+
+impl Host {
+    /// The share of namespace `ns` (see the module's notes).
+    pub(super) fn share(&self, ns: &str) -> Share {
+        match self.namespaces.get(ns).and_then(|p| p.enqueues_per_minute) {
+            Some(rate) => Share {
+                weight: rate.max(1) as f64,
+                guaranteed: true,
+            },
+            None => Share {
+                weight: WEIGHT_WITHOUT_RATE,
+                guaranteed: false,
+            },
+        }
+    }
+
+    /// Waits for this namespace's turn at the shards for `cost` items of `bytes`; past the
+    /// waiting room's bounds, `RATE_LIMITED` with a retry hint (only for a namespace
+    /// without a guarantee).
+    pub(super) async fn fair_turn(
+        &self,
+        ns: &str,
+        what: &'static str,
+        cost: usize,
+        bytes: usize,
+    ) -> Result<Permit> {
+        let r = self.fair.enter(ns, self.share(ns), cost, bytes).await;
+        let (waiting, waiting_bytes) = self.fair.waiting();
+        let l = self.fair.limits();
+        let m = &self.metrics;
+        m.fair_waiting.set(waiting as i64);
+        m.fair_waiting_bytes.set(waiting_bytes as i64);
+        m.fair_waiting_max.set(l.waiting_max as i64);
+        m.fair_waiting_bytes_max.set(l.waiting_bytes_max as i64);
+        m.fair_slots.set(l.slots as i64);
+        match r {
+            Ok(p) => Ok(p),
+            Err(r) => {
+                self.metrics.ns_refused(ns, r.bound);
+                Err(Error::rate_limited(
+                    format!(
+                        "this host is overloaded ({} of its waiting room for shard work is \
+                         full) and namespace {ns:?} has no guaranteed rate: its {what} is shed; \
+                         retry after {} ms",
+                        r.bound, r.retry_after_ms
+                    ),
+                    r.retry_after_ms,
+                ))
+            }
+        }
+    }
+}
