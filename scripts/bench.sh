@@ -130,6 +130,9 @@ if [ "$mode" = tenants ]; then
   vrate=${FOQS_BENCH_VICTIM_RATE:-200}
   metrics_port=$((${listen##*:} + 1))
   for cfg in "$config" "$sqlite_config"; do
+    # The fair_* keys at their defaults, left out so that an older FOQS_BENCH_BEFORE
+    # binary (which does not know them) reads the same file.
+    sed -i '/^fair_/d' "$cfg"
     cat >>"$cfg" <<EOT
 
 [metrics]
