@@ -152,17 +152,20 @@ EOT
 import sys, re
 b = {}
 for l in sys.stdin:
-    m = re.match(r"foqs_ns_enqueue_to_delivery_seconds_bucket\{.*ns=\"victim\".*le=\"([^\"]+)\".*\} (\S+)", l)
-    if m:
-        b[float("inf") if m[1] == "+Inf" else float(m[1])] = float(m[2])
+    m = re.match(r"foqs_ns_enqueue_to_delivery_seconds_bucket\{([^}]*)\} (\S+)", l)
+    labels = dict(re.findall(r"(\w+)=\"([^\"]*)\"", m[1])) if m else {}
+    if labels.get("ns") == "victim":
+        le = labels["le"]
+        b[float("inf") if le == "+Inf" else float(le)] = float(m[2])
 if not b:
     print("null"); sys.exit()
 total = b[float("inf")]
 def q(p):
     for le in sorted(b):
         if b[le] >= p * total:
-            return round(le * 1000, 3)
-print("{\"count\":%d,\"p50_ms_le\":%s,\"p99_ms_le\":%s}" % (total, q(0.5), q(0.99)))'
+            return None if le == float("inf") else round(le * 1000, 3)
+import json
+print(json.dumps({"count": int(total), "p50_ms_le": q(0.5), "p99_ms_le": q(0.99)}))'
   }
   victim() {
     local label=$1 batch=$2 line

@@ -147,8 +147,9 @@ impl Run {
         let refusals = Refusals::default();
         let (produced, consumed) = std::thread::scope(|s| {
             let consumers = s.spawn(|| self.tenant_consumers(&stop, true));
-            let produced = (|| -> anyhow::Result<(u64, u64)> {
+            let produced = (|| -> anyhow::Result<(u64, u64, Latencies)> {
                 let mut c = self.client()?;
+                let mut calls = Latencies::default();
                 let started = Instant::now();
                 let end = started + Duration::from_secs_f64(seconds);
                 let (mut offered, mut enqueued) = (0u64, 0u64);
@@ -157,11 +158,13 @@ impl Run {
                     if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }
+                    let t = Instant::now();
                     let (ok, _) = self.stamped_enqueue(&mut c, batch, &refusals)?;
+                    calls.0.push(t.elapsed().as_micros() as u32);
                     offered += batch as u64;
                     enqueued += ok;
                 }
-                Ok((offered, enqueued))
+                Ok((offered, enqueued, calls))
             })();
             // Time for the last items to arrive, then the consumers stop.
             std::thread::sleep(Duration::from_millis(1_500));
@@ -169,7 +172,7 @@ impl Run {
             let consumed = consumers.join().expect("consumers panicked");
             (produced, consumed)
         });
-        let (offered, enqueued) = produced?;
+        let (offered, enqueued, calls) = produced?;
         let (n, lat) = consumed?;
         fields.push(format!("\"victim_offered\":{offered}"));
         fields.push(format!(
@@ -186,6 +189,10 @@ impl Run {
         fields.push(format!(
             "\"victim_enqueue_to_delivery\":{}",
             lat.summary_with_p999()
+        ));
+        fields.push(format!(
+            "\"victim_enqueue_call\":{}",
+            calls.summary_with_p999()
         ));
         Ok(())
     }
