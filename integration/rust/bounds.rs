@@ -76,3 +76,99 @@ async fn reads_beyond_the_limit_are_busy_at_once_and_writes_go_on() {
         "a write took {write:?}"
     );
 }
+
+/// The host's waiting room for shard work is bounded (`engine.fair_waiting_max`): with it
+/// full, an enqueue of a namespace without a guaranteed rate is refused at once,
+/// `RATE_LIMITED` with a retry hint, and counted as that namespace's refusal; one of a
+/// namespace with a guaranteed rate waits instead and is served. Nothing is refused once
+/// the room empties. (One slot, a room of two; the first enqueue held in its store.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
+    use foqs::clock::SystemClock;
+    use foqs::core::{Caller, EnqueueRequestItem};
+    use foqs::store::faulty::Faults;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    let db = TestDb::new(1);
+    let extra = format!(
+        "{FAST_ENGINE}fair_slots = 1\nfair_waiting_max = 2\n\
+         [[namespaces]]\nname = \"victim\"\nenqueues_per_minute = 600000\n\
+         [[namespaces]]\nname = \"flood\"\n"
+    );
+    let cfg = foqs::config::Config::from_toml(&config_toml(&db, "", &extra)).unwrap();
+    let faults = Faults::default();
+    let running = foqs::daemon::start_with_faults(
+        &cfg,
+        Arc::new(SystemClock),
+        BTreeMap::from([(0, faults.clone())]),
+    )
+    .await
+    .unwrap();
+    let host = running.host.clone();
+    let enqueue = |ns: &'static str| {
+        let host = host.clone();
+        tokio::spawn(async move {
+            let r = host
+                .enqueue(
+                    &Caller::anonymous(),
+                    vec![EnqueueRequestItem {
+                        ns: ns.into(),
+                        topic: "t".into(),
+                        payload: b"x".to_vec(),
+                        ..Default::default()
+                    }],
+                    None,
+                )
+                .await
+                .unwrap();
+            r.into_iter().next().unwrap()
+        })
+    };
+    let until_waiting = |n: usize| {
+        let host = host.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while host.fair_waiting().0 < n {
+                assert!(Instant::now() < deadline, "never {n} waiting");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    // The first takes the one slot and is held in its store; two more wait.
+    faults.arm("insert", Fault::Hold);
+    let held = faults.waiting().notified();
+    let first = enqueue("flood");
+    held.await;
+    let waiting = [enqueue("flood"), enqueue("flood")];
+    until_waiting(2).await;
+    // The room is full: a flood enqueue is shed at once.
+    let e = enqueue("flood").await.unwrap().expect_err("shed");
+    assert_eq!(e.code, ErrorCode::RateLimited, "{e:?}");
+    assert!(e.retry_after_ms.is_some_and(|ms| ms >= 1), "{e:?}");
+    assert!(e.message.contains("no guaranteed rate"), "{e:?}");
+    // The victim waits beyond the bound, and is served.
+    let victim = enqueue("victim");
+    until_waiting(3).await;
+    faults.release();
+    first.await.unwrap().expect("the held enqueue");
+    for w in waiting {
+        w.await.unwrap().expect("a waiting flood enqueue");
+    }
+    victim.await.unwrap().expect("the victim is served");
+    assert_eq!(host.fair_waiting(), (0, 0));
+    enqueue("flood")
+        .await
+        .unwrap()
+        .expect("the room is empty again");
+    let text = host.metrics().encode();
+    assert!(
+        text.contains("foqs_ns_refusals_total{ns=\"flood\",reason=\"requests\"} 1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("foqs_ns_refusals_total{ns=\"victim\""),
+        "{text}"
+    );
+    running.shutdown().await;
+}

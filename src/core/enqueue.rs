@@ -330,6 +330,16 @@ impl Host {
             .map(|i| healthy[(start + i) % healthy.len()])
             .collect();
         order.sort_by_key(|s| s.queue_depth());
+        // While a namespace with a guarantee is active, the last healthy shard is its
+        // own: tried first for it, last for the others (see `tenants`).
+        if let Some(at) = self.reserved_position(&order, &items[0].ns) {
+            let reserved = order.remove(at.0);
+            if at.1 {
+                order.insert(0, reserved);
+            } else {
+                order.push(reserved);
+            }
+        }
         let mut last_err = None;
         // A refused submit wrote nothing, so trying the next shard cannot duplicate an
         // item. Once accepted, the outcome is final: a storage error may have committed.

@@ -91,6 +91,8 @@ pub struct Host {
     pub(super) switchboard: Option<Arc<dyn crate::replication::Switchboard>>,
     /// Enqueues and dequeues share the shards among namespaces through it.
     pub(super) fair: Arc<crate::fair::FairGate>,
+    /// When a namespace with a guaranteed rate last enqueued here (see `tenants`).
+    pub(super) guaranteed_at: std::sync::atomic::AtomicI64,
     pub(super) enqueue_hold: std::time::Duration,
 }
 
@@ -126,6 +128,7 @@ impl Host {
             switchboard: p.switchboard,
             enqueue_hold: p.enqueue_hold,
             fair: crate::fair::FairGate::new(p.fair),
+            guaranteed_at: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
         }
     }
 

@@ -3,10 +3,20 @@
 //! tenants feel is counted per namespace (refusals by reason; enqueue-to-delivery latency,
 //! observed where items are handed out).
 //!
+//! A shard's turn cannot be preempted (it is one transaction, and SQLite has one writer),
+//! so an item of a namespace within its guarantee that lands on a shard busy with a
+//! flood's batch waits for that batch's commit, whatever the order of the queues. So,
+//! while a namespace with a guarantee has enqueued within [`PROTECT_MS`], one shard (the
+//! healthy one with the highest id) is kept for such namespaces: their enqueues try it
+//! first, the others' try it last (they still use it when every other shard refuses:
+//! work-conserving), and with no guaranteed namespace active every shard serves everyone.
+//!
 //! A namespace's weight is its guaranteed rate (`enqueues_per_minute`, its own or the
 //! defaults'); one without a rate weighs [`WEIGHT_WITHOUT_RATE`] (so namespaces without
 //! rates share equally) and has no guarantee: it is the first shed when the host's
 //! waiting room is full.
+
+use std::sync::atomic::Ordering;
 
 use super::host::Host;
 use crate::config::EngineConfig;
@@ -16,6 +26,10 @@ use crate::fair::{Limits, Permit, Share};
 /// The weight of a namespace without a configured rate: as if it were guaranteed 1,000
 /// items/s.
 pub const WEIGHT_WITHOUT_RATE: f64 = 60_000.0;
+
+/// How long after a guaranteed namespace's last enqueue a shard stays kept for such
+/// namespaces.
+pub const PROTECT_MS: i64 = 1_000;
 
 pub fn limits(e: &EngineConfig) -> Limits {
     Limits {
@@ -43,6 +57,31 @@ impl Host {
     /// Waits for this namespace's turn at the shards for `cost` items of `bytes`; past the
     /// waiting room's bounds, `RATE_LIMITED` with a retry hint (only for a namespace
     /// without a guarantee).
+    /// Where in `order` (healthy shards, the enqueue's order of preference) the shard
+    /// kept for guaranteed namespaces is, and whether `ns` is one of them; `None` when
+    /// no shard is kept now (see the module's notes).
+    pub(super) fn reserved_position(
+        &self,
+        order: &[&crate::shard::ShardHandle],
+        ns: &str,
+    ) -> Option<(usize, bool)> {
+        let guaranteed = self.share(ns).guaranteed;
+        let now = self.clock.now_ms();
+        if guaranteed {
+            self.guaranteed_at.store(now, Ordering::Relaxed);
+        }
+        if order.len() < 2 || now - self.guaranteed_at.load(Ordering::Relaxed) > PROTECT_MS {
+            return None;
+        }
+        let at = (0..order.len()).max_by_key(|&i| order[i].id())?;
+        Some((at, guaranteed))
+    }
+
+    /// Requests waiting for a slot at the shards now, and their bytes (see `crate::fair`).
+    pub fn fair_waiting(&self) -> (usize, usize) {
+        self.fair.waiting()
+    }
+
     pub(super) async fn fair_turn(
         &self,
         ns: &str,
