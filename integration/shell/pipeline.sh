@@ -92,6 +92,65 @@ done
 [ "$(status "$ctl" --transport http host-info)" = 2 ] || fail "--transport http is a usage error"
 ok
 
+# foqsctl work: the consumer loop without glue. Exit 0 acks, 65 dead-letters at once, any
+# other status retries with backoff until --max-attempts sends it to the dead letters.
+# (Waits on the worker's own lines, bounded; never a fixed sleep.)
+wait_lines() { # FILE N: until FILE has N lines, at most 20 s
+  local i
+  for i in $(seq 1 400); do
+    [ "$(wc -l <"$1")" -ge "$2" ] && return 0
+    sleep 0.05
+  done
+  fail "waited 20 s for $2 lines in $1: $(cat "$1")"
+}
+for p in ok dead fail; do "$ctl" enqueue --ns "$ns" --topic "$topic-work" --payload "$p" >/dev/null; done
+"$ctl" --json work --ns "$ns" --topic "$topic-work" --concurrency 2 --backoff 50,100 --max-attempts 2 \
+  -- sh -c 'p=$(cat); case "$p" in ok) exit 0;; dead) exit 65;; *) exit 1;; esac' >"$tmp/work.log" &
+worker=$!
+wait_lines "$tmp/work.log" 4
+kill -TERM "$worker"
+wait "$worker" || fail "work exited $? on SIGTERM"
+python3 - "$tmp/work.log" <<'PY' || fail "work's outcomes: $(cat "$tmp/work.log")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+got = sorted((r["deliveries"], r["exit"], r["outcome"].split(" ")[0]) for r in rows)
+assert got == [(1, 0, "acked"), (1, 1, "retry"), (1, 65, "dead-lettered"), (2, 1, "dead-lettered")], got
+PY
+[ "$("$ctl" dlq list --ns "$ns" --topic "$topic-work" | wc -l)" = 2 ] || fail "work: two dead letters"
+ok
+
+# A job longer than its lease is renewed, not delivered twice (lease 1 s, job 2.5 s).
+"$ctl" enqueue --ns "$ns" --topic "$topic-long" --lease-ms 1000 --payload slow >/dev/null
+"$ctl" --json work --ns "$ns" --topic "$topic-long" -- sh -c 'sleep 2.5' >"$tmp/long.log" &
+worker=$!
+wait_lines "$tmp/long.log" 1
+kill -TERM "$worker"
+wait "$worker" || fail "work exited $?"
+python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read()); assert r["outcome"]=="acked" and r["deliveries"]==1, r' "$tmp/long.log" ||
+  fail "the long job: $(cat "$tmp/long.log")"
+"$ctl" stats --ns "$ns" --topic "$topic-long" | grep "^delivered	1$" >/dev/null || fail "the long job was delivered twice"
+ok
+
+# SIGTERM mid-job: the job gets --grace, then is killed, and its item is given back (ready
+# again at once), and work exits 0.
+"$ctl" enqueue --ns "$ns" --topic "$topic-stop" --payload stuck >/dev/null
+"$ctl" work --ns "$ns" --topic "$topic-stop" --grace 200 -- sh -c "touch $tmp/started; exec sleep 60" >"$tmp/stop.log" &
+worker=$!
+for i in $(seq 1 400); do [ -e "$tmp/started" ] && break; sleep 0.05; done
+[ -e "$tmp/started" ] || fail "the job never started"
+kill -TERM "$worker"
+wait "$worker" || fail "work exited $? after SIGTERM"
+grep "	released	" "$tmp/stop.log" >/dev/null || fail "the stopped job's item: $(cat "$tmp/stop.log")"
+"$ctl" peek --ns "$ns" --topic "$topic-stop" | grep "stuck$" >/dev/null || fail "the item is not ready again"
+ok
+
+# Usage errors exit 2: no command, --concurrency 0, a bad --backoff.
+[ "$(status "$ctl" work --ns "$ns" --topic t)" = 2 ] || fail "work without a command should exit 2"
+[ "$(status "$ctl" work --ns "$ns" --topic t --concurrency 0 -- true)" = 2 ] || fail "--concurrency 0 should exit 2"
+[ "$(status "$ctl" work --ns "$ns" --topic t --backoff 5 -- true)" = 2 ] || fail "a bad --backoff should exit 2"
+[ "$(status "$ctl" work --ns "$ns" -- true)" = 2 ] || fail "work without a topic should exit 2"
+ok
+
 # Exit codes.
 [ "$(status "$ctl" dequeue --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty dequeue should exit 3"
 [ "$(status "$ctl" peek --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty peek should exit 3"

@@ -18,6 +18,7 @@ use foqs::tls::{client_config, ClientTlsFiles};
 use serde_json::{json, Value};
 
 mod replication;
+mod work;
 
 #[derive(Parser)]
 #[command(
@@ -195,6 +196,47 @@ enum Cmd {
         #[command(subcommand)]
         cmd: replication::RegionCmd,
     },
+    /// Run CMD once per item of the topics, as a worker: the payload on its standard
+    /// input, the item in its environment (FOQS_ID, FOQS_NS, FOQS_TOPIC, FOQS_PRIORITY,
+    /// FOQS_DELIVERIES, FOQS_METADATA, FOQS_LEASE_ID); exit 0 acks, --dead-exit sends to
+    /// the dead letters, anything else retries with backoff. The lease is renewed while
+    /// CMD runs. SIGTERM/SIGINT: stop taking items, let running ones finish (--grace),
+    /// then kill them and give their items back.
+    Work {
+        #[arg(long)]
+        ns: String,
+        /// A topic to take items from (repeat for several).
+        #[arg(long = "topic", required = true)]
+        topics: Vec<String>,
+        /// Items run at once, at most (each dequeued only when a slot is free).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        concurrency: u16,
+        /// The lease to keep while a command runs (renewed every third of it); default:
+        /// the item's own lease.
+        #[arg(long)]
+        lease_ms: Option<i64>,
+        /// After this many deliveries have failed, the item goes to the dead letters.
+        #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+        max_attempts: Option<i32>,
+        /// Retry delay: BASE_MS x 2^(deliveries - 1), at most MAX_MS, half jittered.
+        #[arg(long, default_value = "1000,60000")]
+        backoff: String,
+        /// Kill a command (its process group) running longer than this, and retry.
+        #[arg(long)]
+        timeout: Option<u64>,
+        /// The exit status that sends the item to the dead letters at once (EX_DATAERR).
+        #[arg(long, default_value_t = 65)]
+        dead_exit: i32,
+        /// On SIGTERM/SIGINT, how long running commands may go on before they are killed.
+        #[arg(long, default_value_t = 30_000)]
+        grace: u64,
+        /// How long one long poll waits for items (at most 1000 ms a poll).
+        #[arg(long, default_value_t = 1_000)]
+        wait: i64,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
     /// Print an Argon2id hash of the password read from standard input (its first line),
     /// for `password_hash` in `[[console.users]]`. Talks to no foqsd.
     HashPassword,
@@ -255,6 +297,49 @@ fn main() -> ExitCode {
     };
     if let Cmd::HashPassword = cli.cmd {
         return hash_password();
+    }
+    if let Cmd::Work {
+        ns,
+        topics,
+        concurrency,
+        lease_ms,
+        max_attempts,
+        backoff,
+        timeout,
+        dead_exit,
+        grace,
+        wait,
+        cmd,
+    } = &cli.cmd
+    {
+        let backoff = match work::parse_backoff(backoff) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("foqsctl: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let args = work::WorkArgs {
+            ns: ns.clone(),
+            topics: topics.clone(),
+            concurrency: *concurrency as usize,
+            lease_ms: *lease_ms,
+            max_attempts: *max_attempts,
+            backoff,
+            timeout_ms: *timeout,
+            dead_exit: *dead_exit,
+            grace_ms: *grace,
+            wait_ms: (*wait).max(0),
+            cmd: cmd.clone(),
+        };
+        let connect = || open(&cli, protocol);
+        return match work::work(&connect, &args, cli.json) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(msg) => {
+                eprintln!("foqsctl: {msg}");
+                ExitCode::from(1)
+            }
+        };
     }
     let result = open(&cli, protocol).and_then(|mut c| run(&mut c, &cli));
     match result {
@@ -717,7 +802,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             replication::region(c, cmd, cli.json, &mut |l| out(l), e)?;
             Ok(Outcome::Done)
         }
-        Cmd::HashPassword => unreachable!("answered before connecting"),
+        Cmd::HashPassword | Cmd::Work { .. } => unreachable!("answered before connecting"),
         Cmd::HostInfo => {
             let h = c.get_host_info().map_err(e)?;
             let shards: Vec<Value> = h
