@@ -151,6 +151,19 @@ ok
 [ "$(status "$ctl" work --ns "$ns" -- true)" = 2 ] || fail "work without a topic should exit 2"
 ok
 
+# foqsctl watch: one JSON object per refresh with --json, the namespace's topics in it.
+for i in 1 2 3; do "$ctl" enqueue --ns "$ns-watch" --topic "$topic-w" --payload w >/dev/null; done
+"$ctl" --json watch --ns "$ns-watch" --interval 100 --count 2 >"$tmp/watch.log" || fail "watch exited $?"
+python3 - "$tmp/watch.log" "$topic-w" <<'PY' || fail "watch: $(cat "$tmp/watch.log")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 2, rows
+t = [x for x in rows[1]["topics"] if x["topic"] == sys.argv[2]]
+assert t and t[0]["ready"] == 3 and t[0]["enqueued_per_s"] == 0.0, rows
+PY
+"$ctl" watch --ns "$ns-watch" --count 1 | grep "^$topic-w  *3 " >/dev/null || fail "watch's table"
+ok
+
 # Exit codes.
 [ "$(status "$ctl" dequeue --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty dequeue should exit 3"
 [ "$(status "$ctl" peek --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty peek should exit 3"

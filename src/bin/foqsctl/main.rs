@@ -18,6 +18,7 @@ use foqs::tls::{client_config, ClientTlsFiles};
 use serde_json::{json, Value};
 
 mod replication;
+mod watch;
 mod work;
 
 #[derive(Parser)]
@@ -236,6 +237,25 @@ enum Cmd {
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
+    },
+    /// A live view of a namespace's topics (ready, deferred, leased, dead, oldest ready
+    /// age, enqueue and delivery rates), across the tier: redrawn in place on a terminal,
+    /// one JSON object per refresh with --json.
+    Watch {
+        #[arg(long)]
+        ns: String,
+        /// Only this topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Milliseconds between refreshes.
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
+        interval: u64,
+        /// Topics shown at most, the busiest first.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        limit: u64,
+        /// Stop after this many refreshes (default: until interrupted).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
     },
     /// Print an Argon2id hash of the password read from standard input (its first line),
     /// for `password_hash` in `[[console.users]]`. Talks to no foqsd.
@@ -802,6 +822,23 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             replication::region(c, cmd, cli.json, &mut |l| out(l), e)?;
             Ok(Outcome::Done)
         }
+        Cmd::Watch {
+            ns,
+            topic,
+            interval,
+            limit,
+            count,
+        } => watch::watch(
+            c,
+            &watch::WatchArgs {
+                ns: ns.clone(),
+                topic: topic.clone(),
+                interval_ms: *interval,
+                limit: *limit as usize,
+                count: *count,
+            },
+            cli.json,
+        ),
         Cmd::HashPassword | Cmd::Work { .. } => unreachable!("answered before connecting"),
         Cmd::HostInfo => {
             let h = c.get_host_info().map_err(e)?;
