@@ -44,6 +44,32 @@ pub enum Head {
 
 /// Parses the head at the start of `buf`; `max_body` is the largest body accepted.
 pub fn head(buf: &[u8], max_body: usize) -> Head {
+    // An empty request target (`POST  HTTP/1.1`: Apache C++'s `THttpClient(host, port)`,
+    // whose path defaults to "") is served as `/`: "any path" includes none. httparse
+    // refuses it, so the head is read with the `/` put in, one byte longer.
+    const EMPTY_TARGET: &[u8] = b"POST  ";
+    if buf.starts_with(EMPTY_TARGET) {
+        let mut fixed = b"POST / ".to_vec();
+        fixed.extend_from_slice(&buf[EMPTY_TARGET.len()..]);
+        return match parse_head(&fixed, max_body) {
+            Head::Request {
+                head_len,
+                body_len,
+                reply,
+                expect_continue,
+            } => Head::Request {
+                head_len: head_len - 1,
+                body_len,
+                reply,
+                expect_continue,
+            },
+            other => other,
+        };
+    }
+    parse_head(buf, max_body)
+}
+
+fn parse_head(buf: &[u8], max_body: usize) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut req = httparse::Request::new(&mut headers);
     let refuse = |status, reason: &str| Head::Refuse {
@@ -201,6 +227,16 @@ mod tests {
         assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Type: application/x-thrift\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
         assert_eq!(status(b"PUT / HTTP/1.1\r\n\r\n"), 405);
         assert_eq!(status(b"POST \x01 HTTP/1.1\r\n\r\n"), 400);
+        // An empty request target is `/` (Apache C++'s THttpClient sends one).
+        let empty = b"POST  HTTP/1.1\r\nContent-Type: application/x-thrift\r\nContent-Length: 5\r\n\r\nhello";
+        let Head::Request {
+            head_len, body_len, ..
+        } = head(empty, 100)
+        else {
+            panic!("an empty target is served: {:?}", head(empty, 100));
+        };
+        assert_eq!((head_len, body_len), (empty.len() - 5, 5));
+        assert_eq!(head(&empty[..10], 100), Head::Incomplete);
         let ten =
             b"POST / HTTP/1.0\r\nContent-Type: application/x-thrift\r\nContent-Length: 0\r\n\r\n";
         assert!(matches!(
