@@ -151,6 +151,7 @@ pub struct Metrics {
     /// What a tenant feels (see `core::tenants`): its refusals by reason, and how long
     /// its items took from enqueue (or from coming due) to delivery.
     ns_refusals: Family<NsReason, Counter>,
+    dlq_dropped: Family<NsLabel, Counter>,
     ns_enqueue_to_delivery: Family<NsLabel, Histogram, fn() -> Histogram>,
     /// The fair gate's waiting room (see `crate::fair`): what waits now, and its bounds.
     pub fair_waiting: Gauge,
@@ -267,6 +268,12 @@ impl Metrics {
             "ns_refusals",
             "Requests refused by namespace and reason: quota (over its enqueues_per_minute), requests or bytes (the host's waiting room for shard work was full and the namespace has no guaranteed rate)",
             ns_refusals.clone(),
+        );
+        let dlq_dropped = Family::<NsLabel, Counter>::default();
+        r.register(
+            "dlq_dropped",
+            "Dead items purged because their topic was over its bound (engine.dlq_max_items_per_topic, or its namespace's), by namespace",
+            dlq_dropped.clone(),
         );
         let ns_enqueue_to_delivery =
             Family::<NsLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
@@ -416,6 +423,7 @@ impl Metrics {
             connections_evicted,
             handoffs,
             ns_refusals,
+            dlq_dropped,
             ns_enqueue_to_delivery,
             fair_waiting,
             fair_waiting_bytes,
@@ -483,6 +491,17 @@ impl Metrics {
                 reason,
             })
             .inc();
+    }
+
+    /// `n` dead items of namespace `ns` purged for their topic's bound.
+    pub fn dlq_dropped(&self, ns: &str, n: u64) {
+        if n > 0 {
+            self.dlq_dropped
+                .get_or_create(&NsLabel {
+                    ns: self.ns_label(ns),
+                })
+                .inc_by(n);
+        }
     }
 
     /// Items of namespace `ns` delivered, each this many ms after it was ready.

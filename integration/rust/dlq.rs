@@ -240,3 +240,89 @@ async fn purge_deletes_a_topics_dead_letters_only() {
     );
     srv.stop().await;
 }
+
+/// `engine.dlq_max_items_per_topic` bounds a topic's dead items (per shard): past it the
+/// oldest are purged by the background ticks and counted in `foqs_dlq_dropped_total`; a
+/// namespace's own setting overrides it (0: unbounded). On both stores (the suite runs
+/// this file on SQLite too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topics_dead_letters_keep_to_their_bound_oldest_out_first() {
+    let srv = TestServer::start(
+        1,
+        "[engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\ndlq_max_items_per_topic = 3\n\
+         [[namespaces]]\nname = \"dlq\"\n[[namespaces]]\nname = \"keep\"\ndlq_max_items_per_topic = 0\n",
+    )
+    .await;
+    let mut c = srv.client();
+    let mut kept = Vec::new();
+    // "keep" first: by the time the other is trimmed, ticks have passed over it too.
+    for ns in ["keep", NS] {
+        let mut ids = Vec::new();
+        for i in 0..5u8 {
+            let id = c.enqueue(vec![item(ns, "bound", 0, &[b'0' + i])]).remove(0);
+            let got = c.dequeue(ns, "bound", 1);
+            assert_eq!(got[0].id.as_deref(), Some(id.as_str()));
+            assert!(c.nack(vec![to_dlq(&id)])[0].error.is_none());
+            ids.push(id);
+        }
+        let dead_ids = |c: &mut Client| -> Vec<String> {
+            let req = DlqListRequest {
+                ns: Some(ns.into()),
+                topic: Some("bound".into()),
+                limit: None,
+                after: None,
+                local_only: None,
+            };
+            let mut v: Vec<String> = c
+                .call(|c| c.dlq_list(req))
+                .unwrap()
+                .items
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|d| d.item?.id)
+                .collect();
+            v.sort();
+            v
+        };
+        if ns == NS {
+            // The two that died first go, within a few ticks.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let mut want = ids[2..].to_vec();
+            want.sort();
+            loop {
+                let now = dead_ids(&mut c);
+                if now == want {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "dead letters: {now:?}, want {want:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let text = srv.running.as_ref().unwrap().host.metrics().encode();
+            assert!(
+                text.contains("foqs_dlq_dropped_total{ns=\"dlq\"} 2"),
+                "{text}"
+            );
+            // Unbounded: all five stay, after the ticks that trimmed the other.
+            let req = DlqListRequest {
+                ns: Some("keep".into()),
+                topic: Some("bound".into()),
+                limit: None,
+                after: None,
+                local_only: None,
+            };
+            let n = c
+                .call(|c| c.dlq_list(req))
+                .unwrap()
+                .items
+                .unwrap_or_default()
+                .len();
+            assert_eq!(n, kept.len());
+        } else {
+            kept = ids;
+            assert_eq!(dead_ids(&mut c).len(), 5);
+        }
+    }
+}

@@ -205,6 +205,9 @@ pub struct EngineConfig {
     pub fair_waiting_max: usize,
     /// Payload bytes of the requests waiting for a slot, at most.
     pub fair_waiting_bytes_max: usize,
+    /// Dead items one topic keeps on each shard, at most; past it the oldest are purged
+    /// (counted in `foqs_dlq_dropped_total`). 0: unbounded. A namespace may set its own.
+    pub dlq_max_items_per_topic: u64,
 }
 
 impl Default for EngineConfig {
@@ -233,6 +236,7 @@ impl Default for EngineConfig {
             fair_slots: 16,
             fair_waiting_max: 4096,
             fair_waiting_bytes_max: 64 << 20,
+            dlq_max_items_per_topic: 0,
         }
     }
 }
@@ -291,6 +295,8 @@ pub struct NamespaceConfig {
     pub max_attempts: Option<i32>,
     pub tier: Option<String>,
     pub enqueues_per_minute: Option<u64>,
+    /// Overrides `engine.dlq_max_items_per_topic` for this namespace (0: unbounded).
+    pub dlq_max_items_per_topic: Option<u64>,
 }
 
 /// The effective settings of one namespace.

@@ -224,7 +224,10 @@ async fn start_planned(
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let opener = ShardOpener {
         shards: cfg.shards.iter().map(|s| (s.id, s.clone())).collect(),
-        workers: WorkerConfig::from(&cfg.engine),
+        workers: WorkerConfig {
+            dlq_bounds: crate::shard::DlqBounds::from_config(cfg),
+            ..WorkerConfig::from(&cfg.engine)
+        },
         clock: clock.clone(),
         waiters: waiters.clone(),
         fence: manager.fence(),

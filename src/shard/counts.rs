@@ -209,6 +209,14 @@ impl NsCounts {
             .is_some_and(|c| c.waiting.keys().next().is_some_and(|s| *s <= now_sec))
     }
 
+    /// How many items of one topic are dead.
+    pub fn dead_of(&self, ns: &str, topic: &str) -> i64 {
+        self.by_ns
+            .get(ns)
+            .and_then(|topics| topics.get(topic))
+            .map_or(0, |c| c.dead)
+    }
+
     /// How many items of one topic are ready at `now_ms`.
     pub fn ready_of(&self, ns: &str, topic: &str, now_ms: i64) -> i64 {
         let now_sec = now_ms.div_euclid(1000);

@@ -1,5 +1,9 @@
 //! Dead letters in a shard worker: requeueing dead items (by id, or a topic's in batches)
-//! and purging them. Each batch is one worker turn, so a million dead items are handled
+//! and purging them, and keeping each topic's within its bound
+//! (`engine.dlq_max_items_per_topic`, or its namespace's): past it, the oldest dead items
+//! of the topic on this shard are purged by the background ticks, at most
+//! [`DLQ_TRIM_PER_TICK`] a topic a tick, and counted in `foqs_dlq_dropped_total{ns}`.
+//! The bound is per shard: a topic spread over N shards keeps up to N times it. Each batch is one worker turn, so a million dead items are handled
 //! in bounded memory without holding up the shard's other work.
 
 use std::collections::HashMap;
@@ -10,7 +14,39 @@ use super::Settled;
 use crate::model::{ItemState, ReadyKey, TopicName};
 use crate::store::{Change, ShardStore};
 
+/// Dead items purged per topic per background tick, at most.
+pub(super) const DLQ_TRIM_PER_TICK: usize = 1_000;
+
 impl<S: ShardStore> ShardWorker<S> {
+    /// Purges the oldest dead items of the topics over their bound (see the module's
+    /// notes); a topic stays listed until it is within it.
+    pub(super) async fn trim_dead_letters(&mut self) {
+        let topics: Vec<TopicName> = self
+            .over_dlq
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .cloned()
+            .collect();
+        for t in topics {
+            let bound = self.cfg.dlq_bounds.of(&t.ns).unwrap_or(u64::MAX) as i64;
+            let over = self.counts().dead_of(&t.ns, &t.topic) - bound;
+            if over > 0 {
+                let n = (over as usize).min(DLQ_TRIM_PER_TICK);
+                match self.purge_some(&t, n).await {
+                    Ok(purged) => self.probes.metrics.dlq_dropped(&t.ns, purged),
+                    Err(e) => {
+                        tracing::warn!(shard = self.id, error = %e, "trimming dead letters failed");
+                        continue;
+                    }
+                }
+            }
+            if self.counts().dead_of(&t.ns, &t.topic) <= bound {
+                self.over_dlq.lock().expect("not poisoned").remove(&t);
+            }
+        }
+    }
+
     /// Makes the dead items among `keys` ready again (delivery count reset); any other key
     /// is `NotFound`.
     pub(super) async fn revive(&mut self, keys: Vec<u64>) -> Result<Vec<Settled>> {

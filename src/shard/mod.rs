@@ -29,7 +29,7 @@ pub use breaker::Breaker;
 pub use counts::{NsCounts, NsSnapshot};
 pub use index::{ReadyIndex, TopicIndex};
 pub use staged::Staged;
-pub use worker::{ShardWorker, WorkerConfig, READS_BESIDE_MAX};
+pub use worker::{DlqBounds, ShardWorker, WorkerConfig, READS_BESIDE_MAX};
 
 use crate::model::{
     Head, Item, NewItem, ReadyKey, ReadyTopic, ShardId, ShardState, ShardStatus, TopicCounts,

@@ -48,6 +48,7 @@ impl<S: ShardStore> ShardWorker<S> {
             }
         }
         self.load_unindexed(now).await;
+        self.trim_dead_letters().await;
         self.save_checkpoints(false).await;
     }
 

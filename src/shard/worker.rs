@@ -57,6 +57,34 @@ pub struct WorkerConfig {
     pub open_timeout_ms: u64,
     pub ack_memory_ms: u64,
     pub ack_memory_items_max: usize,
+    /// Dead items a topic keeps on this shard, at most (see `dlq.rs`).
+    pub dlq_bounds: DlqBounds,
+}
+
+/// `engine.dlq_max_items_per_topic` and the namespaces' own; 0 is unbounded.
+#[derive(Debug, Clone, Default)]
+pub struct DlqBounds {
+    pub default: u64,
+    pub by_ns: Arc<HashMap<String, u64>>,
+}
+
+impl DlqBounds {
+    pub fn from_config(cfg: &crate::config::Config) -> DlqBounds {
+        DlqBounds {
+            default: cfg.engine.dlq_max_items_per_topic,
+            by_ns: Arc::new(
+                cfg.namespaces
+                    .iter()
+                    .filter_map(|n| Some((n.name.clone(), n.dlq_max_items_per_topic?)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The bound of namespace `ns`'s topics, if any.
+    pub fn of(&self, ns: &str) -> Option<u64> {
+        Some(*self.by_ns.get(ns).unwrap_or(&self.default)).filter(|b| *b > 0)
+    }
 }
 
 impl From<&EngineConfig> for WorkerConfig {
@@ -76,6 +104,10 @@ impl From<&EngineConfig> for WorkerConfig {
             open_timeout_ms: e.shard_open_timeout_ms,
             ack_memory_ms: e.ack_memory_ms,
             ack_memory_items_max: e.ack_memory_items_max,
+            dlq_bounds: DlqBounds {
+                default: e.dlq_max_items_per_topic,
+                by_ns: Default::default(),
+            },
         }
     }
 }
@@ -120,6 +152,9 @@ pub struct ShardWorker<S: ShardStore> {
         std::collections::VecDeque<(std::time::Instant, crate::store::Handoff)>,
     /// Items acked lately, so that a retried ack answers as the first did.
     pub(super) acked: AckMemory,
+    /// Topics with more dead items here than their bound (see `dlq.rs`); a lock only so
+    /// that `died`, which borrows the worker, can add to it.
+    pub(super) over_dlq: std::sync::Mutex<std::collections::HashSet<TopicName>>,
 }
 
 /// Reads beside the loop one shard runs at once at most (each holds a pooled connection
@@ -244,6 +279,7 @@ impl<S: ShardStore> ShardWorker<S> {
             reads: Arc::new(tokio::sync::Semaphore::new(READS_BESIDE_MAX)),
             handoff_doubts: Default::default(),
             acked: AckMemory::new(cfg.ack_memory_ms, cfg.ack_memory_items_max),
+            over_dlq: Default::default(),
             clock,
             cfg,
             probes,
@@ -435,6 +471,20 @@ impl<S: ShardStore> ShardWorker<S> {
     /// An item became dead: counted, and seen by the metrics.
     pub(super) fn died(&self, ns: &str, topic: &str, from: (ItemState, i64)) {
         self.counts().moved(ns, topic, from, (ItemState::Dead, 0));
+        if self
+            .cfg
+            .dlq_bounds
+            .of(ns)
+            .is_some_and(|b| self.counts().dead_of(ns, topic) > b as i64)
+        {
+            self.over_dlq
+                .lock()
+                .expect("not poisoned")
+                .insert(TopicName {
+                    ns: ns.to_string(),
+                    topic: topic.to_string(),
+                });
+        }
         self.probes
             .metrics
             .item_event(ns, ItemEvent::DeadLettered, 1);

@@ -330,7 +330,8 @@ pub trait ShardStore: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = StoreResult<Vec<(Item, i64)>>> + Send;
 
-    /// Deletes up to `limit` dead items of a topic; returns how many.
+    /// Deletes up to `limit` dead items of a topic, those dead longest first; returns how
+    /// many.
     fn purge_dead(
         &self,
         ns: &str,

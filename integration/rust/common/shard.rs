@@ -23,6 +23,7 @@ pub fn worker_config() -> foqs::shard::WorkerConfig {
         open_timeout_ms: 60_000,
         ack_memory_ms: 600_000,
         ack_memory_items_max: 100_000,
+        dlq_bounds: Default::default(),
     }
 }
 

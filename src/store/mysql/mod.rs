@@ -463,7 +463,7 @@ impl ShardStore for MySqlStore {
         let keys: Vec<u64> = {
             let mut conn = self.conn().await?;
             conn.query(format!(
-                "SELECT id FROM items WHERE tid = {tid} AND state = 2 LIMIT {limit}"
+                "SELECT id FROM items WHERE tid = {tid} AND state = 2 ORDER BY died_at_ms, id LIMIT {limit}"
             ))
             .await?
         };

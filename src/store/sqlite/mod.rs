@@ -339,7 +339,7 @@ impl ShardStore for SqliteStore {
         self.call(move |conn| {
             let mut st = conn
                 .prepare(&format!(
-                    "SELECT id FROM items WHERE tid = {tid} AND state = 2 LIMIT {limit}"
+                    "SELECT id FROM items WHERE tid = {tid} AND state = 2 ORDER BY died_at_ms, id LIMIT {limit}"
                 ))
                 .map_err(store_error)?;
             let keys = st
