@@ -1031,3 +1031,91 @@ async fn a_routed_dequeue_takes_only_items_more_urgent_than_its_bound() {
     }
     srv.stop().await;
 }
+
+/// `foqs::client::Worker`, the consumer loop for Rust programs: each item goes to the
+/// handler, and is settled by its verdict (ack, retry after a delay, dead letter); a
+/// handler longer than the lease keeps it (renewed), so its item is delivered once; a
+/// stop ends the loop with nothing left leased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_worker_settles_items_by_their_handlers_verdicts() {
+    use foqs::client::{Settled, Verdict, Worker, WorkerOptions};
+    use std::sync::Mutex;
+
+    let srv = TestServer::start(2, "").await;
+    let mut c = srv.client();
+    for p in ["ok", "retry", "dead", "slow"] {
+        let mut it = item("worker", "jobs", 0, p.as_bytes());
+        it.lease_ms = Some(600);
+        c.enqueue(vec![it]);
+    }
+    let addr = srv.addr;
+    let seen = tokio::task::spawn_blocking(move || {
+        let worker = Worker::new(WorkerOptions {
+            ns: "worker".into(),
+            topics: vec!["jobs".into()],
+            concurrency: 2,
+            lease_ms: None,
+            wait_ms: 200,
+            grace: Duration::from_secs(5),
+        });
+        let stopper = worker.stopper();
+        let open = || {
+            foqs::client::connect(
+                addr,
+                foqs::client::Protocol::Binary,
+                Duration::from_secs(10),
+            )
+            .map_err(|e| e.to_string())
+        };
+        let seen: Mutex<Vec<(String, i32, Settled)>> = Mutex::default();
+        let handler = |job: &foqs::client::Job| {
+            let p = String::from_utf8(job.item.payload.clone().unwrap()).unwrap();
+            match (p.as_str(), job.item.delivery_count.unwrap()) {
+                ("ok", _) | ("retry", 2..) => Verdict::Ack,
+                ("retry", _) => Verdict::RetryAfter(Duration::from_millis(50)),
+                ("dead", _) => Verdict::DeadLetter,
+                _ => {
+                    // Three leases long: kept by renewal.
+                    std::thread::sleep(Duration::from_millis(1_800));
+                    Verdict::Ack
+                }
+            }
+        };
+        let done = |item: &foqs::thrift_gen::Item, s: &Settled, _: Duration| {
+            let p = String::from_utf8(item.payload.clone().unwrap()).unwrap();
+            let mut seen = seen.lock().unwrap();
+            seen.push((p, item.delivery_count.unwrap(), s.clone()));
+            if seen.len() == 5 {
+                stopper.stop();
+            }
+        };
+        worker.run(&open, &handler, &done).unwrap();
+        let mut v = seen.into_inner().unwrap();
+        v.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        v
+    })
+    .await
+    .unwrap();
+    let ack = Settled::Applied(Verdict::Ack);
+    assert_eq!(
+        seen,
+        vec![
+            ("dead".into(), 1, Settled::Applied(Verdict::DeadLetter)),
+            ("ok".into(), 1, ack.clone()),
+            (
+                "retry".into(),
+                1,
+                Settled::Applied(Verdict::RetryAfter(Duration::from_millis(50)))
+            ),
+            ("retry".into(), 2, ack.clone()),
+            ("slow".into(), 1, ack),
+        ]
+    );
+    // Nothing left: the dead one is dead, the rest acked, none leased.
+    let stats = c.stats("worker", "jobs");
+    assert_eq!(
+        (stats.ready, stats.leased, stats.dead, stats.acked),
+        (Some(0), Some(0), Some(1), Some(3)),
+        "{stats:?}"
+    );
+}

@@ -144,6 +144,35 @@ grep "	released	" "$tmp/stop.log" >/dev/null || fail "the stopped job's item: $(
 "$ctl" peek --ns "$ns" --topic "$topic-stop" | grep "stuck$" >/dev/null || fail "the item is not ready again"
 ok
 
+# --concurrency 2: never more than two jobs at once (each job counts those running as it
+# starts, by marker directories).
+for i in 1 2 3 4 5 6; do "$ctl" enqueue --ns "$ns" --topic "$topic-conc" --payload "c$i" >/dev/null; done
+"$ctl" work --ns "$ns" --topic "$topic-conc" --concurrency 2 -- sh -c \
+  "mkdir $tmp/run.\$FOQS_ID.d; ls -d $tmp/run.*.d | wc -l >>$tmp/conc.n; sleep 0.3; rmdir $tmp/run.\$FOQS_ID.d" >"$tmp/conc.log" &
+worker=$!
+wait_lines "$tmp/conc.log" 6
+kill -TERM "$worker"
+wait "$worker" || fail "work exited $?"
+[ "$(sort -n "$tmp/conc.n" | tail -1)" -le 2 ] || fail "more than 2 jobs at once: $(tr '\n' ' ' <"$tmp/conc.n")"
+[ "$(grep -c "	acked	" "$tmp/conc.log")" = 6 ] || fail "concurrency: $(cat "$tmp/conc.log")"
+ok
+
+# --timeout: the job's whole process group is killed, and the item retried (here: dead at
+# its one attempt).
+"$ctl" enqueue --ns "$ns" --topic "$topic-slow" --payload slow >/dev/null
+"$ctl" work --ns "$ns" --topic "$topic-slow" --timeout 300 --max-attempts 1 -- sh -c \
+  "echo \$\$ >$tmp/pgid; sleep 60 & sleep 60" >"$tmp/slow.log" 2>/dev/null &
+worker=$!
+wait_lines "$tmp/slow.log" 1
+kill -TERM "$worker"
+wait "$worker" || fail "work exited $?"
+grep "	dead-lettered	" "$tmp/slow.log" >/dev/null || fail "timeout: $(cat "$tmp/slow.log")"
+# Killed members may linger a moment as zombies (until reaped): none may be alive.
+alive() { ps -eo pgid=,stat= | awk -v g="$(cat "$tmp/pgid")" '$1 == g && $2 !~ /^Z/' | grep -c . || true; }
+for i in $(seq 1 40); do [ "$(alive)" = 0 ] && break; sleep 0.05; done
+[ "$(alive)" = 0 ] || fail "the timed-out job's process group lives on"
+ok
+
 # Usage errors exit 2: no command, --concurrency 0, a bad --backoff.
 [ "$(status "$ctl" work --ns "$ns" --topic t)" = 2 ] || fail "work without a command should exit 2"
 [ "$(status "$ctl" work --ns "$ns" --topic t --concurrency 0 -- true)" = 2 ] || fail "--concurrency 0 should exit 2"

@@ -15,6 +15,7 @@ mod convert;
 pub mod mangle;
 mod peer;
 mod replication;
+pub mod worker;
 
 pub use peer::PeerClient;
 

@@ -17,16 +17,17 @@
 //! that at once. Nothing is left leased by a worker that stopped. Each command runs in a
 //! process group of its own, so a terminal's Ctrl-C reaches the worker, not the jobs.
 //! One line per job on standard output (id, outcome, duration, exit status; `--json`: one
-//! JSON object).
+//! JSON object). The loop itself (dequeue, slots, renewal, stop, settling) is
+//! `foqs::client::Worker`'s; this is its handler.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use foqs::client::SyncClient;
-use foqs::thrift_gen::*;
+use foqs::client::{Job, Settled, SyncClient, Verdict, Worker, WorkerOptions};
+use foqs::thrift_gen::Item;
 use serde_json::json;
 
 use super::Outcome;
@@ -38,9 +39,7 @@ extern "C" fn on_signal(_: libc::c_int) {
     SIGNALS.fetch_add(1, Ordering::SeqCst);
 }
 
-/// How long one long poll waits at most, so that a signal is noticed within it.
-const POLL_MS_MAX: i64 = 1_000;
-/// How often a running job is looked at (exit, timeout, renewal, stop).
+/// How often a running command is looked at (exit, timeout, cancellation).
 const TICK: Duration = Duration::from_millis(20);
 
 pub struct WorkArgs {
@@ -89,307 +88,172 @@ fn backoff_ms((base, max): (u64, u64), deliveries: i32, seed: u64) -> u64 {
     half + x % (d - half + 1)
 }
 
-enum Settle {
-    Ack,
-    Retry(u64),
-    Dead,
-    /// Given back at once, uncounted as a failure (the worker stops).
-    Release,
-}
-
-struct Job<'a> {
-    args: &'a WorkArgs,
-    item: Item,
-    stop_now: &'a AtomicBool,
-}
-
+/// Runs the worker loop (`foqs::client::Worker`) with a handler that runs the command.
 pub fn work(
     connect: &(dyn Fn() -> Result<SyncClient, String> + Sync),
     args: &WorkArgs,
     json: bool,
 ) -> Result<Outcome, String> {
+    let worker = Worker::new(WorkerOptions {
+        ns: args.ns.clone(),
+        topics: args.topics.clone(),
+        concurrency: args.concurrency,
+        lease_ms: args.lease_ms,
+        wait_ms: args.wait_ms,
+        grace: Duration::from_millis(args.grace_ms),
+    });
     // SAFETY: the handler only increments an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
-    let running = AtomicUsize::new(0);
-    let stop_now = AtomicBool::new(false);
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    let mut c = connect()?;
-    std::thread::scope(|s| -> Result<(), String> {
-        let mut next_topic = 0usize;
-        while SIGNALS.load(Ordering::SeqCst) == 0 {
-            let free = args.concurrency - running.load(Ordering::SeqCst);
-            if free == 0 {
-                let _ = done_rx.recv_timeout(Duration::from_millis(200));
-                continue;
+    // Signals become stops: the first graceful, the second at once.
+    let stopper = worker.stopper();
+    let watching = std::sync::Arc::new(AtomicBool::new(true));
+    let w = watching.clone();
+    let signals = std::thread::spawn(move || {
+        let mut seen = 0;
+        while w.load(Ordering::SeqCst) {
+            let now = SIGNALS.load(Ordering::SeqCst);
+            while seen < now {
+                stopper.stop();
+                seen += 1;
             }
-            let topic = &args.topics[next_topic % args.topics.len()];
-            next_topic += 1;
-            let req = DequeueRequest {
-                topics: Some(vec![TopicRequest {
-                    ns: Some(args.ns.clone()),
-                    topic: Some(topic.clone()),
-                    count: Some(free as i32),
-                    before_priority: None,
-                    before_deliver_after_ms: None,
-                }]),
-                wait_ms: Some(args.wait_ms.min(POLL_MS_MAX)),
-                local_only: None,
-                forwarded_by: None,
-            };
-            let items = match c.dequeue(req) {
-                Ok(r) => r.items.unwrap_or_default(),
-                Err(e) => {
-                    eprintln!(
-                        "foqsctl work: dequeue failed: {}; retrying",
-                        super::describe(&e)
-                    );
-                    std::thread::sleep(Duration::from_secs(1));
-                    if let Ok(fresh) = connect() {
-                        c = fresh;
-                    }
-                    continue;
-                }
-            };
-            for item in items {
-                if SIGNALS.load(Ordering::SeqCst) > 0 {
-                    // Dequeued as the stop came: given back untouched.
-                    let line = settle(&mut c, &item, Settle::Release)
-                        .map(|()| "released".to_string())
-                        .unwrap_or_else(|e| format!("release failed: {e}"));
-                    log(json, &item, &line, Duration::ZERO, None);
-                    continue;
-                }
-                running.fetch_add(1, Ordering::SeqCst);
-                let (running, done_tx, stop_now) = (&running, done_tx.clone(), &stop_now);
-                s.spawn(move || {
-                    let job = Job {
-                        args,
-                        item,
-                        stop_now,
-                    };
-                    job.run(connect, json);
-                    running.fetch_sub(1, Ordering::SeqCst);
-                    let _ = done_tx.send(());
-                });
-            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        // Stopping: the running jobs get the grace period, or a second signal ends it.
-        let deadline = Instant::now() + Duration::from_millis(args.grace_ms);
-        while running.load(Ordering::SeqCst) > 0 {
-            if SIGNALS.load(Ordering::SeqCst) >= 2 || Instant::now() >= deadline {
-                stop_now.store(true, Ordering::SeqCst);
-            }
-            let _ = done_rx.recv_timeout(Duration::from_millis(100));
-        }
-        Ok(())
-    })?;
-    Ok(Outcome::Done)
-}
-
-impl Job<'_> {
-    fn run(&self, connect: &(dyn Fn() -> Result<SyncClient, String> + Sync), json: bool) {
-        let started = Instant::now();
-        let item = &self.item;
-        let mut c = match connect() {
-            Ok(c) => c,
-            Err(e) => {
-                // Nothing can be settled: the lease ends and the item comes back.
-                log(
-                    json,
-                    item,
-                    &format!("not run: {e}"),
-                    started.elapsed(),
-                    None,
-                );
-                return;
-            }
-        };
-        let (how, exit) = self.execute(&mut c, started);
-        let what = match how {
-            None => "lease lost: killed, left to its next delivery".to_string(),
-            Some(s) => {
-                let name = match &s {
-                    Settle::Ack => "acked".to_string(),
-                    Settle::Retry(ms) => format!("retry in {ms} ms"),
-                    Settle::Dead => "dead-lettered".to_string(),
-                    Settle::Release => "released".to_string(),
-                };
-                match settle(&mut c, item, s) {
-                    Ok(()) => name,
-                    Err(e) => format!("{name} failed: {e}"),
-                }
-            }
-        };
-        log(json, item, &what, started.elapsed(), exit);
-    }
-
-    /// Runs the command to its end; returns how to settle the item (`None`: its lease was
-    /// lost) and the exit status.
-    fn execute(&self, c: &mut SyncClient, started: Instant) -> (Option<Settle>, Option<i32>) {
-        let (args, item) = (self.args, &self.item);
-        let deliveries = item.delivery_count.unwrap_or(1);
-        let failed = |exit| {
-            let seed = started.elapsed().as_nanos() as u64
-                ^ foqs::hash::fnv1a([item.id.as_deref().unwrap_or("").as_bytes()]);
-            if args.max_attempts.is_some_and(|m| deliveries >= m) {
-                (Some(Settle::Dead), exit)
-            } else {
-                (
-                    Some(Settle::Retry(backoff_ms(args.backoff, deliveries, seed))),
-                    exit,
-                )
-            }
-        };
-        let mut cmd = Command::new(&args.cmd[0]);
-        cmd.args(&args.cmd[1..])
-            .stdin(Stdio::piped())
-            .env("FOQS_ID", item.id.clone().unwrap_or_default())
-            .env("FOQS_NS", item.ns.clone().unwrap_or_default())
-            .env("FOQS_TOPIC", item.topic.clone().unwrap_or_default())
-            .env("FOQS_PRIORITY", item.priority.unwrap_or(0).to_string())
-            .env("FOQS_DELIVERIES", deliveries.to_string())
-            .env(
-                "FOQS_METADATA",
-                String::from_utf8_lossy(item.metadata.as_deref().unwrap_or_default()).as_ref(),
-            )
-            .env("FOQS_LEASE_ID", item.lease_id.unwrap_or(0).to_string());
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let mut child = match cmd.spawn() {
-            Ok(ch) => ch,
-            Err(e) => {
-                eprintln!("foqsctl work: cannot run {:?}: {e}", args.cmd[0]);
-                return failed(None);
-            }
-        };
-        // The payload, written beside the wait: a command that does not read all of it
-        // must not block the worker.
-        if let Some(mut stdin) = child.stdin.take() {
-            let payload = item.payload.clone().unwrap_or_default();
-            std::thread::spawn(move || {
-                let _ = stdin.write_all(&payload);
-            });
-        }
-        let kill = |child: &mut std::process::Child| {
-            // SAFETY: a plain kill(2) of the job's own process group.
-            unsafe {
-                libc::kill(-(child.id() as i32), libc::SIGKILL);
-            }
-            let _ = child.wait();
-        };
-        let lease_ms = args
-            .lease_ms
-            .or(item.lease_ms)
-            .filter(|ms| *ms > 0)
-            .unwrap_or(30_000);
-        let every = Duration::from_millis((lease_ms / 3).max(1) as u64);
-        let mut renew_at = started + every;
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    return match status.code() {
-                        Some(0) => (Some(Settle::Ack), Some(0)),
-                        Some(d) if d == args.dead_exit => (Some(Settle::Dead), Some(d)),
-                        code => failed(code),
-                    };
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    eprintln!("foqsctl work: waiting for the command: {e}");
-                    kill(&mut child);
-                    return failed(None);
-                }
-            }
-            if self.stop_now.load(Ordering::SeqCst) {
-                kill(&mut child);
-                return (Some(Settle::Release), None);
-            }
-            if args
-                .timeout_ms
-                .is_some_and(|t| started.elapsed() >= Duration::from_millis(t))
-            {
-                kill(&mut child);
-                return failed(None);
-            }
-            if Instant::now() >= renew_at {
-                renew_at += every;
-                if let Err(e) = renew(c, item, lease_ms) {
-                    eprintln!(
-                        "foqsctl work: renewing the lease of {} failed: {e}; killing its job",
-                        item.id.as_deref().unwrap_or("?")
-                    );
-                    kill(&mut child);
-                    return (None, None);
-                }
-            }
-            std::thread::sleep(TICK);
-        }
-    }
-}
-
-/// Extends the item's lease to now + `lease_ms`, naming this delivery's lease.
-fn renew(c: &mut SyncClient, item: &Item, lease_ms: i64) -> Result<(), String> {
-    let r = c
-        .touch(TouchRequest {
-            items: Some(vec![TouchItem {
-                id: item.id.clone(),
-                extend_ms: Some(lease_ms),
-                lease_id: item.lease_id,
-            }]),
-            forwarded_by: None,
-            forwarded_for: None,
-        })
-        .map_err(|e| super::describe(&e))?;
-    first_error(r.results)
-}
-
-fn first_error(results: Option<Vec<ItemResult>>) -> Result<(), String> {
-    match results
-        .unwrap_or_default()
-        .into_iter()
-        .find_map(|r| r.error)
-    {
-        None => Ok(()),
-        Some(e) => Err(e.message.unwrap_or_default()),
-    }
-}
-
-fn settle(c: &mut SyncClient, item: &Item, how: Settle) -> Result<(), String> {
-    let e = |e: thrift::Error| super::describe(&e);
-    let nack = |c: &mut SyncClient, delay_ms: i64, to_dlq: bool| {
-        c.nack(NackRequest {
-            items: Some(vec![NackItem {
-                id: item.id.clone(),
-                delay_ms: Some(delay_ms),
-                metadata: None,
-                to_dlq: Some(to_dlq),
-                lease_id: item.lease_id,
-            }]),
-            forwarded_by: None,
-            forwarded_for: None,
-        })
-        .map_err(e)
-        .and_then(|r| first_error(r.results))
+    });
+    // Each job's exit status, from its handler to its log line.
+    let exits: std::sync::Mutex<HashMap<String, Option<i32>>> = Default::default();
+    let id = |item: &Item| item.id.clone().unwrap_or_default();
+    let handler = |job: &Job| {
+        let (verdict, exit) = run_command(args, job);
+        exits
+            .lock()
+            .expect("not poisoned")
+            .insert(id(job.item), exit);
+        verdict
     };
-    match how {
-        Settle::Ack => c
-            .ack(AckRequest {
-                ids: Some(vec![item.id.clone().unwrap_or_default()]),
-                forwarded_by: None,
-                forwarded_for: None,
-                lease_ids: item.lease_id.map(|l| vec![l]),
-            })
-            .map_err(e)
-            .and_then(|r| first_error(r.results)),
-        Settle::Retry(ms) => nack(c, ms as i64, false),
-        Settle::Dead => nack(c, 0, true),
-        Settle::Release => nack(c, 0, false),
+    let done = |item: &Item, end: &Settled, took: Duration| {
+        let exit = exits
+            .lock()
+            .expect("not poisoned")
+            .remove(&id(item))
+            .flatten();
+        log(json, item, end, took, exit)
+    };
+    let r = worker.run(connect, &handler, &done);
+    watching.store(false, Ordering::SeqCst);
+    let _ = signals.join();
+    r.map(|()| Outcome::Done)
+}
+
+/// Runs the command for one job; see the module's notes.
+/// Returns the verdict and the command's exit status.
+fn run_command(args: &WorkArgs, job: &Job) -> (Verdict, Option<i32>) {
+    let item = job.item;
+    let started = Instant::now();
+    let deliveries = item.delivery_count.unwrap_or(1);
+    let failed = |exit: Option<i32>| {
+        let seed = started.elapsed().as_nanos() as u64
+            ^ foqs::hash::fnv1a([item.id.as_deref().unwrap_or("").as_bytes()]);
+        let v = if args.max_attempts.is_some_and(|m| deliveries >= m) {
+            Verdict::DeadLetter
+        } else {
+            Verdict::RetryAfter(Duration::from_millis(backoff_ms(
+                args.backoff,
+                deliveries,
+                seed,
+            )))
+        };
+        (v, exit)
+    };
+    let mut cmd = Command::new(&args.cmd[0]);
+    cmd.args(&args.cmd[1..])
+        .stdin(Stdio::piped())
+        .env("FOQS_ID", item.id.clone().unwrap_or_default())
+        .env("FOQS_NS", item.ns.clone().unwrap_or_default())
+        .env("FOQS_TOPIC", item.topic.clone().unwrap_or_default())
+        .env("FOQS_PRIORITY", item.priority.unwrap_or(0).to_string())
+        .env("FOQS_DELIVERIES", deliveries.to_string())
+        .env(
+            "FOQS_METADATA",
+            String::from_utf8_lossy(item.metadata.as_deref().unwrap_or_default()).as_ref(),
+        )
+        .env("FOQS_LEASE_ID", item.lease_id.unwrap_or(0).to_string());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = match cmd.spawn() {
+        Ok(ch) => ch,
+        Err(e) => {
+            eprintln!("foqsctl work: cannot run {:?}: {e}", args.cmd[0]);
+            return failed(None);
+        }
+    };
+    // The payload, written beside the wait: a command that does not read all of it must
+    // not block the worker.
+    if let Some(mut stdin) = child.stdin.take() {
+        let payload = item.payload.clone().unwrap_or_default();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&payload);
+        });
+    }
+    let kill = |child: &mut std::process::Child| {
+        // SAFETY: a plain kill(2) of the job's own process group.
+        unsafe {
+            libc::kill(-(child.id() as i32), libc::SIGKILL);
+        }
+        let _ = child.wait();
+    };
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let code = status.code();
+                return match code {
+                    Some(0) => (Verdict::Ack, code),
+                    Some(d) if d == args.dead_exit => (Verdict::DeadLetter, code),
+                    _ => failed(code),
+                };
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("foqsctl work: waiting for the command: {e}");
+                kill(&mut child);
+                return failed(None);
+            }
+        }
+        if job.cancelled() {
+            // The worker stops at once, or the lease was lost (then nothing is settled,
+            // whatever is returned).
+            kill(&mut child);
+            return (Verdict::Release, None);
+        }
+        if args
+            .timeout_ms
+            .is_some_and(|t| started.elapsed() >= Duration::from_millis(t))
+        {
+            eprintln!(
+                "foqsctl work: {} ran past --timeout: killed",
+                item.id.as_deref().unwrap_or("?")
+            );
+            kill(&mut child);
+            return failed(None);
+        }
+        std::thread::sleep(TICK);
     }
 }
 
-fn log(json: bool, item: &Item, outcome: &str, took: Duration, exit: Option<i32>) {
+fn log(json: bool, item: &Item, end: &Settled, took: Duration, exit: Option<i32>) {
+    let name = |v: &Verdict| match v {
+        Verdict::Ack => "acked".to_string(),
+        Verdict::RetryAfter(d) => format!("retry in {} ms", d.as_millis()),
+        Verdict::DeadLetter => "dead-lettered".to_string(),
+        Verdict::Release => "released".to_string(),
+    };
+    let outcome = match end {
+        Settled::Applied(v) => name(v),
+        Settled::Failed(v, e) => format!("{} failed: {e}", name(v)),
+        Settled::LeaseLost(e) => format!("lease lost ({e}): killed, left to its next delivery"),
+        Settled::NotRun(e) => format!("not run: {e}"),
+    };
     let id = item.id.as_deref().unwrap_or("?");
     let line = if json {
         json!({
