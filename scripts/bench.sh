@@ -56,6 +56,12 @@ sqlite_dir="$FOQS_RUN/bench-sqlite"
 sqlite_config="$FOQS_RUN/bench-sqlite.toml"
 foqs_config_for_sqlite "$sqlite_config" "$sqlite_dir"
 
+# Keys newer than some FOQS_BENCH_BEFORE binaries, at their defaults: left out, so that an
+# older binary (which refuses keys it does not know) reads the same files.
+for cfg in "$config" "$sqlite_config"; do
+  sed -i '/^fair_/d; /^dlq_max_items_per_topic = 0$/d; /^enqueue_marks = true$/d' "$cfg"
+done
+
 # with_setting CONFIG "KEY = VALUE": the path of CONFIG with that line in place of its
 # own KEY line (CONFIG itself when the setting is empty).
 with_setting() {
@@ -130,9 +136,6 @@ if [ "$mode" = tenants ]; then
   vrate=${FOQS_BENCH_VICTIM_RATE:-200}
   metrics_port=$((${listen##*:} + 1))
   for cfg in "$config" "$sqlite_config"; do
-    # The fair_* keys at their defaults, left out so that an older FOQS_BENCH_BEFORE
-    # binary (which does not know them) reads the same file.
-    sed -i '/^fair_/d' "$cfg"
     cat >>"$cfg" <<EOT
 
 [metrics]

@@ -90,7 +90,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -394,7 +394,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &[(7, keyed)],
         None,
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -415,7 +415,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &[(8, first)],
         None,
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -424,7 +424,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &[(9, second)],
         None,
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -441,7 +441,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &[(10, late)],
         None,
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -564,7 +564,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         f.insert(
             &[(50, new_item("a", "t", 0, NOW))],
             None,
-            foqs::store::new_batch_token(),
+            foqs::store::new_batch_token(NOW),
             &Handoff::NONE,
             NOW
         )
@@ -640,7 +640,7 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
     s.insert(
         &[(1, new_item("a", "t", 0, NOW))],
         Some(100),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -696,7 +696,7 @@ async fn a_busy_mysql_shard_reuses_its_connections() {
     s.insert(
         &rows,
         Some(1_000),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -777,7 +777,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -946,7 +946,7 @@ async fn handed_rows_are_written_as_claimed<S: ShardStore>(s: &S) {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &handoff,
         NOW,
     )
@@ -1030,7 +1030,7 @@ async fn awkward_names_round_trip<S: ShardStore>(s: &S) {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -1096,8 +1096,8 @@ async fn awkward_names_round_trip_on_every_store() {
 async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
     s.open().await.unwrap();
     let (done, late) = (
-        foqs::store::new_batch_token(),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
+        foqs::store::new_batch_token(NOW + 2),
     );
     s.insert(
         &[(1, new_item("b", "t", 0, NOW))],
@@ -1108,10 +1108,10 @@ async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
     )
     .await
     .unwrap();
-    assert!(s.batch_committed(done, NOW + 1).await.unwrap());
+    assert!(s.batch_committed(done).await.unwrap());
     // Asked again: the same answer (the tombstone was ignored).
-    assert!(s.batch_committed(done, NOW + 2).await.unwrap());
-    assert!(!s.batch_committed(late, NOW + 1).await.unwrap());
+    assert!(s.batch_committed(done).await.unwrap());
+    assert!(!s.batch_committed(late).await.unwrap());
     let r = s
         .insert(
             &[(2, new_item("b", "t", 0, NOW))],
@@ -1122,10 +1122,10 @@ async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
         )
         .await;
     assert!(r.is_err(), "a late insert after its tombstone: {r:?}");
-    assert!(!s.batch_committed(late, NOW + 4).await.unwrap());
+    assert!(!s.batch_committed(late).await.unwrap());
     assert!(meta(s, 2).await.is_none(), "the late insert wrote its row");
     assert!(meta(s, 1).await.is_some());
-    // Forgotten by age: `done`'s mark is older than NOW + 1, `late`'s tombstone is not.
+    // Forgotten by age: `done`'s token was drawn before NOW + 1, `late`'s after.
     assert_eq!(s.forget_batches(NOW + 1).await.unwrap(), 1);
     assert_eq!(s.forget_batches(NOW + 1).await.unwrap(), 0);
     s.close().await;
@@ -1151,7 +1151,7 @@ async fn mysql_rows_without_an_event_hold_zero() {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -1255,7 +1255,7 @@ async fn cached_claims_equal_what_mysql_reads_back() {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -1312,7 +1312,7 @@ async fn the_payload_cache_keeps_to_its_budget() {
         s.insert(
             &[(k, it)],
             Some(k + 1),
-            foqs::store::new_batch_token(),
+            foqs::store::new_batch_token(NOW),
             &Handoff::NONE,
             NOW,
         )
@@ -1331,7 +1331,7 @@ async fn the_payload_cache_keeps_to_its_budget() {
     s.insert(
         &[(61, huge)],
         Some(62),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )
@@ -1379,7 +1379,7 @@ async fn a_new_worker_does_not_use_an_earlier_workers_rows() {
         .insert(
             &row(),
             Some(2),
-            foqs::store::new_batch_token(),
+            foqs::store::new_batch_token(NOW),
             &Handoff::NONE,
             NOW,
         )
@@ -1389,7 +1389,7 @@ async fn a_new_worker_does_not_use_an_earlier_workers_rows() {
         .insert(
             &row(),
             Some(2),
-            foqs::store::new_batch_token(),
+            foqs::store::new_batch_token(NOW),
             &Handoff::NONE,
             NOW,
         )
@@ -1450,7 +1450,7 @@ async fn only_a_timer_move_keeps_a_cached_row() {
     s.insert(
         &rows,
         Some(3),
-        foqs::store::new_batch_token(),
+        foqs::store::new_batch_token(NOW),
         &Handoff::NONE,
         NOW,
     )

@@ -208,6 +208,11 @@ pub struct EngineConfig {
     /// Dead items one topic keeps on each shard, at most; past it the oldest are purged
     /// (counted in `foqs_dlq_dropped_total`). 0: unbounded. A namespace may set its own.
     pub dlq_max_items_per_topic: u64,
+    /// Every insert writes a mark in its transaction, so that an enqueue whose commit's
+    /// outcome was lost is answered with what happened (see `store::batches`); off, such
+    /// an enqueue answers `outcome_unknown`, and single-item enqueues gain about 16 % in
+    /// rate on MySQL.
+    pub enqueue_marks: bool,
 }
 
 impl Default for EngineConfig {
@@ -237,6 +242,7 @@ impl Default for EngineConfig {
             fair_waiting_max: 4096,
             fair_waiting_bytes_max: 64 << 20,
             dlq_max_items_per_topic: 0,
+            enqueue_marks: true,
         }
     }
 }

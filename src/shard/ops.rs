@@ -36,7 +36,7 @@ pub(super) struct InsertGroup {
     pub handoff: Handoff,
     /// The worker's clock when the rows were written (their timers and leases).
     pub written_at_ms: i64,
-    /// The token of the insert's mark (see `store::batches`).
+    /// The token of the insert's mark (see `store::batches`); 0: none written.
     pub batch: i64,
     replies: Vec<(Vec<Enqueued>, Reply<Vec<Enqueued>>)>,
 }
@@ -139,7 +139,11 @@ impl<S: ShardStore> ShardWorker<S> {
                     key_high_water: None,
                     handoff: Handoff::default(),
                     written_at_ms: 0,
-                    batch: crate::store::new_batch_token(),
+                    batch: if self.cfg.enqueue_marks {
+                        crate::store::new_batch_token(self.clock.now_ms())
+                    } else {
+                        0
+                    },
                     replies: Vec::new(),
                 });
             }
@@ -191,7 +195,7 @@ impl<S: ShardStore> ShardWorker<S> {
             }
             self.handoff_failed(g.handoff);
             let err = storage_error(self.id, &e);
-            if !err.in_doubt() {
+            if !err.in_doubt() || g.batch == 0 {
                 fail_all(g.replies, &err);
                 return;
             }

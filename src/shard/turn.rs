@@ -98,8 +98,8 @@ impl<S: ShardStore> ShardWorker<S> {
                 // A write, but of a row only it and the insert it decides write: beside
                 // the loop too, so a worker busy with a full turn answers it at once.
                 Command::BatchCommitted { batch, reply } => self
-                    .read_beside(reply, move |store, now| async move {
-                        store.batch_committed(batch, now).await
+                    .read_beside(reply, move |store, _| async move {
+                        store.batch_committed(batch).await
                     }),
                 Command::Lookup { keys, reply } => self.read_beside(
                     reply,

@@ -59,6 +59,8 @@ pub struct WorkerConfig {
     pub ack_memory_items_max: usize,
     /// Dead items a topic keeps on this shard, at most (see `dlq.rs`).
     pub dlq_bounds: DlqBounds,
+    /// Whether inserts write their batch's mark (see `store::batches`).
+    pub enqueue_marks: bool,
 }
 
 /// `engine.dlq_max_items_per_topic` and the namespaces' own; 0 is unbounded.
@@ -108,6 +110,7 @@ impl From<&EngineConfig> for WorkerConfig {
                 default: e.dlq_max_items_per_topic,
                 by_ns: Default::default(),
             },
+            enqueue_marks: e.enqueue_marks,
         }
     }
 }

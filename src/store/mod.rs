@@ -239,7 +239,7 @@ pub trait ShardStore: Send + Sync + 'static {
     fn open(&self) -> impl Future<Output = StoreResult<Recovered>> + Send;
 
     /// Inserts `rows` (their keys chosen by the worker) in one transaction, with the
-    /// mark of `batch` (see [`Self::batch_committed`]); when `key_high_water` is given,
+    /// mark of `batch` unless it is 0 (see [`Self::batch_committed`]); when `key_high_water` is given,
     /// persists it in the same transaction. The rows that
     /// `handoff` holds are written leased under its token (delivered once, the lease
     /// ending at `now_ms + lease_ms`), the others ready. Timers are set as of `now_ms`
@@ -255,14 +255,10 @@ pub trait ShardStore: Send + Sync + 'static {
 
     /// Whether the insert of `batch` committed, decided for good: a tombstone written now
     /// makes it fail if it has not committed yet (see `batches`).
-    fn batch_committed(
-        &self,
-        batch: i64,
-        now_ms: i64,
-    ) -> impl Future<Output = StoreResult<bool>> + Send;
+    fn batch_committed(&self, batch: i64) -> impl Future<Output = StoreResult<bool>> + Send;
 
-    /// Deletes a chunk of batch marks and tombstones written before `before_ms`; returns
-    /// how many.
+    /// Deletes a chunk of batch marks and tombstones of tokens drawn before `before_ms`;
+    /// returns how many.
     fn forget_batches(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
     /// Up to `limit` keys of ready items of a topic (`deliver_after_ms <= now_ms`), in

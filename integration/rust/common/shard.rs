@@ -24,6 +24,7 @@ pub fn worker_config() -> foqs::shard::WorkerConfig {
         ack_memory_ms: 600_000,
         ack_memory_items_max: 100_000,
         dlq_bounds: Default::default(),
+        enqueue_marks: true,
     }
 }
 

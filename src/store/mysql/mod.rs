@@ -193,7 +193,11 @@ impl MySqlStore {
         self.topics.lock().expect("topics").get(ns, topic)
     }
 
-    /// Runs `statements` in one transaction (one alone in autocommit).
+    /// Runs `statements` in one transaction (one alone in autocommit), sent as one
+    /// multi-statement text: one round trip, where `BEGIN`, each statement and `COMMIT`
+    /// apart cost one each (an insert with its batch mark took four, and single-item
+    /// enqueues lost 38 % of their rate: 6.7k/s to 4.1k/s). The statements' values are
+    /// integers and hex literals, so `;` never occurs inside one.
     async fn run_all(&self, statements: Vec<Statement>) -> StoreResult<()> {
         if statements.is_empty() {
             return Ok(());
@@ -202,12 +206,26 @@ impl MySqlStore {
         if statements.len() == 1 {
             return run(&mut conn, &statements[0]).await;
         }
-        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        let mut text = String::from("START TRANSACTION;");
         for s in &statements {
-            run(&mut tx, s).await?;
+            text.push_str(s);
+            text.push(';');
         }
-        tx.commit().await?;
-        Ok(())
+        text.push_str("COMMIT");
+        match conn.query_drop(text).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // A statement failed: those after it, the COMMIT included, did not run,
+                // and the transaction is open on this connection: rolled back before the
+                // pool hands it out again. (A lost connection is not reused.)
+                let err = StoreError::from(e);
+                if !matches!(err, StoreError::Lost(_)) && conn.query_drop("ROLLBACK").await.is_err()
+                {
+                    conn.reset_connection(true);
+                }
+                Err(err)
+            }
+        }
     }
 }
 
@@ -323,7 +341,10 @@ impl ShardStore for MySqlStore {
             return Ok(());
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        let mut statements = vec![batches::mark(batch, now_ms)];
+        let mut statements: Vec<_> = (batch != 0)
+            .then(|| batches::mark(batch))
+            .into_iter()
+            .collect();
         statements.extend(plan.statements(Dialect::MySql, rows, key_high_water, handoff, now_ms));
         self.run_all(statements).await?;
         plan.committed(&self.topics);
@@ -576,9 +597,9 @@ impl ShardStore for MySqlStore {
         self.metas(rows)
     }
 
-    async fn batch_committed(&self, batch: i64, now_ms: i64) -> StoreResult<bool> {
+    async fn batch_committed(&self, batch: i64) -> StoreResult<bool> {
         let mut conn = self.conn().await?;
-        conn.query_drop(batches::tombstone(Dialect::MySql, batch, now_ms))
+        conn.query_drop(batches::tombstone(Dialect::MySql, batch))
             .await?;
         let c: Option<i64> = conn.query_first(batches::read(batch)).await?;
         Ok(c == Some(1))

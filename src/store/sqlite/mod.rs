@@ -230,7 +230,10 @@ impl ShardStore for SqliteStore {
             return Ok(());
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        let mut statements = vec![batches::mark(batch, now_ms)];
+        let mut statements: Vec<_> = (batch != 0)
+            .then(|| batches::mark(batch))
+            .into_iter()
+            .collect();
         statements.extend(plan.statements(Dialect::Sqlite, rows, key_high_water, handoff, now_ms));
         self.call(move |conn| run(conn, &statements)).await?;
         plan.committed(&self.topics);
@@ -449,9 +452,9 @@ impl ShardStore for SqliteStore {
         Ok(found.into_iter().map(|(m, _)| m).collect())
     }
 
-    async fn batch_committed(&self, batch: i64, now_ms: i64) -> StoreResult<bool> {
+    async fn batch_committed(&self, batch: i64) -> StoreResult<bool> {
         self.call(move |conn| {
-            conn.execute_batch(&batches::tombstone(Dialect::Sqlite, batch, now_ms))
+            conn.execute_batch(&batches::tombstone(Dialect::Sqlite, batch))
                 .map_err(store_error)?;
             let c: i64 = conn
                 .query_row(&batches::read(batch), [], |r| r.get(0))
