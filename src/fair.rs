@@ -44,6 +44,18 @@ pub struct Limits {
     pub waiting_bytes_max: usize,
 }
 
+impl Limits {
+    /// The engine's settings (`engine.fair_slots`, `fair_waiting_max`,
+    /// `fair_waiting_bytes_max`).
+    pub fn from_engine(e: &crate::config::EngineConfig) -> Limits {
+        Limits {
+            slots: e.fair_slots,
+            waiting_max: e.fair_waiting_max,
+            waiting_bytes_max: e.fair_waiting_bytes_max,
+        }
+    }
+}
+
 /// Why a request was not let through.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refused {

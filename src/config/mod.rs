@@ -10,6 +10,7 @@ use serde::Deserialize;
 mod access;
 mod console;
 mod edge;
+pub mod replication;
 
 pub use access::{AccessRule, Kind};
 pub use console::{
@@ -60,7 +61,7 @@ pub struct Config {
     #[serde(default)]
     pub log: LogConfig,
     #[serde(default)]
-    pub replication: crate::replication::ReplicationConfig,
+    pub replication: replication::ReplicationConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -120,7 +121,7 @@ pub struct ShardConfig {
     /// The shard's replicas (MySQL only, `cluster.manager = "etcd"`): the initial layout;
     /// etcd holds the current primary from then on (see `crate::replication`).
     #[serde(default)]
-    pub replicas: Vec<crate::replication::ReplicaConfig>,
+    pub replicas: Vec<replication::ReplicaConfig>,
     /// TLS to this shard's MySQL servers (its data, owner-lock and heartbeat
     /// connections; a replica may set its own).
     #[serde(default)]
@@ -133,7 +134,7 @@ impl ShardConfig {
     pub fn tls_on(&self, addr: &str) -> Option<&crate::store::MysqlTls> {
         self.replicas
             .iter()
-            .find(|r| crate::replication::server_addr(&r.url).as_deref() == Some(addr))
+            .find(|r| replication::server_addr(&r.url).as_deref() == Some(addr))
             .and_then(|r| r.tls.as_ref())
             .or(self.tls.as_ref())
     }
@@ -506,7 +507,7 @@ impl Config {
             self.engine.store_timeout_ms,
             &mut problems,
         );
-        crate::replication::config::check(self, &mut problems);
+        replication::check(self, &mut problems);
         let tiers = cluster_config::tier_shards(&self.tiers, &shard_ids);
         let named = std::iter::once(("defaults".to_string(), &self.defaults.tier)).chain(
             self.namespaces

@@ -164,7 +164,7 @@ impl Host {
             dlq_routed_bound: std::time::Duration::from_secs(1),
             switchboard: None,
             enqueue_hold: std::time::Duration::ZERO,
-            fair: super::tenants::limits(&cfg.engine),
+            fair: crate::fair::Limits::from_engine(&cfg.engine),
         });
         host.stop_waiting();
         host

@@ -36,5 +36,4 @@ pub use peers::{
     ClusterSettings, DeadItem, Forwarded, HostStatus, PeerLoad, PeerStatus, PeerSummary, Peers,
 };
 pub use prefetch::PrefetchConfig;
-pub use tenants::limits as tenant_limits;
 pub use validate::{check_name, limits, validate_item};

@@ -19,9 +19,8 @@
 use std::sync::atomic::Ordering;
 
 use super::host::Host;
-use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::fair::{Limits, Permit, Share};
+use crate::fair::{Permit, Share};
 
 /// The weight of a namespace without a configured rate: as if it were guaranteed 1,000
 /// items/s.
@@ -30,14 +29,6 @@ pub const WEIGHT_WITHOUT_RATE: f64 = 60_000.0;
 /// How long after a guaranteed namespace's last enqueue a shard stays kept for such
 /// namespaces.
 pub const PROTECT_MS: i64 = 1_000;
-
-pub fn limits(e: &EngineConfig) -> Limits {
-    Limits {
-        slots: e.fair_slots,
-        waiting_max: e.fair_waiting_max,
-        waiting_bytes_max: e.fair_waiting_bytes_max,
-    }
-}
 
 impl Host {
     /// The share of namespace `ns` (see the module's notes).

@@ -312,7 +312,7 @@ async fn start_planned(
             .clone()
             .map(|d| d as Arc<dyn crate::replication::Switchboard>),
         enqueue_hold: Duration::from_millis(cfg.replication.enqueue_hold_ms),
-        fair: crate::core::tenant_limits(&cfg.engine),
+        fair: crate::fair::Limits::from_engine(&cfg.engine),
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened

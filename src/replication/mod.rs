@@ -18,7 +18,10 @@
 //! marks the old primary demoted: when it answers again it is made read-only and, if its
 //! history is a prefix of the new primary's, repointed.
 
-pub mod config;
+/// The `[replication]` section and the shards' replicas live with the rest of the
+/// configuration (`crate::config::replication`); named here too, where they are used.
+pub use crate::config::replication as config;
+pub use crate::config::replication::server_addr;
 pub mod driver;
 pub mod failover;
 pub mod grants;
@@ -33,15 +36,6 @@ use futures::future::BoxFuture;
 pub use config::{ReplicaConfig, ReplicationConfig};
 
 use crate::model::ShardId;
-
-/// "host:port" of the server a `mysql://` URL names.
-pub fn server_addr(url: &str) -> Option<String> {
-    if !url.starts_with("mysql://") {
-        return None;
-    }
-    let o = mysql_async::Opts::from_url(url).ok()?;
-    Some(format!("{}:{}", o.ip_or_hostname(), o.tcp_port()))
-}
 
 /// `url` with its server replaced by `addr` (account, database and options kept).
 pub fn url_on(url: &str, addr: &str) -> String {

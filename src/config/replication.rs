@@ -4,9 +4,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use super::server_addr;
+use super::Config;
 use crate::cluster::config::ManagerKind;
-use crate::config::Config;
+
+/// "host:port" of the server a `mysql://` URL names.
+pub fn server_addr(url: &str) -> Option<String> {
+    if !url.starts_with("mysql://") {
+        return None;
+    }
+    let o = mysql_async::Opts::from_url(url).ok()?;
+    Some(format!("{}:{}", o.ip_or_hostname(), o.tcp_port()))
+}
 
 /// `[[shards.replicas]]`: a server holding a copy of the shard's database.
 #[derive(Debug, Clone, Deserialize)]
@@ -225,7 +233,7 @@ pub fn check(cfg: &Config, problems: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use super::Config;
 
     fn shards(manager: &str, second_replica: &str) -> String {
         format!(
