@@ -104,10 +104,21 @@ wait_lines() { # FILE N: until FILE has N lines, at most 20 s
   fail "waited 20 s for $2 lines in $1: $(cat "$1")"
 }
 for p in ok dead fail; do "$ctl" enqueue --ns "$ns" --topic "$topic-work" --payload "$p" >/dev/null; done
+mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$ctl" --json work --ns "$ns" --topic "$topic-work" --concurrency 2 --backoff 50,100 --max-attempts 2 \
+  --metrics "127.0.0.1:$mport" \
   -- sh -c 'p=$(cat); case "$p" in ok) exit 0;; dead) exit 65;; *) exit 1;; esac' >"$tmp/work.log" &
 worker=$!
 wait_lines "$tmp/work.log" 4
+# --metrics: the jobs by outcome, as the log says.
+python3 - "$mport" <<'PY' || fail "work --metrics"
+import sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
+want = {"acked": 1, "retried": 1, "dead_lettered": 2}
+for outcome, n in want.items():
+    line = 'foqsctl_work_jobs_total{outcome="%s"} %d' % (outcome, n)
+    assert line in text, (line, text)
+PY
 kill -TERM "$worker"
 wait "$worker" || fail "work exited $? on SIGTERM"
 python3 - "$tmp/work.log" <<'PY' || fail "work's outcomes: $(cat "$tmp/work.log")"

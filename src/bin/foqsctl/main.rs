@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 mod replication;
 mod watch;
 mod work;
+mod work_metrics;
 
 #[derive(Parser)]
 #[command(
@@ -234,6 +235,9 @@ enum Cmd {
         /// How long one long poll waits for items (at most 1000 ms a poll).
         #[arg(long, default_value_t = 1_000)]
         wait: i64,
+        /// Serve Prometheus metrics (jobs by outcome, running, durations) at HOST:PORT.
+        #[arg(long)]
+        metrics: Option<String>,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -329,6 +333,7 @@ fn main() -> ExitCode {
         dead_exit,
         grace,
         wait,
+        metrics,
         cmd,
     } = &cli.cmd
     {
@@ -350,6 +355,7 @@ fn main() -> ExitCode {
             dead_exit: *dead_exit,
             grace_ms: *grace,
             wait_ms: (*wait).max(0),
+            metrics: metrics.clone(),
             cmd: cmd.clone(),
         };
         let connect = || open(&cli, protocol);

@@ -17,7 +17,7 @@
 //! that at once. Nothing is left leased by a worker that stopped. Each command runs in a
 //! process group of its own, so a terminal's Ctrl-C reaches the worker, not the jobs.
 //! One line per job on standard output (id, outcome, duration, exit status; `--json`: one
-//! JSON object). The loop itself (dequeue, slots, renewal, stop, settling) is
+//! JSON object); with `--metrics ADDR`, Prometheus counters and a duration histogram. The loop itself (dequeue, slots, renewal, stop, settling) is
 //! `foqs::client::Worker`'s; this is its handler.
 
 use std::collections::HashMap;
@@ -53,6 +53,8 @@ pub struct WorkArgs {
     pub dead_exit: i32,
     pub grace_ms: u64,
     pub wait_ms: i64,
+    /// Serve Prometheus metrics at this address (see `work_metrics`).
+    pub metrics: Option<String>,
     pub cmd: Vec<String>,
 }
 
@@ -122,15 +124,19 @@ pub fn work(
             std::thread::sleep(Duration::from_millis(20));
         }
     });
+    let metrics = std::sync::Arc::new(super::work_metrics::WorkMetrics::new());
+    if let Some(addr) = &args.metrics {
+        super::work_metrics::serve(addr, metrics.clone())?;
+    }
     // Each job's exit status, from its handler to its log line.
     let exits: std::sync::Mutex<HashMap<String, Option<i32>>> = Default::default();
     let id = |item: &Item| item.id.clone().unwrap_or_default();
     let handler = |job: &Job| {
+        metrics.running.inc();
         let (verdict, exit) = run_command(args, job);
-        exits
-            .lock()
-            .expect("not poisoned")
-            .insert(id(job.item), exit);
+        metrics.running.dec();
+        let mut exits = exits.lock().expect("not poisoned");
+        exits.insert(id(job.item), exit);
         verdict
     };
     let done = |item: &Item, end: &Settled, took: Duration| {
@@ -139,6 +145,7 @@ pub fn work(
             .expect("not poisoned")
             .remove(&id(item))
             .flatten();
+        metrics.ended(end, took);
         log(json, item, end, took, exit)
     };
     let r = worker.run(connect, &handler, &done);
