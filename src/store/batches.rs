@@ -39,10 +39,9 @@ pub const SQLITE_DDL: &str = "CREATE TABLE IF NOT EXISTS enqueue_marks (
         committed INTEGER NOT NULL
     );";
 
-/// Tokens count milliseconds from here (2020-01-01 UTC): 41 bits of them last until 2089.
-const EPOCH_MS: i64 = 1_577_836_800_000;
-/// The random low bits of a token.
-const RANDOM_BITS: u32 = 22;
+/// The low bits of a token: a per-process sequence (from a random start). 42 bits of
+/// milliseconds above them last until 2109.
+const SEQ_BITS: u32 = 21;
 
 /// The mark an insert writes in its transaction (first, so that a tombstone meets it
 /// before anything else of the batch).
@@ -80,22 +79,25 @@ pub fn forget(dialect: Dialect, before_ms: i64) -> String {
 
 /// The smallest token drawn at `ms`.
 fn first_token_at(ms: i64) -> i64 {
-    (ms - EPOCH_MS).max(0) << RANDOM_BITS
+    ms.max(0) << SEQ_BITS
 }
 
-/// A fresh token for an insert at `now_ms`: the millisecond (from [`EPOCH_MS`]) in the
-/// high bits, 22 random bits below (two inserts of one shard in the same millisecond
-/// share a token once in 4 million), positive, never 0.
+/// A fresh token for an insert at `now_ms`: the millisecond in the high bits, a sequence
+/// of this process's below (from a random start, so that two processes writing one shard
+/// in turn, across a hand-over, meet in the same millisecond with the same bits once in 2
+/// million). Unique within the process while it draws fewer than 2 million a millisecond:
+/// random bits alone had two groups of one turn (drawn in the same millisecond) share a
+/// token once in 4 million pairs, and the second's mark failed as a duplicate.
 pub fn new_token(now_ms: i64) -> i64 {
     use std::hash::BuildHasher;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::LazyLock;
+    static START: LazyLock<u64> =
+        LazyLock::new(|| std::collections::hash_map::RandomState::new().hash_one(0u8));
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    // std's `RandomState` draws its keys from the OS once per thread and steps them per
-    // instance: a keyed SipHash of a process-wide counter, unpredictable across processes.
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let h = std::collections::hash_map::RandomState::new().hash_one(seq);
-    let random = (h & ((1 << RANDOM_BITS) - 1)) as i64;
-    (first_token_at(now_ms) | random).max(1)
+    let seq = START.wrapping_add(SEQ.fetch_add(1, Ordering::Relaxed));
+    let low = (seq & ((1 << SEQ_BITS) - 1)) as i64;
+    (first_token_at(now_ms) | low).max(1)
 }
 
 #[cfg(test)]
@@ -106,8 +108,8 @@ mod tests {
     fn tokens_are_positive_and_ordered_by_their_millisecond() {
         let now = 1_796_500_000_000;
         let tokens: std::collections::HashSet<i64> =
-            (0..1_000).map(|i| new_token(now + i)).collect();
-        assert_eq!(tokens.len(), 1_000);
+            (0..1_000).map(|i| new_token(now + i % 3)).collect();
+        assert_eq!(tokens.len(), 1_000, "unique within a millisecond too");
         assert!(tokens.iter().all(|t| *t > 0));
         assert!(new_token(now) < first_token_at(now + 1));
         assert!(new_token(now) >= first_token_at(now));
