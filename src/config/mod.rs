@@ -211,8 +211,8 @@ pub struct EngineConfig {
     pub dlq_max_items_per_topic: u64,
     /// Every insert writes a mark in its transaction, so that an enqueue whose commit's
     /// outcome was lost is answered with what happened (see `store::batches`); off, such
-    /// an enqueue answers `outcome_unknown`, and single-item enqueues gain about 16 % in
-    /// rate on MySQL.
+    /// an enqueue answers `outcome_unknown`, and single-item enqueues gain about 30 % in
+    /// rate on MySQL (5.1k/s to 6.8k/s here).
     pub enqueue_marks: bool,
 }
 
