@@ -1,9 +1,10 @@
 //! The SQL text both SQL stores send for writes whose shape varies with their input:
 //! multi-row INSERTs, grouped state changes, id lists, and the timer of every row they
 //! change. Built as text (ids and times are integers, bytes are hex literals, which MySQL
-//! and SQLite both read), so they need no prepare round trip and no escaping; the one
-//! parameter is a nack's new metadata. Both stores have the same layout (schema version
-//! 2), so the same statements serve both; where the dialects differ, [`Dialect`] says.
+//! and SQLite both read), so they need no prepare round trip and no escaping, and no
+//! statement here holds a `;` or a `?` (MySQL sends a transaction's statements as one
+//! text, see `MySqlStore::run_all`). Both stores have the same layout (schema version 2),
+//! so the same statements serve both; where the dialects differ, [`Dialect`] says.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
