@@ -86,8 +86,6 @@ async fn reads_beyond_the_limit_are_busy_at_once_and_writes_go_on() {
 async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
     use foqs::clock::SystemClock;
     use foqs::core::{Caller, EnqueueRequestItem};
-    use foqs::store::faulty::Faults;
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     let db = TestDb::new(1);
@@ -96,15 +94,7 @@ async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
          [[namespaces]]\nname = \"victim\"\nenqueues_per_minute = 600000\n\
          [[namespaces]]\nname = \"flood\"\n"
     );
-    let cfg = foqs::config::Config::from_toml(&config_toml(&db, "", &extra)).unwrap();
-    let faults = Faults::default();
-    let running = foqs::daemon::start_with_faults(
-        &cfg,
-        Arc::new(SystemClock),
-        BTreeMap::from([(0, faults.clone())]),
-    )
-    .await
-    .unwrap();
+    let (running, faults) = foqsd_with_faults(&db, &extra, Arc::new(SystemClock)).await;
     let host = running.host.clone();
     let enqueue = |ns: &'static str| {
         let host = host.clone();

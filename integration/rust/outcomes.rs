@@ -342,21 +342,12 @@ async fn a_nack_that_commits_after_its_timeout_strands_nothing_and_the_counts_he
 async fn a_delivery_leaves_with_at_least_half_its_lease() {
     use foqs::clock::{Clock, ManualClock};
     use foqs::core::{AckRequestItem, Caller, EnqueueRequestItem, TopicRequest};
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     const LEASE_MS: i64 = 1_000;
     let db = TestDb::new(1);
-    let cfg = foqs::config::Config::from_toml(&config_toml(&db, "", FAST_ENGINE)).unwrap();
-    let faults = Faults::default();
     let clock = ManualClock::new(1_000_000_000_000);
-    let running = foqs::daemon::start_with_faults(
-        &cfg,
-        Arc::new(clock.clone()),
-        BTreeMap::from([(0, faults.clone())]),
-    )
-    .await
-    .unwrap();
+    let (running, faults) = foqsd_with_faults(&db, FAST_ENGINE, Arc::new(clock.clone())).await;
     let host = running.host.clone();
     let caller = Caller::anonymous();
     for t in ["a", "b"] {
@@ -448,19 +439,10 @@ async fn an_enqueue_whose_insert_went_unanswered_is_answered_with_what_happened(
 async fn enqueue_in_doubt_over(db: TestDb) {
     use foqs::clock::SystemClock;
     use foqs::core::{Caller, EnqueueRequestItem, Host, TopicRequest};
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     let engine = format!("{FAST_ENGINE}store_timeout_ms = 300\n");
-    let cfg = foqs::config::Config::from_toml(&config_toml(&db, "", &engine)).unwrap();
-    let faults = Faults::default();
-    let running = foqs::daemon::start_with_faults(
-        &cfg,
-        Arc::new(SystemClock),
-        BTreeMap::from([(0, faults.clone())]),
-    )
-    .await
-    .unwrap();
+    let (running, faults) = foqsd_with_faults(&db, &engine, Arc::new(SystemClock)).await;
     let host = running.host.clone();
     let caller = Caller::anonymous();
     let enqueue = |payload: &'static str| {

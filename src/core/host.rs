@@ -101,6 +101,14 @@ impl Host {
     /// gives them.
     pub fn new(p: HostParts) -> Host {
         let prefetch = Arc::new(Prefetch::new(p.prefetch));
+        // The fair gate's bounds, fixed for the host's life (what waits: `fair_turn`).
+        let fair = crate::fair::FairGate::new(p.fair);
+        let l = fair.limits();
+        p.metrics.fair_waiting_max.set(l.waiting_max as i64);
+        p.metrics
+            .fair_waiting_bytes_max
+            .set(l.waiting_bytes_max as i64);
+        p.metrics.fair_slots.set(l.slots as i64);
         {
             // What enqueues hand to waiting consumers is staged for their dequeues.
             let (prefetch, clock) = (prefetch.clone(), p.clock.clone());
@@ -127,7 +135,7 @@ impl Host {
             dlq_routed_bound: p.dlq_routed_bound,
             switchboard: p.switchboard,
             enqueue_hold: p.enqueue_hold,
-            fair: crate::fair::FairGate::new(p.fair),
+            fair,
             guaranteed_at: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
         }
     }

@@ -82,13 +82,8 @@ impl Host {
     ) -> Result<Permit> {
         let r = self.fair.enter(ns, self.share(ns), cost, bytes).await;
         let (waiting, waiting_bytes) = self.fair.waiting();
-        let l = self.fair.limits();
-        let m = &self.metrics;
-        m.fair_waiting.set(waiting as i64);
-        m.fair_waiting_bytes.set(waiting_bytes as i64);
-        m.fair_waiting_max.set(l.waiting_max as i64);
-        m.fair_waiting_bytes_max.set(l.waiting_bytes_max as i64);
-        m.fair_slots.set(l.slots as i64);
+        self.metrics.fair_waiting.set(waiting as i64);
+        self.metrics.fair_waiting_bytes.set(waiting_bytes as i64);
         match r {
             Ok(p) => Ok(p),
             Err(r) => {

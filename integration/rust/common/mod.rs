@@ -236,6 +236,22 @@ pub fn config_toml(db: &TestDb, server_extra: &str, extra: &str) -> String {
     )
 }
 
+/// An in-process foqsd over `db` (`extra` after the shards in its config) on `clock`, whose
+/// shard 0's store meets the faults the test arms.
+pub async fn foqsd_with_faults(
+    db: &TestDb,
+    extra: &str,
+    clock: foqs::clock::SharedClock,
+) -> (Running, foqs::store::faulty::Faults) {
+    let cfg = Config::from_toml(&config_toml(db, "", extra)).expect("test config");
+    let faults = foqs::store::faulty::Faults::default();
+    let plan = std::collections::BTreeMap::from([(0, faults.clone())]);
+    let running = foqs::daemon::start_with_faults(&cfg, clock, plan)
+        .await
+        .expect("foqsd starts");
+    (running, faults)
+}
+
 /// The folder of `db`'s config files: named after its first database, removed with it.
 fn config_dir(db: &TestDb) -> Option<std::path::PathBuf> {
     let first = db.names.first()?;

@@ -78,36 +78,28 @@ struct Args {
 struct Latencies(Vec<u32>);
 
 impl Latencies {
-    /// As [`Self::summary`], with the 99.9th percentile.
-    fn summary_with_p999(mut self) -> String {
-        if self.0.is_empty() {
-            return "null".into();
-        }
-        self.0.sort_unstable();
-        let at = |q: f64| self.0[((self.0.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
-        format!(
-            "{{\"count\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3}}}",
-            self.0.len(),
-            at(0.5),
-            at(0.99),
-            at(0.999),
-            at(1.0)
-        )
+    /// `{"count", "p50_ms", "p99_ms", "max_ms"}` in milliseconds, `null` when empty.
+    fn summary(self) -> String {
+        self.quantiles(&[("p50_ms", 0.5), ("p99_ms", 0.99)])
     }
 
-    fn summary(mut self) -> String {
+    /// As [`Self::summary`], with the 99.9th percentile.
+    fn summary_with_p999(self) -> String {
+        self.quantiles(&[("p50_ms", 0.5), ("p99_ms", 0.99), ("p999_ms", 0.999)])
+    }
+
+    fn quantiles(mut self, qs: &[(&str, f64)]) -> String {
         if self.0.is_empty() {
             return "null".into();
         }
         self.0.sort_unstable();
         let at = |q: f64| self.0[((self.0.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
-        format!(
-            "{{\"count\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"max_ms\":{:.3}}}",
-            self.0.len(),
-            at(0.5),
-            at(0.99),
-            at(1.0)
-        )
+        let mut out = format!("{{\"count\":{}", self.0.len());
+        for (name, q) in qs.iter().chain(&[("max_ms", 1.0)]) {
+            out.push_str(&format!(",\"{name}\":{:.3}", at(*q)));
+        }
+        out.push('}');
+        out
     }
 }
 
