@@ -214,7 +214,17 @@ fn console_users_take_foqsctl_hashes_and_console_mistakes_are_named() {
 /// reported, not failed.
 #[test]
 fn check_config_names_the_privileges_the_admin_account_lacks() {
-    let db = common::PrivateMariaDb::start();
+    // Binlogged as a replica set's server must be, but with two of the settings the
+    // guarantees rest on left at MariaDB's defaults (AFTER_COMMIT, no strict GTIDs).
+    let db = common::PrivateMariaDb::start_with(
+        &[
+            "--log-bin",
+            "--binlog-format=ROW",
+            "--log-slave-updates",
+            "--sync-binlog=1",
+        ]
+        .map(String::from),
+    );
     db.sql(
         "CREATE USER 'weak'@'127.0.0.1' IDENTIFIED BY 'w'; \
          GRANT PROCESS, BINLOG MONITOR, CONNECTION ADMIN, READ_ONLY ADMIN, REPLICATION SLAVE ADMIN, \
@@ -248,13 +258,31 @@ fn check_config_names_the_privileges_the_admin_account_lacks() {
     ] {
         assert!(text.contains(lacking), "{lacking}: {text}");
     }
+    for unsafe_setting in [
+        "rpl_semi_sync_master_wait_point = AFTER_SYNC (it is AFTER_COMMIT",
+        "gtid_strict_mode = 1 (it is OFF",
+    ] {
+        assert!(text.contains(unsafe_setting), "{unsafe_setting}: {text}");
+    }
+    assert!(!text.contains("sync_binlog = 1 (it is"), "{text}");
     assert!(
         text.contains(&format!("127.0.0.1:{gone}: not checked")),
         "{text}"
     );
     db.sql("GRANT RELOAD, SLAVE MONITOR ON *.* TO 'weak'@'127.0.0.1'; GRANT SELECT ON `foqs%`.* TO 'weak'@'127.0.0.1';");
     let (ok, text) = check(&path);
+    assert!(!ok, "still unsafe settings: {text}");
+    assert!(!text.contains("the admin account lacks"), "{text}");
+    db.sql("SET GLOBAL rpl_semi_sync_master_wait_point = AFTER_SYNC; SET GLOBAL gtid_strict_mode = ON;");
+    let (ok, text) = check(&path);
     assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "127.0.0.1:{}: its settings keep what foqs stores",
+            db.port
+        )),
+        "{text}"
+    );
     assert!(
         text.contains(&format!(
             "127.0.0.1:{}: the admin account may do every switch step",

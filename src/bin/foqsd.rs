@@ -86,25 +86,42 @@ async fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
     if let Some(t) = &cfg.server.tls {
         foqs::tls::server_config(t).with_context(|| format!("checking {}", path.display()))?;
     }
-    let mut lacking = Vec::new();
+    let (mut lacking, mut unsafe_settings) = (Vec::new(), Vec::new());
     for (server, r) in foqs::replication::grants::check_servers(&cfg).await {
         match r {
-            Ok(m) if m.is_empty() => {
-                println!("{server}: the admin account may do every switch step")
-            }
-            Ok(m) => {
-                println!("{server}: the admin account lacks {}", m.join(", "));
-                lacking.push(format!("{server}: GRANT {}", m.join(", ")));
+            Ok(f) => {
+                if f.lacks.is_empty() {
+                    println!("{server}: the admin account may do every switch step");
+                } else {
+                    println!("{server}: the admin account lacks {}", f.lacks.join(", "));
+                    lacking.push(format!("{server}: GRANT {}", f.lacks.join(", ")));
+                }
+                if f.settings.is_empty() {
+                    println!("{server}: its settings keep what foqs stores");
+                } else {
+                    println!("{server}: set {}", f.settings.join("; "));
+                    unsafe_settings.push(format!("{server}: {}", f.settings.join("; ")));
+                }
             }
             Err(e) => println!("{server}: not checked ({e})"),
         }
     }
+    let mut refused = Vec::new();
     if !lacking.is_empty() {
-        anyhow::bail!(
+        refused.push(format!(
             "the replication admin account ({}) lacks privileges a switch needs: {}",
             cfg.replication.admin_user,
             lacking.join("; ")
-        );
+        ));
+    }
+    if !unsafe_settings.is_empty() {
+        refused.push(format!(
+            "servers lack settings the guarantees rest on: {}",
+            unsafe_settings.join(" | ")
+        ));
+    }
+    if !refused.is_empty() {
+        anyhow::bail!("{}", refused.join("; and "));
     }
     println!(
         "{}: valid ({} shards, cluster.manager = {}, listen {})",

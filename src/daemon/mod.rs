@@ -359,8 +359,12 @@ async fn start_planned(
         let grants_cfg = cfg.clone();
         tokio::spawn(async move {
             for (server, r) in crate::replication::grants::check_servers(&grants_cfg).await {
-                if let Some(m) = r.ok().filter(|m| !m.is_empty()) {
-                    tracing::error!(server, lacks = %m.join(", "), "the replication admin account lacks privileges a switch or failover needs");
+                let Ok(f) = r else { continue };
+                if !f.lacks.is_empty() {
+                    tracing::error!(server, lacks = %f.lacks.join(", "), "the replication admin account lacks privileges a switch or failover needs");
+                }
+                if !f.settings.is_empty() {
+                    tracing::error!(server, set = %f.settings.join("; "), "a server lacks settings the guarantees rest on");
                 }
             }
         });

@@ -17,6 +17,9 @@
 //!
 //! Roles are not followed: an account with roles that seems to lack something is reported
 //! as not checked (it may hold it through a role).
+//!
+//! Each server's settings that the guarantees rest on are read too (see [`SETTINGS`]): a
+//! switch on a server without them would lose what foqs answered as stored.
 
 use std::collections::BTreeSet;
 
@@ -147,8 +150,69 @@ pub fn missing(grants: &[String], databases: &[String]) -> Vec<String> {
     out
 }
 
-/// What the admin account lacks on one server; `Err` when the server could not be asked.
-pub type ServerCheck = (String, Result<Vec<String>, String>);
+/// Each server setting a replicated shard's guarantees rest on, the value it must have, and
+/// what goes wrong without it.
+pub const SETTINGS: [(&str, &str, &str); 7] = [
+    (
+        "rpl_semi_sync_master_wait_point",
+        "AFTER_SYNC",
+        "under AFTER_COMMIT a commit is visible before a replica has it: an enqueue found committed after its reply was lost can be answered OK and then lost by a failover",
+    ),
+    ("log_bin", "1", "replicas cannot follow a server without a binary log"),
+    ("binlog_format", "ROW", "a promotion needs row events to compare positions exactly"),
+    (
+        "log_slave_updates",
+        "1",
+        "a promoted replica's binary log would lack what it applied",
+    ),
+    (
+        "gtid_strict_mode",
+        "1",
+        "errant transactions on a replica would go unnoticed until a promotion",
+    ),
+    ("sync_binlog", "1", "a crash can lose binlogged commits"),
+    (
+        "innodb_flush_log_at_trx_commit",
+        "1",
+        "a crash can lose committed transactions",
+    ),
+];
+
+/// Which of [`SETTINGS`] these server values (name, value as the server says it) break, each
+/// said as the fix and why.
+pub fn unsafe_settings(values: &[(String, String)]) -> Vec<String> {
+    SETTINGS
+        .iter()
+        .filter_map(|(name, want, why)| {
+            let have = values
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str());
+            let ok = match (have, *want) {
+                (Some(v), "1") => v == "1" || v.eq_ignore_ascii_case("ON"),
+                (Some(v), w) => v.eq_ignore_ascii_case(w),
+                (None, _) => false,
+            };
+            (!ok).then(|| {
+                format!(
+                    "{name} = {want} (it is {}: {why})",
+                    have.unwrap_or("not set")
+                )
+            })
+        })
+        .collect()
+}
+
+/// What one server's check found: privileges the admin account lacks, and settings the
+/// guarantees need that it does not have.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub lacks: Vec<String>,
+    pub settings: Vec<String>,
+}
+
+/// One server's check; `Err` when the server could not be asked.
+pub type ServerCheck = (String, Result<Findings, String>);
 
 /// Asks every server of every configured replica set, as the admin account, what it may
 /// do, and says what it lacks there (see [`missing`]); a few seconds at most per server.
@@ -166,26 +230,40 @@ pub async fn check_servers(cfg: &crate::config::Config) -> Vec<ServerCheck> {
             );
             let db = db.clone();
             async move {
-                let grants = admin
+                let read = admin
                     .with(std::time::Duration::from_secs(3), |c| {
                         Box::pin(async move {
                             use mysql_async::prelude::Queryable;
-                            c.query::<String, _>("SHOW GRANTS")
+                            let grants = c
+                                .query::<String, _>("SHOW GRANTS")
                                 .await
-                                .map_err(|e| e.to_string())
+                                .map_err(|e| e.to_string())?;
+                            let names: Vec<String> =
+                                SETTINGS.iter().map(|(n, _, _)| format!("'{n}'")).collect();
+                            let values = c
+                                .query::<(String, String), _>(format!(
+                                    "SHOW GLOBAL VARIABLES WHERE Variable_name IN ({})",
+                                    names.join(", ")
+                                ))
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            Ok((grants, values))
                         })
                     })
                     .await;
-                let r = grants.and_then(|g| {
-                    let m = missing(&g, &[db]);
-                    if !m.is_empty() && has_roles(&g) {
+                let r = read.and_then(|(g, values)| {
+                    let lacks = missing(&g, &[db]);
+                    if !lacks.is_empty() && has_roles(&g) {
                         // It may hold them through a role.
                         return Err(format!(
                             "the account has roles, whose privileges are not followed; without them it lacks {}",
-                            m.join(", ")
+                            lacks.join(", ")
                         ));
                     }
-                    Ok(m)
+                    Ok(Findings {
+                        lacks,
+                        settings: unsafe_settings(&values),
+                    })
                 });
                 (admin.addr.clone(), r)
             }
@@ -249,6 +327,36 @@ mod tests {
         ]);
         assert!(missing(&table, &["foqs_0".into()]).is_empty());
         assert_eq!(missing(&table, &["foqs_1".into()]).len(), 1);
+    }
+
+    #[test]
+    fn settings_the_guarantees_rest_on() {
+        let v = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        let good = v(&[
+            ("rpl_semi_sync_master_wait_point", "AFTER_SYNC"),
+            ("log_bin", "ON"),
+            ("binlog_format", "ROW"),
+            ("log_slave_updates", "ON"),
+            ("gtid_strict_mode", "ON"),
+            ("sync_binlog", "1"),
+            ("innodb_flush_log_at_trx_commit", "1"),
+        ]);
+        assert!(unsafe_settings(&good).is_empty());
+        let mut bad = good.clone();
+        bad[0].1 = "AFTER_COMMIT".into();
+        bad[5].1 = "0".into();
+        bad.remove(4);
+        let found = unsafe_settings(&bad);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found[0]
+            .starts_with("rpl_semi_sync_master_wait_point = AFTER_SYNC (it is AFTER_COMMIT"));
+        assert!(found[1].starts_with("gtid_strict_mode = 1 (it is not set"));
+        assert!(found[2].starts_with("sync_binlog = 1 (it is 0"));
     }
 
     #[test]
