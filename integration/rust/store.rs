@@ -1094,6 +1094,7 @@ async fn awkward_names_round_trip_on_every_store() {
 /// committed; one never seen is not, and its tombstone makes a late insert of it fail
 /// without writing a row (see `store::batches`); marks are forgotten by age.
 async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
+    use foqs::store::BatchOutcome::*;
     s.open().await.unwrap();
     let (done, late) = (
         foqs::store::new_batch_token(NOW),
@@ -1108,10 +1109,10 @@ async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
     )
     .await
     .unwrap();
-    assert!(s.batch_committed(done).await.unwrap());
+    assert_eq!(s.batch_committed(done).await.unwrap(), Committed);
     // Asked again: the same answer (the tombstone was ignored).
-    assert!(s.batch_committed(done).await.unwrap());
-    assert!(!s.batch_committed(late).await.unwrap());
+    assert_eq!(s.batch_committed(done).await.unwrap(), Committed);
+    assert_eq!(s.batch_committed(late).await.unwrap(), NotCommitted);
     let r = s
         .insert(
             &[(2, new_item("b", "t", 0, NOW))],
@@ -1122,12 +1123,21 @@ async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
         )
         .await;
     assert!(r.is_err(), "a late insert after its tombstone: {r:?}");
-    assert!(!s.batch_committed(late).await.unwrap());
+    assert_eq!(s.batch_committed(late).await.unwrap(), NotCommitted);
     assert!(meta(s, 2).await.is_none(), "the late insert wrote its row");
     assert!(meta(s, 1).await.is_some());
     // Forgotten by age: `done`'s token was drawn before NOW + 1, `late`'s after.
     assert_eq!(s.forget_batches(NOW + 1).await.unwrap(), 1);
     assert_eq!(s.forget_batches(NOW + 1).await.unwrap(), 0);
+    // A mark forgotten (here, as if the worker's clock had jumped past it while its insert
+    // was in doubt) is unknown, not "not committed", and asking writes no tombstone.
+    assert_eq!(s.batch_committed(done).await.unwrap(), Forgotten);
+    let unseen = foqs::store::new_batch_token(NOW - 5);
+    assert_eq!(s.batch_committed(unseen).await.unwrap(), Forgotten);
+    assert_eq!(s.batch_committed(late).await.unwrap(), NotCommitted);
+    // The watermark never goes back.
+    assert_eq!(s.forget_batches(NOW - 60_000).await.unwrap(), 0);
+    assert_eq!(s.batch_committed(done).await.unwrap(), Forgotten);
     s.close().await;
 }
 

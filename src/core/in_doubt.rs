@@ -44,6 +44,7 @@ use futures::future::BoxFuture;
 use super::host::Host;
 use crate::error::{Error, ErrorCode, Result};
 use crate::shard::{Enqueued, ShardError};
+use crate::store::BatchOutcome;
 
 /// Between tries: the shard's next owner appears within a poll of the shard manager.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
@@ -165,11 +166,20 @@ impl Host {
             if let Some(h) = handle {
                 tries += 1;
                 match h.batch_committed(batch).await {
-                    Ok(true) => {
+                    Ok(BatchOutcome::Committed) => {
                         tracing::info!(shard, tries, "an enqueue in doubt had committed");
                         return Ok(planned);
                     }
-                    Ok(false) => {
+                    Ok(BatchOutcome::Forgotten) => {
+                        // Past the shard's memory (its clock jumped): unknown, said so.
+                        tracing::error!(shard, tries, "an enqueue in doubt whose mark was forgotten: answered UNAVAILABLE, outcome unknown");
+                        return Err(ShardError::Storage {
+                            shard,
+                            error: first,
+                        }
+                        .into());
+                    }
+                    Ok(BatchOutcome::NotCommitted) => {
                         tracing::info!(shard, tries, "an enqueue in doubt had not committed");
                         return Err(Error::unavailable(format!(
                             "shard {shard}: storage error: {first}; the insert did not commit \

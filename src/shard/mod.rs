@@ -134,7 +134,7 @@ pub(crate) enum Command {
     },
     BatchCommitted {
         batch: i64,
-        reply: Reply<bool>,
+        reply: Reply<crate::store::BatchOutcome>,
     },
     TopicSnapshot {
         topic: TopicName,
@@ -521,7 +521,7 @@ impl ShardHandle {
 
     /// Whether the insert of `batch` (see [`ShardError::InsertInDoubt`]) committed,
     /// decided for good (see `store::batches`), asked beside the worker.
-    pub async fn batch_committed(&self, batch: i64) -> Result<bool> {
+    pub async fn batch_committed(&self, batch: i64) -> Result<crate::store::BatchOutcome> {
         self.call(|reply| Command::BatchCommitted { batch, reply })
             .await
     }

@@ -20,6 +20,12 @@
 //! primary key: a token starts with the millisecond it was drawn at (see [`new_token`]),
 //! so the old ones are a range of the key. (A first layout with a time column and an index
 //! on it cost single-item enqueues about 15 % of their rate.)
+//!
+//! Forgetting is by the worker's clock, which can jump (an NTP step, a VM resumed): a mark
+//! forgotten while its insert was still in doubt would read as "not committed". So every
+//! forget first raises a watermark in `foqs_meta` ([`FORGOTTEN_BELOW`]), and a token below
+//! it whose row is gone is answered [`BatchOutcome::Forgotten`] (unknown), never "not
+//! committed".
 
 use super::sql::Dialect;
 
@@ -28,6 +34,55 @@ pub const BATCH_MEMORY_MS: i64 = 600_000;
 
 /// Rows deleted per background tick, at most.
 pub const FORGET_CHUNK: u64 = 5_000;
+
+/// The `foqs_meta` row holding the millisecond below which marks may have been forgotten.
+pub const FORGOTTEN_BELOW: &str = "marks_forgotten_below_ms";
+
+/// What a shard says of an insert whose outcome was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// It committed.
+    Committed,
+    /// It did not, and never will (a tombstone holds its token).
+    NotCommitted,
+    /// Its mark is past the shard's memory: unknown.
+    Forgotten,
+}
+
+/// The watermark's raise, before each forget (its value only grows).
+pub fn raise_forgotten(dialect: Dialect, before_ms: i64) -> String {
+    match dialect {
+        Dialect::MySql => format!(
+            "INSERT INTO foqs_meta (name, value) VALUES ('{FORGOTTEN_BELOW}', {before_ms})
+             ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value))"
+        ),
+        Dialect::Sqlite => format!(
+            "INSERT INTO foqs_meta (name, value) VALUES ('{FORGOTTEN_BELOW}', {before_ms})
+             ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)"
+        ),
+    }
+}
+
+/// Reads the watermark (no row: nothing forgotten yet).
+pub fn read_forgotten() -> String {
+    format!("SELECT value FROM foqs_meta WHERE name = '{FORGOTTEN_BELOW}'")
+}
+
+/// Whether `token` was drawn before the watermark `forgotten_below_ms`: its row, when
+/// gone, may have been forgotten.
+pub fn below(token: i64, forgotten_below_ms: Option<i64>) -> bool {
+    forgotten_below_ms.is_some_and(|ms| token < first_token_at(ms))
+}
+
+/// The outcome from the row read back (`None`: no row, which only a token [`below`] the
+/// watermark can meet, as no tombstone is written for those).
+pub fn outcome(row: Option<i64>) -> BatchOutcome {
+    match row {
+        Some(1) => BatchOutcome::Committed,
+        Some(_) => BatchOutcome::NotCommitted,
+        None => BatchOutcome::Forgotten,
+    }
+}
 
 pub const MYSQL_DDL: &str = "CREATE TABLE IF NOT EXISTS enqueue_marks (
         token BIGINT NOT NULL PRIMARY KEY,

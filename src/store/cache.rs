@@ -355,7 +355,7 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         scan(after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
         save_checkpoint(checkpoint_ms: i64) -> ();
         // A batch that did not commit put nothing here.
-        batch_committed(batch: i64) -> bool;
+        batch_committed(batch: i64) -> crate::store::BatchOutcome;
         forget_batches(before_ms: i64) -> u64;
         topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
         topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;

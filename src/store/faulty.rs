@@ -367,7 +367,7 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         delete(keys: &[u64] => keys.to_vec()) -> Vec<ItemMeta>;
         apply(changes: &[Change] => changes.to_vec(), now_ms: i64 => ByValue(now_ms)) -> ();
         save_checkpoint(checkpoint_ms: i64 => ByValue(checkpoint_ms)) -> ();
-        batch_committed(batch: i64 => ByValue(batch)) -> bool;
+        batch_committed(batch: i64 => ByValue(batch)) -> crate::store::BatchOutcome;
         forget_batches(before_ms: i64 => ByValue(before_ms)) -> u64;
         add_totals(deltas: &[(TopicName, Totals)] => deltas.to_vec()) -> ();
         purge_dead(ns: &str => ns.to_string(), topic: &str => topic.to_string(), limit: usize => ByValue(limit)) -> u64;

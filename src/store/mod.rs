@@ -21,7 +21,7 @@ mod topics;
 
 use std::future::Future;
 
-pub use batches::{new_token as new_batch_token, BATCH_MEMORY_MS};
+pub use batches::{new_token as new_batch_token, BatchOutcome, BATCH_MEMORY_MS};
 pub use cache::{Cached, PayloadCache};
 pub use fenced::Fenced;
 pub use mysql::{with_tls, MySqlStore, MysqlTls, OnLost};
@@ -254,11 +254,13 @@ pub trait ShardStore: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// Whether the insert of `batch` committed, decided for good: a tombstone written now
-    /// makes it fail if it has not committed yet (see `batches`).
-    fn batch_committed(&self, batch: i64) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// makes it fail if it has not committed yet (see `batches`); `Forgotten` when its
+    /// token is below the forget watermark and its row is gone (no tombstone then).
+    fn batch_committed(&self, batch: i64)
+        -> impl Future<Output = StoreResult<BatchOutcome>> + Send;
 
-    /// Deletes a chunk of batch marks and tombstones of tokens drawn before `before_ms`;
-    /// returns how many.
+    /// Raises the forget watermark to `before_ms`, then deletes a chunk of batch marks and
+    /// tombstones of tokens drawn before it; returns how many.
     fn forget_batches(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
     /// Up to `limit` keys of ready items of a topic (`deliver_after_ms <= now_ms`), in

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 pub use tls::{with_tls, MysqlTls};
 
-use super::batches;
+use super::batches::{self, BatchOutcome};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
 use super::topics::{state_counts, topic_filter, TopicIds};
 use super::{
@@ -604,16 +604,21 @@ impl ShardStore for MySqlStore {
         self.metas(rows)
     }
 
-    async fn batch_committed(&self, batch: i64) -> StoreResult<bool> {
+    async fn batch_committed(&self, batch: i64) -> StoreResult<BatchOutcome> {
         let mut conn = self.conn().await?;
-        conn.query_drop(batches::tombstone(Dialect::MySql, batch))
-            .await?;
+        let forgotten: Option<i64> = conn.query_first(batches::read_forgotten()).await?;
+        if !batches::below(batch, forgotten) {
+            conn.query_drop(batches::tombstone(Dialect::MySql, batch))
+                .await?;
+        }
         let c: Option<i64> = conn.query_first(batches::read(batch)).await?;
-        Ok(c == Some(1))
+        Ok(batches::outcome(c))
     }
 
     async fn forget_batches(&self, before_ms: i64) -> StoreResult<u64> {
         let mut conn = self.conn().await?;
+        conn.query_drop(batches::raise_forgotten(Dialect::MySql, before_ms))
+            .await?;
         conn.query_drop(batches::forget(Dialect::MySql, before_ms))
             .await?;
         Ok(conn.affected_rows())

@@ -20,7 +20,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use rusqlite::Connection;
 
-use super::batches;
+use super::batches::{self, BatchOutcome};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan};
 use super::topics::{state_counts, topic_filter, TopicIds};
 use super::{
@@ -452,20 +452,30 @@ impl ShardStore for SqliteStore {
         Ok(found.into_iter().map(|(m, _)| m).collect())
     }
 
-    async fn batch_committed(&self, batch: i64) -> StoreResult<bool> {
+    async fn batch_committed(&self, batch: i64) -> StoreResult<BatchOutcome> {
         self.call(move |conn| {
-            conn.execute_batch(&batches::tombstone(Dialect::Sqlite, batch))
+            use rusqlite::OptionalExtension;
+            let forgotten: Option<i64> = conn
+                .query_row(&batches::read_forgotten(), [], |r| r.get(0))
+                .optional()
                 .map_err(store_error)?;
-            let c: i64 = conn
+            if !batches::below(batch, forgotten) {
+                conn.execute_batch(&batches::tombstone(Dialect::Sqlite, batch))
+                    .map_err(store_error)?;
+            }
+            let c: Option<i64> = conn
                 .query_row(&batches::read(batch), [], |r| r.get(0))
+                .optional()
                 .map_err(store_error)?;
-            Ok(c == 1)
+            Ok(batches::outcome(c))
         })
         .await
     }
 
     async fn forget_batches(&self, before_ms: i64) -> StoreResult<u64> {
         self.call(move |conn| {
+            conn.execute_batch(&batches::raise_forgotten(Dialect::Sqlite, before_ms))
+                .map_err(store_error)?;
             conn.execute(&batches::forget(Dialect::Sqlite, before_ms), [])
                 .map(|n| n as u64)
                 .map_err(store_error)
