@@ -492,6 +492,20 @@ async fn enqueue_in_doubt_over(db: TestDb) {
         drain(&host, &caller).await,
         vec![(id.to_string(), b"committed".to_vec())]
     );
+    // And it counts in the topic's totals (the worker adds it at its next turn).
+    let enqueued = || async {
+        let (s, _) = host.topic_stats(&caller, "doubt", "t", true).await.unwrap();
+        s.totals.enqueued
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while enqueued().await != 1 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the committed insert is not in the topic's totals: {}",
+            enqueued().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // The store never ran it: UNAVAILABLE, certain.
     faults.arm("insert", Fault::Hang);

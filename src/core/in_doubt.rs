@@ -148,14 +148,15 @@ impl Host {
         &self,
         r: std::result::Result<Vec<Enqueued>, ShardError>,
     ) -> Result<Vec<Enqueued>> {
-        let (shard, batch, planned, first) = match r {
+        let (shard, batch, planned, tally, first) = match r {
             Ok(keys) => return Ok(keys),
             Err(ShardError::InsertInDoubt {
                 shard,
                 ref error,
                 batch,
                 ref planned,
-            }) => (shard, batch, planned.clone(), error.clone()),
+                ref tally,
+            }) => (shard, batch, planned.clone(), tally.clone(), error.clone()),
             Err(e) => return Err(e.into()),
         };
         let deadline = Instant::now() + self.cluster.settings.in_doubt_max;
@@ -165,7 +166,7 @@ impl Host {
             let handle = self.shards().get(&shard).cloned();
             if let Some(h) = handle {
                 tries += 1;
-                match h.batch_committed(batch).await {
+                match h.batch_committed(batch, tally.clone()).await {
                     Ok(BatchOutcome::Committed) => {
                         tracing::info!(shard, tries, "an enqueue in doubt had committed");
                         return Ok(planned);

@@ -30,6 +30,9 @@ pub enum ShardError {
         error: StoreError,
         batch: i64,
         planned: Vec<super::Enqueued>,
+        /// The request's items by topic (dedup hits left out): the traffic totals to add
+        /// if it did commit.
+        tally: Vec<(crate::model::TopicName, i64)>,
     },
 }
 

@@ -134,6 +134,7 @@ pub(crate) enum Command {
     },
     BatchCommitted {
         batch: i64,
+        tally: Vec<(TopicName, i64)>,
         reply: Reply<crate::store::BatchOutcome>,
     },
     TopicSnapshot {
@@ -241,6 +242,9 @@ pub(crate) struct ShardShared {
     pub staged: Staged,
     /// Items by namespace and state, kept by the worker (see [`NsCounts`]).
     pub counts: std::sync::Mutex<NsCounts>,
+    /// Items of inserts in doubt since found committed, by topic: the worker adds them to
+    /// its traffic totals at its next turn.
+    pub late_enqueues: std::sync::Mutex<Vec<(TopicName, i64)>>,
 }
 
 /// The cloneable sender that talks to one shard's worker.
@@ -521,9 +525,18 @@ impl ShardHandle {
 
     /// Whether the insert of `batch` (see [`ShardError::InsertInDoubt`]) committed,
     /// decided for good (see `store::batches`), asked beside the worker.
-    pub async fn batch_committed(&self, batch: i64) -> Result<crate::store::BatchOutcome> {
-        self.call(|reply| Command::BatchCommitted { batch, reply })
-            .await
+    /// When it did, `tally` (its items by topic) is added to the shard's traffic totals.
+    pub async fn batch_committed(
+        &self,
+        batch: i64,
+        tally: Vec<(TopicName, i64)>,
+    ) -> Result<crate::store::BatchOutcome> {
+        self.call(|reply| Command::BatchCommitted {
+            batch,
+            tally,
+            reply,
+        })
+        .await
     }
 
     /// The items among `keys` that are ready, read without leasing them (for peek).

@@ -201,12 +201,34 @@ impl<S: ShardStore> ShardWorker<S> {
             }
             // Whether it committed is for the caller to ask (see `store::batches`),
             // with what each request was to get if it did.
+            let topics: HashMap<u64, &NewItem> = g.rows.iter().map(|(k, it)| (*k, it)).collect();
             for (planned, reply) in g.replies {
+                let mut tally: Vec<(TopicName, i64)> = Vec::new();
+                for it in planned
+                    .iter()
+                    .filter(|(_, dup)| !dup)
+                    .filter_map(|(k, _)| topics.get(k))
+                {
+                    match tally
+                        .iter_mut()
+                        .find(|(t, _)| t.ns == it.ns && t.topic == it.topic)
+                    {
+                        Some((_, n)) => *n += 1,
+                        None => tally.push((
+                            TopicName {
+                                ns: it.ns.clone(),
+                                topic: it.topic.clone(),
+                            },
+                            1,
+                        )),
+                    }
+                }
                 let _ = reply.send(Err(ShardError::InsertInDoubt {
                     shard: self.id,
                     error: e.clone(),
                     batch: g.batch,
                     planned,
+                    tally,
                 }));
             }
             return;

@@ -97,10 +97,24 @@ impl<S: ShardStore> ShardWorker<S> {
                     }),
                 // A write, but of a row only it and the insert it decides write: beside
                 // the loop too, so a worker busy with a full turn answers it at once.
-                Command::BatchCommitted { batch, reply } => self
-                    .read_beside(reply, move |store, _| async move {
-                        store.batch_committed(batch).await
-                    }),
+                Command::BatchCommitted {
+                    batch,
+                    tally,
+                    reply,
+                } => {
+                    let shared = self.shared.clone();
+                    self.read_beside(reply, move |store, _| async move {
+                        let r = store.batch_committed(batch).await;
+                        if let Ok(crate::store::BatchOutcome::Committed) = r {
+                            let mut late = shared
+                                .late_enqueues
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner());
+                            late.extend(tally);
+                        }
+                        r
+                    })
+                }
                 Command::Lookup { keys, reply } => self.read_beside(
                     reply,
                     move |store, _| async move { store.lookup(&keys).await },

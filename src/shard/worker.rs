@@ -225,6 +225,7 @@ impl<S: ShardStore> ShardWorker<S> {
             items: AtomicI64::new(items),
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),
+            late_enqueues: Default::default(),
         });
         for (key, token) in unseen.unwrap_or_default() {
             shared.staged.insert(*key, *token);
@@ -451,6 +452,16 @@ impl<S: ShardStore> ShardWorker<S> {
     /// Hands the item events counted since the last call to the metrics: once per turn
     /// and per tick, not per item.
     pub(super) fn publish_events(&mut self) {
+        let late = std::mem::take(
+            &mut *self
+                .shared
+                .late_enqueues
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for (t, n) in late {
+            self.tally(&t.ns, &t.topic, |d| d.enqueued += n);
+        }
         let m = &self.probes.metrics;
         for (ns, d) in self.events.drain() {
             // Deliveries are counted by the host as it hands items out.
