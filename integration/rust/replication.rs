@@ -28,7 +28,10 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cluster::{converged, drain, percentile, spawn_host, switch_line, Cluster, Lines};
+use cluster::{
+    any_starved, converged, drain, percentile, spawn_host, switch_line, Cluster, Lines,
+    STARVED_RETRIES,
+};
 use common::replicas::Replicas;
 use common::{now_ms, Etcd};
 use foqs::client::{connect, Protocol, SyncClient};
@@ -134,13 +137,27 @@ fn region_drill_loses_nothing_acknowledged() {
         let k = (i % sets as usize) as u32;
         let shard = k * SHARDS_PER_SET + (i / sets as usize) as u32 % SHARDS_PER_SET;
         let t0 = Instant::now();
-        let resp = cluster
-            .admin(i)
-            .shard_switchover(SwitchoverRequest {
-                shard_id: Some(shard as i32),
-                to: None,
-            })
-            .expect("shardSwitchover");
+        let mut resp = None;
+        for _ in 0..=STARVED_RETRIES {
+            let r = cluster
+                .admin(i)
+                .shard_switchover(SwitchoverRequest {
+                    shard_id: Some(shard as i32),
+                    to: None,
+                })
+                .expect("shardSwitchover");
+            let starved = any_starved(r.switches.as_deref().unwrap_or_default());
+            if starved {
+                for s in r.switches.iter().flatten() {
+                    lines.push(switch_line(s, 0));
+                }
+            }
+            resp = Some(r);
+            if !starved {
+                break;
+            }
+        }
+        let resp = resp.unwrap();
         std::thread::sleep(pause);
         for s in resp.switches.unwrap_or_default() {
             assert_eq!(s.ok, Some(true), "switchover failed: {s:?}");
@@ -446,6 +463,7 @@ fn region_drill_loses_nothing_acknowledged() {
         "read_only_ms_p50": percentile(planned.clone(), 0.5),
         "read_only_ms_max": planned.iter().max(),
         "all_set_drain_ms": all_set_drains,
+        "starved_refusals": cluster::STARVED.load(Ordering::Relaxed),
         "kill9_client_gap_ms": kill_outage, "sigstop_client_gap_ms": stop_outage,
         "rpl_semi_sync_master_no_tx": no_tx, "errant_gtids": errant.len(),
         "converged": same, "wrote_after_resume": wrote_after_resume,

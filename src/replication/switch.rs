@@ -18,6 +18,30 @@ const APPROACH_WINDOW_MS: f64 = 30.0;
 /// ... and never fewer, nor more, transactions than these.
 const APPROACH_TX: (i64, i64) = (2, 64);
 const APPROACH_POLL: Duration = Duration::from_millis(5);
+/// A target that did not come that close within the approach's bound is switched only
+/// when what it is behind would take it at most this long at the rate it applies; a
+/// slower one (a starved SQL thread) is refused before anything is paused, rather than
+/// holding the set read-only through its lag.
+const STARVED_CATCHUP_MAX_MS: f64 = 150.0;
+
+/// How far a target stayed behind the primary through the approach.
+struct Behind {
+    transactions: i64,
+    allowed: i64,
+    /// Transactions a millisecond it applied (smoothed).
+    per_ms: f64,
+}
+
+impl Behind {
+    /// How long the target would take to apply what it is behind, at its rate.
+    fn catchup_ms(&self) -> f64 {
+        if self.per_ms > 0.0 {
+            self.transactions as f64 / self.per_ms
+        } else {
+            f64::INFINITY
+        }
+    }
+}
 
 impl Driver {
     /// The planned switch of `set` to `target` (None: the most caught-up replica, in
@@ -120,15 +144,28 @@ impl Driver {
         // 0. Catch the target up while the old primary still serves, so that the read-only
         // window below holds the apply of a few transactions, not the target's lag.
         // A target that cannot close the distance while the primary takes writes (a
-        // starved SQL thread) is switched anyway after half the catch-up bound: the window
-        // then holds the rest of its lag, as it did before this step existed.
+        // starved SQL thread) within half the catch-up bound is switched only when the
+        // rest would take it at most STARVED_CATCHUP_MAX_MS; else the switch is refused
+        // here, before anything changed (asked again, it may find the target closer).
         let within = Duration::from_millis(self.cfg.catchup_timeout_ms / 2);
         match self.approach(&from, &to, within).await {
-            Ok((ms, behind)) => {
+            Ok(Ok((ms, behind))) => {
                 tracing::info!(shards = ?set.shards, to, approach_ms = ms, behind, "target caught up before the switch");
             }
+            Ok(Err(b)) if b.catchup_ms() <= STARVED_CATCHUP_MAX_MS => {
+                tracing::info!(shards = ?set.shards, to, behind = b.transactions, catchup_ms = b.catchup_ms(), "switching a target still a few milliseconds of apply behind");
+            }
+            Ok(Err(b)) => {
+                return Err(format!(
+                    "target {to} is not ready: it stayed {} transactions behind {from} for                      {within:?} (at most {} to switch) and applies {:.1} a second, so its                      catch-up would hold the set read-only about {:.0} ms (at most                      {STARVED_CATCHUP_MAX_MS} ms); not switched, nothing was paused: ask again",
+                    b.transactions,
+                    b.allowed,
+                    b.per_ms * 1000.0,
+                    b.catchup_ms().min(1e9),
+                ));
+            }
             Err(e) => {
-                tracing::warn!(shards = ?set.shards, error = %e, "switching a target that did not catch up first")
+                tracing::warn!(shards = ?set.shards, error = %e, "switching a target whose distance could not be read")
             }
         }
         let g = recs.current.generation + 1;
@@ -278,10 +315,16 @@ impl Driver {
     /// Waits, at most `within`, until `to` has applied all but a few of `from`'s
     /// transactions (domain 0): at most what it applies in [`APPROACH_WINDOW_MS`] at the
     /// rate it was seen applying, within [`APPROACH_TX`]. Returns how long that took and
-    /// how far behind it was then; an error says how far it stayed, or why it cannot tell. Vitess's PlannedReparentShard also waits for its target
-    /// before demoting the primary, but after demoting it; here the primary still serves,
-    /// so the wait costs clients nothing.
-    async fn approach(&self, from: &str, to: &str, within: Duration) -> Result<(u64, i64), String> {
+    /// how far behind it was then, or how far it stayed ([`Behind`]); an error says why
+    /// it cannot tell. Vitess's PlannedReparentShard also waits for its target, but after
+    /// demoting the primary; here the primary still serves, so the wait costs clients
+    /// nothing.
+    async fn approach(
+        &self,
+        from: &str,
+        to: &str,
+        within: Duration,
+    ) -> Result<Result<(u64, i64), Behind>, String> {
         let started = Instant::now();
         let bound = self.step_bound();
         let mut seen: Option<(Instant, u64)> = None;
@@ -299,7 +342,7 @@ impl Driver {
                 .map_err(|e| format!("cannot read {to}'s position: {e}"))?;
             let (Some(p), Some(a)) = (srv::seq_of(&primary, 0), srv::seq_of(&applied, 0)) else {
                 // No transaction of domain 0 yet on one side: nothing to wait for.
-                return Ok((started.elapsed().as_millis() as u64, 0));
+                return Ok(Ok((started.elapsed().as_millis() as u64, 0)));
             };
             let now = Instant::now();
             if let Some((t, was)) = seen {
@@ -315,12 +358,14 @@ impl Driver {
             let allowed =
                 ((per_ms * APPROACH_WINDOW_MS) as i64).clamp(APPROACH_TX.0, APPROACH_TX.1);
             if behind <= allowed {
-                return Ok((started.elapsed().as_millis() as u64, behind));
+                return Ok(Ok((started.elapsed().as_millis() as u64, behind)));
             }
             if started.elapsed() >= within {
-                return Err(format!(
-                    "{to} stayed {behind} transactions behind {from} (at most {allowed} to switch) for {within:?}"
-                ));
+                return Ok(Err(Behind {
+                    transactions: behind,
+                    allowed,
+                    per_ms,
+                }));
             }
             tokio::time::sleep(APPROACH_POLL).await;
         }

@@ -216,8 +216,32 @@ pub fn converged(r: &Replicas, primaries: &[u16], tag: &str) -> (bool, Vec<Strin
     (same, errant)
 }
 
+/// Whether a switch was refused before it changed anything because its target could not
+/// come close while the primary took writes (a starved replica): an operator asks again.
+pub fn refused_as_starved(r: &SwitchReport) -> bool {
+    r.ok != Some(true)
+        && r.error
+            .as_deref()
+            .is_some_and(|e| e.contains("nothing was paused"))
+}
+
+/// How many times a switch refused as starved is asked again (as an operator would).
+pub const STARVED_RETRIES: usize = 5;
+
+/// Switches refused as starved over the run (the summary's `starved_refusals`).
+pub static STARVED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether any of `reports` was refused as starved, counted in [`STARVED`].
+pub fn any_starved(reports: &[SwitchReport]) -> bool {
+    let n = reports.iter().filter(|r| refused_as_starved(r)).count();
+    STARVED.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    n > 0
+}
+
 /// A region drain through host `via`, with the JSON line of each set's switch and one of
-/// the whole drain.
+/// the whole drain. Sets refused as starved ([`refused_as_starved`]) are drained again
+/// (the same call moves only what is still in `from`), up to [`STARVED_RETRIES`] times;
+/// the answer holds each set's last report, and `elapsed_ms` the calls' sum.
 pub fn drain(
     cluster: &Cluster,
     via: usize,
@@ -225,22 +249,46 @@ pub fn drain(
     to: &str,
     lines: &mut Lines,
 ) -> SwitchResponse {
-    let resp = cluster
-        .admin(via)
-        .region_drain(RegionDrainRequest {
-            from_region: Some(from.into()),
-            to_region: Some(to.into()),
-        })
-        .expect("regionDrain");
-    let switches = resp.switches.clone().unwrap_or_default();
-    for s in &switches {
-        lines.push(switch_line(s, 0));
+    let mut merged: Option<SwitchResponse> = None;
+    for attempt in 0..=STARVED_RETRIES {
+        let resp = cluster
+            .admin(via)
+            .region_drain(RegionDrainRequest {
+                from_region: Some(from.into()),
+                to_region: Some(to.into()),
+            })
+            .expect("regionDrain");
+        let switches = resp.switches.clone().unwrap_or_default();
+        for s in &switches {
+            lines.push(switch_line(s, 0));
+        }
+        lines.push(
+            json!({"drain": from, "to": to, "sets": switches.len(), "attempt": attempt,
+            "switched": switches.iter().filter(|s| s.ok == Some(true)).count(),
+            "elapsed_ms": resp.elapsed_ms,
+            "read_only_ms_max": switches.iter().filter_map(|s| s.read_only_ms).max()}),
+        );
+        let again = any_starved(&switches);
+        merged = Some(match merged {
+            None => resp,
+            Some(mut m) => {
+                let mut all = m.switches.take().unwrap_or_default();
+                for s in switches {
+                    match all.iter_mut().find(|x| x.shards == s.shards) {
+                        Some(x) => *x = s,
+                        None => all.push(s),
+                    }
+                }
+                m.switches = Some(all);
+                m.elapsed_ms = Some(m.elapsed_ms.unwrap_or(0) + resp.elapsed_ms.unwrap_or(0));
+                m
+            }
+        });
+        if !again {
+            break;
+        }
     }
-    lines.push(json!({"drain": from, "to": to, "sets": switches.len(),
-        "switched": switches.iter().filter(|s| s.ok == Some(true)).count(),
-        "elapsed_ms": resp.elapsed_ms,
-        "read_only_ms_max": switches.iter().filter_map(|s| s.read_only_ms).max()}));
-    resp
+    merged.expect("at least one drain")
 }
 
 /// The drill's JSON lines, printed as they come (a failure shows how far it got).
