@@ -136,3 +136,61 @@ async fn a_planned_stop_gives_back_leases_nobody_was_handed() {
     );
     running.shutdown().await;
 }
+
+/// A shard abandoned because its server was fenced (a failover) does not wait for claims
+/// still out on the frozen server: the claim's keys were staged before its statement ran,
+/// so the lease it may make is known at once as one nobody was handed (for the successor
+/// to give back uncounted), and when its answer comes back late nothing of it is handed
+/// out. (Before: the stop waited for every claim in flight on the host, up to a store
+/// timeout on a frozen server, which held the reopen on the new primary.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_stop_knows_claims_still_out_without_waiting_for_them() {
+    let db = TestDb::new(1);
+    let (running, faults) = start_with_one_item(&db, "fenced", Some(600_000)).await;
+    let host = running.host.clone();
+    faults.arm("claim", Fault::Hold);
+    let waiting = faults.waiting().notified();
+    let dequeue = tokio::spawn({
+        let host = host.clone();
+        async move {
+            let t = TopicRequest {
+                ns: "rm".into(),
+                topic: "fenced".into(),
+                count: 1,
+                before: (None, None),
+            };
+            host.dequeue(&Caller::anonymous(), vec![t], None, false)
+                .await
+        }
+    });
+    waiting.await;
+    // The claim is out (held, as on a frozen server): the abandon does not wait for it.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        host.abandon_shard(0, Duration::from_millis(200)),
+    )
+    .await
+    .expect("the fenced stop waited for a claim still out on the frozen server");
+    let unseen = host.unseen_leases(0).unwrap_or_default();
+    assert_eq!(
+        unseen.len(),
+        1,
+        "the claim still out is a lease nobody was handed: {unseen:?}"
+    );
+    // The claim commits late: its answer is not handed out.
+    faults.release();
+    let got = dequeue.await.unwrap();
+    assert!(
+        got.as_ref().map_or(true, |g| g.is_empty()),
+        "an item of an abandoned shard was handed out: {got:?}"
+    );
+    let leased: Vec<i64> = db
+        .column(0, "SELECT lease_token FROM items WHERE state = 1")
+        .await;
+    assert_eq!(
+        leased,
+        vec![unseen[0].1],
+        "the late claim's lease is the one the successor is told of"
+    );
+    running.shutdown().await;
+}

@@ -263,16 +263,19 @@ impl Host {
         };
         let Some(handle) = handle else { return };
         if abandon.is_some() {
+            // Its staged set is closed: nothing of it is handed out any more, and it
+            // already holds the keys of claims still out on the frozen server (staged
+            // before their statements ran), so those need no waiting for: they can only
+            // time out, and a lease one made is known to the successor as unseen (see
+            // `Staged`). A late answer is dropped by the closed set, or refused by the
+            // drained stage below and given back through the successor.
             handle.abandon();
+        } else {
+            // Dequeues already claiming may still get items of this shard: wait for them
+            // to hand those out (through the map they started with) or stage them, so that
+            // the drain below finds every one nobody was handed.
+            drop(self.claiming.write().await);
         }
-        // Dequeues already claiming may still get items of this shard: wait for them to
-        // hand those out (through the map they started with) or stage them, so that the
-        // drain below finds every one nobody was handed. (Also for an abandoned shard,
-        // whose claims on a frozen server can only time out: a claim that ends after the
-        // unseen leases below are read would leave a lease nobody knows, on the new
-        // primary too if it committed, counted as a delivery when it ends. Waiting costs
-        // the SIGSTOP drill up to a store timeout before the reopen.)
-        drop(self.claiming.write().await);
         let staged = self.prefetch.drain_shard(id);
         let mut released = staged.is_empty();
         if !staged.is_empty() && abandon.is_none() {

@@ -189,16 +189,23 @@ impl Prefetch {
         }
     }
 
-    /// Stages claimed items that were not handed out, except at-most-once ones: those are
-    /// returned, for the caller to release (see the module comment).
+    /// Stages claimed items that were not handed out, except at-most-once ones and those
+    /// of shards whose stage was drained (see `closed`: a claim that came back after its
+    /// shard was abandoned): those are returned, for the caller to release (see the module
+    /// comment).
     #[must_use = "the items not staged must be released"]
     pub fn stage(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) -> Vec<Item> {
         if items.is_empty() {
             return items;
         }
         let mut topics = self.topics.lock().expect("not poisoned");
+        let closed = self.closed.lock().expect("not poisoned");
+        let (items, mut refused): (Vec<Item>, Vec<Item>) = items
+            .into_iter()
+            .partition(|i| closed.as_ref().is_some_and(|c| !c.contains(&i.id.shard)));
+        drop(closed);
+        let late = refused.len();
         let stage = topics.entry(topic.clone()).or_default();
-        let mut refused = Vec::new();
         for item in items {
             if item.policy == Policy::AtMostOnce {
                 refused.push(item);
@@ -206,7 +213,7 @@ impl Prefetch {
             }
             stage.put(item, now_ms, self.cfg.stage_max_ms);
         }
-        if !refused.is_empty() {
+        if refused.len() > late {
             stage.paused_until_ms = now_ms + AT_MOST_ONCE_PAUSE_MS;
         }
         refused

@@ -611,8 +611,12 @@ impl ShardHandle {
 
     /// Asks the worker to flush what it holds, save its checkpoints and stop.
     /// Its storage is gone for good (fenced): its stop writes nothing more to it.
+    /// Its server was fenced: nothing more is written there on the way out, and nothing
+    /// staged is handed out any more (see `Staged::close`); [`Self::unseen_leases`] then
+    /// holds every lease nobody was handed, claims still in flight included.
     pub fn abandon(&self) {
         self.shared.abandoned.store(true, Ordering::Relaxed);
+        self.shared.staged.close();
     }
 
     pub async fn shutdown(&self) {

@@ -284,14 +284,21 @@ impl<S: ShardStore> ShardWorker<S> {
             return None;
         }
         self.lease_token += 1;
-        Some(ClaimPlan {
+        let plan = ClaimPlan {
             keys: claims
                 .iter()
                 .flat_map(|(_, k, _)| k.iter().copied())
                 .collect(),
             token: self.lease_token,
             parts: claims,
-        })
+        };
+        // Staged before the statement runs (see `Staged`): whatever becomes of it, a
+        // lease it makes is nobody's until a consumer is handed the item, and a host that
+        // abandons this worker knows it without waiting for the statement's end.
+        for k in &plan.keys {
+            self.shared.staged.insert(*k, plan.token);
+        }
+        Some(plan)
     }
 
     pub(super) fn finish_claim(
@@ -302,7 +309,13 @@ impl<S: ShardStore> ShardWorker<S> {
         self.record(&r, took);
         match r {
             Ok(items) => {
-                // Nobody holds these leases until the host hands the items out.
+                // Nobody holds these leases until the host hands the items out (staged
+                // since the plan); the keys it did not lease (gone, or no longer ready)
+                // come out.
+                let leased: HashSet<u64> = items.iter().map(|i| i.id.key).collect();
+                for k in plan.keys.iter().filter(|k| !leased.contains(k)) {
+                    self.shared.staged.take(*k, plan.token);
+                }
                 self.shared.staged.add(&items);
                 {
                     let mut counts = self.counts();
@@ -327,11 +340,9 @@ impl<S: ShardStore> ShardWorker<S> {
             }
             Err(e) => {
                 // The UPDATE may have committed: the rows it leased under this token are
-                // nobody's, so they count as staged, and an expiry gives them back
-                // uncounted (a release needs the same token, so nothing else is touched).
-                for k in &plan.keys {
-                    self.shared.staged.insert(*k, plan.token);
-                }
+                // nobody's, so they stay staged (since the plan), and an expiry gives them
+                // back uncounted (a release needs the same token, so nothing else is
+                // touched).
                 let err = storage_error(self.id, &e);
                 for (topic, _, reply) in plan.parts {
                     self.outcome_unknown(&topic.ns, &topic.topic);

@@ -14,6 +14,13 @@
 //! Handing out is the other side: [`Staged::hand_out`] takes keys out under the same lock,
 //! so each staged item is either delivered or settled, never both.
 //!
+//! A claim's keys are in the set from before its statement runs (as a hand-off's are), so
+//! the set always holds every lease this worker may have made and handed to nobody, even
+//! while the statement is still out. A shard abandoned because its server was fenced
+//! (see `Host::abandon_shard`) closes the set ([`Staged::close`]): nothing is handed out
+//! of it any more, and what it holds goes to the successor as unseen leases at once,
+//! without waiting for claims in flight on the frozen server to time out.
+//!
 //! A handed-out item is "in reply" until the host's reply leaves (see
 //! `core::useful_lease`): a dequeue hands items out topic by topic, but replies once. While
 //! in reply (for at most [`IN_REPLY_MAX_MS`] past its lease's end) the expiry scan leaves
@@ -58,6 +65,8 @@ pub struct Staged {
     keys: Mutex<HashMap<u64, Vec<i64>>>,
     /// (key, token) handed out to a reply that has not left the host yet.
     in_reply: Mutex<HashSet<(u64, i64)>>,
+    /// Closed (see [`Staged::close`]): set and read under `keys`.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// How long past its lease's end an item in reply is left alone by the expiry scan: a
@@ -110,12 +119,25 @@ impl Staged {
         take(&mut self.keys(), key, token)
     }
 
+    /// Nothing is handed out from here on. Keys still come in and go out (a claim in
+    /// flight, an ack): only hand-outs end, so [`Self::entries`] holds every lease nobody
+    /// was handed, for a successor.
+    pub fn close(&self) {
+        let _keys = self.keys();
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Keeps the items still waiting under their claim (taking them out: they are
-    /// deliveries now, in reply until [`Self::replied`]), in order, and drops the rest.
+    /// deliveries now, in reply until [`Self::replied`]), in order, and drops the rest;
+    /// all of them once closed.
     pub fn hand_out(&self, mut items: Vec<Item>) -> Vec<Item> {
         // Both locks at once: an item is never in neither set, where the scan would count
         // its lease's end as a delivery.
         let mut keys = self.keys();
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Vec::new();
+        }
         let mut in_reply = self.in_reply();
         items.retain(|i| take(&mut keys, i.id.key, i.lease_token));
         in_reply.extend(items.iter().map(|i| (i.id.key, i.lease_token)));
@@ -185,6 +207,23 @@ mod tests {
             lease_token: token,
             ..Item::for_test(key)
         }
+    }
+
+    #[test]
+    fn a_closed_set_hands_nothing_out_and_says_what_it_held() {
+        let s = Staged::default();
+        // A claim in flight: its keys are in before its statement runs.
+        s.insert(1, 10);
+        s.insert(2, 10);
+        s.add(&[item(3, 9)]);
+        s.close();
+        let mut held = s.entries();
+        held.sort();
+        assert_eq!(held, vec![(1, 10), (2, 10), (3, 9)]);
+        // The claim's answer comes back late: nothing of it is handed out.
+        s.add(&[item(1, 10)]);
+        assert!(s.hand_out(vec![item(1, 10), item(3, 9)]).is_empty());
+        assert!(s.in_reply_entries().is_empty());
     }
 
     #[test]
