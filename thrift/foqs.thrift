@@ -277,6 +277,11 @@ struct DlqRequeueRequest {
   // shards. Clients leave them out.
   2: optional string forwarded_by,
   3: optional string forwarded_for,
+  // Set by the host that took the client's call, on the calls it forwards: the item rows
+  // a requeue makes ready remember it, so that a retry of a requeue whose answer was lost
+  // knows its own work (OK) from an item that was not dead (NOT_FOUND). Clients leave it
+  // out.
+  4: optional i64 requeue_token,
 }
 
 struct DlqRequeueResponse {

@@ -2413,6 +2413,7 @@ var DlqRequeueRequest = module.exports.DlqRequeueRequest = function(args) {
   this.ids = null;
   this.forwarded_by = null;
   this.forwarded_for = null;
+  this.requeue_token = null;
   if (args) {
     if (args.ids !== undefined && args.ids !== null) {
       this.ids = Thrift.copyList(args.ids, [null]);
@@ -2422,6 +2423,9 @@ var DlqRequeueRequest = module.exports.DlqRequeueRequest = function(args) {
     }
     if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
       this.forwarded_for = args.forwarded_for;
+    }
+    if (args.requeue_token !== undefined && args.requeue_token !== null) {
+      this.requeue_token = args.requeue_token;
     }
   }
 };
@@ -2465,6 +2469,13 @@ DlqRequeueRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.I64) {
+        this.requeue_token = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -2496,6 +2507,11 @@ DlqRequeueRequest.prototype.write = function(output) {
   if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
     output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 3);
     output.writeString(this.forwarded_for);
+    output.writeFieldEnd();
+  }
+  if (this.requeue_token !== null && this.requeue_token !== undefined) {
+    output.writeFieldBegin('requeue_token', Thrift.Type.I64, 4);
+    output.writeI64(this.requeue_token);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

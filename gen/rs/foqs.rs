@@ -2757,14 +2757,16 @@ pub struct DlqRequeueRequest {
   pub ids: Option<Vec<String>>,
   pub forwarded_by: Option<String>,
   pub forwarded_for: Option<String>,
+  pub requeue_token: Option<i64>,
 }
 
 impl DlqRequeueRequest {
-  pub fn new<F1, F2, F3>(ids: F1, forwarded_by: F2, forwarded_for: F3) -> DlqRequeueRequest where F1: Into<Option<Vec<String>>>, F2: Into<Option<String>>, F3: Into<Option<String>> {
+  pub fn new<F1, F2, F3, F4>(ids: F1, forwarded_by: F2, forwarded_for: F3, requeue_token: F4) -> DlqRequeueRequest where F1: Into<Option<Vec<String>>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<i64>> {
     DlqRequeueRequest {
       ids: ids.into(),
       forwarded_by: forwarded_by.into(),
       forwarded_for: forwarded_for.into(),
+      requeue_token: requeue_token.into(),
     }
   }
 }
@@ -2775,6 +2777,7 @@ impl TSerializable for DlqRequeueRequest {
     let mut f_1: Option<Vec<String>> = Some(Vec::new());
     let mut f_2: Option<String> = None;
     let mut f_3: Option<String> = None;
+    let mut f_4: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2800,6 +2803,10 @@ impl TSerializable for DlqRequeueRequest {
           let val = i_prot.read_string()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_i64()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -2811,6 +2818,7 @@ impl TSerializable for DlqRequeueRequest {
       ids: f_1,
       forwarded_by: f_2,
       forwarded_for: f_3,
+      requeue_token: f_4,
     };
     Ok(ret)
   }
@@ -2836,6 +2844,11 @@ impl TSerializable for DlqRequeueRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.requeue_token {
+      o_prot.write_field_begin(&TFieldIdentifier::new("requeue_token", TType::I64, 4))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2847,6 +2860,7 @@ impl Default for DlqRequeueRequest {
       ids: Some(Vec::new()),
       forwarded_by: Some("".to_owned()),
       forwarded_for: Some("".to_owned()),
+      requeue_token: Some(0),
     }
   }
 }

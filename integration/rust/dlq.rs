@@ -63,8 +63,7 @@ async fn nack_to_dlq_then_list_and_requeue_by_id() {
             "9:1".into(),
             "bad".into(),
         ]),
-        forwarded_by: None,
-        forwarded_for: None,
+        ..Default::default()
     };
     let r = c.call(|c| c.dlq_requeue(req)).unwrap().results.unwrap();
     assert!(r[0].error.is_none());

@@ -258,7 +258,16 @@ async fn a_dead_letter_requeue_whose_outcome_is_unknown_strands_nothing() {
     // dlqRequeue of one id: the revive commits, the worker hears a timeout.
     let x = dead_item(&shard, "one").await;
     faults.arm("apply", Fault::FailAfterCommit);
-    assert!(shard.revive(vec![x]).await.is_err());
+    assert!(shard.revive(vec![x], Some(-7)).await.is_err());
+    // Its retry under the same token knows its own work; another requeue does not.
+    assert_eq!(
+        shard.revive(vec![x], Some(-7)).await.unwrap(),
+        vec![Settled::Done]
+    );
+    assert_eq!(
+        shard.revive(vec![x], Some(-8)).await.unwrap(),
+        vec![Settled::NotFound]
+    );
     let head = shard.peek(topic("one"), 10).await.unwrap();
     assert_eq!(
         head.first().map(|k| k.key),
@@ -581,4 +590,77 @@ async fn a_failed_ack_remembered_does_not_answer_done_for_a_row_on_another_lease
     assert_eq!(db.count("1").await, 1, "the item is still there");
     shard.shutdown().await;
     worker.await.unwrap();
+}
+
+/// A dead-letter requeue whose revive committed while the store's answer was lost is
+/// answered OK through the host (its retry under the requeue's token finds its own work),
+/// not `UNAVAILABLE` in doubt; a requeue of an item that is not dead stays `NOT_FOUND`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeue_whose_answer_was_lost_is_answered_with_what_happened() {
+    use foqs::clock::SystemClock;
+    use foqs::core::{Caller, EnqueueRequestItem, NackRequestItem, TopicRequest};
+    use std::sync::Arc;
+
+    let db = TestDb::mysql(1);
+    let (running, faults) = foqsd_with_faults(&db, FAST_ENGINE, Arc::new(SystemClock)).await;
+    let host = running.host.clone();
+    let caller = Caller::anonymous();
+    let item = |topic: &str| EnqueueRequestItem {
+        ns: "rq".into(),
+        topic: topic.into(),
+        payload: b"x".to_vec(),
+        ..Default::default()
+    };
+    let ids: Vec<String> = host
+        .enqueue(&caller, vec![item("dead"), item("live")], None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap().0.to_string())
+        .collect();
+    let got = host
+        .dequeue(
+            &caller,
+            vec![TopicRequest {
+                ns: "rq".into(),
+                topic: "dead".into(),
+                count: 1,
+                before: (None, None),
+            }],
+            None,
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    let nacked = host
+        .nack(
+            &caller,
+            vec![NackRequestItem {
+                id: ids[0].clone(),
+                delay_ms: None,
+                metadata: None,
+                to_dlq: true,
+                lease_id: None,
+            }],
+            (None, None),
+        )
+        .await
+        .unwrap();
+    assert!(nacked[0].is_ok(), "{nacked:?}");
+    faults.arm("apply", Fault::FailAfterCommit);
+    let r = host
+        .dlq_requeue(&caller, ids.clone(), (None, None), None)
+        .await
+        .unwrap();
+    assert!(r[0].is_ok(), "the requeue committed: OK, not {:?}", r[0]);
+    let e = r[1].as_ref().expect_err("the live item was not dead");
+    assert_eq!(e.code, foqs::error::ErrorCode::NotFound, "{e:?}");
+    assert!(!e.in_doubt, "{e:?}");
+    assert_eq!(
+        db.column(0, "SELECT state FROM items ORDER BY id").await,
+        vec![0, 0],
+        "both ready"
+    );
+    running.shutdown().await;
 }

@@ -351,9 +351,19 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     // (attempts used up) does not.
     assert_eq!(meta(&s, 1).await.unwrap().settled_token, 0);
     assert_eq!(meta(&s, 6).await.unwrap().settled_token, 9);
-    s.apply(&[Change::Revive { key: 1 }], NOW).await.unwrap();
+    s.apply(
+        &[Change::Revive {
+            key: 1,
+            token: Some(-5),
+        }],
+        NOW,
+    )
+    .await
+    .unwrap();
     let m = meta(&s, 1).await.unwrap();
     assert_eq!((m.state, m.delivery_count), (ItemState::Ready, 0));
+    // A requeue's token is what the row was settled by.
+    assert_eq!(m.settled_token, -5);
     assert_eq!(s.purge_dead("b", "t", 10).await.unwrap(), 1);
     assert!(meta(&s, 6).await.is_none());
     assert_eq!(s.purge_dead("b", "t", 10).await.unwrap(), 0);
@@ -885,9 +895,15 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
         claim(vec![3], NOW + 1, 15).await.is_empty(),
         "a dead item is not claimed"
     );
-    s.apply(&[Change::Revive { key: 3 }], NOW + 2)
-        .await
-        .unwrap();
+    s.apply(
+        &[Change::Revive {
+            key: 3,
+            token: None,
+        }],
+        NOW + 2,
+    )
+    .await
+    .unwrap();
     let three = claim(vec![3], NOW + 3, 16).await;
     assert_eq!((three[0].delivery_count, three[0].lease_token), (1, 16));
 

@@ -42,7 +42,7 @@ impl Console {
     pub async fn dlq_requeue(&self, ids: &[String]) -> Result<Vec<(String, Error)>> {
         let out = self
             .host
-            .dlq_requeue(&self.caller, ids.to_vec(), (None, None))
+            .dlq_requeue(&self.caller, ids.to_vec(), (None, None), None)
             .await?;
         Ok(ids
             .iter()

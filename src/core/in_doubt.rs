@@ -55,6 +55,8 @@ pub(super) enum Resolving {
     Ack,
     Nack,
     Touch,
+    /// A dead-letter requeue (under its token: see `Host::dlq_requeue`).
+    Requeue,
 }
 
 /// What one retry's answer says of the first try.
@@ -76,8 +78,11 @@ fn judge(call: Resolving, r: Result<()>) -> Verdict {
         Err(e) if e.in_doubt || matches!(e.code, ErrorCode::Unavailable | ErrorCode::WrongHost) => {
             Verdict::Again
         }
-        // The item is gone (not: another lease; not: an unknown shard).
-        Err(e) if gone(&e) && call != Resolving::Touch => Verdict::Certain(Ok(())),
+        // The item is gone (not: another lease; not: an unknown shard): an ack's or nack's
+        // work is done. (Not a requeue's: its first try would have left the item ready.)
+        Err(e) if gone(&e) && matches!(call, Resolving::Ack | Resolving::Nack) => {
+            Verdict::Certain(Ok(()))
+        }
         // A certain refusal of this try (the item on another lease, or, for a touch, no
         // lease at all): the first try was not applied either (or, for a touch, its lease
         // is over anyway).

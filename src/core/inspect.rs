@@ -8,6 +8,7 @@ use futures::future::join_all;
 
 use super::access::{Caller, Kind};
 use super::host::{check_batch, in_range, Host};
+use super::in_doubt::Resolving;
 use super::settle::Remote;
 use super::validate::limits;
 use super::{kway_merge, ActiveTopicsPage};
@@ -139,34 +140,75 @@ impl Host {
     /// Makes dead items ready again with their delivery count reset; an id that is not a
     /// dead item gets `NOT_FOUND`. Ids of shards owned by another host are requeued there
     /// (see [`Host::settle`]).
+    ///
+    /// Every requeue has a token (`token`, given by the host that forwards it; else drawn
+    /// here: negative, so never a lease's), which the rows it makes ready keep as their
+    /// `settled_token`. Items whose requeue is in doubt (a store that did not answer, a
+    /// peer gone mid-call) are requeued again under the same token until the answer is
+    /// certain (see `in_doubt`): an item revived under it is done (OK), one not dead and
+    /// not revived under it was not requeued by this call (`NOT_FOUND`).
     pub async fn dlq_requeue(
         &self,
         caller: &Caller,
         ids: Vec<String>,
         forwarded: (Option<&str>, Option<&str>),
+        token: Option<i64>,
     ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let caller = &caller;
+        let token = token.unwrap_or_else(|| -crate::store::new_batch_token(self.clock.now_ms()));
+        let mut results = self
+            .dlq_requeue_once(&caller, &ids, may_forward, token)
+            .await;
+        if forwarded.0.is_none() {
+            let caller = &caller;
+            self.resolve_in_doubt(
+                Resolving::Requeue,
+                (&ids, |_: &String| true),
+                &mut results,
+                |sub| {
+                    Box::pin(async move {
+                        self.dlq_requeue_once(caller, &sub, may_forward, token)
+                            .await
+                    })
+                },
+            )
+            .await;
+        }
+        Ok(results)
+    }
+
+    /// One pass of [`Host::dlq_requeue`].
+    async fn dlq_requeue_once(
+        &self,
+        caller: &Caller,
+        ids: &[String],
+        may_forward: bool,
+        token: i64,
+    ) -> Vec<Result<()>> {
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| ids[p].clone()).collect();
-            Box::pin(async move { self.cluster.peers.dlq_requeue(&addr, sub, from).await })
+            Box::pin(async move {
+                self.cluster
+                    .peers
+                    .dlq_requeue(&addr, sub, from, token)
+                    .await
+            })
         };
         let remote: Option<&Remote> = may_forward.then_some(&remote);
         let checked = ids.iter().map(|id| (id.clone(), Ok(()))).collect();
-        Ok(self
-            .settle(
-                checked,
-                (caller, Kind::Admin),
-                |shard, keys| async move {
-                    shard
-                        .revive(keys.into_iter().map(|(k, _)| k).collect())
-                        .await
-                },
-                remote,
-            )
-            .await)
+        self.settle(
+            checked,
+            (caller, Kind::Admin),
+            |shard, keys| async move {
+                shard
+                    .revive(keys.into_iter().map(|(k, _)| k).collect(), Some(token))
+                    .await
+            },
+            remote,
+        )
+        .await
     }
 
     /// Makes up to `max` (default: all) of a topic's dead items ready again, in batches,

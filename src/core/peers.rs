@@ -112,11 +112,13 @@ pub trait Peers: Send + Sync {
         items: Vec<TouchRequestItem>,
         from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
+    /// `token`: the requeue's (see `Host::dlq_requeue`).
     fn dlq_requeue<'a>(
         &'a self,
         addr: &'a str,
         ids: Vec<String>,
         from: Forwarded<'a>,
+        token: i64,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
     /// Up to `count` ready items of `topic` from the peer's own shards; with `before`, only
     /// items more urgent than it.
@@ -224,6 +226,7 @@ impl Peers for NoPeers {
         addr: &'a str,
         _: Vec<String>,
         _: Forwarded<'a>,
+        _: i64,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         no_peer(addr)
     }

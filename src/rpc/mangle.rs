@@ -176,6 +176,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                     ids: Some(vec!["0:1".into()]),
                     forwarded_by: None,
                     forwarded_for: None,
+                    requeue_token: None,
                 },
             }
             .write_to_out_protocol(o)

@@ -542,7 +542,7 @@ async fn execute(
             let ids = req.ids.unwrap_or_default();
             let from = (forwarder(&req.forwarded_by), req.forwarded_for.as_deref());
             let r = host
-                .dlq_requeue(caller, ids.clone(), from)
+                .dlq_requeue(caller, ids.clone(), from, req.requeue_token)
                 .await
                 .map(|res| t::DlqRequeueResponse {
                     results: Some(convert::item_results(ids, res)),

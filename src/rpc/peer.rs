@@ -565,12 +565,14 @@ impl Peers for PeerClient {
         addr: &'a str,
         ids: Vec<String>,
         from: Forwarded<'a>,
+        token: i64,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         let args = t::FoqsDlqRequeueArgs {
             req: t::DlqRequeueRequest {
                 ids: Some(ids),
                 forwarded_by: Some(from.by.to_string()),
                 forwarded_for: from.for_identity.map(str::to_string),
+                requeue_token: Some(token),
             },
         };
         call_method!(

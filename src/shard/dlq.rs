@@ -47,18 +47,31 @@ impl<S: ShardStore> ShardWorker<S> {
         }
     }
 
-    /// Makes the dead items among `keys` ready again (delivery count reset); any other key
-    /// is `NotFound`.
-    pub(super) async fn revive(&mut self, keys: Vec<u64>) -> Result<Vec<Settled>> {
+    /// Makes the dead items among `keys` ready again (delivery count reset), under the
+    /// requeue's `token` when given; a key already revived under it (this requeue's first
+    /// try applied, its answer lost) is `Done`; any other key is `NotFound`.
+    pub(super) async fn revive(
+        &mut self,
+        keys: Vec<u64>,
+        token: Option<i64>,
+    ) -> Result<Vec<Settled>> {
         let (r, took) = timed(self.timeout(), self.store.lookup(&keys)).await;
         self.record(&r, took);
-        let mut dead: HashMap<u64, (String, String, ReadyKey)> = r
-            .map_err(|e| storage_error(self.id, &e))?
+        let found = r.map_err(|e| storage_error(self.id, &e))?;
+        let already: std::collections::HashSet<u64> = found
+            .iter()
+            .filter(|m| m.state != ItemState::Dead && token.is_some_and(|t| m.settled_token == t))
+            .map(|m| m.key)
+            .collect();
+        let mut dead: HashMap<u64, (String, String, ReadyKey)> = found
             .into_iter()
             .filter(|m| m.state == ItemState::Dead)
             .map(|m| (m.key, (m.ns.clone(), m.topic.clone(), m.ready_key())))
             .collect();
-        let changes: Vec<Change> = dead.keys().map(|k| Change::Revive { key: *k }).collect();
+        let changes: Vec<Change> = dead
+            .keys()
+            .map(|k| Change::Revive { key: *k, token })
+            .collect();
         let (r, took) = timed(
             self.timeout(),
             self.store.apply(&changes, self.clock.now_ms()),
@@ -84,6 +97,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     self.ready(&ns, &topic, key);
                     Settled::Done
                 }
+                None if already.contains(k) => Settled::Done,
                 None => Settled::NotFound,
             })
             .collect())
@@ -100,7 +114,10 @@ impl<S: ShardStore> ShardWorker<S> {
         let items = r.map_err(|e| storage_error(self.id, &e))?;
         let changes: Vec<Change> = items
             .iter()
-            .map(|(i, _)| Change::Revive { key: i.id.key })
+            .map(|(i, _)| Change::Revive {
+                key: i.id.key,
+                token: None,
+            })
             .collect();
         let (r, took) = timed(
             self.timeout(),

@@ -150,6 +150,7 @@ pub(crate) enum Command {
     /// Dead items (by key) ready again.
     Revive {
         keys: Vec<u64>,
+        token: Option<i64>,
         reply: Reply<Vec<Settled>>,
     },
     /// Up to `limit` of a topic's dead items ready again; replies how many.
@@ -559,8 +560,10 @@ impl ShardHandle {
         .await
     }
 
-    pub async fn revive(&self, keys: Vec<u64>) -> Result<Vec<Settled>> {
-        self.call(|reply| Command::Revive { keys, reply }).await
+    /// Requeues the dead items among `keys` (see `ShardWorker::revive`).
+    pub async fn revive(&self, keys: Vec<u64>, token: Option<i64>) -> Result<Vec<Settled>> {
+        self.call(|reply| Command::Revive { keys, token, reply })
+            .await
     }
 
     pub async fn revive_some(&self, topic: TopicName, limit: usize) -> Result<u64> {

@@ -136,8 +136,8 @@ impl<S: ShardStore> ShardWorker<S> {
         // Dead-letter work is rare and comes in bounded batches: one at a time.
         for c in dead_letters {
             match c {
-                Command::Revive { keys, reply } => {
-                    let r = self.revive(keys).await;
+                Command::Revive { keys, token, reply } => {
+                    let r = self.revive(keys, token).await;
                     let _ = reply.send(r);
                 }
                 Command::ReviveSome {

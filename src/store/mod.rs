@@ -126,9 +126,11 @@ pub enum Change {
         /// As for `Ready`.
         by_consumer: bool,
     },
-    /// A dead row ready again at its old place, its delivery count reset.
+    /// A dead row ready again at its old place, its delivery count reset; with a token,
+    /// the row's `settled_token` becomes it (a requeue's, see `Host::dlq_requeue`).
     Revive {
         key: u64,
+        token: Option<i64>,
     },
     Delete {
         key: u64,
@@ -160,7 +162,7 @@ impl Change {
         match self {
             Change::Ready { key, .. }
             | Change::Dead { key, .. }
-            | Change::Revive { key }
+            | Change::Revive { key, .. }
             | Change::Delete { key }
             | Change::Extend { key, .. }
             | Change::Timer { key, .. }

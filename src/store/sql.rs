@@ -315,7 +315,7 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
     let ttl = ttl_timer(dialect, now);
     let mut deletes = Vec::new();
     let mut dead: BTreeMap<(i64, bool), Vec<(u64, i64)>> = BTreeMap::new();
-    let mut revived = Vec::new();
+    let mut revived: BTreeMap<Option<i64>, Vec<u64>> = BTreeMap::new();
     let mut keep_place: BTreeMap<bool, Vec<(u64, i64)>> = BTreeMap::new();
     let mut at: BTreeMap<(i64, bool), Vec<(u64, i64)>> = BTreeMap::new();
     let mut released: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
@@ -346,7 +346,7 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
                 .entry((*at_ms, *by_consumer))
                 .or_default()
                 .push((*key, *lease)),
-            Change::Revive { key } => revived.push(*key),
+            Change::Revive { key, token } => revived.entry(*token).or_default().push(*key),
             Change::Release { key, token } => released.entry(*token).or_default().push(*key),
             Change::Extend {
                 key,
@@ -435,11 +435,12 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
             on_lease(&keys)
         ));
     }
-    if !revived.is_empty() {
+    for (token, keys) in revived {
+        let settled = token.map_or(String::new(), |t| format!(", settled_token = {t}"));
         push(format!(
-            "UPDATE items SET state = 0, delivery_count = 0, died_at_ms = NULL, next_event_ms = {ttl}
+            "UPDATE items SET state = 0, delivery_count = 0, died_at_ms = NULL, next_event_ms = {ttl}{settled}
              WHERE id IN ({}) AND state = 2",
-            key_list(&revived)
+            key_list(&keys)
         ));
     }
     for (at_ms, keys) in timers {

@@ -2289,14 +2289,16 @@ class DlqRequeueRequest(object):
      - ids
      - forwarded_by
      - forwarded_for
+     - requeue_token
 
     """
 
 
-    def __init__(self, ids=None, forwarded_by=None, forwarded_for=None,):
+    def __init__(self, ids=None, forwarded_by=None, forwarded_for=None, requeue_token=None,):
         self.ids = ids
         self.forwarded_by = forwarded_by
         self.forwarded_for = forwarded_for
+        self.requeue_token = requeue_token
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2327,6 +2329,11 @@ class DlqRequeueRequest(object):
                     self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I64:
+                    self.requeue_token = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2351,6 +2358,10 @@ class DlqRequeueRequest(object):
         if self.forwarded_for is not None:
             oprot.writeFieldBegin('forwarded_for', TType.STRING, 3)
             oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
+            oprot.writeFieldEnd()
+        if self.requeue_token is not None:
+            oprot.writeFieldBegin('requeue_token', TType.I64, 4)
+            oprot.writeI64(self.requeue_token)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4874,6 +4885,7 @@ DlqRequeueRequest.thrift_spec = (
     (1, TType.LIST, 'ids', (TType.STRING, 'UTF8', False), None, ),  # 1
     (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
     (3, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 3
+    (4, TType.I64, 'requeue_token', None, None, ),  # 4
 )
 all_structs.append(DlqRequeueResponse)
 DlqRequeueResponse.thrift_spec = (

@@ -774,8 +774,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             DlqCmd::Requeue { ids } => print_results(
                 c.dlq_requeue(DlqRequeueRequest {
                     ids: Some(ids.clone()),
-                    forwarded_by: None,
-                    forwarded_for: None,
+                    ..Default::default()
                 })
                 .map_err(e)?
                 .results
