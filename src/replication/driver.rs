@@ -8,7 +8,6 @@ use etcd_client::Client;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-use super::journal::Lock;
 use super::server::{self as srv, ServerAdmin};
 use super::{
     Layout, Refused, ReplicaState, ReplicationConfig, SetLayout, ShardReplication, SwitchReport,
@@ -21,6 +20,12 @@ use crate::model::{ClusterView, PrimaryRecord, PrimaryState, ShardId};
 pub(super) const SERVED_WAIT: Duration = Duration::from_secs(10);
 /// How often a switch reads the owners' acks.
 const ACK_POLL: Duration = Duration::from_millis(5);
+
+/// The set's switch lock, as held by this driver.
+pub(super) struct Lock {
+    pub key: String,
+    pub lease: i64,
+}
 
 pub struct Driver {
     pub(super) client: Client,
@@ -397,26 +402,6 @@ impl Driver {
                 replicas: replicas.clone(),
             })
             .collect()
-    }
-
-    pub(super) async fn failover_set(&self, set: &SetLayout, allow_loss: bool) -> SwitchReport {
-        let mut report = SwitchReport {
-            kind: "failover".into(),
-            shards: set.shards.clone(),
-            ..Default::default()
-        };
-        let rep = &mut report;
-        let r = self
-            .locked(set, |lock| async move {
-                // A planned switch its driver left: settled first (a failover from a
-                // paused set whose target was promoted would find no candidate).
-                if let Err(e) = self.settle(set, &lock).await {
-                    tracing::warn!(shards = ?set.shards, error = %e, "failover: the switch under way cannot be settled; failing over anyway");
-                }
-                super::failover::failover(self, set, allow_loss, rep, &lock).await
-            })
-            .await;
-        self.finish(report, r)
     }
 
     pub(super) async fn served(&self, set: &SetLayout, generation: u64) -> bool {

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::*;
 use tokio::sync::watch;
 
-use super::driver::{Driver, SetRecords};
-use super::journal::{Journal, Lock, Step};
+use super::driver::{Driver, Lock};
+use super::journal::{self, Journal, Step};
 use super::server::{self as srv};
 use super::{SetLayout, SwitchReport};
-use crate::cluster::primaries::{self, Demoted};
+use crate::cluster::primaries;
 use crate::model::{PrimaryRecord, PrimaryState};
 
 /// How long the fence (the old primary read-only, foqsd's connections ended) may take.
@@ -38,6 +38,28 @@ struct Candidate {
     received: u64,
     io_pos: String,
     semi_sync: bool,
+}
+
+impl Driver {
+    pub(super) async fn failover_set(&self, set: &SetLayout, allow_loss: bool) -> SwitchReport {
+        let mut report = SwitchReport {
+            kind: "failover".into(),
+            shards: set.shards.clone(),
+            ..Default::default()
+        };
+        let rep = &mut report;
+        let r = self
+            .locked(set, |lock| async move {
+                // A planned switch its driver left: settled first (a failover from a
+                // paused set whose target was promoted would find no candidate).
+                if let Err(e) = self.settle(set, &lock).await {
+                    tracing::warn!(shards = ?set.shards, error = %e, "failover: the switch under way cannot be settled; failing over anyway");
+                }
+                failover(self, set, allow_loss, rep, &lock).await
+            })
+            .await;
+        self.finish(report, r)
+    }
 }
 
 /// Replaces the primary of `set` (it is not answering, or an operator says so).
@@ -152,7 +174,7 @@ pub(super) async fn failover(
                 let _ =
                     tokio::time::timeout(Duration::from_secs(6), s.wait_for(Option::is_some)).await;
             }
-            undo(d, set, recs, fence_held.await, lock).await;
+            journal::undo_failover(d, set, recs, fence_held.await, lock).await;
             Err(why)
         }
     };
@@ -257,7 +279,7 @@ pub(super) async fn failover(
         }
     });
     steps.push(("promoted", started.elapsed().as_millis() as u64));
-    let mut problems = complete(d, set, &recs, &j, lock, Some(semi)).await?;
+    let mut problems = journal::complete_failover(d, set, &recs, &j, lock, Some(semi)).await?;
     steps.push(("published", started.elapsed().as_millis() as u64));
     if !d.served(set, g).await {
         problems.push("not every shard was served on the new primary in time".into());
@@ -336,79 +358,6 @@ type Asked = Result<(Option<srv::ReplicaStatus>, srv::SemiSync), String>;
 /// before the candidate receives again (a `START SLAVE` while the stop runs does
 /// nothing, and a stop that comes after it would stop the replica for good).
 type Stopping = tokio::sync::watch::Receiver<Option<Result<(), String>>>;
-
-/// A failover that promotes nobody: the replicas receive again, the old primary is
-/// writable again if `fenced` (the fence reached it: it answers), and the shards stay on
-/// it (failing while it does not answer) until it answers or an operator forces a
-/// promotion; the journal ends.
-pub(super) async fn undo(
-    d: &Driver,
-    set: &SetLayout,
-    recs: &SetRecords,
-    fenced: bool,
-    lock: &Lock,
-) {
-    let from = &recs.current.addr;
-    let others = set.servers.iter().filter(|s| &s.addr != from);
-    futures::future::join_all(others.map(|s| async move {
-        let _ = d
-            .admin(&s.addr)
-            .exec(Duration::from_secs(2), "START SLAVE IO_THREAD")
-            .await;
-    }))
-    .await;
-    if fenced {
-        let _ = d
-            .admin(from)
-            .with(Duration::from_secs(2), |c| {
-                Box::pin(srv::set_read_only(c, false))
-            })
-            .await;
-    }
-    if let Err(e) = d.serve_again(set, recs, lock).await {
-        tracing::error!(error = %e, "failover undo: cannot serve the shards again");
-    }
-}
-
-/// The rest of a failover whose new primary `j.to` applied what it received (`recs`:
-/// the fenced records): promoted (unless `promoted`, with the semi-sync setting it was
-/// promoted with; promoting is idempotent), the others but the old primary repointed,
-/// the old primary marked demoted, the shards served on the new one, the journal ended.
-/// Returns what went wrong without stopping it.
-pub(super) async fn complete(
-    d: &Driver,
-    set: &SetLayout,
-    recs: &SetRecords,
-    j: &Journal,
-    lock: &Lock,
-    promoted: Option<bool>,
-) -> Result<Vec<String>, String> {
-    let (from, to, g) = (&j.from, &j.to, j.generation);
-    let semi = match promoted {
-        Some(semi) => semi,
-        // Settled by another driver: semi-sync as configured (a replica that can
-        // acknowledge is repointed to it below; with none, writes wait for
-        // `rpl_semi_sync_master_timeout` and then go on without).
-        None => {
-            let semi = d.cfg.semi_sync;
-            d.admin(to)
-                .with(Duration::from_secs(3), |c| Box::pin(srv::promote(c, semi)))
-                .await
-                .map_err(|e| format!("cannot promote {to}: {e}"))?;
-            semi
-        }
-    };
-    let mut problems = d.repoint(set, to, Some(from), semi).await;
-    let demoted = Demoted {
-        primary: to.clone(),
-        generation: g,
-    };
-    if let Err(e) = d.put_demoted(from, &demoted).await {
-        problems.push(format!("cannot mark {from} demoted: {e}"));
-    }
-    d.serve_target(set, recs, j, lock).await?;
-    Ok(problems)
-}
 
 /// The heartbeat connection of one set: the shards' account on the current primary.
 struct Beat {

@@ -19,22 +19,21 @@
 //! no such journal (a failed PlannedReparentShard is repaired by the next reparent, or by
 //! VTOrc); orchestrator neither. Here paused shards serve nobody, so waiting for an
 //! operator is an outage: the journal bounds it by the lock's lease.
+//!
+//! The last steps of a journaled failover live here too ([`undo_failover`],
+//! [`complete_failover`]): the live failover (`failover.rs`) and the settle below both end
+//! a failover with them, so neither file needs the other.
 
 use std::time::{Duration, Instant};
 
 use etcd_client::TxnOp;
 use serde::{Deserialize, Serialize};
 
-use super::driver::{Driver, SetRecords};
+use super::driver::{Driver, Lock, SetRecords};
+use super::server::{self as srv};
 use super::SetLayout;
-use crate::cluster::primaries;
+use crate::cluster::primaries::{self, Demoted};
 use crate::model::{PrimaryRecord, PrimaryState};
-
-/// The set's switch lock, as held by this driver.
-pub(super) struct Lock {
-    pub key: String,
-    pub lease: i64,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -258,11 +257,11 @@ impl Driver {
                 Ok(Some("undone"))
             }
             Step::Fencing => {
-                super::failover::undo(self, set, &recs, true, lock).await;
+                undo_failover(self, set, &recs, true, lock).await;
                 Ok(Some("undone"))
             }
             Step::Promoting if j.failover => {
-                super::failover::complete(self, set, &recs, &j, lock, None).await?;
+                complete_failover(self, set, &recs, &j, lock, None).await?;
                 Ok(Some("finished"))
             }
             Step::Promoting => {
@@ -305,4 +304,77 @@ impl Driver {
             }
         }
     }
+}
+
+/// A failover that promotes nobody: the replicas receive again, the old primary is
+/// writable again if `fenced` (the fence reached it: it answers), and the shards stay on
+/// it (failing while it does not answer) until it answers or an operator forces a
+/// promotion; the journal ends.
+pub(super) async fn undo_failover(
+    d: &Driver,
+    set: &SetLayout,
+    recs: &SetRecords,
+    fenced: bool,
+    lock: &Lock,
+) {
+    let from = &recs.current.addr;
+    let others = set.servers.iter().filter(|s| &s.addr != from);
+    futures::future::join_all(others.map(|s| async move {
+        let _ = d
+            .admin(&s.addr)
+            .exec(Duration::from_secs(2), "START SLAVE IO_THREAD")
+            .await;
+    }))
+    .await;
+    if fenced {
+        let _ = d
+            .admin(from)
+            .with(Duration::from_secs(2), |c| {
+                Box::pin(srv::set_read_only(c, false))
+            })
+            .await;
+    }
+    if let Err(e) = d.serve_again(set, recs, lock).await {
+        tracing::error!(error = %e, "failover undo: cannot serve the shards again");
+    }
+}
+
+/// The rest of a failover whose new primary `j.to` applied what it received (`recs`:
+/// the fenced records): promoted (unless `promoted`, with the semi-sync setting it was
+/// promoted with; promoting is idempotent), the others but the old primary repointed,
+/// the old primary marked demoted, the shards served on the new one, the journal ended.
+/// Returns what went wrong without stopping it.
+pub(super) async fn complete_failover(
+    d: &Driver,
+    set: &SetLayout,
+    recs: &SetRecords,
+    j: &Journal,
+    lock: &Lock,
+    promoted: Option<bool>,
+) -> Result<Vec<String>, String> {
+    let (from, to, g) = (&j.from, &j.to, j.generation);
+    let semi = match promoted {
+        Some(semi) => semi,
+        // Settled by another driver: semi-sync as configured (a replica that can
+        // acknowledge is repointed to it below; with none, writes wait for
+        // `rpl_semi_sync_master_timeout` and then go on without).
+        None => {
+            let semi = d.cfg.semi_sync;
+            d.admin(to)
+                .with(Duration::from_secs(3), |c| Box::pin(srv::promote(c, semi)))
+                .await
+                .map_err(|e| format!("cannot promote {to}: {e}"))?;
+            semi
+        }
+    };
+    let mut problems = d.repoint(set, to, Some(from), semi).await;
+    let demoted = Demoted {
+        primary: to.clone(),
+        generation: g,
+    };
+    if let Err(e) = d.put_demoted(from, &demoted).await {
+        problems.push(format!("cannot mark {from} demoted: {e}"));
+    }
+    d.serve_target(set, recs, j, lock).await?;
+    Ok(problems)
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use futures::stream::StreamExt;
 
-use super::driver::{servers, Driver, SetRecords, SERVED_WAIT};
-use super::journal::{Journal, Lock, Step};
+use super::driver::{servers, Driver, Lock, SetRecords, SERVED_WAIT};
+use super::journal::{Journal, Step};
 use super::server::{self as srv};
 use super::{Refused, ReplicaState, SetLayout, SwitchReport, Switched};
 use crate::model::{PrimaryRecord, PrimaryState};
