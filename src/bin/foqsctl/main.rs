@@ -5,58 +5,26 @@
 //! for the payload bytes alone. Exit codes: 0 success, 1 server or connection error
 //! (message on stderr), 2 usage error, 3 nothing to return (empty dequeue or peek).
 
-use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use base64::Engine;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use foqs::client::{connect_tls_via, connect_via, new_item, ClientTransport, Protocol, SyncClient};
 use foqs::thrift_gen::*;
 use foqs::tls::{client_config, ClientTlsFiles};
 use serde_json::{json, Value};
 
+mod cli;
+mod dlq;
+mod output;
 mod replication;
 mod watch;
 mod work;
 mod work_metrics;
 
-#[derive(Parser)]
-#[command(
-    version,
-    about = "Command-line client of foqsd (the foqs priority queue)"
-)]
-struct Cli {
-    /// foqsd address (HOST:PORT); default from FOQS_HOST, else 127.0.0.1:9090.
-    #[arg(
-        long,
-        env = "FOQS_HOST",
-        default_value = "127.0.0.1:9090",
-        global = true
-    )]
-    host: String,
-    #[arg(long, value_parser = ["binary", "compact"], default_value = "binary", global = true)]
-    protocol: String,
-    /// How messages are framed: `framed` (a length before each), `unframed` (most Thrift
-    /// libraries' default) or `header` (THeader, as fbthrift clients send).
-    #[arg(long, value_parser = ["framed", "unframed", "header"], default_value = "framed", global = true)]
-    transport: String,
-    /// One JSON object per line.
-    #[arg(long, global = true)]
-    json: bool,
-    /// Speak TLS; the CA (PEM) that signed foqsd's certificate.
-    #[arg(long, env = "FOQS_TLS_CA", global = true)]
-    tls_ca: Option<PathBuf>,
-    /// This client's certificate (PEM), for a foqsd that requires one (mTLS).
-    #[arg(long, env = "FOQS_TLS_CERT", global = true, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// The private key (PEM) of --tls-cert.
-    #[arg(long, env = "FOQS_TLS_KEY", global = true, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    #[command(subcommand)]
-    cmd: Cmd,
-}
+use cli::{Cli, Cmd};
+use output::{describe, out, print_items, print_results};
 
 /// Connects, over TLS when a CA or a client certificate is given.
 fn open(cli: &Cli, protocol: Protocol) -> Result<SyncClient, String> {
@@ -76,229 +44,8 @@ fn open(cli: &Cli, protocol: Protocol) -> Result<SyncClient, String> {
     connect_tls_via(&cli.host, protocol, transport, timeout, cfg).map_err(|e| fail(describe(&e)))
 }
 
-#[derive(Subcommand)]
-enum Cmd {
-    /// Enqueue one item; prints its id. The payload comes from --payload, --payload-file
-    /// or standard input.
-    Enqueue {
-        #[arg(long)]
-        ns: String,
-        #[arg(long)]
-        topic: String,
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-        priority: i32,
-        #[arg(long, conflicts_with = "payload_file")]
-        payload: Option<String>,
-        #[arg(long)]
-        payload_file: Option<std::path::PathBuf>,
-        #[arg(long)]
-        metadata: Option<String>,
-        /// Deliver no earlier than this many ms from now.
-        #[arg(long)]
-        delay_ms: Option<i64>,
-        #[arg(long)]
-        lease_ms: Option<i64>,
-        #[arg(long)]
-        ttl_ms: Option<i64>,
-        #[arg(long, value_parser = ["at-least-once", "at-most-once"])]
-        policy: Option<String>,
-        #[arg(long)]
-        max_attempts: Option<i32>,
-    },
-    /// Dequeue (lease) up to --count items; exit 3 when there is none.
-    Dequeue {
-        #[arg(long)]
-        ns: String,
-        #[arg(long)]
-        topic: String,
-        #[arg(long, default_value_t = 1)]
-        count: i32,
-        /// Long poll: wait up to this many ms for an item.
-        #[arg(long)]
-        wait: Option<i64>,
-        /// Write only the payload bytes (of every item, back to back).
-        #[arg(long)]
-        raw: bool,
-    },
-    /// Ack (delete) items by id.
-    Ack {
-        ids: Vec<String>,
-        /// Only if the item is still on this delivery's lease (see nack --lease-id); one
-        /// per id, in order, when given (0: none for that id).
-        #[arg(long = "lease-id")]
-        lease_ids: Vec<i64>,
-    },
-    /// Nack an item: ready again after --delay-ms, or dead with --to-dlq.
-    Nack {
-        id: String,
-        #[arg(long)]
-        delay_ms: Option<i64>,
-        #[arg(long)]
-        metadata: Option<String>,
-        #[arg(long)]
-        to_dlq: bool,
-        /// Only if the item is still on this delivery's lease (`lease_id` from dequeue
-        /// --json); otherwise NOT_FOUND ("lease ended").
-        #[arg(long)]
-        lease_id: Option<i64>,
-    },
-    /// Extend an item's lease to now + --extend-ms.
-    Touch {
-        id: String,
-        #[arg(long)]
-        extend_ms: i64,
-        /// Only if the item is still on this delivery's lease (see nack --lease-id).
-        #[arg(long)]
-        lease_id: Option<i64>,
-    },
-    /// Show the next ready items without leasing them; exit 3 when there is none.
-    Peek {
-        #[arg(long)]
-        ns: String,
-        #[arg(long)]
-        topic: String,
-        #[arg(long, default_value_t = 10)]
-        count: i32,
-        #[arg(long)]
-        raw: bool,
-    },
-    /// Active topics of a namespace with their counts.
-    Topics {
-        #[arg(long)]
-        ns: String,
-        #[arg(long)]
-        limit: Option<i32>,
-        #[arg(long)]
-        after: Option<String>,
-    },
-    /// A topic's counts, totals and the age of its oldest ready item.
-    Stats {
-        #[arg(long)]
-        ns: String,
-        #[arg(long)]
-        topic: String,
-    },
-    /// Dead letters.
-    Dlq {
-        #[command(subcommand)]
-        cmd: DlqCmd,
-    },
-    /// The host's id, version and shards.
-    HostInfo,
-    /// Replicated shards: every shard's primary, its replicas and their lag, semi-sync
-    /// status, owner and generation.
-    Shards,
-    /// Replicated shards: planned switchover or failover of a shard's replica set.
-    Shard {
-        #[command(subcommand)]
-        cmd: replication::ShardCmd,
-    },
-    /// Replicated shards: drain a region of its primaries.
-    Region {
-        #[command(subcommand)]
-        cmd: replication::RegionCmd,
-    },
-    /// Run CMD once per item of the topics, as a worker: the payload on its standard
-    /// input, the item in its environment (FOQS_ID, FOQS_NS, FOQS_TOPIC, FOQS_PRIORITY,
-    /// FOQS_DELIVERIES, FOQS_METADATA, FOQS_LEASE_ID); exit 0 acks, --dead-exit sends to
-    /// the dead letters, anything else retries with backoff. The lease is renewed while
-    /// CMD runs. SIGTERM/SIGINT: stop taking items, let running ones finish (--grace),
-    /// then kill them and give their items back.
-    Work {
-        #[arg(long)]
-        ns: String,
-        /// A topic to take items from (repeat for several).
-        #[arg(long = "topic", required = true)]
-        topics: Vec<String>,
-        /// Items run at once, at most (each dequeued only when a slot is free).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-        concurrency: u16,
-        /// The lease to keep while a command runs (renewed every third of it); default:
-        /// the item's own lease.
-        #[arg(long)]
-        lease_ms: Option<i64>,
-        /// After this many deliveries have failed, the item goes to the dead letters.
-        #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
-        max_attempts: Option<i32>,
-        /// Retry delay: BASE_MS x 2^(deliveries - 1), at most MAX_MS, half jittered.
-        #[arg(long, default_value = "1000,60000")]
-        backoff: String,
-        /// Kill a command (its process group) running longer than this, and retry.
-        #[arg(long)]
-        timeout: Option<u64>,
-        /// The exit status that sends the item to the dead letters at once (EX_DATAERR).
-        #[arg(long, default_value_t = 65)]
-        dead_exit: i32,
-        /// On SIGTERM/SIGINT, how long running commands may go on before they are killed.
-        #[arg(long, default_value_t = 30_000)]
-        grace: u64,
-        /// How long one long poll waits for items (at most 1000 ms a poll).
-        #[arg(long, default_value_t = 1_000)]
-        wait: i64,
-        /// Serve Prometheus metrics (jobs by outcome, running, durations) at HOST:PORT.
-        #[arg(long)]
-        metrics: Option<String>,
-        /// The command and its arguments, after `--`.
-        #[arg(last = true, required = true)]
-        cmd: Vec<String>,
-    },
-    /// A live view of a namespace's topics (ready, deferred, leased, dead, oldest ready
-    /// age, enqueue and delivery rates), across the tier: redrawn in place on a terminal,
-    /// one JSON object per refresh with --json.
-    Watch {
-        #[arg(long)]
-        ns: String,
-        /// Only this topic.
-        #[arg(long)]
-        topic: Option<String>,
-        /// Milliseconds between refreshes.
-        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
-        interval: u64,
-        /// Topics shown at most, the busiest first.
-        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
-        limit: u64,
-        /// Stop after this many refreshes (default: until interrupted).
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-        count: Option<u64>,
-    },
-    /// Print an Argon2id hash of the password read from standard input (its first line),
-    /// for `password_hash` in `[[console.users]]`. Talks to no foqsd.
-    HashPassword,
-}
-
-#[derive(Subcommand)]
-enum DlqCmd {
-    List {
-        #[arg(long)]
-        ns: String,
-        #[arg(long)]
-        topic: String,
-        #[arg(long)]
-        limit: Option<i32>,
-        #[arg(long)]
-        after: Option<String>,
-    },
-    /// Requeue dead items by id.
-    Requeue { ids: Vec<String> },
-    /// Requeue a topic's dead items (at most --max).
-    RequeueAll {
-        #[arg(long)]
-        ns: String,
-        #[arg(long)]
-        topic: String,
-        #[arg(long)]
-        max: Option<i64>,
-    },
-    Purge {
-        #[arg(long)]
-        ns: String,
-        #[arg(long)]
-        topic: String,
-    },
-}
-
 /// How a command ended, beyond printing.
-enum Outcome {
+pub enum Outcome {
     Done,
     Nothing,
 }
@@ -400,102 +147,6 @@ fn hash_password() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-fn describe(e: &thrift::Error) -> String {
-    match e {
-        thrift::Error::User(u) => match u.downcast_ref::<FoqsError>() {
-            Some(f) => format!(
-                "{} (code {}{})",
-                f.message.clone().unwrap_or_default(),
-                f.code.map(|c| c.0).unwrap_or(0),
-                if f.retryable == Some(true) {
-                    ", retryable"
-                } else {
-                    ""
-                }
-            ),
-            None => u.to_string(),
-        },
-        thrift::Error::Transport(t) => format!("transport: {}", t.message),
-        thrift::Error::Protocol(p) => format!("protocol: {}", p.message),
-        thrift::Error::Application(a) => format!("application: {}", a.message),
-    }
-}
-
-fn out(line: &str) -> Result<(), String> {
-    let mut o = std::io::stdout().lock();
-    writeln!(o, "{line}").map_err(|e| e.to_string())
-}
-
-fn item_json(i: &Item) -> Value {
-    let payload = i.payload.clone().unwrap_or_default();
-    let metadata = i.metadata.clone().unwrap_or_default();
-    let b64 = base64::engine::general_purpose::STANDARD;
-    json!({
-        "id": i.id, "ns": i.ns, "topic": i.topic, "priority": i.priority,
-        "payload": String::from_utf8(payload.clone()).ok(),
-        "payload_base64": b64.encode(&payload),
-        "metadata": String::from_utf8(metadata.clone()).ok(),
-        "metadata_base64": b64.encode(&metadata),
-        "deliver_after_ms": i.deliver_after_ms, "enqueued_at_ms": i.enqueued_at_ms,
-        "delivery_count": i.delivery_count, "lease_expires_ms": i.lease_expires_ms,
-        "lease_id": i.lease_id,
-        "policy": match i.policy { Some(DeliveryPolicy::AT_MOST_ONCE) => "at-most-once", _ => "at-least-once" },
-    })
-}
-
-fn print_items(items: &[Item], json: bool, raw: bool) -> Result<Outcome, String> {
-    if items.is_empty() {
-        return Ok(Outcome::Nothing);
-    }
-    for i in items {
-        if raw {
-            std::io::stdout()
-                .lock()
-                .write_all(i.payload.as_deref().unwrap_or_default())
-                .map_err(|e| e.to_string())?;
-        } else if json {
-            out(&item_json(i).to_string())?;
-        } else {
-            let payload = i.payload.as_deref().unwrap_or_default();
-            out(&format!(
-                "{}\tpriority={}\tdeliveries={}\t{}",
-                i.id.as_deref().unwrap_or_default(),
-                i.priority.unwrap_or(0),
-                i.delivery_count.unwrap_or(0),
-                String::from_utf8_lossy(payload)
-            ))?;
-        }
-    }
-    Ok(Outcome::Done)
-}
-
-/// Prints per-item results; any failed item makes the command fail.
-fn print_results(results: Vec<ItemResult>, json: bool) -> Result<Outcome, String> {
-    let mut failed = 0;
-    for r in results {
-        let id = r.id.unwrap_or_default();
-        match r.error {
-            None if json => out(&json!({"id": id, "ok": true}).to_string())?,
-            None => out(&format!("{id}\tok"))?,
-            Some(e) => {
-                failed += 1;
-                let (code, msg) = (
-                    e.code.map(|c| c.0).unwrap_or(0),
-                    e.message.unwrap_or_default(),
-                );
-                if json {
-                    out(&json!({"id": id, "ok": false, "code": code, "message": msg}).to_string())?;
-                }
-                eprintln!("foqsctl: {id}: {msg} (code {code})");
-            }
-        }
-    }
-    if failed > 0 {
-        return Err(format!("{failed} item(s) failed"));
-    }
-    Ok(Outcome::Done)
 }
 
 fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
@@ -734,87 +385,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             }
             Ok(Outcome::Done)
         }
-        Cmd::Dlq { cmd } => match cmd {
-            DlqCmd::List {
-                ns,
-                topic,
-                limit,
-                after,
-            } => {
-                let r = c
-                    .dlq_list(DlqListRequest {
-                        ns: Some(ns.clone()),
-                        topic: Some(topic.clone()),
-                        limit: *limit,
-                        after: after.clone(),
-                        local_only: None,
-                    })
-                    .map_err(e)?;
-                for d in r.items.unwrap_or_default() {
-                    let item = d.item.unwrap_or_default();
-                    if cli.json {
-                        let mut v = item_json(&item);
-                        v["died_at_ms"] = json!(d.died_at_ms);
-                        out(&v.to_string())?;
-                    } else {
-                        out(&format!(
-                            "{}\tdeliveries={}\tdied_at_ms={}\t{}",
-                            item.id.as_deref().unwrap_or_default(),
-                            item.delivery_count.unwrap_or(0),
-                            d.died_at_ms.unwrap_or(0),
-                            String::from_utf8_lossy(item.payload.as_deref().unwrap_or_default())
-                        ))?;
-                    }
-                }
-                if let Some(next) = r.next_after {
-                    eprintln!("more: --after {next}");
-                }
-                Ok(Outcome::Done)
-            }
-            DlqCmd::Requeue { ids } => print_results(
-                c.dlq_requeue(DlqRequeueRequest {
-                    ids: Some(ids.clone()),
-                    ..Default::default()
-                })
-                .map_err(e)?
-                .results
-                .unwrap_or_default(),
-                cli.json,
-            ),
-            DlqCmd::RequeueAll { ns, topic, max } => {
-                let n = until_done(*max, |left| {
-                    c.dlq_requeue_all(DlqRequeueAllRequest {
-                        ns: Some(ns.clone()),
-                        topic: Some(topic.clone()),
-                        max: left,
-                        local_only: None,
-                    })
-                })
-                .map_err(e)?;
-                out(&if cli.json {
-                    json!({"requeued": n}).to_string()
-                } else {
-                    format!("requeued {n}")
-                })?;
-                Ok(Outcome::Done)
-            }
-            DlqCmd::Purge { ns, topic } => {
-                let n = until_done(None, |_| {
-                    c.dlq_purge(DlqPurgeRequest {
-                        ns: Some(ns.clone()),
-                        topic: Some(topic.clone()),
-                        local_only: None,
-                    })
-                })
-                .map_err(e)?;
-                out(&if cli.json {
-                    json!({"purged": n}).to_string()
-                } else {
-                    format!("purged {n}")
-                })?;
-                Ok(Outcome::Done)
-            }
-        },
+        Cmd::Dlq { cmd } => dlq::run(c, cmd, cli.json),
         Cmd::Shards => {
             replication::shards(c, cli.json, &mut |l| out(l), e)?;
             Ok(Outcome::Done)
@@ -903,23 +474,6 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 }
             }
             Ok(Outcome::Done)
-        }
-    }
-}
-
-/// Calls a bulk dead-letter call until it says it is done (each call works within the
-/// server's bound and answers `more` when some are left), or until `max` are counted;
-/// `call` gets how many are still wanted. Returns the total.
-fn until_done<E>(
-    max: Option<i64>,
-    mut call: impl FnMut(Option<i64>) -> Result<DlqCountResponse, E>,
-) -> Result<i64, E> {
-    let mut n = 0i64;
-    loop {
-        let r = call(max.map(|m| m - n))?;
-        n += r.count.unwrap_or(0);
-        if !r.more.unwrap_or(false) || max.is_some_and(|m| n >= m) {
-            return Ok(n);
         }
     }
 }

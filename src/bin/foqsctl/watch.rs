@@ -12,7 +12,8 @@ use foqs::client::SyncClient;
 use foqs::thrift_gen::*;
 use serde_json::{json, Value};
 
-use super::{describe, out, Outcome};
+use crate::output::{describe, out};
+use crate::Outcome;
 
 pub struct WatchArgs {
     pub ns: String,

@@ -272,7 +272,7 @@ fn log(json: bool, item: &Item, end: &Settled, took: Duration, exit: Option<i32>
         let exit = exit.map_or("-".to_string(), |c| c.to_string());
         format!("{id}\t{outcome}\t{} ms\texit={exit}", took.as_millis())
     };
-    let _ = super::out(&line);
+    let _ = crate::output::out(&line);
 }
 
 #[cfg(test)]
