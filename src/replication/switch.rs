@@ -157,7 +157,10 @@ impl Driver {
             }
             Ok(Err(b)) => {
                 return Err(format!(
-                    "target {to} is not ready: it stayed {} transactions behind {from} for                      {within:?} (at most {} to switch) and applies {:.1} a second, so its                      catch-up would hold the set read-only about {:.0} ms (at most                      {STARVED_CATCHUP_MAX_MS} ms); not switched, nothing was paused: ask again",
+                    "target {to} is not ready: it stayed {} transactions behind {from} for \
+                     {within:?} (at most {} to switch) and applies {:.1} a second, so its \
+                     catch-up would hold the set read-only about {:.0} ms (at most \
+                     {STARVED_CATCHUP_MAX_MS} ms); not switched, nothing was paused: ask again",
                     b.transactions,
                     b.allowed,
                     b.per_ms * 1000.0,

@@ -226,7 +226,7 @@ pub fn refused_as_starved(r: &SwitchReport) -> bool {
 }
 
 /// How many times a switch refused as starved is asked again (as an operator would).
-pub const STARVED_RETRIES: usize = 5;
+pub const STARVED_RETRIES: usize = 10;
 
 /// Switches refused as starved over the run (the summary's `starved_refusals`).
 pub static STARVED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
