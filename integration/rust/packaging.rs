@@ -321,3 +321,50 @@ fn the_readme_shows_the_replica_set_steps_the_scripts_run() {
         assert!(script.contains(step), "replicas.sh does not run {step}");
     }
 }
+
+/// `foqs-sim` (the tier's ownership at any size, on the real assignment function) runs,
+/// replays from its seed, and at 300 hosts moves near the least it can per join, leave and
+/// crash (the 1,000-host run is `bash scripts/sim.sh`, out of the suite for its time).
+#[test]
+fn the_simulation_replays_from_its_seed_and_moves_little() {
+    let run = |seed: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_foqs-sim"))
+            .args([
+                "--hosts",
+                "300",
+                "--shards",
+                "3000",
+                "--events",
+                "12",
+                "--regions",
+                "1",
+            ])
+            .args(["--seed", seed])
+            .output()
+            .expect("run foqs-sim");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let first = run("7");
+    assert_eq!(first, run("7"), "the same seed, the same run");
+    let summary: serde_json::Value =
+        serde_json::from_str(first.lines().last().expect("a summary line")).unwrap();
+    assert_eq!(summary["summary"], true, "{summary}");
+    for (kind, k) in summary["by_kind"].as_object().unwrap() {
+        let worst = k["worst_ratio"].as_f64().unwrap();
+        assert!(
+            worst <= 2.5,
+            "{kind}: moved {worst} times the least it could: {summary}"
+        );
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_foqs-sim"))
+        .args(["--hosts", "many"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--hosts takes a number"));
+}

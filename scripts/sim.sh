@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The tier's shard ownership at 3 to 1,000 hosts (10 shards each), by foqs-sim (the real
+# assignment function over seeded event streams): per size, the worst and mean shards
+# moved per join / leave / crash against the fewest possible, and the most and fewest
+# shards a host held; with foqsd's assignment and with the exact bound it had before
+# (`--slack-percent 0`). One region (what the assignment itself does) unless
+# FOQS_SIM_REGIONS says otherwise.
+#
+#   bash scripts/sim.sh [EVENTS]      # default 40 events per size and seed, seeds 1-3
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+cd "$FOQS_ROOT"
+foqs_cargo_check
+events=${1:-40}
+regions=${FOQS_SIM_REGIONS:-1}
+cargo build -q --release --bin foqs-sim
+sim=target/release/foqs-sim
+printf '| hosts | shards | assignment | join: mean / worst x ideal | leave | crash | max-min load (worst) |\n'
+printf '|---:|---:|---|---|---|---|---:|\n'
+for hosts in 3 30 100 300 1000; do
+  for slack in default 0; do
+    args=(--hosts "$hosts" --shards $((hosts * 10)) --events "$events" --regions "$regions")
+    [ "$slack" = 0 ] && args+=(--slack-percent 0)
+    for seed in 1 2 3; do "$sim" "${args[@]}" --seed "$seed" | tail -1; done |
+      python3 -c '
+import json, sys
+runs = [json.loads(l) for l in sys.stdin]
+def cell(kind):
+    ks = [r["by_kind"][kind] for r in runs if kind in r["by_kind"]]
+    if not ks:
+        return "-"
+    n = sum(k["events"] for k in ks)
+    mean = sum(k["mean_ratio"] * k["events"] for k in ks) / n
+    return "%.2f / %.2f" % (mean, max(k["worst_ratio"] for k in ks))
+r = runs[0]
+name = "exact bound (before)" if r["slack"] == 0 else "slack %d %%" % round(r["slack"] * 100)
+print("| %d | %d | %s | %s | %s | %s | %d |" % (r["hosts"], r["shards"], name, cell("join"),
+      cell("leave"), cell("crash"), max(x["worst_load_spread"] for x in runs)))
+'
+  done
+done

@@ -1,0 +1,248 @@
+//! `foqs-sim`: a seeded, deterministic simulation of a tier's shard ownership at any size,
+//! on the real assignment function (`foqs::cluster::assign_regional`, what every etcd host
+//! computes from the hosts and primaries it watches). No timing from the machine: what it
+//! counts is decided by the seed alone.
+//!
+//! ```text
+//! cargo run --release --bin foqs-sim -- --hosts 1000 --shards 10000 --seed 1 [--events 40]
+//! ```
+//!
+//! Events drawn from the seed: a host joins, leaves, crashes (its lease lapses: for the
+//! assignment, the same as a leave), a region is drained (the primaries of a region's
+//! shards move to another region, so those shards go to hosts there), shards are added.
+//! For each event it prints one JSON line:
+//! - `moved`: shards whose owner changed; `ideal`: the fewest any assignment could move
+//!   for that event (a join: the new host's fair share, `shards / hosts`; a leave or
+//!   crash: what the host held; a drain: the shards whose region changed; added shards:
+//!   how many); `ratio` = moved / ideal;
+//! - `max_load` / `min_load`: the most and fewest shards a host holds after it;
+//! - `scores_per_host`: the host-and-shard scores one host computes to recompute the
+//!   assignment after the event (every host does, on every change it watches).
+//!
+//! The summary line gives, per kind of event, the worst and mean ratio, and the worst
+//! balance. What it does not simulate yet: etcd (leases, watches, lock acquisition), the
+//! follower's reaction, peer polling and routing; see the closing notes of issue 36.
+
+use std::collections::BTreeMap;
+
+use foqs::cluster::{assign_regional_with_slack, SLACK};
+use foqs::model::ShardId;
+use foqs::seeded::Rng;
+use serde_json::json;
+
+const ALL_REGIONS: [&str; 3] = ["r1", "r2", "r3"];
+
+struct Tier {
+    /// The regions hosts and primaries are drawn from (1 to 3).
+    regions_used: usize,
+    /// (host, region), in join order.
+    hosts: Vec<(String, &'static str)>,
+    shards: Vec<ShardId>,
+    /// Each shard's primary region.
+    regions: BTreeMap<ShardId, &'static str>,
+    next_host: usize,
+    slack: f64,
+}
+
+impl Tier {
+    fn new(hosts: usize, shards: usize, regions: usize, rng: &mut Rng) -> Tier {
+        let mut t = Tier {
+            regions_used: regions,
+            hosts: Vec::new(),
+            shards: Vec::new(),
+            regions: BTreeMap::new(),
+            next_host: 0,
+            slack: SLACK,
+        };
+        for _ in 0..hosts {
+            t.join(rng);
+        }
+        t.add_shards(shards, rng);
+        t
+    }
+
+    fn join(&mut self, rng: &mut Rng) {
+        let name = format!("host-{:05}", self.next_host);
+        self.next_host += 1;
+        self.hosts
+            .push((name, ALL_REGIONS[rng.below(self.regions_used)]));
+    }
+
+    fn add_shards(&mut self, n: usize, rng: &mut Rng) {
+        let first = self.shards.len() as ShardId;
+        for s in first..first + n as ShardId {
+            self.shards.push(s);
+            self.regions
+                .insert(s, ALL_REGIONS[rng.below(self.regions_used)]);
+        }
+    }
+
+    fn assignment(&self) -> BTreeMap<ShardId, String> {
+        let hosts: Vec<(&str, &str)> = self.hosts.iter().map(|(h, r)| (h.as_str(), *r)).collect();
+        assign_regional_with_slack(&self.shards, &hosts, &self.regions, self.slack)
+            .into_iter()
+            .map(|(s, h)| (s, h.to_string()))
+            .collect()
+    }
+}
+
+fn loads(a: &BTreeMap<ShardId, String>, tier: &Tier) -> (usize, usize) {
+    let mut n: BTreeMap<&str, usize> = tier.hosts.iter().map(|(h, _)| (h.as_str(), 0)).collect();
+    for h in a.values() {
+        *n.entry(h.as_str()).or_default() += 1;
+    }
+    let max = n.values().copied().max().unwrap_or(0);
+    let min = n.values().copied().min().unwrap_or(0);
+    (max, min)
+}
+
+fn arg(args: &[String], name: &str, default: u64) -> u64 {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| usage(&format!("{name} takes a number, not {v:?}")))
+        })
+        .unwrap_or(default)
+}
+
+fn usage(why: &str) -> ! {
+    eprintln!("foqs-sim: {why}\nusage: foqs-sim --hosts N --shards S [--seed X] [--events E] [--regions 1-3] [--slack-percent P]");
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    for a in args.iter().filter(|a| a.starts_with("--")) {
+        if ![
+            "--hosts",
+            "--shards",
+            "--seed",
+            "--events",
+            "--slack-percent",
+            "--regions",
+        ]
+        .contains(&a.as_str())
+        {
+            usage(&format!("unknown option {a}"));
+        }
+    }
+    let hosts = arg(&args, "--hosts", 3) as usize;
+    let shards = arg(&args, "--shards", 10 * hosts as u64) as usize;
+    let seed = arg(&args, "--seed", 1);
+    let events = arg(&args, "--events", 40) as usize;
+    // The assignment's slack in per cent (default: foqsd's own, `cluster::SLACK`).
+    let slack = args
+        .iter()
+        .position(|a| a == "--slack-percent")
+        .map_or(SLACK, |_| arg(&args, "--slack-percent", 0) as f64 / 100.0);
+    if hosts < 2 || shards == 0 {
+        usage("at least 2 hosts and 1 shard");
+    }
+    let mut rng = Rng::new(seed);
+    let regions = (arg(&args, "--regions", 3) as usize).clamp(1, ALL_REGIONS.len());
+    let mut tier = Tier::new(hosts, shards, regions, &mut rng);
+    tier.slack = slack;
+    let mut before = tier.assignment();
+    // kind -> (worst ratio, sum of ratios, count)
+    let mut by_kind: BTreeMap<&str, (f64, f64, usize)> = BTreeMap::new();
+    let mut worst_spread = 0usize;
+    for n in 0..events {
+        // Keep the tier near its size: joins when it shrank, leaves or crashes when it grew.
+        let size = tier.hosts.len();
+        let roll = rng.below(100);
+        let kind = match roll {
+            _ if size <= hosts.saturating_sub(2).max(2) => "join",
+            0..=29 => "join",
+            30..=54 => "leave",
+            55..=79 => "crash",
+            80..=92 => "drain",
+            _ => "add_shards",
+        };
+        let kind = match kind {
+            "leave" | "crash" if size <= 2 => "join",
+            // One region: nothing to drain.
+            "drain" if tier.regions_used == 1 => "add_shards",
+            k => k,
+        };
+        let hosts_before = tier.hosts.len();
+        let ideal = match kind {
+            "join" => {
+                tier.join(&mut rng);
+                // Its fair share: of its region's shards among its region's hosts (region
+                // affinity keeps shards in their primary's region).
+                let (_, region) = tier.hosts.last().expect("just joined");
+                let shards = tier.regions.values().filter(|r| *r == region).count();
+                let peers = tier.hosts.iter().filter(|(_, r)| r == region).count();
+                (shards as f64 / peers as f64).max(1.0)
+            }
+            "leave" | "crash" => {
+                let i = rng.below(tier.hosts.len());
+                let (gone, _) = tier.hosts.remove(i);
+                before.values().filter(|h| **h == gone).count().max(1) as f64
+            }
+            "drain" => {
+                let used = &ALL_REGIONS[..tier.regions_used];
+                let from = used[rng.below(used.len())];
+                let to = used
+                    .iter()
+                    .copied()
+                    .filter(|r| *r != from)
+                    .nth(rng.below(used.len() - 1))
+                    .expect("another region");
+                let mut changed = 0usize;
+                for r in tier.regions.values_mut() {
+                    if *r == from {
+                        *r = to;
+                        changed += 1;
+                    }
+                }
+                changed.max(1) as f64
+            }
+            _ => {
+                let k = (tier.shards.len() / 20).max(1);
+                tier.add_shards(k, &mut rng);
+                k as f64
+            }
+        };
+        let after = tier.assignment();
+        let moved = after
+            .iter()
+            .filter(|(s, h)| before.get(*s).is_some_and(|b| b != *h))
+            .count()
+            + after.keys().filter(|s| !before.contains_key(s)).count();
+        let (max, min) = loads(&after, &tier);
+        worst_spread = worst_spread.max(max - min);
+        let ratio = moved as f64 / ideal;
+        let e = by_kind.entry(kind).or_insert((0.0, 0.0, 0));
+        e.0 = e.0.max(ratio);
+        e.1 += ratio;
+        e.2 += 1;
+        println!(
+            "{}",
+            json!({"event": n, "kind": kind, "hosts_before": hosts_before,
+                "hosts": tier.hosts.len(), "shards": tier.shards.len(), "moved": moved,
+                "ideal": ideal.round(), "ratio": (ratio * 1000.0).round() / 1000.0,
+                "max_load": max, "min_load": min,
+                "scores_per_host": tier.shards.len() * tier.hosts.len()})
+        );
+        before = after;
+    }
+    let kinds: BTreeMap<&str, serde_json::Value> = by_kind
+        .iter()
+        .map(|(k, (worst, sum, n))| {
+            (
+                *k,
+                json!({"events": n, "worst_ratio": (worst * 1000.0).round() / 1000.0,
+                    "mean_ratio": (sum / *n as f64 * 1000.0).round() / 1000.0}),
+            )
+        })
+        .collect();
+    println!(
+        "{}",
+        json!({"summary": true, "seed": seed, "hosts": hosts, "shards": shards, "slack": slack, "regions": regions,
+            "events": events, "by_kind": kinds, "worst_load_spread": worst_spread,
+            "scores_per_host_per_event": tier.shards.len() * tier.hosts.len()})
+    );
+}
