@@ -43,15 +43,17 @@
 //! std `Mutex`/`RwLock` is never held across an `.await`; the tokio locks named below are,
 //! on purpose, as said.
 //! - `Host.claiming` (tokio `RwLock`): held shared by every dequeue and restock across its
-//!   claim, stage and hand-out; a shard's removal takes it alone (after the shard left the
-//!   map), so that nothing claimed on the shard is in flight. Taken before the claim lock.
+//!   claim, stage and hand-out; a shard's planned removal takes it alone (after the shard
+//!   left the map), so that nothing claimed on the shard is in flight. (An abandoned
+//!   shard's does not: its staged set holds its claims from before they run, and is
+//!   closed; see `shard::Staged`.) Taken before the claim lock.
 //! - Per-topic claim lock (`Prefetch` stage's `claim_lock`, tokio): held across the awaits
 //!   of one claim (merge, claim, stage) and of a peek, so that no item is between the
 //!   shards' indexes and the stage unseen. Under it: any of the std locks below, briefly.
 //! - `Prefetch.topics`, then a shard's `Staged.keys` (through the stage's `live` and
-//!   `hand_out` checks), then its `Staged.in_reply` (handing out, taking back). Never the
-//!   other way: `Staged.in_reply` is taken alone or last, `Staged.keys` under no other
-//!   staged lock.
+//!   `hand_out` checks), then its `Staged.inherited` (alone under `keys`), then its
+//!   `Staged.in_reply` (handing out, taking back). Never the other way: `Staged.in_reply`
+//!   is taken alone or last, `Staged.keys` under no other staged lock.
 //! - `ClusterState.loads`, then `ClusterState.ready`, then `ClusterState.shard_states`
 //!   (the peer poll writes all three; a peer found unreachable clears them in that order).
 //! - `Waiters.announce`, then `Waiters.announced` (announcing a ready topic).

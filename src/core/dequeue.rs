@@ -232,15 +232,25 @@ impl Host {
     /// stalled store) is not handed out: it stays staged, and the shard's scan gives it
     /// back uncounted, instead of reaching a consumer on a lease that another consumer may
     /// already hold.
+    ///
+    /// Through the shards this dequeue found, except one abandoned since (its primary
+    /// fenced): its successor here, if any, claimed what a later round got on it.
     fn hand_out(&self, shards: &ShardMap, items: Vec<Item>) -> Vec<Item> {
         let now = self.clock.now_ms();
         let mut by_shard: BTreeMap<ShardId, Vec<Item>> = BTreeMap::new();
         for i in items.into_iter().filter(|i| i.lease_expires_ms > now) {
             by_shard.entry(i.id.shard).or_default().push(i);
         }
+        let current = self.shards();
         let delivered: Vec<Item> = by_shard
             .into_iter()
-            .filter_map(|(id, items)| Some(shards.get(&id)?.hand_out(items)))
+            .filter_map(|(id, items)| {
+                let h = match shards.get(&id) {
+                    Some(h) if !h.is_abandoned() => h,
+                    _ => current.get(&id)?,
+                };
+                Some(h.hand_out(items))
+            })
             .flatten()
             .collect();
         if let Some(first) = delivered.first() {

@@ -614,6 +614,11 @@ impl ShardHandle {
 
     /// Asks the worker to flush what it holds, save its checkpoints and stop.
     /// Its storage is gone for good (fenced): its stop writes nothing more to it.
+    /// Whether [`Self::abandon`] was called.
+    pub fn is_abandoned(&self) -> bool {
+        self.shared.abandoned.load(Ordering::Relaxed)
+    }
+
     /// Its server was fenced: nothing more is written there on the way out, and nothing
     /// staged is handed out any more (see `Staged::close`); [`Self::unseen_leases`] then
     /// holds every lease nobody was handed, claims still in flight included.

@@ -294,9 +294,13 @@ impl<S: ShardStore> ShardWorker<S> {
         };
         // Staged before the statement runs (see `Staged`): whatever becomes of it, a
         // lease it makes is nobody's until a consumer is handed the item, and a host that
-        // abandons this worker knows it without waiting for the statement's end.
-        for k in &plan.keys {
-            self.shared.staged.insert(*k, plan.token);
+        // abandons this worker knows it without waiting for the statement's end. Once
+        // abandoned, no claim runs: its lease would be one the successor never heard of.
+        if !self.shared.staged.stage_claim(&plan.keys, plan.token) {
+            for (_, _, reply) in plan.parts {
+                let _ = reply.send(Err(ShardError::Gone(self.id)));
+            }
+            return None;
         }
         Some(plan)
     }

@@ -19,7 +19,14 @@
 //! while the statement is still out. A shard abandoned because its server was fenced
 //! (see `Host::abandon_shard`) closes the set ([`Staged::close`]): nothing is handed out
 //! of it any more, and what it holds goes to the successor as unseen leases at once,
-//! without waiting for claims in flight on the frozen server to time out.
+//! without waiting for claims in flight on the frozen server to time out. A closed set
+//! takes no new claim ([`Staged::stage_claim`]): a claim planned after the successor
+//! learned what this set held would be a lease nobody knows.
+//!
+//! The successor takes those leases as inherited ([`Staged::inherit`]): given back
+//! uncounted when they end, like any staged lease, but never handed out (nor live for the
+//! prefetch stage), so a late answer of the old worker's claim that reaches a dequeue
+//! after the successor opened is not delivered through it.
 //!
 //! A handed-out item is "in reply" until the host's reply leaves (see
 //! `core::useful_lease`): a dequeue hands items out topic by topic, but replies once. While
@@ -67,6 +74,9 @@ pub struct Staged {
     in_reply: Mutex<HashSet<(u64, i64)>>,
     /// Closed (see [`Staged::close`]): set and read under `keys`.
     closed: std::sync::atomic::AtomicBool,
+    /// (key, token) inherited from an abandoned or dead predecessor (see
+    /// [`Staged::inherit`]): held, never handed out. Taken only under `keys`.
+    inherited: Mutex<HashSet<(u64, i64)>>,
 }
 
 /// How long past its lease's end an item in reply is left alone by the expiry scan: a
@@ -95,13 +105,43 @@ impl Staged {
         push(&mut self.keys(), key, token);
     }
 
+    /// A claim's keys, staged before its statement runs; false (nothing staged) once the
+    /// set is closed: the claim must not run.
+    pub fn stage_claim(&self, keys: &[u64], token: i64) -> bool {
+        let mut held = self.keys();
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        for k in keys {
+            push(&mut held, *k, token);
+        }
+        true
+    }
+
+    /// A lease a predecessor left with nobody: held (given back uncounted when it ends),
+    /// never handed out.
+    pub fn inherit(&self, key: u64, token: i64) {
+        let mut keys = self.keys();
+        push(&mut keys, key, token);
+        self.inherited().insert((key, token));
+    }
+
+    fn inherited(&self) -> std::sync::MutexGuard<'_, HashSet<(u64, i64)>> {
+        self.inherited
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Staged under any claim.
     pub fn contains_key(&self, key: u64) -> bool {
         self.keys().contains_key(&key)
     }
 
+    /// Staged under claim `token` and not inherited: a copy that may still be handed out.
     pub fn contains(&self, key: u64, token: i64) -> bool {
-        self.keys().get(&key).is_some_and(|ts| ts.contains(&token))
+        let keys = self.keys();
+        keys.get(&key).is_some_and(|ts| ts.contains(&token))
+            && !self.inherited().contains(&(key, token))
     }
 
     /// The claims `key` is staged under (none: empty).
@@ -111,12 +151,25 @@ impl Staged {
 
     /// Takes `key` out, whatever its claims; returns their tokens.
     pub fn remove(&self, key: u64) -> Vec<i64> {
-        self.keys().remove(&key).unwrap_or_default()
+        let mut keys = self.keys();
+        let tokens = keys.remove(&key).unwrap_or_default();
+        if !tokens.is_empty() {
+            let mut inherited = self.inherited();
+            for t in &tokens {
+                inherited.remove(&(key, *t));
+            }
+        }
+        tokens
     }
 
     /// Takes `key` out of claim `token` when it is in under it.
     pub fn take(&self, key: u64, token: i64) -> bool {
-        take(&mut self.keys(), key, token)
+        let mut keys = self.keys();
+        let took = take(&mut keys, key, token);
+        if took {
+            self.inherited().remove(&(key, token));
+        }
+        took
     }
 
     /// Nothing is handed out from here on. Keys still come in and go out (a claim in
@@ -137,6 +190,10 @@ impl Staged {
         let mut keys = self.keys();
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Vec::new();
+        }
+        {
+            let inherited = self.inherited();
+            items.retain(|i| !inherited.contains(&(i.id.key, i.lease_token)));
         }
         let mut in_reply = self.in_reply();
         items.retain(|i| take(&mut keys, i.id.key, i.lease_token));
@@ -224,6 +281,26 @@ mod tests {
         s.add(&[item(1, 10)]);
         assert!(s.hand_out(vec![item(1, 10), item(3, 9)]).is_empty());
         assert!(s.in_reply_entries().is_empty());
+        // No claim is planned on it any more.
+        assert!(!s.stage_claim(&[4], 11));
+        assert!(!s.contains_key(4));
+    }
+
+    #[test]
+    fn inherited_leases_are_held_never_handed_out() {
+        let s = Staged::default();
+        s.inherit(1, 10);
+        s.add(&[item(2, 12)]);
+        assert!(s.contains_key(1) && !s.contains(1, 10));
+        // A late answer of the predecessor's claim reaches a dequeue: not delivered.
+        let out = s.hand_out(vec![item(1, 10), item(2, 12)]);
+        assert_eq!(out.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![2]);
+        // Its lease's end gives it back (the scan takes it out under its token).
+        assert!(s.take(1, 10));
+        assert!(s.is_empty());
+        // Claimed again by this worker: handed out as any.
+        s.add(&[item(1, 13)]);
+        assert_eq!(s.hand_out(vec![item(1, 13)]).len(), 1);
     }
 
     #[test]

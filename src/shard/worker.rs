@@ -228,7 +228,7 @@ impl<S: ShardStore> ShardWorker<S> {
             late_enqueues: Default::default(),
         });
         for (key, token) in unseen.unwrap_or_default() {
-            shared.staged.insert(*key, *token);
+            shared.staged.inherit(*key, *token);
         }
         let label = ShardLabel {
             shard: id.to_string(),
