@@ -48,28 +48,38 @@ async fn start_with_one_item(
     (running, faults)
 }
 
+/// Dequeues one item of `topic` (namespace "rm") in a task of its own, once its claim
+/// is held in the store (`faults` armed with `Fault::Hold` on "claim"): returns when the
+/// claim waits there.
+async fn dequeue_held(
+    host: &std::sync::Arc<foqs::core::Host>,
+    faults: &Faults,
+    topic: &'static str,
+) -> tokio::task::JoinHandle<foqs::error::Result<Vec<foqs::model::Item>>> {
+    faults.arm("claim", Fault::Hold);
+    let waiting = faults.waiting().notified();
+    let host = host.clone();
+    let dequeue = tokio::spawn(async move {
+        let t = TopicRequest {
+            ns: "rm".into(),
+            topic: topic.into(),
+            count: 1,
+            before: (None, None),
+        };
+        host.dequeue(&Caller::anonymous(), vec![t], None, false)
+            .await
+    });
+    waiting.await;
+    dequeue
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn items_claimed_while_their_shard_is_removed_are_handed_out() {
     let db = TestDb::new(1);
     let (running, faults) = start_with_one_item(&db, "t", None).await;
     let host = running.host.clone();
     // The dequeue's claim is held in the store; meanwhile the shard is removed.
-    faults.arm("claim", Fault::Hold);
-    let waiting = faults.waiting().notified();
-    let dequeue = tokio::spawn({
-        let host = host.clone();
-        async move {
-            let t = TopicRequest {
-                ns: "rm".into(),
-                topic: "t".into(),
-                count: 1,
-                before: (None, None),
-            };
-            host.dequeue(&Caller::anonymous(), vec![t], None, false)
-                .await
-        }
-    });
-    waiting.await;
+    let dequeue = dequeue_held(&host, &faults, "t").await;
     let removal = tokio::spawn({
         let host = host.clone();
         async move { host.remove_shard(0).await }
@@ -148,22 +158,7 @@ async fn a_fenced_stop_knows_claims_still_out_without_waiting_for_them() {
     let db = TestDb::new(1);
     let (running, faults) = start_with_one_item(&db, "fenced", Some(600_000)).await;
     let host = running.host.clone();
-    faults.arm("claim", Fault::Hold);
-    let waiting = faults.waiting().notified();
-    let dequeue = tokio::spawn({
-        let host = host.clone();
-        async move {
-            let t = TopicRequest {
-                ns: "rm".into(),
-                topic: "fenced".into(),
-                count: 1,
-                before: (None, None),
-            };
-            host.dequeue(&Caller::anonymous(), vec![t], None, false)
-                .await
-        }
-    });
-    waiting.await;
+    let dequeue = dequeue_held(&host, &faults, "fenced").await;
     // The claim is out (held, as on a frozen server): the abandon does not wait for it.
     tokio::time::timeout(
         Duration::from_secs(5),
