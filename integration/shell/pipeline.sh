@@ -130,6 +130,39 @@ PY
 [ "$("$ctl" dlq list --ns "$ns" --topic "$topic-work" | wc -l)" = 2 ] || fail "work: two dead letters"
 ok
 
+# A command that exits without reading its payload does not end the worker (foqsctl
+# ended with SIGPIPE, 141, when the payload's write found the job gone).
+"$ctl" enqueue --ns "$ns" --topic "$topic-unread" --payload "$(head -c 9000 /dev/zero | tr '\0' u)" >/dev/null
+"$ctl" enqueue --ns "$ns" --topic "$topic-unread" --payload second >/dev/null
+"$ctl" --json work --ns "$ns" --topic "$topic-unread" -- sh -c 'exit 0' >"$tmp/unread.log" &
+worker=$!
+wait_lines "$tmp/unread.log" 2
+kill -TERM "$worker"
+wait "$worker" || fail "work exited $? with a command that did not read its payload"
+[ "$(grep -c '"acked"' "$tmp/unread.log")" = 2 ] || fail "unread payloads: $(cat "$tmp/unread.log")"
+ok
+
+# Retries back off exponentially from the item's delivery count: --backoff 300,5000 waits
+# 300 x 2^(deliveries-1) ms, jittered over its upper half, so the gaps between deliveries
+# are at least 150, 300 and 600 ms (lower bounds only: a loaded machine adds, never takes).
+"$ctl" enqueue --ns "$ns" --topic "$topic-backoff" --payload again >/dev/null
+"$ctl" --json work --ns "$ns" --topic "$topic-backoff" --backoff 300,5000 --max-attempts 4 \
+  -- sh -c "date +%s%N >>$tmp/deliveries; exit 1" >"$tmp/backoff.log" &
+worker=$!
+wait_lines "$tmp/backoff.log" 4
+kill -TERM "$worker"
+wait "$worker" || fail "work exited $?"
+python3 - "$tmp/deliveries" <<'PY' || fail "backoff: $(cat "$tmp/backoff.log")"
+import sys
+t = [int(l) / 1e6 for l in open(sys.argv[1])]
+gaps = [b - a for a, b in zip(t, t[1:])]
+assert len(gaps) == 3, gaps
+for gap, least in zip(gaps, [150, 300, 600]):
+    assert gap >= least, (gaps, least)
+PY
+grep -c "dead-lettered" "$tmp/backoff.log" >/dev/null || fail "backoff: the fourth failure is dead-lettered: $(cat "$tmp/backoff.log")"
+ok
+
 # A job longer than its lease is renewed, not delivered twice (lease 1 s, job 2.5 s).
 "$ctl" enqueue --ns "$ns" --topic "$topic-long" --lease-ms 1000 --payload slow >/dev/null
 "$ctl" --json work --ns "$ns" --topic "$topic-long" -- sh -c 'sleep 2.5' >"$tmp/long.log" &

@@ -111,6 +111,9 @@ impl Host {
             .filter(|&i| results[i].as_ref().is_err_and(|e| e.in_doubt))
             .filter(|&i| call == Resolving::Ack || named(&items[i]))
             .collect();
+        if open.is_empty() {
+            return;
+        }
         let mut tries = 0u32;
         while !open.is_empty() && Instant::now() < deadline {
             if tries > 0 {

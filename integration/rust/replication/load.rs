@@ -45,6 +45,8 @@ pub struct Load {
     ledger: Arc<Mutex<Ledger>>,
     producing: Arc<AtomicBool>,
     consuming: Arc<AtomicBool>,
+    /// Consumers wait while it is set (see [`Load::hold_consumers`]).
+    held: Arc<AtomicBool>,
     /// Stopped and joined first when the load finishes, so that an enqueue still in
     /// flight then has its reply in the ledger before the consumers are let go.
     producers: Vec<std::thread::JoinHandle<()>>,
@@ -53,10 +55,17 @@ pub struct Load {
 }
 
 impl Load {
+    /// Consumers take nothing while `on` (what is enqueued meanwhile stays pending, where
+    /// a loss can show).
+    pub fn hold_consumers(&self, on: bool) {
+        self.held.store(on, Ordering::SeqCst);
+    }
+
     pub fn start(hosts: &[SocketAddr]) -> Load {
         let ledger = Arc::new(Mutex::new(Ledger::default()));
         let producing = Arc::new(AtomicBool::new(true));
         let consuming = Arc::new(AtomicBool::new(true));
+        let held = Arc::new(AtomicBool::new(false));
         let failed_calls = Arc::new(AtomicU64::new(0));
         let mut producers = Vec::new();
         for p in 0..2 {
@@ -160,13 +169,21 @@ impl Load {
         }
         let mut consumers = Vec::new();
         for k in 0..2 {
-            let (ledger, consuming, failed) =
-                (ledger.clone(), consuming.clone(), failed_calls.clone());
+            let (ledger, consuming, failed, held) = (
+                ledger.clone(),
+                consuming.clone(),
+                failed_calls.clone(),
+                held.clone(),
+            );
             let hosts = hosts.to_vec();
             consumers.push(std::thread::spawn(move || {
                 let mut n = 0usize;
                 let mut c = None;
                 while consuming.load(Ordering::SeqCst) {
+                    if held.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
                     n += 1;
                     if c.is_none() {
                         c = client(hosts[(k + n / 40) % hosts.len()]);
@@ -272,6 +289,7 @@ impl Load {
             consuming,
             producers,
             consumers,
+            held,
             failed_calls,
         }
     }

@@ -53,14 +53,21 @@ pub enum Outcome {
 fn main() -> ExitCode {
     // A reader that goes away (`foqsctl stats | head -1`) ends foqsctl quietly, as it
     // ends Unix tools: Rust's runtime ignores SIGPIPE, so the next write would fail and
-    // `println!` panic with "Broken pipe" (exit 1).
-    // SAFETY: called first thing, before any thread exists; it only restores the
-    // default disposition of one signal.
-    #[cfg(unix)]
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    // `println!` panic with "Broken pipe" (exit 1). Not for `work`: it writes each job's
+    // payload into the job's standard input, and a command that exits without reading
+    // it ended the whole worker with SIGPIPE (now the write fails with EPIPE, ignored, as
+    // are its log lines' failures).
     let cli = Cli::parse(); // usage errors exit 2
+    #[cfg(unix)]
+    // SAFETY: before any thread exists; it only sets the disposition of one signal.
+    unsafe {
+        let pipe = if matches!(cli.cmd, Cmd::Work { .. }) {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        libc::signal(libc::SIGPIPE, pipe);
+    }
     let protocol = if cli.protocol == "compact" {
         Protocol::Compact
     } else {
