@@ -32,6 +32,15 @@ pub struct NsLabel {
     pub ns: String,
 }
 
+/// One bound of a buffer (see [`Metrics::buffer_limit`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BufferLabel {
+    pub buffer: &'static str,
+    pub unit: &'static str,
+    /// What one such buffer belongs to: the host, each shard, or each topic.
+    pub per: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NsReason {
     pub ns: String,
@@ -159,6 +168,8 @@ pub struct Metrics {
     pub fair_waiting_max: Gauge,
     pub fair_waiting_bytes_max: Gauge,
     pub fair_slots: Gauge,
+    /// Every bounded buffer's bounds (see [`Metrics::buffer_limit`]).
+    buffer_limits: Family<BufferLabel, Gauge>,
     labelled_ns: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Every namespace's item events together, by [`ItemEvent`] (the console's rates).
     event_totals: [AtomicU64; 6],
@@ -173,6 +184,12 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut r = Registry::with_prefix("foqs");
+        let buffer_limits = Family::<BufferLabel, Gauge>::default();
+        r.register(
+            "buffer_limit",
+            "The bound of each buffer a request or an item waits in, in its unit (requests, bytes, commands, items, keys, topics, connections), for each host, shard or topic (per)",
+            buffer_limits.clone(),
+        );
         let requests = Family::<MethodCode, Counter>::default();
         r.register(
             "requests",
@@ -430,6 +447,7 @@ impl Metrics {
             fair_waiting_max,
             fair_waiting_bytes_max,
             fair_slots,
+            buffer_limits,
             payload_cache_hits,
             payload_cache_misses,
             payload_cache_bytes,
@@ -494,6 +512,19 @@ impl Metrics {
     }
 
     /// `n` dead items of namespace `ns` purged for their topic's bound.
+    /// Says a buffer's bound (set once, at start).
+    pub fn buffer_limit(
+        &self,
+        buffer: &'static str,
+        unit: &'static str,
+        per: &'static str,
+        v: u64,
+    ) {
+        self.buffer_limits
+            .get_or_create(&BufferLabel { buffer, unit, per })
+            .set(v.min(i64::MAX as u64) as i64);
+    }
+
     pub fn dlq_dropped(&self, ns: &str, n: u64) {
         if n > 0 {
             self.dlq_dropped

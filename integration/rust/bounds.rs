@@ -160,5 +160,16 @@ async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
         !text.contains("foqs_ns_refusals_total{ns=\"victim\""),
         "{text}"
     );
+    // Every buffer says its bounds, this one as configured.
+    for line in [
+        "foqs_buffer_limit{buffer=\"fair_waiting\",unit=\"requests\",per=\"host\"} 2",
+        "foqs_buffer_limit{buffer=\"fair_waiting\",unit=\"bytes\",per=\"host\"} 67108864",
+        "foqs_buffer_limit{buffer=\"shard_queue\",unit=\"commands\",per=\"shard\"}",
+        "foqs_buffer_limit{buffer=\"prefetch_stage\",unit=\"items\",per=\"topic\"}",
+        "foqs_buffer_limit{buffer=\"ready_index\",unit=\"keys\",per=\"topic\"}",
+        "foqs_buffer_limit{buffer=\"connections\",unit=\"connections\",per=\"host\"}",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
     running.shutdown().await;
 }

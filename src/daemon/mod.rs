@@ -161,6 +161,7 @@ async fn start_planned(
         None => None,
     };
     let metrics = Arc::new(Metrics::new());
+    say_buffer_limits(&metrics, cfg);
     let c = &cfg.cluster;
     let host_id = cfg.host_id();
     let advertise = c.advertise.clone().unwrap_or_else(|| addr.to_string());
@@ -423,4 +424,70 @@ async fn start_planned(
         listeners,
         grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
     })
+}
+
+/// Every buffer a request or an item waits in, and its bounds, in `/metrics`
+/// (`foqs_buffer_limit{buffer, unit, per}`); the README's "Tenants" lists them.
+fn say_buffer_limits(m: &Metrics, cfg: &Config) {
+    let e = &cfg.engine;
+    let limits: [(&'static str, &'static str, &'static str, u64); 10] = [
+        (
+            "connections",
+            "connections",
+            "host",
+            cfg.server.max_connections as u64,
+        ),
+        (
+            "request",
+            "bytes",
+            "connection",
+            cfg.server.max_frame_bytes as u64,
+        ),
+        (
+            "fair_waiting",
+            "requests",
+            "host",
+            e.fair_waiting_max as u64,
+        ),
+        (
+            "fair_waiting",
+            "bytes",
+            "host",
+            e.fair_waiting_bytes_max as u64,
+        ),
+        (
+            "shard_queue",
+            "commands",
+            "shard",
+            e.worker_queue_max as u64,
+        ),
+        (
+            "prefetch_stage",
+            "items",
+            "topic",
+            e.prefetch_items_max as u64,
+        ),
+        (
+            "ready_index",
+            "keys",
+            "topic",
+            e.index_keys_per_topic_max as u64,
+        ),
+        ("ready_index", "topics", "shard", e.index_topics_max as u64),
+        (
+            "payload_cache",
+            "bytes",
+            "host",
+            e.payload_cache_bytes_max as u64,
+        ),
+        (
+            "ack_memory",
+            "items",
+            "shard",
+            e.ack_memory_items_max as u64,
+        ),
+    ];
+    for (buffer, unit, per, v) in limits {
+        m.buffer_limit(buffer, unit, per, v);
+    }
 }
