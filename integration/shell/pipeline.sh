@@ -237,6 +237,24 @@ PY
 "$ctl" watch --ns "$ns-watch" --count 1 | grep "^$topic-w  *3 " >/dev/null || fail "watch's table"
 ok
 
+# watch's counts are topicStats' (ready, deferred, leased, dead), field by field.
+for i in 1 2 3 4; do "$ctl" enqueue --ns "$ns-watch" --topic "$topic-wc" --payload w >/dev/null; done
+"$ctl" enqueue --ns "$ns-watch" --topic "$topic-wc" --payload later --delay-ms 600000 >/dev/null
+"$ctl" dequeue --ns "$ns-watch" --topic "$topic-wc" >/dev/null
+dead_id=$("$ctl" dequeue --ns "$ns-watch" --topic "$topic-wc" | cut -f1)
+"$ctl" nack --to-dlq "$dead_id" >/dev/null
+"$ctl" --json watch --ns "$ns-watch" --topic "$topic-wc" --count 1 >"$tmp/wc.watch"
+"$ctl" --json stats --ns "$ns-watch" --topic "$topic-wc" >"$tmp/wc.stats"
+python3 - "$tmp/wc.watch" "$tmp/wc.stats" "$topic-wc" <<'PY' || fail "watch against stats: $(cat "$tmp/wc.watch" "$tmp/wc.stats")"
+import json, sys
+w = [t for t in json.load(open(sys.argv[1]))["topics"] if t["topic"] == sys.argv[3]][0]
+s = json.load(open(sys.argv[2]))
+want = {"ready": 2, "deferred": 1, "leased": 1, "dead": 1}
+for k, v in want.items():
+    assert w[k] == s[k] == v, (k, w[k], s[k], v)
+PY
+ok
+
 # Exit codes.
 [ "$(status "$ctl" dequeue --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty dequeue should exit 3"
 [ "$(status "$ctl" peek --ns "$ns" --topic "$topic-empty")" = 3 ] || fail "empty peek should exit 3"
