@@ -168,8 +168,10 @@ pub struct Metrics {
     pub fair_waiting_max: Gauge,
     pub fair_waiting_bytes_max: Gauge,
     pub fair_slots: Gauge,
-    /// Every bounded buffer's bounds (see [`Metrics::buffer_limit`]).
+    /// Every bounded buffer's bounds (see [`Metrics::buffer_limit`]), and what the
+    /// host's buffers of each kind hold together now (set at each scrape).
     buffer_limits: Family<BufferLabel, Gauge>,
+    buffer_used: Family<BufferLabel, Gauge>,
     labelled_ns: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Every namespace's item events together, by [`ItemEvent`] (the console's rates).
     event_totals: [AtomicU64; 6],
@@ -189,6 +191,12 @@ impl Metrics {
             "buffer_limit",
             "The bound of each buffer a request or an item waits in, in its unit (requests, bytes, commands, items, keys, topics, connections), for each host, shard or topic (per)",
             buffer_limits.clone(),
+        );
+        let buffer_used = Family::<BufferLabel, Gauge>::default();
+        r.register(
+            "buffer_used",
+            "What a host's buffers of each kind hold now, together (per = host: the sum over its shards or topics)",
+            buffer_used.clone(),
         );
         let requests = Family::<MethodCode, Counter>::default();
         r.register(
@@ -448,6 +456,7 @@ impl Metrics {
             fair_waiting_bytes_max,
             fair_slots,
             buffer_limits,
+            buffer_used,
             payload_cache_hits,
             payload_cache_misses,
             payload_cache_bytes,
@@ -522,6 +531,17 @@ impl Metrics {
     ) {
         self.buffer_limits
             .get_or_create(&BufferLabel { buffer, unit, per })
+            .set(v.min(i64::MAX as u64) as i64);
+    }
+
+    /// Says what a host's buffers of one kind hold now (see [`Self::buffer_used`]).
+    pub fn buffer_used(&self, buffer: &'static str, unit: &'static str, v: u64) {
+        self.buffer_used
+            .get_or_create(&BufferLabel {
+                buffer,
+                unit,
+                per: "host",
+            })
             .set(v.min(i64::MAX as u64) as i64);
     }
 

@@ -160,8 +160,14 @@ async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
         !text.contains("foqs_ns_refusals_total{ns=\"victim\""),
         "{text}"
     );
-    // Every buffer says its bounds, this one as configured.
+    // Every buffer says its bounds, this one as configured, and what the host's hold now
+    // (the topic's ready item in the index, nothing queued).
+    host.refresh_metrics();
+    let text = host.metrics().encode();
     for line in [
+        "foqs_buffer_used{buffer=\"shard_queue\",unit=\"commands\",per=\"host\"} 0",
+        "foqs_buffer_used{buffer=\"ready_index\",unit=\"keys\",per=\"host\"}",
+        "foqs_buffer_used{buffer=\"prefetch_stage\",unit=\"items\",per=\"host\"}",
         "foqs_buffer_limit{buffer=\"fair_waiting\",unit=\"requests\",per=\"host\"} 2",
         "foqs_buffer_limit{buffer=\"fair_waiting\",unit=\"bytes\",per=\"host\"} 67108864",
         "foqs_buffer_limit{buffer=\"shard_queue\",unit=\"commands\",per=\"shard\"}",

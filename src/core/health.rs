@@ -45,6 +45,21 @@ impl Host {
         let m = self.metrics();
         let shards = self.shards();
         m.shards_owned.set(shards.len() as i64);
+        let (mut queued, mut topics, mut keys) = (0, 0, 0);
+        for s in shards.values() {
+            queued += s.queue_depth();
+            let (t, k) = s.index_size();
+            topics += t;
+            keys += k;
+        }
+        m.buffer_used("shard_queue", "commands", queued as u64);
+        m.buffer_used("ready_index", "topics", topics as u64);
+        m.buffer_used("ready_index", "keys", keys as u64);
+        m.buffer_used(
+            "prefetch_stage",
+            "items",
+            self.prefetch.staged_total() as u64,
+        );
         m.breaker_open.clear();
         m.shard_queue_depth.clear();
         for (id, s) in shards.iter() {

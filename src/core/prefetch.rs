@@ -242,6 +242,12 @@ impl Prefetch {
         refused
     }
 
+    /// Items staged over all topics.
+    pub fn staged_total(&self) -> usize {
+        let topics = self.topics.lock().expect("not poisoned");
+        topics.values().map(|s| s.items.len()).sum()
+    }
+
     /// A shard is served (again): hand-overs for it are staged.
     pub fn open_shard(&self, shard: ShardId) {
         let _topics = self.topics.lock().expect("not poisoned");

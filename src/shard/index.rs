@@ -133,6 +133,14 @@ pub struct ReadyIndex {
 }
 
 impl ReadyIndex {
+    /// What it holds: (topics, keys over all topics).
+    pub fn size(&self) -> (usize, usize) {
+        (
+            self.topics.len(),
+            self.topics.values().map(TopicIndex::len).sum(),
+        )
+    }
+
     pub fn new(keys_per_topic_max: usize, topics_max: usize) -> Self {
         ReadyIndex {
             topics: HashMap::new(),

@@ -365,6 +365,11 @@ impl ShardHandle {
         self.tx.capacity()
     }
 
+    /// What its ready index holds: (topics, keys).
+    pub fn index_size(&self) -> (usize, usize) {
+        self.index.lock().unwrap_or_else(|p| p.into_inner()).size()
+    }
+
     /// Commands waiting in the worker's queue.
     pub fn queue_depth(&self) -> usize {
         self.tx.max_capacity() - self.tx.capacity()
