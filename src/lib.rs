@@ -51,9 +51,9 @@
 //!   of one claim (merge, claim, stage) and of a peek, so that no item is between the
 //!   shards' indexes and the stage unseen. Under it: any of the std locks below, briefly.
 //! - `Prefetch.topics`, then a shard's `Staged.keys` (through the stage's `live` and
-//!   `hand_out` checks), then its `Staged.inherited` (alone under `keys`), then its
-//!   `Staged.in_reply` (handing out, taking back). Never the other way: `Staged.in_reply`
-//!   is taken alone or last, `Staged.keys` under no other staged lock.
+//!   `hand_out` checks), then its `Staged.in_reply` (handing out, taking back). Never the
+//!   other way: `Staged.in_reply` is taken alone or last, `Staged.keys` under no other
+//!   staged lock.
 //! - `ClusterState.loads`, then `ClusterState.ready`, then `ClusterState.shard_states`
 //!   (the peer poll writes all three; a peer found unreachable clears them in that order).
 //! - `Waiters.announce`, then `Waiters.announced` (announcing a ready topic).

@@ -241,18 +241,18 @@ impl Host {
         for i in items.into_iter().filter(|i| i.lease_expires_ms > now) {
             by_shard.entry(i.id.shard).or_default().push(i);
         }
-        let current = self.shards();
-        let delivered: Vec<Item> = by_shard
-            .into_iter()
-            .filter_map(|(id, items)| {
-                let h = match shards.get(&id) {
-                    Some(h) if !h.is_abandoned() => h,
-                    _ => current.get(&id)?,
-                };
-                Some(h.hand_out(items))
-            })
-            .flatten()
-            .collect();
+        // The current map, read only when the one it started with will not do.
+        let mut current: Option<ShardMap> = None;
+        let mut delivered: Vec<Item> = Vec::new();
+        for (id, items) in by_shard {
+            let h = match shards.get(&id) {
+                Some(h) if !h.is_abandoned() => Some(h),
+                _ => current.get_or_insert_with(|| self.shards()).get(&id),
+            };
+            if let Some(h) = h {
+                delivered.extend(h.hand_out(items));
+            }
+        }
         if let Some(first) = delivered.first() {
             // A dequeue's items are of one topic.
             self.metrics

@@ -45,9 +45,19 @@ impl Host {
         let m = self.metrics();
         let shards = self.shards();
         m.shards_owned.set(shards.len() as i64);
+        m.breaker_open.clear();
+        m.shard_queue_depth.clear();
         let (mut queued, mut topics, mut keys) = (0, 0, 0);
-        for s in shards.values() {
-            queued += s.queue_depth();
+        for (id, s) in shards.iter() {
+            let label = ShardLabel {
+                shard: id.to_string(),
+            };
+            m.breaker_open
+                .get_or_create(&label)
+                .set(i64::from(!s.is_healthy()));
+            let depth = s.queue_depth();
+            m.shard_queue_depth.get_or_create(&label).set(depth as i64);
+            queued += depth;
             let (t, k) = s.index_size();
             topics += t;
             keys += k;
@@ -60,19 +70,6 @@ impl Host {
             "items",
             self.prefetch.staged_total() as u64,
         );
-        m.breaker_open.clear();
-        m.shard_queue_depth.clear();
-        for (id, s) in shards.iter() {
-            let label = ShardLabel {
-                shard: id.to_string(),
-            };
-            m.breaker_open
-                .get_or_create(&label)
-                .set(i64::from(!s.is_healthy()));
-            m.shard_queue_depth
-                .get_or_create(&label)
-                .set(s.queue_depth() as i64);
-        }
         let now = self.clock.now_ms();
         let mut by_ns: BTreeMap<String, NsSnapshot> = BTreeMap::new();
         for s in shards.values() {

@@ -201,28 +201,11 @@ impl<S: ShardStore> ShardWorker<S> {
             }
             // Whether it committed is for the caller to ask (see `store::batches`),
             // with what each request was to get if it did.
-            let topics: HashMap<u64, &NewItem> = g.rows.iter().map(|(k, it)| (*k, it)).collect();
+            let rows: HashMap<u64, &NewItem> = g.rows.iter().map(|(k, it)| (*k, it)).collect();
             for (planned, reply) in g.replies {
-                let mut tally: Vec<(TopicName, i64)> = Vec::new();
-                for it in planned
-                    .iter()
-                    .filter(|(_, dup)| !dup)
-                    .filter_map(|(k, _)| topics.get(k))
-                {
-                    match tally
-                        .iter_mut()
-                        .find(|(t, _)| t.ns == it.ns && t.topic == it.topic)
-                    {
-                        Some((_, n)) => *n += 1,
-                        None => tally.push((
-                            TopicName {
-                                ns: it.ns.clone(),
-                                topic: it.topic.clone(),
-                            },
-                            1,
-                        )),
-                    }
-                }
+                // What it stored if it did commit (dedup hits stored nothing), by topic.
+                let stored = planned.iter().filter(|(_, dup)| !dup);
+                let tally = by_topic(stored.filter_map(|(k, _)| rows.get(k).copied()));
                 let _ = reply.send(Err(ShardError::InsertInDoubt {
                     shard: self.id,
                     error: e.clone(),
@@ -621,4 +604,21 @@ impl<S: ShardStore> ShardWorker<S> {
             Err(e) => fail_all(requests, &storage_error(self.id, &e)),
         }
     }
+}
+
+/// Items counted by topic.
+fn by_topic<'a>(items: impl Iterator<Item = &'a NewItem>) -> Vec<(TopicName, i64)> {
+    let mut n: HashMap<(&str, &str), i64> = HashMap::new();
+    for it in items {
+        *n.entry((&it.ns, &it.topic)).or_default() += 1;
+    }
+    n.into_iter()
+        .map(|((ns, topic), n)| {
+            let name = TopicName {
+                ns: ns.to_string(),
+                topic: topic.to_string(),
+            };
+            (name, n)
+        })
+        .collect()
 }

@@ -43,40 +43,49 @@ use std::sync::Mutex;
 
 use crate::model::Item;
 
-fn push(keys: &mut HashMap<u64, Vec<i64>>, key: u64, token: i64) {
-    let ts = keys.entry(key).or_default();
-    if !ts.contains(&token) {
-        ts.push(token);
-    }
+/// What the set holds under its one lock.
+#[derive(Debug, Default)]
+struct Held {
+    /// Key → the tokens of the claims that may have leased it and handed it to nobody:
+    /// one, usually; more when claims of the key failed with an unknown outcome (each may
+    /// yet commit late, and the lease it makes must come back uncounted too).
+    tokens: HashMap<u64, Vec<i64>>,
+    /// Of those, (key, token) inherited from an abandoned or dead predecessor (see
+    /// [`Staged::inherit`]): held, never handed out.
+    inherited: HashSet<(u64, i64)>,
+    /// Closed (see [`Staged::close`]).
+    closed: bool,
 }
 
-fn take(keys: &mut HashMap<u64, Vec<i64>>, key: u64, token: i64) -> bool {
-    let Some(ts) = keys.get_mut(&key) else {
-        return false;
-    };
-    let Some(at) = ts.iter().position(|t| *t == token) else {
-        return false;
-    };
-    ts.swap_remove(at);
-    if ts.is_empty() {
-        keys.remove(&key);
+impl Held {
+    fn push(&mut self, key: u64, token: i64) {
+        let ts = self.tokens.entry(key).or_default();
+        if !ts.contains(&token) {
+            ts.push(token);
+        }
     }
-    true
+
+    fn take(&mut self, key: u64, token: i64) -> bool {
+        let Some(ts) = self.tokens.get_mut(&key) else {
+            return false;
+        };
+        let Some(at) = ts.iter().position(|t| *t == token) else {
+            return false;
+        };
+        ts.swap_remove(at);
+        if ts.is_empty() {
+            self.tokens.remove(&key);
+        }
+        self.inherited.remove(&(key, token));
+        true
+    }
 }
 
 #[derive(Debug, Default)]
 pub struct Staged {
-    /// Key → the tokens of the claims that may have leased it and handed it to nobody:
-    /// one, usually; more when claims of the key failed with an unknown outcome (each may
-    /// yet commit late, and the lease it makes must come back uncounted too).
-    keys: Mutex<HashMap<u64, Vec<i64>>>,
+    keys: Mutex<Held>,
     /// (key, token) handed out to a reply that has not left the host yet.
     in_reply: Mutex<HashSet<(u64, i64)>>,
-    /// Closed (see [`Staged::close`]): set and read under `keys`.
-    closed: std::sync::atomic::AtomicBool,
-    /// (key, token) inherited from an abandoned or dead predecessor (see
-    /// [`Staged::inherit`]): held, never handed out. Taken only under `keys`.
-    inherited: Mutex<HashSet<(u64, i64)>>,
 }
 
 /// How long past its lease's end an item in reply is left alone by the expiry scan: a
@@ -85,7 +94,7 @@ pub struct Staged {
 pub const IN_REPLY_MAX_MS: i64 = 10_000;
 
 impl Staged {
-    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<i64>>> {
+    fn keys(&self) -> std::sync::MutexGuard<'_, Held> {
         // Poisoned only by a worker that died holding it: its shard is being reopened, and
         // the prefetch task that reads it must not die with it.
         self.keys
@@ -95,25 +104,25 @@ impl Staged {
 
     /// Claimed, not handed out yet.
     pub fn add(&self, items: &[Item]) {
-        let mut keys = self.keys();
+        let mut held = self.keys();
         for i in items {
-            push(&mut keys, i.id.key, i.lease_token);
+            held.push(i.id.key, i.lease_token);
         }
     }
 
     pub fn insert(&self, key: u64, token: i64) {
-        push(&mut self.keys(), key, token);
+        self.keys().push(key, token);
     }
 
     /// A claim's keys, staged before its statement runs; false (nothing staged) once the
     /// set is closed: the claim must not run.
     pub fn stage_claim(&self, keys: &[u64], token: i64) -> bool {
         let mut held = self.keys();
-        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+        if held.closed {
             return false;
         }
         for k in keys {
-            push(&mut held, *k, token);
+            held.push(*k, token);
         }
         true
     }
@@ -121,64 +130,48 @@ impl Staged {
     /// A lease a predecessor left with nobody: held (given back uncounted when it ends),
     /// never handed out.
     pub fn inherit(&self, key: u64, token: i64) {
-        let mut keys = self.keys();
-        push(&mut keys, key, token);
-        self.inherited().insert((key, token));
-    }
-
-    fn inherited(&self) -> std::sync::MutexGuard<'_, HashSet<(u64, i64)>> {
-        self.inherited
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        let mut held = self.keys();
+        held.push(key, token);
+        held.inherited.insert((key, token));
     }
 
     /// Staged under any claim.
     pub fn contains_key(&self, key: u64) -> bool {
-        self.keys().contains_key(&key)
+        self.keys().tokens.contains_key(&key)
     }
 
     /// Staged under claim `token` and not inherited: a copy that may still be handed out.
     pub fn contains(&self, key: u64, token: i64) -> bool {
-        let keys = self.keys();
-        keys.get(&key).is_some_and(|ts| ts.contains(&token))
-            && !self.inherited().contains(&(key, token))
+        let held = self.keys();
+        held.tokens.get(&key).is_some_and(|ts| ts.contains(&token))
+            && !held.inherited.contains(&(key, token))
     }
 
     /// The claims `key` is staged under (none: empty).
     pub fn tokens(&self, key: u64) -> Vec<i64> {
-        self.keys().get(&key).cloned().unwrap_or_default()
+        self.keys().tokens.get(&key).cloned().unwrap_or_default()
     }
 
     /// Takes `key` out, whatever its claims; returns their tokens.
     pub fn remove(&self, key: u64) -> Vec<i64> {
-        let mut keys = self.keys();
-        let tokens = keys.remove(&key).unwrap_or_default();
-        if !tokens.is_empty() {
-            let mut inherited = self.inherited();
-            for t in &tokens {
-                inherited.remove(&(key, *t));
-            }
+        let mut held = self.keys();
+        let tokens = held.tokens.remove(&key).unwrap_or_default();
+        for t in &tokens {
+            held.inherited.remove(&(key, *t));
         }
         tokens
     }
 
     /// Takes `key` out of claim `token` when it is in under it.
     pub fn take(&self, key: u64, token: i64) -> bool {
-        let mut keys = self.keys();
-        let took = take(&mut keys, key, token);
-        if took {
-            self.inherited().remove(&(key, token));
-        }
-        took
+        self.keys().take(key, token)
     }
 
     /// Nothing is handed out from here on. Keys still come in and go out (a claim in
     /// flight, an ack): only hand-outs end, so [`Self::entries`] holds every lease nobody
     /// was handed, for a successor.
     pub fn close(&self) {
-        let _keys = self.keys();
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.keys().closed = true;
     }
 
     /// Keeps the items still waiting under their claim (taking them out: they are
@@ -187,16 +180,13 @@ impl Staged {
     pub fn hand_out(&self, mut items: Vec<Item>) -> Vec<Item> {
         // Both locks at once: an item is never in neither set, where the scan would count
         // its lease's end as a delivery.
-        let mut keys = self.keys();
-        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut held = self.keys();
+        if held.closed {
             return Vec::new();
         }
-        {
-            let inherited = self.inherited();
-            items.retain(|i| !inherited.contains(&(i.id.key, i.lease_token)));
-        }
+        items.retain(|i| !held.inherited.contains(&(i.id.key, i.lease_token)));
         let mut in_reply = self.in_reply();
-        items.retain(|i| take(&mut keys, i.id.key, i.lease_token));
+        items.retain(|i| held.take(i.id.key, i.lease_token));
         in_reply.extend(items.iter().map(|i| (i.id.key, i.lease_token)));
         items
     }
@@ -205,11 +195,11 @@ impl Staged {
     /// claim); returns those it took. One no longer in reply (the scan ended its lease:
     /// too long past its end) is left alone.
     pub fn unhand(&self, mut items: Vec<Item>) -> Vec<Item> {
-        let mut keys = self.keys();
+        let mut held = self.keys();
         let mut in_reply = self.in_reply();
         items.retain(|i| in_reply.remove(&(i.id.key, i.lease_token)));
         for i in &items {
-            push(&mut keys, i.id.key, i.lease_token);
+            held.push(i.id.key, i.lease_token);
         }
         items
     }
@@ -241,13 +231,14 @@ impl Staged {
     /// Every (key, token) held: the leases nobody was handed.
     pub fn entries(&self) -> Vec<(u64, i64)> {
         self.keys()
+            .tokens
             .iter()
             .flat_map(|(k, ts)| ts.iter().map(move |t| (*k, *t)))
             .collect()
     }
 
     pub fn len(&self) -> usize {
-        self.keys().len()
+        self.keys().tokens.len()
     }
 
     pub fn is_empty(&self) -> bool {

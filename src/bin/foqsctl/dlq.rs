@@ -67,12 +67,7 @@ pub fn run(c: &mut SyncClient, cmd: &DlqCmd, json: bool) -> Result<Outcome, Stri
                 })
             })
             .map_err(e)?;
-            out(&if json {
-                json!({"requeued": n}).to_string()
-            } else {
-                format!("requeued {n}")
-            })?;
-            Ok(Outcome::Done)
+            counted("requeued", n, json)
         }
         DlqCmd::Purge { ns, topic } => {
             let n = until_done(None, |_| {
@@ -83,14 +78,19 @@ pub fn run(c: &mut SyncClient, cmd: &DlqCmd, json: bool) -> Result<Outcome, Stri
                 })
             })
             .map_err(e)?;
-            out(&if json {
-                json!({"purged": n}).to_string()
-            } else {
-                format!("purged {n}")
-            })?;
-            Ok(Outcome::Done)
+            counted("purged", n, json)
         }
     }
+}
+
+/// Says how many a bulk call did: `{"requeued": n}`, or `requeued n`.
+fn counted(what: &str, n: i64, json: bool) -> Result<Outcome, String> {
+    out(&if json {
+        json!({ what: n }).to_string()
+    } else {
+        format!("{what} {n}")
+    })?;
+    Ok(Outcome::Done)
 }
 
 /// Calls a bulk dead-letter call until it says it is done (each call works within the
