@@ -82,6 +82,12 @@ struct EnqueueRequest {
   // host id). A request carrying it is never forwarded again (one hop at most) and is not
   // charged against the namespace's quota a second time. Clients leave it out.
   2: optional string forwarded_by,
+  // Set with forwarded_by: a token the forwarding host drew for this request. The host
+  // that writes the items records, in the same transaction, each item's id under it, so
+  // that when the call's answer is lost (that host died or went silent mid-call) the
+  // forwarding host learns what was stored (enqueueOutcome) instead of answering that the
+  // outcome is unknown. Clients leave it out.
+  3: optional i64 forward_token,
 }
 
 struct EnqueueResult {
@@ -431,6 +437,42 @@ struct HostInfo {
   9: optional list<ReadyTopic> ready_topics,
 }
 
+// Between hosts of a cluster: what became of an enqueue whose answer was lost. Asked of
+// the host serving the shards now; each shard decides for good (a record written now
+// makes a late commit of the lost insert fail). Needs "peer" under access rules.
+struct EnqueueOutcomeRequest {
+  // The shards to ask. A shard this host does not serve now answers "unserved".
+  1: list<i32> shards,
+  // A forwarded request's token (EnqueueRequest.forward_token) and its number of items,
+  2: optional i64 forward_token,
+  3: optional i32 items,
+  // or an insert's batch token (the token a shard's insert marks itself with).
+  4: optional i64 batch_token,
+}
+
+struct ForwardedItem {
+  // The item's position in the forwarded request.
+  1: i32 position,
+  2: string id,
+  3: bool deduplicated,
+}
+
+struct ShardEnqueueOutcome {
+  1: i32 shard_id,
+  // "committed": the items listed (a forwarded request) or the insert (a batch token)
+  // were stored, and nothing else of the request was, on this shard. "not_committed":
+  // nothing of it was, and never will be. "forgotten": past the shard's memory (10
+  // minutes): the items listed were stored; of the rest nothing is known. "unserved":
+  // not served by this host now. "error": not answered (see error).
+  2: string state,
+  3: optional list<ForwardedItem> items,
+  4: optional string error,
+}
+
+struct EnqueueOutcomeResponse {
+  1: list<ShardEnqueueOutcome> shards,
+}
+
 struct NotifyReadyRequest {
   // The host whose shards now have ready items of these topics.
   1: string host_id,
@@ -547,6 +589,9 @@ service Foqs {
   // Between hosts of a cluster: topics that just got ready items on the sender, so that
   // long polls routed elsewhere wake at once. Needs "peer" under access rules.
   void notifyReady(1: NotifyReadyRequest req) throws (1: FoqsError err),
+  // Between hosts of a cluster: what became of an enqueue whose answer was lost (see
+  // EnqueueOutcomeRequest). Needs "peer" under access rules.
+  EnqueueOutcomeResponse enqueueOutcome(1: EnqueueOutcomeRequest req) throws (1: FoqsError err),
   // Replication (needs "admin" on every namespace, "*", under access rules). Any host
   // drives the switch through etcd; a call returns when the switch is done or undone.
   SwitchResponse shardSwitchover(1: SwitchoverRequest req) throws (1: FoqsError err),

@@ -478,12 +478,16 @@ EnqueueItem.prototype.write = function(output) {
 var EnqueueRequest = module.exports.EnqueueRequest = function(args) {
   this.items = null;
   this.forwarded_by = null;
+  this.forward_token = null;
   if (args) {
     if (args.items !== undefined && args.items !== null) {
       this.items = Thrift.copyList(args.items, [ttypes.EnqueueItem]);
     }
     if (args.forwarded_by !== undefined && args.forwarded_by !== null) {
       this.forwarded_by = args.forwarded_by;
+    }
+    if (args.forward_token !== undefined && args.forward_token !== null) {
+      this.forward_token = args.forward_token;
     }
   }
 };
@@ -521,6 +525,13 @@ EnqueueRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 3:
+      if (ftype == Thrift.Type.I64) {
+        this.forward_token = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -547,6 +558,11 @@ EnqueueRequest.prototype.write = function(output) {
   if (this.forwarded_by !== null && this.forwarded_by !== undefined) {
     output.writeFieldBegin('forwarded_by', Thrift.Type.STRING, 2);
     output.writeString(this.forwarded_by);
+    output.writeFieldEnd();
+  }
+  if (this.forward_token !== null && this.forward_token !== undefined) {
+    output.writeFieldBegin('forward_token', Thrift.Type.I64, 3);
+    output.writeI64(this.forward_token);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -4058,6 +4074,372 @@ HostInfo.prototype.write = function(output) {
   return;
 };
 
+var EnqueueOutcomeRequest = module.exports.EnqueueOutcomeRequest = function(args) {
+  this.shards = null;
+  this.forward_token = null;
+  this.items = null;
+  this.batch_token = null;
+  if (args) {
+    if (args.shards !== undefined && args.shards !== null) {
+      this.shards = Thrift.copyList(args.shards, [null]);
+    }
+    if (args.forward_token !== undefined && args.forward_token !== null) {
+      this.forward_token = args.forward_token;
+    }
+    if (args.items !== undefined && args.items !== null) {
+      this.items = args.items;
+    }
+    if (args.batch_token !== undefined && args.batch_token !== null) {
+      this.batch_token = args.batch_token;
+    }
+  }
+};
+EnqueueOutcomeRequest.prototype = {};
+EnqueueOutcomeRequest.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.LIST) {
+        this.shards = [];
+        var _rtmp3111 = input.readListBegin();
+        var _size110 = _rtmp3111.size || 0;
+        for (var _i112 = 0; _i112 < _size110; ++_i112) {
+          var elem113 = null;
+          elem113 = input.readI32();
+          this.shards.push(elem113);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.I64) {
+        this.forward_token = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 3:
+      if (ftype == Thrift.Type.I32) {
+        this.items = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 4:
+      if (ftype == Thrift.Type.I64) {
+        this.batch_token = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+EnqueueOutcomeRequest.prototype.write = function(output) {
+  output.writeStructBegin('EnqueueOutcomeRequest');
+  if (this.shards !== null && this.shards !== undefined) {
+    output.writeFieldBegin('shards', Thrift.Type.LIST, 1);
+    output.writeListBegin(Thrift.Type.I32, this.shards.length);
+    for (var iter114 in this.shards) {
+      if (this.shards.hasOwnProperty(iter114)) {
+        iter114 = this.shards[iter114];
+        output.writeI32(iter114);
+      }
+    }
+    output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  if (this.forward_token !== null && this.forward_token !== undefined) {
+    output.writeFieldBegin('forward_token', Thrift.Type.I64, 2);
+    output.writeI64(this.forward_token);
+    output.writeFieldEnd();
+  }
+  if (this.items !== null && this.items !== undefined) {
+    output.writeFieldBegin('items', Thrift.Type.I32, 3);
+    output.writeI32(this.items);
+    output.writeFieldEnd();
+  }
+  if (this.batch_token !== null && this.batch_token !== undefined) {
+    output.writeFieldBegin('batch_token', Thrift.Type.I64, 4);
+    output.writeI64(this.batch_token);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var ForwardedItem = module.exports.ForwardedItem = function(args) {
+  this.position = null;
+  this.id = null;
+  this.deduplicated = null;
+  if (args) {
+    if (args.position !== undefined && args.position !== null) {
+      this.position = args.position;
+    }
+    if (args.id !== undefined && args.id !== null) {
+      this.id = args.id;
+    }
+    if (args.deduplicated !== undefined && args.deduplicated !== null) {
+      this.deduplicated = args.deduplicated;
+    }
+  }
+};
+ForwardedItem.prototype = {};
+ForwardedItem.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.I32) {
+        this.position = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.STRING) {
+        this.id = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 3:
+      if (ftype == Thrift.Type.BOOL) {
+        this.deduplicated = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+ForwardedItem.prototype.write = function(output) {
+  output.writeStructBegin('ForwardedItem');
+  if (this.position !== null && this.position !== undefined) {
+    output.writeFieldBegin('position', Thrift.Type.I32, 1);
+    output.writeI32(this.position);
+    output.writeFieldEnd();
+  }
+  if (this.id !== null && this.id !== undefined) {
+    output.writeFieldBegin('id', Thrift.Type.STRING, 2);
+    output.writeString(this.id);
+    output.writeFieldEnd();
+  }
+  if (this.deduplicated !== null && this.deduplicated !== undefined) {
+    output.writeFieldBegin('deduplicated', Thrift.Type.BOOL, 3);
+    output.writeBool(this.deduplicated);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var ShardEnqueueOutcome = module.exports.ShardEnqueueOutcome = function(args) {
+  this.shard_id = null;
+  this.state = null;
+  this.items = null;
+  this.error = null;
+  if (args) {
+    if (args.shard_id !== undefined && args.shard_id !== null) {
+      this.shard_id = args.shard_id;
+    }
+    if (args.state !== undefined && args.state !== null) {
+      this.state = args.state;
+    }
+    if (args.items !== undefined && args.items !== null) {
+      this.items = Thrift.copyList(args.items, [ttypes.ForwardedItem]);
+    }
+    if (args.error !== undefined && args.error !== null) {
+      this.error = args.error;
+    }
+  }
+};
+ShardEnqueueOutcome.prototype = {};
+ShardEnqueueOutcome.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.I32) {
+        this.shard_id = input.readI32();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.STRING) {
+        this.state = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 3:
+      if (ftype == Thrift.Type.LIST) {
+        this.items = [];
+        var _rtmp3116 = input.readListBegin();
+        var _size115 = _rtmp3116.size || 0;
+        for (var _i117 = 0; _i117 < _size115; ++_i117) {
+          var elem118 = null;
+          elem118 = new ttypes.ForwardedItem();
+          elem118.read(input);
+          this.items.push(elem118);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 4:
+      if (ftype == Thrift.Type.STRING) {
+        this.error = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+ShardEnqueueOutcome.prototype.write = function(output) {
+  output.writeStructBegin('ShardEnqueueOutcome');
+  if (this.shard_id !== null && this.shard_id !== undefined) {
+    output.writeFieldBegin('shard_id', Thrift.Type.I32, 1);
+    output.writeI32(this.shard_id);
+    output.writeFieldEnd();
+  }
+  if (this.state !== null && this.state !== undefined) {
+    output.writeFieldBegin('state', Thrift.Type.STRING, 2);
+    output.writeString(this.state);
+    output.writeFieldEnd();
+  }
+  if (this.items !== null && this.items !== undefined) {
+    output.writeFieldBegin('items', Thrift.Type.LIST, 3);
+    output.writeListBegin(Thrift.Type.STRUCT, this.items.length);
+    for (var iter119 in this.items) {
+      if (this.items.hasOwnProperty(iter119)) {
+        iter119 = this.items[iter119];
+        iter119.write(output);
+      }
+    }
+    output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  if (this.error !== null && this.error !== undefined) {
+    output.writeFieldBegin('error', Thrift.Type.STRING, 4);
+    output.writeString(this.error);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var EnqueueOutcomeResponse = module.exports.EnqueueOutcomeResponse = function(args) {
+  this.shards = null;
+  if (args) {
+    if (args.shards !== undefined && args.shards !== null) {
+      this.shards = Thrift.copyList(args.shards, [ttypes.ShardEnqueueOutcome]);
+    }
+  }
+};
+EnqueueOutcomeResponse.prototype = {};
+EnqueueOutcomeResponse.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.LIST) {
+        this.shards = [];
+        var _rtmp3121 = input.readListBegin();
+        var _size120 = _rtmp3121.size || 0;
+        for (var _i122 = 0; _i122 < _size120; ++_i122) {
+          var elem123 = null;
+          elem123 = new ttypes.ShardEnqueueOutcome();
+          elem123.read(input);
+          this.shards.push(elem123);
+        }
+        input.readListEnd();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 0:
+        input.skip(ftype);
+        break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+EnqueueOutcomeResponse.prototype.write = function(output) {
+  output.writeStructBegin('EnqueueOutcomeResponse');
+  if (this.shards !== null && this.shards !== undefined) {
+    output.writeFieldBegin('shards', Thrift.Type.LIST, 1);
+    output.writeListBegin(Thrift.Type.STRUCT, this.shards.length);
+    for (var iter124 in this.shards) {
+      if (this.shards.hasOwnProperty(iter124)) {
+        iter124 = this.shards[iter124];
+        iter124.write(output);
+      }
+    }
+    output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
 var NotifyReadyRequest = module.exports.NotifyReadyRequest = function(args) {
   this.host_id = null;
   this.topics = null;
@@ -4091,13 +4473,13 @@ NotifyReadyRequest.prototype.read = function(input) {
       case 2:
       if (ftype == Thrift.Type.LIST) {
         this.topics = [];
-        var _rtmp3111 = input.readListBegin();
-        var _size110 = _rtmp3111.size || 0;
-        for (var _i112 = 0; _i112 < _size110; ++_i112) {
-          var elem113 = null;
-          elem113 = new ttypes.ReadyTopic();
-          elem113.read(input);
-          this.topics.push(elem113);
+        var _rtmp3126 = input.readListBegin();
+        var _size125 = _rtmp3126.size || 0;
+        for (var _i127 = 0; _i127 < _size125; ++_i127) {
+          var elem128 = null;
+          elem128 = new ttypes.ReadyTopic();
+          elem128.read(input);
+          this.topics.push(elem128);
         }
         input.readListEnd();
       } else {
@@ -4123,10 +4505,10 @@ NotifyReadyRequest.prototype.write = function(output) {
   if (this.topics !== null && this.topics !== undefined) {
     output.writeFieldBegin('topics', Thrift.Type.LIST, 2);
     output.writeListBegin(Thrift.Type.STRUCT, this.topics.length);
-    for (var iter114 in this.topics) {
-      if (this.topics.hasOwnProperty(iter114)) {
-        iter114 = this.topics[iter114];
-        iter114.write(output);
+    for (var iter129 in this.topics) {
+      if (this.topics.hasOwnProperty(iter129)) {
+        iter129 = this.topics[iter129];
+        iter129.write(output);
       }
     }
     output.writeListEnd();
@@ -4399,12 +4781,12 @@ SwitchReport.prototype.read = function(input) {
       case 2:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp3116 = input.readListBegin();
-        var _size115 = _rtmp3116.size || 0;
-        for (var _i117 = 0; _i117 < _size115; ++_i117) {
-          var elem118 = null;
-          elem118 = input.readI32();
-          this.shards.push(elem118);
+        var _rtmp3131 = input.readListBegin();
+        var _size130 = _rtmp3131.size || 0;
+        for (var _i132 = 0; _i132 < _size130; ++_i132) {
+          var elem133 = null;
+          elem133 = input.readI32();
+          this.shards.push(elem133);
         }
         input.readListEnd();
       } else {
@@ -4500,10 +4882,10 @@ SwitchReport.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 2);
     output.writeListBegin(Thrift.Type.I32, this.shards.length);
-    for (var iter119 in this.shards) {
-      if (this.shards.hasOwnProperty(iter119)) {
-        iter119 = this.shards[iter119];
-        output.writeI32(iter119);
+    for (var iter134 in this.shards) {
+      if (this.shards.hasOwnProperty(iter134)) {
+        iter134 = this.shards[iter134];
+        output.writeI32(iter134);
       }
     }
     output.writeListEnd();
@@ -4590,13 +4972,13 @@ SwitchResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.switches = [];
-        var _rtmp3121 = input.readListBegin();
-        var _size120 = _rtmp3121.size || 0;
-        for (var _i122 = 0; _i122 < _size120; ++_i122) {
-          var elem123 = null;
-          elem123 = new ttypes.SwitchReport();
-          elem123.read(input);
-          this.switches.push(elem123);
+        var _rtmp3136 = input.readListBegin();
+        var _size135 = _rtmp3136.size || 0;
+        for (var _i137 = 0; _i137 < _size135; ++_i137) {
+          var elem138 = null;
+          elem138 = new ttypes.SwitchReport();
+          elem138.read(input);
+          this.switches.push(elem138);
         }
         input.readListEnd();
       } else {
@@ -4624,10 +5006,10 @@ SwitchResponse.prototype.write = function(output) {
   if (this.switches !== null && this.switches !== undefined) {
     output.writeFieldBegin('switches', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.switches.length);
-    for (var iter124 in this.switches) {
-      if (this.switches.hasOwnProperty(iter124)) {
-        iter124 = this.switches[iter124];
-        iter124.write(output);
+    for (var iter139 in this.switches) {
+      if (this.switches.hasOwnProperty(iter139)) {
+        iter139 = this.switches[iter139];
+        iter139.write(output);
       }
     }
     output.writeListEnd();
@@ -4955,13 +5337,13 @@ ShardReplicationInfo.prototype.read = function(input) {
       case 10:
       if (ftype == Thrift.Type.LIST) {
         this.replicas = [];
-        var _rtmp3126 = input.readListBegin();
-        var _size125 = _rtmp3126.size || 0;
-        for (var _i127 = 0; _i127 < _size125; ++_i127) {
-          var elem128 = null;
-          elem128 = new ttypes.ReplicaInfo();
-          elem128.read(input);
-          this.replicas.push(elem128);
+        var _rtmp3141 = input.readListBegin();
+        var _size140 = _rtmp3141.size || 0;
+        for (var _i142 = 0; _i142 < _size140; ++_i142) {
+          var elem143 = null;
+          elem143 = new ttypes.ReplicaInfo();
+          elem143.read(input);
+          this.replicas.push(elem143);
         }
         input.readListEnd();
       } else {
@@ -5027,10 +5409,10 @@ ShardReplicationInfo.prototype.write = function(output) {
   if (this.replicas !== null && this.replicas !== undefined) {
     output.writeFieldBegin('replicas', Thrift.Type.LIST, 10);
     output.writeListBegin(Thrift.Type.STRUCT, this.replicas.length);
-    for (var iter129 in this.replicas) {
-      if (this.replicas.hasOwnProperty(iter129)) {
-        iter129 = this.replicas[iter129];
-        iter129.write(output);
+    for (var iter144 in this.replicas) {
+      if (this.replicas.hasOwnProperty(iter144)) {
+        iter144 = this.replicas[iter144];
+        iter144.write(output);
       }
     }
     output.writeListEnd();
@@ -5063,13 +5445,13 @@ ReplicationResponse.prototype.read = function(input) {
       case 1:
       if (ftype == Thrift.Type.LIST) {
         this.shards = [];
-        var _rtmp3131 = input.readListBegin();
-        var _size130 = _rtmp3131.size || 0;
-        for (var _i132 = 0; _i132 < _size130; ++_i132) {
-          var elem133 = null;
-          elem133 = new ttypes.ShardReplicationInfo();
-          elem133.read(input);
-          this.shards.push(elem133);
+        var _rtmp3146 = input.readListBegin();
+        var _size145 = _rtmp3146.size || 0;
+        for (var _i147 = 0; _i147 < _size145; ++_i147) {
+          var elem148 = null;
+          elem148 = new ttypes.ShardReplicationInfo();
+          elem148.read(input);
+          this.shards.push(elem148);
         }
         input.readListEnd();
       } else {
@@ -5093,10 +5475,10 @@ ReplicationResponse.prototype.write = function(output) {
   if (this.shards !== null && this.shards !== undefined) {
     output.writeFieldBegin('shards', Thrift.Type.LIST, 1);
     output.writeListBegin(Thrift.Type.STRUCT, this.shards.length);
-    for (var iter134 in this.shards) {
-      if (this.shards.hasOwnProperty(iter134)) {
-        iter134 = this.shards[iter134];
-        iter134.write(output);
+    for (var iter149 in this.shards) {
+      if (this.shards.hasOwnProperty(iter149)) {
+        iter149 = this.shards[iter149];
+        iter149.write(output);
       }
     }
     output.writeListEnd();

@@ -631,13 +631,15 @@ impl Default for EnqueueItem {
 pub struct EnqueueRequest {
   pub items: Option<Vec<EnqueueItem>>,
   pub forwarded_by: Option<String>,
+  pub forward_token: Option<i64>,
 }
 
 impl EnqueueRequest {
-  pub fn new<F1, F2>(items: F1, forwarded_by: F2) -> EnqueueRequest where F1: Into<Option<Vec<EnqueueItem>>>, F2: Into<Option<String>> {
+  pub fn new<F1, F2, F3>(items: F1, forwarded_by: F2, forward_token: F3) -> EnqueueRequest where F1: Into<Option<Vec<EnqueueItem>>>, F2: Into<Option<String>>, F3: Into<Option<i64>> {
     EnqueueRequest {
       items: items.into(),
       forwarded_by: forwarded_by.into(),
+      forward_token: forward_token.into(),
     }
   }
 }
@@ -647,6 +649,7 @@ impl TSerializable for EnqueueRequest {
     i_prot.read_struct_begin()?;
     let mut f_1: Option<Vec<EnqueueItem>> = Some(Vec::new());
     let mut f_2: Option<String> = None;
+    let mut f_3: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -668,6 +671,10 @@ impl TSerializable for EnqueueRequest {
           let val = i_prot.read_string()?;
           f_2 = Some(val);
         },
+        3 => {
+          let val = i_prot.read_i64()?;
+          f_3 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -678,6 +685,7 @@ impl TSerializable for EnqueueRequest {
     let ret = EnqueueRequest {
       items: f_1,
       forwarded_by: f_2,
+      forward_token: f_3,
     };
     Ok(ret)
   }
@@ -698,6 +706,11 @@ impl TSerializable for EnqueueRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.forward_token {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forward_token", TType::I64, 3))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -708,6 +721,7 @@ impl Default for EnqueueRequest {
     EnqueueRequest{
       items: Some(Vec::new()),
       forwarded_by: Some("".to_owned()),
+      forward_token: Some(0),
     }
   }
 }
@@ -4514,6 +4528,408 @@ impl Default for HostInfo {
 }
 
 //
+// EnqueueOutcomeRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct EnqueueOutcomeRequest {
+  pub shards: Option<Vec<i32>>,
+  pub forward_token: Option<i64>,
+  pub items: Option<i32>,
+  pub batch_token: Option<i64>,
+}
+
+impl EnqueueOutcomeRequest {
+  pub fn new<F1, F2, F3, F4>(shards: F1, forward_token: F2, items: F3, batch_token: F4) -> EnqueueOutcomeRequest where F1: Into<Option<Vec<i32>>>, F2: Into<Option<i64>>, F3: Into<Option<i32>>, F4: Into<Option<i64>> {
+    EnqueueOutcomeRequest {
+      shards: shards.into(),
+      forward_token: forward_token.into(),
+      items: items.into(),
+      batch_token: batch_token.into(),
+    }
+  }
+}
+
+impl TSerializable for EnqueueOutcomeRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<EnqueueOutcomeRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<i32>> = Some(Vec::new());
+    let mut f_2: Option<i64> = None;
+    let mut f_3: Option<i32> = None;
+    let mut f_4: Option<i64> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<i32> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_22 = i_prot.read_i32()?;
+            val.push(list_elem_22);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_i64()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_i32()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_i64()?;
+          f_4 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = EnqueueOutcomeRequest {
+      shards: f_1,
+      forward_token: f_2,
+      items: f_3,
+      batch_token: f_4,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("EnqueueOutcomeRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.shards {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shards", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::I32, fld_var.len() as i32))?;
+      for e in fld_var {
+        o_prot.write_i32(*e)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.forward_token {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forward_token", TType::I64, 2))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.items {
+      o_prot.write_field_begin(&TFieldIdentifier::new("items", TType::I32, 3))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.batch_token {
+      o_prot.write_field_begin(&TFieldIdentifier::new("batch_token", TType::I64, 4))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for EnqueueOutcomeRequest {
+  fn default() -> Self {
+    EnqueueOutcomeRequest{
+      shards: Some(Vec::new()),
+      forward_token: Some(0),
+      items: Some(0),
+      batch_token: Some(0),
+    }
+  }
+}
+
+//
+// ForwardedItem
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct ForwardedItem {
+  pub position: Option<i32>,
+  pub id: Option<String>,
+  pub deduplicated: Option<bool>,
+}
+
+impl ForwardedItem {
+  pub fn new<F1, F2, F3>(position: F1, id: F2, deduplicated: F3) -> ForwardedItem where F1: Into<Option<i32>>, F2: Into<Option<String>>, F3: Into<Option<bool>> {
+    ForwardedItem {
+      position: position.into(),
+      id: id.into(),
+      deduplicated: deduplicated.into(),
+    }
+  }
+}
+
+impl TSerializable for ForwardedItem {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ForwardedItem> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<i32> = Some(0);
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<bool> = Some(false);
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_i32()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let val = i_prot.read_bool()?;
+          f_3 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = ForwardedItem {
+      position: f_1,
+      id: f_2,
+      deduplicated: f_3,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("ForwardedItem");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(fld_var) = self.position {
+      o_prot.write_field_begin(&TFieldIdentifier::new("position", TType::I32, 1))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("id", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(fld_var) = self.deduplicated {
+      o_prot.write_field_begin(&TFieldIdentifier::new("deduplicated", TType::Bool, 3))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for ForwardedItem {
+  fn default() -> Self {
+    ForwardedItem{
+      position: Some(0),
+      id: Some("".to_owned()),
+      deduplicated: Some(false),
+    }
+  }
+}
+
+//
+// ShardEnqueueOutcome
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct ShardEnqueueOutcome {
+  pub shard_id: Option<i32>,
+  pub state: Option<String>,
+  pub items: Option<Vec<ForwardedItem>>,
+  pub error: Option<String>,
+}
+
+impl ShardEnqueueOutcome {
+  pub fn new<F1, F2, F3, F4>(shard_id: F1, state: F2, items: F3, error: F4) -> ShardEnqueueOutcome where F1: Into<Option<i32>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ForwardedItem>>>, F4: Into<Option<String>> {
+    ShardEnqueueOutcome {
+      shard_id: shard_id.into(),
+      state: state.into(),
+      items: items.into(),
+      error: error.into(),
+    }
+  }
+}
+
+impl TSerializable for ShardEnqueueOutcome {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<ShardEnqueueOutcome> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<i32> = Some(0);
+    let mut f_2: Option<String> = Some("".to_owned());
+    let mut f_3: Option<Vec<ForwardedItem>> = None;
+    let mut f_4: Option<String> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_i32()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_string()?;
+          f_2 = Some(val);
+        },
+        3 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<ForwardedItem> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_23 = ForwardedItem::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_23);
+          }
+          i_prot.read_list_end()?;
+          f_3 = Some(val);
+        },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = ShardEnqueueOutcome {
+      shard_id: f_1,
+      state: f_2,
+      items: f_3,
+      error: f_4,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("ShardEnqueueOutcome");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(fld_var) = self.shard_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shard_id", TType::I32, 1))?;
+      o_prot.write_i32(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.state {
+      o_prot.write_field_begin(&TFieldIdentifier::new("state", TType::String, 2))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.items {
+      o_prot.write_field_begin(&TFieldIdentifier::new("items", TType::List, 3))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.error {
+      o_prot.write_field_begin(&TFieldIdentifier::new("error", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for ShardEnqueueOutcome {
+  fn default() -> Self {
+    ShardEnqueueOutcome{
+      shard_id: Some(0),
+      state: Some("".to_owned()),
+      items: Some(Vec::new()),
+      error: Some("".to_owned()),
+    }
+  }
+}
+
+//
+// EnqueueOutcomeResponse
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct EnqueueOutcomeResponse {
+  pub shards: Option<Vec<ShardEnqueueOutcome>>,
+}
+
+impl EnqueueOutcomeResponse {
+  pub fn new<F1>(shards: F1) -> EnqueueOutcomeResponse where F1: Into<Option<Vec<ShardEnqueueOutcome>>> {
+    EnqueueOutcomeResponse {
+      shards: shards.into(),
+    }
+  }
+}
+
+impl TSerializable for EnqueueOutcomeResponse {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<EnqueueOutcomeResponse> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<Vec<ShardEnqueueOutcome>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let list_ident = i_prot.read_list_begin()?;
+          let mut val: Vec<ShardEnqueueOutcome> = Vec::with_capacity(list_ident.size as usize);
+          for _ in 0..list_ident.size {
+            let list_elem_24 = ShardEnqueueOutcome::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_24);
+          }
+          i_prot.read_list_end()?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = EnqueueOutcomeResponse {
+      shards: f_1,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("EnqueueOutcomeResponse");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.shards {
+      o_prot.write_field_begin(&TFieldIdentifier::new("shards", TType::List, 1))?;
+      o_prot.write_list_begin(&TListIdentifier::new(TType::Struct, fld_var.len() as i32))?;
+      for e in fld_var {
+        e.write_to_out_protocol(o_prot)?;
+      }
+      o_prot.write_list_end()?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for EnqueueOutcomeResponse {
+  fn default() -> Self {
+    EnqueueOutcomeResponse{
+      shards: Some(Vec::new()),
+    }
+  }
+}
+
+//
 // NotifyReadyRequest
 //
 
@@ -4552,8 +4968,8 @@ impl TSerializable for NotifyReadyRequest {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ReadyTopic> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_22 = ReadyTopic::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_22);
+            let list_elem_25 = ReadyTopic::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_25);
           }
           i_prot.read_list_end()?;
           f_2 = Some(val);
@@ -4908,8 +5324,8 @@ impl TSerializable for SwitchReport {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<i32> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_23 = i_prot.read_i32()?;
-            val.push(list_elem_23);
+            let list_elem_26 = i_prot.read_i32()?;
+            val.push(list_elem_26);
           }
           i_prot.read_list_end()?;
           f_2 = Some(val);
@@ -5103,8 +5519,8 @@ impl TSerializable for SwitchResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<SwitchReport> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_24 = SwitchReport::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_24);
+            let list_elem_27 = SwitchReport::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_27);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -5443,8 +5859,8 @@ impl TSerializable for ShardReplicationInfo {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ReplicaInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_25 = ReplicaInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_25);
+            let list_elem_28 = ReplicaInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_28);
           }
           i_prot.read_list_end()?;
           f_10 = Some(val);
@@ -5581,8 +5997,8 @@ impl TSerializable for ReplicationResponse {
           let list_ident = i_prot.read_list_begin()?;
           let mut val: Vec<ShardReplicationInfo> = Vec::with_capacity(list_ident.size as usize);
           for _ in 0..list_ident.size {
-            let list_elem_26 = ShardReplicationInfo::read_from_in_protocol(i_prot)?;
-            val.push(list_elem_26);
+            let list_elem_29 = ShardReplicationInfo::read_from_in_protocol(i_prot)?;
+            val.push(list_elem_29);
           }
           i_prot.read_list_end()?;
           f_1 = Some(val);
@@ -5643,6 +6059,7 @@ pub trait TFoqsSyncClient {
   fn dlq_requeue_all(&mut self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
   fn dlq_purge(&mut self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
   fn notify_ready(&mut self, req: NotifyReadyRequest) -> thrift::Result<()>;
+  fn enqueue_outcome(&mut self, req: EnqueueOutcomeRequest) -> thrift::Result<EnqueueOutcomeResponse>;
   fn shard_switchover(&mut self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse>;
   fn region_drain(&mut self, req: RegionDrainRequest) -> thrift::Result<SwitchResponse>;
   fn shard_failover(&mut self, req: FailoverRequest) -> thrift::Result<SwitchResponse>;
@@ -6051,6 +6468,33 @@ impl <C: TThriftClient + TFoqsSyncClientMarker> TFoqsSyncClient for C {
       result.ok_or()
     }
   }
+  fn enqueue_outcome(&mut self, req: EnqueueOutcomeRequest) -> thrift::Result<EnqueueOutcomeResponse> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("enqueueOutcome", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsEnqueueOutcomeArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("enqueueOutcome", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsEnqueueOutcomeResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
   fn shard_switchover(&mut self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse> {
     (
       {
@@ -6180,6 +6624,7 @@ pub trait FoqsSyncHandler {
   fn handle_dlq_requeue_all(&self, req: DlqRequeueAllRequest) -> thrift::Result<DlqCountResponse>;
   fn handle_dlq_purge(&self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
   fn handle_notify_ready(&self, req: NotifyReadyRequest) -> thrift::Result<()>;
+  fn handle_enqueue_outcome(&self, req: EnqueueOutcomeRequest) -> thrift::Result<EnqueueOutcomeResponse>;
   fn handle_shard_switchover(&self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse>;
   fn handle_region_drain(&self, req: RegionDrainRequest) -> thrift::Result<SwitchResponse>;
   fn handle_shard_failover(&self, req: FailoverRequest) -> thrift::Result<SwitchResponse>;
@@ -6237,6 +6682,9 @@ impl <H: FoqsSyncHandler> FoqsSyncProcessor<H> {
   }
   fn process_notify_ready(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_notify_ready(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_enqueue_outcome(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_enqueue_outcome(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
   fn process_shard_switchover(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_shard_switchover(&self.handler, incoming_sequence_number, i_prot, o_prot)
@@ -7095,6 +7543,66 @@ impl TFoqsProcessFunctions {
       },
     }
   }
+  pub fn process_enqueue_outcome<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsEnqueueOutcomeArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_enqueue_outcome(args.req) {
+      Ok(handler_return) => {
+        let message_ident = TMessageIdentifier::new("enqueueOutcome", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsEnqueueOutcomeResult { result_value: Some(handler_return), err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsEnqueueOutcomeResult{ result_value: None, err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("enqueueOutcome", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("enqueueOutcome", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("enqueueOutcome", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("enqueueOutcome", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
   pub fn process_shard_switchover<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let args = FoqsShardSwitchoverArgs::read_from_in_protocol(i_prot)?;
     match handler.handle_shard_switchover(args.req) {
@@ -7382,6 +7890,9 @@ impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
       },
       "notifyReady" => {
         self.process_notify_ready(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "enqueueOutcome" => {
+        self.process_enqueue_outcome(message_ident.sequence_number, i_prot, o_prot)
       },
       "shardSwitchover" => {
         self.process_shard_switchover(message_ident.sequence_number, i_prot, o_prot)
@@ -9117,6 +9628,131 @@ impl FoqsNotifyReadyResult {
   pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let struct_ident = TStructIdentifier::new("FoqsNotifyReadyResult");
     o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsEnqueueOutcomeArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsEnqueueOutcomeArgs {
+  pub req: EnqueueOutcomeRequest,
+}
+
+impl FoqsEnqueueOutcomeArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsEnqueueOutcomeArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<EnqueueOutcomeRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = EnqueueOutcomeRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsEnqueueOutcomeArgs.req", &f_1)?;
+    let ret = FoqsEnqueueOutcomeArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("enqueueOutcome_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsEnqueueOutcomeResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsEnqueueOutcomeResult {
+  pub result_value: Option<EnqueueOutcomeResponse>,
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsEnqueueOutcomeResult {
+  pub fn ok_or(self) -> thrift::Result<EnqueueOutcomeResponse> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else if self.result_value.is_some() {
+      Ok(self.result_value.unwrap())
+    } else {
+      Err(
+        thrift::Error::Application(
+          ApplicationError::new(
+            ApplicationErrorKind::MissingResult,
+            "no result received for FoqsEnqueueOutcome"
+          )
+        )
+      )
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsEnqueueOutcomeResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_0: Option<EnqueueOutcomeResponse> = None;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        0 => {
+          let val = EnqueueOutcomeResponse::read_from_in_protocol(i_prot)?;
+          f_0 = Some(val);
+        },
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsEnqueueOutcomeResult {
+      result_value: f_0,
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsEnqueueOutcomeResult");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.result_value {
+      o_prot.write_field_begin(&TFieldIdentifier::new("result_value", TType::Struct, 0))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
     if let Some(ref fld_var) = self.err {
       o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
       fld_var.write_to_out_protocol(o_prot)?;

@@ -37,6 +37,7 @@ async fn a_lease_ends_on_time_while_the_shard_worker_never_runs_dry() {
                             ..item(NS, "flood", 0, b"f")
                         }]),
                         forwarded_by: None,
+                        forward_token: None,
                     });
                     assert!(r.is_ok(), "{r:?}");
                     done.fetch_add(1, Ordering::Relaxed);

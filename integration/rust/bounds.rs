@@ -35,7 +35,7 @@ async fn reads_beyond_the_limit_are_busy_at_once_and_writes_go_on() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let w = Instant::now();
     shard
-        .submit_enqueue(vec![faulty::new_item("b", "t", 0)])
+        .submit_enqueue(vec![faulty::new_item("b", "t", 0)], None)
         .map_err(|(_, e)| e)
         .unwrap()
         .wait()
@@ -108,6 +108,7 @@ async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
                         payload: b"x".to_vec(),
                         ..Default::default()
                     }],
+                    None,
                     None,
                 )
                 .await

@@ -358,7 +358,7 @@ async fn the_staged_keys_of_a_failed_hand_off_are_let_go_once_its_outcome_is_kno
         async move {
             let items = (0..n).map(|i| faulty::new_item("h", "t", i)).collect();
             shard
-                .submit_enqueue(items)
+                .submit_enqueue(items, None)
                 .map_err(|(_, e)| e)
                 .unwrap()
                 .wait()

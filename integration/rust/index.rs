@@ -29,7 +29,7 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
     let enqueue = |items: Vec<NewItem>| {
         let s = shard.clone();
         async move {
-            s.submit_enqueue(items)
+            s.submit_enqueue(items, None)
                 .map_err(|(_, e)| e)
                 .unwrap()
                 .wait()

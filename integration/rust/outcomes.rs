@@ -48,7 +48,7 @@ async fn delivered_item(shard: &ShardHandle, t: &str) -> u64 {
 /// [`delivered_item`], returning the delivery (its `lease_token` is the lease id).
 async fn delivered(shard: &ShardHandle, t: &str) -> foqs::model::Item {
     let key = shard
-        .submit_enqueue(vec![new_item(t)])
+        .submit_enqueue(vec![new_item(t)], None)
         .map_err(|(_, e)| e)
         .unwrap()
         .wait()
@@ -371,6 +371,7 @@ async fn a_delivery_leaves_with_at_least_half_its_lease() {
                     ..Default::default()
                 }],
                 None,
+                None,
             )
             .await
             .unwrap();
@@ -466,6 +467,7 @@ async fn enqueue_in_doubt_over(db: TestDb) {
                         payload: payload.as_bytes().to_vec(),
                         ..Default::default()
                     }],
+                    None,
                     None,
                 )
                 .await
@@ -612,7 +614,7 @@ async fn a_requeue_whose_answer_was_lost_is_answered_with_what_happened() {
         ..Default::default()
     };
     let ids: Vec<String> = host
-        .enqueue(&caller, vec![item("dead"), item("live")], None)
+        .enqueue(&caller, vec![item("dead"), item("live")], None, None)
         .await
         .unwrap()
         .into_iter()

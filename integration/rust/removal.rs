@@ -41,6 +41,7 @@ async fn start_with_one_item(
                 ..Default::default()
             }],
             None,
+            None,
         )
         .await
         .unwrap();

@@ -46,7 +46,7 @@ async fn fill(s: &SqliteStore, topic: &str, first: u64, n: u64) {
         s.insert(
             &rows,
             None,
-            foqs::store::new_batch_token(NOW),
+            &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
             &Handoff::NONE,
             NOW,
         )
@@ -77,7 +77,7 @@ async fn a_burst_of_reads_does_not_delay_a_commit() {
     s.insert(
         &[(100_001, item("other", 0))],
         None,
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -112,7 +112,7 @@ async fn a_full_file_fails_the_probe_as_it_fails_writes_until_there_is_room() {
         .insert(
             &[(5_000, item("t", 0))],
             None,
-            foqs::store::new_batch_token(NOW),
+            &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
             &Handoff::NONE,
             NOW,
         )
@@ -136,7 +136,7 @@ async fn a_full_file_fails_the_probe_as_it_fails_writes_until_there_is_room() {
     s.insert(
         &[(5_000, item("t", 0))],
         None,
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -163,7 +163,7 @@ async fn a_full_queue_of_reads_is_a_busy_error_not_a_wait() {
     s.insert(
         &[(50_000, item("other", 0))],
         None,
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )

@@ -90,7 +90,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -404,7 +404,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &[(7, keyed)],
         None,
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -425,7 +425,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &[(8, first)],
         None,
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -434,7 +434,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &[(9, second)],
         None,
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -451,7 +451,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
     s.insert(
         &[(10, late)],
         None,
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -574,7 +574,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         f.insert(
             &[(50, new_item("a", "t", 0, NOW))],
             None,
-            foqs::store::new_batch_token(NOW),
+            &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
             &Handoff::NONE,
             NOW
         )
@@ -650,7 +650,7 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
     s.insert(
         &[(1, new_item("a", "t", 0, NOW))],
         Some(100),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -706,7 +706,7 @@ async fn a_busy_mysql_shard_reuses_its_connections() {
     s.insert(
         &rows,
         Some(1_000),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -787,7 +787,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -962,7 +962,7 @@ async fn handed_rows_are_written_as_claimed<S: ShardStore>(s: &S) {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &handoff,
         NOW,
     )
@@ -1046,7 +1046,7 @@ async fn awkward_names_round_trip<S: ShardStore>(s: &S) {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -1119,7 +1119,7 @@ async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
     s.insert(
         &[(1, new_item("b", "t", 0, NOW))],
         None,
-        done,
+        &foqs::store::Marks::batch(done),
         &Handoff::NONE,
         NOW,
     )
@@ -1133,7 +1133,7 @@ async fn batch_marks_decide_an_insert<S: ShardStore>(s: &S) {
         .insert(
             &[(2, new_item("b", "t", 0, NOW))],
             None,
-            late,
+            &foqs::store::Marks::batch(late),
             &Handoff::NONE,
             NOW + 3,
         )
@@ -1162,6 +1162,81 @@ async fn batch_marks_decide_an_insert_on_every_store() {
     on_every_store!(batch_marks_decide_an_insert);
 }
 
+/// A forwarded request's items are marked under its token with their keys, in the
+/// insert's transaction: asked, a shard answers the positions it stored, and its
+/// tombstones on every position make a late insert of any of them fail without writing a
+/// row (see `store::forwards`); marks are forgotten with the batch marks, and a token past
+/// the watermark is `forgotten`, with what is left of it.
+async fn forward_marks_decide_what_a_forwarded_request_stored<S: ShardStore>(s: &S) {
+    use foqs::store::{ForwardMark, Marks};
+    s.open().await.unwrap();
+    let (early, late) = (
+        foqs::store::new_batch_token(NOW),
+        foqs::store::new_batch_token(NOW + 2),
+    );
+    let marks = |token: i64, at: &[(u32, u64, bool)]| Marks {
+        batch: foqs::store::new_batch_token(NOW),
+        forwarded: at
+            .iter()
+            .map(|&(position, key, dup)| ForwardMark {
+                token,
+                position,
+                key,
+                dup,
+            })
+            .collect(),
+    };
+    // Positions 0 and 2 of a request of three stored here (2 a dedup hit of key 1).
+    s.insert(
+        &[
+            (1, new_item("f", "t", 0, NOW)),
+            (2, new_item("f", "t", 0, NOW)),
+        ],
+        None,
+        &marks(early, &[(0, 2, false), (2, 1, true)]),
+        &Handoff::NONE,
+        NOW,
+    )
+    .await
+    .unwrap();
+    let o = s.forward_committed(early, 3).await.unwrap();
+    assert_eq!(o.stored, vec![(0, 2, false), (2, 1, true)]);
+    assert!(!o.forgotten);
+    // Asked again: the same answer.
+    assert_eq!(s.forward_committed(early, 3).await.unwrap(), o);
+    // Asked before its insert: nothing, and the late insert fails, writing nothing.
+    let o = s.forward_committed(late, 2).await.unwrap();
+    assert!(o.stored.is_empty() && !o.forgotten, "{o:?}");
+    let r = s
+        .insert(
+            &[(3, new_item("f", "t", 0, NOW))],
+            None,
+            &marks(late, &[(1, 3, false)]),
+            &Handoff::NONE,
+            NOW + 3,
+        )
+        .await;
+    assert!(r.is_err(), "a late insert after its tombstones: {r:?}");
+    assert!(meta(s, 3).await.is_none(), "the late insert wrote its row");
+    assert!(s
+        .forward_committed(late, 2)
+        .await
+        .unwrap()
+        .stored
+        .is_empty());
+    // Forgotten by age with the batch marks: `early`'s rows go, `late`'s stay.
+    while s.forget_batches(NOW + 1).await.unwrap() > 0 {}
+    let o = s.forward_committed(early, 3).await.unwrap();
+    assert!(o.forgotten && o.stored.is_empty(), "{o:?}");
+    assert!(!s.forward_committed(late, 2).await.unwrap().forgotten);
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_marks_decide_what_a_forwarded_request_stored_on_every_store() {
+    on_every_store!(forward_marks_decide_what_a_forwarded_request_stored);
+}
+
 /// On MySQL a row with no next event holds 0 in `next_event_ms`, not NULL (InnoDB moved
 /// an index entry away from NULL at twice the cost: see `Dialect::no_event`). Both read
 /// as no event, neither is ever scanned, not even from a cursor at 0, and a NULL left by
@@ -1177,7 +1252,7 @@ async fn mysql_rows_without_an_event_hold_zero() {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -1281,7 +1356,7 @@ async fn cached_claims_equal_what_mysql_reads_back() {
     s.insert(
         &rows,
         Some(100),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -1338,7 +1413,7 @@ async fn the_payload_cache_keeps_to_its_budget() {
         s.insert(
             &[(k, it)],
             Some(k + 1),
-            foqs::store::new_batch_token(NOW),
+            &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
             &Handoff::NONE,
             NOW,
         )
@@ -1357,7 +1432,7 @@ async fn the_payload_cache_keeps_to_its_budget() {
     s.insert(
         &[(61, huge)],
         Some(62),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )
@@ -1405,7 +1480,7 @@ async fn a_new_worker_does_not_use_an_earlier_workers_rows() {
         .insert(
             &row(),
             Some(2),
-            foqs::store::new_batch_token(NOW),
+            &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
             &Handoff::NONE,
             NOW,
         )
@@ -1415,7 +1490,7 @@ async fn a_new_worker_does_not_use_an_earlier_workers_rows() {
         .insert(
             &row(),
             Some(2),
-            foqs::store::new_batch_token(NOW),
+            &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
             &Handoff::NONE,
             NOW,
         )
@@ -1476,7 +1551,7 @@ async fn only_a_timer_move_keeps_a_cached_row() {
     s.insert(
         &rows,
         Some(3),
-        foqs::store::new_batch_token(NOW),
+        &foqs::store::Marks::batch(foqs::store::new_batch_token(NOW)),
         &Handoff::NONE,
         NOW,
     )

@@ -216,6 +216,7 @@ async fn fbthrift_style_header_frames_get_what_an_fbthrift_client_checks() {
                         item(ns, topic, 1, b"first"),
                     ]),
                     forwarded_by: None,
+                    forward_token: None,
                 },
             }
             .write_to_out_protocol(o)

@@ -225,7 +225,7 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
     .unwrap();
     let topic = common::shard::topic("poison", "t");
     shard
-        .submit_enqueue(vec![common::shard::new_item("poison", "t", 0)])
+        .submit_enqueue(vec![common::shard::new_item("poison", "t", 0)], None)
         .map_err(|(_, e)| e)
         .unwrap()
         .wait()

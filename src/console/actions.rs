@@ -26,7 +26,10 @@ impl Console {
             deliver_after_ms: (delay_ms > 0).then(|| now.saturating_add(delay_ms)),
             ..Default::default()
         };
-        let mut out = self.host.enqueue(&self.caller, vec![item], None).await?;
+        let mut out = self
+            .host
+            .enqueue(&self.caller, vec![item], None, None)
+            .await?;
         match out.pop() {
             Some(Ok((id, _))) => Ok(id.to_string()),
             Some(Err(e)) => Err(e),

@@ -2,7 +2,7 @@
 //! owns its dedup key, or a peer (another tier's host, a dedup key's owner, or any host
 //! of this tier with spare capacity when this one has none).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 
 use futures::future::join_all;
@@ -13,7 +13,7 @@ use super::host::Host;
 use super::validate::{as_request, validate_item};
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{ItemId, NewItem, ShardId};
-use crate::shard::{Enqueued, PendingEnqueue};
+use crate::shard::{Enqueued, Forward, PendingEnqueue};
 
 /// How often an enqueue held during a switch looks for a shard again.
 const HOLD_POLL: std::time::Duration = std::time::Duration::from_millis(5);
@@ -32,12 +32,15 @@ enum Dest {
 impl Host {
     /// Enqueues a batch; each item succeeds or fails alone. Replies only after commit.
     /// `forwarded_by` is set when a peer forwarded the request: it is then served here or
-    /// failed, never forwarded again, and its quota was charged by that peer.
+    /// failed, never forwarded again, and its quota was charged by that peer;
+    /// `forward_token` is that peer's token for it, under which the items are marked as
+    /// they are stored (see `enqueue_doubt`).
     pub async fn enqueue(
         &self,
         caller: &Caller,
         items: Vec<EnqueueRequestItem>,
         forwarded_by: Option<&str>,
+        forward_token: Option<i64>,
     ) -> Result<Vec<EnqueueOutcome>> {
         super::host::check_batch(items.len(), "items")?;
         // A forwarding peer checked its caller's items before forwarding them.
@@ -67,11 +70,21 @@ impl Host {
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
+        let forward_token = forward_token.filter(|_| forwarded);
+        // A forwarded request held before anything is stored, or after (tests arm them to
+        // kill this host mid-call; nothing without the `failpoints` feature).
+        if forwarded {
+            crate::failpoint::pause("forwarded-enqueue-received").await;
+        }
         let outcomes = join_all(groups.into_iter().map(|(dest, items)| async move {
             let (positions, items): (Vec<usize>, Vec<NewItem>) = items.into_iter().unzip();
+            let forward = forward_token.map(|token| Forward {
+                token,
+                positions: positions.iter().map(|&p| p as u32).collect(),
+            });
             (
                 positions,
-                self.enqueue_to(dest, items, forwarded, now).await,
+                self.enqueue_to(dest, items, forwarded, forward, now).await,
             )
         }))
         .await;
@@ -79,6 +92,9 @@ impl Host {
             for (pos, r) in positions.into_iter().zip(outcome) {
                 results[pos] = Some(r);
             }
+        }
+        if forwarded {
+            crate::failpoint::pause("forwarded-enqueue-answered").await;
         }
         Ok(results
             .into_iter()
@@ -181,6 +197,7 @@ impl Host {
         dest: Dest,
         items: Vec<NewItem>,
         forwarded: bool,
+        forward: Option<Forward>,
         now: i64,
     ) -> Vec<EnqueueOutcome> {
         let n = items.len();
@@ -211,7 +228,7 @@ impl Host {
             }
         };
         match dest {
-            Dest::Shard(id) => match self.submit_to_shard(id, items) {
+            Dest::Shard(id) => match self.submit_to_shard(id, items, forward) {
                 Ok(pending) => {
                     let answer = pending.wait().await;
                     drop(turn);
@@ -226,7 +243,7 @@ impl Host {
                 let hold_until = std::time::Instant::now() + self.enqueue_hold;
                 let mut items = items;
                 let (items, e) = loop {
-                    match self.submit_to_some_shard(items) {
+                    match self.submit_to_some_shard(items, forward.clone()) {
                         Ok((id, pending)) => {
                             let answer = pending.wait().await;
                             drop(turn);
@@ -260,7 +277,9 @@ impl Host {
         }
     }
 
-    /// Sends items to a peer as one request; each item gets the peer's answer for it.
+    /// Sends items to a peer as one request; each item gets the peer's answer for it. An
+    /// answer in doubt (the peer died or went silent mid-call) is resolved under the
+    /// request's token before the reply (see `enqueue_doubt`).
     async fn forward_enqueue(
         &self,
         addr: &str,
@@ -268,11 +287,17 @@ impl Host {
         now: i64,
     ) -> Vec<EnqueueOutcome> {
         let n = items.len();
+        let token = crate::store::new_batch_token(self.clock.now_ms());
+        let mut shards = BTreeSet::new();
+        for i in &items {
+            let tier = self.namespaces.tier(&i.ns);
+            shards.extend(self.cluster.tier_shards(tier).iter().copied());
+        }
         let request = items.into_iter().map(|i| as_request(i, now)).collect();
-        match self
+        let mut results = match self
             .cluster
             .peers
-            .enqueue(addr, request, self.host_id())
+            .enqueue(addr, request, self.host_id(), token)
             .await
         {
             Ok(r) if r.len() == n => r,
@@ -283,15 +308,20 @@ impl Host {
                 ));
                 n
             ],
-            // The peer may have committed before the error reached us: the client sees a
-            // retryable failure and may retry (at least once, as with any lost reply).
             Err(e) => vec![Err(e); n],
-        }
+        };
+        self.resolve_forward(token, shards, &mut results).await;
+        results
     }
 
     /// Items with dedup keys go to the shard that owns their keys; if that shard is sick
     /// or busy they fail (retryably): writing them elsewhere would break uniqueness.
-    fn submit_to_shard(&self, id: ShardId, items: Vec<NewItem>) -> Result<PendingEnqueue> {
+    fn submit_to_shard(
+        &self,
+        id: ShardId,
+        items: Vec<NewItem>,
+        forward: Option<Forward>,
+    ) -> Result<PendingEnqueue> {
         let shards = self.shards();
         let Some(shard) = shards.get(&id) else {
             return Err(Error::unavailable(format!(
@@ -303,7 +333,9 @@ impl Host {
                 "shard {id}, which owns these dedup keys, is unhealthy"
             )));
         }
-        shard.submit_enqueue(items).map_err(|(_, e)| Error::from(e))
+        shard
+            .submit_enqueue(items, forward)
+            .map_err(|(_, e)| Error::from(e))
     }
 
     /// Hands the whole batch to one healthy shard, round-robin, so it is one INSERT.
@@ -312,6 +344,7 @@ impl Host {
     fn submit_to_some_shard(
         &self,
         mut items: Vec<NewItem>,
+        forward: Option<Forward>,
     ) -> std::result::Result<(ShardId, PendingEnqueue), (Vec<NewItem>, Error)> {
         let shards = self.shards();
         let healthy: Vec<_> = shards.values().filter(|s| s.is_healthy()).collect();
@@ -344,7 +377,7 @@ impl Host {
         // A refused submit wrote nothing, so trying the next shard cannot duplicate an
         // item. Once accepted, the outcome is final: a storage error may have committed.
         for shard in order {
-            match shard.submit_enqueue(items) {
+            match shard.submit_enqueue(items, forward.clone()) {
                 Ok(pending) => return Ok((shard.id(), pending)),
                 Err((back, e)) => {
                     items = back;

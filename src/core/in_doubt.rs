@@ -18,13 +18,7 @@
 //! - still no owner, or in doubt again, when the bound passes: `UNAVAILABLE`, with the
 //!   message saying the outcome is unknown.
 //!
-//! Enqueues whose insert's outcome was lost (the shard's store did not answer in time, or
-//! the connection broke at commit) are resolved by asking the shard, through the worker
-//! that serves it here now (a new one after a failover), whether the insert's batch
-//! committed; the answer is decided for good (see `store::batches`): committed, the items'
-//! ids; not, `UNAVAILABLE` without doubt ("nothing was stored; retry"). Tried again until
-//! `in_doubt_max` (the shard paused, fenced or not served here yet). A forwarded enqueue
-//! is resolved on the host that wrote it; one whose peer died mid-call stays in doubt.
+//! Enqueues in doubt are resolved by asking their shards (see `enqueue_doubt`).
 //!
 //! Nacks and touches in doubt are resolved the same way, when they name their delivery
 //! (`lease_id`; one that does not could, retried, settle the next delivery's lease):
@@ -43,8 +37,6 @@ use futures::future::BoxFuture;
 
 use super::host::Host;
 use crate::error::{Error, ErrorCode, Result};
-use crate::shard::{Enqueued, ShardError};
-use crate::store::BatchOutcome;
 
 /// Between tries: the shard's next owner appears within a poll of the shard manager.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
@@ -145,73 +137,6 @@ impl Host {
                 tries,
                 "calls still in doubt at the bound: answered UNAVAILABLE, outcome unknown"
             );
-        }
-    }
-}
-
-impl Host {
-    /// An enqueue's answer from its shard, with an insert in doubt resolved (see the
-    /// module's notes).
-    pub(super) async fn resolve_enqueue(
-        &self,
-        r: std::result::Result<Vec<Enqueued>, ShardError>,
-    ) -> Result<Vec<Enqueued>> {
-        let (shard, batch, planned, tally, first) = match r {
-            Ok(keys) => return Ok(keys),
-            Err(ShardError::InsertInDoubt {
-                shard,
-                ref error,
-                batch,
-                ref planned,
-                ref tally,
-            }) => (shard, batch, planned.clone(), tally.clone(), error.clone()),
-            Err(e) => return Err(e.into()),
-        };
-        let deadline = Instant::now() + self.cluster.settings.in_doubt_max;
-        let mut tries = 0u32;
-        let mut last = None;
-        loop {
-            let handle = self.shards().get(&shard).cloned();
-            if let Some(h) = handle {
-                tries += 1;
-                match h.batch_committed(batch, tally.clone()).await {
-                    Ok(BatchOutcome::Committed) => {
-                        tracing::info!(shard, tries, "an enqueue in doubt had committed");
-                        return Ok(planned);
-                    }
-                    Ok(BatchOutcome::Forgotten) => {
-                        // Past the shard's memory (its clock jumped): unknown, said so.
-                        tracing::error!(shard, tries, "an enqueue in doubt whose mark was forgotten: answered UNAVAILABLE, outcome unknown");
-                        return Err(ShardError::Storage {
-                            shard,
-                            error: first,
-                        }
-                        .into());
-                    }
-                    Ok(BatchOutcome::NotCommitted) => {
-                        tracing::info!(shard, tries, "an enqueue in doubt had not committed");
-                        return Err(Error::unavailable(format!(
-                            "shard {shard}: storage error: {first}; the insert did not commit \
-                             (checked since): nothing was stored; retry"
-                        )));
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            if Instant::now() + RETRY_EVERY >= deadline {
-                tracing::warn!(
-                    shard,
-                    tries,
-                    last = last.as_ref().map(|e| e.to_string()),
-                    "an enqueue still in doubt at the bound: answered UNAVAILABLE, outcome unknown"
-                );
-                return Err(ShardError::Storage {
-                    shard,
-                    error: first,
-                }
-                .into());
-            }
-            tokio::time::sleep(RETRY_EVERY).await;
         }
     }
 }

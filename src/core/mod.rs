@@ -7,6 +7,7 @@ mod api;
 mod cluster;
 mod dequeue;
 mod enqueue;
+mod enqueue_doubt;
 mod health;
 mod host;
 mod in_doubt;
@@ -29,6 +30,7 @@ pub use api::{
     AckRequestItem, ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem,
     TopicRequest, TouchRequestItem,
 };
+pub use enqueue_doubt::{OutcomeAsk, OutcomeState, ShardOutcome};
 pub use host::{Host, HostParts};
 pub use merge::kway_merge;
 pub use overview::{NamespaceRow, TopicRow};

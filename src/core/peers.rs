@@ -20,6 +20,8 @@ use crate::model::{
 };
 use crate::quota::{QuotaBudget, Quotas};
 
+use super::enqueue_doubt::{OutcomeAsk, ShardOutcome};
+
 /// Most topics a host lists in its ready summary (the fullest first).
 pub const READY_TOPICS_MAX: usize = 10_000;
 /// A peer's topics with ready items.
@@ -88,11 +90,13 @@ pub type DeadItem = (Item, i64);
 /// so the peer serves them or fails them, and never forwards them again; calls routed for
 /// a whole tier ask the peer for its own shards only (`local_only`).
 pub trait Peers: Send + Sync {
+    /// `token`: drawn by this host for the request (see `enqueue_doubt`).
     fn enqueue<'a>(
         &'a self,
         addr: &'a str,
         items: Vec<EnqueueRequestItem>,
         from: &'a str,
+        token: i64,
     ) -> BoxFuture<'a, Result<Vec<EnqueueOutcome>>>;
     fn ack<'a>(
         &'a self,
@@ -177,6 +181,14 @@ pub trait Peers: Send + Sync {
         from: &'a str,
         topics: Vec<ReadyTopic>,
     ) -> BoxFuture<'a, Result<()>>;
+    /// What became of an enqueue whose answer was lost, asked of the peer's `shards`
+    /// (see `enqueue_doubt`).
+    fn enqueue_outcome<'a>(
+        &'a self,
+        addr: &'a str,
+        shards: Vec<ShardId>,
+        ask: OutcomeAsk,
+    ) -> BoxFuture<'a, Result<Vec<ShardOutcome>>>;
 }
 
 /// The peers of a host that has none (a test's or a fuzzer's host, see
@@ -194,6 +206,7 @@ impl Peers for NoPeers {
         addr: &'a str,
         _: Vec<EnqueueRequestItem>,
         _: &'a str,
+        _: i64,
     ) -> BoxFuture<'a, Result<Vec<EnqueueOutcome>>> {
         no_peer(addr)
     }
@@ -293,6 +306,14 @@ impl Peers for NoPeers {
         _: &'a str,
         _: Vec<ReadyTopic>,
     ) -> BoxFuture<'a, Result<()>> {
+        no_peer(addr)
+    }
+    fn enqueue_outcome<'a>(
+        &'a self,
+        addr: &'a str,
+        _: Vec<ShardId>,
+        _: OutcomeAsk,
+    ) -> BoxFuture<'a, Result<Vec<ShardOutcome>>> {
         no_peer(addr)
     }
 }

@@ -3,13 +3,13 @@
 //! an absent string is empty (and then fails validation), an absent number is 0.
 
 use crate::core::{
-    AckRequestItem, ActiveTopicsPage, EnqueueRequestItem, HostStatus, NackRequestItem,
-    TopicRequest, TouchRequestItem,
+    AckRequestItem, ActiveTopicsPage, EnqueueRequestItem, HostStatus, NackRequestItem, OutcomeAsk,
+    OutcomeState, ShardOutcome, TopicRequest, TouchRequestItem,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{
-    Head, Item, ItemId, Policy, ReadyTopic, ShardState, ShardStatus, TopicCounts, TopicName,
-    TopicSnapshot, Totals,
+    Head, Item, ItemId, Policy, ReadyTopic, ShardId, ShardState, ShardStatus, TopicCounts,
+    TopicName, TopicSnapshot, Totals,
 };
 use crate::thrift_gen as t;
 
@@ -492,4 +492,103 @@ pub fn active_topics_from_wire(r: t::GetActiveTopicsResponse) -> ActiveTopicsPag
             .collect(),
         next_after: r.next_after,
     }
+}
+
+/// `enqueueOutcome`'s question, as the serving host reads it: a forward token with its
+/// item count, or a batch token.
+pub fn outcome_ask(req: &t::EnqueueOutcomeRequest) -> Result<OutcomeAsk> {
+    match (req.forward_token, req.items, req.batch_token) {
+        (Some(token), Some(items), None) if items > 0 => Ok(OutcomeAsk::Forward {
+            token,
+            items: items as u32,
+        }),
+        (None, None, Some(token)) => Ok(OutcomeAsk::Batch { token }),
+        _ => Err(Error::invalid(
+            "enqueueOutcome takes forward_token with items (at least 1), or batch_token alone",
+        )),
+    }
+}
+
+pub fn outcome_ask_to_wire(shards: Vec<ShardId>, ask: OutcomeAsk) -> t::EnqueueOutcomeRequest {
+    let (forward_token, items, batch_token) = match ask {
+        OutcomeAsk::Forward { token, items } => (Some(token), Some(items as i32), None),
+        OutcomeAsk::Batch { token } => (None, None, Some(token)),
+    };
+    t::EnqueueOutcomeRequest {
+        shards: Some(shards.into_iter().map(|s| s as i32).collect()),
+        forward_token,
+        items,
+        batch_token,
+    }
+}
+
+pub fn enqueue_outcomes_to_wire(outcomes: Vec<ShardOutcome>) -> t::EnqueueOutcomeResponse {
+    let shards = outcomes
+        .into_iter()
+        .map(|o| {
+            let (state, error) = match o.state {
+                OutcomeState::Committed => ("committed", None),
+                OutcomeState::NotCommitted => ("not_committed", None),
+                OutcomeState::Forgotten => ("forgotten", None),
+                OutcomeState::Unserved => ("unserved", None),
+                OutcomeState::Error(e) => ("error", Some(e)),
+            };
+            t::ShardEnqueueOutcome {
+                shard_id: Some(o.shard as i32),
+                state: Some(state.to_string()),
+                items: Some(
+                    o.items
+                        .into_iter()
+                        .map(|(p, id, dup)| t::ForwardedItem {
+                            position: Some(p as i32),
+                            id: Some(id.to_string()),
+                            deduplicated: Some(dup),
+                        })
+                        .collect(),
+                ),
+                error,
+            }
+        })
+        .collect();
+    t::EnqueueOutcomeResponse {
+        shards: Some(shards),
+    }
+}
+
+/// A peer's answer; an entry it could not make sense of reads as not answered.
+pub fn enqueue_outcomes_from_wire(r: t::EnqueueOutcomeResponse) -> Vec<ShardOutcome> {
+    r.shards
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            let shard = s
+                .shard_id
+                .and_then(|s| u32::try_from(s).ok())
+                .unwrap_or(u32::MAX);
+            let items: Option<Vec<(u32, ItemId, bool)>> = s
+                .items
+                .unwrap_or_default()
+                .into_iter()
+                .map(|i| {
+                    let id: ItemId = i.id?.parse().ok()?;
+                    let p = u32::try_from(i.position?).ok()?;
+                    Some((p, id, i.deduplicated.unwrap_or(false)))
+                })
+                .collect();
+            let state = match (s.state.as_deref(), &items) {
+                (_, None) => OutcomeState::Error("a peer sent an unreadable item".into()),
+                (Some("committed"), _) => OutcomeState::Committed,
+                (Some("not_committed"), _) => OutcomeState::NotCommitted,
+                (Some("forgotten"), _) => OutcomeState::Forgotten,
+                (Some("unserved"), _) => OutcomeState::Unserved,
+                (Some("error"), _) => OutcomeState::Error(s.error.unwrap_or_default()),
+                (other, _) => OutcomeState::Error(format!("a peer answered state {other:?}")),
+            };
+            ShardOutcome {
+                shard,
+                state,
+                items: items.unwrap_or_default(),
+            }
+        })
+        .collect()
 }

@@ -67,6 +67,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                 req: t::EnqueueRequest {
                     items: Some(vec![item.clone(), item.clone()]),
                     forwarded_by: None,
+                    forward_token: None,
                 },
             }
             .write_to_out_protocol(o)
@@ -207,6 +208,17 @@ pub fn seeds() -> Vec<Vec<u8>> {
                             deliver_after_ms: Some(1_000),
                         }]),
                     }]),
+                },
+            }
+            .write_to_out_protocol(o)
+        }));
+        out.push(m("enqueueOutcome", &|o| {
+            t::FoqsEnqueueOutcomeArgs {
+                req: t::EnqueueOutcomeRequest {
+                    shards: Some(vec![0, 1, 7]),
+                    forward_token: Some(1 << 40),
+                    items: Some(3),
+                    batch_token: None,
                 },
             }
             .write_to_out_protocol(o)

@@ -64,6 +64,7 @@ enum Call {
     DlqRequeueAll(t::DlqRequeueAllRequest),
     DlqPurge(t::DlqPurgeRequest),
     NotifyReady(t::NotifyReadyRequest),
+    EnqueueOutcome(t::EnqueueOutcomeRequest),
     Replication(replication::Call),
 }
 
@@ -82,6 +83,7 @@ enum Reply {
     DlqRequeueAll(t::FoqsDlqRequeueAllResult),
     DlqPurge(t::FoqsDlqPurgeResult),
     NotifyReady(t::FoqsNotifyReadyResult),
+    EnqueueOutcome(t::FoqsEnqueueOutcomeResult),
     Replication(replication::Reply),
     Exception(ApplicationError),
 }
@@ -274,6 +276,9 @@ fn decode(
         "notifyReady" => {
             t::FoqsNotifyReadyArgs::read_from_in_protocol(i).map(|a| Call::NotifyReady(a.req))
         }
+        "enqueueOutcome" => {
+            t::FoqsEnqueueOutcomeArgs::read_from_in_protocol(i).map(|a| Call::EnqueueOutcome(a.req))
+        }
         other if replication::METHODS.contains(&other) => replication::decode(other, i)
             .expect("a replication method")
             .map(Call::Replication),
@@ -321,6 +326,7 @@ fn encode(
         Reply::DlqRequeueAll(r) => r.write_to_out_protocol(o)?,
         Reply::DlqPurge(r) => r.write_to_out_protocol(o)?,
         Reply::NotifyReady(r) => r.write_to_out_protocol(o)?,
+        Reply::EnqueueOutcome(r) => r.write_to_out_protocol(o)?,
         Reply::Replication(r) => r.write(o)?,
         Reply::Exception(e) => thrift::Error::write_application_error_to_out_protocol(e, o)?,
     }
@@ -358,7 +364,7 @@ fn split<T>(r: crate::error::Result<T>) -> (Option<T>, Option<t::FoqsError>) {
 /// The method as a metrics label: only the API's names, so a client cannot grow the
 /// label set.
 fn method_label(name: &str) -> &'static str {
-    const METHODS: [&str; 14] = [
+    const METHODS: [&str; 15] = [
         "enqueue",
         "dequeue",
         "ack",
@@ -373,6 +379,7 @@ fn method_label(name: &str) -> &'static str {
         "dlqRequeueAll",
         "dlqPurge",
         "notifyReady",
+        "enqueueOutcome",
     ];
     METHODS
         .iter()
@@ -416,6 +423,7 @@ impl Reply {
             Reply::DlqRequeueAll(r) => r.err.as_ref(),
             Reply::DlqPurge(r) => r.err.as_ref(),
             Reply::NotifyReady(r) => r.err.as_ref(),
+            Reply::EnqueueOutcome(r) => r.err.as_ref(),
             Reply::Replication(r) => r.err(),
             Reply::Exception(e) => {
                 return match e.kind {
@@ -441,6 +449,7 @@ async fn execute(
                     caller,
                     convert::enqueue_items(req.items),
                     forwarder(&req.forwarded_by),
+                    req.forward_token,
                 )
                 .await
                 .map(convert::enqueue_response);
@@ -618,6 +627,25 @@ async fn execute(
                 .err()
                 .map(convert::foqs_error);
             Reply::NotifyReady(t::FoqsNotifyReadyResult { err })
+        }
+        Call::EnqueueOutcome(req) => {
+            let r = match convert::outcome_ask(&req) {
+                Ok(ask) => host
+                    .enqueue_outcome(
+                        caller,
+                        req.shards
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter_map(|s| u32::try_from(s).ok())
+                            .collect(),
+                        ask,
+                    )
+                    .await
+                    .map(convert::enqueue_outcomes_to_wire),
+                Err(e) => Err(e),
+            };
+            let (result_value, err) = split(r);
+            Reply::EnqueueOutcome(t::FoqsEnqueueOutcomeResult { result_value, err })
         }
         Call::Replication(call) => {
             Reply::Replication(replication::dispatch(host, caller, call).await)

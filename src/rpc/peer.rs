@@ -17,11 +17,11 @@ use tokio::net::TcpStream;
 use super::{config_for, convert, describe};
 use crate::core::{
     AckRequestItem, ActiveTopicsPage, DeadItem, EnqueueOutcome, EnqueueRequestItem, Forwarded,
-    NackRequestItem, PeerSummary, Peers, TouchRequestItem,
+    NackRequestItem, OutcomeAsk, PeerSummary, Peers, ShardOutcome, TouchRequestItem,
 };
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::model::{Head, Item, Progress, ReadyTopic, TopicName, TopicSnapshot};
+use crate::model::{Head, Item, Progress, ReadyTopic, ShardId, TopicName, TopicSnapshot};
 use crate::thrift_gen as t;
 
 /// Largest reply frame accepted from a peer (a full dequeue-sized reply fits many times).
@@ -296,6 +296,7 @@ impl Peers for PeerClient {
         addr: &'a str,
         items: Vec<EnqueueRequestItem>,
         from: &'a str,
+        token: i64,
     ) -> BoxFuture<'a, Result<Vec<EnqueueOutcome>>> {
         let args = t::FoqsEnqueueArgs {
             req: t::EnqueueRequest {
@@ -306,6 +307,7 @@ impl Peers for PeerClient {
                         .collect(),
                 ),
                 forwarded_by: Some(from.to_string()),
+                forward_token: Some(token),
             },
         };
         call_method!(self, addr, "enqueue", args, t::FoqsEnqueueResult, |v| {
@@ -628,6 +630,25 @@ impl Peers for PeerClient {
             args,
             t::FoqsDlqPurgeResult,
             progress
+        )
+    }
+
+    fn enqueue_outcome<'a>(
+        &'a self,
+        addr: &'a str,
+        shards: Vec<ShardId>,
+        ask: OutcomeAsk,
+    ) -> BoxFuture<'a, Result<Vec<ShardOutcome>>> {
+        let args = t::FoqsEnqueueOutcomeArgs {
+            req: convert::outcome_ask_to_wire(shards, ask),
+        };
+        call_method!(
+            self,
+            addr,
+            "enqueueOutcome",
+            args,
+            t::FoqsEnqueueOutcomeResult,
+            convert::enqueue_outcomes_from_wire
         )
     }
 }

@@ -96,6 +96,7 @@ pub struct TouchOp {
 pub(crate) enum Command {
     Enqueue {
         items: Vec<NewItem>,
+        forward: Option<Forward>,
         reply: Reply<Vec<Enqueued>>,
     },
     Peek {
@@ -137,6 +138,11 @@ pub(crate) enum Command {
         tally: Vec<(TopicName, i64)>,
         reply: Reply<crate::store::BatchOutcome>,
     },
+    ForwardCommitted {
+        token: i64,
+        items: u32,
+        reply: Reply<crate::store::ForwardOutcome>,
+    },
     TopicSnapshot {
         topic: TopicName,
         reply: Reply<TopicSnapshot>,
@@ -174,6 +180,15 @@ pub(crate) enum Command {
     Shutdown {
         done: oneshot::Sender<()>,
     },
+}
+
+/// The items of a forwarded request: the token its forwarding host drew, and where each
+/// item sits in the request. The insert marks them under it (see `store::forwards`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    pub token: i64,
+    /// One per item, in the items' order.
+    pub positions: Vec<u32>,
 }
 
 /// An enqueue a shard worker has accepted; resolves when its batch commits or fails.
@@ -336,9 +351,14 @@ impl ShardHandle {
     pub fn submit_enqueue(
         &self,
         items: Vec<NewItem>,
+        forward: Option<Forward>,
     ) -> std::result::Result<PendingEnqueue, (Vec<NewItem>, ShardError)> {
         let (reply, rx) = oneshot::channel();
-        match self.tx.try_send(Command::Enqueue { items, reply }) {
+        match self.tx.try_send(Command::Enqueue {
+            items,
+            forward,
+            reply,
+        }) {
             Ok(()) => Ok(PendingEnqueue {
                 id: self.id,
                 rx,
@@ -540,6 +560,21 @@ impl ShardHandle {
         self.call(|reply| Command::BatchCommitted {
             batch,
             tally,
+            reply,
+        })
+        .await
+    }
+
+    /// What this shard stored of a forwarded request of `items` items under `token`,
+    /// decided for good (see `store::forwards`), asked beside the worker.
+    pub async fn forward_committed(
+        &self,
+        token: i64,
+        items: u32,
+    ) -> Result<crate::store::ForwardOutcome> {
+        self.call(|reply| Command::ForwardCommitted {
+            token,
+            items,
             reply,
         })
         .await

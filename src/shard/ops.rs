@@ -11,9 +11,13 @@ use std::sync::atomic::Ordering;
 use super::exec::{AckFailure, AckOutcome, AckPlan, NackFailure, NackOutcome};
 use super::worker::{storage_error, timed, ShardWorker};
 use super::ShardError;
-use super::{AckOp, Command, Enqueued, NackOp, Recall, Reply, Settled, TouchOp};
+use super::{AckOp, Command, Enqueued, Forward, NackOp, Recall, Reply, Settled, TouchOp};
+
+/// An enqueue request as the worker takes it: its items, their places in a forwarded
+/// request, and whom to answer.
+pub(super) type EnqueueReq = (Vec<NewItem>, Option<Forward>, Reply<Vec<Enqueued>>);
 use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
-use crate::store::{Change, Handoff, ItemMeta, ShardStore, StoreResult};
+use crate::store::{Change, ForwardMark, Handoff, ItemMeta, Marks, ShardStore, StoreResult};
 
 /// Keys are reserved in blocks so that the high-water mark is written once per block.
 const KEY_BLOCK: u64 = 100_000;
@@ -36,8 +40,9 @@ pub(super) struct InsertGroup {
     pub handoff: Handoff,
     /// The worker's clock when the rows were written (their timers and leases).
     pub written_at_ms: i64,
-    /// The token of the insert's mark (see `store::batches`); 0: none written.
-    pub batch: i64,
+    /// The insert's batch mark (see `store::batches`; 0: none written) and its forwarded
+    /// requests' items (see `store::forwards`).
+    pub marks: Marks,
     replies: Vec<(Vec<Enqueued>, Reply<Vec<Enqueued>>)>,
 }
 
@@ -54,6 +59,12 @@ fn fail_all<T, U>(requests: Vec<(T, Reply<U>)>, err: &ShardError) {
     }
 }
 
+fn fail_enqueues(requests: Vec<EnqueueReq>, err: &ShardError) {
+    for (_, _, reply) in requests {
+        let _ = reply.send(Err(err.clone()));
+    }
+}
+
 impl<S: ShardStore> ShardWorker<S> {
     /// Deduplication before planning: a request that repeats a dedup key that an earlier
     /// request of this turn introduced waits for the next turn (by then the first is
@@ -61,26 +72,27 @@ impl<S: ShardStore> ShardWorker<S> {
     /// now and the existing items by (ns, topic, dedup key).
     pub(super) async fn resolve_dedup(
         &mut self,
-        requests: Vec<(Vec<NewItem>, Reply<Vec<Enqueued>>)>,
-    ) -> (
-        Vec<(Vec<NewItem>, Reply<Vec<Enqueued>>)>,
-        HashMap<DedupKey, u64>,
-    ) {
+        requests: Vec<EnqueueReq>,
+    ) -> (Vec<EnqueueReq>, HashMap<DedupKey, u64>) {
         if requests
             .iter()
-            .all(|(items, _)| items.iter().all(|i| i.dedup_key.is_none()))
+            .all(|(items, _, _)| items.iter().all(|i| i.dedup_key.is_none()))
         {
             return (requests, HashMap::new());
         }
         let mut claimed: HashSet<DedupKey> = HashSet::new();
         let mut now = Vec::with_capacity(requests.len());
-        for (items, reply) in requests {
+        for (items, forward, reply) in requests {
             let keys: HashSet<DedupKey> = items.iter().filter_map(dedup_key).collect();
             if keys.iter().any(|k| claimed.contains(k)) {
-                self.deferred.push(Command::Enqueue { items, reply });
+                self.deferred.push(Command::Enqueue {
+                    items,
+                    forward,
+                    reply,
+                });
             } else {
                 claimed.extend(keys);
-                now.push((items, reply));
+                now.push((items, forward, reply));
             }
         }
         let mut by_topic: HashMap<(String, String), Vec<String>> = HashMap::new();
@@ -106,12 +118,13 @@ impl<S: ShardStore> ShardWorker<S> {
                     // Without knowing what exists, items with keys of this topic cannot be
                     // written: fail their requests (retryably), let the rest through.
                     let err = storage_error(self.id, &e);
-                    let (fail, keep): (Vec<_>, Vec<_>) = now.into_iter().partition(|(items, _)| {
-                        items
-                            .iter()
-                            .any(|i| i.dedup_key.is_some() && i.ns == ns && i.topic == topic)
-                    });
-                    fail_all(fail, &err);
+                    let (fail, keep): (Vec<_>, Vec<_>) =
+                        now.into_iter().partition(|(items, _, _)| {
+                            items
+                                .iter()
+                                .any(|i| i.dedup_key.is_some() && i.ns == ns && i.topic == topic)
+                        });
+                    fail_enqueues(fail, &err);
                     now = keep;
                 }
             }
@@ -125,11 +138,11 @@ impl<S: ShardStore> ShardWorker<S> {
     /// they answer with the existing key.
     pub(super) fn plan_inserts(
         &mut self,
-        batches: Vec<(Vec<NewItem>, Reply<Vec<Enqueued>>)>,
+        batches: Vec<EnqueueReq>,
         existing: &HashMap<DedupKey, u64>,
     ) -> Vec<InsertGroup> {
         let mut groups: Vec<InsertGroup> = Vec::new();
-        for (items, reply) in batches {
+        for (items, forward, reply) in batches {
             let fits = groups
                 .last()
                 .is_some_and(|g| g.rows.len() + items.len() <= self.cfg.enqueue_batch_rows_max);
@@ -139,11 +152,11 @@ impl<S: ShardStore> ShardWorker<S> {
                     key_high_water: None,
                     handoff: Handoff::default(),
                     written_at_ms: 0,
-                    batch: if self.cfg.enqueue_marks {
+                    marks: Marks::batch(if self.cfg.enqueue_marks {
                         crate::store::new_batch_token(self.clock.now_ms())
                     } else {
                         0
-                    },
+                    }),
                     replies: Vec::new(),
                 });
             }
@@ -166,6 +179,18 @@ impl<S: ShardStore> ShardWorker<S> {
                 }
                 g.rows.push((key, it));
                 out.push((key, false));
+            }
+            // A forwarded request's items are marked under its token, dedup hits too (the
+            // answer they got), whatever else the group holds.
+            if let Some(f) = forward {
+                g.marks.forwarded.extend(f.positions.iter().zip(&out).map(
+                    |(&position, &(key, dup))| ForwardMark {
+                        token: f.token,
+                        position,
+                        key,
+                        dup,
+                    },
+                ));
             }
             g.replies.push((out, reply));
         }
@@ -195,7 +220,7 @@ impl<S: ShardStore> ShardWorker<S> {
             }
             self.handoff_failed(g.handoff);
             let err = storage_error(self.id, &e);
-            if !err.in_doubt() || g.batch == 0 {
+            if !err.in_doubt() || g.marks.batch == 0 {
                 fail_all(g.replies, &err);
                 return;
             }
@@ -209,7 +234,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 let _ = reply.send(Err(ShardError::InsertInDoubt {
                     shard: self.id,
                     error: e.clone(),
-                    batch: g.batch,
+                    batch: g.marks.batch,
                     planned,
                     tally,
                 }));

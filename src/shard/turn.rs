@@ -34,7 +34,11 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut dead_letters = Vec::new();
         for c in commands {
             match c {
-                Command::Enqueue { items, reply } => enqueues.push((items, reply)),
+                Command::Enqueue {
+                    items,
+                    forward,
+                    reply,
+                } => enqueues.push((items, forward, reply)),
                 Command::Ack { ops, reply } => acks.push((ops, reply)),
                 Command::Nack { nacks: n, reply } => nacks.push((n, reply)),
                 Command::Release { items, reply } => releases.push((items, reply)),
@@ -115,6 +119,13 @@ impl<S: ShardStore> ShardWorker<S> {
                         r
                     })
                 }
+                Command::ForwardCommitted {
+                    token,
+                    items,
+                    reply,
+                } => self.read_beside(reply, move |store, _| async move {
+                    store.forward_committed(token, items).await
+                }),
                 Command::Lookup { keys, reply } => self.read_beside(
                     reply,
                     move |store, _| async move { store.lookup(&keys).await },
@@ -243,7 +254,7 @@ impl<S: ShardStore> ShardWorker<S> {
         let (inserted, claimed, acked_rows, nacked, released, touched) = tokio::join!(
             futures::future::join_all(inserts.iter().map(|g| timed(
                 t,
-                store.insert(&g.rows, g.key_high_water, g.batch, &g.handoff, now)
+                store.insert(&g.rows, g.key_high_water, &g.marks, &g.handoff, now)
             ))),
             async {
                 match &claim {

@@ -133,7 +133,7 @@ pub fn forget(dialect: Dialect, before_ms: i64) -> String {
 }
 
 /// The smallest token drawn at `ms`.
-fn first_token_at(ms: i64) -> i64 {
+pub(super) fn first_token_at(ms: i64) -> i64 {
     ms.max(0) << SEQ_BITS
 }
 

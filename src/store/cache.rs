@@ -356,6 +356,8 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         save_checkpoint(checkpoint_ms: i64) -> ();
         // A batch that did not commit put nothing here.
         batch_committed(batch: i64) -> crate::store::BatchOutcome;
+        // Nor did a forwarded request's.
+        forward_committed(token: i64, items: u32) -> crate::store::ForwardOutcome;
         forget_batches(before_ms: i64) -> u64;
         topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
         topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
@@ -380,12 +382,12 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
-        batch: i64,
+        marks: &crate::store::Marks,
         handoff: &Handoff,
         now_ms: i64,
     ) -> StoreResult<()> {
         self.inner
-            .insert(rows, key_high_water, batch, handoff, now_ms)
+            .insert(rows, key_high_water, marks, handoff, now_ms)
             .await?;
         if let Some(c) = &self.cache {
             self.kept.store(true, Ordering::Relaxed);

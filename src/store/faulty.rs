@@ -362,12 +362,13 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
     }
 
     writes! {
-        insert(rows: &[(u64, NewItem)] => rows.to_vec(), key_high_water: Option<u64> => ByValue(key_high_water), batch: i64 => ByValue(batch), handoff: &Handoff => handoff.clone(), now_ms: i64 => ByValue(now_ms)) -> ();
+        insert(rows: &[(u64, NewItem)] => rows.to_vec(), key_high_water: Option<u64> => ByValue(key_high_water), marks: &crate::store::Marks => marks.clone(), handoff: &Handoff => handoff.clone(), now_ms: i64 => ByValue(now_ms)) -> ();
         claim(keys: &[u64] => keys.to_vec(), now_ms: i64 => ByValue(now_ms), token: i64 => ByValue(token)) -> Vec<Item>;
         delete(keys: &[u64] => keys.to_vec()) -> Vec<ItemMeta>;
         apply(changes: &[Change] => changes.to_vec(), now_ms: i64 => ByValue(now_ms)) -> ();
         save_checkpoint(checkpoint_ms: i64 => ByValue(checkpoint_ms)) -> ();
         batch_committed(batch: i64 => ByValue(batch)) -> crate::store::BatchOutcome;
+        forward_committed(token: i64 => ByValue(token), items: u32 => ByValue(items)) -> crate::store::ForwardOutcome;
         forget_batches(before_ms: i64 => ByValue(before_ms)) -> u64;
         add_totals(deltas: &[(TopicName, Totals)] => deltas.to_vec()) -> ();
         purge_dead(ns: &str => ns.to_string(), topic: &str => topic.to_string(), limit: usize => ByValue(limit)) -> u64;
@@ -388,6 +389,12 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
 
 impl AsRefArg<'_, Handoff> for Handoff {
     fn as_ref_arg(&self) -> &Handoff {
+        self
+    }
+}
+
+impl AsRefArg<'_, crate::store::Marks> for crate::store::Marks {
+    fn as_ref_arg(&self) -> &crate::store::Marks {
         self
     }
 }

@@ -51,7 +51,7 @@ macro_rules! fenced {
 
 fenced! {
     open() -> Recovered;
-    insert(rows: &[(u64, NewItem)], key_high_water: Option<u64>, batch: i64, handoff: &Handoff, now_ms: i64) -> ();
+    insert(rows: &[(u64, NewItem)], key_high_water: Option<u64>, marks: &crate::store::Marks, handoff: &Handoff, now_ms: i64) -> ();
     ready_keys(ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> Vec<ReadyKey>;
     claim(keys: &[u64], now_ms: i64, token: i64) -> Vec<Item>;
     fetch_ready(keys: &[u64], now_ms: i64) -> Vec<Item>;
@@ -64,6 +64,7 @@ fenced! {
     scan(after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
     save_checkpoint(checkpoint_ms: i64) -> ();
     batch_committed(batch: i64) -> crate::store::BatchOutcome;
+    forward_committed(token: i64, items: u32) -> crate::store::ForwardOutcome;
     forget_batches(before_ms: i64) -> u64;
     topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
     topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;

@@ -14,6 +14,7 @@ mod cache;
 #[cfg(feature = "faults")]
 pub mod faulty;
 mod fenced;
+mod forwards;
 mod mysql;
 pub mod sql;
 mod sqlite;
@@ -24,6 +25,7 @@ use std::future::Future;
 pub use batches::{new_token as new_batch_token, BatchOutcome, BATCH_MEMORY_MS};
 pub use cache::{Cached, PayloadCache};
 pub use fenced::Fenced;
+pub use forwards::{ForwardMark, ForwardOutcome, Marks};
 pub use mysql::{with_tls, MySqlStore, MysqlTls, OnLost};
 pub use sqlite::{sqlite_path, SqliteStore};
 
@@ -240,8 +242,9 @@ pub trait ShardStore: Send + Sync + 'static {
     /// Creates the schema when missing and reads what the worker needs to resume.
     fn open(&self) -> impl Future<Output = StoreResult<Recovered>> + Send;
 
-    /// Inserts `rows` (their keys chosen by the worker) in one transaction, with the
-    /// mark of `batch` unless it is 0 (see [`Self::batch_committed`]); when `key_high_water` is given,
+    /// Inserts `rows` (their keys chosen by the worker) in one transaction, with `marks`
+    /// (the batch's, unless 0, see [`Self::batch_committed`]; forwarded requests' items,
+    /// see [`Self::forward_committed`]); when `key_high_water` is given,
     /// persists it in the same transaction. The rows that
     /// `handoff` holds are written leased under its token (delivered once, the lease
     /// ending at `now_ms + lease_ms`), the others ready. Timers are set as of `now_ms`
@@ -250,7 +253,7 @@ pub trait ShardStore: Send + Sync + 'static {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
-        batch: i64,
+        marks: &Marks,
         handoff: &Handoff,
         now_ms: i64,
     ) -> impl Future<Output = StoreResult<()>> + Send;
@@ -261,8 +264,18 @@ pub trait ShardStore: Send + Sync + 'static {
     fn batch_committed(&self, batch: i64)
         -> impl Future<Output = StoreResult<BatchOutcome>> + Send;
 
-    /// Raises the forget watermark to `before_ms`, then deletes a chunk of batch marks and
-    /// tombstones of tokens drawn before it; returns how many.
+    /// What this shard stored of the forwarded request of `items` items under `token`,
+    /// decided for good: tombstones written now for its every position make a late insert
+    /// of them fail (see `forwards`); `forgotten` when the token is below the forget
+    /// watermark (no tombstones then).
+    fn forward_committed(
+        &self,
+        token: i64,
+        items: u32,
+    ) -> impl Future<Output = StoreResult<ForwardOutcome>> + Send;
+
+    /// Raises the forget watermark to `before_ms`, then deletes a chunk of batch and
+    /// forward marks and tombstones of tokens drawn before it; returns how many.
     fn forget_batches(&self, before_ms: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
     /// Up to `limit` keys of ready items of a topic (`deliver_after_ms <= now_ms`), in

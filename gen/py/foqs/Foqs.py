@@ -126,6 +126,14 @@ class Iface(object):
         """
         pass
 
+    def enqueueOutcome(self, req):
+        """
+        Parameters:
+         - req
+
+        """
+        pass
+
     def shardSwitchover(self, req):
         """
         Parameters:
@@ -629,6 +637,40 @@ class Client(Iface):
             raise result.err
         return
 
+    def enqueueOutcome(self, req):
+        """
+        Parameters:
+         - req
+
+        """
+        self.send_enqueueOutcome(req)
+        return self.recv_enqueueOutcome()
+
+    def send_enqueueOutcome(self, req):
+        self._oprot.writeMessageBegin('enqueueOutcome', TMessageType.CALL, self._seqid)
+        args = enqueueOutcome_args()
+        args.req = req
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_enqueueOutcome(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = enqueueOutcome_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.err is not None:
+            raise result.err
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "enqueueOutcome failed: unknown result")
+
     def shardSwitchover(self, req):
         """
         Parameters:
@@ -778,6 +820,7 @@ class Processor(Iface, TProcessor):
         self._processMap["dlqRequeueAll"] = Processor.process_dlqRequeueAll
         self._processMap["dlqPurge"] = Processor.process_dlqPurge
         self._processMap["notifyReady"] = Processor.process_notifyReady
+        self._processMap["enqueueOutcome"] = Processor.process_enqueueOutcome
         self._processMap["shardSwitchover"] = Processor.process_shardSwitchover
         self._processMap["regionDrain"] = Processor.process_regionDrain
         self._processMap["shardFailover"] = Processor.process_shardFailover
@@ -1164,6 +1207,32 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.EXCEPTION
             result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
         oprot.writeMessageBegin("notifyReady", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_enqueueOutcome(self, seqid, iprot, oprot):
+        args = enqueueOutcome_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = enqueueOutcome_result()
+        try:
+            result.success = self._handler.enqueueOutcome(args.req)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except FoqsError as err:
+            msg_type = TMessageType.REPLY
+            result.err = err
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("enqueueOutcome", msg_type, seqid)
         result.write(oprot)
         oprot.writeMessageEnd()
         oprot.trans.flush()
@@ -3157,6 +3226,143 @@ class notifyReady_result(object):
 all_structs.append(notifyReady_result)
 notifyReady_result.thrift_spec = (
     None,  # 0
+    (1, TType.STRUCT, 'err', [FoqsError, None], None, ),  # 1
+)
+
+
+class enqueueOutcome_args(object):
+    """
+    Attributes:
+     - req
+
+    """
+
+
+    def __init__(self, req=None,):
+        self.req = req
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.req = EnqueueOutcomeRequest()
+                    self.req.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('enqueueOutcome_args')
+        if self.req is not None:
+            oprot.writeFieldBegin('req', TType.STRUCT, 1)
+            self.req.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(enqueueOutcome_args)
+enqueueOutcome_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'req', [EnqueueOutcomeRequest, None], None, ),  # 1
+)
+
+
+class enqueueOutcome_result(object):
+    """
+    Attributes:
+     - success
+     - err
+
+    """
+
+
+    def __init__(self, success=None, err=None,):
+        self.success = success
+        self.err = err
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = EnqueueOutcomeResponse()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 1:
+                if ftype == TType.STRUCT:
+                    self.err = FoqsError.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('enqueueOutcome_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.err is not None:
+            oprot.writeFieldBegin('err', TType.STRUCT, 1)
+            self.err.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(enqueueOutcome_result)
+enqueueOutcome_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [EnqueueOutcomeResponse, None], None, ),  # 0
     (1, TType.STRUCT, 'err', [FoqsError, None], None, ),  # 1
 )
 

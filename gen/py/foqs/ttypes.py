@@ -478,13 +478,15 @@ class EnqueueRequest(object):
     Attributes:
      - items
      - forwarded_by
+     - forward_token
 
     """
 
 
-    def __init__(self, items=None, forwarded_by=None,):
+    def __init__(self, items=None, forwarded_by=None, forward_token=None,):
         self.items = items
         self.forwarded_by = forwarded_by
+        self.forward_token = forward_token
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -511,6 +513,11 @@ class EnqueueRequest(object):
                     self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.forward_token = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -531,6 +538,10 @@ class EnqueueRequest(object):
         if self.forwarded_by is not None:
             oprot.writeFieldBegin('forwarded_by', TType.STRING, 2)
             oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
+            oprot.writeFieldEnd()
+        if self.forward_token is not None:
+            oprot.writeFieldBegin('forward_token', TType.I64, 3)
+            oprot.writeI64(self.forward_token)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3766,6 +3777,348 @@ class HostInfo(object):
         return not (self == other)
 
 
+class EnqueueOutcomeRequest(object):
+    """
+    Attributes:
+     - shards
+     - forward_token
+     - items
+     - batch_token
+
+    """
+
+
+    def __init__(self, shards=None, forward_token=None, items=None, batch_token=None,):
+        self.shards = shards
+        self.forward_token = forward_token
+        self.items = items
+        self.batch_token = batch_token
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.shards = []
+                    (_etype157, _size154) = iprot.readListBegin()
+                    for _i158 in range(_size154):
+                        _elem159 = iprot.readI32()
+                        self.shards.append(_elem159)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.forward_token = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I32:
+                    self.items = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I64:
+                    self.batch_token = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('EnqueueOutcomeRequest')
+        if self.shards is not None:
+            oprot.writeFieldBegin('shards', TType.LIST, 1)
+            oprot.writeListBegin(TType.I32, len(self.shards))
+            for iter160 in self.shards:
+                oprot.writeI32(iter160)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.forward_token is not None:
+            oprot.writeFieldBegin('forward_token', TType.I64, 2)
+            oprot.writeI64(self.forward_token)
+            oprot.writeFieldEnd()
+        if self.items is not None:
+            oprot.writeFieldBegin('items', TType.I32, 3)
+            oprot.writeI32(self.items)
+            oprot.writeFieldEnd()
+        if self.batch_token is not None:
+            oprot.writeFieldBegin('batch_token', TType.I64, 4)
+            oprot.writeI64(self.batch_token)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class ForwardedItem(object):
+    """
+    Attributes:
+     - position
+     - id
+     - deduplicated
+
+    """
+
+
+    def __init__(self, position=None, id=None, deduplicated=None,):
+        self.position = position
+        self.id = id
+        self.deduplicated = deduplicated
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.position = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.BOOL:
+                    self.deduplicated = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('ForwardedItem')
+        if self.position is not None:
+            oprot.writeFieldBegin('position', TType.I32, 1)
+            oprot.writeI32(self.position)
+            oprot.writeFieldEnd()
+        if self.id is not None:
+            oprot.writeFieldBegin('id', TType.STRING, 2)
+            oprot.writeString(self.id.encode('utf-8') if sys.version_info[0] == 2 else self.id)
+            oprot.writeFieldEnd()
+        if self.deduplicated is not None:
+            oprot.writeFieldBegin('deduplicated', TType.BOOL, 3)
+            oprot.writeBool(self.deduplicated)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class ShardEnqueueOutcome(object):
+    """
+    Attributes:
+     - shard_id
+     - state
+     - items
+     - error
+
+    """
+
+
+    def __init__(self, shard_id=None, state=None, items=None, error=None,):
+        self.shard_id = shard_id
+        self.state = state
+        self.items = items
+        self.error = error
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.shard_id = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.state = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.LIST:
+                    self.items = []
+                    (_etype164, _size161) = iprot.readListBegin()
+                    for _i165 in range(_size161):
+                        _elem166 = ForwardedItem()
+                        _elem166.read(iprot)
+                        self.items.append(_elem166)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.error = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('ShardEnqueueOutcome')
+        if self.shard_id is not None:
+            oprot.writeFieldBegin('shard_id', TType.I32, 1)
+            oprot.writeI32(self.shard_id)
+            oprot.writeFieldEnd()
+        if self.state is not None:
+            oprot.writeFieldBegin('state', TType.STRING, 2)
+            oprot.writeString(self.state.encode('utf-8') if sys.version_info[0] == 2 else self.state)
+            oprot.writeFieldEnd()
+        if self.items is not None:
+            oprot.writeFieldBegin('items', TType.LIST, 3)
+            oprot.writeListBegin(TType.STRUCT, len(self.items))
+            for iter167 in self.items:
+                iter167.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.error is not None:
+            oprot.writeFieldBegin('error', TType.STRING, 4)
+            oprot.writeString(self.error.encode('utf-8') if sys.version_info[0] == 2 else self.error)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class EnqueueOutcomeResponse(object):
+    """
+    Attributes:
+     - shards
+
+    """
+
+
+    def __init__(self, shards=None,):
+        self.shards = shards
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.shards = []
+                    (_etype171, _size168) = iprot.readListBegin()
+                    for _i172 in range(_size168):
+                        _elem173 = ShardEnqueueOutcome()
+                        _elem173.read(iprot)
+                        self.shards.append(_elem173)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('EnqueueOutcomeResponse')
+        if self.shards is not None:
+            oprot.writeFieldBegin('shards', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRUCT, len(self.shards))
+            for iter174 in self.shards:
+                iter174.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class NotifyReadyRequest(object):
     """
     Attributes:
@@ -3796,11 +4149,11 @@ class NotifyReadyRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.topics = []
-                    (_etype157, _size154) = iprot.readListBegin()
-                    for _i158 in range(_size154):
-                        _elem159 = ReadyTopic()
-                        _elem159.read(iprot)
-                        self.topics.append(_elem159)
+                    (_etype178, _size175) = iprot.readListBegin()
+                    for _i179 in range(_size175):
+                        _elem180 = ReadyTopic()
+                        _elem180.read(iprot)
+                        self.topics.append(_elem180)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3821,8 +4174,8 @@ class NotifyReadyRequest(object):
         if self.topics is not None:
             oprot.writeFieldBegin('topics', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.topics))
-            for iter160 in self.topics:
-                iter160.write(oprot)
+            for iter181 in self.topics:
+                iter181.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4097,10 +4450,10 @@ class SwitchReport(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype164, _size161) = iprot.readListBegin()
-                    for _i165 in range(_size161):
-                        _elem166 = iprot.readI32()
-                        self.shards.append(_elem166)
+                    (_etype185, _size182) = iprot.readListBegin()
+                    for _i186 in range(_size182):
+                        _elem187 = iprot.readI32()
+                        self.shards.append(_elem187)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4171,8 +4524,8 @@ class SwitchReport(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 2)
             oprot.writeListBegin(TType.I32, len(self.shards))
-            for iter167 in self.shards:
-                oprot.writeI32(iter167)
+            for iter188 in self.shards:
+                oprot.writeI32(iter188)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.from_server is not None:
@@ -4258,11 +4611,11 @@ class SwitchResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.switches = []
-                    (_etype171, _size168) = iprot.readListBegin()
-                    for _i172 in range(_size168):
-                        _elem173 = SwitchReport()
-                        _elem173.read(iprot)
-                        self.switches.append(_elem173)
+                    (_etype192, _size189) = iprot.readListBegin()
+                    for _i193 in range(_size189):
+                        _elem194 = SwitchReport()
+                        _elem194.read(iprot)
+                        self.switches.append(_elem194)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4284,8 +4637,8 @@ class SwitchResponse(object):
         if self.switches is not None:
             oprot.writeFieldBegin('switches', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.switches))
-            for iter174 in self.switches:
-                iter174.write(oprot)
+            for iter195 in self.switches:
+                iter195.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.elapsed_ms is not None:
@@ -4552,11 +4905,11 @@ class ShardReplicationInfo(object):
             elif fid == 10:
                 if ftype == TType.LIST:
                     self.replicas = []
-                    (_etype178, _size175) = iprot.readListBegin()
-                    for _i179 in range(_size175):
-                        _elem180 = ReplicaInfo()
-                        _elem180.read(iprot)
-                        self.replicas.append(_elem180)
+                    (_etype199, _size196) = iprot.readListBegin()
+                    for _i200 in range(_size196):
+                        _elem201 = ReplicaInfo()
+                        _elem201.read(iprot)
+                        self.replicas.append(_elem201)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4609,8 +4962,8 @@ class ShardReplicationInfo(object):
         if self.replicas is not None:
             oprot.writeFieldBegin('replicas', TType.LIST, 10)
             oprot.writeListBegin(TType.STRUCT, len(self.replicas))
-            for iter181 in self.replicas:
-                iter181.write(oprot)
+            for iter202 in self.replicas:
+                iter202.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4654,11 +5007,11 @@ class ReplicationResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.shards = []
-                    (_etype185, _size182) = iprot.readListBegin()
-                    for _i186 in range(_size182):
-                        _elem187 = ShardReplicationInfo()
-                        _elem187.read(iprot)
-                        self.shards.append(_elem187)
+                    (_etype206, _size203) = iprot.readListBegin()
+                    for _i207 in range(_size203):
+                        _elem208 = ShardReplicationInfo()
+                        _elem208.read(iprot)
+                        self.shards.append(_elem208)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4675,8 +5028,8 @@ class ReplicationResponse(object):
         if self.shards is not None:
             oprot.writeFieldBegin('shards', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.shards))
-            for iter188 in self.shards:
-                iter188.write(oprot)
+            for iter209 in self.shards:
+                iter209.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4734,6 +5087,7 @@ EnqueueRequest.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'items', (TType.STRUCT, [EnqueueItem, None], False), None, ),  # 1
     (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
+    (3, TType.I64, 'forward_token', None, None, ),  # 3
 )
 all_structs.append(EnqueueResult)
 EnqueueResult.thrift_spec = (
@@ -5003,6 +5357,34 @@ HostInfo.thrift_spec = (
     (7, TType.LIST, 'peers', (TType.STRUCT, [PeerInfo, None], False), None, ),  # 7
     (8, TType.STRING, 'manager', 'UTF8', None, ),  # 8
     (9, TType.LIST, 'ready_topics', (TType.STRUCT, [ReadyTopic, None], False), None, ),  # 9
+)
+all_structs.append(EnqueueOutcomeRequest)
+EnqueueOutcomeRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'shards', (TType.I32, None, False), None, ),  # 1
+    (2, TType.I64, 'forward_token', None, None, ),  # 2
+    (3, TType.I32, 'items', None, None, ),  # 3
+    (4, TType.I64, 'batch_token', None, None, ),  # 4
+)
+all_structs.append(ForwardedItem)
+ForwardedItem.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'position', None, None, ),  # 1
+    (2, TType.STRING, 'id', 'UTF8', None, ),  # 2
+    (3, TType.BOOL, 'deduplicated', None, None, ),  # 3
+)
+all_structs.append(ShardEnqueueOutcome)
+ShardEnqueueOutcome.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'shard_id', None, None, ),  # 1
+    (2, TType.STRING, 'state', 'UTF8', None, ),  # 2
+    (3, TType.LIST, 'items', (TType.STRUCT, [ForwardedItem, None], False), None, ),  # 3
+    (4, TType.STRING, 'error', 'UTF8', None, ),  # 4
+)
+all_structs.append(EnqueueOutcomeResponse)
+EnqueueOutcomeResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'shards', (TType.STRUCT, [ShardEnqueueOutcome, None], False), None, ),  # 1
 )
 all_structs.append(NotifyReadyRequest)
 NotifyReadyRequest.thrift_spec = (

@@ -356,6 +356,7 @@ impl Client {
             c.enqueue(EnqueueRequest {
                 items: Some(items),
                 forwarded_by: None,
+                forward_token: None,
             })
         })
         .map(|r| r.results.unwrap())

@@ -35,6 +35,16 @@ impl Proc {
     }
 
     pub fn spawn_on(config: &Path, port: u16, env: &[(&str, &str)]) -> Proc {
+        Self::start(config, port, env, Stdio::inherit())
+    }
+
+    /// As [`Proc::spawn`], its log (stderr) written to `stderr` (a test reads it for a
+    /// signal: a failpoint reached).
+    pub fn spawn_with_stderr(config: &Path, env: &[(&str, &str)], stderr: std::fs::File) -> Proc {
+        Self::start(config, free_port(), env, Stdio::from(stderr))
+    }
+
+    fn start(config: &Path, port: u16, env: &[(&str, &str)], stderr: Stdio) -> Proc {
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_foqsd"))
             .args([
@@ -49,7 +59,7 @@ impl Proc {
             )
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn foqsd");
         wait_listening(addr, "foqsd", &mut child);

@@ -102,6 +102,7 @@ impl Load {
                     match cl.enqueue(EnqueueRequest {
                         items: Some(items),
                         forwarded_by: None,
+                        forward_token: None,
                     }) {
                         Ok(r) => {
                             let mut l = ledger.lock().unwrap();
@@ -156,6 +157,7 @@ impl Load {
                     match cl.enqueue(EnqueueRequest {
                         items: Some(vec![item]),
                         forwarded_by: None,
+                        forward_token: None,
                     }) {
                         Ok(r) if r.results.iter().flatten().any(|x| x.id.is_some()) => {
                             ledger.lock().unwrap().quota_admitted += 1;
@@ -417,6 +419,7 @@ impl AmoLoad {
                     match cl.enqueue(EnqueueRequest {
                         items: Some(vec![item]),
                         forwarded_by: None,
+                        forward_token: None,
                     }) {
                         Ok(r) if r.results.iter().flatten().any(|x| x.id.is_some()) => {
                             seen.lock().unwrap().0.insert(pl);

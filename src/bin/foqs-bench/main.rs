@@ -187,6 +187,7 @@ impl Run {
                 let r = c.enqueue(EnqueueRequest {
                     items: Some(batch),
                     forwarded_by: None,
+                    forward_token: None,
                 })?;
                 lat.push(t.elapsed().as_micros() as u32);
                 if let Some(e) = r
@@ -259,6 +260,7 @@ impl Run {
                 producer.enqueue(EnqueueRequest {
                     items: Some(vec![new_item(&self.args.ns, &topic, 0, payload.clone())]),
                     forwarded_by: None,
+                    forward_token: None,
                 })?;
                 let replied = Instant::now();
                 let got = got_rx

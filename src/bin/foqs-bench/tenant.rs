@@ -120,6 +120,7 @@ impl Run {
         let r = c.enqueue(EnqueueRequest {
             items: Some(items),
             forwarded_by: None,
+            forward_token: None,
         })?;
         let mut ok = 0;
         let mut retry_after = None;

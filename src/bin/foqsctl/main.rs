@@ -206,6 +206,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                 .enqueue(EnqueueRequest {
                     items: Some(vec![it]),
                     forwarded_by: None,
+                    forward_token: None,
                 })
                 .map_err(e)?;
             let r = r

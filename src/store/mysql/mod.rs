@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 pub use tls::{with_tls, MysqlTls};
 
 use super::batches::{self, BatchOutcome};
+use super::forwards::{self, ForwardOutcome, Marks};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
 use super::topics::{state_counts, topic_filter, TopicIds};
 use super::{
@@ -340,7 +341,7 @@ impl ShardStore for MySqlStore {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
-        batch: i64,
+        marks: &Marks,
         handoff: &Handoff,
         now_ms: i64,
     ) -> StoreResult<()> {
@@ -348,10 +349,7 @@ impl ShardStore for MySqlStore {
             return Ok(());
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        let mut statements: Vec<_> = (batch != 0)
-            .then(|| batches::mark(batch))
-            .into_iter()
-            .collect();
+        let mut statements = marks.statements();
         statements.extend(plan.statements(Dialect::MySql, rows, key_high_water, handoff, now_ms));
         self.run_all(statements).await?;
         plan.committed(&self.topics);
@@ -615,13 +613,32 @@ impl ShardStore for MySqlStore {
         Ok(batches::outcome(c))
     }
 
+    async fn forward_committed(&self, token: i64, items: u32) -> StoreResult<ForwardOutcome> {
+        let mut conn = self.conn().await?;
+        let forgotten: Option<i64> = conn.query_first(batches::read_forgotten()).await?;
+        let forgotten = batches::below(token, forgotten);
+        if !forgotten {
+            conn.query_drop(forwards::tombstone(Dialect::MySql, token, items))
+                .await?;
+        }
+        let stored = conn
+            .query_map(forwards::read(token), |(p, k, d): (u32, u64, i64)| {
+                (p, k, d != 0)
+            })
+            .await?;
+        Ok(ForwardOutcome { stored, forgotten })
+    }
+
     async fn forget_batches(&self, before_ms: i64) -> StoreResult<u64> {
         let mut conn = self.conn().await?;
         conn.query_drop(batches::raise_forgotten(Dialect::MySql, before_ms))
             .await?;
         conn.query_drop(batches::forget(Dialect::MySql, before_ms))
             .await?;
-        Ok(conn.affected_rows())
+        let marks = conn.affected_rows();
+        conn.query_drop(forwards::forget(Dialect::MySql, before_ms))
+            .await?;
+        Ok(marks + conn.affected_rows())
     }
 
     async fn save_checkpoint(&self, checkpoint_ms: i64) -> StoreResult<()> {

@@ -141,6 +141,7 @@ pub(super) async fn prepare(conn: &mut Conn, shard: ShardId, database: &str) -> 
     }
     // Created in place in databases of earlier builds (which never name it).
     conn.query_drop(crate::store::batches::MYSQL_DDL).await?;
+    conn.query_drop(crate::store::forwards::MYSQL_DDL).await?;
     // Added in place to tables of earlier builds (instant on MariaDB, and they go on
     // working with it: they never name it).
     if !has_column(conn, "items", "settled_token").await? {

@@ -21,6 +21,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use rusqlite::Connection;
 
 use super::batches::{self, BatchOutcome};
+use super::forwards::{self, ForwardOutcome, Marks};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan};
 use super::topics::{state_counts, topic_filter, TopicIds};
 use super::{
@@ -222,7 +223,7 @@ impl ShardStore for SqliteStore {
         &self,
         rows: &[(u64, NewItem)],
         key_high_water: Option<u64>,
-        batch: i64,
+        marks: &Marks,
         handoff: &Handoff,
         now_ms: i64,
     ) -> StoreResult<()> {
@@ -230,10 +231,7 @@ impl ShardStore for SqliteStore {
             return Ok(());
         }
         let plan = InsertPlan::new(&self.topics, rows);
-        let mut statements: Vec<_> = (batch != 0)
-            .then(|| batches::mark(batch))
-            .into_iter()
-            .collect();
+        let mut statements = marks.statements();
         statements.extend(plan.statements(Dialect::Sqlite, rows, key_high_water, handoff, now_ms));
         self.call(move |conn| run(conn, &statements)).await?;
         plan.committed(&self.topics);
@@ -472,13 +470,46 @@ impl ShardStore for SqliteStore {
         .await
     }
 
+    async fn forward_committed(&self, token: i64, items: u32) -> StoreResult<ForwardOutcome> {
+        self.call(move |conn| {
+            use rusqlite::OptionalExtension;
+            let forgotten: Option<i64> = conn
+                .query_row(&batches::read_forgotten(), [], |r| r.get(0))
+                .optional()
+                .map_err(store_error)?;
+            let forgotten = batches::below(token, forgotten);
+            if !forgotten {
+                conn.execute_batch(&forwards::tombstone(Dialect::Sqlite, token, items))
+                    .map_err(store_error)?;
+            }
+            let mut st = conn.prepare(&forwards::read(token)).map_err(store_error)?;
+            let stored = st
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, u32>(0)?,
+                        r.get::<_, i64>(1)? as u64,
+                        r.get::<_, i64>(2)? != 0,
+                    ))
+                })
+                .map_err(store_error)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(store_error)?;
+            Ok(ForwardOutcome { stored, forgotten })
+        })
+        .await
+    }
+
     async fn forget_batches(&self, before_ms: i64) -> StoreResult<u64> {
         self.call(move |conn| {
             conn.execute_batch(&batches::raise_forgotten(Dialect::Sqlite, before_ms))
                 .map_err(store_error)?;
-            conn.execute(&batches::forget(Dialect::Sqlite, before_ms), [])
-                .map(|n| n as u64)
-                .map_err(store_error)
+            let marks = conn
+                .execute(&batches::forget(Dialect::Sqlite, before_ms), [])
+                .map_err(store_error)?;
+            let forwarded = conn
+                .execute(&forwards::forget(Dialect::Sqlite, before_ms), [])
+                .map_err(store_error)?;
+            Ok((marks + forwarded) as u64)
         })
         .await
     }

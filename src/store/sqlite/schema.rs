@@ -82,9 +82,11 @@ pub(super) fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
             conn.execute_batch(&format!(
                 "BEGIN IMMEDIATE; {SCHEMA}
                  {}
+                 {}
                  INSERT INTO foqs_meta (name, value) VALUES ('schema_version', {SCHEMA_VERSION});
                  COMMIT;",
-                crate::store::batches::SQLITE_DDL
+                crate::store::batches::SQLITE_DDL,
+                crate::store::forwards::SQLITE_DDL
             ))
             .map_err(store_error)?;
             Ok(())
@@ -107,6 +109,8 @@ pub(super) fn prepare(conn: &Connection, path: &Path) -> StoreResult<()> {
             }
             // Created in place in files of earlier builds (which never name it).
             conn.execute_batch(crate::store::batches::SQLITE_DDL)
+                .map_err(store_error)?;
+            conn.execute_batch(crate::store::forwards::SQLITE_DDL)
                 .map_err(store_error)?;
             // A file of another build with other columns: say so now, not at the first
             // write.
