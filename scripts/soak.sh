@@ -2,7 +2,7 @@
 # Runs the seeded fault simulation (integration/rust/simulation.rs) over many seeds, on
 # MariaDB and on SQLite: scripts/soak.sh SEEDS [FIRST]. Seeds FIRST..FIRST+SEEDS-1 (FIRST
 # defaults to 1), 20 per test run; a failing seed is printed with its problems, and
-# FOQS_SIM_SEEDS=N cargo test --test simulation replays it. Exits non-zero when any failed.
+# FOQS_SIM_SEEDS=N cargo test --test failpoints -- simulation:: replays it. Exits non-zero when any failed.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
@@ -22,7 +22,7 @@ while [ "$seed" -le "$last" ]; do
   seeds=$(seq -s, "$seed" "$end")
   log="$FOQS_RUN/soak-$seed-$end.log"
   mkdir -p "$FOQS_RUN"
-  if FOQS_SIM_SEEDS="$seeds" cargo test -q --test simulation >"$log" 2>&1; then
+  if FOQS_SIM_SEEDS="$seeds" cargo test -q --test failpoints -- simulation:: >"$log" 2>&1; then
     foqs_log "seeds $seed..$end clean ($(( $(date +%s) - started )) s so far)"
   else
     foqs_log "seeds $seed..$end: failures (log: $log)"

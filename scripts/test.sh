@@ -49,8 +49,8 @@ foqs_log "limits: $(ulimit -n) open files, $(ulimit -u) processes, listen backlo
 foqs_log "Rust unit and integration tests (MySQL; the store conformance suite on both stores)"
 cargo test --all-targets
 foqs_log "the integration tests that hold for every backend, again on SQLite shards"
-FOQS_TEST_BACKEND=sqlite cargo test --test api --test background --test dedup --test dlq --test handoff --test longpoll \
-  --test prefetch --test removal --test restart --test wire
+FOQS_TEST_BACKEND=sqlite cargo test --test suite --test failpoints -- api:: background:: dedup:: dlq:: handoff:: \
+  longpoll:: prefetch:: removal:: restart:: wire::
 
 foqs_log "Python client tests (Apache Thrift's Python library) against a running foqsd"
 venv="$FOQS_RUN/venv"

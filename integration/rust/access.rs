@@ -4,7 +4,7 @@
 //! a certificate from another CA refused at the handshake, a forged `forwarded_by`
 //! refused, and peers that forward for a client over TLS.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Every semantic of the API, through a real Thrift client over TCP, against a foqsd on
 //! real MariaDB/MySQL with 3 shards.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Background work (lease expiry, due items, TTL, checkpoints) runs at its interval however
 //! busy the shard is: a shard worker whose queue never runs dry still ends leases on time.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! "busy" error at once, never a wait without end. Faults are injected around the real
 //! store ([`common::shard`]).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

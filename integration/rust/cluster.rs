@@ -3,7 +3,7 @@
 //! from a host whose shards are all sick, topics listed across hosts, host info.
 //! (The etcd-managed cluster, with real processes, is in `cluster_etcd.rs`.)
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

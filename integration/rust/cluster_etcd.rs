@@ -3,7 +3,7 @@
 //! failover after SIGKILL under load with nothing acknowledged lost, rejoin with minimal
 //! movement, and a namespace quota enforced across the three hosts.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! On failure a screenshot is saved under .run/ (console-failure.png); the overview and a
 //! topic page are saved there on every run (console-overview.png, console-topic.png).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::io::{Read, Write};

@@ -2,7 +2,7 @@
 //! another enqueue with that key writes nothing and returns the existing id; across
 //! shards (keys hash to one shard), across restarts, under concurrent enqueues.
 
-mod common;
+use crate::common;
 
 /// `s` as a hex literal: names and keys are stored as bytes on every backend.
 fn hex(s: &str) -> String {

@@ -1,7 +1,7 @@
 //! Dead letters: nack to the DLQ, list with paging across shards, requeue by id and in
 //! bulk (100k items in bounded batches), purge.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

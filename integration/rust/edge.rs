@@ -2,7 +2,7 @@
 //! deadlines on partial frames and idle connections (a long poll is not idleness), and
 //! the metrics and health endpoints moving with known traffic.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -1,7 +1,7 @@
 //! Circuit breaker and storage timeouts against a real hung database: one shard lives on a
 //! private MariaDB that the test freezes (SIGSTOP) and thaws (SIGCONT).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

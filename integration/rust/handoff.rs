@@ -5,7 +5,7 @@
 //! next one (its delivery uncounted), at-most-once items included; kill -9 between the
 //! commit and the hand-over loses nothing.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! Here the refill is held at a gate (`common::faulty`'s hold, around the real MySQL
 //! store, before `ready_keys`), so the interleaving is certain.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! holder's. The first tests drive the late-ack and late-nack sequences deterministically
 //! with the host's clock; the last one checks a randomized history with kill -9 restarts.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! Long-poll dequeue (`wait_ms`): returns as soon as an item becomes ready in a requested
 //! topic, empty after `wait_ms`; many waiters at once; shutdown ends the waits.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

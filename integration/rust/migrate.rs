@@ -3,7 +3,7 @@
 //! and every item then behaves through the API as it would have before. A shard written
 //! by a newer build refuses to open.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! out without a restart: the worker must not go on trusting an index that says the
 //! topic holds nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! A process that loses a shard's owner lock stops writing it and takes it back when the
 //! lock is free again.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! the shipped systemd unit and container recipe load a config that passes, run as a
 //! user of their own, stop with SIGTERM within the graceful stop, and check /readyz.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! items ahead, staged items count as ready and go back to ready on shutdown; a shard that
 //! has forgotten topics (index_topics_max) still serves every one of them.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

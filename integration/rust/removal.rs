@@ -3,7 +3,7 @@
 //! dropped leased by nobody (issue 18, risk 4: on the next owner their leases would have
 //! ended as real deliveries, an at-most-once item deleted unseen).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! enqueue load, start it again, and check that nothing an enqueue acknowledged is lost
 //! and that every state comes back as it should.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

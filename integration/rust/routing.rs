@@ -3,7 +3,7 @@
 //! tier; a host killed while others route to it costs its items' delay, never a failed
 //! dequeue or a lost item.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;

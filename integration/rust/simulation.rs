@@ -18,7 +18,7 @@
 //! when workers die; tokio's scheduling is not seeded, so a replay meets the same faults
 //! in nearly, not exactly, the same interleaving.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

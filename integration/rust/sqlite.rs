@@ -3,7 +3,7 @@
 //! queues are bounded; and the breaker's probe fails on a full file, as writes do, and
 //! passes again once there is room.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

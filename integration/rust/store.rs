@@ -4,7 +4,7 @@
 //! a row something else settled, the timer index, dedup keys that outlive their item,
 //! what survives a reopen, the fence, one writer per shard and a newer schema's refusal.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! and bad input of each kind answered or closed at once while other connections are
 //! served.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

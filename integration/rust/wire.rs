@@ -3,7 +3,7 @@
 //! TApplicationException on a connection that keeps working, or closes only its own
 //! connection; the server keeps serving.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -4,7 +4,7 @@
 //! from storage by itself, with every item still there. Built with `--features
 //! faults` (the test build has it: see Cargo.toml): the failpoint is nothing in other builds.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

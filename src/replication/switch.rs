@@ -18,6 +18,9 @@ const APPROACH_WINDOW_MS: f64 = 30.0;
 /// ... and never fewer, nor more, transactions than these.
 const APPROACH_TX: (i64, i64) = (2, 64);
 const APPROACH_POLL: Duration = Duration::from_millis(5);
+/// A switch's last steps (promote, repoint, publish, served) taking this long are logged
+/// with where the time went.
+const SLOW_COMPLETE: Duration = Duration::from_millis(250);
 /// A target that did not come that close within the approach's bound is switched only
 /// when what it is behind would take it at most this long at the rate it applies; a
 /// slower one (a starved SQL thread) is refused before anything is paused, rather than
@@ -279,6 +282,7 @@ impl Driver {
         let (from, to, g) = (&j.from, &j.to, j.generation);
         let bound = self.step_bound();
         let semi = self.cfg.semi_sync;
+        let started = Instant::now();
         // 4. Promote it, and let the others replicate from it before anyone writes to
         // it (semi-sync waits for a replica that acknowledges).
         if let Err(e) = self
@@ -305,12 +309,30 @@ impl Driver {
                 "cannot promote {to}: {e}; undone (target back to a replica: {back:?})"
             ));
         }
+        let promoted = started.elapsed();
         let mut problems = self.repoint(set, to, None, semi).await;
+        let repointed = started.elapsed();
         crate::failpoint::pause("switch-promoted").await;
         // 5. Serve it.
         self.serve_target(set, recs, j, lock).await?;
+        let published = started.elapsed();
         if !self.acks(&set.shards, "served", g, SERVED_WAIT).await {
             problems.push(format!("not every shard was served within {SERVED_WAIT:?}"));
+        }
+        // Where a long read-only window went, for the operator (the window itself is in
+        // the switch's report).
+        let ms = |d: Duration| d.as_millis() as u64;
+        let total = started.elapsed();
+        if total >= SLOW_COMPLETE {
+            tracing::warn!(
+                shards = ?set.shards,
+                to,
+                promote_ms = ms(promoted),
+                repoint_ms = ms(repointed - promoted),
+                publish_ms = ms(published - repointed),
+                served_ms = ms(total - published),
+                "a switch's last steps were slow"
+            );
         }
         Ok(problems)
     }
