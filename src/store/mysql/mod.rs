@@ -298,11 +298,22 @@ impl ShardStore for MySqlStore {
             Conn::new(self.server_opts.clone()),
         )
         .await?;
-        let create = format!(
-            "CREATE DATABASE IF NOT EXISTS `{}`",
-            self.database.replace('`', "``")
-        );
-        server.query_drop(create).await?;
+        // Created only when missing: the DDL is binlogged even when the database exists,
+        // and a semi-synchronous primary holds it for a replica's acknowledgement (see
+        // `schema::prepare`).
+        let exists: Option<i64> = server
+            .exec_first(
+                "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
+                (&self.database,),
+            )
+            .await?;
+        if exists.unwrap_or(0) == 0 {
+            let create = format!(
+                "CREATE DATABASE IF NOT EXISTS `{}`",
+                self.database.replace('`', "``")
+            );
+            server.query_drop(create).await?;
+        }
         let _ = server.disconnect().await;
 
         let mut conn = self.unbounded_conn().await?;

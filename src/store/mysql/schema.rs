@@ -88,16 +88,6 @@ pub(super) async fn meta_get(conn: &mut Conn, name: &str) -> StoreResult<Option<
         .await?)
 }
 
-async fn table_exists(conn: &mut Conn, name: &str) -> StoreResult<bool> {
-    let n: Option<i64> = conn
-        .exec_first(
-            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
-            (name,),
-        )
-        .await?;
-    Ok(n.unwrap_or(0) > 0)
-}
-
 async fn has_column(conn: &mut Conn, table: &str, column: &str) -> StoreResult<bool> {
     let n: Option<i64> = conn
         .exec_first(
@@ -111,8 +101,34 @@ async fn has_column(conn: &mut Conn, table: &str, column: &str) -> StoreResult<b
 
 /// Brings the database to version 2: creates it when empty, migrates version 1 in place,
 /// refuses a newer one or tables of another build.
+/// The database's tables. Reading them first lets an open write no DDL when nothing is
+/// missing: `CREATE TABLE IF NOT EXISTS` is binlogged even when the table exists, and on a
+/// semi-synchronous primary each waits for a replica's acknowledgement, so three of them
+/// lengthened every open after a switch or failover (the owners' resume, inside the
+/// read-only window).
+async fn tables(conn: &mut Conn) -> StoreResult<std::collections::HashSet<String>> {
+    let names: Vec<String> = conn
+        .query("SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()")
+        .await?;
+    Ok(names.into_iter().collect())
+}
+
+/// Runs `ddl` (a `CREATE TABLE IF NOT EXISTS`) unless `table` is among `have`.
+async fn create_missing(
+    conn: &mut Conn,
+    have: &std::collections::HashSet<String>,
+    table: &str,
+    ddl: &str,
+) -> StoreResult<()> {
+    if !have.contains(table) {
+        conn.query_drop(ddl).await?;
+    }
+    Ok(())
+}
+
 pub(super) async fn prepare(conn: &mut Conn, shard: ShardId, database: &str) -> StoreResult<()> {
-    conn.query_drop(META).await?;
+    let have = tables(conn).await?;
+    create_missing(conn, &have, "foqs_meta", META).await?;
     match meta_get(conn, "schema_version").await? {
         None => {
             for ddl in [TOPICS.to_string(), DEDUP.to_string(), items_ddl("items")] {
@@ -127,7 +143,7 @@ pub(super) async fn prepare(conn: &mut Conn, shard: ShardId, database: &str) -> 
         Some(1) => migrate_v1(conn, shard, database).await?,
         Some(SCHEMA_VERSION) => {
             // Left by a migration that stopped after recording version 2.
-            if table_exists(conn, "items_v1").await? {
+            if have.contains("items_v1") {
                 conn.query_drop("DROP TABLE IF EXISTS items_v1, topic_totals")
                     .await?;
             }
@@ -140,8 +156,9 @@ pub(super) async fn prepare(conn: &mut Conn, shard: ShardId, database: &str) -> 
         }
     }
     // Created in place in databases of earlier builds (which never name it).
-    conn.query_drop(crate::store::batches::MYSQL_DDL).await?;
-    conn.query_drop(crate::store::forwards::MYSQL_DDL).await?;
+    use crate::store::{batches, forwards};
+    create_missing(conn, &have, "enqueue_marks", batches::MYSQL_DDL).await?;
+    create_missing(conn, &have, "forward_marks", forwards::MYSQL_DDL).await?;
     // Added in place to tables of earlier builds (instant on MariaDB, and they go on
     // working with it: they never name it).
     if !has_column(conn, "items", "settled_token").await? {
