@@ -979,7 +979,9 @@ async fn a_routed_dequeue_takes_only_items_more_urgent_than_its_bound() {
     let priorities = |items: &[foqs::thrift_gen::Item]| -> Vec<i32> {
         items.iter().map(|i| i.priority.unwrap()).collect()
     };
-    // Before the topic's index is read, its head here is unknown.
+    // Before the topic's index is read, its head here is unknown; a loaded machine may
+    // have read it already (an insert past its store timeout has its topic reloaded), and
+    // then it is the true head, never another.
     let head = |c: &mut Client| {
         let info = c.host_info();
         let t = info
@@ -990,7 +992,11 @@ async fn a_routed_dequeue_takes_only_items_more_urgent_than_its_bound() {
             .expect("listed");
         (t.head_priority, t.head_deliver_after_ms)
     };
-    assert_eq!(head(&mut c), (None, None));
+    let first = head(&mut c);
+    assert!(
+        first == (None, None) || first == (Some(0), Some(base)),
+        "the head before any dequeue: {first:?}"
+    );
     let got = dequeue_before(&mut c, "before", 10, (Some(5), Some(base)), Some(true)).unwrap();
     assert_eq!(
         priorities(&got),
