@@ -435,6 +435,10 @@ struct HostInfo {
   // Topics with ready items on this host's shards (at most 10000, the fullest first):
   // the summary peers poll to know where to route dequeues.
   9: optional list<ReadyTopic> ready_topics,
+  // True: this host's shards mark the items of forwarded requests under their
+  // forward_token, so a host that forwarded to it can learn what it stored after it went
+  // silent (enqueueOutcome). A host that never said so (an older build) is not assumed to.
+  10: optional bool forward_marks,
 }
 
 // Between hosts of a cluster: what became of an enqueue whose answer was lost. Asked of

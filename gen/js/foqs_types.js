@@ -3861,6 +3861,7 @@ var HostInfo = module.exports.HostInfo = function(args) {
   this.peers = null;
   this.manager = null;
   this.ready_topics = null;
+  this.forward_marks = null;
   if (args) {
     if (args.host_id !== undefined && args.host_id !== null) {
       this.host_id = args.host_id;
@@ -3888,6 +3889,9 @@ var HostInfo = module.exports.HostInfo = function(args) {
     }
     if (args.ready_topics !== undefined && args.ready_topics !== null) {
       this.ready_topics = Thrift.copyList(args.ready_topics, [ttypes.ReadyTopic]);
+    }
+    if (args.forward_marks !== undefined && args.forward_marks !== null) {
+      this.forward_marks = args.forward_marks;
     }
   }
 };
@@ -3992,6 +3996,13 @@ HostInfo.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 10:
+      if (ftype == Thrift.Type.BOOL) {
+        this.forward_marks = input.readBool();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -4067,6 +4078,11 @@ HostInfo.prototype.write = function(output) {
       }
     }
     output.writeListEnd();
+    output.writeFieldEnd();
+  }
+  if (this.forward_marks !== null && this.forward_marks !== undefined) {
+    output.writeFieldBegin('forward_marks', Thrift.Type.BOOL, 10);
+    output.writeBool(this.forward_marks);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

@@ -4335,10 +4335,11 @@ pub struct HostInfo {
   pub peers: Option<Vec<PeerInfo>>,
   pub manager: Option<String>,
   pub ready_topics: Option<Vec<ReadyTopic>>,
+  pub forward_marks: Option<bool>,
 }
 
 impl HostInfo {
-  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9>(host_id: F1, version: F2, shards: F3, tier: F4, addr: F5, spare_capacity: F6, peers: F7, manager: F8, ready_topics: F9) -> HostInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ShardInfo>>>, F4: Into<Option<String>>, F5: Into<Option<String>>, F6: Into<Option<i64>>, F7: Into<Option<Vec<PeerInfo>>>, F8: Into<Option<String>>, F9: Into<Option<Vec<ReadyTopic>>> {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10>(host_id: F1, version: F2, shards: F3, tier: F4, addr: F5, spare_capacity: F6, peers: F7, manager: F8, ready_topics: F9, forward_marks: F10) -> HostInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ShardInfo>>>, F4: Into<Option<String>>, F5: Into<Option<String>>, F6: Into<Option<i64>>, F7: Into<Option<Vec<PeerInfo>>>, F8: Into<Option<String>>, F9: Into<Option<Vec<ReadyTopic>>>, F10: Into<Option<bool>> {
     HostInfo {
       host_id: host_id.into(),
       version: version.into(),
@@ -4349,6 +4350,7 @@ impl HostInfo {
       peers: peers.into(),
       manager: manager.into(),
       ready_topics: ready_topics.into(),
+      forward_marks: forward_marks.into(),
     }
   }
 }
@@ -4365,6 +4367,7 @@ impl TSerializable for HostInfo {
     let mut f_7: Option<Vec<PeerInfo>> = None;
     let mut f_8: Option<String> = None;
     let mut f_9: Option<Vec<ReadyTopic>> = None;
+    let mut f_10: Option<bool> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -4426,6 +4429,10 @@ impl TSerializable for HostInfo {
           i_prot.read_list_end()?;
           f_9 = Some(val);
         },
+        10 => {
+          let val = i_prot.read_bool()?;
+          f_10 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -4443,6 +4450,7 @@ impl TSerializable for HostInfo {
       peers: f_7,
       manager: f_8,
       ready_topics: f_9,
+      forward_marks: f_10,
     };
     Ok(ret)
   }
@@ -4506,6 +4514,11 @@ impl TSerializable for HostInfo {
       o_prot.write_list_end()?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.forward_marks {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forward_marks", TType::Bool, 10))?;
+      o_prot.write_bool(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -4523,6 +4536,7 @@ impl Default for HostInfo {
       peers: Some(Vec::new()),
       manager: Some("".to_owned()),
       ready_topics: Some(Vec::new()),
+      forward_marks: Some(false),
     }
   }
 }

@@ -161,6 +161,14 @@ impl Host {
                         continue;
                     };
                     states.insert(id.clone(), s.shards);
+                    {
+                        let mut marks = self.cluster.marks_forwards.lock().expect("not poisoned");
+                        if s.forward_marks {
+                            marks.insert(id.clone());
+                        } else {
+                            marks.remove(&id);
+                        }
+                    }
                     loads.insert(
                         id.clone(),
                         PeerLoad {

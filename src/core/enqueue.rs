@@ -310,7 +310,8 @@ impl Host {
             ],
             Err(e) => vec![Err(e); n],
         };
-        self.resolve_forward(token, shards, &mut results).await;
+        self.resolve_forward(addr, token, shards, &mut results)
+            .await;
         results
     }
 

@@ -259,14 +259,21 @@ impl Host {
     /// (see the module's notes), in place. `shards`: every shard of the items' tiers.
     pub(super) async fn resolve_forward(
         &self,
+        peer: &str,
         token: i64,
         shards: BTreeSet<ShardId>,
         results: &mut [EnqueueOutcome],
     ) {
+        let peer_marks = self.cluster.peer_marks_forwards(peer);
         let open: Vec<usize> = (0..results.len())
             .filter(|&i| results[i].as_ref().is_err_and(|e| e.in_doubt))
             .collect();
         if open.is_empty() {
+            return;
+        }
+        if !peer_marks {
+            // An older build (or one never polled): nothing of it can be found.
+            tracing::warn!(peer, "a forwarded enqueue in doubt, to a peer that does not say it marks forwarded items: answered UNAVAILABLE, outcome unknown");
             return;
         }
         let ask = OutcomeAsk::Forward {
@@ -302,7 +309,8 @@ impl Host {
                 if let OutcomeState::Error(e) = &o.state {
                     last = format!("shard {}: {e}", o.shard);
                 }
-                if o.decided() {
+                // Only what was asked counts (a peer's stray or garbled entry does not).
+                if o.decided() && asked.contains(&o.shard) {
                     decided.insert(o.shard);
                 }
                 for (p, id, dup) in o.items {
@@ -310,7 +318,10 @@ impl Host {
                 }
             }
         }
-        let all_decided = decided.len() == shards.len() && !forgotten;
+        // "Not stored" only when every shard said so, and the peer marks what it stores
+        // (an older build does not: its silence proves nothing).
+        let all_decided =
+            !shards.is_empty() && decided.len() == shards.len() && !forgotten && peer_marks;
         let mut unresolved = 0;
         for i in open {
             if let Some((id, dup)) = stored.get(&(i as u32)) {
@@ -334,6 +345,7 @@ impl Host {
                 tries,
                 undecided_shards = shards.len() - decided.len(),
                 forgotten,
+                peer_marks,
                 last,
                 "a forwarded enqueue still in doubt at the bound: answered UNAVAILABLE, outcome unknown"
             );

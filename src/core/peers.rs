@@ -77,6 +77,8 @@ pub struct Forwarded<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct PeerSummary {
     pub spare: i64,
+    /// Its shards mark forwarded requests' items (`HostInfo.forward_marks`).
+    pub forward_marks: bool,
     /// Topics with ready items on its shards, how many, and their heads there.
     pub ready: Vec<ReadyTopic>,
     /// Its shards and what each is doing (for operators: the console).
@@ -374,6 +376,10 @@ pub struct ClusterState {
     pub(super) view: RwLock<Arc<ClusterView>>,
     pub(super) peers: Arc<dyn Peers>,
     pub(super) loads: Mutex<HashMap<String, PeerLoad>>,
+    /// The peers (host ids) whose last answered poll said their shards mark forwarded
+    /// requests' items (`HostInfo.forward_marks`); kept while a peer is unreachable, which
+    /// is when it matters (see `enqueue_doubt`).
+    pub(super) marks_forwards: Mutex<std::collections::HashSet<String>>,
     /// Each peer's shards as its last poll answered (none while unreachable).
     pub(super) shard_states: Mutex<HashMap<String, Vec<ShardStatus>>>,
     /// Per peer (host id): its topics with ready items and how many, from its last poll
@@ -395,6 +401,7 @@ impl ClusterState {
             view: RwLock::new(Arc::new(ClusterView::default())),
             peers,
             loads: Mutex::new(HashMap::new()),
+            marks_forwards: Mutex::new(Default::default()),
             shard_states: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashMap::new()),
             announcements: std::sync::atomic::AtomicU64::new(0),

@@ -120,6 +120,18 @@ impl ClusterState {
         }
     }
 
+    /// Whether the peer at `addr` said, at its last poll, that its shards mark forwarded
+    /// requests' items (an older build does not); a peer unreachable at its last poll
+    /// keeps what it said before.
+    pub(super) fn peer_marks_forwards(&self, addr: &str) -> bool {
+        let view = self.view();
+        let Some((id, _)) = view.hosts.iter().find(|(_, h)| h.addr == addr) else {
+            return false;
+        };
+        let marks = self.marks_forwards.lock().expect("not poisoned");
+        marks.contains(id.as_str())
+    }
+
     /// A peer could not be reached: nothing is routed to it until its next poll.
     pub(super) fn unreachable(&self, host_id: &str) {
         self.loads

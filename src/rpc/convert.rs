@@ -260,6 +260,8 @@ pub fn host_info(h: HostStatus) -> t::HostInfo {
         ),
         manager: Some(h.manager.to_string()),
         ready_topics: Some(ready_topics(h.ready_topics)),
+        // This build's shards mark forwarded requests' items (see `store::forwards`).
+        forward_marks: Some(true),
     }
 }
 

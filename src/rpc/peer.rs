@@ -405,6 +405,7 @@ impl Peers for PeerClient {
             t::FoqsGetHostInfoResult,
             |h| PeerSummary {
                 spare: h.spare_capacity.unwrap_or(0),
+                forward_marks: h.forward_marks.unwrap_or(false),
                 ready: convert::ready_topics_from_wire(h.ready_topics),
                 shards: convert::shard_states_from_wire(h.shards),
             }

@@ -143,9 +143,14 @@ impl<S: ShardStore> ShardWorker<S> {
     ) -> Vec<InsertGroup> {
         let mut groups: Vec<InsertGroup> = Vec::new();
         for (items, forward, reply) in batches {
-            let fits = groups
-                .last()
-                .is_some_and(|g| g.rows.len() + items.len() <= self.cfg.enqueue_batch_rows_max);
+            // A forwarded request is an insert of its own: a tombstone its forwarding host
+            // wrote meanwhile (it gave up on the answer and decided "not stored", see
+            // `store::forwards`) fails that insert, and must not fail others' with it.
+            let fits = forward.is_none()
+                && groups.last().is_some_and(|g| {
+                    g.marks.forwarded.is_empty()
+                        && g.rows.len() + items.len() <= self.cfg.enqueue_batch_rows_max
+                });
             if !fits {
                 groups.push(InsertGroup {
                     rows: Vec::new(),
@@ -219,7 +224,19 @@ impl<S: ShardStore> ShardWorker<S> {
                 self.outcome_unknown(&it.ns, &it.topic);
             }
             self.handoff_failed(g.handoff);
-            let err = storage_error(self.id, &e);
+            let forwarded = !g.marks.forwarded.is_empty();
+            let err = if forwarded && matches!(e, crate::store::StoreError::Corrupt(_)) {
+                // Most likely its forwarding host's tombstones (a duplicate key on the
+                // marks): that host has answered "not stored" already. Certain and
+                // retryable, not this build's data problem.
+                tracing::info!(shard = self.id, error = %e, "a forwarded request's insert failed, its forwarding host having decided it was not stored");
+                ShardError::Busy {
+                    shard: self.id,
+                    why: format!("the insert did not commit ({e}): nothing was stored; retry"),
+                }
+            } else {
+                storage_error(self.id, &e)
+            };
             if !err.in_doubt() || g.marks.batch == 0 {
                 fail_all(g.replies, &err);
                 return;

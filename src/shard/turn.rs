@@ -123,7 +123,13 @@ impl<S: ShardStore> ShardWorker<S> {
                     token,
                     items,
                     reply,
-                } => self.read_beside(reply, move |store, _| async move {
+                } => self.read_beside(reply, move |store, now| async move {
+                    if crate::store::forward_token_too_old(token, now) {
+                        return Ok(crate::store::ForwardOutcome {
+                            stored: Vec::new(),
+                            forgotten: true,
+                        });
+                    }
                     store.forward_committed(token, items).await
                 }),
                 Command::Lookup { keys, reply } => self.read_beside(

@@ -110,6 +110,16 @@ pub const SQLITE_DDL: &str = "CREATE TABLE IF NOT EXISTS forward_marks (
         PRIMARY KEY (token, position)
     );";
 
+/// Whether `token` is too old, by the shard's clock at `now_ms`, to be decided here: past
+/// half the marks' memory. The token was drawn by another host's clock; were that clock
+/// far behind this one, the forget could delete the token's marks between the watermark's
+/// read and the tombstones, and "nothing stored" would be wrong. Such a token is answered
+/// `forgotten` (unknown). Resolutions ask within seconds of the call, so only a clock
+/// minutes off meets this.
+pub fn too_old(token: i64, now_ms: i64) -> bool {
+    token < batches::first_token_at(now_ms - batches::BATCH_MEMORY_MS / 2)
+}
+
 /// Most positions a request can have (the API's batch bound, with room).
 pub const POSITIONS_MAX: u32 = 10_000;
 

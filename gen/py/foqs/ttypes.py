@@ -3617,11 +3617,12 @@ class HostInfo(object):
      - peers
      - manager
      - ready_topics
+     - forward_marks
 
     """
 
 
-    def __init__(self, host_id=None, version=None, shards=None, tier=None, addr=None, spare_capacity=None, peers=None, manager=None, ready_topics=None,):
+    def __init__(self, host_id=None, version=None, shards=None, tier=None, addr=None, spare_capacity=None, peers=None, manager=None, ready_topics=None, forward_marks=None,):
         self.host_id = host_id
         self.version = version
         self.shards = shards
@@ -3631,6 +3632,7 @@ class HostInfo(object):
         self.peers = peers
         self.manager = manager
         self.ready_topics = ready_topics
+        self.forward_marks = forward_marks
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3704,6 +3706,11 @@ class HostInfo(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.BOOL:
+                    self.forward_marks = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3758,6 +3765,10 @@ class HostInfo(object):
             for iter153 in self.ready_topics:
                 iter153.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.forward_marks is not None:
+            oprot.writeFieldBegin('forward_marks', TType.BOOL, 10)
+            oprot.writeBool(self.forward_marks)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5357,6 +5368,7 @@ HostInfo.thrift_spec = (
     (7, TType.LIST, 'peers', (TType.STRUCT, [PeerInfo, None], False), None, ),  # 7
     (8, TType.STRING, 'manager', 'UTF8', None, ),  # 8
     (9, TType.LIST, 'ready_topics', (TType.STRUCT, [ReadyTopic, None], False), None, ),  # 9
+    (10, TType.BOOL, 'forward_marks', None, None, ),  # 10
 )
 all_structs.append(EnqueueOutcomeRequest)
 EnqueueOutcomeRequest.thrift_spec = (
