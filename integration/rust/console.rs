@@ -261,8 +261,14 @@ async fn the_console_in_a_real_browser() {
 
     // Known items: 30 ready and 5 deferred in "orders" (3 of them then leased), one with
     // a hostile payload, 12 dead letters, and 2,500 topics of one item each.
+    // Leases of 10 minutes: the 3 leased must stay leased through the whole test, which a
+    // loaded machine stretched past the default 30 s once ("looking leased nothing" saw
+    // them back to ready).
     let mut orders: Vec<_> = (0..30)
-        .map(|i| item(NS, "orders", (i * 7) % 30, format!("order {i}").as_bytes()))
+        .map(|i| foqs::thrift_gen::EnqueueItem {
+            lease_ms: Some(600_000),
+            ..item(NS, "orders", (i * 7) % 30, format!("order {i}").as_bytes())
+        })
         .collect();
     for i in 0..5 {
         let mut it = item(NS, "orders", 1, format!("later {i}").as_bytes());

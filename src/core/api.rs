@@ -2,7 +2,7 @@
 //! RPC layer converts the wire types to and from (options unresolved, ids not parsed).
 
 use crate::error::Result;
-use crate::model::ItemId;
+use crate::model::{ItemId, ShardId};
 
 /// An enqueued item as the client sent it: options unresolved, policy not yet checked.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -67,4 +67,55 @@ pub struct TouchRequestItem {
 pub struct ActiveTopicsPage {
     pub topics: Vec<crate::model::TopicCounts>,
     pub next_after: Option<String>,
+}
+
+/// What a host is asked of its shards (`enqueueOutcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeAsk {
+    /// A forwarded request's token and its number of items.
+    Forward { token: i64, items: u32 },
+    /// An insert's batch token.
+    Batch { token: i64 },
+}
+
+/// What one shard says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutcomeState {
+    /// Stored (a forwarded request: the items listed, nothing else of it here).
+    Committed,
+    /// Nothing of it here, and never will be.
+    NotCommitted,
+    /// Past the shard's memory: the items listed were stored; of the rest nothing is known.
+    Forgotten,
+    /// Not served by the host asked.
+    Unserved,
+    /// Not answered (why).
+    Error(String),
+}
+
+/// One shard's answer to an [`OutcomeAsk`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardOutcome {
+    pub shard: ShardId,
+    pub state: OutcomeState,
+    /// A forwarded request's items stored here: (position, id, deduplicated).
+    pub items: Vec<(u32, ItemId, bool)>,
+}
+
+impl ShardOutcome {
+    pub(super) fn new(shard: ShardId, state: OutcomeState) -> ShardOutcome {
+        ShardOutcome {
+            shard,
+            state,
+            items: Vec::new(),
+        }
+    }
+
+    /// Decided for good (nothing to ask again).
+    pub(super) fn decided(&self) -> bool {
+        matches!(
+            self.state,
+            OutcomeState::Committed | OutcomeState::NotCommitted | OutcomeState::Forgotten
+        )
+    }
 }

@@ -27,7 +27,7 @@ use std::time::Instant;
 use futures::future::join_all;
 
 use super::access::{Caller, Kind};
-use super::api::EnqueueOutcome;
+use super::api::{EnqueueOutcome, OutcomeAsk, OutcomeState, ShardOutcome};
 use super::host::Host;
 use crate::error::{Error, Result};
 use crate::model::{ItemId, ShardId};
@@ -40,57 +40,6 @@ const SENT_UNKNOWN: &str = " (the call was sent: its outcome is unknown)";
 
 /// Between tries: the shard's next owner appears within a poll of the shard manager.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// What a host is asked of its shards (`enqueueOutcome`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutcomeAsk {
-    /// A forwarded request's token and its number of items.
-    Forward { token: i64, items: u32 },
-    /// An insert's batch token.
-    Batch { token: i64 },
-}
-
-/// What one shard says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OutcomeState {
-    /// Stored (a forwarded request: the items listed, nothing else of it here).
-    Committed,
-    /// Nothing of it here, and never will be.
-    NotCommitted,
-    /// Past the shard's memory: the items listed were stored; of the rest nothing is known.
-    Forgotten,
-    /// Not served by the host asked.
-    Unserved,
-    /// Not answered (why).
-    Error(String),
-}
-
-/// One shard's answer to an [`OutcomeAsk`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardOutcome {
-    pub shard: ShardId,
-    pub state: OutcomeState,
-    /// A forwarded request's items stored here: (position, id, deduplicated).
-    pub items: Vec<(u32, ItemId, bool)>,
-}
-
-impl ShardOutcome {
-    fn new(shard: ShardId, state: OutcomeState) -> ShardOutcome {
-        ShardOutcome {
-            shard,
-            state,
-            items: Vec::new(),
-        }
-    }
-
-    /// Decided for good (nothing to ask again).
-    fn decided(&self) -> bool {
-        matches!(
-            self.state,
-            OutcomeState::Committed | OutcomeState::NotCommitted | OutcomeState::Forgotten
-        )
-    }
-}
 
 impl Host {
     /// Serves `enqueueOutcome`: asks each of `shards` that this host serves now.

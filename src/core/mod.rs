@@ -28,9 +28,8 @@ mod validate;
 pub use access::{denied, Access, AccessRule, Caller, Hangup, Kind};
 pub use api::{
     AckRequestItem, ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem,
-    TopicRequest, TouchRequestItem,
+    OutcomeAsk, OutcomeState, ShardOutcome, TopicRequest, TouchRequestItem,
 };
-pub use enqueue_doubt::{OutcomeAsk, OutcomeState, ShardOutcome};
 pub use host::{Host, HostParts};
 pub use merge::kway_merge;
 pub use overview::{NamespaceRow, TopicRow};

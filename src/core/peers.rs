@@ -12,15 +12,13 @@ use futures::future::BoxFuture;
 
 use super::api::{
     AckRequestItem, ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem,
-    TouchRequestItem,
+    OutcomeAsk, ShardOutcome, TouchRequestItem,
 };
 use crate::error::Result;
 use crate::model::{
     ClusterView, Head, Item, Progress, ReadyTopic, ShardId, ShardStatus, TopicName, TopicSnapshot,
 };
 use crate::quota::{QuotaBudget, Quotas};
-
-use super::enqueue_doubt::{OutcomeAsk, ShardOutcome};
 
 /// Most topics a host lists in its ready summary (the fullest first).
 pub const READY_TOPICS_MAX: usize = 10_000;
