@@ -83,3 +83,7 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// What a call's error adds when the call reached its peer and no answer came back: it may
+/// have been applied. A resolution that settles the doubt drops it from the message.
+pub const SENT_OUTCOME_UNKNOWN: &str = " (the call was sent: its outcome is unknown)";

@@ -288,11 +288,7 @@ impl Host {
     ) -> Vec<EnqueueOutcome> {
         let n = items.len();
         let token = crate::store::new_batch_token(self.clock.now_ms());
-        let mut shards = BTreeSet::new();
-        for i in &items {
-            let tier = self.namespaces.tier(&i.ns);
-            shards.extend(self.cluster.tier_shards(tier).iter().copied());
-        }
+        let tiers: BTreeSet<&str> = items.iter().map(|i| self.namespaces.tier(&i.ns)).collect();
         let request = items.into_iter().map(|i| as_request(i, now)).collect();
         let mut results = match self
             .cluster
@@ -310,7 +306,7 @@ impl Host {
             ],
             Err(e) => vec![Err(e); n],
         };
-        self.resolve_forward(addr, token, shards, &mut results)
+        self.resolve_forward(addr, token, &tiers, &mut results)
             .await;
         results
     }

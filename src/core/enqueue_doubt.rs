@@ -34,10 +34,6 @@ use crate::model::{ItemId, ShardId};
 use crate::shard::{Enqueued, ShardError};
 use crate::store::BatchOutcome;
 
-/// What a peer call's error says when it may have been applied (see `rpc::peer`): dropped
-/// from the message once the doubt is resolved.
-const SENT_UNKNOWN: &str = " (the call was sent: its outcome is unknown)";
-
 /// Between tries: the shard's next owner appears within a poll of the shard manager.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -205,26 +201,31 @@ impl Host {
     }
 
     /// Resolves the answers in doubt among `results`, a forwarded request's under `token`
-    /// (see the module's notes), in place. `shards`: every shard of the items' tiers.
+    /// (see the module's notes), in place. `tiers`: the items' tiers, whose every shard is
+    /// asked. Nothing is looked up when no answer is in doubt (every forward comes here).
     pub(super) async fn resolve_forward(
         &self,
         peer: &str,
         token: i64,
-        shards: BTreeSet<ShardId>,
+        tiers: &BTreeSet<&str>,
         results: &mut [EnqueueOutcome],
     ) {
-        let peer_marks = self.cluster.peer_marks_forwards(peer);
         let open: Vec<usize> = (0..results.len())
             .filter(|&i| results[i].as_ref().is_err_and(|e| e.in_doubt))
             .collect();
         if open.is_empty() {
             return;
         }
+        let peer_marks = self.cluster.peer_marks_forwards(peer);
         if !peer_marks {
             // An older build (or one never polled): nothing of it can be found.
             tracing::warn!(peer, "a forwarded enqueue in doubt, to a peer that does not say it marks forwarded items: answered UNAVAILABLE, outcome unknown");
             return;
         }
+        let shards: BTreeSet<ShardId> = tiers
+            .iter()
+            .flat_map(|t| self.cluster.tier_shards(t).iter().copied())
+            .collect();
         let ask = OutcomeAsk::Forward {
             token,
             items: results.len() as u32,
@@ -277,7 +278,9 @@ impl Host {
                 results[i] = Ok((*id, *dup));
             } else if all_decided {
                 let first = results[i].as_ref().err().map(|e| e.message.clone());
-                let first = first.unwrap_or_default().replace(SENT_UNKNOWN, "");
+                let first = first
+                    .unwrap_or_default()
+                    .replace(crate::error::SENT_OUTCOME_UNKNOWN, "");
                 results[i] = Err(Error::unavailable(format!(
                     "{first}; checked since on every shard of its tier: the forwarded \
                      enqueue did not store this item, and never will: nothing was stored; retry"

@@ -167,7 +167,8 @@ impl PeerClient {
         let unavailable = |why: String| Error::unavailable(format!("peer {addr}: {why}"));
         let doubt = |why: String| {
             Error::in_doubt(format!(
-                "peer {addr}: {why} (the call was sent: its outcome is unknown)"
+                "peer {addr}: {why}{}",
+                crate::error::SENT_OUTCOME_UNKNOWN
             ))
         };
         let mut sent = false;

@@ -12,12 +12,12 @@ use super::exec::{AckFailure, AckOutcome, AckPlan, NackFailure, NackOutcome};
 use super::worker::{storage_error, timed, ShardWorker};
 use super::ShardError;
 use super::{AckOp, Command, Enqueued, Forward, NackOp, Recall, Reply, Settled, TouchOp};
+use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
+use crate::store::{Change, ForwardMark, Handoff, ItemMeta, Marks, ShardStore, StoreResult};
 
 /// An enqueue request as the worker takes it: its items, their places in a forwarded
 /// request, and whom to answer.
 pub(super) type EnqueueReq = (Vec<NewItem>, Option<Forward>, Reply<Vec<Enqueued>>);
-use crate::model::{Item, ItemState, NewItem, ReadyKey, TopicName};
-use crate::store::{Change, ForwardMark, Handoff, ItemMeta, Marks, ShardStore, StoreResult};
 
 /// Keys are reserved in blocks so that the high-water mark is written once per block.
 const KEY_BLOCK: u64 = 100_000;
@@ -55,12 +55,6 @@ pub(super) struct ClaimPlan {
 
 fn fail_all<T, U>(requests: Vec<(T, Reply<U>)>, err: &ShardError) {
     for (_, reply) in requests {
-        let _ = reply.send(Err(err.clone()));
-    }
-}
-
-fn fail_enqueues(requests: Vec<EnqueueReq>, err: &ShardError) {
-    for (_, _, reply) in requests {
         let _ = reply.send(Err(err.clone()));
     }
 }
@@ -124,7 +118,7 @@ impl<S: ShardStore> ShardWorker<S> {
                                 .iter()
                                 .any(|i| i.dedup_key.is_some() && i.ns == ns && i.topic == topic)
                         });
-                    fail_enqueues(fail, &err);
+                    fail_all(fail.into_iter().map(|(i, _, r)| (i, r)).collect(), &err);
                     now = keep;
                 }
             }

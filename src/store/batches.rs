@@ -120,14 +120,20 @@ pub fn read(token: i64) -> String {
 
 /// Deletes up to [`FORGET_CHUNK`] rows of tokens drawn before `before_ms`.
 pub fn forget(dialect: Dialect, before_ms: i64) -> String {
+    forget_in(dialect, "enqueue_marks", before_ms)
+}
+
+/// Deletes up to [`FORGET_CHUNK`] rows of `table` (keyed by a token first) whose tokens
+/// were drawn before `before_ms`: a range of its primary key.
+pub(super) fn forget_in(dialect: Dialect, table: &str, before_ms: i64) -> String {
     let below = first_token_at(before_ms);
     match dialect {
         Dialect::MySql => {
-            format!("DELETE FROM enqueue_marks WHERE token < {below} LIMIT {FORGET_CHUNK}")
+            format!("DELETE FROM {table} WHERE token < {below} LIMIT {FORGET_CHUNK}")
         }
         Dialect::Sqlite => format!(
-            "DELETE FROM enqueue_marks WHERE token IN
-             (SELECT token FROM enqueue_marks WHERE token < {below} LIMIT {FORGET_CHUNK})"
+            "DELETE FROM {table} WHERE rowid IN
+             (SELECT rowid FROM {table} WHERE token < {below} LIMIT {FORGET_CHUNK})"
         ),
     }
 }

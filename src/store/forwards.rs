@@ -148,17 +148,7 @@ pub fn read(token: i64) -> String {
 /// Deletes up to [`batches::FORGET_CHUNK`] rows of tokens drawn before `before_ms` (after
 /// the watermark's raise, as for the batch marks).
 pub fn forget(dialect: Dialect, before_ms: i64) -> String {
-    let below = batches::first_token_at(before_ms);
-    let chunk = batches::FORGET_CHUNK;
-    match dialect {
-        Dialect::MySql => {
-            format!("DELETE FROM forward_marks WHERE token < {below} LIMIT {chunk}")
-        }
-        Dialect::Sqlite => format!(
-            "DELETE FROM forward_marks WHERE rowid IN
-             (SELECT rowid FROM forward_marks WHERE token < {below} LIMIT {chunk})"
-        ),
-    }
+    batches::forget_in(dialect, "forward_marks", before_ms)
 }
 
 #[cfg(test)]
