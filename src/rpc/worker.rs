@@ -11,12 +11,18 @@
 //! whose lease renewal is refused (the lease was lost) is cancelled too, and its item is
 //! left alone: it is someone else's delivery now.
 //!
-//! The handler is blocking (the client is): it runs on its own thread, and should look at
-//! `cancelled()` now and then if it runs long. Where it differs from Sidekiq's or
+//! Two front doors, one loop. [`Worker::run`] takes a blocking handler: it runs on its
+//! own thread, and should look at `cancelled()` now and then if it runs long.
+//! [`Worker::run_async`] takes an async handler (a function of the item returning a
+//! future of its verdict), driven on the caller's Tokio runtime from the job's thread; a
+//! cancelled job's future is dropped at its next `.await` and the item released. The
+//! dequeue, renewal and settle calls stay on the blocking client, off the runtime's
+//! worker threads. Where it differs from Sidekiq's or
 //! Celery's workers: retries are the queue's own (a nack with a delay; the delivery count
 //! travels with the item), so a worker that dies loses nothing: its items come back when
 //! their leases end.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -199,6 +205,44 @@ impl Worker {
         Ok(())
     }
 
+    /// Runs until stopped, as [`Worker::run`], with an async handler: `handler(item)`'s
+    /// future decides each item's verdict. Call it within a Tokio runtime (with its timer
+    /// enabled): each job's future is driven on that runtime's handle from the job's own
+    /// thread, so it may await anything that runtime serves. A job cancelled (a stop past
+    /// the grace, a second stop, or its lease lost) has its future dropped at its next
+    /// `.await`: its item is released, or, with the lease lost, left alone.
+    pub async fn run_async<H, F>(
+        &self,
+        connect: impl Fn() -> Result<SyncClient, String> + Send + Sync + 'static,
+        handler: H,
+        done: impl Fn(&Item, &Settled, Duration) + Send + Sync + 'static,
+    ) -> Result<(), String>
+    where
+        H: Fn(Item) -> F + Send + Sync + 'static,
+        F: Future<Output = Verdict> + Send,
+    {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| "Worker::run_async needs a Tokio runtime".to_string())?;
+        let worker = Worker {
+            opts: self.opts.clone(),
+            stopper: self.stopper.clone(),
+        };
+        let blocking = move || {
+            let handler = |job: &Job| {
+                runtime.block_on(async {
+                    tokio::select! {
+                        v = handler(job.item.clone()) => v,
+                        () = cancelled(job) => Verdict::Release,
+                    }
+                })
+            };
+            worker.run(&connect, &handler, &done)
+        };
+        tokio::task::spawn_blocking(blocking)
+            .await
+            .map_err(|e| format!("the worker's loop ended abnormally: {e}"))?
+    }
+
     /// One job: the handler on this thread, the lease renewed beside it.
     fn job(
         &self,
@@ -253,6 +297,14 @@ impl Worker {
         // A handler cancelled by a stop says so itself (`Release`); one that finished its
         // work as the stop came is settled as it says.
         applied(verdict, settle(&mut c, item, verdict))
+    }
+}
+
+/// Resolves once the job is cancelled (looked at every 10 ms: the flag is the blocking
+/// loop's own).
+async fn cancelled(job: &Job<'_>) {
+    while !job.cancelled() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
