@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the README's performance table: foqsd (release build) on the local MySQL and
+# Reproduces the performance table (README, docs/performance.md): foqsd (release build) on the local MySQL and
 # on local SQLite files, side by side with RabbitMQ, driven by foqs-bench.
 #
 #   scripts/bench.sh            3 runs of the throughput workload, then the medians; when

@@ -36,11 +36,11 @@
 # - starts with `read_only = ON` (only a promotion turns it off) and `init_rpl_role =
 #   SLAVE`, so that after a crash it discards the transactions no replica acknowledged.
 # The sets are independent topologies (each its own GTID history in domain 0).
-# Each set is set up by the README's steps (scripts/replica-set/*.sql), so its accounts
-# (created on each set's primary, replicated) are the README's: `foqs`/`foqs` owns the
+# Each set is set up by docs/replication.md's steps (scripts/replica-set/*.sql), so its accounts
+# (created on each set's primary, replicated) are docs/replication.md's: `foqs`/`foqs` owns the
 # databases `foqs%` and has neither SUPER nor READ ONLY ADMIN, so `read_only` stops its
 # writes; `foqs_repl`/`foqs_repl` replicates; `foqs_admin`/`foqs_admin` has the admin
-# grants the README lists; root (no password, from 127.0.0.1) is there too.
+# grants docs/replication.md lists; root (no password, from 127.0.0.1) is there too.
 # `D/servers` lists "N PORT REGION SET" per server.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -167,7 +167,7 @@ up() {
   cat "$dir/servers"
 }
 
-# The README's steps for a new replica set (scripts/replica-set/*.sql, shown there as they
+# docs/replication.md's steps for a new replica set (scripts/replica-set/*.sql, shown there as they
 # are), with this machine's values: every account from 127.0.0.1, its password its name.
 steps() { # steps FILE PRIMARY_PORT
   sed -e "s/@CLIENTS@/127.0.0.1/g" -e "s/@FOQS_PASSWORD@/foqs/g" -e "s/@REPL_PASSWORD@/foqs_repl/g" \

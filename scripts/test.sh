@@ -33,6 +33,8 @@ trap cleanup EXIT
 
 foqs_log "checking that gen/ matches thrift/foqs.thrift"
 scripts/gen-thrift.sh --check
+foqs_log "checking that no files of src/ import each other in a circle"
+python3 scripts/check-circles.py
 
 foqs_mysql_ensure
 export FOQS_TEST_MYSQL_URL="$FOQS_MYSQL_URL"
@@ -94,6 +96,9 @@ foqs_wait_port "$tls_port" 30 || { foqs_log "the TLS foqsd did not start listeni
 FOQS_ADDR="127.0.0.1:$port" FOQS_METRICS_ADDR="127.0.0.1:$metrics_port" \
   FOQS_TLS_ADDR="127.0.0.1:$tls_port" FOQS_CERTS="$certs" \
   "$venv/bin/python" -m pytest -q integration/python
+foqs_log "the docs' samples (docs/samples/, shown in the README) against the same foqsd"
+FOQS_ADDR="127.0.0.1:$port" "$venv/bin/python" docs/samples/tour.py
+PATH="$FOQS_ROOT/target/debug:$PATH" FOQS_HOST="127.0.0.1:$port" bash -euo pipefail docs/samples/tour.sh
 foqs_log "Node.js client tests (npm's thrift package) against the same foqsd"
 command -v npm >/dev/null 2>&1 || foqs_apt_install nodejs npm
 (cd integration/node && npm ci --silent --no-audit --no-fund)

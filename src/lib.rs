@@ -10,7 +10,16 @@
 //! - [`rpc`]: the only module that sees generated Thrift types: decode → [`core`] → encode.
 //! - [`core`]: [`core::Host`], the transport-free queue engine: validation, namespace
 //!   policy and access rules, shard choice, the prefetch buffer and its k-way merge over
-//!   shard heads, ack/nack routing, readiness.
+//!   shard heads, ack/nack routing, readiness. `Host`'s `impl` blocks, one concern a file
+//!   (as NATS lists its server's files): `host.rs` (the struct, shards in and out),
+//!   `enqueue.rs` (validation, quota, where items go), `enqueue_doubt.rs` (enqueues whose
+//!   answer was lost), `dequeue.rs` (long polls, the stage, hand-outs), `useful_lease.rs`
+//!   (no delivery leaves with half a lease), `routed_dequeue.rs` (the tier's order,
+//!   merged), `routing.rs` (which host serves what), `settle.rs` (ack, nack, touch,
+//!   requeue per item), `in_doubt.rs` (settles whose answer was lost), `inspect.rs`
+//!   (peek, counts, dead-letter administration), `tenants.rs` (the fair gate's use),
+//!   `cluster.rs` (views, peers, forwarding), `replication.rs` (the admin calls),
+//!   `health.rs` (readiness, gauges), `overview.rs` (what the console shows).
 //! - [`shard`]: one [`shard::ShardWorker`] per shard, the only writer of that shard: batched
 //!   writes, the bounded in-memory ready index, background scans, circuit breaker.
 //! - [`store`]: the narrow [`store::ShardStore`] trait, [`store::MySqlStore`] and
@@ -35,6 +44,17 @@
 //! - [`waiters`]: long-polling dequeues parked per topic, woken when an item gets ready.
 //! - [`demand`]: consumers that found a topic empty, so that an enqueue can hand them its
 //!   items directly (written leased, no claim).
+//! - [`fair`]: the fair gate: a host's slots shared among namespaces by weight (start-time
+//!   fair queuing), with bounded waiting and shedding of namespaces without a guarantee.
+//! - [`replication`]: replicated shards on MariaDB's replication: each set's primary in
+//!   etcd, the driver that runs a set's switches under an etcd lock (`driver`), planned
+//!   switchover and region drain (`switch`), failover (`failover`), the
+//!   switch journal that lets the next driver finish (`journal`), server steps (`server`)
+//!   and the admin account's grants (`grants`).
+//! - [`console`]: the web console: server-rendered pages and the JSON API over
+//!   [`core::Host`], with its own users, sessions and roles.
+//! - [`hash`]: a hash stable across builds and hosts (dedup shards, owner locks).
+//! - [`seeded`]: a small deterministic generator for seeded tests and fault plans.
 //! - [`thrift_gen`]: code generated from `thrift/foqs.thrift` (do not edit; see
 //!   `scripts/gen-thrift.sh`). Public so that Rust clients and tests can use its client.
 //!
@@ -71,8 +91,12 @@
 //! - The SQLite shard's thread and reader run one job at a time each and take none of
 //!   these.
 
-/// The blocking Rust client (it speaks Thrift, so it lives in [`rpc`]).
-pub use rpc::client;
+/// The Rust client: the blocking Thrift client and the consumer loop over it (both speak
+/// Thrift, so they live in [`rpc`]; this facade keeps `foqs::client::*` in one place).
+pub mod client {
+    pub use crate::rpc::client::*;
+    pub use crate::rpc::worker::{Job, Settled, Stopper, Verdict, Worker, WorkerOptions};
+}
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -2,7 +2,7 @@
 //! running several hosts in one process see each host's own numbers). Names follow
 //! Prometheus conventions: `foqs_` prefix, base units (seconds), `_total` on counters, and
 //! labels of low cardinality only (namespace, method, code, shard, peer; never a topic or
-//! an item id). The README lists every metric.
+//! an item id). docs/operations.md lists every metric.
 //!
 //! Counters are bumped where things happen; gauges of depth and age are set at scrape
 //! time from state the shard workers keep in memory ([`crate::shard::NsCounts`]), so a

@@ -293,19 +293,19 @@ fn check_config_names_the_privileges_the_admin_account_lacks() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The README's steps for a new replica set are the files `scripts/replicas.sh` runs (and
-/// the drill's servers are set up by): each file appears in the README as it is.
+/// docs/replication.md's steps for a new replica set are the files `scripts/replicas.sh` runs (and
+/// the drill's servers are set up by): each file appears in docs/replication.md as it is.
 #[test]
 fn the_readme_shows_the_replica_set_steps_the_scripts_run() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(root.join("docs/replication.md")).unwrap();
     let mut shown = 0;
     for entry in std::fs::read_dir(root.join("scripts/replica-set")).unwrap() {
         let path = entry.unwrap().path();
         let sql = std::fs::read_to_string(&path).unwrap();
         assert!(
             readme.contains(&format!("```sql\n{sql}```")),
-            "README.md does not show {} as it is",
+            "docs/replication.md does not show {} as it is",
             path.display()
         );
         shown += 1;

@@ -1,7 +1,7 @@
 //! The integration tests that can share a process: each module starts its own foqsd
 //! (or stores, or processes) per file as before, against real MariaDB and SQLite files.
 //! One binary instead of one per file: linking each file's test binary against foqs cost
-//! about 100 MB of `target/` and a link step apiece (see README, "Testing").
+//! about 100 MB of `target/` and a link step apiece (see docs/testing.md).
 
 mod common;
 
@@ -12,6 +12,7 @@ mod bounds;
 mod console;
 mod dedup;
 mod dlq;
+mod docs;
 mod edge;
 mod faults;
 mod index;

@@ -19,7 +19,7 @@ for i in $(seq 1 20); do
 done
 ok
 
-# Consumer: the worker loop from the README.
+# Consumer: a hand-written worker loop (what foqsctl work replaces).
 processed=0
 while true; do
   set +e

@@ -36,7 +36,7 @@ pub fn routes() -> Router<Arc<Console>> {
         .route("/cluster", get(cluster))
         .fallback(|| async {
             err(Error::not_found(
-                "no such API call (see the README's \"Web console\")",
+                "no such API call (see docs/operations.md, \"Web console\")",
             ))
         })
         .layer(axum::middleware::map_response(json_errors))

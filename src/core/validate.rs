@@ -6,7 +6,7 @@ use crate::config::NamespacePolicy;
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{NewItem, Policy};
 
-/// The API's limits; documented in the README's API reference.
+/// The API's limits; documented in docs/api.md.
 pub mod limits {
     pub const NAME_BYTES_MAX: usize = 255;
     pub const PAYLOAD_BYTES_MAX: usize = 10_240;

@@ -427,7 +427,7 @@ async fn start_planned(
 }
 
 /// Every buffer a request or an item waits in, and its bounds, in `/metrics`
-/// (`foqs_buffer_limit{buffer, unit, per}`); the README's "Tenants" lists them.
+/// (`foqs_buffer_limit{buffer, unit, per}`); docs/tenants.md lists them.
 fn say_buffer_limits(m: &Metrics, cfg: &Config) {
     let e = &cfg.engine;
     let limits: [(&'static str, &'static str, &'static str, u64); 10] = [

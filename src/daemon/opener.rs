@@ -30,7 +30,7 @@ pub(super) struct ShardOpener {
     pub(super) fence: Fence,
     /// Under a fixed assignment (single, static), each shard is opened under its owner
     /// lock, and a lost lock is reported here. Under etcd the lease and its fence are the
-    /// authority (see README, "One writer per shard").
+    /// authority (see docs/design.md, "One writer per shard").
     pub(super) lost: Option<mpsc::UnboundedSender<ShardId>>,
     /// A shard whose worker died is reported here, under every manager: the follow loop
     /// stops serving it and opens it anew.

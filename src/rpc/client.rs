@@ -16,7 +16,6 @@ use thrift::transport::{
     TIoChannel, TTcpChannel,
 };
 
-pub use crate::rpc::worker::{Job, Settled, Stopper, Verdict, Worker, WorkerOptions};
 pub use crate::rpc::Protocol;
 use crate::thrift_gen::FoqsSyncClient;
 use crate::wire::header;

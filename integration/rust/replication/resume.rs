@@ -188,7 +188,7 @@ pub fn a_switch_whose_driver_stops_at_any_step_is_settled() {
             // A primary failed over while it still took writes may hold commits that
             // were waiting for an acknowledgement when its replicas stopped receiving
             // (binlogged, never acknowledged): it cannot rejoin by itself, and the
-            // README's step for it is a restart as a replica, which drops them.
+            // docs/replication.md's step for it is a restart as a replica, which drops them.
             until(Duration::from_secs(30), "the failover settled", || {
                 journal(&etcd, &tag).is_none()
             });

@@ -1,6 +1,6 @@
 //! TLS to MySQL/MariaDB (`mysql_async` over rustls, no OpenSSL): a shard's data, owner-lock
 //! and heartbeat connections, and the replication admin's, each to the servers whose
-//! settings name it (see `[[shards]] tls` in the README).
+//! settings name it (see `[[shards]] tls` in docs/configuration.md).
 
 use mysql_async::{ClientIdentity, OptsBuilder, SslOpts};
 use serde::Deserialize;
