@@ -94,6 +94,22 @@ fn fill(c: &Cluster, topic: &str, n: usize) -> HashSet<String> {
     ids
 }
 
+/// A routed dequeue through `c` that, finding nothing while `left` items are still in the
+/// tier, long-polls before giving up: a routed dequeue knows its peers' heads as of their
+/// last summary (at most one peer poll old), so the last items on a peer may not be in
+/// its view yet; the peer's announcement or the next poll wakes the long poll.
+fn dequeue_some(c: &mut Client, topic: &str, count: i32, left: usize) -> Vec<Item> {
+    let items = c.dequeue(NS, topic, count);
+    if !items.is_empty() {
+        return items;
+    }
+    let items = c
+        .try_dequeue_wait(vec![topic_req(NS, topic, count)], Some(5_000))
+        .expect("dequeue");
+    assert!(!items.is_empty(), "{left} left, none returned");
+    items
+}
+
 fn priorities_in_order(items: &[Item]) -> bool {
     items
         .windows(2)
@@ -167,16 +183,7 @@ async fn any_host_serves_its_whole_tier() {
     let mut replies = vec![first];
     let mut left = 150 - 5;
     while left > 0 {
-        let mut items = h1.dequeue(NS, "urgent", 10);
-        if items.is_empty() {
-            // A routed dequeue knows its peers' heads as of their last summary (at most
-            // one peer poll old): the last items on a peer may not be known yet. A long
-            // poll waits for them (the peer announces, or the next poll shows them).
-            items = h1
-                .try_dequeue_wait(vec![topic_req(NS, "urgent", 10)], Some(5_000))
-                .expect("dequeue");
-        }
-        assert!(!items.is_empty(), "{left} left");
+        let items = dequeue_some(&mut h1, "urgent", 10, left);
         left -= items.len();
         replies.push(items);
     }
@@ -231,8 +238,7 @@ async fn any_host_serves_its_whole_tier() {
     assert!(h1.ack(&ids).iter().all(|r| r.error.is_none()));
     let mut left = 300 - 50;
     while left > 0 {
-        let items = h1.dequeue(NS, "merged", 50);
-        assert!(!items.is_empty(), "{left} left");
+        let items = dequeue_some(&mut h1, "merged", 50, left);
         let ids: Vec<String> = items.iter().map(|i| i.id.clone().unwrap()).collect();
         assert!(h1.ack(&ids).iter().all(|r| r.error.is_none()));
         left -= items.len();
@@ -278,8 +284,7 @@ async fn any_host_serves_its_whole_tier() {
     assert!(priorities_in_order(&peeked));
     let mut dead = 0;
     while dead < 90 {
-        let items = h1.dequeue(NS, "dl", 50);
-        assert!(!items.is_empty());
+        let items = dequeue_some(&mut h1, "dl", 50, 90 - dead);
         let r = h1.nack(
             items
                 .iter()
