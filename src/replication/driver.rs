@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::Client;
+use etcd_client::{Client, WatchOptions, WatchStream};
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use tokio::sync::watch;
 
 use super::server::{self as srv, ServerAdmin};
@@ -18,8 +19,10 @@ use crate::model::{ClusterView, PrimaryRecord, PrimaryState, ShardId};
 
 /// How long a switch waits for the shards to be served on the new primary.
 pub(super) const SERVED_WAIT: Duration = Duration::from_secs(10);
-/// How often a switch reads the owners' acks.
+/// How often a switch reads the owners' acks when etcd refuses it a watch.
 const ACK_POLL: Duration = Duration::from_millis(5);
+/// Waiting for acks on a watch, the acks are read again at least this often anyway.
+const ACK_WATCH_FALLBACK: Duration = Duration::from_millis(100);
 
 /// The set's switch lock, as held by this driver.
 pub(super) struct Lock {
@@ -246,6 +249,12 @@ impl Driver {
     ) -> bool {
         let mut client = self.client.clone();
         let end = Instant::now() + within;
+        // Woken by etcd when an ack or an owner changes, rather than reading both every
+        // few milliseconds: on a loaded machine that polling (two range reads every 5 ms,
+        // per set switching at once) took CPU from the owners whose acks it waited for.
+        // The watch starts before the first read, so no change between them is missed;
+        // without a watch it polls as before.
+        let mut changes = self.watch_acks(dir).await;
         loop {
             let owners = primaries::read_owners(&mut client, &self.prefix).await;
             let acks = primaries::read::<Ack>(&mut client, &self.prefix, dir).await;
@@ -261,11 +270,37 @@ impl Driver {
                     return true;
                 }
             }
-            if Instant::now() >= end {
+            let now = Instant::now();
+            if now >= end {
                 return false;
             }
-            tokio::time::sleep(ACK_POLL).await;
+            match &mut changes {
+                Some(w) => {
+                    // A change, or the fallback read (a watch that went quiet or broke).
+                    let next = tokio::time::timeout(ACK_WATCH_FALLBACK.min(end - now), w.next());
+                    if let Ok(None | Some(Err(_))) = next.await {
+                        changes = None;
+                    }
+                }
+                None => tokio::time::sleep(ACK_POLL).await,
+            }
         }
+    }
+
+    /// A stream of the changes to `dir`'s acks and to the shards' owners (None when etcd
+    /// refuses the watch).
+    async fn watch_acks(&self, dir: &str) -> Option<futures::stream::SelectAll<WatchStream>> {
+        let mut client = self.client.clone();
+        let mut streams = Vec::new();
+        for d in [dir, "shards"] {
+            let k = primaries::key(&self.prefix, d, "");
+            let stream = client
+                .watch(k, Some(WatchOptions::new().with_prefix()))
+                .await
+                .ok()?;
+            streams.push(stream);
+        }
+        Some(futures::stream::select_all(streams))
     }
 
     /// The last publish of a switch, retried: the new primary is writable by now. The
