@@ -6,9 +6,19 @@
 # their Thrift libraries offer) and the foqsctl shell pipeline against a running foqsd on
 # the embedded default (and a TLS one on MySQL). The web console is tested in headless
 # Chromium (integration/rust/console.rs).
+#
+#   bash scripts/test.sh               # the whole suite
+#   bash scripts/test.sh --under-load  # the same with one busy core beside it (a busy
+#                                      # loop at normal priority), for whoever changes timing
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
+hog_pid=""
+case "${1:-}" in
+  "") ;;
+  --under-load) ;;
+  *) echo "usage: bash scripts/test.sh [--under-load]" >&2; exit 2 ;;
+esac
 foqs_cargo_check
 mkdir -p "$FOQS_RUN"
 # The test build needs about 6 GB under target/ (Cargo.toml's [profile.dev] says why it is
@@ -24,12 +34,19 @@ tls_pid=""
 py_config=""
 tls_config=""
 cleanup() {
-  for pid in $foqsd_pid $tls_pid; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  for pid in $foqsd_pid $tls_pid $hog_pid; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   [ -n "$py_config" ] && rm -f "$py_config"
   [ -n "$tls_config" ] && rm -f "$tls_config"
   foqs_mysql_stop
 }
 trap cleanup EXIT
+if [ "${1:-}" = --under-load ]; then
+  # One core kept busy for the whole run, as a loaded CI machine would (stress-ng --cpu 1
+  # does the same; a shell loop needs no install).
+  sh -c 'while :; do :; done' &
+  hog_pid=$!
+  foqs_log "under load: a busy loop (pid $hog_pid) holds one core for the whole run"
+fi
 
 foqs_log "checking that gen/ matches thrift/foqs.thrift"
 scripts/gen-thrift.sh --check
