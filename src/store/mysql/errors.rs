@@ -33,6 +33,12 @@ impl From<mysql_async::Error> for StoreError {
     }
 }
 
+/// The server said the database does not exist (1049), as the conversion above wrote it
+/// (`mysql: ERROR 42000 (1049): Unknown database ...`).
+pub(super) fn is_unknown_database(e: &StoreError) -> bool {
+    matches!(e, StoreError::Schema(m) if m.contains("(1049)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +71,12 @@ mod tests {
             StoreError::from(server(1054)),
             StoreError::Corrupt(_)
         ));
+    }
+
+    #[test]
+    fn a_missing_database_is_told_from_other_refusals() {
+        assert!(is_unknown_database(&StoreError::from(server(1049))));
+        assert!(!is_unknown_database(&StoreError::from(server(1045))));
+        assert!(!is_unknown_database(&StoreError::from(server(1044))));
     }
 }

@@ -292,31 +292,31 @@ impl ShardStore for MySqlStore {
             .await?;
             *self.lock.lock().await = Some(lock);
         }
-        let mut server = connecting(
-            self.connect_timeout,
-            &self.server_opts,
-            Conn::new(self.server_opts.clone()),
-        )
-        .await?;
-        // Created only when missing: the DDL is binlogged even when the database exists,
-        // and a semi-synchronous primary holds it for a replica's acknowledgement (see
-        // `schema::prepare`).
-        let exists: Option<i64> = server
-            .exec_first(
-                "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
-                (&self.database,),
-            )
-            .await?;
-        if exists.unwrap_or(0) == 0 {
-            let create = format!(
-                "CREATE DATABASE IF NOT EXISTS `{}`",
-                self.database.replace('`', "``")
-            );
-            server.query_drop(create).await?;
-        }
-        let _ = server.disconnect().await;
-
-        let mut conn = self.unbounded_conn().await?;
+        // The database is there at almost every open (a replicated shard's always is, on
+        // the new primary of a switch): connect to it first, and only when the server says
+        // it is missing create it over a connection to the server itself. Checking first on
+        // a server connection cost every open a connection (a TLS handshake) and a round
+        // trip, inside a switch's read-only window. Created only when missing: the DDL is
+        // binlogged even when the database exists, and a semi-synchronous primary holds it
+        // for a replica's acknowledgement (see `schema::prepare`).
+        let mut conn = match self.unbounded_conn().await {
+            Err(e) if errors::is_unknown_database(&e) => {
+                let mut server = connecting(
+                    self.connect_timeout,
+                    &self.server_opts,
+                    Conn::new(self.server_opts.clone()),
+                )
+                .await?;
+                let create = format!(
+                    "CREATE DATABASE IF NOT EXISTS `{}`",
+                    self.database.replace('`', "``")
+                );
+                server.query_drop(create).await?;
+                let _ = server.disconnect().await;
+                self.unbounded_conn().await?
+            }
+            other => other?,
+        };
         let version: String = conn
             .query_first("SELECT VERSION()")
             .await?
