@@ -1127,8 +1127,9 @@ async fn the_rust_worker_settles_items_by_their_handlers_verdicts() {
 }
 
 /// `Worker::run_async`: the same loop with async handlers (awaiting the runtime's timer
-/// past the lease, which renewal keeps); a stop past the grace drops a handler that never
-/// ends, and its item is released, not left leased.
+/// past the lease, which renewal keeps); a handler that panics releases its item; a stop
+/// past the grace drops a handler that never ends, and its item is released, not left
+/// leased.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_worker_runs_async_handlers_and_drops_a_cancelled_one() {
     use foqs::client::{Settled, Verdict, Worker, WorkerOptions};
@@ -1136,7 +1137,7 @@ async fn the_rust_worker_runs_async_handlers_and_drops_a_cancelled_one() {
 
     let srv = TestServer::start(2, "").await;
     let mut c = srv.client();
-    for p in ["ok", "retry", "dead", "slow", "stuck"] {
+    for p in ["ok", "retry", "dead", "slow", "stuck", "panic"] {
         let mut it = item("async-worker", "jobs", 0, p.as_bytes());
         it.lease_ms = Some(600);
         c.enqueue(vec![it]);
@@ -1170,6 +1171,8 @@ async fn the_rust_worker_runs_async_handlers_and_drops_a_cancelled_one() {
                 ("ok", _) | ("retry", 2..) => Verdict::Ack,
                 ("retry", _) => Verdict::RetryAfter(Duration::from_millis(50)),
                 ("dead", _) => Verdict::DeadLetter,
+                ("panic", 1) => panic!("a handler's bug: its item is released, not lost"),
+                ("panic", _) => Verdict::Ack,
                 ("slow", _) => {
                     // Three leases long, awaiting the runtime's timer: kept by renewal.
                     tokio::time::sleep(Duration::from_millis(1_800)).await;
@@ -1202,8 +1205,8 @@ async fn the_rust_worker_runs_async_handlers_and_drops_a_cancelled_one() {
         let _ = ended_tx.send(rt.block_on(worker.run_async(open, handler, done)));
     });
     let s = seen.clone();
-    common::eventually(Duration::from_secs(60), "five jobs ended", || {
-        (s.lock().unwrap().len() == 5).then_some(())
+    common::eventually(Duration::from_secs(60), "seven jobs ended", || {
+        (s.lock().unwrap().len() == 7).then_some(())
     })
     .await;
     let mut rx = stuck_rx;
@@ -1222,6 +1225,8 @@ async fn the_rust_worker_runs_async_handlers_and_drops_a_cancelled_one() {
         vec![
             ("dead".into(), 1, Settled::Applied(Verdict::DeadLetter)),
             ("ok".into(), 1, ack.clone()),
+            ("panic".into(), 1, Settled::Applied(Verdict::Release)),
+            ("panic".into(), 2, ack.clone()),
             (
                 "retry".into(),
                 1,
@@ -1236,7 +1241,7 @@ async fn the_rust_worker_runs_async_handlers_and_drops_a_cancelled_one() {
     let stats = c.stats("async-worker", "jobs");
     assert_eq!(
         (stats.ready, stats.leased, stats.dead, stats.acked),
-        (Some(1), Some(0), Some(1), Some(3)),
+        (Some(1), Some(0), Some(1), Some(4)),
         "{stats:?}"
     );
 }

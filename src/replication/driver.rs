@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, WatchOptions, WatchStream};
 use futures::future::BoxFuture;
+use futures::stream::SelectAll;
 use futures::StreamExt;
 use tokio::sync::watch;
 
@@ -252,9 +253,11 @@ impl Driver {
         // Woken by etcd when an ack or an owner changes, rather than reading both every
         // few milliseconds: on a loaded machine that polling (two range reads every 5 ms,
         // per set switching at once) took CPU from the owners whose acks it waited for.
-        // The watch starts before the first read, so no change between them is missed;
-        // without a watch it polls as before.
-        let mut changes = self.watch_acks(dir).await;
+        // The watch is opened (within the bound) only when the first read found the acks
+        // missing, and the acks are read again once it is open, so no change between the
+        // two is missed; without a watch (refused, cancelled or broken) it polls as before.
+        let mut changes = None;
+        let mut watching = false;
         loop {
             let owners = primaries::read_owners(&mut client, &self.prefix).await;
             let acks = primaries::read::<Ack>(&mut client, &self.prefix, dir).await;
@@ -274,11 +277,19 @@ impl Driver {
             if now >= end {
                 return false;
             }
+            if !watching {
+                watching = true;
+                changes = tokio::time::timeout(end - now, self.watch_acks(dir))
+                    .await
+                    .ok()
+                    .flatten();
+                continue;
+            }
             match &mut changes {
                 Some(w) => {
-                    // A change, or the fallback read (a watch that went quiet or broke).
-                    let next = tokio::time::timeout(ACK_WATCH_FALLBACK.min(end - now), w.next());
-                    if let Ok(None | Some(Err(_))) = next.await {
+                    // A change, or the fallback read (a watch that went quiet).
+                    let wait = ACK_WATCH_FALLBACK.min(end - now);
+                    if !next_change(w, wait).await {
                         changes = None;
                     }
                 }
@@ -289,7 +300,7 @@ impl Driver {
 
     /// A stream of the changes to `dir`'s acks and to the shards' owners (None when etcd
     /// refuses the watch).
-    async fn watch_acks(&self, dir: &str) -> Option<futures::stream::SelectAll<WatchStream>> {
+    async fn watch_acks(&self, dir: &str) -> Option<SelectAll<WatchStream>> {
         let mut client = self.client.clone();
         let mut streams = Vec::new();
         for d in [dir, "shards"] {
@@ -498,5 +509,21 @@ impl Switchboard for Driver {
             }
             out
         })
+    }
+}
+
+/// Waits at most `wait` for a change on `w` (a response carrying events; the watches'
+/// `created` answers carry none). False when the watch is over: cancelled by etcd (it
+/// answers a refused or compacted watch so, not with an error), broken, or ended.
+async fn next_change(w: &mut SelectAll<WatchStream>, wait: Duration) -> bool {
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(until, w.next()).await {
+            Err(_) => return true,
+            Ok(Some(Ok(r))) if r.canceled() => return false,
+            Ok(Some(Ok(r))) if r.events().is_empty() => continue,
+            Ok(Some(Ok(_))) => return true,
+            Ok(None | Some(Err(_))) => return false,
+        }
     }
 }

@@ -102,7 +102,8 @@ impl Stopper {
     }
 }
 
-/// Opens a connection to foqsd (one per job, and one for the loop).
+/// Opens a connection to foqsd (two per job, for the settle and the renewal, and one for
+/// the loop).
 pub type Connect<'a> = &'a (dyn Fn() -> Result<SyncClient, String> + Sync);
 
 pub struct Worker {
@@ -206,11 +207,13 @@ impl Worker {
     }
 
     /// Runs until stopped, as [`Worker::run`], with an async handler: `handler(item)`'s
-    /// future decides each item's verdict. Call it within a Tokio runtime (with its timer
-    /// enabled): each job's future is driven on that runtime's handle from the job's own
-    /// thread, so it may await anything that runtime serves. A job cancelled (a stop past
-    /// the grace, a second stop, or its lease lost) has its future dropped at its next
-    /// `.await`: its item is released, or, with the lease lost, left alone.
+    /// future decides each item's verdict. Call it within a multi-threaded Tokio runtime
+    /// with its timer enabled: each job's future is driven on that runtime's handle from
+    /// the job's own thread, so it may await anything that runtime serves. A job cancelled
+    /// (a stop past the grace, a second stop, or its lease lost) has its future dropped at
+    /// its next `.await`: its item is released, or, with the lease lost, left alone. A
+    /// handler that panics releases its item. Dropping this future stops the loop at once
+    /// (as a second stop).
     pub async fn run_async<H, F>(
         &self,
         connect: impl Fn() -> Result<SyncClient, String> + Send + Sync + 'static,
@@ -227,6 +230,19 @@ impl Worker {
             opts: self.opts.clone(),
             stopper: self.stopper.clone(),
         };
+        // Dropped before the loop ended (the caller gave up on this future, or its runtime
+        // shuts down): the loop stops at once and releases its items, rather than run on,
+        // unowned, on the blocking pool.
+        struct StopOnDrop(Stopper, bool);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                if !self.1 {
+                    self.0.stop();
+                    self.0.stop();
+                }
+            }
+        }
+        let mut guard = StopOnDrop(self.stopper.clone(), false);
         let blocking = move || {
             let handler = |job: &Job| {
                 runtime.block_on(async {
@@ -238,9 +254,9 @@ impl Worker {
             };
             worker.run(&connect, &handler, &done)
         };
-        tokio::task::spawn_blocking(blocking)
-            .await
-            .map_err(|e| format!("the worker's loop ended abnormally: {e}"))?
+        let ended = tokio::task::spawn_blocking(blocking).await;
+        guard.1 = true;
+        ended.map_err(|e| format!("the worker's loop ended abnormally: {e}"))?
     }
 
     /// One job: the handler on this thread, the lease renewed beside it.
@@ -283,10 +299,18 @@ impl Worker {
                 }
                 None
             });
-            let v = handler(&Job {
+            // A handler that panics gives its item back (and the panic is logged): the
+            // renewal must end, and the job with it, or the item would stay leased and
+            // the worker wait for it for ever.
+            let job = Job {
                 item,
                 cancel: &cancel,
-            });
+            };
+            let v = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&job)))
+                .unwrap_or_else(|_| {
+                    tracing::error!(id = ?item.id, "worker: the handler panicked; releasing its item");
+                    Verdict::Release
+                });
             finished.store(true, Ordering::SeqCst);
             lost = renewal.join().expect("the renewal thread does not panic");
             v

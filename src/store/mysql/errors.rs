@@ -34,9 +34,9 @@ impl From<mysql_async::Error> for StoreError {
 }
 
 /// The server said the database does not exist (1049), as the conversion above wrote it
-/// (`mysql: ERROR 42000 (1049): Unknown database ...`).
+/// (``mysql: Server error: `ERROR 42000 (1049): Unknown database 'x''``).
 pub(super) fn is_unknown_database(e: &StoreError) -> bool {
-    matches!(e, StoreError::Schema(m) if m.contains("(1049)"))
+    matches!(e, StoreError::Schema(m) if m.contains(" (1049): Unknown database"))
 }
 
 #[cfg(test)]
@@ -75,7 +75,13 @@ mod tests {
 
     #[test]
     fn a_missing_database_is_told_from_other_refusals() {
-        assert!(is_unknown_database(&StoreError::from(server(1049))));
+        let unknown = mysql_async::Error::Server(mysql_async::ServerError {
+            code: 1049,
+            message: "Unknown database 'foqs_shard_0'".into(),
+            state: "42000".into(),
+        });
+        assert!(is_unknown_database(&StoreError::from(unknown)));
+        assert!(!is_unknown_database(&StoreError::from(server(1049))), "another text");
         assert!(!is_unknown_database(&StoreError::from(server(1045))));
         assert!(!is_unknown_database(&StoreError::from(server(1044))));
     }
