@@ -81,7 +81,10 @@ mod tests {
             state: "42000".into(),
         });
         assert!(is_unknown_database(&StoreError::from(unknown)));
-        assert!(!is_unknown_database(&StoreError::from(server(1049))), "another text");
+        assert!(
+            !is_unknown_database(&StoreError::from(server(1049))),
+            "another text"
+        );
         assert!(!is_unknown_database(&StoreError::from(server(1045))));
         assert!(!is_unknown_database(&StoreError::from(server(1044))));
     }

@@ -19,7 +19,9 @@
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
 
+mod counts;
 mod errors;
+mod open;
 mod owner;
 mod rows;
 mod schema;
@@ -28,7 +30,6 @@ mod tls;
 pub use owner::OnLost;
 use owner::OwnerLock;
 use rows::column;
-use schema::meta_get;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 pub use tls::{with_tls, MysqlTls};
@@ -36,7 +37,7 @@ pub use tls::{with_tls, MysqlTls};
 use super::batches::{self, BatchOutcome};
 use super::forwards::{self, ForwardOutcome, Marks};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
-use super::topics::{state_counts, topic_filter, TopicIds};
+use super::topics::TopicIds;
 use super::{
     Change, Claimed, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
 };
@@ -280,72 +281,7 @@ async fn run<Q: Queryable>(q: &mut Q, sql: &Statement) -> StoreResult<()> {
 
 impl ShardStore for MySqlStore {
     async fn open(&self) -> StoreResult<Recovered> {
-        if let Some(on_lost) = &self.owner_lock {
-            let lock = OwnerLock::acquire(
-                self.shard,
-                &self.database,
-                self.server_opts.clone(),
-                self.owned.clone(),
-                on_lost.clone(),
-                self.check_timeout,
-            )
-            .await?;
-            *self.lock.lock().await = Some(lock);
-        }
-        // The database is there at almost every open (a replicated shard's always is, on
-        // the new primary of a switch): connect to it first, and only when the server says
-        // it is missing create it over a connection to the server itself. Checking first on
-        // a server connection cost every open a connection (a TLS handshake) and a round
-        // trip, inside a switch's read-only window. Created only when missing: the DDL is
-        // binlogged even when the database exists, and a semi-synchronous primary holds it
-        // for a replica's acknowledgement (see `schema::prepare`).
-        let mut conn = match self.unbounded_conn().await {
-            Err(e) if errors::is_unknown_database(&e) => {
-                let mut server = connecting(
-                    self.connect_timeout,
-                    &self.server_opts,
-                    Conn::new(self.server_opts.clone()),
-                )
-                .await?;
-                let create = format!(
-                    "CREATE DATABASE IF NOT EXISTS `{}`",
-                    self.database.replace('`', "``")
-                );
-                server.query_drop(create).await?;
-                let _ = server.disconnect().await;
-                self.unbounded_conn().await?
-            }
-            other => other?,
-        };
-        let version: String = conn
-            .query_first("SELECT VERSION()")
-            .await?
-            .unwrap_or_default();
-        self.returning
-            .store(version.contains("MariaDB"), Ordering::Relaxed);
-        schema::prepare(&mut conn, self.shard, &self.database).await?;
-        let topics: Vec<(u32, Vec<u8>, Vec<u8>)> =
-            conn.query("SELECT tid, ns, topic FROM topics").await?;
-        *self.topics.lock().expect("topics") =
-            TopicIds::load(topics.into_iter().map(|(tid, ns, topic)| {
-                (
-                    tid,
-                    String::from_utf8_lossy(&ns).into_owned(),
-                    String::from_utf8_lossy(&topic).into_owned(),
-                )
-            }));
-        let hwm = meta_get(&mut conn, "key_high_water")
-            .await?
-            .unwrap_or(0)
-            .max(0) as u64;
-        let max_key: Option<u64> = conn
-            .query_first("SELECT MAX(id) FROM items")
-            .await?
-            .flatten();
-        Ok(Recovered {
-            key_high_water: hwm.max(max_key.map_or(1, |k| k + 1)),
-            checkpoint_ms: meta_get(&mut conn, "checkpoint_ms").await?.unwrap_or(0),
-        })
+        self.open_shard().await
     }
 
     async fn insert(
@@ -669,33 +605,7 @@ impl ShardStore for MySqlStore {
         now_ms: i64,
         limit: usize,
     ) -> StoreResult<Vec<TopicCounts>> {
-        let mut conn = self.conn().await?;
-        let mut names = String::from("t.ns = ");
-        text::push_hex(&mut names, ns.as_bytes());
-        names.push_str(" AND t.topic > ");
-        text::push_hex(&mut names, after.unwrap_or("").as_bytes());
-        let rows: Vec<(Vec<u8>, i64, i64, i64)> = conn
-            .query(format!(
-                "SELECT t.topic,
-                    CAST(SUM(i.state = 0 AND i.deliver_after_ms <= {now_ms}) AS SIGNED),
-                    CAST(SUM(i.state = 0 AND i.deliver_after_ms > {now_ms}) AS SIGNED),
-                    CAST(SUM(i.state = 1) AS SIGNED)
-                 FROM topics t JOIN items i ON i.tid = t.tid
-                 WHERE {names} AND i.state IN (0, 1)
-                   AND (i.expires_at_ms IS NULL OR i.expires_at_ms > {now_ms})
-                 GROUP BY t.topic ORDER BY t.topic LIMIT {limit}"
-            ))
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(topic, ready, deferred, leased)| TopicCounts {
-                topic: String::from_utf8_lossy(&topic).into_owned(),
-                ready,
-                deferred,
-                leased,
-                hosts: Vec::new(),
-            })
-            .collect())
+        self.count_topics(ns, after, now_ms, limit).await
     }
 
     async fn topic_snapshot(
@@ -704,49 +614,7 @@ impl ShardStore for MySqlStore {
         topic: &str,
         now_ms: i64,
     ) -> StoreResult<TopicSnapshot> {
-        let Some(tid) = self.tid(ns, topic) else {
-            return Ok(TopicSnapshot::default());
-        };
-        let mut conn = self.conn().await?;
-        // SUM and MIN are NULL over no rows.
-        type Counts = (
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-        );
-        let counts: Option<Counts> = conn
-            .query_first(format!(
-                "SELECT CAST(SUM(state = 0 AND deliver_after_ms <= {now_ms}) AS SIGNED),
-                        CAST(SUM(state = 0 AND deliver_after_ms > {now_ms}) AS SIGNED),
-                        CAST(SUM(state = 1) AS SIGNED),
-                        CAST(SUM(state = 2) AS SIGNED),
-                        MIN(IF(state = 0 AND deliver_after_ms <= {now_ms}, deliver_after_ms, NULL))
-                 FROM items WHERE tid = {tid} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
-            ))
-            .await?;
-        let (ready, deferred, leased, dead, oldest_ready_ms) = counts.unwrap_or_default();
-        let totals: Option<(i64, i64, i64, i64, i64)> = conn
-            .query_first(format!(
-                "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
-            ))
-            .await?;
-        let (enqueued, delivered, acked, nacked, expired) = totals.unwrap_or_default();
-        Ok(TopicSnapshot {
-            ready: ready.unwrap_or(0),
-            deferred: deferred.unwrap_or(0),
-            leased: leased.unwrap_or(0),
-            dead: dead.unwrap_or(0),
-            oldest_ready_ms,
-            totals: Totals {
-                enqueued,
-                delivered,
-                acked,
-                nacked,
-                expired,
-            },
-        })
+        self.snapshot_topic(ns, topic, now_ms).await
     }
 
     async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {
@@ -766,20 +634,7 @@ impl ShardStore for MySqlStore {
     }
 
     async fn state_counts(&self, topic: Option<&TopicName>) -> StoreResult<Vec<StateCount>> {
-        let Some(only) = topic_filter(topic, |t| self.tid(&t.ns, &t.topic)) else {
-            return Ok(Vec::new());
-        };
-        let mut conn = match topic {
-            None => self.unbounded_conn().await?,
-            Some(_) => self.conn().await?,
-        };
-        let rows: Vec<(u32, i8, i64, i64)> = conn
-            .query(format!(
-                "SELECT tid, state, IF(state = 0, deliver_after_ms DIV 1000, 0) AS sec, COUNT(*)
-                 FROM items {only} GROUP BY tid, state, sec"
-            ))
-            .await?;
-        state_counts(&self.topics, rows)
+        self.count_states(topic).await
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -11,6 +11,7 @@
 //! listings stay on the writer: requeuing them reads them in the worker's order.)
 
 mod conn;
+mod counts;
 mod reader;
 mod rows;
 mod schema;
@@ -23,7 +24,7 @@ use rusqlite::Connection;
 use super::batches::{self, BatchOutcome};
 use super::forwards::{self, ForwardOutcome, Marks};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan};
-use super::topics::{state_counts, topic_filter, TopicIds};
+use super::topics::TopicIds;
 use super::{
     Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
 };
@@ -534,40 +535,7 @@ impl ShardStore for SqliteStore {
         now_ms: i64,
         limit: usize,
     ) -> StoreResult<Vec<TopicCounts>> {
-        let (ns, after) = (
-            ns.as_bytes().to_vec(),
-            after.unwrap_or("").as_bytes().to_vec(),
-        );
-        self.read(move |conn| {
-            let mut st = conn
-                .prepare(&format!(
-                    "SELECT t.topic,
-                        SUM(i.state = 0 AND i.deliver_after_ms <= {now_ms}),
-                        SUM(i.state = 0 AND i.deliver_after_ms > {now_ms}),
-                        SUM(i.state = 1)
-                     FROM topics t JOIN items i ON i.tid = t.tid
-                     WHERE t.ns = ?1 AND t.topic > ?2 AND i.state IN (0, 1)
-                       AND (i.expires_at_ms IS NULL OR i.expires_at_ms > {now_ms})
-                     GROUP BY t.topic ORDER BY t.topic LIMIT {limit}"
-                ))
-                .map_err(store_error)?;
-            let out = st
-                .query_map(rusqlite::params![ns, after], |r| {
-                    let topic: Vec<u8> = r.get(0)?;
-                    Ok(TopicCounts {
-                        topic: String::from_utf8_lossy(&topic).into_owned(),
-                        ready: r.get(1)?,
-                        deferred: r.get(2)?,
-                        leased: r.get(3)?,
-                        hosts: Vec::new(),
-                    })
-                })
-                .map_err(store_error)?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(store_error)?;
-            Ok(out)
-        })
-        .await
+        self.count_topics(ns, after, now_ms, limit).await
     }
 
     async fn topic_snapshot(
@@ -576,62 +544,7 @@ impl ShardStore for SqliteStore {
         topic: &str,
         now_ms: i64,
     ) -> StoreResult<TopicSnapshot> {
-        let Some(tid) = self.tid(ns, topic) else {
-            return Ok(TopicSnapshot::default());
-        };
-        self.read(move |conn| {
-            let counts = conn
-                .query_row(
-                    &format!(
-                        "SELECT SUM(state = 0 AND deliver_after_ms <= {now_ms}),
-                                SUM(state = 0 AND deliver_after_ms > {now_ms}),
-                                SUM(state = 1), SUM(state = 2),
-                                MIN(CASE WHEN state = 0 AND deliver_after_ms <= {now_ms} THEN deliver_after_ms END)
-                         FROM items WHERE tid = {tid} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
-                    ),
-                    [],
-                    |r| {
-                        Ok((
-                            r.get::<_, Option<i64>>(0)?.unwrap_or(0),
-                            r.get::<_, Option<i64>>(1)?.unwrap_or(0),
-                            r.get::<_, Option<i64>>(2)?.unwrap_or(0),
-                            r.get::<_, Option<i64>>(3)?.unwrap_or(0),
-                            r.get::<_, Option<i64>>(4)?,
-                        ))
-                    },
-                )
-                .map_err(store_error)?;
-            let totals = conn
-                .query_row(
-                    &format!(
-                        "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
-                    ),
-                    [],
-                    |r| {
-                        Ok(Totals {
-                            enqueued: r.get(0)?,
-                            delivered: r.get(1)?,
-                            acked: r.get(2)?,
-                            nacked: r.get(3)?,
-                            expired: r.get(4)?,
-                        })
-                    },
-                )
-                .or_else(|e| match e {
-                    rusqlite::Error::QueryReturnedNoRows => Ok(Totals::default()),
-                    e => Err(e),
-                })
-                .map_err(store_error)?;
-            Ok(TopicSnapshot {
-                ready: counts.0,
-                deferred: counts.1,
-                leased: counts.2,
-                dead: counts.3,
-                oldest_ready_ms: counts.4,
-                totals,
-            })
-        })
-        .await
+        self.snapshot_topic(ns, topic, now_ms).await
     }
 
     async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {
@@ -646,26 +559,7 @@ impl ShardStore for SqliteStore {
     }
 
     async fn state_counts(&self, topic: Option<&TopicName>) -> StoreResult<Vec<StateCount>> {
-        let Some(only) = topic_filter(topic, |t| self.tid(&t.ns, &t.topic)) else {
-            return Ok(Vec::new());
-        };
-        let rows = self
-            .read(move |conn| {
-                let mut st = conn
-                    .prepare(&format!(
-                        "SELECT tid, state, CASE WHEN state = 0 THEN deliver_after_ms / 1000 ELSE 0 END AS sec, COUNT(*)
-                         FROM items {only} GROUP BY tid, state, sec"
-                    ))
-                    .map_err(store_error)?;
-                let rows = st
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-                    .map_err(store_error)?
-                    .collect::<rusqlite::Result<Vec<_>>>()
-                    .map_err(store_error)?;
-                Ok(rows)
-            })
-            .await?;
-        state_counts(&self.topics, rows)
+        self.count_states(topic).await
     }
 
     async fn ping(&self) -> StoreResult<()> {

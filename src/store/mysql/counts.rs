@@ -1,0 +1,120 @@
+//! The MySQL store's counting reads: a namespace's topics with their counts, one topic's
+//! snapshot (counts, oldest ready item, totals) and the full count by state at open. They
+//! read, never write, and only `ShardStore`'s methods of the same names call them.
+
+use mysql_async::prelude::*;
+
+use super::MySqlStore;
+use crate::model::{TopicCounts, TopicName, TopicSnapshot, Totals};
+use crate::store::sql as text;
+use crate::store::topics::{state_counts, topic_filter};
+use crate::store::{StateCount, StoreResult};
+
+impl MySqlStore {
+    pub(super) async fn count_topics(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        now_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<TopicCounts>> {
+        let mut conn = self.conn().await?;
+        let mut names = String::from("t.ns = ");
+        text::push_hex(&mut names, ns.as_bytes());
+        names.push_str(" AND t.topic > ");
+        text::push_hex(&mut names, after.unwrap_or("").as_bytes());
+        let rows: Vec<(Vec<u8>, i64, i64, i64)> = conn
+            .query(format!(
+                "SELECT t.topic,
+                    CAST(SUM(i.state = 0 AND i.deliver_after_ms <= {now_ms}) AS SIGNED),
+                    CAST(SUM(i.state = 0 AND i.deliver_after_ms > {now_ms}) AS SIGNED),
+                    CAST(SUM(i.state = 1) AS SIGNED)
+                 FROM topics t JOIN items i ON i.tid = t.tid
+                 WHERE {names} AND i.state IN (0, 1)
+                   AND (i.expires_at_ms IS NULL OR i.expires_at_ms > {now_ms})
+                 GROUP BY t.topic ORDER BY t.topic LIMIT {limit}"
+            ))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(topic, ready, deferred, leased)| TopicCounts {
+                topic: String::from_utf8_lossy(&topic).into_owned(),
+                ready,
+                deferred,
+                leased,
+                hosts: Vec::new(),
+            })
+            .collect())
+    }
+
+    pub(super) async fn snapshot_topic(
+        &self,
+        ns: &str,
+        topic: &str,
+        now_ms: i64,
+    ) -> StoreResult<TopicSnapshot> {
+        let Some(tid) = self.tid(ns, topic) else {
+            return Ok(TopicSnapshot::default());
+        };
+        let mut conn = self.conn().await?;
+        // SUM and MIN are NULL over no rows.
+        type Counts = (
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+        );
+        let counts: Option<Counts> = conn
+            .query_first(format!(
+                "SELECT CAST(SUM(state = 0 AND deliver_after_ms <= {now_ms}) AS SIGNED),
+                        CAST(SUM(state = 0 AND deliver_after_ms > {now_ms}) AS SIGNED),
+                        CAST(SUM(state = 1) AS SIGNED),
+                        CAST(SUM(state = 2) AS SIGNED),
+                        MIN(IF(state = 0 AND deliver_after_ms <= {now_ms}, deliver_after_ms, NULL))
+                 FROM items WHERE tid = {tid} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
+            ))
+            .await?;
+        let (ready, deferred, leased, dead, oldest_ready_ms) = counts.unwrap_or_default();
+        let totals: Option<(i64, i64, i64, i64, i64)> = conn
+            .query_first(format!(
+                "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
+            ))
+            .await?;
+        let (enqueued, delivered, acked, nacked, expired) = totals.unwrap_or_default();
+        Ok(TopicSnapshot {
+            ready: ready.unwrap_or(0),
+            deferred: deferred.unwrap_or(0),
+            leased: leased.unwrap_or(0),
+            dead: dead.unwrap_or(0),
+            oldest_ready_ms,
+            totals: Totals {
+                enqueued,
+                delivered,
+                acked,
+                nacked,
+                expired,
+            },
+        })
+    }
+
+    pub(super) async fn count_states(
+        &self,
+        topic: Option<&TopicName>,
+    ) -> StoreResult<Vec<StateCount>> {
+        let Some(only) = topic_filter(topic, |t| self.tid(&t.ns, &t.topic)) else {
+            return Ok(Vec::new());
+        };
+        let mut conn = match topic {
+            None => self.unbounded_conn().await?,
+            Some(_) => self.conn().await?,
+        };
+        let rows: Vec<(u32, i8, i64, i64)> = conn
+            .query(format!(
+                "SELECT tid, state, IF(state = 0, deliver_after_ms DIV 1000, 0) AS sec, COUNT(*)
+                 FROM items {only} GROUP BY tid, state, sec"
+            ))
+            .await?;
+        state_counts(&self.topics, rows)
+    }
+}
