@@ -373,16 +373,47 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
         &[Change::Timer {
             key: 2,
             at_ms: Some(NOW + 50),
+            seen_ms: None,
         }],
         NOW,
     )
     .await
     .unwrap();
     assert_eq!(meta(&s, 2).await.unwrap().next_event_ms, Some(NOW + 50));
+    // Only where the timer is still what the scan read: a late write of a scan that saw
+    // an older timer leaves the row's newer one alone (else the row could fall behind the
+    // scan's cursor for good).
+    s.apply(
+        &[Change::Timer {
+            key: 2,
+            at_ms: Some(NOW + 10),
+            seen_ms: Some(NOW + 20),
+        }],
+        NOW,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        meta(&s, 2).await.unwrap().next_event_ms,
+        Some(NOW + 50),
+        "a stale timer write moved the row"
+    );
+    s.apply(
+        &[Change::Timer {
+            key: 2,
+            at_ms: Some(NOW + 60),
+            seen_ms: Some(NOW + 50),
+        }],
+        NOW,
+    )
+    .await
+    .unwrap();
+    assert_eq!(meta(&s, 2).await.unwrap().next_event_ms, Some(NOW + 60));
     s.apply(
         &[Change::Timer {
             key: 2,
             at_ms: None,
+            seen_ms: None,
         }],
         NOW,
     )
@@ -1316,6 +1347,7 @@ async fn mysql_rows_without_an_event_hold_zero() {
         &[Change::Timer {
             key: 3,
             at_ms: None,
+            seen_ms: None,
         }],
         NOW + 1,
     )
@@ -1560,6 +1592,7 @@ async fn only_a_timer_move_keeps_a_cached_row() {
     let due = Change::Timer {
         key: 1,
         at_ms: None,
+        seen_ms: None,
     };
     s.apply(&[due, Change::Delete { key: 2 }], NOW + 1_000)
         .await

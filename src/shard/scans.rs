@@ -235,6 +235,7 @@ impl<S: ShardStore> ShardWorker<S> {
                     changes.push(Change::Timer {
                         key: m.key,
                         at_ms: Some(now.saturating_add(self.cfg.scan_interval_ms as i64)),
+                        seen_ms: m.next_event_ms,
                     });
                 }
                 ItemState::Leased if m.lease_expires_ms <= now => {
@@ -278,6 +279,7 @@ impl<S: ShardStore> ShardWorker<S> {
                         changes.push(Change::Timer {
                             key: m.key,
                             at_ms: m.expires_at_ms,
+                            seen_ms: m.next_event_ms,
                         });
                     }
                 }
@@ -291,6 +293,7 @@ impl<S: ShardStore> ShardWorker<S> {
                         m.expires_at_ms,
                         now,
                     ),
+                    seen_ms: m.next_event_ms,
                 }),
             }
         }

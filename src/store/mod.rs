@@ -144,10 +144,15 @@ pub enum Change {
         lease_expires_ms: i64,
     },
     /// Moves a row on the timer index only (the scan found its next event still ahead,
-    /// or a deferred item came due and its TTL is next).
+    /// or a deferred item came due and its TTL is next), if its timer is still `seen_ms`,
+    /// the value the scan read (`None`: whatever it is). The scan's write may land late (a
+    /// commit after its caller gave up): by then another write (a lease extended at a
+    /// hand-out, a claim, a nack) may have set the row's timer, and a late write that
+    /// overwrote it could put the row behind the scan's cursor, never read again.
     Timer {
         key: u64,
         at_ms: Option<i64>,
+        seen_ms: Option<i64>,
     },
     /// Undoes a claim whose items were never handed out (staged items let go): ready again
     /// at their old place, the delivery nobody saw not counted. Only the claim that leased

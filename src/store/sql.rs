@@ -320,7 +320,7 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
     let mut at: BTreeMap<(i64, bool), Vec<(u64, i64)>> = BTreeMap::new();
     let mut released: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
     let mut extended: BTreeMap<i64, Vec<(u64, i64)>> = BTreeMap::new();
-    let mut timers: BTreeMap<Option<i64>, Vec<u64>> = BTreeMap::new();
+    let mut timers: BTreeMap<Option<i64>, Vec<(u64, Option<i64>)>> = BTreeMap::new();
     let mut out: Vec<Statement> = Vec::new();
     // A nack to `t`: deferred until then, or ready at once at `t`.
     let ready_at = |t: i64, by_consumer: bool| {
@@ -356,7 +356,11 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
                 .entry(*lease_expires_ms)
                 .or_default()
                 .push((*key, *lease)),
-            Change::Timer { key, at_ms } => timers.entry(*at_ms).or_default().push(*key),
+            Change::Timer {
+                key,
+                at_ms,
+                seen_ms,
+            } => timers.entry(*at_ms).or_default().push((*key, *seen_ms)),
             Change::Ready {
                 key,
                 lease,
@@ -443,12 +447,29 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
             key_list(&keys)
         ));
     }
-    for (at_ms, keys) in timers {
-        push(format!(
-            "UPDATE items SET next_event_ms = {} WHERE id IN ({})",
-            timer_value(dialect, at_ms),
-            key_list(&keys)
-        ));
+    for (at_ms, rows) in timers {
+        // Only where the timer is still what the scan read (see `Change::Timer`).
+        let (seen, any): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(_, s)| s.is_some());
+        if !seen.is_empty() {
+            let keys: Vec<u64> = seen.iter().map(|(k, _)| *k).collect();
+            let cases: String = seen
+                .iter()
+                .map(|(k, s)| format!(" WHEN {k} THEN {}", s.unwrap_or_default()))
+                .collect();
+            push(format!(
+                "UPDATE items SET next_event_ms = {} WHERE id IN ({}) AND next_event_ms = CASE id{cases} END",
+                timer_value(dialect, at_ms),
+                key_list(&keys)
+            ));
+        }
+        if !any.is_empty() {
+            let keys: Vec<u64> = any.iter().map(|(k, _)| *k).collect();
+            push(format!(
+                "UPDATE items SET next_event_ms = {} WHERE id IN ({})",
+                timer_value(dialect, at_ms),
+                key_list(&keys)
+            ));
+        }
     }
     if !deletes.is_empty() {
         push(format!(
