@@ -1051,7 +1051,7 @@ async fn the_rust_worker_settles_items_by_their_handlers_verdicts() {
     let mut c = srv.client();
     for p in ["ok", "retry", "dead", "slow"] {
         let mut it = item("worker", "jobs", 0, p.as_bytes());
-        it.lease_ms = Some(600);
+        it.lease_ms = Some(1_500);
         c.enqueue(vec![it]);
     }
     let addr = srv.addr;
@@ -1081,8 +1081,8 @@ async fn the_rust_worker_settles_items_by_their_handlers_verdicts() {
                 ("retry", _) => Verdict::RetryAfter(Duration::from_millis(50)),
                 ("dead", _) => Verdict::DeadLetter,
                 _ => {
-                    // Three leases long: kept by renewal.
-                    std::thread::sleep(Duration::from_millis(1_800));
+                    // Longer than its lease: kept by renewal.
+                    std::thread::sleep(Duration::from_millis(2_000));
                     Verdict::Ack
                 }
             }
@@ -1139,7 +1139,7 @@ async fn the_rust_worker_runs_async_handlers_and_drops_a_cancelled_one() {
     let mut c = srv.client();
     for p in ["ok", "retry", "dead", "slow", "stuck", "panic"] {
         let mut it = item("async-worker", "jobs", 0, p.as_bytes());
-        it.lease_ms = Some(600);
+        it.lease_ms = Some(1_500);
         c.enqueue(vec![it]);
     }
     let addr = srv.addr;
@@ -1174,8 +1174,8 @@ async fn the_rust_worker_runs_async_handlers_and_drops_a_cancelled_one() {
                 ("panic", 1) => panic!("a handler's bug: its item is released, not lost"),
                 ("panic", _) => Verdict::Ack,
                 ("slow", _) => {
-                    // Three leases long, awaiting the runtime's timer: kept by renewal.
-                    tokio::time::sleep(Duration::from_millis(1_800)).await;
+                    // Longer than its lease, awaiting the runtime's timer: kept by renewal.
+                    tokio::time::sleep(Duration::from_millis(2_000)).await;
                     Verdict::Ack
                 }
                 _ => {

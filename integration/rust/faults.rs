@@ -66,8 +66,10 @@ async fn a_hung_shard_is_isolated_within_seconds_and_readmitted_without_loss() {
             .try_enqueue(vec![item(NS, "t", 50, b"during")])
             .unwrap()
             .remove(0);
+        // A bound on "never hangs", not a latency goal: the storage timeout plus a loaded
+        // machine's scheduling (3 s failed once beside a busy core, at 3.13 s).
         assert!(
-            t.elapsed() < Duration::from_secs(3),
+            t.elapsed() < Duration::from_secs(8),
             "an enqueue hung for {:?}",
             t.elapsed()
         );
