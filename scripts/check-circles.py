@@ -98,7 +98,6 @@ def uses(path):
     text = open(path, encoding="utf-8").read()
     stack = []  # (inline module name, brace depth at its opening)
     depth = 0
-    i = 0
     out = []
     for m in re.finditer(r"(?m)^\s*(pub(?:\([^)]*\))?\s+)?(use\s+[^;]+;|mod\s+(\w+)\s*\{)|[{}]", text):
         tok = m.group(0).strip()

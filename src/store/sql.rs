@@ -449,12 +449,17 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
     }
     for (at_ms, rows) in timers {
         // Only where the timer is still what the scan read (see `Change::Timer`).
-        let (seen, any): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(_, s)| s.is_some());
+        let seen: Vec<(u64, i64)> = rows.iter().filter_map(|(k, s)| Some((*k, (*s)?))).collect();
+        let any: Vec<u64> = rows
+            .iter()
+            .filter(|(_, s)| s.is_none())
+            .map(|(k, _)| *k)
+            .collect();
         if !seen.is_empty() {
             let keys: Vec<u64> = seen.iter().map(|(k, _)| *k).collect();
             let cases: String = seen
                 .iter()
-                .map(|(k, s)| format!(" WHEN {k} THEN {}", s.unwrap_or_default()))
+                .map(|(k, s)| format!(" WHEN {k} THEN {s}"))
                 .collect();
             push(format!(
                 "UPDATE items SET next_event_ms = {} WHERE id IN ({}) AND next_event_ms = CASE id{cases} END",
@@ -463,11 +468,10 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
             ));
         }
         if !any.is_empty() {
-            let keys: Vec<u64> = any.iter().map(|(k, _)| *k).collect();
             push(format!(
                 "UPDATE items SET next_event_ms = {} WHERE id IN ({})",
                 timer_value(dialect, at_ms),
-                key_list(&keys)
+                key_list(&any)
             ));
         }
     }
