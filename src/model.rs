@@ -377,6 +377,24 @@ pub struct PrimaryRecord {
     pub region: String,
     pub generation: u64,
     pub state: PrimaryState,
+    /// Paused for a planned switch: the region of the switch's target. The shard's owner
+    /// moves there at the pause, not once it is served (see [`Self::owner_region`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_region: Option<String>,
+}
+
+impl PrimaryRecord {
+    /// The region whose hosts should own the shard: its primary's, or while a planned
+    /// switch pauses it, its target's. The new owner then opens the shard during the
+    /// pause (on the old primary, whose rows no host changes any more) and holds it, so
+    /// that serving it on the new primary needs no reopen inside the set's read-only
+    /// window (see `Host::hold_shard`).
+    pub fn owner_region(&self) -> &str {
+        match (&self.state, &self.next_region) {
+            (PrimaryState::Paused, Some(r)) => r,
+            _ => &self.region,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -535,7 +535,7 @@ impl Follower {
         let registered = hosts.contains_key(&me) && my_lease.is_some();
         let regions: BTreeMap<ShardId, &str> = primaries
             .iter()
-            .map(|(s, r)| (*s, r.region.as_str()))
+            .map(|(s, r)| (*s, r.owner_region()))
             .collect();
         let plan = assign_regional(&self.member.tier_shards, &tier_hosts, &regions);
         for &s in &self.member.tier_shards.clone() {

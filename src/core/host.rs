@@ -68,6 +68,13 @@ pub struct HostParts {
     pub fair: crate::fair::Limits,
 }
 
+/// A shard's worker held for a switch (see [`Host::hold_shard`]).
+struct Held {
+    handle: ShardHandle,
+    worker: JoinHandle<()>,
+    resume: tokio::sync::oneshot::Sender<crate::shard::Resume>,
+}
+
 pub struct Host {
     shards: RwLock<ShardMap>,
     pub(super) namespaces: Namespaces,
@@ -76,6 +83,8 @@ pub struct Host {
     pub(super) waiters: Arc<Waiters>,
     pub(super) next_shard: AtomicUsize,
     workers: Mutex<HashMap<ShardId, JoinHandle<()>>>,
+    /// Shards out of the map whose workers are held for a switch (see `hold_shard`).
+    held: Mutex<HashMap<ShardId, Held>>,
     /// Leases that a dead worker's claims left with nobody (see `remove_shard`), for the
     /// shard's next worker here.
     unseen: Mutex<HashMap<ShardId, Vec<(u64, i64)>>>,
@@ -126,6 +135,7 @@ impl Host {
             waiters: p.waiters,
             next_shard: AtomicUsize::new(0),
             workers: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
             unseen: Mutex::new(HashMap::new()),
             claiming: tokio::sync::RwLock::new(()),
             cluster: ClusterState::new(p.cluster, p.peers, p.quota_budget),
@@ -254,6 +264,97 @@ impl Host {
     }
 
     async fn stop_shard(&self, id: ShardId, abandon: Option<std::time::Duration>) {
+        self.stop_or_hold(id, abandon, false).await;
+    }
+
+    /// Stops serving a shard for a planned switch of its replica set, keeping its worker
+    /// and all it knows: as [`Host::remove_shard`] (no new work reaches it, its staged
+    /// items go back, what it put off is written, its checkpoints saved), but the worker
+    /// then waits, held, for [`Host::resume_shard`] on the new primary, or
+    /// [`Host::drop_held`]. A switch then costs the shard no reopen (its schema checks,
+    /// its counts' scan) inside the set's read-only window. False when it could not be
+    /// held cleanly (a staged item not given back, the worker gone): it is stopped then,
+    /// as by `remove_shard`.
+    pub async fn hold_shard(&self, id: ShardId) -> bool {
+        self.stop_or_hold(id, None, true).await
+    }
+
+    /// Serves a held shard again, its store moved to `to`. False when none was held, or
+    /// its store could not move: its worker has then stopped without another write, and
+    /// the shard is to be opened afresh.
+    pub async fn resume_shard(&self, id: ShardId, to: crate::store::Retarget) -> bool {
+        let Some(h) = self.held.lock().expect("not poisoned").remove(&id) else {
+            return false;
+        };
+        let (moved, answer) = tokio::sync::oneshot::channel();
+        let sent = h.resume.send(crate::shard::Resume { to, moved }).is_ok();
+        if sent && matches!(answer.await, Ok(Ok(()))) {
+            self.add_shard(h.handle, h.worker);
+            return true;
+        }
+        let _ = h.worker.await;
+        false
+    }
+
+    /// Stops a held shard without another write (it is no longer this host's, or its
+    /// primary failed over: what the worker knows may not hold there). True when one was.
+    pub async fn drop_held(&self, id: ShardId) -> bool {
+        let Some(h) = self.held.lock().expect("not poisoned").remove(&id) else {
+            return false;
+        };
+        drop(h.resume);
+        let _ = h.worker.await;
+        tracing::info!(shard = id, "stopped a held shard");
+        true
+    }
+
+    /// Holds a worker just opened for a shard whose switch is under way (its owner moved
+    /// here at the pause, see `PrimaryRecord::owner_region`) before its first turn: it
+    /// writes nothing until [`Host::resume_shard`] serves it on the new primary. False
+    /// when its worker is already gone.
+    pub async fn hold_opened(&self, handle: ShardHandle, worker: JoinHandle<()>) -> bool {
+        let id = handle.id();
+        match handle.hold(false).await {
+            Some(resume) => {
+                tracing::info!(
+                    shard = id,
+                    "opened a shard held for a switch of its replica set"
+                );
+                self.held.lock().expect("not poisoned").insert(
+                    id,
+                    Held {
+                        handle,
+                        worker,
+                        resume,
+                    },
+                );
+                true
+            }
+            None => {
+                let _ = worker.await;
+                false
+            }
+        }
+    }
+
+    /// The shards held for a switch (see [`Host::hold_shard`]).
+    pub fn held_shards(&self) -> Vec<ShardId> {
+        self.held
+            .lock()
+            .expect("not poisoned")
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// Stops serving shard `id`; with `hold`, keeps its worker held when it can (see
+    /// [`Host::hold_shard`]) and says so.
+    async fn stop_or_hold(
+        &self,
+        id: ShardId,
+        abandon: Option<std::time::Duration>,
+        hold: bool,
+    ) -> bool {
         let handle = {
             let mut shards = self.shards.write().expect("not poisoned");
             let mut next = (**shards).clone();
@@ -261,7 +362,7 @@ impl Host {
             *shards = Arc::new(next);
             handle
         };
-        let Some(handle) = handle else { return };
+        let Some(handle) = handle else { return false };
         if abandon.is_some() {
             // Its staged set is closed: nothing of it is handed out any more, and it
             // already holds the keys of claims still out on the frozen server (staged
@@ -283,6 +384,32 @@ impl Host {
                 Ok(()) => released = true,
                 Err(e) => {
                     tracing::warn!(shard = id, error = %e, "releasing staged items of a lost shard failed")
+                }
+            }
+        }
+        if hold && released && handle.is_alive() {
+            let worker = self.workers.lock().expect("not poisoned").remove(&id);
+            if let Some(worker) = worker {
+                match handle.hold(true).await {
+                    Some(resume) => {
+                        tracing::info!(shard = id, "holding shard for a switch of its replica set");
+                        self.held.lock().expect("not poisoned").insert(
+                            id,
+                            Held {
+                                handle,
+                                worker,
+                                resume,
+                            },
+                        );
+                        return true;
+                    }
+                    // Gone meanwhile: stopped below as any other.
+                    None => {
+                        self.workers
+                            .lock()
+                            .expect("not poisoned")
+                            .insert(id, worker);
+                    }
                 }
             }
         }
@@ -334,6 +461,7 @@ impl Host {
             }
         }
         tracing::info!(shard = id, "stopped serving shard");
+        false
     }
 
     /// Ids of the shards served now.

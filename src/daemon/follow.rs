@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 use super::{ShardOpener, StartError};
 use crate::cluster::{ClusterView, Report, ShardManager};
 use crate::core::Host;
-use crate::model::{PrimaryState, ShardId};
+use crate::model::{PrimaryRecord, PrimaryState, ShardId};
 
 /// Replicated shards: the generation and server each served shard was opened with, and
 /// the shards this host owns but does not serve (paused for a switch, or failing to open).
@@ -23,6 +23,9 @@ pub(super) struct Replicated {
     unserved: BTreeSet<ShardId>,
     /// (shard, generation) pauses already reported.
     paused: BTreeSet<(ShardId, u64)>,
+    /// Shards whose workers the host holds for a switch (see `Host::hold_shard`), with
+    /// the generation of the pause they were held at.
+    held: HashMap<ShardId, u64>,
 }
 
 /// How long stopping a shard whose primary was fenced (a failover) waits for the
@@ -49,6 +52,30 @@ pub(super) async fn follow_view(
         None => !replicated(s),
     };
     let mine: BTreeSet<ShardId> = owned.iter().copied().filter(serving).collect();
+    // A worker held for a switch goes on only while its shard is still this host's and
+    // its primary record is still the pause's generation (paused, or served after the
+    // switch or its undo: the same rows either way). Anything else (the shard moved, a
+    // failover fenced the set or served it at a later generation) stops it without
+    // another write, before the shard is released or opened afresh.
+    let held: Vec<(ShardId, u64)> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        r.held.iter().map(|(s, g)| (*s, *g)).collect()
+    };
+    for (s, g) in held {
+        let keep = owned.contains(&s)
+            && view.primaries.get(&s).is_some_and(|p| {
+                p.generation == g && matches!(p.state, PrimaryState::Paused | PrimaryState::Serving)
+            });
+        if !keep {
+            host.drop_held(s).await;
+            opener
+                .replicated
+                .lock()
+                .expect("not poisoned")
+                .held
+                .remove(&s);
+        }
+    }
     let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
     let stale: BTreeSet<ShardId> = {
         let r = opener.replicated.lock().expect("not poisoned");
@@ -78,19 +105,36 @@ pub(super) async fn follow_view(
             })
             .collect()
     };
+    // Paused for a planned switch, still this host's: held rather than stopped, so that
+    // serving it on the new primary needs no reopen (see `Host::hold_shard`).
+    let pause_of = |s: &ShardId| {
+        view.primaries
+            .get(s)
+            .filter(|p| p.state == PrimaryState::Paused && owned.contains(s))
+            .filter(|p| opener.retarget(*s, p).is_some())
+            .map(|p| p.generation)
+    };
     let fenced = &fenced;
-    join_all(stop.iter().map(|&s| async move {
-        if fenced.contains(&s) {
-            host.abandon_shard(s, FENCED_STOP_MAX).await
-        } else {
-            host.remove_shard(s).await
+    join_all(stop.iter().map(|&s| {
+        let pause = pause_of(&s);
+        async move {
+            if fenced.contains(&s) {
+                host.abandon_shard(s, FENCED_STOP_MAX).await
+            } else if let Some(g) = pause {
+                if host.hold_shard(s).await {
+                    let mut r = opener.replicated.lock().expect("not poisoned");
+                    r.held.insert(s, g);
+                }
+            } else {
+                host.remove_shard(s).await
+            }
+            opener
+                .replicated
+                .lock()
+                .expect("not poisoned")
+                .generation
+                .remove(&s);
         }
-        opener
-            .replicated
-            .lock()
-            .expect("not poisoned")
-            .generation
-            .remove(&s);
     }))
     .await;
     {
@@ -125,6 +169,78 @@ pub(super) async fn follow_view(
                     manager.report(*s, p.generation, Report::Paused);
                 }
             }
+        }
+    }
+    // Shards of this host paused for a switch, neither served nor held here: their
+    // owner moved here at the pause (to the target's region). Opened now, on the old
+    // primary (whose rows no host changes any more), and held before their first turn,
+    // so that serving them on the new primary needs no reopen inside the read-only
+    // window. One that fails to open is opened as usual once served.
+    let to_hold: Vec<(ShardId, &PrimaryRecord)> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        let served = host.shard_ids();
+        owned
+            .iter()
+            .filter(|s| !served.contains(s) && !r.held.contains_key(s))
+            .filter_map(|s| {
+                let p = view.primaries.get(s)?;
+                (p.state == PrimaryState::Paused && opener.retarget(*s, p).is_some())
+                    .then_some((*s, p))
+            })
+            .collect()
+    };
+    let prepared = join_all(to_hold.into_iter().map(|(s, p)| async move {
+        let r = opener.open(s, host.unseen_leases(s), Some(p)).await;
+        (s, p, r)
+    }))
+    .await;
+    for (s, p, r) in prepared {
+        match r {
+            Ok((handle, worker)) => {
+                if host.hold_opened(handle, worker).await {
+                    let mut r = opener.replicated.lock().expect("not poisoned");
+                    r.held.insert(s, p.generation);
+                }
+            }
+            Err(e) => {
+                tracing::info!(shard = s, error = %e, "cannot open a paused shard ahead of its switch; it is opened once served")
+            }
+        }
+    }
+    // Held workers whose switch served their shard (on the new primary, or the old one
+    // again after an undo) go on there; one whose store cannot move is opened afresh.
+    let resumable: Vec<(ShardId, &PrimaryRecord)> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        mine.iter()
+            .filter_map(|s| {
+                let p = view.primaries.get(s)?;
+                (r.held.get(s) == Some(&p.generation)).then_some((*s, p))
+            })
+            .collect()
+    };
+    let resumed = join_all(resumable.into_iter().map(|(s, p)| async move {
+        opener
+            .replicated
+            .lock()
+            .expect("not poisoned")
+            .held
+            .remove(&s);
+        let ok = match opener.retarget(s, p) {
+            Some(to) => host.resume_shard(s, to).await,
+            None => {
+                host.drop_held(s).await;
+                false
+            }
+        };
+        (s, p, ok)
+    }))
+    .await;
+    for (s, p, ok) in resumed {
+        if ok {
+            let mut rep = opener.replicated.lock().expect("not poisoned");
+            rep.unserved.remove(&s);
+            rep.generation.insert(s, (p.generation, p.addr.clone()));
+            manager.report(s, p.generation, Report::Served);
         }
     }
     let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();

@@ -201,6 +201,7 @@ async fn start_planned(
                                 region: srv.region,
                                 generation: 1,
                                 state: PrimaryState::Serving,
+                                next_region: None,
                             },
                         )
                     })

@@ -16,7 +16,9 @@ use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::model::{PrimaryRecord, ShardId};
 use crate::shard::{ShardHandle, ShardWorker, WorkerConfig};
-use crate::store::{Cached, Fenced, MySqlStore, PayloadCache, ShardStore, SqliteStore, StoreError};
+use crate::store::{
+    Cached, Fenced, MySqlStore, PayloadCache, Retarget, ShardStore, SqliteStore, StoreError,
+};
 use crate::waiters::Waiters;
 
 /// Opens shards given to this host: a store (with the manager's fence) and a started
@@ -93,6 +95,20 @@ impl ShardOpener {
     /// The shard has replicas: it is served only on the primary etcd names.
     pub(super) fn replicas_of(&self, id: ShardId) -> bool {
         self.shards.get(&id).is_some_and(|s| !s.replicas.is_empty())
+    }
+
+    /// Where a held worker of replicated shard `id` moves to serve it on `primary` (see
+    /// `Host::hold_shard`). None when its store does not move: a file, or a shard under an
+    /// owner lock (a fixed assignment), which is reopened instead.
+    pub(super) fn retarget(&self, id: ShardId, primary: &PrimaryRecord) -> Option<Retarget> {
+        let s = self.shards.get(&id)?;
+        if self.lost.is_some() || s.replicas.is_empty() {
+            return None;
+        }
+        // As `open` makes them.
+        let url = crate::replication::url_on(&s.url, &primary.addr);
+        let tls = crate::replication::server_addr(&url).and_then(|a| s.tls_on(&a).cloned());
+        Some(Retarget { url, tls })
     }
 
     /// `unseen`: leases a previous worker of the shard here left with nobody (see

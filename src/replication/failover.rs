@@ -91,6 +91,7 @@ pub(super) async fn failover(
     let fenced_record = PrimaryRecord {
         state: PrimaryState::Fenced,
         generation: g,
+        next_region: None,
         ..recs.current.clone()
     };
     let recs = d.publish(&recs, fenced_record, lock).await?;

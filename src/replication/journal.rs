@@ -179,6 +179,7 @@ impl Driver {
     ) -> Result<SetRecords, String> {
         let back = PrimaryRecord {
             state: PrimaryState::Serving,
+            next_region: None,
             ..recs.current.clone()
         };
         self.publish_also(recs, back, vec![self.journal_end(set)], lock)
@@ -205,6 +206,7 @@ impl Driver {
                 region: j.to_region.clone(),
                 generation: j.generation,
                 state: PrimaryState::Serving,
+                next_region: None,
             },
             lock,
         )
@@ -265,7 +267,11 @@ impl Driver {
                 Ok(Some("finished"))
             }
             Step::Promoting => {
-                let problems = self.complete(set, &recs, &j, lock, false).await?;
+                let admin = self.admin(&j.to);
+                let mut to_c = srv::Kept::open(&admin).await;
+                let problems = self.complete(set, &recs, &j, lock, false, &mut to_c).await;
+                to_c.close().await;
+                let problems = problems?;
                 if !problems.is_empty() {
                     tracing::warn!(shards = ?set.shards, problems = ?problems, "settled switch finished with problems");
                 }

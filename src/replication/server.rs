@@ -1,6 +1,7 @@
 //! One MariaDB server, as the replication driver administers it: `read_only`, GTID
 //! positions, replica status, promotion and repointing, through the admin account
-//! (`replication.admin_user`), one short-lived connection per step.
+//! (`replication.admin_user`), one short-lived connection per step, or one kept across
+//! the steps of a switch's read-only window ([`Kept`]).
 
 use std::time::Duration;
 
@@ -89,6 +90,52 @@ impl ServerAdmin {
                 }
             }),
             Err(_) => Err(format!("{addr}: no answer within {bound:?}")),
+        }
+    }
+}
+
+/// A connection to one server kept across the steps of one switch (see
+/// [`Kept::step`]), so that the steps inside a read-only window do not each pay a
+/// connect (a TLS handshake and a login).
+pub struct Kept<'a> {
+    admin: &'a ServerAdmin,
+    conn: Option<Conn>,
+}
+
+impl<'a> Kept<'a> {
+    /// Connected now when it can be; else each step connects as [`ServerAdmin::with`] does.
+    pub async fn open(admin: &'a ServerAdmin) -> Kept<'a> {
+        Kept {
+            admin,
+            conn: admin.connect().await.ok(),
+        }
+    }
+
+    /// Runs `f` within `bound` on the kept connection, or on a new one when none is kept.
+    /// A step that fails drops the kept connection (it may be half way through a
+    /// statement); the next step connects afresh.
+    pub async fn step<T, F>(&mut self, bound: Duration, f: F) -> Step<T>
+    where
+        F: for<'c> FnOnce(&'c mut Conn) -> futures::future::BoxFuture<'c, Step<T>>,
+    {
+        let Some(mut c) = self.conn.take() else {
+            return self.admin.with(bound, f).await;
+        };
+        let addr = self.admin.addr.clone();
+        match tokio::time::timeout(bound, f(&mut c)).await {
+            Ok(Ok(v)) => {
+                self.conn = Some(c);
+                Ok(v)
+            }
+            Ok(Err(e)) => Err(format!("{addr}: {e}")),
+            Err(_) => Err(format!("{addr}: no answer within {bound:?}")),
+        }
+    }
+
+    /// Closes the kept connection.
+    pub async fn close(mut self) {
+        if let Some(c) = self.conn.take() {
+            let _ = c.disconnect().await;
         }
     }
 }

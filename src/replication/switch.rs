@@ -174,6 +174,16 @@ impl Driver {
                 tracing::warn!(shards = ?set.shards, error = %e, "switching a target whose distance could not be read")
             }
         }
+        // The other replicas replicate from the target from now on, while the old primary
+        // still serves (the target logs what it applies, `log_slave_updates`): at its
+        // promotion the new primary already has replicas connected, which acknowledge its
+        // first commits, and only the old primary is repointed inside the read-only
+        // window. Orchestrator relocates replicas below a switch's target in the same way.
+        // One that cannot be moved now is repointed after the promotion, as before.
+        let chained = self.repoint(set, &to, Some(&from), false).await;
+        if !chained.is_empty() {
+            tracing::warn!(shards = ?set.shards, to, problems = ?chained, "could not chain every replica below the target before the switch");
+        }
         let g = recs.current.generation + 1;
         report.generation = g;
         // Each step below is journaled before it changes anything (see `journal`).
@@ -187,6 +197,11 @@ impl Driver {
             failover: false,
         };
         self.write_journal(set, &lock, &j).await?;
+        // Connections to both servers, opened now and kept for the steps of the read-only
+        // window below, which then pay no connect (a TLS handshake and a login) each.
+        let (from_admin, to_admin) = (self.admin(&from), self.admin(&to));
+        let (mut from_c, mut to_c) =
+            tokio::join!(srv::Kept::open(&from_admin), srv::Kept::open(&to_admin));
         // 1. Pause: owners flush their buffers and stop the shards.
         let paused_at = Instant::now();
         let recs = self
@@ -195,6 +210,7 @@ impl Driver {
                 PrimaryRecord {
                     state: PrimaryState::Paused,
                     generation: g,
+                    next_region: Some(t.region.clone()),
                     ..recs.current.clone()
                 },
                 &lock,
@@ -203,6 +219,7 @@ impl Driver {
         let pause_within = Duration::from_millis(self.cfg.pause_timeout_ms);
         if !self.acks(&set.shards, "paused", g, pause_within).await {
             self.serve_again(set, &recs, &lock).await?;
+            self.unchain(set, &from).await;
             return Err(format!(
                 "the owners did not pause shards {:?} within {pause_within:?}; undone",
                 set.shards
@@ -215,9 +232,8 @@ impl Driver {
         // 2. The old primary read-only, and its last transaction.
         let bound = self.step_bound();
         let ro_at = Instant::now();
-        let pos = self
-            .admin(&from)
-            .with(bound, |c| {
+        let pos = from_c
+            .step(bound, |c| {
                 Box::pin(async move {
                     srv::set_read_only(c, true).await?;
                     srv::binlog_pos(c).await
@@ -236,9 +252,8 @@ impl Driver {
         crate::failpoint::pause("switch-read-only").await;
         // 3. The target applies it.
         let catchup = Duration::from_millis(self.cfg.catchup_timeout_ms);
-        let caught = self
-            .admin(&to)
-            .with(bound, |c| {
+        let caught = to_c
+            .step(bound, |c| {
                 let pos = pos.clone();
                 Box::pin(async move { srv::wait_for(c, &pos, catchup).await })
             })
@@ -254,7 +269,9 @@ impl Driver {
         j.step = Step::Promoting;
         self.write_journal(set, &lock, &j).await?;
         crate::failpoint::pause("switch-caught-up").await;
-        let problems = self.complete(set, &recs, &j, &lock, true).await?;
+        let problems = self.complete(set, &recs, &j, &lock, true, &mut to_c).await;
+        tokio::join!(from_c.close(), to_c.close());
+        let problems = problems?;
         report.read_only_ms = ro_at.elapsed().as_millis() as u64;
         report.ok = true;
         if !problems.is_empty() {
@@ -265,8 +282,8 @@ impl Driver {
     }
 
     /// The rest of a switch whose target has caught up with the read-only old primary
-    /// (`recs`: the paused records): the target promoted, the others repointed, the
-    /// shards served on it, the journal ended. A promotion that fails is undone when
+    /// (`recs`: the paused records): the target promoted (over `to_c`), the others
+    /// repointed, the shards served on it, the journal ended. A promotion that fails is undone when
     /// `undo` (the driver that ran the steps before knows nothing was repointed yet);
     /// settling another driver's switch, it is an error, tried again at the next settle
     /// (the others may already replicate from the target: an undo would split the set).
@@ -278,18 +295,14 @@ impl Driver {
         j: &Journal,
         lock: &Lock,
         undo: bool,
+        to_c: &mut srv::Kept<'_>,
     ) -> Result<Vec<String>, String> {
         let (from, to, g) = (&j.from, &j.to, j.generation);
         let bound = self.step_bound();
         let semi = self.cfg.semi_sync;
         let started = Instant::now();
-        // 4. Promote it, and let the others replicate from it before anyone writes to
-        // it (semi-sync waits for a replica that acknowledges).
-        if let Err(e) = self
-            .admin(to)
-            .with(bound, |c| Box::pin(srv::promote(c, semi)))
-            .await
-        {
+        // 4. Promote it.
+        if let Err(e) = to_c.step(bound, |c| Box::pin(srv::promote(c, semi))).await {
             if !undo {
                 return Err(format!(
                     "cannot promote {to}: {e}; tried again at the next settle"
@@ -310,29 +323,43 @@ impl Driver {
             ));
         }
         let promoted = started.elapsed();
-        let mut problems = self.repoint(set, to, None, semi).await;
-        let repointed = started.elapsed();
-        crate::failpoint::pause("switch-promoted").await;
-        // 5. Serve it.
-        self.serve_target(set, recs, j, lock).await?;
-        let published = started.elapsed();
-        if !self.acks(&set.shards, "served", g, SERVED_WAIT).await {
+        // 5. Serve it once a replica acknowledges its commits (semi-sync waits for one
+        // before a commit returns): those chained below it before the pause already do.
+        // The others (the old primary among them) are repointed meanwhile.
+        let repoint = self.repoint(set, to, None, false);
+        let serve = async {
+            let unacknowledged = if semi {
+                self.semi_ready(to_c, to).await
+            } else {
+                None
+            };
+            let replicated = started.elapsed();
+            crate::failpoint::pause("switch-promoted").await;
+            self.serve_target(set, recs, j, lock).await?;
+            let published = started.elapsed();
+            let served = self.acks(&set.shards, "served", g, SERVED_WAIT).await;
+            Ok::<_, String>((unacknowledged, replicated, published, served))
+        };
+        let (mut problems, served) = tokio::join!(repoint, serve);
+        let (unacknowledged, repointed, published, served) = served?;
+        problems.extend(unacknowledged);
+        if !served {
             problems.push(format!("not every shard was served within {SERVED_WAIT:?}"));
         }
         // Where a long read-only window went, for the operator (the window itself is in
         // the switch's report).
         let ms = |d: Duration| d.as_millis() as u64;
         let total = started.elapsed();
+        let (promote_ms, repoint_ms, publish_ms, served_ms) = (
+            ms(promoted),
+            ms(repointed - promoted),
+            ms(published - repointed),
+            ms(total - published),
+        );
         if total >= SLOW_COMPLETE {
-            tracing::warn!(
-                shards = ?set.shards,
-                to,
-                promote_ms = ms(promoted),
-                repoint_ms = ms(repointed - promoted),
-                publish_ms = ms(published - repointed),
-                served_ms = ms(total - published),
-                "a switch's last steps were slow"
-            );
+            tracing::warn!(shards = ?set.shards, to, promote_ms, repoint_ms, publish_ms, served_ms, "a switch's last steps were slow");
+        } else {
+            tracing::info!(shards = ?set.shards, to, promote_ms, repoint_ms, publish_ms, served_ms, "a switch's last steps");
         }
         Ok(problems)
     }
@@ -411,6 +438,16 @@ impl Driver {
         if let Err(e) = self.serve_again(set, recs, lock).await {
             tracing::error!(error = %e, "switch undo: cannot serve the shards again");
         }
+        self.unchain(set, from).await;
+    }
+
+    /// After a switch undone: the replicas chained below its target (see `switch_locked`)
+    /// replicate from the old primary again (those that already do are left alone).
+    async fn unchain(&self, set: &SetLayout, from: &str) {
+        let problems = self.repoint(set, from, None, false).await;
+        if !problems.is_empty() {
+            tracing::warn!(shards = ?set.shards, primary = from, ?problems, "switch undo: not every replica follows the old primary again");
+        }
     }
 
     /// Every server of `set` but `primary` (and `skip`) replicates from `primary`.
@@ -435,32 +472,48 @@ impl Driver {
             async move {
                 admin
                     .with(bound, |c| {
-                        Box::pin(async move { srv::follow(c, &primary, &ch).await })
+                        Box::pin(async move {
+                            // Already replicating from it (chained below the target before
+                            // the switch's pause): left alone, so that it stays connected
+                            // and acknowledges the new primary's first commits.
+                            if let Some(st) = srv::replica_status(c).await? {
+                                if st.master == primary && st.io_running && st.sql_running {
+                                    return Ok(());
+                                }
+                            }
+                            srv::follow(c, &primary, &ch).await
+                        })
                     })
                     .await
             }
         }))
         .await;
         let mut problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-        // Wait (briefly) for a replica that acknowledges commits.
-        let end = Instant::now() + Duration::from_secs(2);
         if semi {
-            loop {
-                let s = self
-                    .admin(primary)
-                    .with(bound, |c| Box::pin(srv::semi_sync(c)))
-                    .await;
-                if matches!(&s, Ok(s) if s.clients > 0) {
-                    break;
-                }
-                if Instant::now() >= end {
-                    problems.push(format!("no semi-sync replica connected to {primary} yet"));
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            let admin = self.admin(primary);
+            let mut c = srv::Kept::open(&admin).await;
+            problems.extend(self.semi_ready(&mut c, primary).await);
+            c.close().await;
         }
         problems
+    }
+
+    /// Waits (at most 2 s) until `primary` has a replica connected that acknowledges its
+    /// commits; says so when none came.
+    pub(super) async fn semi_ready(&self, c: &mut srv::Kept<'_>, primary: &str) -> Option<String> {
+        let end = Instant::now() + Duration::from_secs(2);
+        loop {
+            let s = c
+                .step(self.step_bound(), |c| Box::pin(srv::semi_sync(c)))
+                .await;
+            if matches!(&s, Ok(s) if s.clients > 0) {
+                return None;
+            }
+            if Instant::now() >= end {
+                return Some(format!("no semi-sync replica connected to {primary} yet"));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     pub(super) async fn drain_all(&self, from: String, to: Option<String>) -> Switched {

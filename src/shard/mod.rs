@@ -180,6 +180,27 @@ pub(crate) enum Command {
     Shutdown {
         done: oneshot::Sender<()>,
     },
+    /// Stop writing and wait, keeping what the worker knows: a planned switch of the
+    /// shard's replica set (see `Host::hold_shard`). The worker writes what it put off,
+    /// gives back the leases nobody was handed, saves its checkpoints, says so on `held`,
+    /// and runs nothing more until `resume` says where to go on; a dropped `resume` stops
+    /// it without another write (the commands queued meanwhile fail as `Gone`: nothing of
+    /// them was applied).
+    /// Without `flush` (a worker just opened, held before its first turn) it writes
+    /// nothing at all before it holds.
+    Hold {
+        held: oneshot::Sender<()>,
+        resume: oneshot::Receiver<Resume>,
+        flush: bool,
+    },
+}
+
+/// Where a held worker goes on (see [`Command::Hold`]): its store moved to `to`
+/// ([`crate::store::ShardStore::retarget`]); `moved` answers whether it could. A worker
+/// whose store could not move stops without another write.
+pub struct Resume {
+    pub to: crate::store::Retarget,
+    pub moved: oneshot::Sender<std::result::Result<(), String>>,
 }
 
 /// The items of a forwarded request: the token its forwarding host drew, and where each
@@ -665,6 +686,23 @@ impl ShardHandle {
     pub fn abandon(&self) {
         self.shared.abandoned.store(true, Ordering::Relaxed);
         self.shared.staged.close();
+    }
+
+    /// Holds the worker (see [`Command::Hold`]); returns once it has stopped writing,
+    /// with the sender that resumes it. `None`: the worker is gone.
+    pub async fn hold(&self, flush: bool) -> Option<oneshot::Sender<Resume>> {
+        let (held, is_held) = oneshot::channel();
+        let (resume_tx, resume) = oneshot::channel();
+        self.tx
+            .send(Command::Hold {
+                held,
+                resume,
+                flush,
+            })
+            .await
+            .ok()?;
+        is_held.await.ok()?;
+        Some(resume_tx)
     }
 
     pub async fn shutdown(&self) {

@@ -158,6 +158,8 @@ pub struct ShardWorker<S: ShardStore> {
     /// Topics with more dead items here than their bound (see `dlq.rs`); a lock only so
     /// that `died`, which borrows the worker, can add to it.
     pub(super) over_dlq: std::sync::Mutex<std::collections::HashSet<TopicName>>,
+    /// A hold asked in the last turn (see [`Command::Hold`]).
+    pub(super) hold: Option<(oneshot::Sender<()>, oneshot::Receiver<super::Resume>, bool)>,
 }
 
 /// Reads beside the loop one shard runs at once at most (each holds a pooled connection
@@ -284,6 +286,7 @@ impl<S: ShardStore> ShardWorker<S> {
             handoff_doubts: Default::default(),
             acked: AckMemory::new(cfg.ack_memory_ms, cfg.ack_memory_items_max),
             over_dlq: Default::default(),
+            hold: None,
             clock,
             cfg,
             probes,
@@ -350,6 +353,20 @@ impl<S: ShardStore> ShardWorker<S> {
                 shutdown = Some(done);
                 break;
             }
+            if let Some((held, resume, flush)) = self.hold.take() {
+                if !self.held(held, resume, flush).await {
+                    // Not resumed (the shard moved, or its primary failed over), or its
+                    // store could not move: nothing more is written, and what was queued
+                    // meanwhile fails as gone, applied nowhere.
+                    rx.close();
+                    while rx.try_recv().is_ok() {}
+                    self.deferred.clear();
+                    self.store.close().await;
+                    tracing::info!(shard = self.id, "held shard worker stopped");
+                    return;
+                }
+                background_at = tokio::time::Instant::now();
+            }
         }
         // Finish what was already accepted: nothing queued is dropped unanswered.
         rx.close();
@@ -369,6 +386,50 @@ impl<S: ShardStore> ShardWorker<S> {
         tracing::info!(shard = self.id, "shard worker stopped");
         if let Some(done) = shutdown {
             let _ = done.send(());
+        }
+    }
+
+    /// A hold (see [`Command::Hold`]): with `flush`, what was put off written, the
+    /// leases nobody was handed given back, the checkpoints saved; then nothing until
+    /// `resume`. True when resumed on a store that moved; false to stop.
+    async fn held(
+        &mut self,
+        held: oneshot::Sender<()>,
+        resume: oneshot::Receiver<super::Resume>,
+        flush: bool,
+    ) -> bool {
+        if flush {
+            while !self.deferred.is_empty() {
+                let put_off = std::mem::take(&mut self.deferred);
+                self.turn(put_off).await;
+            }
+            self.release_unseen().await;
+            self.publish_events();
+            self.save_checkpoints(true).await;
+        }
+        let _ = held.send(());
+        tracing::info!(
+            shard = self.id,
+            "shard worker held for a switch of its replica set"
+        );
+        let Ok(super::Resume { to, moved }) = resume.await else {
+            return false;
+        };
+        let bound = Duration::from_millis(self.cfg.open_timeout_ms);
+        match timed(bound, self.store.retarget(&to)).await.0 {
+            Ok(()) => {
+                let _ = moved.send(Ok(()));
+                tracing::info!(
+                    shard = self.id,
+                    "held shard worker resumed on the new primary"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::warn!(shard = self.id, error = %e, "a held shard's store could not move; the shard is reopened");
+                let _ = moved.send(Err(e.to_string()));
+                false
+            }
         }
     }
 

@@ -366,6 +366,8 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         ping() -> ();
         // A new store (each worker start makes one) has kept nothing.
         open() -> Recovered;
+        // The same rows on another server: what is kept stays true.
+        retarget(to: &crate::store::Retarget) -> ();
     }
 
     async fn close(&self) {

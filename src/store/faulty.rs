@@ -343,6 +343,10 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         self.inner.open().await
     }
 
+    async fn retarget(&self, to: &crate::store::Retarget) -> StoreResult<()> {
+        self.inner.retarget(to).await
+    }
+
     async fn close(&self) {
         self.inner.close().await
     }

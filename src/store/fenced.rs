@@ -51,6 +51,7 @@ macro_rules! fenced {
 
 fenced! {
     open() -> Recovered;
+    retarget(to: &crate::store::Retarget) -> ();
     insert(rows: &[(u64, NewItem)], key_high_water: Option<u64>, marks: &crate::store::Marks, handoff: &Handoff, now_ms: i64) -> ();
     ready_keys(ns: &str, topic: &str, after: Option<ReadyKey>, now_ms: i64, limit: usize) -> Vec<ReadyKey>;
     claim(keys: &[u64], now_ms: i64, token: i64) -> Vec<Item>;

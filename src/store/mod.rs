@@ -242,10 +242,32 @@ pub struct Recovered {
     pub checkpoint_ms: i64,
 }
 
+/// Where a shard's store moves at a planned switch of its replica set: the same
+/// database on another server (see [`ShardStore::retarget`]).
+#[derive(Debug, Clone)]
+pub struct Retarget {
+    pub url: String,
+    pub tls: Option<MysqlTls>,
+}
+
 /// Everything a shard worker asks of its database.
 pub trait ShardStore: Send + Sync + 'static {
     /// Creates the schema when missing and reads what the worker needs to resume.
     fn open(&self) -> impl Future<Output = StoreResult<Recovered>> + Send;
+
+    /// Moves the store to the same database on another server, connected once before
+    /// it answers: a planned switch of its replica set, whose new primary holds exactly
+    /// what the old one held when the shard's worker stopped writing, so that the worker
+    /// carries on with what it knows rather than reopening the shard (see
+    /// `Host::hold_shard`). A store that cannot move refuses, and its shard is reopened.
+    fn retarget(&self, to: &Retarget) -> impl Future<Output = StoreResult<()>> + Send {
+        let _ = to;
+        async {
+            Err(StoreError::Schema(
+                "this store does not move to another server".into(),
+            ))
+        }
+    }
 
     /// Inserts `rows` (their keys chosen by the worker) in one transaction, with `marks`
     /// (the batch's, unless 0, see [`Self::batch_committed`]; forwarded requests' items,

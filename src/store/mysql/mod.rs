@@ -39,7 +39,8 @@ use super::forwards::{self, ForwardOutcome, Marks};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
 use super::topics::TopicIds;
 use super::{
-    Change, Claimed, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
+    Change, Claimed, Handoff, ItemMeta, Recovered, Retarget, ShardStore, StateCount, StoreError,
+    StoreResult,
 };
 use crate::model::{
     Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
@@ -52,11 +53,12 @@ const PROBE_COLUMNS: &str = "id, tid, priority, state, deliver_after_ms, next_ev
 
 pub struct MySqlStore {
     shard: ShardId,
-    pool: Pool,
-    /// What the pool was made from (to remake it with a statement bound).
-    shard_opts: Opts,
-    /// The same server without a database selected, to create the database.
-    server_opts: Opts,
+    /// The server and its pool; replaced whole when the store moves to another server of
+    /// its replica set (see [`ShardStore::retarget`]).
+    target: std::sync::RwLock<Arc<Target>>,
+    pool_connections_max: usize,
+    /// The statement bound set by [`Self::with_statement_timeout`], kept for a move.
+    statement_timeout_ms: Option<u64>,
     database: String,
     /// MariaDB has `DELETE ... RETURNING`, which makes an ack one statement; MySQL needs
     /// a lookup first. Known after `open`.
@@ -71,6 +73,15 @@ pub struct MySqlStore {
     /// Bounds a connect or a wait for a pooled connection (see [`within`]).
     connect_timeout: std::time::Duration,
     topics: Mutex<TopicIds>,
+}
+
+/// The server a [`MySqlStore`] talks to.
+struct Target {
+    pool: Pool,
+    /// What the pool was made from (to remake it with a statement bound).
+    shard_opts: Opts,
+    /// The same server without a database selected, to create the database.
+    server_opts: Opts,
 }
 
 /// Prepared statements a pooled connection keeps (mysql_async closes the least recently
@@ -106,9 +117,13 @@ impl MySqlStore {
         let server_opts: Opts = OptsBuilder::from_opts(opts).db_name(None::<String>).into();
         Ok(MySqlStore {
             shard,
-            pool: Pool::new(shard_opts.clone()),
-            shard_opts,
-            server_opts,
+            target: std::sync::RwLock::new(Arc::new(Target {
+                pool: Pool::new(shard_opts.clone()),
+                shard_opts,
+                server_opts,
+            })),
+            pool_connections_max,
+            statement_timeout_ms: None,
             database,
             returning: AtomicBool::new(false),
             owner_lock: None,
@@ -126,9 +141,10 @@ impl MySqlStore {
         if tls.is_none() {
             return self;
         }
-        self.shard_opts = with_tls(OptsBuilder::from_opts(self.shard_opts.clone()), tls).into();
-        self.server_opts = with_tls(OptsBuilder::from_opts(self.server_opts.clone()), tls).into();
-        self.pool = Pool::new(self.shard_opts.clone());
+        let t = self.target_mut();
+        t.shard_opts = with_tls(OptsBuilder::from_opts(t.shard_opts.clone()), tls).into();
+        t.server_opts = with_tls(OptsBuilder::from_opts(t.server_opts.clone()), tls).into();
+        t.pool = Pool::new(t.shard_opts.clone());
         self
     }
 
@@ -148,14 +164,16 @@ impl MySqlStore {
     /// timed-out write may commit later than the worker allows for.
     pub fn with_statement_timeout(mut self, ms: u64) -> MySqlStore {
         let secs = format!("{:.3}", ms as f64 / 1000.0);
-        let opts: Opts = OptsBuilder::from_opts(self.shard_opts.clone())
+        let t = self.target_mut();
+        let opts: Opts = OptsBuilder::from_opts(t.shard_opts.clone())
             // `setup`, not `init`: it runs again after the pool resets a connection.
             .setup(vec![format!(
                 "SET @foqs_session = 1 /*M! , SESSION max_statement_time = {secs} */"
             )])
             .into();
-        self.pool = Pool::new(opts.clone());
-        self.shard_opts = opts;
+        t.pool = Pool::new(opts.clone());
+        t.shard_opts = opts;
+        self.statement_timeout_ms = Some(ms);
         self.connect_timeout = std::time::Duration::from_millis(ms.max(1000));
         self
     }
@@ -169,14 +187,58 @@ impl MySqlStore {
     /// which it used to shadow, skipping the lock's release.)
     pub async fn disconnect(self) {
         ShardStore::close(&self).await;
-        let _ = self.pool.disconnect().await;
+        let pool = self.target().pool.clone();
+        let _ = pool.disconnect().await;
+    }
+
+    /// The server this store talks to now.
+    fn target(&self) -> Arc<Target> {
+        self.target.read().expect("not poisoned").clone()
+    }
+
+    /// The target while the store is being built (nobody else holds it yet).
+    fn target_mut(&mut self) -> &mut Target {
+        Arc::get_mut(self.target.get_mut().expect("not poisoned"))
+            .expect("a store being built shares its target with nobody")
     }
 
     async fn conn(&self) -> StoreResult<Conn> {
         if !self.owned.load(Ordering::SeqCst) {
             return Err(StoreError::Fenced);
         }
-        connecting(self.connect_timeout, &self.shard_opts, self.pool.get_conn()).await
+        let t = self.target();
+        connecting(self.connect_timeout, &t.shard_opts, t.pool.get_conn()).await
+    }
+
+    /// See [`ShardStore::retarget`]: a store for `to` made as this one was, connected
+    /// once (a server that refuses is found here, and the first statement after the move
+    /// does not pay the handshake), then put in place of this one's server; the old
+    /// pool's connections are closed behind it.
+    async fn move_to(&self, to: &Retarget) -> StoreResult<()> {
+        if self.owner_lock.is_some() {
+            return Err(StoreError::Schema(
+                "a shard under an owner lock is reopened, not moved".into(),
+            ));
+        }
+        let mut next = MySqlStore::new(self.shard, &to.url, self.pool_connections_max)?
+            .with_tls(to.tls.as_ref());
+        if let Some(ms) = self.statement_timeout_ms {
+            next = next.with_statement_timeout(ms);
+        }
+        if next.database != self.database {
+            return Err(StoreError::Schema(format!(
+                "{} names database {}, not this shard's {}",
+                to.url, next.database, self.database
+            )));
+        }
+        let t = next.target();
+        let conn = connecting(self.connect_timeout, &t.shard_opts, t.pool.get_conn()).await?;
+        drop(conn);
+        let old = std::mem::replace(&mut *self.target.write().expect("not poisoned"), t);
+        tokio::spawn(async move {
+            let _ = old.pool.clone().disconnect().await;
+        });
+        Ok(())
     }
 
     /// A connection without the statement bound, for what may rightly take long and has
@@ -282,6 +344,10 @@ async fn run<Q: Queryable>(q: &mut Q, sql: &Statement) -> StoreResult<()> {
 impl ShardStore for MySqlStore {
     async fn open(&self) -> StoreResult<Recovered> {
         self.open_shard().await
+    }
+
+    async fn retarget(&self, to: &Retarget) -> StoreResult<()> {
+        self.move_to(to).await
     }
 
     async fn insert(

@@ -19,7 +19,7 @@ impl MySqlStore {
             let lock = OwnerLock::acquire(
                 self.shard,
                 &self.database,
-                self.server_opts.clone(),
+                self.target().server_opts.clone(),
                 self.owned.clone(),
                 on_lost.clone(),
                 self.check_timeout,
@@ -36,12 +36,9 @@ impl MySqlStore {
         // for a replica's acknowledgement (see `schema::prepare`).
         let mut conn = match self.unbounded_conn().await {
             Err(e) if errors::is_unknown_database(&e) => {
-                let mut server = connecting(
-                    self.connect_timeout,
-                    &self.server_opts,
-                    Conn::new(self.server_opts.clone()),
-                )
-                .await?;
+                let opts = self.target().server_opts.clone();
+                let mut server =
+                    connecting(self.connect_timeout, &opts, Conn::new(opts.clone())).await?;
                 let create = format!(
                     "CREATE DATABASE IF NOT EXISTS `{}`",
                     self.database.replace('`', "``")
