@@ -293,7 +293,23 @@ impl Host {
             return true;
         }
         let _ = h.worker.await;
+        self.keep_unseen(&h.handle);
         false
+    }
+
+    /// Leases a stopped held worker left with nobody (a give-back that failed at its
+    /// hold), for the shard's next worker here, as a stop records them.
+    fn keep_unseen(&self, handle: &ShardHandle) {
+        let left = handle.unseen_leases();
+        if !left.is_empty() {
+            let mut unseen = self.unseen.lock().unwrap_or_else(|p| p.into_inner());
+            let known = unseen.entry(handle.id()).or_default();
+            for l in left {
+                if !known.contains(&l) {
+                    known.push(l);
+                }
+            }
+        }
     }
 
     /// Stops a held shard without another write (it is no longer this host's, or its
@@ -304,47 +320,34 @@ impl Host {
         };
         drop(h.resume);
         let _ = h.worker.await;
+        self.keep_unseen(&h.handle);
         tracing::info!(shard = id, "stopped a held shard");
         true
     }
 
-    /// Holds a worker just opened for a shard whose switch is under way (its owner moved
-    /// here at the pause, see `PrimaryRecord::owner_region`) before its first turn: it
-    /// writes nothing until [`Host::resume_shard`] serves it on the new primary. False
-    /// when its worker is already gone.
-    pub async fn hold_opened(&self, handle: ShardHandle, worker: JoinHandle<()>) -> bool {
+    /// Keeps a worker started held (see `ShardWorker::start_held`) for a shard whose
+    /// switch is under way (its owner moved here at the pause, see
+    /// `PrimaryRecord::owner_region`): it writes nothing until [`Host::resume_shard`]
+    /// serves it on the new primary, or [`Host::drop_held`] stops it.
+    pub fn keep_held(
+        &self,
+        handle: ShardHandle,
+        worker: JoinHandle<()>,
+        resume: tokio::sync::oneshot::Sender<crate::shard::Resume>,
+    ) {
         let id = handle.id();
-        match handle.hold(false).await {
-            Some(resume) => {
-                tracing::info!(
-                    shard = id,
-                    "opened a shard held for a switch of its replica set"
-                );
-                self.held.lock().expect("not poisoned").insert(
-                    id,
-                    Held {
-                        handle,
-                        worker,
-                        resume,
-                    },
-                );
-                true
-            }
-            None => {
-                let _ = worker.await;
-                false
-            }
-        }
-    }
-
-    /// The shards held for a switch (see [`Host::hold_shard`]).
-    pub fn held_shards(&self) -> Vec<ShardId> {
-        self.held
-            .lock()
-            .expect("not poisoned")
-            .keys()
-            .copied()
-            .collect()
+        tracing::info!(
+            shard = id,
+            "opened a shard held for a switch of its replica set"
+        );
+        self.held.lock().expect("not poisoned").insert(
+            id,
+            Held {
+                handle,
+                worker,
+                resume,
+            },
+        );
     }
 
     /// Stops serving shard `id`; with `hold`, keeps its worker held when it can (see
@@ -450,16 +453,7 @@ impl Host {
         // What the worker's last turns left leased by nobody (a release that failed on
         // the way out, a claim or hand-off whose outcome it never learned): a successor
         // here gives those back uncounted too.
-        let left = handle.unseen_leases();
-        if !left.is_empty() {
-            let mut unseen = self.unseen.lock().unwrap_or_else(|p| p.into_inner());
-            let known = unseen.entry(id).or_default();
-            for l in left {
-                if !known.contains(&l) {
-                    known.push(l);
-                }
-            }
-        }
+        self.keep_unseen(&handle);
         tracing::info!(shard = id, "stopped serving shard");
         false
     }
@@ -501,6 +495,18 @@ impl Host {
     /// stopped taking requests.
     pub async fn shutdown(&self, within: std::time::Duration) {
         let deadline = tokio::time::Instant::now() + within;
+        // Workers held for a switch stop without another write (they hold nothing).
+        let held: Vec<Held> = self
+            .held
+            .lock()
+            .expect("not poisoned")
+            .drain()
+            .map(|(_, h)| h)
+            .collect();
+        for h in held {
+            drop(h.resume);
+            let _ = tokio::time::timeout_at(deadline, h.worker).await;
+        }
         let shards = self.shards();
         let mut staged: HashMap<ShardId, Vec<Item>> = HashMap::new();
         for i in self.prefetch.drain() {

@@ -105,18 +105,27 @@ pub(super) async fn follow_view(
             })
             .collect()
     };
-    // Paused for a planned switch, still this host's: held rather than stopped, so that
-    // serving it on the new primary needs no reopen (see `Host::hold_shard`).
-    let pause_of = |s: &ShardId| {
-        view.primaries
-            .get(s)
-            .filter(|p| p.state == PrimaryState::Paused && owned.contains(s))
-            .filter(|p| opener.retarget(*s, p).is_some())
-            .map(|p| p.generation)
+    // Paused for a planned switch, still this host's, and served on the server the
+    // pause names (a host that missed a failover knows another server's rows): held
+    // rather than stopped, so that serving it on the new primary needs no reopen (see
+    // `Host::hold_shard`).
+    let holdable: HashMap<ShardId, u64> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        stop.iter()
+            .filter(|s| owned.contains(s))
+            .filter_map(|s| {
+                let p = view.primaries.get(s)?;
+                let on = r.generation.get(s).map(|(_, a)| a.as_str());
+                (p.state == PrimaryState::Paused
+                    && on == Some(p.addr.as_str())
+                    && opener.retarget(*s, p).is_some())
+                .then_some((*s, p.generation))
+            })
+            .collect()
     };
     let fenced = &fenced;
     join_all(stop.iter().map(|&s| {
-        let pause = pause_of(&s);
+        let pause = holdable.get(&s).copied();
         async move {
             if fenced.contains(&s) {
                 host.abandon_shard(s, FENCED_STOP_MAX).await
@@ -137,6 +146,24 @@ pub(super) async fn follow_view(
         }
     }))
     .await;
+    // Shards of this host paused for a switch, neither served nor held here: their
+    // owner moved here at the pause (to the target's region). Opened now, on the old
+    // primary (whose rows no host changes any more), and held before their first turn,
+    // so that serving them on the new primary needs no reopen inside the read-only
+    // window. One that fails to open is opened as usual once served.
+    let to_hold: Vec<(ShardId, &PrimaryRecord)> = {
+        let r = opener.replicated.lock().expect("not poisoned");
+        let served = host.shard_ids();
+        owned
+            .iter()
+            .filter(|s| !served.contains(s) && !r.held.contains_key(s))
+            .filter_map(|s| {
+                let p = view.primaries.get(s)?;
+                (p.state == PrimaryState::Paused && opener.retarget(*s, p).is_some())
+                    .then_some((*s, p))
+            })
+            .collect()
+    };
     {
         // Shards this host let go of: released to their next owner (whether it served
         // them until now or held them unserved); shards it keeps unserved are remembered.
@@ -163,6 +190,11 @@ pub(super) async fn follow_view(
         r.paused
             .retain(|(s, g)| view.primaries.get(s).is_some_and(|p| p.generation <= *g));
         for s in &owned {
+            if to_hold.iter().any(|(t, _)| t == s) {
+                // Said once its worker is held, below.
+                r.unserved.insert(*s);
+                continue;
+            }
             if let Some(p) = view.primaries.get(s) {
                 if p.state == PrimaryState::Paused && r.paused.insert((*s, p.generation)) {
                     r.unserved.insert(*s);
@@ -171,40 +203,27 @@ pub(super) async fn follow_view(
             }
         }
     }
-    // Shards of this host paused for a switch, neither served nor held here: their
-    // owner moved here at the pause (to the target's region). Opened now, on the old
-    // primary (whose rows no host changes any more), and held before their first turn,
-    // so that serving them on the new primary needs no reopen inside the read-only
-    // window. One that fails to open is opened as usual once served.
-    let to_hold: Vec<(ShardId, &PrimaryRecord)> = {
-        let r = opener.replicated.lock().expect("not poisoned");
-        let served = host.shard_ids();
-        owned
-            .iter()
-            .filter(|s| !served.contains(s) && !r.held.contains_key(s))
-            .filter_map(|s| {
-                let p = view.primaries.get(s)?;
-                (p.state == PrimaryState::Paused && opener.retarget(*s, p).is_some())
-                    .then_some((*s, p))
-            })
-            .collect()
-    };
     let prepared = join_all(to_hold.into_iter().map(|(s, p)| async move {
-        let r = opener.open(s, host.unseen_leases(s), Some(p)).await;
+        let r = opener.open_held(s, host.unseen_leases(s), p).await;
         (s, p, r)
     }))
     .await;
     for (s, p, r) in prepared {
         match r {
-            Ok((handle, worker)) => {
-                if host.hold_opened(handle, worker).await {
-                    let mut r = opener.replicated.lock().expect("not poisoned");
-                    r.held.insert(s, p.generation);
-                }
+            Ok((handle, worker, resume)) => {
+                host.keep_held(handle, worker, resume);
+                let mut r = opener.replicated.lock().expect("not poisoned");
+                r.held.insert(s, p.generation);
             }
             Err(e) => {
                 tracing::info!(shard = s, error = %e, "cannot open a paused shard ahead of its switch; it is opened once served")
             }
+        }
+        // Paused here: said once its worker is held (or could not be opened), so that the
+        // switch's read-only window does not begin before this host is ready to serve.
+        let mut r = opener.replicated.lock().expect("not poisoned");
+        if r.paused.insert((s, p.generation)) {
+            manager.report(s, p.generation, Report::Paused);
         }
     }
     // Held workers whose switch served their shard (on the new primary, or the old one

@@ -119,6 +119,34 @@ impl ShardOpener {
         unseen: Option<Vec<(u64, i64)>>,
         primary: Option<&PrimaryRecord>,
     ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
+        let (handle, join, _) = self.open_maybe_held(id, unseen, primary, false).await?;
+        Ok((handle, join))
+    }
+
+    /// [`Self::open`], the worker held before its first turn (see
+    /// `ShardWorker::start_held`): a shard whose switch is under way, opened on the frozen
+    /// old primary `paused` names, resumed with the sender on the new one.
+    pub(super) async fn open_held(
+        &self,
+        id: ShardId,
+        unseen: Option<Vec<(u64, i64)>>,
+        paused: &PrimaryRecord,
+    ) -> Result<(ShardHandle, JoinHandle<()>, Resumer), StartError> {
+        let (handle, join, resume) = self.open_maybe_held(id, unseen, Some(paused), true).await?;
+        Ok((
+            handle,
+            join,
+            resume.expect("a held start returns its resumer"),
+        ))
+    }
+
+    async fn open_maybe_held(
+        &self,
+        id: ShardId,
+        unseen: Option<Vec<(u64, i64)>>,
+        primary: Option<&PrimaryRecord>,
+        held: bool,
+    ) -> Result<Started, StartError> {
         let err = |source| StartError::Shard { shard: id, source };
         let s = self.shards.get(&id).ok_or_else(|| {
             err(StoreError::Schema(format!(
@@ -129,7 +157,9 @@ impl ShardOpener {
             // A file of this host: its owner lock is a lock on the file (see
             // `store::sqlite`), and it is opened only under the `single` manager.
             tracing::info!(shard = s.id, file = %path.display(), "opening shard");
-            return self.start(id, SqliteStore::new(s.id, path), unseen).await;
+            return self
+                .start(id, SqliteStore::new(s.id, path), unseen, held)
+                .await;
         }
         // A replicated shard is opened on the primary etcd names, never on another.
         let url = match primary {
@@ -150,8 +180,8 @@ impl ShardOpener {
                 self.store_timeout_ms,
             );
         }
-        tracing::info!(shard = s.id, database = store.database(), server = %crate::replication::server_addr(&url).unwrap_or_default(), generation = primary.map(|p| p.generation), "opening shard");
-        self.start(id, store, unseen).await
+        tracing::info!(shard = s.id, database = store.database(), server = %crate::replication::server_addr(&url).unwrap_or_default(), generation = primary.map(|p| p.generation), held, "opening shard");
+        self.start(id, store, unseen, held).await
     }
 
     /// Starts a shard's worker over `store` with the host's payload cache in front of its
@@ -161,14 +191,15 @@ impl ShardOpener {
         id: ShardId,
         store: S,
         unseen: Option<Vec<(u64, i64)>>,
-    ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
+        held: bool,
+    ) -> Result<Started, StartError> {
         let store = Cached::new(store, id, self.payload_cache.clone());
         #[cfg(feature = "faults")]
         if let Some(f) = self.faults.get(&id) {
             let store = crate::store::faulty::Faulty::new(store, f.clone());
-            return self.start_worker(id, store, unseen).await;
+            return self.start_worker(id, store, unseen, held).await;
         }
-        self.start_worker(id, store, unseen).await
+        self.start_worker(id, store, unseen, held).await
     }
 
     /// Starts a shard's worker over `store`. Fencing wraps whatever store the shard has
@@ -178,18 +209,29 @@ impl ShardOpener {
         id: ShardId,
         store: S,
         unseen: Option<Vec<(u64, i64)>>,
-    ) -> Result<(ShardHandle, JoinHandle<()>), StartError> {
-        let (handle, worker) = ShardWorker::start_inheriting(
-            id,
+        held: bool,
+    ) -> Result<Started, StartError> {
+        let (store, clock, cfg) = (
             Fenced::new(store, self.fence.clone()),
             self.clock.clone(),
             self.workers.clone(),
+        );
+        let (waiters, metrics, unseen) = (
             self.waiters.clone(),
             self.metrics.clone(),
             unseen.as_deref(),
-        )
-        .await
-        .map_err(|source| StartError::Shard { shard: id, source })?;
+        );
+        let started = if held {
+            ShardWorker::start_held(id, store, clock, cfg, waiters, metrics, unseen)
+                .await
+                .map(|(h, w, r)| (h, w, Some(r)))
+        } else {
+            ShardWorker::start_inheriting(id, store, clock, cfg, waiters, metrics, unseen)
+                .await
+                .map(|(h, w)| (h, w, None))
+        };
+        let (handle, worker, resume) =
+            started.map_err(|source| StartError::Shard { shard: id, source })?;
         // The worker's end is watched: one that panicked leaves its shard unhealthy
         // (readiness, getHostInfo), counted and logged, and reported to be reopened. Its
         // requests fail meanwhile with a retryable UNAVAILABLE (its queue is closed).
@@ -210,9 +252,15 @@ impl ShardOpener {
                 _ => {}
             }
         });
-        Ok((handle, supervised))
+        Ok((handle, supervised, resume))
     }
 }
+
+/// What resumes a worker started held (see [`ShardOpener::open_held`]).
+pub(super) type Resumer = tokio::sync::oneshot::Sender<crate::shard::Resume>;
+
+/// A started worker: its handle, its supervised task, and its resumer when held.
+type Started = (ShardHandle, JoinHandle<()>, Option<Resumer>);
 
 /// What a panic said, for the log.
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

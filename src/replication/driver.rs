@@ -1,6 +1,7 @@
 //! [`Driver`]: switches replica sets through etcd (planned switchover, region drain,
 //! failover), one at a time per set under an etcd lock, from whichever host was asked.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,11 @@ pub(super) const SERVED_WAIT: Duration = Duration::from_secs(10);
 const ACK_POLL: Duration = Duration::from_millis(5);
 /// Waiting for acks on a watch, the acks are read again at least this often anyway.
 const ACK_WATCH_FALLBACK: Duration = Duration::from_millis(100);
+/// A paused shard without an owner counts as paused once it has had none this long: its
+/// owner may be moving to the switch target's region (see `PrimaryRecord::owner_region`),
+/// and the new owner's ack, sent once it has opened and held the shard, is what says the
+/// read-only window may begin without a reopen in it.
+const OWNERLESS_GRACE: Duration = Duration::from_millis(300);
 
 /// The set's switch lock, as held by this driver.
 pub(super) struct Lock {
@@ -258,13 +264,21 @@ impl Driver {
         // two is missed; without a watch (refused, cancelled or broken) it polls as before.
         let mut changes = None;
         let mut watching = false;
+        let mut ownerless: HashMap<ShardId, Instant> = HashMap::new();
         loop {
             let owners = primaries::read_owners(&mut client, &self.prefix).await;
             let acks = primaries::read::<Ack>(&mut client, &self.prefix, dir).await;
             if let (Ok(owners), Ok(acks)) = (owners, acks) {
+                let now = Instant::now();
+                ownerless.retain(|s, _| !owners.contains_key(s));
                 let done = shards.iter().all(|s| match owners.get(s) {
-                    // No owner: nobody serves it (nobody opens a paused shard).
-                    None => dir == "paused",
+                    // No owner: nobody writes it; paused once that has lasted (a new
+                    // owner may be coming, see OWNERLESS_GRACE).
+                    None => {
+                        dir == "paused"
+                            && now.duration_since(*ownerless.entry(*s).or_insert(now))
+                                >= OWNERLESS_GRACE
+                    }
                     Some(owner) => acks
                         .get(s)
                         .is_some_and(|(a, _)| a.generation == generation && &a.host == owner),

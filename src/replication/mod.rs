@@ -28,6 +28,7 @@ pub mod grants;
 pub mod journal;
 pub mod server;
 mod switch;
+mod topology;
 
 use std::collections::BTreeMap;
 

@@ -112,23 +112,29 @@ impl<'a> Kept<'a> {
     }
 
     /// Runs `f` within `bound` on the kept connection, or on a new one when none is kept.
-    /// A step that fails drops the kept connection (it may be half way through a
-    /// statement); the next step connects afresh.
+    /// A step that fails on the kept connection drops it (it may be half way through a
+    /// statement, or have died while kept) and runs once more on a new one: the steps
+    /// kept across a switch are each safe to run twice (read-only on, positions read, a
+    /// wait, a promotion). A step that ran out of `bound` is not run again.
     pub async fn step<T, F>(&mut self, bound: Duration, f: F) -> Step<T>
     where
-        F: for<'c> FnOnce(&'c mut Conn) -> futures::future::BoxFuture<'c, Step<T>>,
+        F: for<'c> Fn(&'c mut Conn) -> futures::future::BoxFuture<'c, Step<T>>,
     {
         let Some(mut c) = self.conn.take() else {
             return self.admin.with(bound, f).await;
         };
-        let addr = self.admin.addr.clone();
+        let started = std::time::Instant::now();
         match tokio::time::timeout(bound, f(&mut c)).await {
             Ok(Ok(v)) => {
                 self.conn = Some(c);
                 Ok(v)
             }
-            Ok(Err(e)) => Err(format!("{addr}: {e}")),
-            Err(_) => Err(format!("{addr}: no answer within {bound:?}")),
+            Ok(Err(e)) => {
+                tracing::debug!(server = %self.admin.addr, error = %e, "a kept admin connection failed a step; once more on a new one");
+                let left = bound.saturating_sub(started.elapsed());
+                self.admin.with(left, f).await
+            }
+            Err(_) => Err(format!("{}: no answer within {bound:?}", self.admin.addr)),
         }
     }
 

@@ -174,16 +174,6 @@ impl Driver {
                 tracing::warn!(shards = ?set.shards, error = %e, "switching a target whose distance could not be read")
             }
         }
-        // The other replicas replicate from the target from now on, while the old primary
-        // still serves (the target logs what it applies, `log_slave_updates`): at its
-        // promotion the new primary already has replicas connected, which acknowledge its
-        // first commits, and only the old primary is repointed inside the read-only
-        // window. Orchestrator relocates replicas below a switch's target in the same way.
-        // One that cannot be moved now is repointed after the promotion, as before.
-        let chained = self.repoint(set, &to, Some(&from), false).await;
-        if !chained.is_empty() {
-            tracing::warn!(shards = ?set.shards, to, problems = ?chained, "could not chain every replica below the target before the switch");
-        }
         let g = recs.current.generation + 1;
         report.generation = g;
         // Each step below is journaled before it changes anything (see `journal`).
@@ -217,7 +207,20 @@ impl Driver {
             )
             .await?;
         let pause_within = Duration::from_millis(self.cfg.pause_timeout_ms);
-        if !self.acks(&set.shards, "paused", g, pause_within).await {
+        // While the owners pause, the other replicas replicate from the target from now
+        // on (see `chain`): at its promotion the new primary then already has replicas
+        // that acknowledge its commits, and only the old primary is repointed inside the
+        // read-only window. Orchestrator relocates replicas below a switch's target the
+        // same way. Done after the journal says `pausing`, so that a switch stopped here
+        // is undone, the replicas back below the old primary (see `undo`).
+        let (chained, paused) = tokio::join!(
+            self.chain(set, &from, &to),
+            self.acks(&set.shards, "paused", g, pause_within)
+        );
+        if !chained.is_empty() {
+            tracing::info!(shards = ?set.shards, to, problems = ?chained, "not every replica was chained below the target before the switch; repointed after the promotion");
+        }
+        if !paused {
             self.serve_again(set, &recs, &lock).await?;
             self.unchain(set, &from).await;
             return Err(format!(
@@ -341,7 +344,7 @@ impl Driver {
             Ok::<_, String>((unacknowledged, replicated, published, served))
         };
         let (mut problems, served) = tokio::join!(repoint, serve);
-        let (unacknowledged, repointed, published, served) = served?;
+        let (unacknowledged, replicated, published, served) = served?;
         problems.extend(unacknowledged);
         if !served {
             problems.push(format!("not every shard was served within {SERVED_WAIT:?}"));
@@ -350,16 +353,16 @@ impl Driver {
         // the switch's report).
         let ms = |d: Duration| d.as_millis() as u64;
         let total = started.elapsed();
-        let (promote_ms, repoint_ms, publish_ms, served_ms) = (
+        let (promote_ms, replicas_ms, publish_ms, served_ms) = (
             ms(promoted),
-            ms(repointed - promoted),
-            ms(published - repointed),
+            ms(replicated - promoted),
+            ms(published - replicated),
             ms(total - published),
         );
         if total >= SLOW_COMPLETE {
-            tracing::warn!(shards = ?set.shards, to, promote_ms, repoint_ms, publish_ms, served_ms, "a switch's last steps were slow");
+            tracing::warn!(shards = ?set.shards, to, promote_ms, replicas_ms, publish_ms, served_ms, "a switch's last steps were slow");
         } else {
-            tracing::info!(shards = ?set.shards, to, promote_ms, repoint_ms, publish_ms, served_ms, "a switch's last steps");
+            tracing::info!(shards = ?set.shards, to, promote_ms, replicas_ms, publish_ms, served_ms, "a switch's last steps");
         }
         Ok(problems)
     }
@@ -439,81 +442,6 @@ impl Driver {
             tracing::error!(error = %e, "switch undo: cannot serve the shards again");
         }
         self.unchain(set, from).await;
-    }
-
-    /// After a switch undone: the replicas chained below its target (see `switch_locked`)
-    /// replicate from the old primary again (those that already do are left alone).
-    async fn unchain(&self, set: &SetLayout, from: &str) {
-        let problems = self.repoint(set, from, None, false).await;
-        if !problems.is_empty() {
-            tracing::warn!(shards = ?set.shards, primary = from, ?problems, "switch undo: not every replica follows the old primary again");
-        }
-    }
-
-    /// Every server of `set` but `primary` (and `skip`) replicates from `primary`.
-    /// With `semi`, waits (briefly) until a replica that acknowledges commits is connected.
-    pub(super) async fn repoint(
-        &self,
-        set: &SetLayout,
-        primary: &str,
-        skip: Option<&str>,
-        semi: bool,
-    ) -> Vec<String> {
-        let bound = self.step_bound();
-        let ch = self.cfg.channel();
-        let others = set
-            .servers
-            .iter()
-            .filter(|s| s.addr != primary && Some(s.addr.as_str()) != skip);
-        let results = futures::future::join_all(others.map(|s| {
-            let ch = ch.clone();
-            let admin = self.admin(&s.addr);
-            let primary = primary.to_string();
-            async move {
-                admin
-                    .with(bound, |c| {
-                        Box::pin(async move {
-                            // Already replicating from it (chained below the target before
-                            // the switch's pause): left alone, so that it stays connected
-                            // and acknowledges the new primary's first commits.
-                            if let Some(st) = srv::replica_status(c).await? {
-                                if st.master == primary && st.io_running && st.sql_running {
-                                    return Ok(());
-                                }
-                            }
-                            srv::follow(c, &primary, &ch).await
-                        })
-                    })
-                    .await
-            }
-        }))
-        .await;
-        let mut problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-        if semi {
-            let admin = self.admin(primary);
-            let mut c = srv::Kept::open(&admin).await;
-            problems.extend(self.semi_ready(&mut c, primary).await);
-            c.close().await;
-        }
-        problems
-    }
-
-    /// Waits (at most 2 s) until `primary` has a replica connected that acknowledges its
-    /// commits; says so when none came.
-    pub(super) async fn semi_ready(&self, c: &mut srv::Kept<'_>, primary: &str) -> Option<String> {
-        let end = Instant::now() + Duration::from_secs(2);
-        loop {
-            let s = c
-                .step(self.step_bound(), |c| Box::pin(srv::semi_sync(c)))
-                .await;
-            if matches!(&s, Ok(s) if s.clients > 0) {
-                return None;
-            }
-            if Instant::now() >= end {
-                return Some(format!("no semi-sync replica connected to {primary} yet"));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
     }
 
     pub(super) async fn drain_all(&self, from: String, to: Option<String>) -> Switched {

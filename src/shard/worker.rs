@@ -209,6 +209,54 @@ impl<S: ShardStore> ShardWorker<S> {
         metrics: Arc<Metrics>,
         unseen: Option<&[(u64, i64)]>,
     ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
+        Self::start_with(id, store, clock, cfg, waiters, metrics, unseen, None).await
+    }
+
+    /// [`Self::start_inheriting`], the worker held before its first turn (see
+    /// [`Command::Hold`]: it writes nothing, and refuses every command, until the
+    /// returned sender resumes it on a store moved elsewhere); for a shard opened during a
+    /// switch of its replica set, on the frozen old primary.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_held(
+        id: ShardId,
+        store: S,
+        clock: SharedClock,
+        cfg: WorkerConfig,
+        waiters: Arc<Waiters>,
+        metrics: Arc<Metrics>,
+        unseen: Option<&[(u64, i64)]>,
+    ) -> std::result::Result<
+        (ShardHandle, JoinHandle<()>, oneshot::Sender<super::Resume>),
+        StoreError,
+    > {
+        let (held, _) = oneshot::channel();
+        let (resume_tx, resume) = oneshot::channel();
+        let (handle, join) = Self::start_with(
+            id,
+            store,
+            clock,
+            cfg,
+            waiters,
+            metrics,
+            unseen,
+            Some((held, resume, false)),
+        )
+        .await?;
+        Ok((handle, join, resume_tx))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::type_complexity)]
+    async fn start_with(
+        id: ShardId,
+        store: S,
+        clock: SharedClock,
+        cfg: WorkerConfig,
+        waiters: Arc<Waiters>,
+        metrics: Arc<Metrics>,
+        unseen: Option<&[(u64, i64)]>,
+        hold: Option<(oneshot::Sender<()>, oneshot::Receiver<super::Resume>, bool)>,
+    ) -> std::result::Result<(ShardHandle, JoinHandle<()>), StoreError> {
         // Bounded, as every other wait: a stalled store fails the open, which is retried.
         let open_timeout = Duration::from_millis(cfg.open_timeout_ms);
         let recovered = timed(open_timeout, store.open()).await.0?;
@@ -286,7 +334,7 @@ impl<S: ShardStore> ShardWorker<S> {
             handoff_doubts: Default::default(),
             acked: AckMemory::new(cfg.ack_memory_ms, cfg.ack_memory_items_max),
             over_dlq: Default::default(),
-            hold: None,
+            hold,
             clock,
             cfg,
             probes,
@@ -316,6 +364,21 @@ impl<S: ShardStore> ShardWorker<S> {
         let mut background_at = tokio::time::Instant::now() + interval;
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         loop {
+            // A hold asked in the last turn, or at start (see `Command::Hold`).
+            if let Some((held, resume, flush)) = self.hold.take() {
+                if !self.held(held, resume, flush, &mut rx).await {
+                    // Not resumed (the shard moved, or its primary failed over), or its
+                    // store could not move: nothing more is written, and what was queued
+                    // meanwhile fails as gone, applied nowhere.
+                    rx.close();
+                    while rx.try_recv().is_ok() {}
+                    self.deferred.clear();
+                    self.store.close().await;
+                    tracing::info!(shard = self.id, "held shard worker stopped");
+                    return;
+                }
+                background_at = tokio::time::Instant::now();
+            }
             // Background work runs when its time has come, whatever is queued: a load
             // that keeps the queue (or the put-off enqueues) from running dry must not
             // stop lease expiry, due items, TTL and checkpoints. Its own work is bounded
@@ -353,20 +416,6 @@ impl<S: ShardStore> ShardWorker<S> {
                 shutdown = Some(done);
                 break;
             }
-            if let Some((held, resume, flush)) = self.hold.take() {
-                if !self.held(held, resume, flush).await {
-                    // Not resumed (the shard moved, or its primary failed over), or its
-                    // store could not move: nothing more is written, and what was queued
-                    // meanwhile fails as gone, applied nowhere.
-                    rx.close();
-                    while rx.try_recv().is_ok() {}
-                    self.deferred.clear();
-                    self.store.close().await;
-                    tracing::info!(shard = self.id, "held shard worker stopped");
-                    return;
-                }
-                background_at = tokio::time::Instant::now();
-            }
         }
         // Finish what was already accepted: nothing queued is dropped unanswered.
         rx.close();
@@ -395,8 +444,9 @@ impl<S: ShardStore> ShardWorker<S> {
     async fn held(
         &mut self,
         held: oneshot::Sender<()>,
-        resume: oneshot::Receiver<super::Resume>,
+        mut resume: oneshot::Receiver<super::Resume>,
         flush: bool,
+        rx: &mut mpsc::Receiver<Command>,
     ) -> bool {
         if flush {
             while !self.deferred.is_empty() {
@@ -412,7 +462,21 @@ impl<S: ShardStore> ShardWorker<S> {
             shard = self.id,
             "shard worker held for a switch of its replica set"
         );
-        let Ok(super::Resume { to, moved }) = resume.await else {
+        // Commands that still reach it (from callers that took its handle before it was
+        // held) are refused at once, as gone: nothing of them is applied, and the caller
+        // retries where the shard is served, rather than waiting (perhaps past its bound,
+        // its outcome then unknown) for a hold that may last.
+        let mut open = true;
+        let resumed = loop {
+            tokio::select! {
+                r = &mut resume => break r,
+                c = rx.recv(), if open => match c {
+                    Some(c) => drop(c),
+                    None => open = false,
+                },
+            }
+        };
+        let Ok(super::Resume { to, moved }) = resumed else {
             return false;
         };
         let bound = Duration::from_millis(self.cfg.open_timeout_ms);
