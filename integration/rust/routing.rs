@@ -19,6 +19,8 @@ struct Cluster {
     _etcd: Etcd,
     config: std::path::PathBuf,
     hosts: BTreeMap<String, Proc>,
+    /// Each host's metrics listener.
+    metrics: BTreeMap<String, SocketAddr>,
 }
 
 impl Cluster {
@@ -34,16 +36,27 @@ impl Cluster {
         );
         let config = write_config(db, &toml);
         let mut hosts = BTreeMap::new();
+        let mut metrics = BTreeMap::new();
         for id in ["h1", "h2", "h3"] {
+            let m: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let listen = m.to_string();
             hosts.insert(
                 id.to_string(),
-                Proc::spawn(&config, &[("FOQS__SERVER__HOST_ID", id)]),
+                Proc::spawn(
+                    &config,
+                    &[
+                        ("FOQS__SERVER__HOST_ID", id),
+                        ("FOQS__METRICS__LISTEN", listen.as_str()),
+                    ],
+                ),
             );
+            metrics.insert(id.to_string(), m);
         }
         let c = Cluster {
             _etcd: etcd,
             config,
             hosts,
+            metrics,
         };
         // Every shard has an owner and every host serves some.
         let addrs = c.addrs();
@@ -65,6 +78,41 @@ impl Cluster {
         )
         .await;
         c
+    }
+
+    /// How many polls of each peer host `id` has finished (`foqs_peer_polls_total`).
+    fn polls(&self, id: &str) -> BTreeMap<String, f64> {
+        let (_, scrape) = http_get(self.metrics[id], "/metrics");
+        self.hosts
+            .keys()
+            .filter(|p| *p != id)
+            .map(|p| {
+                let series = format!("foqs_peer_polls_total{{peer=\"{p}\"}}");
+                (p.clone(), sample(&scrape, &series))
+            })
+            .collect()
+    }
+
+    /// Waits until each of `ids` has finished two polls of every peer since the call (so
+    /// one began after it): what each knows of its peers' ready items is then at least as
+    /// new as the call. A signal, where a sleep of "one peer poll" is outlasted by a
+    /// loaded machine (a merged dequeue then plans from an older summary, as documented).
+    async fn heard(&self, ids: &[&str]) {
+        for id in ids {
+            let before = self.polls(id);
+            eventually(
+                Duration::from_secs(30),
+                &format!("{id} to poll every peer twice"),
+                || {
+                    let now = self.polls(id);
+                    before
+                        .iter()
+                        .all(|(p, n)| now.get(p).is_some_and(|m| *m >= n + 2.0))
+                        .then_some(())
+                },
+            )
+            .await;
+        }
     }
 
     fn addr(&self, id: &str) -> SocketAddr {
@@ -153,12 +201,11 @@ fn drain(hosts: &[SocketAddr], topic: &str, total: usize) -> (Vec<String>, Durat
 async fn any_host_serves_its_whole_tier() {
     let db = TestDb::new(SHARDS);
     let mut cluster = Cluster::start(&db).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
 
     // 1. Items enqueued through all three hosts, dequeued through one: each exactly once,
     //    every reply in priority order, `count` honoured while enough are ready.
     let ids = fill(&cluster, "drain", 100);
-    tokio::time::sleep(Duration::from_millis(300)).await; // one peer poll
+    cluster.heard(&["h1"]).await;
     let (seen, took) = tokio::task::block_in_place(|| drain(&[cluster.addr("h1")], "drain", 300));
     let unique: HashSet<String> = seen.iter().cloned().collect();
     assert_eq!(unique.len(), seen.len(), "an item was delivered twice");
@@ -175,7 +222,7 @@ async fn any_host_serves_its_whole_tier() {
             .collect();
         cluster.client(id).enqueue(items);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await; // one peer poll
+    cluster.heard(&["h1"]).await;
     let mut h1 = cluster.client("h1");
     let first = h1.dequeue(NS, "urgent", 5);
     let priorities: Vec<i32> = first.iter().map(|i| i.priority.unwrap()).collect();
@@ -226,7 +273,7 @@ async fn any_host_serves_its_whole_tier() {
             .collect();
         cluster.client(id).enqueue(items);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await; // one peer poll
+    cluster.heard(&["h1"]).await;
     let mut h1 = cluster.client("h1");
     let first = h1.dequeue(NS, "merged", 50);
     let mut got: Vec<i32> = first.iter().map(|i| i.priority.unwrap()).collect();
@@ -275,7 +322,7 @@ async fn any_host_serves_its_whole_tier() {
 
     // 3. peek, topicStats and the dead-letter calls cover the tier, with exact counts.
     let ids = fill(&cluster, "dl", 30);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.heard(&["h1", "h2"]).await;
     let mut h1 = cluster.client("h1");
     let mut h2 = cluster.client("h2");
     let mut h3 = cluster.client("h3");
@@ -372,12 +419,12 @@ async fn any_host_serves_its_whole_tier() {
 
     // 4. Routed drain throughput: through one host vs through all three.
     let ids = fill(&cluster, "speed1", 1000);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.heard(&["h1"]).await;
     let (seen, one) =
         tokio::task::block_in_place(|| drain(&[cluster.addr("h1")], "speed1", ids.len()));
     assert_eq!(seen.len(), ids.len());
     let _ = fill(&cluster, "speed3", 1000);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.heard(&["h1", "h2", "h3"]).await;
     let (_, three) = tokio::task::block_in_place(|| drain(&cluster.addrs(), "speed3", 3000));
     eprintln!(
         "routed drain (10 per dequeue, acked): through h1 alone {:.0} items/s, through all three {:.0} items/s",
@@ -388,7 +435,7 @@ async fn any_host_serves_its_whole_tier() {
     // 5. A host killed while h1 routes dequeues to it: dequeues keep returning the
     //    survivors' items, and after failover the dead host's items come back.
     let ids = fill(&cluster, "kill", 100);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.heard(&["h1"]).await;
     let mut got = HashSet::new();
     let mut c = cluster.client("h1");
     for _ in 0..5 {

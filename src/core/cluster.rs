@@ -208,6 +208,7 @@ impl Host {
                     // A topic that appears here may have a long poll waiting for it (its
                     // announcement may have been spent or missed).
                     woken.extend(new.keys().filter(|t| !old.contains_key(*t)).cloned());
+                    self.metrics.peer_polled(&id);
                     ready.insert(id, new);
                 }
             }

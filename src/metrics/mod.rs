@@ -8,7 +8,6 @@
 //! time from state the shard workers keep in memory ([`crate::shard::NsCounts`]), so a
 //! scrape runs no query.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -16,86 +15,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::atomic::AtomicU64;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MethodCode {
-    pub method: &'static str,
-    pub code: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MethodLabel {
-    pub method: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NsLabel {
-    pub ns: String,
-}
-
-/// One bound of a buffer (see [`Metrics::buffer_limit`]).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BufferLabel {
-    pub buffer: &'static str,
-    pub unit: &'static str,
-    /// What one such buffer belongs to: the host, each shard, or each topic.
-    pub per: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NsReason {
-    pub ns: String,
-    pub reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NsState {
-    pub ns: String,
-    pub state: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShardLabel {
-    pub shard: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TransportLabel {
-    pub transport: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TransportProtocol {
-    pub transport: &'static str,
-    pub protocol: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PeerOutcome {
-    pub peer: String,
-    pub method: &'static str,
-    pub outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ServerLabel {
-    pub server: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SwitchLabel {
-    pub kind: String,
-    pub outcome: &'static str,
-}
+mod labels;
+pub use labels::*;
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
@@ -147,6 +68,7 @@ pub struct Metrics {
     pub transport_connections: Family<TransportLabel, Counter>,
     pub transport_requests: Family<TransportProtocol, Counter>,
     pub forwarded: Family<PeerOutcome, Counter>,
+    pub peer_polls: Family<PeerLabel, Counter>,
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
     /// Deliveries re-leased before leaving the host (see `core::useful_lease`), by
@@ -389,6 +311,12 @@ impl Metrics {
             "Requests forwarded to a peer host, by peer, method and outcome",
             forwarded.clone(),
         );
+        let peer_polls = Family::<PeerLabel, Counter>::default();
+        r.register(
+            "peer_polls",
+            "Summaries this host finished reading from each peer (getHostInfo polls)",
+            peer_polls.clone(),
+        );
         let shards_owned = Gauge::default();
         r.register(
             "shards_owned",
@@ -464,6 +392,7 @@ impl Metrics {
             transport_connections,
             transport_requests,
             forwarded,
+            peer_polls,
             shards_owned,
             lease_renewals,
             handout_renewals,
@@ -623,6 +552,15 @@ impl Metrics {
         self.request_duration
             .get_or_create(&MethodLabel { method })
             .observe(seconds);
+    }
+
+    /// A poll of `peer`'s summary finished (see `Host::run_peer_poll`).
+    pub fn peer_polled(&self, peer: &str) {
+        self.peer_polls
+            .get_or_create(&PeerLabel {
+                peer: peer.to_string(),
+            })
+            .inc();
     }
 
     pub fn forwarded(&self, peer: &str, method: &'static str, outcome: &'static str) {
