@@ -335,19 +335,26 @@ impl Host {
         worker: JoinHandle<()>,
         resume: tokio::sync::oneshot::Sender<crate::shard::Resume>,
     ) {
-        let id = handle.id();
         tracing::info!(
-            shard = id,
+            shard = handle.id(),
             "opened a shard held for a switch of its replica set"
         );
-        self.held.lock().expect("not poisoned").insert(
-            id,
-            Held {
-                handle,
-                worker,
-                resume,
-            },
-        );
+        self.put_held(handle, worker, resume);
+    }
+
+    fn put_held(
+        &self,
+        handle: ShardHandle,
+        worker: JoinHandle<()>,
+        resume: tokio::sync::oneshot::Sender<crate::shard::Resume>,
+    ) {
+        let id = handle.id();
+        let held = Held {
+            handle,
+            worker,
+            resume,
+        };
+        self.held.lock().expect("not poisoned").insert(id, held);
     }
 
     /// Stops serving shard `id`; with `hold`, keeps its worker held when it can (see
@@ -396,14 +403,7 @@ impl Host {
                 match handle.hold(true).await {
                     Some(resume) => {
                         tracing::info!(shard = id, "holding shard for a switch of its replica set");
-                        self.held.lock().expect("not poisoned").insert(
-                            id,
-                            Held {
-                                handle,
-                                worker,
-                                resume,
-                            },
-                        );
+                        self.put_held(handle, worker, resume);
                         return true;
                     }
                     // Gone meanwhile: stopped below as any other.

@@ -28,6 +28,12 @@ pub(super) struct Replicated {
     held: HashMap<ShardId, u64>,
 }
 
+impl Replicated {
+    pub(super) fn forget_held(&mut self, id: ShardId) {
+        self.held.remove(&id);
+    }
+}
+
 /// How long stopping a shard whose primary was fenced (a failover) waits for the
 /// worker's last writes to it: they cannot succeed, and the new primary waits for this
 /// host to let the shard go.
@@ -68,12 +74,7 @@ pub(super) async fn follow_view(
             });
         if !keep {
             host.drop_held(s).await;
-            opener
-                .replicated
-                .lock()
-                .expect("not poisoned")
-                .held
-                .remove(&s);
+            opener.forget_held(s);
         }
     }
     let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();
@@ -238,12 +239,7 @@ pub(super) async fn follow_view(
             .collect()
     };
     let resumed = join_all(resumable.into_iter().map(|(s, p)| async move {
-        opener
-            .replicated
-            .lock()
-            .expect("not poisoned")
-            .held
-            .remove(&s);
+        opener.forget_held(s);
         let ok = match opener.retarget(s, p) {
             Some(to) => host.resume_shard(s, to).await,
             None => {

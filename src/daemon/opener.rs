@@ -97,6 +97,14 @@ impl ShardOpener {
         self.shards.get(&id).is_some_and(|s| !s.replicas.is_empty())
     }
 
+    /// Shard `id`'s worker is no longer held here (resumed, or stopped).
+    pub(super) fn forget_held(&self, id: ShardId) {
+        self.replicated
+            .lock()
+            .expect("not poisoned")
+            .forget_held(id);
+    }
+
     /// Where a held worker of replicated shard `id` moves to serve it on `primary` (see
     /// `Host::hold_shard`). None when its store does not move: a file, or a shard under an
     /// owner lock (a fixed assignment), which is reopened instead.
