@@ -400,7 +400,7 @@ impl Host {
         if hold && released && handle.is_alive() {
             let worker = self.workers.lock().expect("not poisoned").remove(&id);
             if let Some(worker) = worker {
-                match handle.hold(true).await {
+                match handle.hold().await {
                     Some(resume) => {
                         tracing::info!(shard = id, "holding shard for a switch of its replica set");
                         self.put_held(handle, worker, resume);

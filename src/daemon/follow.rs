@@ -39,6 +39,12 @@ impl Replicated {
 /// host to let the shard go.
 const FENCED_STOP_MAX: Duration = Duration::from_millis(200);
 
+/// How long a new owner's open of a shard paused for a switch may take (its count of the
+/// shard's rows included) before it says the shard is paused anyway: the switch waits
+/// for that ack (within `replication.pause_timeout_ms`), and a shard not opened by then
+/// is opened as usual once served. Resumes of other sets' held workers run first.
+const HELD_OPEN_MAX: Duration = Duration::from_millis(1000);
+
 /// Brings the host's shards in line with the view: stops serving the shards it lost
 /// (then tells the manager they are free) and opens the ones it gained. Returns the
 /// shards that failed to open, to be retried.
@@ -98,10 +104,11 @@ pub(super) async fn follow_view(
         stop.iter()
             .copied()
             .filter(|s| {
+                // Fenced, or naming another server than the one it was opened on (paused
+                // or served: a failover this host missed), whose rows it does not know.
                 view.primaries.get(s).is_some_and(|p| {
                     p.state == PrimaryState::Fenced
-                        || (p.state == PrimaryState::Serving
-                            && r.generation.get(s).is_some_and(|(_, a)| *a != p.addr))
+                        || r.generation.get(s).is_some_and(|(_, a)| *a != p.addr)
                 })
             })
             .collect()
@@ -204,29 +211,6 @@ pub(super) async fn follow_view(
             }
         }
     }
-    let prepared = join_all(to_hold.into_iter().map(|(s, p)| async move {
-        let r = opener.open_held(s, host.unseen_leases(s), p).await;
-        (s, p, r)
-    }))
-    .await;
-    for (s, p, r) in prepared {
-        match r {
-            Ok((handle, worker, resume)) => {
-                host.keep_held(handle, worker, resume);
-                let mut r = opener.replicated.lock().expect("not poisoned");
-                r.held.insert(s, p.generation);
-            }
-            Err(e) => {
-                tracing::info!(shard = s, error = %e, "cannot open a paused shard ahead of its switch; it is opened once served")
-            }
-        }
-        // Paused here: said once its worker is held (or could not be opened), so that the
-        // switch's read-only window does not begin before this host is ready to serve.
-        let mut r = opener.replicated.lock().expect("not poisoned");
-        if r.paused.insert((s, p.generation)) {
-            manager.report(s, p.generation, Report::Paused);
-        }
-    }
     // Held workers whose switch served their shard (on the new primary, or the old one
     // again after an undo) go on there; one whose store cannot move is opened afresh.
     let resumable: Vec<(ShardId, &PrimaryRecord)> = {
@@ -256,6 +240,33 @@ pub(super) async fn follow_view(
             rep.unserved.remove(&s);
             rep.generation.insert(s, (p.generation, p.addr.clone()));
             manager.report(s, p.generation, Report::Served);
+        }
+    }
+    let prepared = join_all(to_hold.into_iter().map(|(s, p)| async move {
+        let open = opener.open_held(s, host.unseen_leases(s), p);
+        let r = tokio::time::timeout(HELD_OPEN_MAX, open).await;
+        (s, p, r)
+    }))
+    .await;
+    for (s, p, r) in prepared {
+        match r {
+            Ok(Ok((handle, worker, resume))) => {
+                host.keep_held(handle, worker, resume);
+                let mut r = opener.replicated.lock().expect("not poisoned");
+                r.held.insert(s, p.generation);
+            }
+            Ok(Err(e)) => {
+                tracing::info!(shard = s, error = %e, "cannot open a paused shard ahead of its switch; it is opened once served")
+            }
+            Err(_) => {
+                tracing::info!(shard = s, bound = ?HELD_OPEN_MAX, "a paused shard's open ahead of its switch took too long; it is opened once served")
+            }
+        }
+        // Paused here: said once its worker is held (or could not be opened), so that the
+        // switch's read-only window does not begin before this host is ready to serve.
+        let mut r = opener.replicated.lock().expect("not poisoned");
+        if r.paused.insert((s, p.generation)) {
+            manager.report(s, p.generation, Report::Paused);
         }
     }
     let served: BTreeSet<ShardId> = host.shard_ids().into_iter().collect();

@@ -270,14 +270,20 @@ impl Driver {
             let acks = primaries::read::<Ack>(&mut client, &self.prefix, dir).await;
             if let (Ok(owners), Ok(acks)) = (owners, acks) {
                 let now = Instant::now();
+                // Every shard without an owner is timed from when it was first seen so,
+                // all at once (not one after another as the check below reaches them).
                 ownerless.retain(|s, _| !owners.contains_key(s));
+                for s in shards.iter().filter(|s| !owners.contains_key(s)) {
+                    ownerless.entry(*s).or_insert(now);
+                }
                 let done = shards.iter().all(|s| match owners.get(s) {
                     // No owner: nobody writes it; paused once that has lasted (a new
                     // owner may be coming, see OWNERLESS_GRACE).
                     None => {
                         dir == "paused"
-                            && now.duration_since(*ownerless.entry(*s).or_insert(now))
-                                >= OWNERLESS_GRACE
+                            && ownerless
+                                .get(s)
+                                .is_some_and(|t| now.duration_since(*t) >= OWNERLESS_GRACE)
                     }
                     Some(owner) => acks
                         .get(s)

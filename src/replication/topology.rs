@@ -15,6 +15,8 @@ use super::SetLayout;
 /// before that replica is chained below it (a replica ahead of the target cannot
 /// replicate from it: its start position is not in the target's binlog yet).
 const CHAIN_WAIT: Duration = Duration::from_millis(500);
+/// What a chaining step may spend connecting, beside [`CHAIN_WAIT`].
+const CHAIN_CONNECT: Duration = Duration::from_millis(1500);
 
 impl Driver {
     /// Before a switch's pause: the other replicas of `set` (not `from`, not `to`)
@@ -26,7 +28,8 @@ impl Driver {
     /// replicates from `from` again, and is repointed after the promotion as before.
     /// Returns what could not be chained.
     pub(super) async fn chain(&self, set: &SetLayout, from: &str, to: &str) -> Vec<String> {
-        let bound = self.step_bound();
+        // Its own bound, shorter than a switch step's: the pause waits for it.
+        let bound = CHAIN_WAIT + 2 * CHAIN_CONNECT;
         let ch = self.cfg.channel();
         let others = set
             .servers
@@ -42,29 +45,33 @@ impl Driver {
                             c.query_drop("STOP SLAVE")
                                 .await
                                 .map_err(|e| e.to_string())?;
-                            let pos: Option<String> = c
-                                .query_first("SELECT @@global.gtid_current_pos")
-                                .await
-                                .map_err(|e| e.to_string())?;
-                            let pos = pos.unwrap_or_default();
-                            let reached = target
-                                .with(bound, |t| {
-                                    let pos = pos.clone();
-                                    Box::pin(
-                                        async move { srv::wait_for(t, &pos, CHAIN_WAIT).await },
-                                    )
-                                })
-                                .await;
-                            if reached == Ok(true) {
-                                srv::follow(c, &to, &ch).await
-                            } else {
-                                c.query_drop("START SLAVE")
+                            let moved = async {
+                                let pos: Option<String> = c
+                                    .query_first("SELECT @@global.gtid_current_pos")
                                     .await
                                     .map_err(|e| e.to_string())?;
-                                Err(format!(
-                                    "{to} did not reach {pos} within {CHAIN_WAIT:?} ({reached:?})"
-                                ))
+                                let pos = pos.unwrap_or_default();
+                                let reached = target
+                                    .with(CHAIN_WAIT + CHAIN_CONNECT, |t| {
+                                        let pos = pos.clone();
+                                        Box::pin(async move {
+                                            srv::wait_for(t, &pos, CHAIN_WAIT).await
+                                        })
+                                    })
+                                    .await;
+                                if reached != Ok(true) {
+                                    return Err(format!(
+                                        "{to} did not reach {pos} within {CHAIN_WAIT:?} ({reached:?})"
+                                    ));
+                                }
+                                srv::follow(c, &to, &ch).await
                             }
+                            .await;
+                            if moved.is_err() {
+                                // Replicating from the old primary again, as before.
+                                let _ = c.query_drop("START SLAVE").await;
+                            }
+                            moved
                         })
                     })
                     .await

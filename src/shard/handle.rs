@@ -476,17 +476,10 @@ impl ShardHandle {
 
     /// Holds the worker (see [`Command::Hold`]); returns once it has stopped writing,
     /// with the sender that resumes it. `None`: the worker is gone.
-    pub async fn hold(&self, flush: bool) -> Option<oneshot::Sender<Resume>> {
+    pub async fn hold(&self) -> Option<oneshot::Sender<Resume>> {
         let (held, is_held) = oneshot::channel();
         let (resume_tx, resume) = oneshot::channel();
-        self.tx
-            .send(Command::Hold {
-                held,
-                resume,
-                flush,
-            })
-            .await
-            .ok()?;
+        self.tx.send(Command::Hold { held, resume }).await.ok()?;
         is_held.await.ok()?;
         Some(resume_tx)
     }

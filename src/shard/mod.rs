@@ -183,15 +183,13 @@ pub(crate) enum Command {
     /// Stop writing and wait, keeping what the worker knows: a planned switch of the
     /// shard's replica set (see `Host::hold_shard`). The worker writes what it put off,
     /// gives back the leases nobody was handed, saves its checkpoints, says so on `held`,
-    /// and runs nothing more until `resume` says where to go on; a dropped `resume` stops
-    /// it without another write (the commands queued meanwhile fail as `Gone`: nothing of
-    /// them was applied).
-    /// Without `flush` (a worker just opened, held before its first turn) it writes
-    /// nothing at all before it holds.
+    /// and runs nothing more until `resume` says where to go on; what reaches it
+    /// meanwhile fails as `Gone` (nothing of it applied), and a dropped `resume` stops it
+    /// without another write. (A worker started held, `ShardWorker::start_held`, writes
+    /// nothing at all before it holds.)
     Hold {
         held: oneshot::Sender<()>,
         resume: oneshot::Receiver<Resume>,
-        flush: bool,
     },
 }
 

@@ -44,11 +44,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 Command::Release { items, reply } => releases.push((items, reply)),
                 Command::Touch { ops, reply } => touches.push((ops, reply)),
                 Command::Shutdown { done } => shutdown = Some(done),
-                Command::Hold {
-                    held,
-                    resume,
-                    flush,
-                } => self.hold = Some((held, resume, flush)),
+                Command::Hold { held, resume } => self.hold = Some((held, resume, true)),
                 Command::Claim { topic, keys, reply } => {
                     // Claims take their keys out of the index first, so that this turn's
                     // peeks do not offer them again. Only keys still indexed are free:
