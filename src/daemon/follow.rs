@@ -126,7 +126,7 @@ pub(super) async fn follow_view(
                 let on = r.generation.get(s).map(|(_, a)| a.as_str());
                 (p.state == PrimaryState::Paused
                     && on == Some(p.addr.as_str())
-                    && opener.retarget(*s, p).is_some())
+                    && opener.movable(*s))
                 .then_some((*s, p.generation))
             })
             .collect()
@@ -167,8 +167,7 @@ pub(super) async fn follow_view(
             .filter(|s| !served.contains(s) && !r.held.contains_key(s))
             .filter_map(|s| {
                 let p = view.primaries.get(s)?;
-                (p.state == PrimaryState::Paused && opener.retarget(*s, p).is_some())
-                    .then_some((*s, p))
+                (p.state == PrimaryState::Paused && opener.movable(*s)).then_some((*s, p))
             })
             .collect()
     };

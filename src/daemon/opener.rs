@@ -105,14 +105,20 @@ impl ShardOpener {
             .forget_held(id);
     }
 
+    /// Whether shard `id`'s worker can be held through a switch and moved (see
+    /// [`Self::retarget`]): a replicated shard, not under an owner lock.
+    pub(super) fn movable(&self, id: ShardId) -> bool {
+        self.lost.is_none() && self.replicas_of(id)
+    }
+
     /// Where a held worker of replicated shard `id` moves to serve it on `primary` (see
     /// `Host::hold_shard`). None when its store does not move: a file, or a shard under an
     /// owner lock (a fixed assignment), which is reopened instead.
     pub(super) fn retarget(&self, id: ShardId, primary: &PrimaryRecord) -> Option<Retarget> {
-        let s = self.shards.get(&id)?;
-        if self.lost.is_some() || s.replicas.is_empty() {
+        if !self.movable(id) {
             return None;
         }
+        let s = self.shards.get(&id)?;
         // As `open` makes them.
         let url = crate::replication::url_on(&s.url, &primary.addr);
         let tls = crate::replication::server_addr(&url).and_then(|a| s.tls_on(&a).cloned());
