@@ -45,14 +45,6 @@ impl Drop for Driver {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn chromedriver() -> Driver {
     let bin = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
         .into_iter()

@@ -104,7 +104,13 @@ wait_lines() { # FILE N: until FILE has N lines, at most 20 s
   fail "waited 20 s for $2 lines in $1: $(cat "$1")"
 }
 for p in ok dead fail; do "$ctl" enqueue --ns "$ns" --topic "$topic-work" --payload "$p" >/dev/null; done
-mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# A free port below the kernel's ephemeral range, which outgoing connections draw from.
+mport=$(python3 -c '
+import random, socket
+for p in random.sample(range(22000, 23000), 1000):
+    try:
+        socket.socket().bind(("127.0.0.1", p)); print(p); break
+    except OSError: pass')
 "$ctl" --json work --ns "$ns" --topic "$topic-work" --concurrency 2 --backoff 50,100 --max-attempts 2 \
   --metrics "127.0.0.1:$mport" \
   -- sh -c 'p=$(cat); case "$p" in ok) exit 0;; dead) exit 65;; *) exit 1;; esac' >"$tmp/work.log" &

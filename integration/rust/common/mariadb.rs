@@ -1,7 +1,7 @@
 //! A private MariaDB for fault tests: its own datadir, port and socket, started and killed
 //! by the test (never the shared server). SIGSTOP/SIGCONT make it hang and recover.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,11 +27,7 @@ impl PrivateMariaDb {
 
     /// Started with `extra` server options (TLS files, say) after the usual ones.
     pub fn start_with(extra: &[String]) -> PrivateMariaDb {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = super::free_port();
         let dir = std::env::temp_dir().join(format!("foqs-mariadb-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

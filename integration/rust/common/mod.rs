@@ -553,12 +553,39 @@ pub fn code_of(e: &Option<ItemError>) -> Option<ErrorCode> {
 }
 
 /// A port free right now on 127.0.0.1 (for configs that must name their port up front).
+///
+/// Not the kernel's pick (`bind(":0")`): that comes from the ephemeral range, which every
+/// outgoing connection (a client, an etcd or MySQL pool) also draws from, so between this
+/// call and the server's bind another socket could take it (CI saw `AddrInUse`). Ports here
+/// come from below that range (12000-21999, clear of the scripts' fixed ports), handed out
+/// once per process from a pid-based start, and checked free by binding them.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports(1)
+}
+
+/// `n` consecutive ports free now, from the same range and counter as [`free_port`].
+pub fn free_ports(n: u16) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 12000;
+    const SPAN: u32 = 10000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id() % 97) * 103,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let at = NEXT.fetch_add(u32::from(n), Ordering::SeqCst) % SPAN;
+        if at + u32::from(n) > SPAN {
+            continue;
+        }
+        let base = (LOW + at) as u16;
+        if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports in {LOW}..{}", LOW + SPAN);
 }
 
 pub fn now_ms() -> i64 {

@@ -2,6 +2,7 @@
 //! `scripts/replicas.sh` (the same servers the drill script and operators use), and the
 //! SQL the replication tests read them with (through the `mariadb` client, as root).
 
+use super::free_ports;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -28,20 +29,6 @@ fn script(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `n` consecutive ports free now.
-fn free_ports(n: u16) -> u16 {
-    for _ in 0..100 {
-        let base = super::free_port();
-        if base > 65000 {
-            continue;
-        }
-        if (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no {n} consecutive free ports");
 }
 
 impl Replicas {
