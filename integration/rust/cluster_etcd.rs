@@ -355,7 +355,7 @@ async fn a_namespace_quota_holds_across_all_hosts() {
     let db = TestDb::new(SHARDS);
     let etcd = Etcd::start();
     let prefix = format!("/foqs-test-{}", db.names[0]);
-    let quota = format!("[[namespaces]]\nname = \"q\"\nenqueues_per_minute = {PER_MINUTE}\n[[namespaces]]\nname = \"{NS}\"\n");
+    let quota = format!("[[namespaces]]\nname = \"q\"\nenqueues_per_minute = {PER_MINUTE}\nquota_burst_ms = 1000\n[[namespaces]]\nname = \"{NS}\"\n");
     let config = write_config(&db, &cluster_toml(&db, &etcd, &prefix, &quota));
     let cluster = Cluster::start(config, &["h1", "h2", "h3"]);
     settled(&cluster.addrs(), Duration::from_secs(20)).await;

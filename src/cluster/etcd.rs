@@ -45,7 +45,7 @@ use super::{assign_regional, ClusterView, HostAddr, Report, ShardManager};
 use crate::clock::SharedClock;
 use crate::fence::Fence;
 use crate::model::{PrimaryRecord, ShardId};
-use crate::quota::{burst, refilled, QuotaBudget};
+use crate::quota::{refilled, QuotaBudget, Rate};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct HostRecord {
@@ -623,7 +623,7 @@ impl EtcdBudget {
         }
     }
 
-    async fn try_take(&self, ns: &str, per_minute: u64, want: u64) -> Result<u64, String> {
+    async fn try_take(&self, ns: &str, rate: Rate, want: u64) -> Result<u64, String> {
         let mut client = self.client.clone();
         let key = format!("{}/quota/{ns}", self.prefix);
         for _ in 0..BUDGET_ATTEMPTS_MAX {
@@ -640,13 +640,13 @@ impl EtcdBudget {
                 ),
                 None => (
                     BucketRecord {
-                        tokens: burst(per_minute),
+                        tokens: rate.burst(),
                         last_ms: now,
                     },
                     Compare::create_revision(key.clone(), CompareOp::Equal, 0),
                 ),
             };
-            let tokens = refilled(bucket.tokens, bucket.last_ms, now, per_minute);
+            let tokens = refilled(bucket.tokens, bucket.last_ms, now, rate);
             let got = (tokens.floor() as u64).min(want);
             let next = BucketRecord {
                 tokens: tokens - got as f64,
@@ -671,10 +671,10 @@ impl EtcdBudget {
 }
 
 impl QuotaBudget for EtcdBudget {
-    fn take(&self, ns: &str, per_minute: u64, want: u64) -> BoxFuture<'_, u64> {
+    fn take(&self, ns: &str, rate: Rate, want: u64) -> BoxFuture<'_, u64> {
         let ns = ns.to_string();
         Box::pin(async move {
-            match self.try_take(&ns, per_minute, want).await {
+            match self.try_take(&ns, rate, want).await {
                 Ok(n) => n,
                 // Quota unknown: refuse (retryably) rather than admit without a limit.
                 Err(e) => {

@@ -276,6 +276,9 @@ pub struct NamespaceDefaults {
     pub tier: String,
     /// Guaranteed (and enforced) enqueues per minute across the tier; absent: no limit.
     pub enqueues_per_minute: Option<u64>,
+    /// How much of its rate a namespace's quota bucket holds, in ms of the rate: what a
+    /// producer may send at once after being idle or held up (see `crate::quota`).
+    pub quota_burst_ms: u64,
 }
 
 impl Default for NamespaceDefaults {
@@ -287,6 +290,7 @@ impl Default for NamespaceDefaults {
             max_attempts: MAX_ATTEMPTS_DEFAULT,
             tier: TIER_DEFAULT.to_string(),
             enqueues_per_minute: None,
+            quota_burst_ms: crate::quota::BURST_MS_DEFAULT,
         }
     }
 }
@@ -302,6 +306,7 @@ pub struct NamespaceConfig {
     pub max_attempts: Option<i32>,
     pub tier: Option<String>,
     pub enqueues_per_minute: Option<u64>,
+    pub quota_burst_ms: Option<u64>,
     /// Overrides `engine.dlq_max_items_per_topic` for this namespace (0: unbounded).
     pub dlq_max_items_per_topic: Option<u64>,
 }
@@ -315,6 +320,19 @@ pub struct NamespacePolicy {
     pub max_attempts: i32,
     /// Enqueues per minute across the namespace's tier; `None`: no limit.
     pub enqueues_per_minute: Option<u64>,
+    /// The quota bucket's size, in ms of the rate.
+    pub quota_burst_ms: u64,
+}
+
+impl NamespacePolicy {
+    /// The namespace's quota, if it has one.
+    pub fn quota(&self) -> Option<crate::quota::Rate> {
+        self.enqueues_per_minute
+            .map(|per_minute| crate::quota::Rate {
+                per_minute,
+                burst_ms: self.quota_burst_ms,
+            })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -532,6 +550,21 @@ impl Config {
                 ));
             }
         }
+        let bursts = std::iter::once(("defaults".to_string(), Some(self.defaults.quota_burst_ms)))
+            .chain(
+                self.namespaces
+                    .iter()
+                    .map(|n| (format!("namespace {:?}", n.name), n.quota_burst_ms)),
+            );
+        for (what, b) in bursts {
+            if b.is_some_and(|b| !(1..=crate::quota::BURST_MS_MAX).contains(&b)) {
+                problems.push(format!(
+                    "{what}: quota_burst_ms must be between 1 and {} (ms of the rate the \
+                     quota bucket holds)",
+                    crate::quota::BURST_MS_MAX
+                ));
+            }
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -586,6 +619,7 @@ impl Namespaces {
             policy: d.policy.into(),
             max_attempts: d.max_attempts,
             enqueues_per_minute: d.enqueues_per_minute,
+            quota_burst_ms: d.quota_burst_ms,
         };
         let listed = cfg
             .namespaces
@@ -597,6 +631,7 @@ impl Namespaces {
                     policy: n.policy.map(Policy::from).unwrap_or(defaults.policy),
                     max_attempts: n.max_attempts.unwrap_or(defaults.max_attempts),
                     enqueues_per_minute: n.enqueues_per_minute.or(defaults.enqueues_per_minute),
+                    quota_burst_ms: n.quota_burst_ms.unwrap_or(defaults.quota_burst_ms),
                 };
                 (n.name.clone(), p)
             })
@@ -651,6 +686,7 @@ mod tests {
             [[namespaces]]
             name = ""
             lease_ms = -1
+            quota_burst_ms = 0
             "#,
         )
         .unwrap_err();
@@ -662,6 +698,7 @@ mod tests {
             "scan_interval_ms",
             "index_keys_per_topic_max",
             "lease_ms must be > 0",
+            "quota_burst_ms must be between 1 and 3600000",
             "1..=255",
         ] {
             assert!(text.contains(want), "{want} missing from {text}");

@@ -13,6 +13,7 @@ use super::host::Host;
 use super::validate::{as_request, validate_item};
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{ItemId, NewItem, ShardId};
+use crate::quota::Rate;
 use crate::shard::{Enqueued, Forward, PendingEnqueue};
 
 /// How often an enqueue held during a switch looks for a shard again.
@@ -109,13 +110,9 @@ impl Host {
         valid: Vec<(usize, NewItem)>,
         results: &mut [Option<EnqueueOutcome>],
     ) -> Vec<(usize, NewItem)> {
-        let mut wanted: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        let mut wanted: BTreeMap<&str, (Rate, u64)> = BTreeMap::new();
         for (_, n) in &valid {
-            if let Some(q) = self
-                .namespaces
-                .get(&n.ns)
-                .and_then(|p| p.enqueues_per_minute)
-            {
+            if let Some(q) = self.namespaces.get(&n.ns).and_then(|p| p.quota()) {
                 wanted.entry(&n.ns).or_insert((q, 0)).1 += 1;
             }
         }
@@ -123,8 +120,8 @@ impl Host {
             return valid;
         }
         let mut allowed: BTreeMap<String, u64> = BTreeMap::new();
-        for (ns, (per_minute, n)) in wanted {
-            let ok = self.cluster.quotas.admit(ns, per_minute, n).await;
+        for (ns, (rate, n)) in wanted {
+            let ok = self.cluster.quotas.admit(ns, rate, n).await;
             allowed.insert(ns.to_string(), ok);
         }
         let mut kept = Vec::with_capacity(valid.len());

@@ -169,6 +169,7 @@ mod tests {
         policy: Policy::AtLeastOnce,
         max_attempts: 5,
         enqueues_per_minute: None,
+        quota_burst_ms: crate::quota::BURST_MS_DEFAULT,
     };
 
     fn item() -> EnqueueRequestItem {
