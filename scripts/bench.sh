@@ -63,13 +63,18 @@ for cfg in "$config" "$sqlite_config"; do
 done
 
 # with_setting CONFIG "KEY = VALUE": the path of CONFIG with that line in place of its
-# own KEY line (CONFIG itself when the setting is empty).
+# own KEY line, or added to its [engine] when it has none (CONFIG itself when the setting
+# is empty).
 with_setting() {
   local cfg=$1 setting=$2 key
   [ -z "$setting" ] && { echo "$cfg"; return 0; }
   key=${setting%%[ =]*}
-  grep -q "^$key = " "$cfg" || { foqs_log "$key is not set in $cfg: cannot replace it"; return 1; }
-  sed -e "s#^$key = .*#$setting#" "$cfg" >"${cfg%.toml}-set.toml"
+  if grep -q "^$key = " "$cfg"; then
+    sed -e "s#^$key = .*#$setting#" "$cfg" >"${cfg%.toml}-set.toml"
+  else
+    grep -q '^\[engine\]' "$cfg" || { foqs_log "$cfg has no [engine] for $setting"; return 1; }
+    sed -e "/^\[engine\]/a $setting" "$cfg" >"${cfg%.toml}-set.toml"
+  fi
   echo "${cfg%.toml}-set.toml"
 }
 
@@ -179,22 +184,25 @@ print(json.dumps({"run": sys.argv[2], "victim_batch": int(sys.argv[3]), **r, "se
       "$line" "$label" "$batch" "$(server_side)"
   }
   flood() { nice -n 19 ./target/release/foqs-bench --host "$listen" --ns flood --phases flood --producers 8 --consumers 4 --batch 100 --max-seconds "$1"; }
-  # With FOQS_BENCH_BEFORE, that foqsd runs each step too (labels end in -before).
-  binaries=(./target/release/foqsd)
-  [ -n "${FOQS_BENCH_BEFORE:-}" ] && binaries=("$FOQS_BENCH_BEFORE" "${binaries[@]}")
+  # With FOQS_BENCH_BEFORE (or FOQS_BENCH_BEFORE_ENGINE), that foqsd (or this one with
+  # that setting) runs each step too, first (labels end in -before).
+  runs=(now)
+  [ -n "${FOQS_BENCH_BEFORE:-}" ] && runs=(before now)
   for backend in ${FOQS_BENCH_BACKENDS:-mysql sqlite}; do
-    for bin in "${binaries[@]}"; do
-      tag=$backend
-      [ "$bin" = "${FOQS_BENCH_BEFORE:-}" ] && tag=$backend-before
+    for run in "${runs[@]}"; do
+      tag=$backend bin=./target/release/foqsd setting=${FOQS_BENCH_ENGINE:-}
+      if [ "$run" = before ]; then
+        tag=$backend-before bin=$FOQS_BENCH_BEFORE setting=$before_setting
+      fi
       for batch in 1 20; do
-        fresh_foqsd "$backend" "$bin"
+        fresh_foqsd "$backend" "$bin" "$setting"
         victim "$tag-victim-alone" "$batch"
       done
-      fresh_foqsd "$backend" "$bin"
+      fresh_foqsd "$backend" "$bin" "$setting"
       line=$(flood "$secs")
       echo "{\"run\":\"$tag-flood-alone\",${line#\{}"
       for batch in 1 20; do
-        fresh_foqsd "$backend" "$bin"
+        fresh_foqsd "$backend" "$bin" "$setting"
         flood $((secs + 4)) >"$FOQS_RUN/bench-flood.json" &
         flood_pid=$!
         sleep 2
