@@ -32,6 +32,22 @@ foqs_port_open() {
   (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
 }
 
+# A port free now on 127.0.0.1, from 22000-22999: below the kernel's ephemeral range, which
+# outgoing connections draw from (a port the kernel picked and released could be taken by
+# one before the server that was to listen on it bound it). Ports given as arguments
+# (picked already, not bound yet) are not picked again.
+foqs_free_port() {
+  python3 -c '
+import random, socket, sys
+taken = {int(a) for a in sys.argv[1:]}
+for p in random.sample(range(22000, 23000), 1000):
+    if p in taken:
+        continue
+    try:
+        socket.socket().bind(("127.0.0.1", p)); print(p); break
+    except OSError: pass' "$@"
+}
+
 # Waits up to $2 seconds for something to listen on 127.0.0.1 port $1; false if nothing does.
 foqs_wait_port() {
   local i

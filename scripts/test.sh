@@ -77,14 +77,14 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" 2>/dev/null || { foqs_apt_install python3-venv && python3 -m venv "$venv"; }
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -r integration/python/requirements.txt
-port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(foqs_free_port)
 # The embedded default (conf/foqsd.toml) with its files in a folder of this run.
 py_config=$(mktemp "$FOQS_RUN/foqsd-py-XXXX.toml")
 py_data=$(mktemp -d "$FOQS_RUN/data-py-XXXX")
 prefix="foqs_py_$$_"
 foqs_config_for_sqlite "$py_config" "$py_data"
 # Its metrics listener, so the client suites can see which transport foqsd served.
-metrics_port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+metrics_port=$(foqs_free_port "$port")
 printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "$metrics_port" >>"$py_config"
 RUST_LOG=warn ./target/debug/foqsd --config "$py_config" --listen "127.0.0.1:$port" &
 foqsd_pid=$!
@@ -93,7 +93,7 @@ foqs_wait_port "$port" 30 || { foqs_log "foqsd did not start listening on $port"
 # applies access rules, for the Python TLS tests.
 certs="$FOQS_RUN/certs"
 bash scripts/certs.sh "$certs" alice 2>/dev/null
-tls_port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+tls_port=$(foqs_free_port)
 tls_config=$(mktemp "$FOQS_RUN/foqsd-tls-XXXX.toml")
 foqs_config_for_mysql "$tls_config" "${prefix}tls_"
 cat >>"$tls_config" <<TOML

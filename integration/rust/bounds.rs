@@ -180,3 +180,74 @@ async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
     }
     running.shutdown().await;
 }
+
+/// Through a real host and its shard worker, namespaces that keep requests waiting share
+/// the shards by their guaranteed rates: with rates 3:1, the heavy namespace's enqueues
+/// complete three times as often as the light one's while both wait (within 15 %). One
+/// slot; an enqueue of a third namespace held in its store while 400 queue behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_share_a_saturated_host_by_their_rates() {
+    use foqs::clock::SystemClock;
+    use foqs::core::{Caller, EnqueueRequestItem};
+    use std::sync::{Arc, Mutex};
+
+    let db = TestDb::new(1);
+    let extra = format!(
+        "{FAST_ENGINE}fair_slots = 1\n\
+         [[namespaces]]\nname = \"heavy\"\nenqueues_per_minute = 1800000\n\
+         [[namespaces]]\nname = \"light\"\nenqueues_per_minute = 600000\n\
+         [[namespaces]]\nname = \"other\"\n"
+    );
+    let (running, faults) = foqsd_with_faults(&db, &extra, Arc::new(SystemClock)).await;
+    let host = running.host.clone();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let enqueue = |ns: &'static str| {
+        let (host, order) = (host.clone(), order.clone());
+        tokio::spawn(async move {
+            let r = host
+                .enqueue(
+                    &Caller::anonymous(),
+                    vec![EnqueueRequestItem {
+                        ns: ns.into(),
+                        topic: "t".into(),
+                        payload: b"x".to_vec(),
+                        ..Default::default()
+                    }],
+                    None,
+                    None,
+                )
+                .await
+                .unwrap();
+            r.into_iter().next().unwrap().expect("enqueued");
+            order.lock().unwrap().push(ns);
+        })
+    };
+    faults.arm("insert", Fault::Hold);
+    let held = faults.waiting().notified();
+    let first = enqueue("other");
+    held.await;
+    let tasks: Vec<_> = (0..400)
+        .map(|i| enqueue(if i % 2 == 0 { "heavy" } else { "light" }))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while host.fair_waiting().0 < 400 {
+        assert!(Instant::now() < deadline, "never 400 waiting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    faults.release();
+    first.await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap();
+    // The first 200 after the held one: both namespaces still had requests waiting (the
+    // heavy one's 200 last until about the 267th).
+    let heavy = order[1..201].iter().filter(|n| **n == "heavy").count() as f64;
+    let ratio = heavy / (200.0 - heavy);
+    assert!(
+        (ratio - 3.0).abs() <= 0.45,
+        "heavy:light = {ratio:.2} ({heavy} of 200): {:?}",
+        &order[..40]
+    );
+    running.shutdown().await;
+}
