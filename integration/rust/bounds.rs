@@ -239,7 +239,7 @@ async fn namespaces_share_a_saturated_host_by_their_rates() {
     for t in tasks {
         t.await.unwrap();
     }
-    let order = order.lock().unwrap();
+    let order = order.lock().unwrap().clone();
     // The first 200 after the held one: both namespaces still had requests waiting (the
     // heavy one's 200 last until about the 267th).
     let heavy = order[1..201].iter().filter(|n| **n == "heavy").count() as f64;
