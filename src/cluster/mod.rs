@@ -10,6 +10,7 @@
 //! follow the live hosts, assigned by rendezvous hashing with bounded loads; fenced by
 //! the lease).
 
+mod budget;
 pub mod config;
 mod etcd;
 pub mod primaries;
@@ -24,8 +25,9 @@ use crate::fence::Fence;
 use crate::model::ShardId;
 
 pub use crate::model::{ClusterView, HostAddr, TIER_DEFAULT};
+pub use budget::EtcdBudget;
 pub use config::{ClusterConfig, ManagerKind, TierConfig};
-pub use etcd::{EtcdBudget, EtcdManager, Member};
+pub use etcd::{EtcdManager, Member};
 
 /// The pluggable shard-manager client.
 pub trait ShardManager: Send + Sync {
