@@ -16,6 +16,7 @@ mod api;
 mod assets;
 mod auth;
 mod data;
+mod dead;
 mod pages;
 mod series;
 

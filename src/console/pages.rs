@@ -15,12 +15,12 @@ use maud::{html, Markup, DOCTYPE};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
 
-use super::assets;
-use super::data::{DlqPage, ItemView, TopicList, TopicQuery, TopicSort, TopicView};
+use super::data::{ItemView, TopicList, TopicQuery, TopicSort, TopicView};
+use super::{assets, dead};
 use super::{Console, Role};
 use crate::error::{Error, ErrorCode};
 
-type C = State<Arc<Console>>;
+pub(super) type C = State<Arc<Console>>;
 
 pub fn routes() -> Router<Arc<Console>> {
     Router::new()
@@ -29,10 +29,13 @@ pub fn routes() -> Router<Arc<Console>> {
         .route("/ns/{ns}", get(topics))
         .route("/ns/{ns}/t/{topic}", get(topic))
         .route("/ns/{ns}/t/{topic}/enqueue", post(enqueue))
-        .route("/ns/{ns}/t/{topic}/dlq", get(dlq))
-        .route("/ns/{ns}/t/{topic}/dlq/requeue", post(requeue))
-        .route("/ns/{ns}/t/{topic}/dlq/requeue-all", post(requeue_all))
-        .route("/ns/{ns}/t/{topic}/dlq/purge", post(purge))
+        .route("/ns/{ns}/t/{topic}/dlq", get(dead::dlq))
+        .route("/ns/{ns}/t/{topic}/dlq/requeue", post(dead::requeue))
+        .route(
+            "/ns/{ns}/t/{topic}/dlq/requeue-all",
+            post(dead::requeue_all),
+        )
+        .route("/ns/{ns}/t/{topic}/dlq/purge", post(dead::purge))
         .route("/cluster", get(cluster))
 }
 
@@ -47,7 +50,7 @@ pub fn enc(s: &str) -> String {
     utf8_percent_encode(s, SEGMENT).to_string()
 }
 
-fn topic_url(ns: &str, topic: &str) -> String {
+pub(super) fn topic_url(ns: &str, topic: &str) -> String {
     format!("/ns/{}/t/{}", enc(ns), enc(topic))
 }
 
@@ -92,7 +95,7 @@ fn rate(r: f64) -> String {
     }
 }
 
-fn layout(c: &Console, role: Role, title: &str, body: Markup) -> Html<String> {
+pub(super) fn layout(c: &Console, role: Role, title: &str, body: Markup) -> Html<String> {
     let v = env!("CARGO_PKG_VERSION");
     let who = match role.0 {
         super::Verdict::User(crate::config::ConsoleRole::ReadOnly) => "read-only",
@@ -171,7 +174,7 @@ fn error_page(c: &Console, role: Role, status: StatusCode, what: &str, why: &str
     (status, layout(c, role, what, body)).into_response()
 }
 
-fn failed_page(c: &Console, role: Role, what: &str, e: &Error) -> Response {
+pub(super) fn failed_page(c: &Console, role: Role, what: &str, e: &Error) -> Response {
     error_page(c, role, status_of(e), what, &e.message)
 }
 
@@ -179,7 +182,7 @@ fn failed_page(c: &Console, role: Role, what: &str, e: &Error) -> Response {
 /// crafted link cannot make the console say something of its own).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct Done {
+pub(super) struct Done {
     done: Option<String>,
     id: Option<String>,
     n: Option<String>,
@@ -210,13 +213,13 @@ impl Done {
     }
 }
 
-fn msg_box(done: &Done) -> Markup {
+pub(super) fn msg_box(done: &Done) -> Markup {
     html! {
         @if let Some(m) = done.text() { div.msg #msg { (m) } }
     }
 }
 
-fn back_to(url: String, query: &str) -> Response {
+pub(super) fn back_to(url: String, query: &str) -> Response {
     Redirect::to(&format!("{url}?{query}")).into_response()
 }
 
@@ -397,7 +400,7 @@ async fn topics(
     layout(&c, role, &format!("Namespace {}", l.ns), body).into_response()
 }
 
-fn items_table(id: &str, items: &[ItemView], dead: Option<(&str, &str)>) -> Markup {
+pub(super) fn items_table(id: &str, items: &[ItemView], dead: Option<(&str, &str)>) -> Markup {
     html! {
         table id=(id) {
             thead { tr {
@@ -506,114 +509,6 @@ async fn enqueue(
             &format!("done=enqueued&id={}", enc(&id)),
         ),
         Err(e) => failed_page(&c, role, "Not enqueued", &e),
-    }
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct DlqQuery {
-    after: Option<String>,
-    /// Dead items per page (default 100, at most 1,000).
-    limit: Option<i32>,
-}
-
-async fn dlq(
-    State(c): C,
-    Extension(role): Extension<Role>,
-    Path((ns, topic)): Path<(String, String)>,
-    Query(q): Query<DlqQuery>,
-    Query(done): Query<Done>,
-) -> Response {
-    let page: DlqPage = match c.dlq(&ns, &topic, q.after.clone(), q.limit).await {
-        Ok(p) => p,
-        Err(e) => return failed_page(&c, role, "Dead letters", &e),
-    };
-    let url = topic_url(&ns, &topic);
-    let body = html! {
-        p.muted { a href=(format!("/ns/{}", enc(&ns))) { (ns) } " / " a href=(url) { (topic) } " / dead letters" }
-        h1 { "Dead letters of " (topic) }
-        (msg_box(&done))
-        p #dead-count { (page.dead) " dead items." }
-        @if page.items.is_empty() { p.muted #none { "No dead letters on this page." } }
-        @else { (items_table("dead", &page.items, Some((&ns, &topic)))) }
-        div.pager {
-            @if q.after.is_some() { a #first href=(format!("{url}/dlq")) { "← first page" } }
-            @if let Some(n) = &page.next {
-                a #next href=(format!("{url}/dlq?after={}{}", enc(n), q.limit.map(|l| format!("&limit={l}")).unwrap_or_default())) { "next →" }
-            }
-        }
-        @if page.dead > 0 {
-            form.box #requeue-all method="post" action=(format!("{url}/dlq/requeue-all")) {
-                "Make every dead item of this topic ready again. "
-                button type="submit" { "Requeue all" }
-            }
-            form.box #purge method="post" action=(format!("{url}/dlq/purge")) {
-                "Delete every dead item of this topic, for good. Type the topic's name to confirm: "
-                input type="text" name="confirm" autocomplete="off";
-                " "
-                button.danger type="submit" { "Purge" }
-            }
-        }
-    };
-    layout(&c, role, &format!("Dead letters of {topic}"), body).into_response()
-}
-
-#[derive(Debug, Deserialize)]
-struct IdForm {
-    id: String,
-}
-
-async fn requeue(
-    State(c): C,
-    Extension(role): Extension<Role>,
-    Path((ns, topic)): Path<(String, String)>,
-    Form(f): Form<IdForm>,
-) -> Response {
-    match c.dlq_requeue(std::slice::from_ref(&f.id)).await {
-        Ok(failed) if failed.is_empty() => back_to(
-            format!("{}/dlq", topic_url(&ns, &topic)),
-            &format!("done=requeued&id={}", enc(&f.id)),
-        ),
-        Ok(mut failed) => {
-            let (_, e) = failed.remove(0);
-            failed_page(&c, role, "Not requeued", &e)
-        }
-        Err(e) => failed_page(&c, role, "Not requeued", &e),
-    }
-}
-
-async fn requeue_all(
-    State(c): C,
-    Extension(role): Extension<Role>,
-    Path((ns, topic)): Path<(String, String)>,
-) -> Response {
-    match c.dlq_requeue_all(&ns, &topic).await {
-        Ok(p) => back_to(
-            format!("{}/dlq", topic_url(&ns, &topic)),
-            &format!("done=requeued_all&n={}&more={}", p.count, p.more),
-        ),
-        Err(e) => failed_page(&c, role, "Not requeued", &e),
-    }
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct PurgeForm {
-    confirm: String,
-}
-
-async fn purge(
-    State(c): C,
-    Extension(role): Extension<Role>,
-    Path((ns, topic)): Path<(String, String)>,
-    Form(f): Form<PurgeForm>,
-) -> Response {
-    match c.dlq_purge(&ns, &topic, &f.confirm).await {
-        Ok(p) => back_to(
-            format!("{}/dlq", topic_url(&ns, &topic)),
-            &format!("done=purged&n={}&more={}", p.count, p.more),
-        ),
-        Err(e) => failed_page(&c, role, "Not purged", &e),
     }
 }
 
