@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use tokio::sync::oneshot;
 
-use super::ops::InsertGroup;
+use super::inserts::InsertGroup;
 use super::worker::ShardWorker;
 use super::Command;
 use crate::model::{Item, ItemId, NewItem, Policy, ReadyKey, TopicName};

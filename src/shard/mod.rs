@@ -14,6 +14,7 @@ mod handle;
 mod handoff;
 mod hold;
 mod index;
+mod inserts;
 mod ops;
 mod scans;
 mod staged;
