@@ -15,10 +15,11 @@ mod execute;
 #[cfg(any(test, feature = "faults"))]
 pub mod mangle;
 mod peer;
+mod peer_conn;
 mod replication;
 pub mod worker;
 
-pub use peer::PeerClient;
+pub use peer_conn::PeerClient;
 
 use thrift::protocol::{
     TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol,
