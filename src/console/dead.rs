@@ -1,24 +1,36 @@
 //! The console's dead-letter pages: a topic's dead items page by page, and the forms that
 //! requeue one, requeue all, or purge them (see `pages.rs` for how pages and forms work).
 
+use std::sync::Arc;
+
 use axum::extract::{Extension, Form, Path, Query, State};
 use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
 use maud::html;
 use serde::Deserialize;
 
 use super::data::DlqPage;
 use super::pages::{back_to, enc, failed_page, items_table, layout, msg_box, topic_url, Done, C};
-use super::Role;
+use super::{Console, Role};
+
+pub fn routes() -> Router<Arc<Console>> {
+    Router::new()
+        .route("/ns/{ns}/t/{topic}/dlq", get(dlq))
+        .route("/ns/{ns}/t/{topic}/dlq/requeue", post(requeue))
+        .route("/ns/{ns}/t/{topic}/dlq/requeue-all", post(requeue_all))
+        .route("/ns/{ns}/t/{topic}/dlq/purge", post(purge))
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-pub(super) struct DlqQuery {
+struct DlqQuery {
     after: Option<String>,
     /// Dead items per page (default 100, at most 1,000).
     limit: Option<i32>,
 }
 
-pub(super) async fn dlq(
+async fn dlq(
     State(c): C,
     Extension(role): Extension<Role>,
     Path((ns, topic)): Path<(String, String)>,
@@ -60,11 +72,11 @@ pub(super) async fn dlq(
 }
 
 #[derive(Debug, Deserialize)]
-pub(super) struct IdForm {
+struct IdForm {
     id: String,
 }
 
-pub(super) async fn requeue(
+async fn requeue(
     State(c): C,
     Extension(role): Extension<Role>,
     Path((ns, topic)): Path<(String, String)>,
@@ -83,7 +95,7 @@ pub(super) async fn requeue(
     }
 }
 
-pub(super) async fn requeue_all(
+async fn requeue_all(
     State(c): C,
     Extension(role): Extension<Role>,
     Path((ns, topic)): Path<(String, String)>,
@@ -99,11 +111,11 @@ pub(super) async fn requeue_all(
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-pub(super) struct PurgeForm {
+struct PurgeForm {
     confirm: String,
 }
 
-pub(super) async fn purge(
+async fn purge(
     State(c): C,
     Extension(role): Extension<Role>,
     Path((ns, topic)): Path<(String, String)>,

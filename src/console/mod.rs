@@ -81,6 +81,7 @@ pub(crate) struct Role(pub Verdict);
 pub fn router(console: Arc<Console>) -> Router {
     Router::new()
         .merge(pages::routes())
+        .merge(dead::routes())
         .nest("/api/v1", api::routes())
         .merge(assets::routes())
         .layer(middleware::from_fn_with_state(console.clone(), guard))

@@ -15,8 +15,8 @@ use maud::{html, Markup, DOCTYPE};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
 
+use super::assets;
 use super::data::{ItemView, TopicList, TopicQuery, TopicSort, TopicView};
-use super::{assets, dead};
 use super::{Console, Role};
 use crate::error::{Error, ErrorCode};
 
@@ -29,13 +29,6 @@ pub fn routes() -> Router<Arc<Console>> {
         .route("/ns/{ns}", get(topics))
         .route("/ns/{ns}/t/{topic}", get(topic))
         .route("/ns/{ns}/t/{topic}/enqueue", post(enqueue))
-        .route("/ns/{ns}/t/{topic}/dlq", get(dead::dlq))
-        .route("/ns/{ns}/t/{topic}/dlq/requeue", post(dead::requeue))
-        .route(
-            "/ns/{ns}/t/{topic}/dlq/requeue-all",
-            post(dead::requeue_all),
-        )
-        .route("/ns/{ns}/t/{topic}/dlq/purge", post(dead::purge))
         .route("/cluster", get(cluster))
 }
 

@@ -594,3 +594,11 @@ pub fn enqueue_outcomes_from_wire(r: t::EnqueueOutcomeResponse) -> Vec<ShardOutc
         })
         .collect()
 }
+
+/// Splits a domain result into the generated result struct's two fields.
+pub(super) fn split<T>(r: crate::error::Result<T>) -> (Option<T>, Option<t::FoqsError>) {
+    match r {
+        Ok(v) => (Some(v), None),
+        Err(e) => (None, Some(foqs_error(e))),
+    }
+}

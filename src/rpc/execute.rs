@@ -1,7 +1,8 @@
 //! One decoded call run against [`Host`]: the request's fields become the core's
 //! arguments, and its result the generated result struct.
 
-use super::{convert, replication, Call, Reply};
+use super::convert::{self, split};
+use super::{replication, Call, Reply};
 use crate::core::{Caller, Host};
 use crate::thrift_gen as t;
 
@@ -22,14 +23,6 @@ pub(super) fn bounded_wait(wait_ms: Option<i64>, client_timeout_ms: Option<u64>)
 /// The forwarding host's id; an empty string (a careless client) counts as absent.
 fn forwarder(f: &Option<String>) -> Option<&str> {
     f.as_deref().filter(|s| !s.is_empty())
-}
-
-/// Splits a domain result into the generated result struct's two fields.
-pub(super) fn split<T>(r: crate::error::Result<T>) -> (Option<T>, Option<t::FoqsError>) {
-    match r {
-        Ok(v) => (Some(v), None),
-        Err(e) => (None, Some(convert::foqs_error(e))),
-    }
 }
 
 pub(super) async fn execute(

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use thrift::protocol::{TInputProtocol, TOutputProtocol};
 
-use super::execute::split;
+use super::convert::split;
 use crate::core::{Caller, Host};
 use crate::replication::{ShardReplication, SwitchReport};
 use crate::thrift_gen as t;
