@@ -323,8 +323,10 @@ fn the_readme_shows_the_replica_set_steps_the_scripts_run() {
 }
 
 /// `foqs-sim` (the tier's ownership at any size, on the real assignment function) runs,
-/// replays from its seed, and at 300 hosts moves near the least it can per join, leave and
-/// crash (the 1,000-host run is `bash scripts/sim.sh`, out of the suite for its time).
+/// replays from its seed, and at 300 hosts moves at most 1.1 times the least it can per
+/// join, leave and crash (issue 36's bound; it moves exactly the least), with hosts within
+/// one shard of each other (the 1,000-host run is `bash scripts/sim.sh`, out of the suite
+/// for its time).
 #[test]
 fn the_simulation_replays_from_its_seed_and_moves_little() {
     let run = |seed: &str| {
@@ -357,10 +359,11 @@ fn the_simulation_replays_from_its_seed_and_moves_little() {
     for (kind, k) in summary["by_kind"].as_object().unwrap() {
         let worst = k["worst_ratio"].as_f64().unwrap();
         assert!(
-            worst <= 2.5,
+            worst <= 1.1,
             "{kind}: moved {worst} times the least it could: {summary}"
         );
     }
+    assert_eq!(summary["worst_load_spread"], 1, "{summary}");
     let bad = Command::new(env!("CARGO_BIN_EXE_foqs-sim"))
         .args(["--hosts", "many"])
         .output()

@@ -1,11 +1,16 @@
 //! `foqs-sim`: a seeded, deterministic simulation of a tier's shard ownership at any size,
-//! on the real assignment function (`foqs::cluster::assign_regional`, what every etcd host
-//! computes from the hosts and primaries it watches). No timing from the machine: what it
-//! counts is decided by the seed alone.
+//! on the real assignment function (`foqs::cluster::assign_regional_from`, what every etcd
+//! host computes from the hosts, primaries and shard owners it watches; here the owners
+//! are the last event's assignment). No timing from the machine: what it counts is decided
+//! by the seed alone.
 //!
 //! ```text
 //! cargo run --release --bin foqs-sim -- --hosts 1000 --shards 10000 --seed 1 [--events 40]
 //! ```
+//!
+//! `--stateless` runs the assignment foqsd had before (`assign_regional_with_slack`:
+//! rendezvous hashing with bounded loads from the host list alone; `--slack-percent P`,
+//! default 25) for comparison.
 //!
 //! Events drawn from the seed: a host joins, leaves, crashes (its lease lapses: for the
 //! assignment, the same as a leave), a region is drained (the primaries of a region's
@@ -25,7 +30,7 @@
 
 use std::collections::BTreeMap;
 
-use foqs::cluster::{assign_regional_with_slack, SLACK};
+use foqs::cluster::{assign_regional_from, assign_regional_with_slack, SLACK};
 use foqs::model::ShardId;
 use foqs::seeded::Rng;
 use serde_json::json;
@@ -41,7 +46,8 @@ struct Tier {
     /// Each shard's primary region.
     regions: BTreeMap<ShardId, &'static str>,
     next_host: usize,
-    slack: f64,
+    /// `Some(slack)`: the stateless assignment (`--stateless`).
+    stateless: Option<f64>,
 }
 
 impl Tier {
@@ -52,7 +58,7 @@ impl Tier {
             shards: Vec::new(),
             regions: BTreeMap::new(),
             next_host: 0,
-            slack: SLACK,
+            stateless: None,
         };
         for _ in 0..hosts {
             t.join(rng);
@@ -77,12 +83,17 @@ impl Tier {
         }
     }
 
-    fn assignment(&self) -> BTreeMap<ShardId, String> {
+    /// The assignment after an event, from the owners before it.
+    fn assignment(&self, owners: &BTreeMap<ShardId, String>) -> BTreeMap<ShardId, String> {
         let hosts: Vec<(&str, &str)> = self.hosts.iter().map(|(h, r)| (h.as_str(), *r)).collect();
-        assign_regional_with_slack(&self.shards, &hosts, &self.regions, self.slack)
-            .into_iter()
-            .map(|(s, h)| (s, h.to_string()))
-            .collect()
+        let plan = match self.stateless {
+            Some(slack) => assign_regional_with_slack(&self.shards, &hosts, &self.regions, slack),
+            None => {
+                let current = owners.iter().map(|(s, h)| (*s, h.as_str())).collect();
+                assign_regional_from(&self.shards, &hosts, &self.regions, &current)
+            }
+        };
+        plan.into_iter().map(|(s, h)| (s, h.to_string())).collect()
     }
 }
 
@@ -108,7 +119,7 @@ fn arg(args: &[String], name: &str, default: u64) -> u64 {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("foqs-sim: {why}\nusage: foqs-sim --hosts N --shards S [--seed X] [--events E] [--regions 1-3] [--slack-percent P]");
+    eprintln!("foqs-sim: {why}\nusage: foqs-sim --hosts N --shards S [--seed X] [--events E] [--regions 1-3] [--stateless [--slack-percent P]]");
     std::process::exit(2)
 }
 
@@ -122,6 +133,7 @@ fn main() {
             "--events",
             "--slack-percent",
             "--regions",
+            "--stateless",
         ]
         .contains(&a.as_str())
         {
@@ -132,19 +144,20 @@ fn main() {
     let shards = arg(&args, "--shards", 10 * hosts as u64) as usize;
     let seed = arg(&args, "--seed", 1);
     let events = arg(&args, "--events", 40) as usize;
-    // The assignment's slack in per cent (default: foqsd's own, `cluster::SLACK`).
+    // The stateless assignment's slack in per cent (default: `cluster::SLACK`).
     let slack = args
         .iter()
         .position(|a| a == "--slack-percent")
         .map_or(SLACK, |_| arg(&args, "--slack-percent", 0) as f64 / 100.0);
+    let stateless = args.iter().any(|a| a == "--stateless");
     if hosts < 2 || shards == 0 {
         usage("at least 2 hosts and 1 shard");
     }
     let mut rng = Rng::new(seed);
     let regions = (arg(&args, "--regions", 3) as usize).clamp(1, ALL_REGIONS.len());
     let mut tier = Tier::new(hosts, shards, regions, &mut rng);
-    tier.slack = slack;
-    let mut before = tier.assignment();
+    tier.stateless = stateless.then_some(slack);
+    let mut before = tier.assignment(&BTreeMap::new());
     // kind -> (worst ratio, sum of ratios, count)
     let mut by_kind: BTreeMap<&str, (f64, f64, usize)> = BTreeMap::new();
     let mut worst_spread = 0usize;
@@ -206,7 +219,7 @@ fn main() {
                 k as f64
             }
         };
-        let after = tier.assignment();
+        let after = tier.assignment(&before);
         let moved = after
             .iter()
             .filter(|(s, h)| before.get(*s).is_some_and(|b| b != *h))
@@ -241,7 +254,9 @@ fn main() {
         .collect();
     println!(
         "{}",
-        json!({"summary": true, "seed": seed, "hosts": hosts, "shards": shards, "slack": slack, "regions": regions,
+        json!({"summary": true, "seed": seed, "hosts": hosts, "shards": shards,
+            "assignment": if stateless { format!("stateless, slack {}", (slack * 100.0).round()) } else { "from the current owners".to_string() },
+            "regions": regions,
             "events": events, "by_kind": kinds, "worst_load_spread": worst_spread,
             "scores_per_host_per_event": tier.shards.len() * tier.hosts.len()})
     );

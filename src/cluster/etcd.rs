@@ -8,9 +8,10 @@
 //! - the replicated shards' primaries and acks (see `primaries.rs`).
 //!
 //! Every `poll_ms` a host renews its lease, reads the hosts and owners, and computes the
-//! owner each shard of its tier should have ([`super::assign`]: rendezvous hashing with
-//! bounded loads over the tier's live hosts, so every host computes the same answer, the
-//! hosts' shard counts differ by at most one, and a change of hosts moves few shards). It creates the keys of free shards it should own (a transaction that succeeds
+//! owner each shard of its tier should have ([`super::assign_regional_from`]: from the
+//! owners now, the fewest moves that leave the hosts' shard counts within one, rendezvous
+//! hashing for the shards that must move; every host computes the same answer from the
+//! same view). It creates the keys of free shards it should own (a transaction that succeeds
 //! only if the key is absent, so a shard has one owner key at a time), and gives back
 //! shards that should be elsewhere: first the host stops serving them (buffers flushed),
 //! then the key is deleted and the new owner creates it. A dead host's keys vanish with
@@ -41,7 +42,7 @@ use tokio::task::JoinHandle;
 
 use super::config::{fence_margin_ms, EtcdConfig};
 use super::primaries::{self, Ack};
-use super::{assign_regional, ClusterView, HostAddr, Report, ShardManager};
+use super::{assign_regional_from, ClusterView, HostAddr, Report, ShardManager};
 use crate::fence::Fence;
 use crate::model::{PrimaryRecord, ShardId};
 
@@ -529,7 +530,9 @@ impl Follower {
             .iter()
             .map(|(s, r)| (*s, r.owner_region()))
             .collect();
-        let plan = assign_regional(&self.member.tier_shards, &tier_hosts, &regions);
+        let current: BTreeMap<ShardId, &str> =
+            keys.iter().map(|(s, (o, _))| (*s, o.as_str())).collect();
+        let plan = assign_regional_from(&self.member.tier_shards, &tier_hosts, &regions, &current);
         for &s in &self.member.tier_shards.clone() {
             let desired = plan.get(&s).copied();
             if self.held.contains(&s) {

@@ -7,8 +7,8 @@
 //!
 //! Implementations: [`StaticManager`] (one host owning every shard, or a fixed cluster
 //! from the config file) and [`EtcdManager`] (hosts register under an etcd lease; shards
-//! follow the live hosts, assigned by rendezvous hashing with bounded loads; fenced by
-//! the lease).
+//! follow the live hosts, assigned from their current owners with the fewest moves (see
+//! `assign.rs`); fenced by the lease).
 
 mod assign;
 mod budget;
