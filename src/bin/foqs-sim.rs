@@ -22,7 +22,9 @@
 //!   how many); `ratio` = moved / ideal;
 //! - `max_load` / `min_load`: the most and fewest shards a host holds after it;
 //! - `scores_per_host`: the host-and-shard scores one host computes to recompute the
-//!   assignment after the event (every host does, on every change it watches).
+//!   assignment after the event (from the current owners: one per host for each shard
+//!   that had to be placed, i.e. moved; stateless: every shard against every host),
+//!   on every change it watches (every host does).
 //!
 //! The summary line gives, per kind of event, the worst and mean ratio, and the worst
 //! balance. What it does not simulate yet: etcd (leases, watches, lock acquisition), the
@@ -161,6 +163,7 @@ fn main() {
     // kind -> (worst ratio, sum of ratios, count)
     let mut by_kind: BTreeMap<&str, (f64, f64, usize)> = BTreeMap::new();
     let mut worst_spread = 0usize;
+    let mut max_scores = 0usize;
     for n in 0..events {
         // Keep the tier near its size: joins when it shrank, leaves or crashes when it grew.
         let size = tier.hosts.len();
@@ -220,6 +223,10 @@ fn main() {
             }
         };
         let after = tier.assignment(&before);
+        let scores = |moved: usize| match tier.stateless {
+            Some(_) => tier.shards.len() * tier.hosts.len(),
+            None => moved * tier.hosts.len(),
+        };
         let moved = after
             .iter()
             .filter(|(s, h)| before.get(*s).is_some_and(|b| b != *h))
@@ -227,6 +234,7 @@ fn main() {
             + after.keys().filter(|s| !before.contains_key(s)).count();
         let (max, min) = loads(&after, &tier);
         worst_spread = worst_spread.max(max - min);
+        max_scores = max_scores.max(scores(moved));
         let ratio = moved as f64 / ideal;
         let e = by_kind.entry(kind).or_insert((0.0, 0.0, 0));
         e.0 = e.0.max(ratio);
@@ -238,7 +246,7 @@ fn main() {
                 "hosts": tier.hosts.len(), "shards": tier.shards.len(), "moved": moved,
                 "ideal": ideal.round(), "ratio": (ratio * 1000.0).round() / 1000.0,
                 "max_load": max, "min_load": min,
-                "scores_per_host": tier.shards.len() * tier.hosts.len()})
+                "scores_per_host": scores(moved)})
         );
         before = after;
     }
@@ -258,6 +266,6 @@ fn main() {
             "assignment": if stateless { format!("stateless, slack {}", (slack * 100.0).round()) } else { "from the current owners".to_string() },
             "regions": regions,
             "events": events, "by_kind": kinds, "worst_load_spread": worst_spread,
-            "scores_per_host_per_event": tier.shards.len() * tier.hosts.len()})
+            "scores_per_host_per_event_max": max_scores})
     );
 }

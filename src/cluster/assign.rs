@@ -174,16 +174,14 @@ pub fn assign_from<'a>(
         hosts.iter().map(|h| (*h, Vec::new())).collect();
     let mut free = Vec::new();
     for s in sorted.iter().copied() {
-        match current
-            .get(&s)
-            .and_then(|o| hosts.iter().find(|h| **h == *o))
-        {
-            Some(h) => held.get_mut(h).expect("a host").push(s),
+        match current.get(&s).and_then(|o| held.get_mut(*o)) {
+            Some(own) => own.push(s),
             None => free.push(s),
         }
     }
-    let least = sorted.len() / hosts.len();
-    let extra = sorted.len() % hosts.len();
+    // Over the distinct hosts: a host listed twice is one host.
+    let least = sorted.len() / held.len();
+    let extra = sorted.len() % held.len();
     let mut order: Vec<&'a str> = held.keys().copied().collect();
     order.sort_by_key(|h| {
         (
@@ -209,13 +207,14 @@ pub fn assign_from<'a>(
     }
     free.sort_unstable();
     for s in free {
-        let best = hosts
+        let best = target
             .iter()
-            .filter(|h| load[**h] < target[**h])
-            .max_by_key(|h| (score(h, s), **h))
+            .filter(|(h, t)| load[*h] < **t)
+            .map(|(h, _)| *h)
+            .max_by_key(|h| (score(h, s), *h))
             .expect("the targets add up to the shards");
         *load.get_mut(best).expect("a host") += 1;
-        out.insert(s, *best);
+        out.insert(s, best);
     }
     out
 }
@@ -431,5 +430,19 @@ mod tests {
             assert_eq!(assign_from(&shards, &hosts, &now), plan, "{s} taken");
         }
         assert_eq!(now, plan);
+    }
+
+    /// Odd inputs plan every listed shard once, on listed hosts: a host listed twice, a
+    /// shard listed twice, owners of shards not listed, owners that are not hosts, none.
+    #[test]
+    fn odd_inputs_still_plan_every_shard_once() {
+        let current = BTreeMap::from([(0, "a"), (1, "gone"), (99, "b")]);
+        let plan = assign_from(&[0, 1, 1, 2, 3], &["a", "b", "a"], &current);
+        assert_eq!(plan.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert!(plan.values().all(|h| ["a", "b"].contains(h)));
+        assert_eq!(spread(&plan, &["a", "b"]), (2, 2));
+        assert_eq!(plan[&0], "a");
+        assert!(assign_from(&[], &["a"], &current).is_empty());
+        assert!(assign_from(&[0, 1], &[], &current).is_empty());
     }
 }
