@@ -7,3 +7,4 @@ mod common;
 mod cluster;
 mod cluster_etcd;
 mod routing;
+mod tier_etcd;

@@ -182,10 +182,13 @@ pub fn assign_from<'a>(
     // Over the distinct hosts: a host listed twice is one host.
     let least = sorted.len() / held.len();
     let extra = sorted.len() % held.len();
+    // Holding more than one over the share counts as one over: a host giving up its
+    // surplus one shard at a time must not drop into a tie that the name breaks the other
+    // way half-way (the extra would jump to another host and the plan change mid-move).
     let mut order: Vec<&'a str> = held.keys().copied().collect();
     order.sort_by_key(|h| {
         (
-            std::cmp::Reverse(held[h].len()),
+            std::cmp::Reverse(held[h].len().min(least + 1)),
             std::cmp::Reverse(name_rank(h)),
             *h,
         )
@@ -444,5 +447,54 @@ mod tests {
         assert_eq!(plan[&0], "a");
         assert!(assign_from(&[], &["a"], &current).is_empty());
         assert!(assign_from(&[0, 1], &[], &current).is_empty());
+    }
+
+    /// A join whose moves are done one at a time, in any order: the plan stays the plan
+    /// the moves started from at every step (17 shards on three hosts holding 6, 6 and 5,
+    /// a fourth joining: before the surplus counted as one, a host giving up its first
+    /// shard could tie with another whose name ranked the other way, and the plan then
+    /// changed half-way). Several host names, every order of the give-ups.
+    #[test]
+    fn a_join_plan_holds_through_its_moves_in_any_order() {
+        for names in [
+            ["a", "b", "c", "d"],
+            ["h1", "h2", "h3", "h4"],
+            ["x", "q", "m", "z"],
+        ] {
+            let shards: Vec<ShardId> = (0..17).collect();
+            let three = &names[..3];
+            let before = assign_from(&shards, three, &BTreeMap::new());
+            let plan = assign_from(&shards, &names, &before);
+            let moving: Vec<ShardId> = shards
+                .iter()
+                .copied()
+                .filter(|s| plan[s] != before[s])
+                .collect();
+            assert_eq!(moving.len(), 4, "{names:?}: {before:?} -> {plan:?}");
+            // Every order of the four moves' give-ups, each taken up after all are given.
+            let mut orders = vec![moving.clone()];
+            orders.push(moving.iter().rev().copied().collect());
+            orders.push(vec![moving[1], moving[3], moving[0], moving[2]]);
+            orders.push(vec![moving[2], moving[0], moving[3], moving[1]]);
+            for order in orders {
+                let mut now: BTreeMap<ShardId, &str> = before.clone();
+                for s in &order {
+                    now.remove(s);
+                    assert_eq!(
+                        assign_from(&shards, &names, &now),
+                        plan,
+                        "{names:?}: {s} given up"
+                    );
+                }
+                for s in &order {
+                    now.insert(*s, plan[s]);
+                    assert_eq!(
+                        assign_from(&shards, &names, &now),
+                        plan,
+                        "{names:?}: {s} taken"
+                    );
+                }
+            }
+        }
     }
 }

@@ -124,6 +124,21 @@ impl EtcdManager {
     }
 }
 
+impl EtcdManager {
+    /// Test support: this host dies as `kill -9` would leave it. Its follower stops at
+    /// once; its lease is not revoked (etcd expires it after the TTL, and its keys with
+    /// it), and it releases nothing.
+    #[cfg(any(test, feature = "faults"))]
+    pub fn crash(&self) {
+        if let Some((tx, task)) = self.leave.lock().expect("not poisoned").take() {
+            task.abort();
+            // Dropping the sender would wake the follower to leave (revoking the lease)
+            // should it be polled once more before the abort takes.
+            std::mem::forget(tx);
+        }
+    }
+}
+
 async fn connect(cfg: &EtcdConfig) -> Result<Client, etcd_client::Error> {
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_millis(cfg.lease_ttl_ms / 4))
@@ -488,6 +503,27 @@ impl Follower {
             tracing::warn!(shard = s, "etcd: shard key no longer ours");
             self.held.remove(&s);
             self.releasing.remove(&s);
+        }
+        // A key under our lease that we do not hold: a create that committed but whose
+        // answer was lost, or a hand-over whose delete failed. The assignment counts it
+        // ours (it starts from the keys), so it is taken up: served, or given back again
+        // when it should be elsewhere; left alone, nobody would serve it until our lease
+        // ended.
+        let unknown: Vec<ShardId> = keys
+            .iter()
+            .filter(|(s, (_, l))| {
+                my_lease == Some(*l)
+                    && !self.held.contains(s)
+                    && self.member.tier_shards.contains(s)
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        for s in unknown {
+            tracing::warn!(
+                shard = s,
+                "etcd: a key of ours this host did not hold: taking it up"
+            );
+            self.held.insert(s);
         }
         let mut primaries: BTreeMap<ShardId, PrimaryRecord> =
             primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
