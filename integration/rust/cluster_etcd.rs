@@ -84,8 +84,14 @@ async fn settled(hosts: &[(String, SocketAddr)], within: Duration) -> BTreeMap<i
                 }
             }
         }
-        let all_busy = hosts.iter().all(|(id, _)| owners.values().any(|o| o == id));
-        (owners.len() == SHARDS && all_busy).then_some(owners)
+        // Every host holds its share: the counts within one of each other.
+        let counts: Vec<usize> = hosts
+            .iter()
+            .map(|(id, _)| owners.values().filter(|o| *o == id).count())
+            .collect();
+        let even = counts.iter().max()? - counts.iter().min()? <= 1;
+        let all_busy = counts.iter().all(|n| *n > 0);
+        (owners.len() == SHARDS && all_busy && even).then_some(owners)
     })
     .await
 }
@@ -533,14 +539,19 @@ async fn a_host_cut_off_from_etcd_stops_serving_before_another_takes_over() {
     let shard: i32 = ids.split(':').next().unwrap().parse().unwrap();
     assert_eq!(after[&shard], "h1");
 
-    // Reconnected, h2 registers again and gets its shards back.
+    // Reconnected, h2 registers again and takes its share back from h1 (the shards that
+    // move go to h2; which ones is the assignment's choice, not necessarily its old ones).
     proxy.set_cut(false);
     let back = settled(
         &cluster.addrs(),
         Duration::from_secs(LEASE_TTL_MS / 1000 + 15),
     )
     .await;
-    assert_eq!(back, initial);
+    let wrong: Vec<_> = back
+        .iter()
+        .filter(|(s, o)| after[*s] != **o && o.as_str() != "h2")
+        .collect();
+    assert!(wrong.is_empty(), "{after:?} -> {back:?}");
     stop_watch.store(true, Ordering::SeqCst);
     let violations = watcher.join().unwrap();
     assert!(violations.is_empty(), "{violations:?}");

@@ -5,10 +5,12 @@
 //! join; a tenth crash (their leases lapse); as many join. After each, every shard must be
 //! owned by exactly one live host (by the hosts' own views), with the hosts within one
 //! shard of each other, and at no moment by two. Per step it prints the time that took
-//! and etcd's own counters (requests handled, bytes sent to clients).
+//! (the goal after a crash or a join: the lease TTL + 2 s) and etcd's own counters
+//! (requests handled, bytes sent to clients). The bounds it asserts are generous (TTL +
+//! 20 s), for a loaded machine; the figures are for reading.
 //!
 //! Sizes: `FOQS_TIER_HOSTS` (default 30) and 5 shards per host; `bash scripts/tier-etcd.sh`
-//! runs 200 hosts in a release build.
+//! runs 200 (all in this one process: 200 followers on the test's two threads).
 
 use crate::common;
 
@@ -21,7 +23,7 @@ use foqs::cluster::config::EtcdConfig;
 use foqs::cluster::{EtcdManager, Member, ShardManager};
 use foqs::model::ShardId;
 
-const LEASE_TTL_MS: u64 = 3000;
+const LEASE_TTL_MS: u64 = 10_000;
 
 struct Light {
     id: String,
@@ -153,6 +155,9 @@ async fn a_tier_of_many_hosts_keeps_one_owner_per_shard_through_joins_and_crashe
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
+    if let Ok(level) = std::env::var("FOQS_TEST_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(level).try_init();
+    }
     let change = (n / 10).max(1);
     let shards: Vec<ShardId> = (0..(n * 5) as ShardId).collect();
     let etcd = Etcd::start();

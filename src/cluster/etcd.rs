@@ -31,16 +31,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+    WatchStream,
 };
 use futures::future::BoxFuture;
 use futures::stream::{SelectAll, StreamExt};
+use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::config::{fence_margin_ms, EtcdConfig};
+use super::lease::{trouble, Lease, Renewals};
 use super::primaries::{self, Ack};
 use super::{assign_regional_from, ClusterView, HostAddr, Report, ShardManager};
 use crate::fence::Fence;
@@ -95,6 +97,7 @@ impl EtcdManager {
             client: client.clone(),
             prefix: cfg.prefix.trim_end_matches('/').to_string(),
             ttl: Duration::from_millis(cfg.lease_ttl_ms),
+            renew_every: Duration::from_millis(cfg.poll_ms),
             margin: Duration::from_millis(fence_margin_ms(store_timeout_ms)),
             member,
             fence: fence.clone(),
@@ -173,28 +176,13 @@ impl ShardManager for EtcdManager {
     }
 }
 
-struct Lease {
-    id: i64,
-    keeper: LeaseKeeper,
-    stream: LeaseKeepAliveStream,
-}
-
-/// Logs an etcd problem: the first of an outage as a warning, the rest at debug level,
-/// so that a partition does not flood the log. `in_trouble` remembers the outage.
-fn trouble(in_trouble: &mut bool, what: &str) {
-    if *in_trouble {
-        tracing::debug!("etcd: {what}");
-    } else {
-        tracing::warn!("etcd: {what} (repeats logged at debug level until it recovers)");
-        *in_trouble = true;
-    }
-}
-
 /// The task behind [`EtcdManager`]: the only code that changes this host's keys.
 struct Follower {
     client: Client,
     prefix: String,
     ttl: Duration,
+    /// How often the lease is renewed (`poll_ms`).
+    renew_every: Duration,
     margin: Duration,
     member: Member,
     fence: Fence,
@@ -234,7 +222,14 @@ impl Follower {
                 _ = tick.tick() => ticked = true,
                 Some(s) = released.recv() => self.give_back(s).await,
                 Some(r) = reports.recv() => self.report(r).await,
-                changed = next_change(&mut watch) => if !changed { watch = None },
+                // Every event already arrived leads to the one reconcile below: in a storm
+                // (a host's lease lapsing deletes all its keys at once) a follower reads
+                // the cluster once per batch, not once per event.
+                changed = next_change(&mut watch) => {
+                    if !changed || !watch.as_mut().is_some_and(drain_ready) {
+                        watch = None;
+                    }
+                }
                 _ = &mut leave => break,
             }
             while let Ok(s) = released.try_recv() {
@@ -341,44 +336,16 @@ impl Follower {
         });
     }
 
-    /// Renews the lease (or gets one and registers), moving the fence forward.
+    /// Registers when this host has no lease; drops one etcd said expired (its renewals
+    /// run on their own task: see `lease.rs`).
     async fn renew(&mut self) {
-        let sent = Instant::now();
-        if let Some(lease) = &mut self.lease {
-            let r = tokio::time::timeout(self.ttl / 4, async {
-                lease.keeper.keep_alive().await?;
-                lease.stream.message().await
-            })
-            .await;
-            let renewed = matches!(&r, Ok(Ok(Some(resp))) if resp.ttl() > 0);
-            self.metrics.lease_renewal(renewed);
-            match r {
-                Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
-                    let granted = Duration::from_secs(resp.ttl() as u64);
-                    self.fence
-                        .extend_to(sent + granted.saturating_sub(self.margin));
-                }
-                Ok(Ok(Some(_))) => {
-                    tracing::warn!("etcd: lease expired");
-                    self.lose_everything();
-                }
-                // The stream ended (connection lost): not an expiry. The fence keeps
-                // counting down meanwhile; a new stream is tried now and on every tick.
-                Ok(Ok(None)) | Ok(Err(_)) => {
-                    trouble(&mut self.in_trouble, "lease renewal failed");
-                    // The stream may be broken: the next tick opens a new one.
-                    let reopen = self.client.lease_keep_alive(lease.id);
-                    if let Ok(Ok((keeper, stream))) =
-                        tokio::time::timeout(self.ttl / 4, reopen).await
-                    {
-                        lease.keeper = keeper;
-                        lease.stream = stream;
-                    }
-                }
-                Err(_) => trouble(&mut self.in_trouble, "lease renewal timed out"),
+        if let Some(lease) = &self.lease {
+            if lease.expired() {
+                self.lose_everything();
             }
             return;
         }
+        let sent = Instant::now();
         if let Err(e) = self.register(sent).await {
             self.trouble(&format!("cannot register this host yet: {e}"));
         }
@@ -439,7 +406,15 @@ impl Follower {
             .map_err(|e| e.to_string())?;
         self.fence
             .extend_to(sent + Duration::from_secs(grant.ttl() as u64).saturating_sub(self.margin));
-        self.lease = Some(Lease { id, keeper, stream });
+        let renewals = Renewals {
+            client: self.client.clone(),
+            every: self.renew_every,
+            ttl: self.ttl,
+            margin: self.margin,
+            fence: self.fence.clone(),
+            metrics: self.metrics.clone(),
+        };
+        self.lease = Some(Lease::start(id, keeper, stream, renewals));
         tracing::info!(host_id = %self.member.host_id, lease = id, "registered in etcd");
         Ok(())
     }
@@ -622,6 +597,18 @@ impl Follower {
             true
         });
         Ok(())
+    }
+}
+
+/// Takes the watch events that have already arrived; false when the watch failed or
+/// ended meanwhile.
+fn drain_ready(w: &mut SelectAll<WatchStream>) -> bool {
+    loop {
+        match w.next().now_or_never() {
+            Some(Some(Ok(_))) => continue,
+            None => return true,
+            Some(_) => return false,
+        }
     }
 }
 

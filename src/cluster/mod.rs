@@ -14,6 +14,7 @@ mod assign;
 mod budget;
 pub mod config;
 mod etcd;
+mod lease;
 pub mod primaries;
 
 use std::collections::BTreeMap;
