@@ -85,7 +85,6 @@ async fn reads_beyond_the_limit_are_busy_at_once_and_writes_go_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
     use foqs::clock::SystemClock;
-    use foqs::core::{Caller, EnqueueRequestItem};
     use std::sync::Arc;
 
     let db = TestDb::new(1);
@@ -98,23 +97,7 @@ async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
     let host = running.host.clone();
     let enqueue = |ns: &'static str| {
         let host = host.clone();
-        tokio::spawn(async move {
-            let r = host
-                .enqueue(
-                    &Caller::anonymous(),
-                    vec![EnqueueRequestItem {
-                        ns: ns.into(),
-                        topic: "t".into(),
-                        payload: b"x".to_vec(),
-                        ..Default::default()
-                    }],
-                    None,
-                    None,
-                )
-                .await
-                .unwrap();
-            r.into_iter().next().unwrap()
-        })
+        tokio::spawn(async move { enqueue_one(&host, ns).await })
     };
     let until_waiting = |n: usize| {
         let host = host.clone();
@@ -188,7 +171,6 @@ async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_share_a_saturated_host_by_their_rates() {
     use foqs::clock::SystemClock;
-    use foqs::core::{Caller, EnqueueRequestItem};
     use std::sync::{Arc, Mutex};
 
     let db = TestDb::new(1);
@@ -204,21 +186,7 @@ async fn namespaces_share_a_saturated_host_by_their_rates() {
     let enqueue = |ns: &'static str| {
         let (host, order) = (host.clone(), order.clone());
         tokio::spawn(async move {
-            let r = host
-                .enqueue(
-                    &Caller::anonymous(),
-                    vec![EnqueueRequestItem {
-                        ns: ns.into(),
-                        topic: "t".into(),
-                        payload: b"x".to_vec(),
-                        ..Default::default()
-                    }],
-                    None,
-                    None,
-                )
-                .await
-                .unwrap();
-            r.into_iter().next().unwrap().expect("enqueued");
+            enqueue_one(&host, ns).await.expect("enqueued");
             order.lock().unwrap().push(ns);
         })
     };
@@ -250,4 +218,26 @@ async fn namespaces_share_a_saturated_host_by_their_rates() {
         &order[..40]
     );
     running.shutdown().await;
+}
+
+/// One item of namespace `ns` enqueued on `host` (topic "t"), its outcome.
+async fn enqueue_one(
+    host: &foqs::core::Host,
+    ns: &str,
+) -> Result<(foqs::model::ItemId, bool), foqs::error::Error> {
+    let r = host
+        .enqueue(
+            &foqs::core::Caller::anonymous(),
+            vec![foqs::core::EnqueueRequestItem {
+                ns: ns.into(),
+                topic: "t".into(),
+                payload: b"x".to_vec(),
+                ..Default::default()
+            }],
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    r.into_iter().next().unwrap()
 }
