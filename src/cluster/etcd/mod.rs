@@ -31,8 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
-    WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use futures::future::BoxFuture;
 use futures::stream::{SelectAll, StreamExt};
@@ -41,10 +40,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+mod read;
+
+use read::Snapshot;
+
 use super::config::{fence_margin_ms, EtcdConfig};
 use super::lease::{trouble, Lease, Renewals};
 use super::primaries::{self, Ack};
-use super::{assign_regional_from, ClusterView, HostAddr, Report, ShardManager};
+use super::{assign_regional_from, ClusterView, Report, ShardManager};
 use crate::fence::Fence;
 use crate::model::{PrimaryRecord, ShardId};
 
@@ -107,6 +110,8 @@ impl EtcdManager {
             releasing: BTreeSet::new(),
             in_trouble: false,
             metrics,
+            snapshot: None,
+            stale: true,
         };
         let task = tokio::spawn(follower.run(
             Duration::from_millis(cfg.poll_ms),
@@ -195,6 +200,11 @@ struct Follower {
     /// An etcd problem was logged and has not cleared yet.
     in_trouble: bool,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The cluster as last read, reused while nothing changed (see [`Snapshot`]).
+    snapshot: Option<Snapshot>,
+    /// Something may have changed since the snapshot: a watch event, this host's own
+    /// write, or no watch to tell.
+    stale: bool,
 }
 
 impl Follower {
@@ -226,6 +236,7 @@ impl Follower {
                 // (a host's lease lapsing deletes all its keys at once) a follower reads
                 // the cluster once per batch, not once per event.
                 changed = next_change(&mut watch) => {
+                    self.stale = true;
                     if !changed || !watch.as_mut().is_some_and(drain_ready) {
                         watch = None;
                     }
@@ -243,6 +254,9 @@ impl Follower {
                 if watch.is_none() {
                     watch = self.open_watch().await;
                 }
+            }
+            if watch.is_none() {
+                self.stale = true;
             }
             match self.reconcile().await {
                 Ok(()) if self.lease.is_some() => self.recovered(),
@@ -310,6 +324,7 @@ impl Follower {
         }
         let Some(lease) = &self.lease else { return };
         let key = self.shard_key(s);
+        self.stale = true;
         let txn = Txn::new()
             .when([Compare::lease(key.clone(), CompareOp::Equal, lease.id)])
             .and_then([TxnOp::delete(key, None)]);
@@ -321,6 +336,7 @@ impl Follower {
     }
 
     fn lose_everything(&mut self) {
+        self.stale = true;
         self.fence.close();
         self.held.clear();
         self.releasing.clear();
@@ -415,55 +431,26 @@ impl Follower {
             metrics: self.metrics.clone(),
         };
         self.lease = Some(Lease::start(id, keeper, stream, renewals));
+        self.stale = true;
         tracing::info!(host_id = %self.member.host_id, lease = id, "registered in etcd");
         Ok(())
-    }
-
-    /// Every key under `P/<dir>/`: its last path segment, its value and its lease.
-    async fn read_prefix(
-        &mut self,
-        dir: &str,
-    ) -> Result<Vec<(String, String, i64)>, etcd_client::Error> {
-        let resp = self
-            .client
-            .get(
-                format!("{}/{dir}/", self.prefix),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await?;
-        Ok(resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let name = kv.key_str().ok()?.rsplit('/').next()?.to_string();
-                Some((name, kv.value_str().ok()?.to_string(), kv.lease()))
-            })
-            .collect())
     }
 
     /// Reads hosts and owners, takes free shards this host should own, withdraws those
     /// that should move, and publishes the view.
     async fn reconcile(&mut self) -> Result<(), etcd_client::Error> {
-        let mut hosts = BTreeMap::new();
-        for (id, value, _) in self.read_prefix("hosts").await? {
-            if let Ok(r) = serde_json::from_str::<HostRecord>(&value) {
-                hosts.insert(
-                    id,
-                    HostAddr {
-                        addr: r.addr,
-                        tier: r.tier,
-                        region: r.region,
-                    },
-                );
+        let Snapshot {
+            hosts,
+            mut keys,
+            mut primaries,
+            ..
+        } = match self.read_cluster().await {
+            Ok(snap) => snap,
+            Err(e) => {
+                self.stale = true;
+                return Err(e);
             }
-        }
-        // shard -> (owner, lease)
-        let mut keys: BTreeMap<ShardId, (String, i64)> = BTreeMap::new();
-        for (shard, owner, lease) in self.read_prefix("shards").await? {
-            if let Ok(s) = shard.parse::<ShardId>() {
-                keys.insert(s, (owner, lease));
-            }
-        }
+        };
         let me = self.member.host_id.clone();
         let my_lease = self.lease.as_ref().map(|l| l.id);
         // A held shard whose key is gone or not ours any more is lost (should not happen
@@ -500,12 +487,6 @@ impl Follower {
             );
             self.held.insert(s);
         }
-        let mut primaries: BTreeMap<ShardId, PrimaryRecord> =
-            primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
-                .await?
-                .into_iter()
-                .map(|(s, (r, _))| (s, r))
-                .collect();
         // The config's layout, for the replicated shards etcd has no record of yet (the
         // first host to get here writes them; a record once written is etcd's to change).
         // A shard added to a replica set that has switched since takes the set's
@@ -523,6 +504,7 @@ impl Follower {
                 })
                 .collect();
         if !missing.is_empty() {
+            self.stale = true;
             primaries::init(&mut self.client, &self.prefix, &missing).await?;
             primaries =
                 primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
@@ -572,6 +554,7 @@ impl Follower {
                     )]);
                 if self.client.txn(txn).await?.succeeded() {
                     tracing::info!(shard = s, "acquired shard");
+                    self.stale = true;
                     self.held.insert(s);
                     keys.insert(s, (me.clone(), lease));
                 }
