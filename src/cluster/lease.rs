@@ -45,12 +45,15 @@ pub(super) struct Lease {
     pub id: i64,
     /// Set when etcd answered that the lease has expired.
     expired: Arc<AtomicBool>,
-    renewing: JoinHandle<()>,
+    /// `None` only once [`Lease::stop`] took it.
+    renewing: Option<JoinHandle<()>>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.renewing.abort();
+        if let Some(task) = &self.renewing {
+            task.abort();
+        }
     }
 }
 
@@ -67,13 +70,23 @@ impl Lease {
         Lease {
             id,
             expired,
-            renewing,
+            renewing: Some(renewing),
         }
     }
 
     /// Whether etcd has said the lease expired (renewals have stopped).
     pub(super) fn expired(&self) -> bool {
         self.expired.load(Ordering::Acquire)
+    }
+
+    /// Stops the renewals and waits until they have (none can move the fence after
+    /// this); the lease's id, to revoke it.
+    pub(super) async fn stop(mut self) -> i64 {
+        if let Some(task) = self.renewing.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        self.id
     }
 }
 
@@ -89,8 +102,25 @@ async fn renew(
     // The first tick is at once; the registration has just moved the fence.
     tick.tick().await;
     let mut in_trouble = false;
+    // After a failed or timed-out renewal the stream is replaced before the next one: a
+    // late answer to the old request would still sit in it and be read as the answer to
+    // the next, moving the fence from a later send than etcd's renewal.
+    let mut new_stream = false;
     loop {
         tick.tick().await;
+        if new_stream {
+            let mut client = r.client.clone();
+            let reopen = client.lease_keep_alive(id);
+            match tokio::time::timeout(r.ttl / 4, reopen).await {
+                Ok(Ok((k, s))) => {
+                    keeper = k;
+                    stream = s;
+                    new_stream = false;
+                }
+                // Nothing to renew on: the fence counts down; the next tick tries again.
+                _ => continue,
+            }
+        }
         let sent = Instant::now();
         let answer = tokio::time::timeout(r.ttl / 4, async {
             keeper.keep_alive().await?;
@@ -110,21 +140,20 @@ async fn renew(
             }
             Ok(Ok(Some(_))) => {
                 tracing::warn!("etcd: lease expired");
+                r.fence.close();
                 expired.store(true, Ordering::Release);
                 return;
             }
             // The stream ended (connection lost): not an expiry. The fence keeps counting
-            // down meanwhile; a new stream is tried now and on every tick.
+            // down meanwhile; a new stream is tried on every tick.
             Ok(Ok(None)) | Ok(Err(_)) => {
                 trouble(&mut in_trouble, "lease renewal failed");
-                let mut client = r.client.clone();
-                let reopen = client.lease_keep_alive(id);
-                if let Ok(Ok((k, s))) = tokio::time::timeout(r.ttl / 4, reopen).await {
-                    keeper = k;
-                    stream = s;
-                }
+                new_stream = true;
             }
-            Err(_) => trouble(&mut in_trouble, "lease renewal timed out"),
+            Err(_) => {
+                trouble(&mut in_trouble, "lease renewal timed out");
+                new_stream = true;
+            }
         }
     }
 }

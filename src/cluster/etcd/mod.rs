@@ -271,10 +271,16 @@ impl Follower {
                 self.lose_everything();
             }
         }
+        // Renewals stopped first: one answered after the fence closed would open it again.
+        let lease = self.lease.take();
+        let id = match lease {
+            Some(l) => Some(l.stop().await),
+            None => None,
+        };
         self.fence.close();
-        if let Some(lease) = self.lease.take() {
+        if let Some(id) = id {
             // Revoking deletes every key of the lease: survivors take the shards now.
-            let _ = self.client.lease_revoke(lease.id).await;
+            let _ = self.client.lease_revoke(id).await;
         }
         tracing::info!(host_id = %self.member.host_id, "left the cluster");
     }
@@ -506,12 +512,7 @@ impl Follower {
         if !missing.is_empty() {
             self.stale = true;
             primaries::init(&mut self.client, &self.prefix, &missing).await?;
-            primaries =
-                primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
-                    .await?
-                    .into_iter()
-                    .map(|(s, (r, _))| (s, r))
-                    .collect();
+            primaries = self.read_primaries().await?;
         }
         let tier_hosts: Vec<(&str, &str)> = hosts
             .iter()
@@ -588,18 +589,26 @@ impl Follower {
 fn drain_ready(w: &mut SelectAll<WatchStream>) -> bool {
     loop {
         match w.next().now_or_never() {
-            Some(Some(Ok(_))) => continue,
+            Some(Some(Ok(r))) if healthy(&r) => continue,
             None => return true,
             Some(_) => return false,
         }
     }
 }
 
+/// Whether a watch answer leaves the watch working: etcd cancels a watcher (a slow one
+/// whose revision was compacted, say) with an answer, after which its stream stays open
+/// and silent; such a watch is dropped and opened again, or its prefix's changes would be
+/// seen only at the snapshot's resync.
+fn healthy(r: &etcd_client::WatchResponse) -> bool {
+    !r.canceled() && r.compact_revision() == 0
+}
+
 /// Waits for the next change the watch reports; false when the watch ended (or there
 /// is none: then it never returns).
 async fn next_change(watch: &mut Option<SelectAll<WatchStream>>) -> bool {
     match watch {
-        Some(w) => matches!(w.next().await, Some(Ok(_))),
+        Some(w) => matches!(w.next().await, Some(Ok(r)) if healthy(&r)),
         None => std::future::pending().await,
     }
 }

@@ -79,12 +79,7 @@ impl Follower {
                 keys.insert(s, (owner, lease));
             }
         }
-        let primaries =
-            primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
-                .await?
-                .into_iter()
-                .map(|(s, (r, _))| (s, r))
-                .collect();
+        let primaries = self.read_primaries().await?;
         let snap = Snapshot {
             hosts,
             keys,
@@ -93,5 +88,18 @@ impl Follower {
         };
         self.snapshot = Some(snap.clone());
         Ok(snap)
+    }
+
+    /// Every replicated shard's primary record.
+    pub(super) async fn read_primaries(
+        &mut self,
+    ) -> Result<BTreeMap<ShardId, PrimaryRecord>, etcd_client::Error> {
+        Ok(
+            primaries::read::<PrimaryRecord>(&mut self.client, &self.prefix, "primaries")
+                .await?
+                .into_iter()
+                .map(|(s, (r, _))| (s, r))
+                .collect(),
+        )
     }
 }
