@@ -97,7 +97,7 @@ async fn a_full_waiting_room_sheds_only_namespaces_without_a_guarantee() {
     let host = running.host.clone();
     let enqueue = |ns: &'static str| {
         let host = host.clone();
-        tokio::spawn(async move { enqueue_one(&host, ns).await })
+        tokio::spawn(async move { enqueue_one(&host, ns, b"x").await })
     };
     let until_waiting = |n: usize| {
         let host = host.clone();
@@ -186,7 +186,7 @@ async fn namespaces_share_a_saturated_host_by_their_rates() {
     let enqueue = |ns: &'static str| {
         let (host, order) = (host.clone(), order.clone());
         tokio::spawn(async move {
-            enqueue_one(&host, ns).await.expect("enqueued");
+            enqueue_one(&host, ns, b"x").await.expect("enqueued");
             order.lock().unwrap().push(ns);
         })
     };
@@ -218,26 +218,4 @@ async fn namespaces_share_a_saturated_host_by_their_rates() {
         &order[..40]
     );
     running.shutdown().await;
-}
-
-/// One item of namespace `ns` enqueued on `host` (topic "t"), its outcome.
-async fn enqueue_one(
-    host: &foqs::core::Host,
-    ns: &str,
-) -> Result<(foqs::model::ItemId, bool), foqs::error::Error> {
-    let r = host
-        .enqueue(
-            &foqs::core::Caller::anonymous(),
-            vec![foqs::core::EnqueueRequestItem {
-                ns: ns.into(),
-                topic: "t".into(),
-                payload: b"x".to_vec(),
-                ..Default::default()
-            }],
-            None,
-            None,
-        )
-        .await
-        .unwrap();
-    r.into_iter().next().unwrap()
 }

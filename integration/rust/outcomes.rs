@@ -448,7 +448,7 @@ async fn an_enqueue_whose_insert_went_unanswered_is_answered_with_what_happened(
 
 async fn enqueue_in_doubt_over(db: TestDb) {
     use foqs::clock::SystemClock;
-    use foqs::core::{Caller, EnqueueRequestItem, Host, TopicRequest};
+    use foqs::core::{Caller, Host, TopicRequest};
     use std::sync::Arc;
 
     let engine = format!("{FAST_ENGINE}store_timeout_ms = 300\n");
@@ -456,24 +456,8 @@ async fn enqueue_in_doubt_over(db: TestDb) {
     let host = running.host.clone();
     let caller = Caller::anonymous();
     let enqueue = |payload: &'static str| {
-        let (host, caller) = (host.clone(), caller.clone());
-        async move {
-            let r = host
-                .enqueue(
-                    &caller,
-                    vec![EnqueueRequestItem {
-                        ns: "doubt".into(),
-                        topic: "t".into(),
-                        payload: payload.as_bytes().to_vec(),
-                        ..Default::default()
-                    }],
-                    None,
-                    None,
-                )
-                .await
-                .unwrap();
-            r.into_iter().next().unwrap()
-        }
+        let host = host.clone();
+        async move { enqueue_one(&host, "doubt", payload.as_bytes()).await }
     };
     // Everything the topic hands out now (its items are ready at once).
     async fn drain(host: &Host, caller: &Caller) -> Vec<(String, Vec<u8>)> {

@@ -124,7 +124,7 @@ async fn settle(hosts: &[Light], shards: usize, within: Duration, step: &str) {
 
 /// etcd's own counters: gRPC requests handled, and bytes sent to its clients.
 fn etcd_counters(endpoint: &str) -> (f64, f64) {
-    let body = http_get(endpoint, "/metrics");
+    let (_, body) = http_get(endpoint.parse().expect("etcd's host:port"), "/metrics");
     let sum = |name: &str| {
         body.lines()
             .filter(|l| l.starts_with(name))
@@ -135,18 +135,6 @@ fn etcd_counters(endpoint: &str) -> (f64, f64) {
         sum("grpc_server_handled_total"),
         sum("etcd_network_client_grpc_sent_bytes_total"),
     )
-}
-
-/// A plain HTTP GET of `path` from `addr` ("host:port"), the body as text.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("etcd's client port");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,17 +72,9 @@ pub fn assign_with_slack<'a>(
     out
 }
 
-/// [`assign`] with region affinity: a shard whose primary is in a region where the tier
-/// has hosts goes to one of those (bounded loads among them); the rest to any host.
-pub fn assign_regional<'a>(
-    shards: &[ShardId],
-    hosts: &[(&'a str, &str)],
-    regions: &BTreeMap<ShardId, &str>,
-) -> BTreeMap<ShardId, &'a str> {
-    assign_regional_with_slack(shards, hosts, regions, SLACK)
-}
-
-/// [`assign_regional`] with the bound's slack given (see [`assign_with_slack`]).
+/// [`assign_with_slack`] with region affinity (grouped as [`assign_regional_from`]
+/// groups them): the stateless assignment foqsd had before, kept for `foqs-sim
+/// --stateless` to compare against.
 pub fn assign_regional_with_slack<'a>(
     shards: &[ShardId],
     hosts: &[(&'a str, &str)],
@@ -123,9 +115,9 @@ fn region_groups<'a>(
         .collect()
 }
 
-/// The assignment etcd hosts follow: [`assign_from`] within each region's pool, grouped
-/// as [`assign_regional`] groups them, starting from the shards' owners now (`current`:
-/// their etcd keys).
+/// The assignment etcd hosts follow: [`assign_from`] within each region's pool (a shard
+/// whose primary is in a region where the tier has hosts goes to one of those; the rest
+/// to any host), starting from the shards' owners now (`current`: their etcd keys).
 pub fn assign_regional_from<'a>(
     shards: &[ShardId],
     hosts: &[(&'a str, &str)],
@@ -245,7 +237,7 @@ mod tests {
     fn a_replicated_shard_goes_to_a_host_of_its_primarys_region() {
         let hosts = [("a1", "r1"), ("a2", "r1"), ("b1", "r2"), ("c1", "r3")];
         let regions = BTreeMap::from([(0, "r2"), (1, "r2"), (2, "r1"), (3, "r9")]);
-        let plan = assign_regional(&[0, 1, 2, 3, 4], &hosts, &regions);
+        let plan = assign_regional_from(&[0, 1, 2, 3, 4], &hosts, &regions, &BTreeMap::new());
         assert_eq!(plan[&0], "b1");
         assert_eq!(plan[&1], "b1");
         assert!(["a1", "a2"].contains(&plan[&2]));

@@ -136,25 +136,25 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
             problems.push(format!("{what}: tier {tier:?} is not a tier"));
         }
     }
-    let quotas = std::iter::once(("defaults".to_string(), cfg.defaults.enqueues_per_minute)).chain(
-        cfg.namespaces
-            .iter()
-            .map(|n| (format!("namespace {:?}", n.name), n.enqueues_per_minute)),
-    );
-    for (what, q) in quotas {
+    let d = &cfg.defaults;
+    let quotas = std::iter::once((
+        "defaults".to_string(),
+        d.enqueues_per_minute,
+        Some(d.quota_burst_ms),
+    ))
+    .chain(cfg.namespaces.iter().map(|n| {
+        (
+            format!("namespace {:?}", n.name),
+            n.enqueues_per_minute,
+            n.quota_burst_ms,
+        )
+    }));
+    for (what, q, b) in quotas {
         if q == Some(0) {
             problems.push(format!(
                 "{what}: enqueues_per_minute must be > 0 (leave it out for no limit)"
             ));
         }
-    }
-    let bursts = std::iter::once(("defaults".to_string(), Some(cfg.defaults.quota_burst_ms)))
-        .chain(
-            cfg.namespaces
-                .iter()
-                .map(|n| (format!("namespace {:?}", n.name), n.quota_burst_ms)),
-        );
-    for (what, b) in bursts {
         if b.is_some_and(|b| !(1..=crate::quota::BURST_MS_MAX).contains(&b)) {
             problems.push(format!(
                 "{what}: quota_burst_ms must be between 1 and {} (ms of the rate the \

@@ -610,6 +610,30 @@ pub async fn eventually<T>(within: Duration, what: &str, mut f: impl FnMut() -> 
     }
 }
 
+/// One item of namespace `ns` with `payload` enqueued straight on `host` (topic "t", as
+/// an anonymous caller): its outcome.
+pub async fn enqueue_one(
+    host: &foqs::core::Host,
+    ns: &str,
+    payload: &[u8],
+) -> Result<(foqs::model::ItemId, bool), foqs::error::Error> {
+    let r = host
+        .enqueue(
+            &foqs::core::Caller::anonymous(),
+            vec![foqs::core::EnqueueRequestItem {
+                ns: ns.into(),
+                topic: "t".into(),
+                payload: payload.to_vec(),
+                ..Default::default()
+            }],
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    r.into_iter().next().unwrap()
+}
+
 /// `GET path` on the metrics listener: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
