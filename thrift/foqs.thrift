@@ -199,6 +199,11 @@ struct NackRequest {
   // Set with forwarded_by when access rules apply: the identity of the client the
   // forwarding host acts for, checked by the host that owns the items. Clients leave it out.
   3: optional string forwarded_for,
+  // Set by the host that took the client's call, on the calls it forwards: an item a nack
+  // without lease_id settles remembers it, so that a retry of a nack whose answer was
+  // lost knows its own work (OK) and does not settle the item's next delivery. Clients
+  // leave it out.
+  4: optional i64 nack_token,
 }
 
 struct ItemResult {

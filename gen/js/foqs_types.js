@@ -1483,6 +1483,7 @@ var NackRequest = module.exports.NackRequest = function(args) {
   this.items = null;
   this.forwarded_by = null;
   this.forwarded_for = null;
+  this.nack_token = null;
   if (args) {
     if (args.items !== undefined && args.items !== null) {
       this.items = Thrift.copyList(args.items, [ttypes.NackItem]);
@@ -1492,6 +1493,9 @@ var NackRequest = module.exports.NackRequest = function(args) {
     }
     if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
       this.forwarded_for = args.forwarded_for;
+    }
+    if (args.nack_token !== undefined && args.nack_token !== null) {
+      this.nack_token = args.nack_token;
     }
   }
 };
@@ -1536,6 +1540,13 @@ NackRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.I64) {
+        this.nack_token = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -1567,6 +1578,11 @@ NackRequest.prototype.write = function(output) {
   if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
     output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 3);
     output.writeString(this.forwarded_for);
+    output.writeFieldEnd();
+  }
+  if (this.nack_token !== null && this.nack_token !== undefined) {
+    output.writeFieldBegin('nack_token', Thrift.Type.I64, 4);
+    output.writeI64(this.nack_token);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

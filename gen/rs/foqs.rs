@@ -1697,14 +1697,16 @@ pub struct NackRequest {
   pub items: Option<Vec<NackItem>>,
   pub forwarded_by: Option<String>,
   pub forwarded_for: Option<String>,
+  pub nack_token: Option<i64>,
 }
 
 impl NackRequest {
-  pub fn new<F1, F2, F3>(items: F1, forwarded_by: F2, forwarded_for: F3) -> NackRequest where F1: Into<Option<Vec<NackItem>>>, F2: Into<Option<String>>, F3: Into<Option<String>> {
+  pub fn new<F1, F2, F3, F4>(items: F1, forwarded_by: F2, forwarded_for: F3, nack_token: F4) -> NackRequest where F1: Into<Option<Vec<NackItem>>>, F2: Into<Option<String>>, F3: Into<Option<String>>, F4: Into<Option<i64>> {
     NackRequest {
       items: items.into(),
       forwarded_by: forwarded_by.into(),
       forwarded_for: forwarded_for.into(),
+      nack_token: nack_token.into(),
     }
   }
 }
@@ -1715,6 +1717,7 @@ impl TSerializable for NackRequest {
     let mut f_1: Option<Vec<NackItem>> = Some(Vec::new());
     let mut f_2: Option<String> = None;
     let mut f_3: Option<String> = None;
+    let mut f_4: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1740,6 +1743,10 @@ impl TSerializable for NackRequest {
           let val = i_prot.read_string()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_i64()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1751,6 +1758,7 @@ impl TSerializable for NackRequest {
       items: f_1,
       forwarded_by: f_2,
       forwarded_for: f_3,
+      nack_token: f_4,
     };
     Ok(ret)
   }
@@ -1776,6 +1784,11 @@ impl TSerializable for NackRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.nack_token {
+      o_prot.write_field_begin(&TFieldIdentifier::new("nack_token", TType::I64, 4))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1787,6 +1800,7 @@ impl Default for NackRequest {
       items: Some(Vec::new()),
       forwarded_by: Some("".to_owned()),
       forwarded_for: Some("".to_owned()),
+      nack_token: Some(0),
     }
   }
 }

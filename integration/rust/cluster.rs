@@ -524,6 +524,59 @@ async fn a_forwarded_nack_or_touch_whose_answer_was_lost_is_resolved_before_the_
         "the touch was applied, so its answer is OK: {:?}",
         results[0].error
     );
+
+    // The same without lease_id: the nack's token, kept in the row, tells its retry that
+    // the first try applied; the touch is tried again. (Before: both UNAVAILABLE,
+    // outcome unknown.)
+    let (id, _) = delivered("unnamed").await.unwrap();
+    faults.arm("apply", Fault::Hold);
+    let nacking = {
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || {
+            Client::connect(a_addr, Proto::Binary).nack(vec![nack(&id, None, Some(b"m3"))])
+        })
+    };
+    held(faults.clone()).await;
+    let results = nacking.await.unwrap();
+    assert!(
+        results[0].error.is_none(),
+        "the unnamed nack was applied, so its answer is OK: {:?}",
+        results[0].error
+    );
+    let id2 = id.clone();
+    let got = tokio::task::spawn_blocking(move || {
+        Client::connect(b_addr, Proto::Binary).dequeue("ns", "unnamed", 1)
+    })
+    .await
+    .unwrap();
+    assert_eq!(got.len(), 1, "the nacked item is ready again");
+    assert_eq!(got[0].metadata.as_deref(), Some(&b"m3"[..]));
+    assert_eq!(
+        got[0].delivery_count,
+        Some(2),
+        "nacked once, delivered again"
+    );
+    faults.arm("apply", Fault::Hold);
+    let touching = tokio::task::spawn_blocking(move || {
+        Client::connect(a_addr, Proto::Binary).call(|c| {
+            c.touch(TouchRequest {
+                items: Some(vec![TouchItem {
+                    id: Some(id2),
+                    extend_ms: Some(60_000),
+                    lease_id: None,
+                }]),
+                forwarded_by: None,
+                forwarded_for: None,
+            })
+        })
+    });
+    held(faults.clone()).await;
+    let results = touching.await.unwrap().expect("touch").results.unwrap();
+    assert!(
+        results[0].error.is_none(),
+        "the unnamed touch was applied, so its answer is OK: {:?}",
+        results[0].error
+    );
     a.shutdown().await;
     b.shutdown().await;
 }

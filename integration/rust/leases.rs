@@ -548,6 +548,7 @@ fn settle(
                 }]),
                 forwarded_by: None,
                 forwarded_for: None,
+                nack_token: None,
             }) {
                 Ok(r) => r.results.unwrap().remove(0),
                 Err(e) => {

@@ -121,6 +121,7 @@ async fn a_nack_that_committed_is_done_when_retried_even_after_the_next_delivery
         metadata: None,
         to_dlq,
         lease_id: Some(lease),
+        token: None,
     };
     let first = delivered(&shard, "n").await;
     let (key, lease) = (first.id.key, first.lease_token);
@@ -171,6 +172,53 @@ async fn a_nack_that_committed_is_done_when_retried_even_after_the_next_delivery
         vec![Settled::Done]
     );
     assert_eq!(db.count_in(ItemState::Leased, "").await, 0);
+    shard.shutdown().await;
+    worker.await.unwrap();
+}
+
+/// Issue 32: the same for a nack without `lease_id`: its token (drawn by the host that
+/// took the call) is kept in the row, so its retry, after the item was delivered again,
+/// is done and leaves the new delivery's lease alone. (Before: an unnamed nack in doubt
+/// could not be retried: it would have settled the next delivery.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unnamed_nack_that_committed_is_done_when_retried_and_spares_the_next_delivery() {
+    let db = TestDb::new(1);
+    let (shard, worker, faults) = start(&db).await;
+    let unnamed = |key: u64, token: i64| NackOp {
+        key,
+        delay_ms: 0,
+        metadata: None,
+        to_dlq: false,
+        lease_id: None,
+        token: Some(token),
+    };
+    let first = delivered(&shard, "u").await;
+    let key = first.id.key;
+    faults.arm("apply", Fault::FailAfterCommit);
+    assert!(
+        shard.nack(vec![unnamed(key, -7)]).await.is_err(),
+        "the store said it timed out"
+    );
+    let keys = shard.peek(topic("u"), 10).await.unwrap();
+    let claimed = shard.claim(topic("u"), keys).await.unwrap();
+    let second = shard.hand_out(claimed).remove(0);
+    assert_eq!(second.id.key, key, "delivered again: the nack had applied");
+    assert_eq!(
+        shard.nack(vec![unnamed(key, -7)]).await.unwrap(),
+        vec![Settled::Done]
+    );
+    assert_eq!(
+        db.count_in(ItemState::Leased, "").await,
+        1,
+        "the retry left the second delivery leased"
+    );
+    // Another nack (another token) settles whatever lease the item is on: the second.
+    assert_eq!(
+        shard.nack(vec![unnamed(key, -8)]).await.unwrap(),
+        vec![Settled::Done]
+    );
+    assert_eq!(db.count_in(ItemState::Leased, "").await, 0);
+    assert_eq!(db.count_in(ItemState::Ready, "delivery_count = 2").await, 1);
     shard.shutdown().await;
     worker.await.unwrap();
 }
@@ -243,6 +291,7 @@ async fn dead_item(shard: &ShardHandle, t: &str) -> u64 {
             metadata: None,
             to_dlq: true,
             lease_id: None,
+            token: None,
         }])
         .await
         .unwrap();
@@ -308,6 +357,7 @@ async fn a_nack_that_commits_after_its_timeout_strands_nothing_and_the_counts_he
             metadata: None,
             to_dlq: false,
             lease_id: None,
+            token: None,
         }])
         .await;
     assert!(nacked.is_err(), "the worker hears a timeout: {nacked:?}");
@@ -560,6 +610,7 @@ async fn a_failed_ack_remembered_does_not_answer_done_for_a_row_on_another_lease
             metadata: None,
             to_dlq: false,
             lease_id: Some(first),
+            token: None,
         }])
         .await
         .unwrap();
@@ -630,6 +681,7 @@ async fn a_requeue_whose_answer_was_lost_is_answered_with_what_happened() {
                 lease_id: None,
             }],
             (None, None),
+            None,
         )
         .await
         .unwrap();

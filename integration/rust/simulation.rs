@@ -301,6 +301,7 @@ async fn consumer(
                                     lease_id: Some(lease_id),
                                 }],
                                 (None, None),
+                                None,
                             )
                             .await;
                     }

@@ -13,8 +13,8 @@ use common::*;
 use foqs::fence::Fence;
 use foqs::model::{ItemState, NewItem, Policy, ReadyKey, TopicName, Totals};
 use foqs::store::{
-    Cached, Change, Fenced, Handoff, ItemMeta, MySqlStore, PayloadCache, ShardStore, SqliteStore,
-    StoreError,
+    Cached, Change, Fenced, Handoff, ItemMeta, MySqlStore, PayloadCache, Settle, ShardStore,
+    SqliteStore, StoreError,
 };
 use mysql_async::prelude::*;
 
@@ -231,20 +231,20 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
                 lease: 6,
                 deliver_after_ms: None,
                 metadata: Some(b"late".to_vec()),
-                by_consumer: true,
+                settle: Settle::Lease,
             },
             Change::Ready {
                 key: 3,
                 lease: 6,
                 deliver_after_ms: None,
                 metadata: None,
-                by_consumer: true,
+                settle: Settle::Lease,
             },
             Change::Dead {
                 key: 3,
                 lease: 6,
                 at_ms: NOW,
-                by_consumer: false,
+                settle: Settle::Not,
             },
             Change::Extend {
                 key: 3,
@@ -268,7 +268,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
             lease: 7,
             deliver_after_ms: Some(NOW + 300),
             metadata: Some(b"m2".to_vec()),
-            by_consumer: true,
+            settle: Settle::Lease,
         }],
         NOW,
     )
@@ -294,7 +294,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
             lease: 0,
             deliver_after_ms: Some(NOW + 9_999),
             metadata: None,
-            by_consumer: true,
+            settle: Settle::Lease,
         }],
         NOW,
     )
@@ -310,13 +310,13 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
                 key: 1,
                 lease: 9,
                 at_ms: NOW + 5,
-                by_consumer: false,
+                settle: Settle::Not,
             },
             Change::Dead {
                 key: 6,
                 lease: 9,
                 at_ms: NOW + 6,
-                by_consumer: true,
+                settle: Settle::Lease,
             },
         ],
         NOW,
@@ -328,7 +328,7 @@ async fn conforms<S: ShardStore>(db: &TestDb, make: impl Fn() -> S) {
             key: 2,
             lease: 0,
             at_ms: NOW,
-            by_consumer: false,
+            settle: Settle::Not,
         }],
         NOW,
     )
@@ -704,7 +704,7 @@ async fn the_server_stops_a_mysql_write_at_the_statement_bound() {
                     lease: 7,
                     deliver_after_ms: None,
                     metadata: None,
-                    by_consumer: true,
+                    settle: Settle::Lease,
                 }],
                 NOW,
             )
@@ -863,7 +863,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
             lease: 10,
             deliver_after_ms: None,
             metadata: Some(m2.clone()),
-            by_consumer: true,
+            settle: Settle::Lease,
         }],
         NOW,
     )
@@ -897,7 +897,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
             lease: 12,
             deliver_after_ms: None,
             metadata: None,
-            by_consumer: true,
+            settle: Settle::Lease,
         }],
         NOW + 9_000,
     )
@@ -916,7 +916,7 @@ async fn claims_show_the_rows_current_state<S: ShardStore>(s: &S) {
             key: 3,
             lease: 14,
             at_ms: NOW,
-            by_consumer: false,
+            settle: Settle::Not,
         }],
         NOW,
     )
@@ -1538,7 +1538,7 @@ async fn a_new_worker_does_not_use_an_earlier_workers_rows() {
         lease: 5,
         deliver_after_ms: None,
         metadata: Some(b"new".to_vec()),
-        by_consumer: true,
+        settle: Settle::Lease,
     };
     elsewhere.apply(&[nack], NOW).await.unwrap();
     elsewhere.close().await;

@@ -20,16 +20,21 @@
 //!
 //! Enqueues in doubt are resolved by asking their shards (see `enqueue_doubt`).
 //!
-//! Nacks and touches in doubt are resolved the same way, when they name their delivery
-//! (`lease_id`; one that does not could, retried, settle the next delivery's lease):
-//! - a nack: done now, or already (the row's `settled_token` is this lease: its first
-//!   try applied, whatever became of the item since), or the item is gone (finished:
-//!   this delivery's nack has nothing left to release): OK; `lease_ended` (the row is
-//!   there on another lease, or ready or dead and settled by another lease): that answer,
-//!   certain. (One case stays wrong: the item nacked by this try, delivered again and
-//!   nacked by that delivery too, all before the retry: `lease_ended`.)
+//! Nacks and touches in doubt are resolved the same way:
+//! - a nack: done now, or already (the row's `settled_token` is what settled it: this
+//!   delivery's lease for a nack naming it (`lease_id`), else the nack's token (see
+//!   `Host::nack`); its first try applied, whatever became of the item since), or the
+//!   item is gone (finished: this delivery's nack has nothing left to release): OK;
+//!   `lease_ended` or "not leased" (the row is there on another lease, or ready or dead
+//!   and settled by something else): that answer, certain. (One case stays wrong: the
+//!   item nacked by this try, delivered again and nacked by that delivery too, all before
+//!   the retry: `lease_ended`, or for an unnamed nack of an item on a third delivery by
+//!   then, that delivery settled.)
 //! - a touch: done now: OK; `NOT_FOUND` or `lease_ended`: that answer, certain for what
-//!   matters (the lease is over now, whatever the first try did).
+//!   matters (the lease is over now, whatever the first try did). A touch without
+//!   `lease_id` is retried too: it extends whatever lease the item is on when it arrives,
+//!   so its retry does what the same touch arriving late would (the first try's lease
+//!   again, or the next delivery's if that one ended within the bound).
 
 use std::time::Instant;
 
@@ -90,18 +95,16 @@ fn judge(call: Resolving, r: Result<()>) -> Verdict {
 impl Host {
     /// Resolves the in-doubt results among `results` (the answers to `items`, see the
     /// module's notes), in place: `retry` runs the call again for some of the items.
-    /// Only acks, and nacks and touches that name their lease (`named`), are retried.
     pub(super) async fn resolve_in_doubt<'a, T: Clone>(
         &'a self,
         call: Resolving,
-        (items, named): (&[T], impl Fn(&T) -> bool),
+        items: &[T],
         results: &mut [Result<()>],
         retry: impl Fn(Vec<T>) -> BoxFuture<'a, Vec<Result<()>>>,
     ) {
         let deadline = Instant::now() + self.cluster.settings.in_doubt_max;
         let mut open: Vec<usize> = (0..results.len())
             .filter(|&i| results[i].as_ref().is_err_and(|e| e.in_doubt))
-            .filter(|&i| call == Resolving::Ack || named(&items[i]))
             .collect();
         if open.is_empty() {
             return;

@@ -162,17 +162,12 @@ impl Host {
             .await;
         if forwarded.0.is_none() {
             let caller = &caller;
-            self.resolve_in_doubt(
-                Resolving::Requeue,
-                (&ids, |_: &String| true),
-                &mut results,
-                |sub| {
-                    Box::pin(async move {
-                        self.dlq_requeue_once(caller, &sub, may_forward, token)
-                            .await
-                    })
-                },
-            )
+            self.resolve_in_doubt(Resolving::Requeue, &ids, &mut results, |sub| {
+                Box::pin(async move {
+                    self.dlq_requeue_once(caller, &sub, may_forward, token)
+                        .await
+                })
+            })
             .await;
         }
         Ok(results)

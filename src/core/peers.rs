@@ -104,11 +104,13 @@ pub trait Peers: Send + Sync {
         items: Vec<AckRequestItem>,
         from: Forwarded<'a>,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
+    /// `token`: the nack's (see `Host::nack`).
     fn nack<'a>(
         &'a self,
         addr: &'a str,
         items: Vec<NackRequestItem>,
         from: Forwarded<'a>,
+        token: i64,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>>;
     fn touch<'a>(
         &'a self,
@@ -223,6 +225,7 @@ impl Peers for NoPeers {
         addr: &'a str,
         _: Vec<NackRequestItem>,
         _: Forwarded<'a>,
+        _: i64,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         no_peer(addr)
     }

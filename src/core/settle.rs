@@ -255,7 +255,7 @@ impl Host {
                 .any(|r| r.as_ref().is_err_and(|e| e.in_doubt))
         {
             let caller = &caller;
-            self.resolve_in_doubt(Resolving::Ack, (&items, |_| true), &mut results, |sub| {
+            self.resolve_in_doubt(Resolving::Ack, &items, &mut results, |sub| {
                 Box::pin(async move { self.ack_once(caller, &sub, may_forward).await })
             })
             .await;
@@ -296,21 +296,28 @@ impl Host {
     }
 
     /// Makes each leased item ready again after its delay, with new metadata when given.
-    /// One in doubt that names its lease is resolved before the reply (see `in_doubt`).
+    /// One in doubt is resolved before the reply (see `in_doubt`).
+    ///
+    /// Every nack has a token (`token`, given by the host that forwards it; else drawn
+    /// here: negative, so never a lease's), which a row settled by an item without
+    /// `lease_id` keeps as its `settled_token`: its retry knows its own work (OK) and does
+    /// not settle the item's next delivery. (An item with `lease_id` is known by its
+    /// lease.)
     pub async fn nack(
         &self,
         caller: &Caller,
         items: Vec<NackRequestItem>,
         forwarded: (Option<&str>, Option<&str>),
+        token: Option<i64>,
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let mut results = self.nack_once(&caller, &items, may_forward).await;
+        let token = token.unwrap_or_else(|| -crate::store::new_batch_token(self.clock.now_ms()));
+        let mut results = self.nack_once(&caller, &items, may_forward, token).await;
         if forwarded.0.is_none() {
             let caller = &caller;
-            let named = |i: &NackRequestItem| i.lease_id.is_some();
-            self.resolve_in_doubt(Resolving::Nack, (&items, named), &mut results, |sub| {
-                Box::pin(async move { self.nack_once(caller, &sub, may_forward).await })
+            self.resolve_in_doubt(Resolving::Nack, &items, &mut results, |sub| {
+                Box::pin(async move { self.nack_once(caller, &sub, may_forward, token).await })
             })
             .await;
         }
@@ -323,11 +330,12 @@ impl Host {
         caller: &Caller,
         items: &[NackRequestItem],
         may_forward: bool,
+        token: i64,
     ) -> Vec<Result<()>> {
         let from = self.forwarded_as(caller);
         let remote = |addr: String, positions: Vec<usize>| -> BoxFuture<'_, _> {
             let sub = positions.iter().map(|&p| items[p].clone()).collect();
-            Box::pin(async move { self.cluster.peers.nack(&addr, sub, from).await })
+            Box::pin(async move { self.cluster.peers.nack(&addr, sub, from, token).await })
         };
         let remote: Option<&Remote> = may_forward.then_some(&remote);
         let checked = items
@@ -363,6 +371,7 @@ impl Host {
                                 metadata,
                                 to_dlq,
                                 lease_id,
+                                token: Some(token),
                             })
                             .collect(),
                     )
@@ -374,8 +383,8 @@ impl Host {
     }
 
     /// Extends the leases of items still leased to now + `extend_ms`; an item that is not
-    /// leased (acked, expired, never delivered) gets `NOT_FOUND`. One in doubt that names
-    /// its lease is resolved before the reply (see `in_doubt`).
+    /// leased (acked, expired, never delivered) gets `NOT_FOUND`. One in doubt is
+    /// resolved before the reply (see `in_doubt`).
     pub async fn touch(
         &self,
         caller: &Caller,
@@ -387,8 +396,7 @@ impl Host {
         let mut results = self.touch_once(&caller, &items, may_forward).await;
         if forwarded.0.is_none() {
             let caller = &caller;
-            let named = |i: &TouchRequestItem| i.lease_id.is_some();
-            self.resolve_in_doubt(Resolving::Touch, (&items, named), &mut results, |sub| {
+            self.resolve_in_doubt(Resolving::Touch, &items, &mut results, |sub| {
                 Box::pin(async move { self.touch_once(caller, &sub, may_forward).await })
             })
             .await;

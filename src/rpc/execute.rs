@@ -77,7 +77,7 @@ pub(super) async fn execute(
             let ids = items.iter().map(|n| n.id.clone()).collect();
             let from = (forwarder(&req.forwarded_by), req.forwarded_for.as_deref());
             let r = host
-                .nack(caller, items, from)
+                .nack(caller, items, from, req.nack_token)
                 .await
                 .map(|res| t::NackResponse {
                     results: Some(convert::item_results(ids, res)),

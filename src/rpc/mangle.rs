@@ -106,6 +106,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                     }]),
                     forwarded_by: Some("h".into()),
                     forwarded_for: Some("who".into()),
+                    nack_token: Some(-9),
                 },
             }
             .write_to_out_protocol(o)

@@ -100,12 +100,14 @@ impl Peers for PeerClient {
         addr: &'a str,
         items: Vec<NackRequestItem>,
         from: Forwarded<'a>,
+        token: i64,
     ) -> BoxFuture<'a, Result<Vec<Result<()>>>> {
         let args = t::FoqsNackArgs {
             req: t::NackRequest {
                 items: Some(items.into_iter().map(convert::nack_item_to_wire).collect()),
                 forwarded_by: Some(from.by.to_string()),
                 forwarded_for: from.for_identity.map(str::to_string),
+                nack_token: Some(token),
             },
         };
         call_method!(self, addr, "nack", args, t::FoqsNackResult, |v| {

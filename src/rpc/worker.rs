@@ -389,6 +389,7 @@ pub fn settle(c: &mut SyncClient, item: &Item, v: Verdict) -> Result<(), String>
             }]),
             forwarded_by: None,
             forwarded_for: None,
+            nack_token: None,
         })
         .map_err(describe)
         .and_then(|r| first_error(r.results))

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::{NackOp, Reply, Settled, TouchOp};
 use crate::model::{Item, ItemState, ReadyKey, TopicName};
-use crate::store::{Change, ItemMeta, ShardStore, StoreError, StoreResult};
+use crate::store::{Change, ItemMeta, Settle, ShardStore, StoreError, StoreResult};
 
 /// What the nacks of a turn did, per request, and which keys became ready now.
 pub(super) struct NackOutcome {
@@ -263,10 +263,12 @@ pub(super) async fn nack_exec<S: ShardStore>(
         .into_iter()
         .map(|m| (m.key, m))
         .collect();
-    // A nack naming a lease that a consumer's nack already settled (this one's first
-    // try, whose answer was lost): done, whatever became of the item since.
-    let already = |key: &u64, lease_id: &Option<i64>| {
-        lease_id.is_some_and(|id| {
+    // A nack whose first try settled the lease (its answer lost): done, whatever became
+    // of the item since. Named: the row's settled lease is this one; unnamed: the row
+    // keeps this nack's token.
+    let already = |key: &u64, lease_id: &Option<i64>, token: &Option<i64>| {
+        let settled_by = lease_id.or(*token);
+        settled_by.is_some_and(|id| {
             rows.get(key).is_some_and(|m| {
                 m.settled_token == id && !(m.state == ItemState::Leased && m.lease_token == id)
             })
@@ -290,9 +292,10 @@ pub(super) async fn nack_exec<S: ShardStore>(
             metadata,
             to_dlq,
             lease_id,
+            token,
         } in nacks.iter()
         {
-            if already(key, lease_id) {
+            if already(key, lease_id, token) {
                 out.push(Settled::Done);
                 continue;
             }
@@ -308,13 +311,17 @@ pub(super) async fn nack_exec<S: ShardStore>(
             }
             // `remove`: a second nack of the same key in this turn finds it settled.
             let m = leased.remove(key).expect("held");
+            let settle = match (lease_id, token) {
+                (None, Some(t)) => Settle::Token(*t),
+                _ => Settle::Lease,
+            };
             touched.push((m.ns.clone(), m.topic.clone()));
             if *to_dlq || m.delivery_count >= m.max_attempts {
                 changes.push(Change::Dead {
                     key: *key,
                     lease: m.lease_token,
                     at_ms: now,
-                    by_consumer: true,
+                    settle,
                 });
                 moves.push((m.ns.clone(), m.topic.clone(), ItemState::Dead, 0));
             } else {
@@ -330,7 +337,7 @@ pub(super) async fn nack_exec<S: ShardStore>(
                     lease: m.lease_token,
                     deliver_after_ms: Some(deliver_after_ms),
                     metadata: metadata.clone(),
-                    by_consumer: true,
+                    settle,
                 });
                 if deliver_after_ms <= now {
                     let k = ReadyKey {

@@ -74,6 +74,9 @@ pub struct NackOp {
     pub to_dlq: bool,
     /// Only when the item is still on this delivery's lease.
     pub lease_id: Option<i64>,
+    /// Without `lease_id`: the nack's token (see `Host::nack`), which the row keeps as
+    /// its `settled_token`; a nack finding it there is done (its first try applied).
+    pub token: Option<i64>,
 }
 
 /// What an enqueued item became: its key, and whether that is the key of an existing

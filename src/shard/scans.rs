@@ -8,7 +8,7 @@ use super::doubt::Settled;
 use super::staged::IN_REPLY_MAX_MS;
 use super::worker::{settle_window, timed, ShardWorker, WorkerConfig, SCAN_STEPS_PER_TICK_MAX};
 use crate::model::{ItemState, Policy, TopicName, Totals};
-use crate::store::{next_event, Change, ShardStore, StoreError};
+use crate::store::{next_event, Change, Settle, ShardStore, StoreError};
 
 /// See `ShardWorker::load_unindexed`.
 const UNINDEXED_LOADS_PER_TICK: usize = 8;
@@ -250,7 +250,7 @@ impl<S: ShardStore> ShardWorker<S> {
                             key: m.key,
                             lease: m.lease_token,
                             at_ms: now,
-                            by_consumer: false,
+                            settle: Settle::Not,
                         });
                         moves.push((
                             m.ns.clone(),
@@ -264,7 +264,7 @@ impl<S: ShardStore> ShardWorker<S> {
                             lease: m.lease_token,
                             deliver_after_ms: None,
                             metadata: None,
-                            by_consumer: false,
+                            settle: Settle::Not,
                         });
                         readied.push((m.ns.clone(), m.topic.clone(), m.ready_key()));
                         let to = Some((ItemState::Ready, m.deliver_after_ms));

@@ -101,6 +101,19 @@ impl ItemMeta {
     }
 }
 
+/// What a `Ready` or `Dead` change records in the row's `settled_token`: a consumer's
+/// nack remembers what settled the lease, so that its retry (its answer lost) knows its
+/// own work; a lease's end records nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Settle {
+    /// The lease's end (expiry, release): nothing.
+    Not,
+    /// A nack naming its lease (`lease_id`): the lease's token.
+    Lease,
+    /// A nack without `lease_id`: its token (see `Host::nack`; negative, never a lease's).
+    Token(i64),
+}
+
 /// One row's change, applied with others in one transaction. `Ready`, `Dead` and `Extend`
 /// apply only to a row still on the lease they name (`lease`, its claim's token): they
 /// settle or extend that lease, and must not touch a row that something else settled
@@ -115,9 +128,9 @@ pub enum Change {
         lease: i64,
         deliver_after_ms: Option<i64>,
         metadata: Option<Vec<u8>>,
-        /// A consumer's nack (the row's `settled_token` becomes `lease`), not the
-        /// lease's end.
-        by_consumer: bool,
+        /// Whether a consumer's nack settles the lease (and what the row's
+        /// `settled_token` becomes), or the lease's end (nothing recorded).
+        settle: Settle,
     },
     /// A leased row whose attempts are exhausted (or nacked to the dead letters): kept,
     /// never delivered, until requeued or purged.
@@ -126,7 +139,7 @@ pub enum Change {
         lease: i64,
         at_ms: i64,
         /// As for `Ready`.
-        by_consumer: bool,
+        settle: Settle,
     },
     /// A dead row ready again at its old place, its delivery count reset; with a token,
     /// the row's `settled_token` becomes it (a requeue's, see `Host::dlq_requeue`).

@@ -11,7 +11,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 
 use super::topics::TopicIds;
-use super::{next_event, Change, Handoff, ItemMeta};
+use super::{next_event, Change, Handoff, ItemMeta, Settle};
 use crate::model::{ItemState, NewItem, TopicName, Totals};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,30 +300,28 @@ fn on_lease(rows: &[(u64, i64)]) -> String {
 /// The fewest statements that apply `changes` at `now`: one per kind of change (and per
 /// new time), except that a change carrying metadata updates its row alone.
 pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<Statement> {
-    // A consumer's nack or dead-lettering also records the lease it settled (assigned
-    // first: MySQL assigns left to right, SQLite from the old row, so both read the
-    // lease before it is cleared).
-    let settle = |by_consumer: bool| {
-        if by_consumer {
-            "UPDATE items SET settled_token = lease_token, "
-        } else {
-            "UPDATE items SET "
-        }
+    // A consumer's nack or dead-lettering also records what settled the lease: the lease
+    // itself, or the nack's token (assigned first: MySQL assigns left to right, SQLite
+    // from the old row, so both read the lease before it is cleared).
+    let set_settled = |by: Settle| match by {
+        Settle::Not => "UPDATE items SET ".to_string(),
+        Settle::Lease => "UPDATE items SET settled_token = lease_token, ".to_string(),
+        Settle::Token(t) => format!("UPDATE items SET settled_token = {t}, "),
     };
-    let ready = |by_consumer: bool| format!("{}state = 0, lease_token = 0", settle(by_consumer));
+    let ready = |by: Settle| format!("{}state = 0, lease_token = 0", set_settled(by));
     const READY: &str = "UPDATE items SET state = 0, lease_token = 0";
     let ttl = ttl_timer(dialect, now);
     let mut deletes = Vec::new();
-    let mut dead: BTreeMap<(i64, bool), Vec<(u64, i64)>> = BTreeMap::new();
+    let mut dead: BTreeMap<(i64, Settle), Vec<(u64, i64)>> = BTreeMap::new();
     let mut revived: BTreeMap<Option<i64>, Vec<u64>> = BTreeMap::new();
-    let mut keep_place: BTreeMap<bool, Vec<(u64, i64)>> = BTreeMap::new();
-    let mut at: BTreeMap<(i64, bool), Vec<(u64, i64)>> = BTreeMap::new();
+    let mut keep_place: BTreeMap<Settle, Vec<(u64, i64)>> = BTreeMap::new();
+    let mut at: BTreeMap<(i64, Settle), Vec<(u64, i64)>> = BTreeMap::new();
     let mut released: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
     let mut extended: BTreeMap<i64, Vec<(u64, i64)>> = BTreeMap::new();
     let mut timers: BTreeMap<Option<i64>, Vec<(u64, Option<i64>)>> = BTreeMap::new();
     let mut out: Vec<Statement> = Vec::new();
     // A nack to `t`: deferred until then, or ready at once at `t`.
-    let ready_at = |t: i64, by_consumer: bool| {
+    let ready_at = |t: i64, by: Settle| {
         let timer = if t > now {
             timer_at(&t.to_string(), now)
         } else {
@@ -331,7 +329,7 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
         };
         format!(
             "{}, deliver_after_ms = {t}, next_event_ms = {timer}",
-            ready(by_consumer)
+            ready(by)
         )
     };
     for c in changes {
@@ -341,9 +339,9 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
                 key,
                 lease,
                 at_ms,
-                by_consumer,
+                settle,
             } => dead
-                .entry((*at_ms, *by_consumer))
+                .entry((*at_ms, *settle))
                 .or_default()
                 .push((*key, *lease)),
             Change::Revive { key, token } => revived.entry(*token).or_default().push(*key),
@@ -366,31 +364,25 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
                 lease,
                 deliver_after_ms: None,
                 metadata: None,
-                by_consumer,
-            } => keep_place
-                .entry(*by_consumer)
-                .or_default()
-                .push((*key, *lease)),
+                settle,
+            } => keep_place.entry(*settle).or_default().push((*key, *lease)),
             Change::Ready {
                 key,
                 lease,
                 deliver_after_ms: Some(t),
                 metadata: None,
-                by_consumer,
-            } => at
-                .entry((*t, *by_consumer))
-                .or_default()
-                .push((*key, *lease)),
+                settle,
+            } => at.entry((*t, *settle)).or_default().push((*key, *lease)),
             Change::Ready {
                 key,
                 lease,
                 deliver_after_ms,
                 metadata: Some(m),
-                by_consumer,
+                settle,
             } => {
                 let set = match deliver_after_ms {
-                    Some(t) => ready_at(*t, *by_consumer),
-                    None => format!("{}, next_event_ms = {ttl}", ready(*by_consumer)),
+                    Some(t) => ready_at(*t, *settle),
+                    None => format!("{}, next_event_ms = {ttl}", ready(*settle)),
                 };
                 let mut sql = format!("{set}, metadata = ");
                 push_hex(&mut sql, m);
@@ -403,19 +395,15 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
         }
     }
     let mut push = |sql: String| out.push(sql);
-    for (by_consumer, keys) in keep_place {
+    for (by, keys) in keep_place {
         push(format!(
             "{}, next_event_ms = {ttl} WHERE {}",
-            ready(by_consumer),
+            ready(by),
             on_lease(&keys)
         ));
     }
-    for ((t, by_consumer), keys) in at {
-        push(format!(
-            "{} WHERE {}",
-            ready_at(t, by_consumer),
-            on_lease(&keys)
-        ));
+    for ((t, by), keys) in at {
+        push(format!("{} WHERE {}", ready_at(t, by), on_lease(&keys)));
     }
     for (until, keys) in extended {
         push(format!(
@@ -431,11 +419,11 @@ pub fn apply_statements(dialect: Dialect, changes: &[Change], now: i64) -> Vec<S
             key_list(&keys)
         ));
     }
-    for ((at_ms, by_consumer), keys) in dead {
+    for ((at_ms, by), keys) in dead {
         push(format!(
             "{}state = 2, lease_token = 0, died_at_ms = {at_ms}, next_event_ms = {ttl}
              WHERE {}",
-            settle(by_consumer),
+            set_settled(by),
             on_lease(&keys)
         ));
     }

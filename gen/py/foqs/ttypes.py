@@ -1375,14 +1375,16 @@ class NackRequest(object):
      - items
      - forwarded_by
      - forwarded_for
+     - nack_token
 
     """
 
 
-    def __init__(self, items=None, forwarded_by=None, forwarded_for=None,):
+    def __init__(self, items=None, forwarded_by=None, forwarded_for=None, nack_token=None,):
         self.items = items
         self.forwarded_by = forwarded_by
         self.forwarded_for = forwarded_for
+        self.nack_token = nack_token
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1414,6 +1416,11 @@ class NackRequest(object):
                     self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I64:
+                    self.nack_token = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1438,6 +1445,10 @@ class NackRequest(object):
         if self.forwarded_for is not None:
             oprot.writeFieldBegin('forwarded_for', TType.STRING, 3)
             oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
+            oprot.writeFieldEnd()
+        if self.nack_token is not None:
+            oprot.writeFieldBegin('nack_token', TType.I64, 4)
+            oprot.writeI64(self.nack_token)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5174,6 +5185,7 @@ NackRequest.thrift_spec = (
     (1, TType.LIST, 'items', (TType.STRUCT, [NackItem, None], False), None, ),  # 1
     (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
     (3, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 3
+    (4, TType.I64, 'nack_token', None, None, ),  # 4
 )
 all_structs.append(ItemResult)
 ItemResult.thrift_spec = (

@@ -420,6 +420,7 @@ impl Client {
                 items: Some(items),
                 forwarded_by: None,
                 forwarded_for: None,
+                nack_token: None,
             })
         })
         .expect("nack")

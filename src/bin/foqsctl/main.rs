@@ -282,6 +282,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
                     items: Some(vec![item]),
                     forwarded_by: None,
                     forwarded_for: None,
+                    nack_token: None,
                 })
                 .map_err(e)?
                 .results
