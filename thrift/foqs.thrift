@@ -434,6 +434,7 @@ struct HostInfo {
   // Enqueue batches this host's healthy shards can still queue; hosts forward enqueues
   // to the peer with the most.
   6: optional i64 spare_capacity,
+  // The peers this host polls (cluster.peer_fanout of each tier), as it last saw them.
   7: optional list<PeerInfo> peers,
   // "single", "static" or "etcd".
   8: optional string manager,

@@ -623,3 +623,71 @@ async fn a_forward_after_the_peer_restarted_goes_through_a_fresh_connection() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Issue 36: with `cluster.peer_fanout` below the tier's size, each host polls that many
+/// peers (its successors on the tier's ring), not all of them, and is polled by as many;
+/// a host's items are still routed to the hosts that poll it. (Before: every host polled
+/// every other host, and listed them all in getHostInfo.peers.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_host_polls_its_fanout_of_the_tier_and_is_routed_to_by_its_pollers() {
+    let db = TestDb::new(4);
+    let first = free_ports(4);
+    let ids = ["a", "b", "c", "d"];
+    let shards: [&[u32]; 4] = [&[0], &[1], &[2], &[3]];
+    let hosts: Vec<(&str, u16, &str, &[u32])> = (0..4)
+        .map(|i| (ids[i], first + i as u16, "default", shards[i]))
+        .collect();
+    let mut running = Vec::new();
+    for id in ids {
+        let mut cfg = host_config(&db.shards_toml(), id, &hosts, true, "");
+        cfg.cluster.peer_fanout = 1;
+        running.push(start(&cfg).await);
+    }
+    let addrs: Vec<std::net::SocketAddr> = running.iter().map(|r| r.addr).collect();
+    // Each host lists (and polls) exactly one peer; every host is someone's.
+    let polled: Vec<String> = tokio::task::spawn_blocking(move || {
+        addrs
+            .iter()
+            .map(|addr| {
+                let peers = Client::connect(*addr, Proto::Binary)
+                    .host_info()
+                    .peers
+                    .unwrap();
+                assert_eq!(peers.len(), 1, "{peers:?}");
+                peers[0].host_id.clone().unwrap()
+            })
+            .collect()
+    })
+    .await
+    .unwrap();
+    let mut all = polled.clone();
+    all.sort();
+    assert_eq!(all, vec!["a", "b", "c", "d"], "a ring: {polled:?}");
+    // An item on a host's own shard is dequeued through the host that polls it.
+    for (i, id) in ids.iter().enumerate() {
+        let poller = polled.iter().position(|p| p == id).unwrap();
+        let (owner_addr, poller_addr) = (running[i].addr, running[poller].addr);
+        let topic = format!("ring-{id}");
+        let got = tokio::task::spawn_blocking(move || {
+            let enqueued = Client::connect(owner_addr, Proto::Binary)
+                .enqueue(vec![item("ns", &topic, 0, b"x")]);
+            let mut c = Client::connect(poller_addr, Proto::Binary);
+            let start = Instant::now();
+            loop {
+                let got = c.dequeue("ns", &topic, 1);
+                if !got.is_empty() || start.elapsed() > Duration::from_secs(10) {
+                    return (enqueued, got);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(owner_shard(&got.0[0]), i as u32, "written on {id}'s shard");
+        assert_eq!(got.1.len(), 1, "{id}'s item reached through its poller");
+        assert_eq!(got.1[0].id, Some(got.0[0].clone()));
+    }
+    for r in running {
+        r.shutdown().await;
+    }
+}

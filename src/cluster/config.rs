@@ -55,6 +55,10 @@ pub struct ClusterConfig {
     pub peer_timeout_ms: u64,
     /// How often this host asks its peers for their spare capacity.
     pub peer_poll_ms: u64,
+    /// How many hosts of each tier this host polls (and announces its ready topics to):
+    /// all of a tier with no more than this many, else this many on a ring (see
+    /// `cluster::fanout`), so a host's background calls do not grow with the tier.
+    pub peer_fanout: u32,
     /// `manager = "static"`: every host of the cluster and the shards it owns.
     pub hosts: Vec<StaticHost>,
     pub etcd: EtcdConfig,
@@ -65,6 +69,9 @@ pub struct ClusterConfig {
     pub tls_key_file: Option<std::path::PathBuf>,
     pub tls_ca_file: Option<std::path::PathBuf>,
 }
+
+/// `cluster.peer_fanout`'s default: tiers of up to 9 hosts are polled whole.
+pub const PEER_FANOUT_DEFAULT: usize = 8;
 
 impl Default for ClusterConfig {
     fn default() -> Self {
@@ -77,6 +84,7 @@ impl Default for ClusterConfig {
             peer_connections_max: 8,
             peer_timeout_ms: 2000,
             peer_poll_ms: 500,
+            peer_fanout: PEER_FANOUT_DEFAULT as u32,
             hosts: Vec::new(),
             etcd: EtcdConfig::default(),
             tls_cert_file: None,
@@ -195,6 +203,7 @@ pub fn check(
         ),
         ("cluster.peer_timeout_ms", c.peer_timeout_ms),
         ("cluster.peer_poll_ms", c.peer_poll_ms),
+        ("cluster.peer_fanout", c.peer_fanout as u64),
     ] {
         if v == 0 {
             problems.push(format!("{name} must be > 0"));

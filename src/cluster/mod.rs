@@ -14,6 +14,7 @@ mod assign;
 mod budget;
 pub mod config;
 mod etcd;
+mod fanout;
 mod lease;
 pub mod primaries;
 
@@ -31,6 +32,7 @@ pub use assign::*;
 pub use budget::EtcdBudget;
 pub use config::{ClusterConfig, ManagerKind, TierConfig};
 pub use etcd::{EtcdManager, Member};
+pub use fanout::Rings;
 
 /// The pluggable shard-manager client.
 pub trait ShardManager: Send + Sync {

@@ -226,7 +226,8 @@ pub struct ClusterHost {
     /// `unknown` for a peer that did not answer).
     pub shards: Vec<ShardRow>,
     pub this_host: bool,
-    pub reachable: bool,
+    /// Absent for a peer this host does not poll (see `cluster.peer_fanout`).
+    pub reachable: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -492,7 +493,10 @@ impl Console {
                             .collect()
                     },
                     this_host,
-                    reachable: this_host || reachable.get(id.as_str()).copied().unwrap_or(false),
+                    reachable: match this_host {
+                        true => Some(true),
+                        false => reachable.get(id.as_str()).copied(),
+                    },
                 }
             })
             .collect();

@@ -527,7 +527,10 @@ async fn cluster(State(c): C, Extension(role): Extension<Role>) -> Html<String> 
                             td { (h.tier) }
                             td { (h.region) }
                             td { (shard_states(&h.shards)) }
-                            (reachable(h.reachable))
+                            @match h.reachable {
+                                Some(yes) => (reachable(yes)),
+                                None => td { "not polled" },
+                            }
                         }
                     }
                 }

@@ -131,11 +131,13 @@ impl Host {
                 .announcements
                 .load(std::sync::atomic::Ordering::SeqCst);
             let view = self.cluster.view();
-            let me = &self.cluster.settings.host_id;
+            // The peers within this host's fan-out, not the whole tier (see
+            // `cluster::fanout`).
+            let (within, _) = self.cluster.fanout();
             let asks = view
                 .hosts
                 .iter()
-                .filter(|(id, _)| *id != me)
+                .filter(|(id, _)| within.contains(*id))
                 .map(|(id, h)| {
                     let peers = self.cluster.peers.clone();
                     async move {
@@ -152,7 +154,10 @@ impl Host {
                 let mut loads = self.cluster.loads.lock().expect("not poisoned");
                 let mut ready = self.cluster.ready.lock().expect("not poisoned");
                 let mut states = self.cluster.shard_states.lock().expect("not poisoned");
-                states.retain(|id, _| view.hosts.contains_key(id));
+                // What was learnt of a host no longer polled is dropped: it would only age.
+                states.retain(|id, _| within.contains(id));
+                loads.retain(|id, _| within.contains(id));
+                ready.retain(|id, _| within.contains(id));
                 for (id, summary) in polled {
                     let Some(s) = summary else {
                         loads.insert(id.clone(), PeerLoad::default());
@@ -252,17 +257,20 @@ impl Host {
                     ..host.topic_summary(&topic)
                 })
                 .collect();
-            // Every peer, whatever its tier: a host routes a namespace's calls to that
-            // namespace's tier, so any of them may hold a long poll for these topics. A
-            // peer known to be unreachable is skipped, so it cannot slow the others.
+            // Every peer that polls this host, whatever its tier: a host routes a
+            // namespace's calls to that namespace's tier, so any of them may hold a long
+            // poll for these topics; those that do not poll it do not route dequeues here
+            // (see `cluster::fanout`). A peer known to be unreachable is skipped, so it
+            // cannot slow the others.
             let me = host.host_id();
             let loads = host.cluster.loads.lock().expect("not poisoned").clone();
+            let (_, pollers) = host.cluster.fanout();
             let peers: Vec<(String, String)> = host
                 .cluster
                 .view()
                 .hosts
                 .iter()
-                .filter(|(id, _)| id.as_str() != me)
+                .filter(|(id, _)| pollers.contains(*id))
                 .filter(|(id, _)| loads.get(*id).is_none_or(|l| l.reachable))
                 .map(|(id, h)| (id.clone(), h.addr.clone()))
                 .collect();
@@ -327,13 +335,15 @@ impl Host {
             .clone()
     }
 
-    /// Every peer as this host sees it now.
+    /// The peers this host polls (`cluster.peer_fanout` of each tier, see
+    /// `cluster::fanout`) as it sees them now: a bounded list, however large the tier.
     pub fn peer_statuses(&self) -> Vec<PeerStatus> {
         let view = self.cluster.view();
+        let (polled, _) = self.cluster.fanout();
         let loads = self.cluster.loads.lock().expect("not poisoned").clone();
         view.hosts
             .iter()
-            .filter(|(id, _)| **id != self.cluster.settings.host_id)
+            .filter(|(id, _)| polled.contains(*id))
             .map(|(id, h)| PeerStatus {
                 host_id: id.clone(),
                 addr: h.addr.clone(),

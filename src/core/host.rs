@@ -173,6 +173,7 @@ impl Host {
                 forwarding: false,
                 in_doubt_max: std::time::Duration::from_secs(2),
                 tier_shards: Default::default(),
+                peer_fanout: crate::cluster::config::PEER_FANOUT_DEFAULT,
             },
             peers: Arc::new(super::peers::NoPeers),
             quota_budget: Arc::new(crate::quota::LocalBudget::new(1, clock)),

@@ -5,7 +5,7 @@
 //! What the host does with it lives beside: `cluster.rs` (views, the peer poll,
 //! announcements, `getHostInfo`), `routing.rs` (routing decisions) and `routed_dequeue.rs`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures::future::BoxFuture;
@@ -339,6 +339,9 @@ pub struct ClusterSettings {
     pub in_doubt_max: std::time::Duration,
     /// Every tier's shards, wherever they are served.
     pub tier_shards: BTreeMap<String, Vec<ShardId>>,
+    /// How many hosts of each tier this host polls and announces to (`cluster.peer_fanout`,
+    /// see `cluster::fanout`).
+    pub peer_fanout: usize,
 }
 
 /// A peer's load as this host last saw it.
@@ -389,6 +392,15 @@ pub struct ClusterState {
     pub(super) ready: Mutex<HashMap<String, ReadyTopics>>,
     pub(super) announcements: std::sync::atomic::AtomicU64,
     pub(super) quotas: Quotas,
+    /// The rings of the view they were drawn from, with the hosts that poll this one.
+    fanout: Mutex<Option<Fanout>>,
+}
+
+/// Whom a host polls and announces to, for one view (see `cluster::fanout`).
+struct Fanout {
+    view: Arc<ClusterView>,
+    polled: Arc<BTreeSet<String>>,
+    pollers: Arc<BTreeSet<String>>,
 }
 
 impl ClusterState {
@@ -407,6 +419,31 @@ impl ClusterState {
             ready: Mutex::new(HashMap::new()),
             announcements: std::sync::atomic::AtomicU64::new(0),
             quotas: Quotas::new(budget),
+            fanout: Mutex::new(None),
+        }
+    }
+
+    /// The peers this host polls (`polled`) and those that poll it (`pollers`, whom it
+    /// announces its ready topics to), for the current view: drawn again when it changes.
+    pub(super) fn fanout(&self) -> (Arc<BTreeSet<String>>, Arc<BTreeSet<String>>) {
+        let view = self.view();
+        let mut f = self.fanout.lock().expect("not poisoned");
+        match &*f {
+            Some(known) if Arc::ptr_eq(&known.view, &view) => {
+                (known.polled.clone(), known.pollers.clone())
+            }
+            _ => {
+                let rings = crate::cluster::Rings::new(&view.hosts);
+                let (me, k) = (&self.settings.host_id, self.settings.peer_fanout);
+                let polled = Arc::new(rings.polled(me, k));
+                let pollers = Arc::new(rings.pollers(me, k));
+                *f = Some(Fanout {
+                    view,
+                    polled: polled.clone(),
+                    pollers: pollers.clone(),
+                });
+                (polled, pollers)
+            }
         }
     }
 

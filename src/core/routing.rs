@@ -26,15 +26,16 @@ impl ClusterState {
         !forwarded && self.settings.forwarding
     }
 
-    /// The reachable peers of `tier` with their loads and addresses, the most spare
-    /// capacity first.
+    /// The reachable peers of `tier` that this host polls (see `cluster::fanout`) with
+    /// their loads and addresses, the most spare capacity first.
     fn ranked(&self, tier: &str) -> Vec<(PeerLoad, String)> {
         let view = self.view();
+        let (polled, _) = self.fanout();
         let loads = self.loads.lock().expect("not poisoned");
         let mut peers: Vec<(PeerLoad, String, String)> = view
             .hosts
             .iter()
-            .filter(|(id, h)| **id != self.settings.host_id && h.tier == tier)
+            .filter(|(id, h)| polled.contains(*id) && h.tier == tier)
             // A peer not asked yet counts as reachable with no spare capacity.
             .map(|(id, h)| {
                 let load = loads.get(id).copied().unwrap_or(PeerLoad {

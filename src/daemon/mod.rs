@@ -264,6 +264,7 @@ async fn start_planned(
             _ => 2000,
         }),
         tier_shards,
+        peer_fanout: c.peer_fanout as usize,
     };
     let peers = Arc::new(PeerClient::new(
         c.peer_connections_max,
