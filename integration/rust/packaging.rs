@@ -364,6 +364,11 @@ fn the_simulation_replays_from_its_seed_and_moves_little() {
         );
     }
     assert_eq!(summary["worst_load_spread"], 1, "{summary}");
+    // Peer polling at 300 hosts: each host polls, and is polled by, the fan-out (8), not
+    // 299; an event changes the polled sets of at most that many hosts.
+    for key in ["polls_out_max", "polls_in_max", "poll_sets_changed_max"] {
+        assert_eq!(summary[key], 8, "{key}: {summary}");
+    }
     let bad = Command::new(env!("CARGO_BIN_EXE_foqs-sim"))
         .args(["--hosts", "many"])
         .output()

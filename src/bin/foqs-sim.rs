@@ -26,13 +26,21 @@
 //!   that had to be placed, i.e. moved; stateless: every shard against every host),
 //!   on every change it watches (every host does).
 //!
-//! The summary line gives, per kind of event, the worst and mean ratio, and the worst
-//! balance. What it does not simulate yet: etcd (leases, watches, lock acquisition), the
-//! follower's reaction, peer polling and routing; see the closing notes of issue 36.
+//! - `polls_out_max` / `polls_in_max`: the most peers a host polls, and the most hosts that
+//!   poll one host, per `cluster.peer_poll_ms`, on the real fan-out (`foqs::cluster::Rings`,
+//!   `--fanout K`, default `cluster.peer_fanout`'s; all-to-all was hosts - 1 each);
+//!   `poll_sets_changed`: the hosts whose polled set the event changed. A routed dequeue
+//!   asks at most the polled peers of the tier (`polls_out_max`).
+//!
+//! The summary line gives, per kind of event, the worst and mean ratio, the worst
+//! balance and the worst polling figures. What it does not simulate yet: etcd (leases,
+//! watches, lock acquisition), the follower's reaction, and routing's timing; see the
+//! closing notes of issue 36.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use foqs::cluster::{assign_regional_from, assign_regional_with_slack, SLACK};
+use foqs::cluster::{assign_regional_from, assign_regional_with_slack, Rings, SLACK};
+use foqs::model::HostAddr;
 use foqs::model::ShardId;
 use foqs::seeded::Rng;
 use serde_json::json;
@@ -136,6 +144,7 @@ fn main() {
             "--slack-percent",
             "--regions",
             "--stateless",
+            "--fanout",
         ]
         .contains(&a.as_str())
         {
@@ -152,6 +161,11 @@ fn main() {
         .position(|a| a == "--slack-percent")
         .map_or(SLACK, |_| arg(&args, "--slack-percent", 0) as f64 / 100.0);
     let stateless = args.iter().any(|a| a == "--stateless");
+    let fanout = arg(
+        &args,
+        "--fanout",
+        foqs::cluster::config::PEER_FANOUT_DEFAULT as u64,
+    ) as usize;
     if hosts < 2 || shards == 0 {
         usage("at least 2 hosts and 1 shard");
     }
@@ -164,6 +178,8 @@ fn main() {
     let mut by_kind: BTreeMap<&str, (f64, f64, usize)> = BTreeMap::new();
     let mut worst_spread = 0usize;
     let mut max_scores = 0usize;
+    let mut polling = polling(&tier, fanout, &BTreeMap::new());
+    let (mut polls_out_max, mut polls_in_max, mut changed_max) = (0usize, 0usize, 0usize);
     for n in 0..events {
         // Keep the tier near its size: joins when it shrank, leaves or crashes when it grew.
         let size = tier.hosts.len();
@@ -235,6 +251,10 @@ fn main() {
         let (max, min) = loads(&after, &tier);
         worst_spread = worst_spread.max(max - min);
         max_scores = max_scores.max(scores(moved));
+        let now_polling = self::polling(&tier, fanout, &polling.sets);
+        polls_out_max = polls_out_max.max(now_polling.out_max);
+        polls_in_max = polls_in_max.max(now_polling.in_max);
+        changed_max = changed_max.max(now_polling.changed);
         let ratio = moved as f64 / ideal;
         let e = by_kind.entry(kind).or_insert((0.0, 0.0, 0));
         e.0 = e.0.max(ratio);
@@ -246,9 +266,12 @@ fn main() {
                 "hosts": tier.hosts.len(), "shards": tier.shards.len(), "moved": moved,
                 "ideal": ideal.round(), "ratio": (ratio * 1000.0).round() / 1000.0,
                 "max_load": max, "min_load": min,
-                "scores_per_host": scores(moved)})
+                "scores_per_host": scores(moved),
+                "polls_out_max": now_polling.out_max, "polls_in_max": now_polling.in_max,
+                "poll_sets_changed": now_polling.changed})
         );
         before = after;
+        polling = now_polling;
     }
     let kinds: BTreeMap<&str, serde_json::Value> = by_kind
         .iter()
@@ -266,6 +289,56 @@ fn main() {
             "assignment": if stateless { format!("stateless, slack {}", (slack * 100.0).round()) } else { "from the current owners".to_string() },
             "regions": regions,
             "events": events, "by_kind": kinds, "worst_load_spread": worst_spread,
-            "scores_per_host_per_event_max": max_scores})
+            "scores_per_host_per_event_max": max_scores,
+            "fanout": fanout, "polls_out_max": polls_out_max, "polls_in_max": polls_in_max,
+            "poll_sets_changed_max": changed_max})
     );
+}
+
+/// Who polls whom in a tier, on the real fan-out.
+struct Polling {
+    /// Each host's polled set.
+    sets: BTreeMap<String, BTreeSet<String>>,
+    out_max: usize,
+    in_max: usize,
+    /// Hosts (there before and after) whose polled set differs from `before`'s.
+    changed: usize,
+}
+
+fn polling(tier: &Tier, fanout: usize, before: &BTreeMap<String, BTreeSet<String>>) -> Polling {
+    let hosts: BTreeMap<String, HostAddr> = tier
+        .hosts
+        .iter()
+        .map(|(id, region)| {
+            (
+                id.clone(),
+                HostAddr {
+                    addr: String::new(),
+                    tier: foqs::model::TIER_DEFAULT.to_string(),
+                    region: region.to_string(),
+                },
+            )
+        })
+        .collect();
+    let rings = Rings::new(&hosts);
+    let sets: BTreeMap<String, BTreeSet<String>> = hosts
+        .keys()
+        .map(|id| (id.clone(), rings.polled(id, fanout)))
+        .collect();
+    let mut polled_by: BTreeMap<&str, usize> = BTreeMap::new();
+    for set in sets.values() {
+        for p in set {
+            *polled_by.entry(p.as_str()).or_default() += 1;
+        }
+    }
+    let changed = sets
+        .iter()
+        .filter(|(id, s)| before.get(*id).is_some_and(|b| b != *s))
+        .count();
+    Polling {
+        out_max: sets.values().map(BTreeSet::len).max().unwrap_or(0),
+        in_max: polled_by.values().copied().max().unwrap_or(0),
+        changed,
+        sets,
+    }
 }
