@@ -232,13 +232,26 @@ impl Follower {
                 _ = tick.tick() => ticked = true,
                 Some(s) = released.recv() => self.give_back(s).await,
                 Some(r) = reports.recv() => self.report(r).await,
-                // Every event already arrived leads to the one reconcile below: in a storm
-                // (a host's lease lapsing deletes all its keys at once) a follower reads
-                // the cluster once per batch, not once per event.
+                // Every event already arrived is applied to the snapshot, and leads to the
+                // one reconcile below: in a storm (a host's lease lapsing deletes all its
+                // keys at once) a follower reconciles once per batch, and reads nothing.
                 changed = next_change(&mut watch) => {
-                    self.stale = true;
-                    if !changed || !watch.as_mut().is_some_and(drain_ready) {
+                    let prefix = self.prefix.clone();
+                    let mut apply = |r: &etcd_client::WatchResponse| {
+                        if let Some(snap) = &mut self.snapshot {
+                            snap.apply(&prefix, r);
+                        }
+                    };
+                    let healthy = match changed {
+                        Some(r) => {
+                            apply(&r);
+                            watch.as_mut().is_some_and(|w| drain_ready(w, &mut apply))
+                        }
+                        None => false,
+                    };
+                    if !healthy {
                         watch = None;
+                        self.stale = true;
                     }
                 }
                 _ = &mut leave => break,
@@ -251,12 +264,15 @@ impl Follower {
             }
             if ticked {
                 self.renew().await;
-                if watch.is_none() {
-                    watch = self.open_watch().await;
-                }
             }
             if watch.is_none() {
                 self.stale = true;
+            }
+            // A whole read starts a new watch from the revision after it: the old one's
+            // events (older than the read, some of them) must not be applied to it.
+            let reading = self.needs_read();
+            if reading {
+                watch = None;
             }
             match self.reconcile().await {
                 Ok(()) if self.lease.is_some() => self.recovered(),
@@ -264,6 +280,11 @@ impl Follower {
                 Err(e) => self.trouble(&format!(
                     "cannot read the cluster ({e}); keeping the last view"
                 )),
+            }
+            if reading && !self.stale {
+                if let Some(revision) = self.snapshot.as_ref().map(|s| s.revision) {
+                    watch = self.open_watch(revision + 1).await;
+                }
             }
             // Fenced: whatever etcd says, this host serves nothing until it renews again.
             if !self.fence.is_open() && !self.held.is_empty() {
@@ -285,17 +306,16 @@ impl Follower {
         tracing::info!(host_id = %self.member.host_id, "left the cluster");
     }
 
-    /// Watches the hosts, owners and primaries (None when etcd cannot be reached: the
-    /// poll goes on, and the next tick tries again).
-    async fn open_watch(&mut self) -> Option<SelectAll<WatchStream>> {
+    /// Watches the hosts, owners and primaries from `revision` on (None when etcd cannot
+    /// be reached: the next reconcile reads the cluster whole and tries again).
+    async fn open_watch(&mut self, revision: i64) -> Option<SelectAll<WatchStream>> {
         let mut streams = Vec::new();
         for dir in ["hosts", "shards", "primaries"] {
             let k = format!("{}/{dir}/", self.prefix);
-            let stream = self
-                .client
-                .watch(k, Some(WatchOptions::new().with_prefix()))
-                .await
-                .ok()?;
+            let options = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(revision);
+            let stream = self.client.watch(k, Some(options)).await.ok()?;
             streams.push(stream);
         }
         Some(futures::stream::select_all(streams))
@@ -330,14 +350,26 @@ impl Follower {
         }
         let Some(lease) = &self.lease else { return };
         let key = self.shard_key(s);
-        self.stale = true;
         let txn = Txn::new()
             .when([Compare::lease(key.clone(), CompareOp::Equal, lease.id)])
             .and_then([TxnOp::delete(key, None)]);
         match self.client.txn(txn).await {
-            Ok(_) => tracing::info!(shard = s, "handed shard over"),
+            Ok(r) => {
+                tracing::info!(shard = s, "handed shard over");
+                // Its own delete, in the snapshot before its watch event comes (a key
+                // that was not ours after all: read again).
+                match (&mut self.snapshot, r.succeeded()) {
+                    (Some(snap), true) => {
+                        snap.keys.remove(&s);
+                    }
+                    _ => self.stale = true,
+                }
+            }
             // The key stays until the lease expires; the new owner waits that long.
-            Err(e) => tracing::warn!(shard = s, error = %e, "etcd: cannot delete shard key"),
+            Err(e) => {
+                self.stale = true;
+                tracing::warn!(shard = s, error = %e, "etcd: cannot delete shard key");
+            }
         }
     }
 
@@ -555,9 +587,12 @@ impl Follower {
                     )]);
                 if self.client.txn(txn).await?.succeeded() {
                     tracing::info!(shard = s, "acquired shard");
-                    self.stale = true;
                     self.held.insert(s);
                     keys.insert(s, (me.clone(), lease));
+                    // In the snapshot before its watch event comes.
+                    if let Some(snap) = &mut self.snapshot {
+                        snap.keys.insert(s, (me.clone(), lease));
+                    }
                 }
             }
         }
@@ -584,12 +619,15 @@ impl Follower {
     }
 }
 
-/// Takes the watch events that have already arrived; false when the watch failed or
+/// Applies the watch answers that have already arrived; false when the watch failed or
 /// ended meanwhile.
-fn drain_ready(w: &mut SelectAll<WatchStream>) -> bool {
+fn drain_ready(
+    w: &mut SelectAll<WatchStream>,
+    apply: &mut impl FnMut(&etcd_client::WatchResponse),
+) -> bool {
     loop {
         match w.next().now_or_never() {
-            Some(Some(Ok(r))) if healthy(&r) => continue,
+            Some(Some(Ok(r))) if healthy(&r) => apply(&r),
             None => return true,
             Some(_) => return false,
         }
@@ -604,11 +642,16 @@ fn healthy(r: &etcd_client::WatchResponse) -> bool {
     !r.canceled() && r.compact_revision() == 0
 }
 
-/// Waits for the next change the watch reports; false when the watch ended (or there
-/// is none: then it never returns).
-async fn next_change(watch: &mut Option<SelectAll<WatchStream>>) -> bool {
+/// Waits for the next change the watch reports; None when the watch ended, failed or was
+/// cancelled (with no watch, it never returns).
+async fn next_change(
+    watch: &mut Option<SelectAll<WatchStream>>,
+) -> Option<etcd_client::WatchResponse> {
     match watch {
-        Some(w) => matches!(w.next().await, Some(Ok(r)) if healthy(&r)),
+        Some(w) => match w.next().await {
+            Some(Ok(r)) if healthy(&r) => Some(r),
+            _ => None,
+        },
         None => std::future::pending().await,
     }
 }
