@@ -1,7 +1,7 @@
 //! Domain types shared by every layer: item ids, delivery policies, the ready-order key,
 //! items as enqueued and as delivered. Nothing here knows Thrift or MySQL.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -419,6 +419,11 @@ pub struct ClusterView {
     pub owners: BTreeMap<ShardId, String>,
     /// The current primary of each replicated shard (none for a shard without replicas).
     pub primaries: BTreeMap<ShardId, PrimaryRecord>,
+    /// Shards this host still holds (in the manager) that it must let go of: not its own
+    /// any more in `owners`. One it does not serve (it was taken and moved on between two
+    /// views this host saw) has nothing to stop: the host says it released it at once, or
+    /// nobody would (a shard it serves is released once stopped, as it leaves `owners`).
+    pub withdrawn: BTreeSet<ShardId>,
 }
 
 impl ClusterView {

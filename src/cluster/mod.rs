@@ -80,6 +80,7 @@ impl StaticManager {
             )]),
             owners: shards.iter().map(|s| (*s, host_id.to_string())).collect(),
             primaries: BTreeMap::new(),
+            withdrawn: Default::default(),
         };
         StaticManager {
             kind: "single",

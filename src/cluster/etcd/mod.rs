@@ -31,10 +31,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchResponse,
 };
 use futures::future::BoxFuture;
-use futures::stream::{SelectAll, StreamExt};
+use futures::stream::{BoxStream, SelectAll, StreamExt};
 use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
@@ -58,6 +58,10 @@ struct HostRecord {
     #[serde(default)]
     region: String,
 }
+
+/// The watches of hosts, owner keys and primaries, as one stream; each ends with an
+/// error, so that one that ends is noticed (the others would go on without it).
+type Watches = SelectAll<BoxStream<'static, Result<WatchResponse, etcd_client::Error>>>;
 
 /// This host's identity in the cluster.
 #[derive(Debug, Clone)]
@@ -225,7 +229,7 @@ impl Follower {
     ) {
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut watch: Option<SelectAll<WatchStream>> = None;
+        let mut watch: Option<Watches> = None;
         loop {
             let mut ticked = false;
             tokio::select! {
@@ -308,7 +312,7 @@ impl Follower {
 
     /// Watches the hosts, owners and primaries from `revision` on (None when etcd cannot
     /// be reached: the next reconcile reads the cluster whole and tries again).
-    async fn open_watch(&mut self, revision: i64) -> Option<SelectAll<WatchStream>> {
+    async fn open_watch(&mut self, revision: i64) -> Option<Watches> {
         let mut streams = Vec::new();
         for dir in ["hosts", "shards", "primaries"] {
             let k = format!("{}/{dir}/", self.prefix);
@@ -316,7 +320,10 @@ impl Follower {
                 .with_prefix()
                 .with_start_revision(revision);
             let stream = self.client.watch(k, Some(options)).await.ok()?;
-            streams.push(stream);
+            let ended = futures::stream::once(async {
+                Err(etcd_client::Error::WatchError("the watch ended".into()))
+            });
+            streams.push(stream.chain(ended).boxed());
         }
         Some(futures::stream::select_all(streams))
     }
@@ -358,10 +365,9 @@ impl Follower {
                 tracing::info!(shard = s, "handed shard over");
                 // Its own delete, in the snapshot before its watch event comes (a key
                 // that was not ours after all: read again).
+                let revision = r.header().map_or(0, |h| h.revision());
                 match (&mut self.snapshot, r.succeeded()) {
-                    (Some(snap), true) => {
-                        snap.keys.remove(&s);
-                    }
+                    (Some(snap), true) => snap.own_write(s, None, revision),
                     _ => self.stale = true,
                 }
             }
@@ -585,13 +591,15 @@ impl Follower {
                         me.clone(),
                         Some(PutOptions::new().with_lease(lease)),
                     )]);
-                if self.client.txn(txn).await?.succeeded() {
+                let r = self.client.txn(txn).await?;
+                if r.succeeded() {
                     tracing::info!(shard = s, "acquired shard");
                     self.held.insert(s);
                     keys.insert(s, (me.clone(), lease));
                     // In the snapshot before its watch event comes.
+                    let revision = r.header().map_or(0, |h| h.revision());
                     if let Some(snap) = &mut self.snapshot {
-                        snap.keys.insert(s, (me.clone(), lease));
+                        snap.own_write(s, Some((me.clone(), lease)), revision);
                     }
                 }
             }
@@ -607,6 +615,7 @@ impl Follower {
             hosts,
             owners,
             primaries,
+            withdrawn: self.releasing.clone(),
         };
         self.view.send_if_modified(|v| {
             if **v == view {
@@ -621,10 +630,7 @@ impl Follower {
 
 /// Applies the watch answers that have already arrived; false when the watch failed or
 /// ended meanwhile.
-fn drain_ready(
-    w: &mut SelectAll<WatchStream>,
-    apply: &mut impl FnMut(&etcd_client::WatchResponse),
-) -> bool {
+fn drain_ready(w: &mut Watches, apply: &mut impl FnMut(&etcd_client::WatchResponse)) -> bool {
     loop {
         match w.next().now_or_never() {
             Some(Some(Ok(r))) if healthy(&r) => apply(&r),
@@ -644,9 +650,7 @@ fn healthy(r: &etcd_client::WatchResponse) -> bool {
 
 /// Waits for the next change the watch reports; None when the watch ended, failed or was
 /// cancelled (with no watch, it never returns).
-async fn next_change(
-    watch: &mut Option<SelectAll<WatchStream>>,
-) -> Option<etcd_client::WatchResponse> {
+async fn next_change(watch: &mut Option<Watches>) -> Option<etcd_client::WatchResponse> {
     match watch {
         Some(w) => match w.next().await {
             Some(Ok(r)) if healthy(&r) => Some(r),

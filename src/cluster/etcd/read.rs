@@ -23,11 +23,15 @@ pub(super) struct Snapshot {
     pub primaries: BTreeMap<ShardId, PrimaryRecord>,
     /// The revision of the whole read, and the latest event applied since.
     pub revision: i64,
+    /// Each owner key's last change known (deletes too): this host's own writes are put
+    /// in the snapshot at once, so the watch's older events of the same key, arriving
+    /// after them, are skipped.
+    key_revisions: BTreeMap<ShardId, i64>,
     read_at: Instant,
 }
 
 /// Polls after which the snapshot is read whole again even with the watch healthy.
-const RESYNC_POLLS: u32 = 60;
+const RESYNC_POLLS: u32 = 30;
 
 impl Snapshot {
     /// Applies one watch answer's events under `prefix` (`P/hosts/..`, `P/shards/..`,
@@ -60,6 +64,11 @@ impl Snapshot {
                     let Ok(s) = name.parse::<ShardId>() else {
                         continue;
                     };
+                    let known = self.key_revisions.entry(s).or_insert(0);
+                    if kv.mod_revision() <= *known {
+                        continue;
+                    }
+                    *known = kv.mod_revision();
                     match kv.value_str().ok().filter(|_| put) {
                         Some(owner) => {
                             self.keys.insert(s, (owner.to_string(), kv.lease()));
@@ -90,6 +99,16 @@ impl Snapshot {
             self.revision = self.revision.max(kv.mod_revision());
         }
     }
+
+    /// This host's own write of `shard`'s key at `revision`: `owner` (None: deleted).
+    pub fn own_write(&mut self, shard: ShardId, owner: Option<(String, i64)>, revision: i64) {
+        let known = self.key_revisions.entry(shard).or_insert(0);
+        *known = (*known).max(revision);
+        match owner {
+            Some(o) => self.keys.insert(shard, o),
+            None => self.keys.remove(&shard),
+        };
+    }
 }
 
 fn host_record(value: &[u8]) -> Option<HostAddr> {
@@ -108,7 +127,7 @@ impl Follower {
         &mut self,
         dir: &str,
         revision: i64,
-    ) -> Result<(Vec<(String, Vec<u8>, i64)>, i64), etcd_client::Error> {
+    ) -> Result<(Vec<(String, Vec<u8>, i64, i64)>, i64), etcd_client::Error> {
         let mut options = GetOptions::new().with_prefix();
         if revision > 0 {
             options = options.with_revision(revision);
@@ -123,7 +142,7 @@ impl Follower {
             .iter()
             .filter_map(|kv| {
                 let name = kv.key_str().ok()?.rsplit('/').next()?.to_string();
-                Some((name, kv.value().to_vec(), kv.lease()))
+                Some((name, kv.value().to_vec(), kv.lease(), kv.mod_revision()))
             })
             .collect();
         Ok((kvs, read))
@@ -152,19 +171,22 @@ impl Follower {
         let (found, revision) = self.read_prefix("hosts", 0).await?;
         let hosts = found
             .into_iter()
-            .filter_map(|(id, value, _)| Some((id, host_record(&value)?)))
+            .filter_map(|(id, value, _, _)| Some((id, host_record(&value)?)))
             .collect();
         let (found, _) = self.read_prefix("shards", revision).await?;
-        let keys = found
-            .into_iter()
-            .filter_map(|(shard, owner, lease)| {
-                Some((shard.parse().ok()?, (String::from_utf8(owner).ok()?, lease)))
-            })
-            .collect();
+        let mut keys = BTreeMap::new();
+        let mut key_revisions = BTreeMap::new();
+        for (shard, owner, lease, changed) in found {
+            let (Ok(s), Ok(owner)) = (shard.parse::<ShardId>(), String::from_utf8(owner)) else {
+                continue;
+            };
+            keys.insert(s, (owner, lease));
+            key_revisions.insert(s, changed);
+        }
         let (found, _) = self.read_prefix("primaries", revision).await?;
         let primaries = found
             .into_iter()
-            .filter_map(|(shard, value, _)| {
+            .filter_map(|(shard, value, _, _)| {
                 Some((shard.parse().ok()?, serde_json::from_slice(&value).ok()?))
             })
             .collect();
@@ -173,6 +195,7 @@ impl Follower {
             keys,
             primaries,
             revision,
+            key_revisions,
             read_at,
         };
         self.snapshot = Some(snap.clone());
@@ -186,7 +209,7 @@ impl Follower {
         let (found, _) = self.read_prefix("primaries", 0).await?;
         Ok(found
             .into_iter()
-            .filter_map(|(shard, value, _)| {
+            .filter_map(|(shard, value, _, _)| {
                 Some((shard.parse().ok()?, serde_json::from_slice(&value).ok()?))
             })
             .collect())
