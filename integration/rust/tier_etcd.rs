@@ -130,7 +130,26 @@ async fn settle(hosts: &[Light], shards: usize, within: Duration, step: &str) {
             let missing: Vec<usize> = (0..shards)
                 .filter(|s| !owned.contains(&(*s as ShardId)))
                 .collect();
-            panic!("{step}: not settled after {within:?}: {unowned} shards unowned ({missing:?}), loads {min}..{max}");
+            // What the hosts' views say of them: owner (or none) -> how many hosts say so.
+            let said: Vec<BTreeMap<String, usize>> = missing
+                .iter()
+                .take(3)
+                .map(|s| {
+                    let mut by: BTreeMap<String, usize> = BTreeMap::new();
+                    for h in hosts {
+                        let v = h.manager.watch().borrow().clone();
+                        let o = v.owners.get(&(*s as ShardId)).cloned().unwrap_or_default();
+                        let w = if v.withdrawn.contains(&(*s as ShardId)) {
+                            "+withdrawn"
+                        } else {
+                            ""
+                        };
+                        *by.entry(format!("{o}{w}")).or_default() += 1;
+                    }
+                    by
+                })
+                .collect();
+            panic!("{step}: not settled after {within:?}: {unowned} shards unowned ({missing:?}), loads {min}..{max}; views: {said:?}");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

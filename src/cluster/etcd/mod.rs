@@ -7,7 +7,9 @@
 //! - `P/quota/<ns>` = `{"tokens":..,"last_ms":..}` (no lease; see `budget.rs`);
 //! - the replicated shards' primaries and acks (see `primaries.rs`).
 //!
-//! Every `poll_ms` a host renews its lease, reads the hosts and owners, and computes the
+//! Every `poll_ms` a host renews its lease (on a task of its own, `lease.rs`), and on every
+//! change its watch reports it reconciles: from its view of the hosts and owners (read
+//! whole once, then kept by the watch's events: `read.rs`) it computes the
 //! owner each shard of its tier should have ([`super::assign_regional_from`]: from the
 //! owners now, the fewest moves that leave the hosts' shard counts within one, rendezvous
 //! hashing for the shards that must move; every host computes the same answer from the
@@ -95,6 +97,10 @@ impl EtcdManager {
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<(Arc<EtcdManager>, Client), etcd_client::Error> {
         let client = connect(cfg).await?;
+        // The watches on a connection of their own: a watch replaying many events fills
+        // its connection's flow-control window until they are read, which would hold up
+        // the reads, writes and renewals answered on the same connection.
+        let watcher = connect(cfg).await?;
         let fence = Fence::closed();
         let view = watch::Sender::new(Arc::new(ClusterView::default()));
         let (released_tx, released_rx) = mpsc::unbounded_channel();
@@ -102,6 +108,7 @@ impl EtcdManager {
         let (leave_tx, leave_rx) = tokio::sync::oneshot::channel();
         let follower = Follower {
             client: client.clone(),
+            watcher,
             prefix: cfg.prefix.trim_end_matches('/').to_string(),
             ttl: Duration::from_millis(cfg.lease_ttl_ms),
             renew_every: Duration::from_millis(cfg.poll_ms),
@@ -112,6 +119,7 @@ impl EtcdManager {
             lease: None,
             held: BTreeSet::new(),
             releasing: BTreeSet::new(),
+            undeleted: BTreeSet::new(),
             in_trouble: false,
             metrics,
             snapshot: None,
@@ -188,6 +196,8 @@ impl ShardManager for EtcdManager {
 /// The task behind [`EtcdManager`]: the only code that changes this host's keys.
 struct Follower {
     client: Client,
+    /// For the watches alone (see `EtcdManager::start`).
+    watcher: Client,
     prefix: String,
     ttl: Duration,
     /// How often the lease is renewed (`poll_ms`).
@@ -201,6 +211,8 @@ struct Follower {
     held: BTreeSet<ShardId>,
     /// Held shards withdrawn from the view, waiting for the host to let them go.
     releasing: BTreeSet<ShardId>,
+    /// Shards the host let go of whose key could not be deleted yet (see `delete_key`).
+    undeleted: BTreeSet<ShardId>,
     /// An etcd problem was logged and has not cleared yet.
     in_trouble: bool,
     metrics: Arc<crate::metrics::Metrics>,
@@ -230,6 +242,11 @@ impl Follower {
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut watch: Option<Watches> = None;
+        // In a storm of events, reconciles at most one per gap (half a poll):
+        // the events of the rest of the gap are applied first. A lone event is
+        // reconciled at once.
+        let gap = self.renew_every / 2;
+        let mut last_reconcile = Instant::now() - gap;
         loop {
             let mut ticked = false;
             tokio::select! {
@@ -246,13 +263,28 @@ impl Follower {
                             snap.apply(&prefix, r);
                         }
                     };
-                    let healthy = match changed {
+                    let mut healthy = match changed {
                         Some(r) => {
                             apply(&r);
                             watch.as_mut().is_some_and(|w| drain_ready(w, &mut apply))
                         }
                         None => false,
                     };
+                    let rest = gap.saturating_sub(last_reconcile.elapsed());
+                    if healthy && !rest.is_zero() {
+                        let until = tokio::time::Instant::now() + rest;
+                        while let Ok(next) =
+                            tokio::time::timeout_at(until, next_change(&mut watch)).await
+                        {
+                            match next {
+                                Some(r) => apply(&r),
+                                None => {
+                                    healthy = false;
+                                    break;
+                                }
+                            }
+                        }
+                    }
                     if !healthy {
                         watch = None;
                         self.stale = true;
@@ -268,6 +300,13 @@ impl Follower {
             }
             if ticked {
                 self.renew().await;
+                for s in self.undeleted.clone() {
+                    if !self.held.contains(&s) {
+                        self.delete_key(s).await;
+                    } else {
+                        self.undeleted.remove(&s);
+                    }
+                }
             }
             if watch.is_none() {
                 self.stale = true;
@@ -278,6 +317,7 @@ impl Follower {
             if reading {
                 watch = None;
             }
+            last_reconcile = Instant::now();
             match self.reconcile().await {
                 Ok(()) if self.lease.is_some() => self.recovered(),
                 Ok(()) => {}
@@ -319,7 +359,7 @@ impl Follower {
             let options = WatchOptions::new()
                 .with_prefix()
                 .with_start_revision(revision);
-            let stream = self.client.watch(k, Some(options)).await.ok()?;
+            let stream = self.watcher.watch(k, Some(options)).await.ok()?;
             let ended = futures::stream::once(async {
                 Err(etcd_client::Error::WatchError("the watch ended".into()))
             });
@@ -355,13 +395,26 @@ impl Follower {
         if !self.releasing.remove(&s) || !self.held.remove(&s) {
             return;
         }
-        let Some(lease) = &self.lease else { return };
+        self.delete_key(s).await;
+    }
+
+    /// Deletes `s`'s key if it is still under this host's lease. One that fails is tried
+    /// again every poll (`undeleted`): the host let the shard go, and while its lease
+    /// lives nobody else would delete the key. (Before, it stayed; and taken up again as
+    /// a key of ours not held, moved on, it was never released again: the view did not
+    /// change, so the host was not told.)
+    async fn delete_key(&mut self, s: ShardId) {
+        let Some(lease) = &self.lease else {
+            self.undeleted.remove(&s);
+            return;
+        };
         let key = self.shard_key(s);
         let txn = Txn::new()
             .when([Compare::lease(key.clone(), CompareOp::Equal, lease.id)])
             .and_then([TxnOp::delete(key, None)]);
         match self.client.txn(txn).await {
             Ok(r) => {
+                self.undeleted.remove(&s);
                 tracing::info!(shard = s, "handed shard over");
                 // Its own delete, in the snapshot before its watch event comes (a key
                 // that was not ours after all: read again).
@@ -371,10 +424,10 @@ impl Follower {
                     _ => self.stale = true,
                 }
             }
-            // The key stays until the lease expires; the new owner waits that long.
             Err(e) => {
                 self.stale = true;
-                tracing::warn!(shard = s, error = %e, "etcd: cannot delete shard key");
+                self.undeleted.insert(s);
+                tracing::warn!(shard = s, error = %e, "etcd: cannot delete shard key; trying again");
             }
         }
     }
@@ -384,6 +437,7 @@ impl Follower {
         self.fence.close();
         self.held.clear();
         self.releasing.clear();
+        self.undeleted.clear();
         self.lease = None;
         self.view.send_if_modified(|v| {
             let me = &self.member.host_id;

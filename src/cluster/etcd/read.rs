@@ -31,7 +31,7 @@ pub(super) struct Snapshot {
 }
 
 /// Polls after which the snapshot is read whole again even with the watch healthy.
-const RESYNC_POLLS: u32 = 30;
+const RESYNC_POLLS: u32 = 10;
 
 impl Snapshot {
     /// Applies one watch answer's events under `prefix` (`P/hosts/..`, `P/shards/..`,
