@@ -202,7 +202,7 @@ struct NackRequest {
   // Set by the host that took the client's call, on the calls it forwards: an item a nack
   // without lease_id settles remembers it, so that a retry of a nack whose answer was
   // lost knows its own work (OK) and does not settle the item's next delivery. Clients
-  // leave it out.
+  // leave it out (a host ignores it on a call not forwarded).
   4: optional i64 nack_token,
 }
 

@@ -681,7 +681,9 @@ async fn a_requeue_whose_answer_was_lost_is_answered_with_what_happened() {
                 lease_id: None,
             }],
             (None, None),
-            None,
+            // A client's own nack token is ignored: 0, every fresh row's settled_token,
+            // would otherwise answer OK without applying (the item would not be dead).
+            Some(0),
         )
         .await
         .unwrap();

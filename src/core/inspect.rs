@@ -156,7 +156,10 @@ impl Host {
     ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let token = token.unwrap_or_else(|| -crate::store::new_batch_token(self.clock.now_ms()));
+        // A client's own token is ignored (as a nack's, see `Host::nack`).
+        let token = token
+            .filter(|t| forwarded.0.is_some() && *t < 0)
+            .unwrap_or_else(|| -crate::store::new_batch_token(self.clock.now_ms()));
         let mut results = self
             .dlq_requeue_once(&caller, &ids, may_forward, token)
             .await;

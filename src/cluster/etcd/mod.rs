@@ -8,8 +8,8 @@
 //! - the replicated shards' primaries and acks (see `primaries.rs`).
 //!
 //! Every `poll_ms` a host renews its lease (on a task of its own, `lease.rs`), and on every
-//! change its watch reports it reconciles: from its view of the hosts and owners (read
-//! whole once, then kept by the watch's events: `read.rs`) it computes the
+//! change its watch reports it reconciles: from the hosts and owners (read again after a
+//! change, else reused: `read.rs`) it computes the
 //! owner each shard of its tier should have ([`super::assign_regional_from`]: from the
 //! owners now, the fewest moves that leave the hosts' shard counts within one, rendezvous
 //! hashing for the shards that must move; every host computes the same answer from the
@@ -242,52 +242,21 @@ impl Follower {
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut watch: Option<Watches> = None;
-        // In a storm of events, reconciles at most one per gap (half a poll):
-        // the events of the rest of the gap are applied first. A lone event is
-        // reconciled at once.
-        let gap = self.renew_every / 2;
-        let mut last_reconcile = Instant::now() - gap;
         loop {
             let mut ticked = false;
             tokio::select! {
                 _ = tick.tick() => ticked = true,
                 Some(s) = released.recv() => self.give_back(s).await,
                 Some(r) = reports.recv() => self.report(r).await,
-                // Every event already arrived is applied to the snapshot, and leads to the
-                // one reconcile below: in a storm (a host's lease lapsing deletes all its
-                // keys at once) a follower reconciles once per batch, and reads nothing.
+                // Every event already arrived leads to the one reconcile below: in a storm
+                // (a host's lease lapsing deletes all its keys at once) a follower reads
+                // the cluster once per batch, not once per event.
                 changed = next_change(&mut watch) => {
-                    let prefix = self.prefix.clone();
-                    let mut apply = |r: &etcd_client::WatchResponse| {
-                        if let Some(snap) = &mut self.snapshot {
-                            snap.apply(&prefix, r);
-                        }
-                    };
-                    let mut healthy = match changed {
-                        Some(r) => {
-                            apply(&r);
-                            watch.as_mut().is_some_and(|w| drain_ready(w, &mut apply))
-                        }
-                        None => false,
-                    };
-                    let rest = gap.saturating_sub(last_reconcile.elapsed());
-                    if healthy && !rest.is_zero() {
-                        let until = tokio::time::Instant::now() + rest;
-                        while let Ok(next) =
-                            tokio::time::timeout_at(until, next_change(&mut watch)).await
-                        {
-                            match next {
-                                Some(r) => apply(&r),
-                                None => {
-                                    healthy = false;
-                                    break;
-                                }
-                            }
-                        }
-                    }
+                    self.stale = true;
+                    let healthy = changed.is_some()
+                        && watch.as_mut().is_some_and(drain_ready);
                     if !healthy {
                         watch = None;
-                        self.stale = true;
                     }
                 }
                 _ = &mut leave => break,
@@ -307,28 +276,19 @@ impl Follower {
                         self.undeleted.remove(&s);
                     }
                 }
+                if watch.is_none() {
+                    watch = self.open_watch().await;
+                }
             }
             if watch.is_none() {
                 self.stale = true;
             }
-            // A whole read starts a new watch from the revision after it: the old one's
-            // events (older than the read, some of them) must not be applied to it.
-            let reading = self.needs_read();
-            if reading {
-                watch = None;
-            }
-            last_reconcile = Instant::now();
             match self.reconcile().await {
                 Ok(()) if self.lease.is_some() => self.recovered(),
                 Ok(()) => {}
                 Err(e) => self.trouble(&format!(
                     "cannot read the cluster ({e}); keeping the last view"
                 )),
-            }
-            if reading && !self.stale {
-                if let Some(revision) = self.snapshot.as_ref().map(|s| s.revision) {
-                    watch = self.open_watch(revision + 1).await;
-                }
             }
             // Fenced: whatever etcd says, this host serves nothing until it renews again.
             if !self.fence.is_open() && !self.held.is_empty() {
@@ -352,13 +312,11 @@ impl Follower {
 
     /// Watches the hosts, owners and primaries from `revision` on (None when etcd cannot
     /// be reached: the next reconcile reads the cluster whole and tries again).
-    async fn open_watch(&mut self, revision: i64) -> Option<Watches> {
+    async fn open_watch(&mut self) -> Option<Watches> {
         let mut streams = Vec::new();
         for dir in ["hosts", "shards", "primaries"] {
             let k = format!("{}/{dir}/", self.prefix);
-            let options = WatchOptions::new()
-                .with_prefix()
-                .with_start_revision(revision);
+            let options = WatchOptions::new().with_prefix();
             let stream = self.watcher.watch(k, Some(options)).await.ok()?;
             let ended = futures::stream::once(async {
                 Err(etcd_client::Error::WatchError("the watch ended".into()))
@@ -415,13 +373,9 @@ impl Follower {
         match self.client.txn(txn).await {
             Ok(r) => {
                 self.undeleted.remove(&s);
-                tracing::info!(shard = s, "handed shard over");
-                // Its own delete, in the snapshot before its watch event comes (a key
-                // that was not ours after all: read again).
-                let revision = r.header().map_or(0, |h| h.revision());
-                match (&mut self.snapshot, r.succeeded()) {
-                    (Some(snap), true) => snap.own_write(s, None, revision),
-                    _ => self.stale = true,
+                self.stale = true;
+                if r.succeeded() {
+                    tracing::info!(shard = s, "handed shard over");
                 }
             }
             Err(e) => {
@@ -650,11 +604,7 @@ impl Follower {
                     tracing::info!(shard = s, "acquired shard");
                     self.held.insert(s);
                     keys.insert(s, (me.clone(), lease));
-                    // In the snapshot before its watch event comes.
-                    let revision = r.header().map_or(0, |h| h.revision());
-                    if let Some(snap) = &mut self.snapshot {
-                        snap.own_write(s, Some((me.clone(), lease)), revision);
-                    }
+                    self.stale = true;
                 }
             }
         }
@@ -682,12 +632,12 @@ impl Follower {
     }
 }
 
-/// Applies the watch answers that have already arrived; false when the watch failed or
+/// Takes the watch answers that have already arrived; false when the watch failed or
 /// ended meanwhile.
-fn drain_ready(w: &mut Watches, apply: &mut impl FnMut(&etcd_client::WatchResponse)) -> bool {
+fn drain_ready(w: &mut Watches) -> bool {
     loop {
         match w.next().now_or_never() {
-            Some(Some(Ok(r))) if healthy(&r) => apply(&r),
+            Some(Some(Ok(r))) if healthy(&r) => continue,
             None => return true,
             Some(_) => return false,
         }
