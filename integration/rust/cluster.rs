@@ -502,23 +502,30 @@ async fn a_forwarded_nack_or_touch_whose_answer_was_lost_is_resolved_before_the_
     assert!(repeat[0].error.is_none(), "{:?}", repeat[0].error);
     assert_eq!(code_of(&other[0].error), Some(ErrorCode::NOT_FOUND));
 
+    // A touch through a, held at b past a's timeout: its answer.
+    let held_touch = |id: String, lease_id: Option<i64>| {
+        let faults = faults.clone();
+        async move {
+            faults.arm("apply", Fault::Hold);
+            let touching = tokio::task::spawn_blocking(move || {
+                Client::connect(a_addr, Proto::Binary).call(|c| {
+                    c.touch(TouchRequest {
+                        items: Some(vec![TouchItem {
+                            id: Some(id),
+                            extend_ms: Some(60_000),
+                            lease_id,
+                        }]),
+                        forwarded_by: None,
+                        forwarded_for: None,
+                    })
+                })
+            });
+            held(faults).await;
+            touching.await.unwrap().expect("touch").results.unwrap()
+        }
+    };
     let (id, lease) = delivered("touched").await.unwrap();
-    faults.arm("apply", Fault::Hold);
-    let touching = tokio::task::spawn_blocking(move || {
-        Client::connect(a_addr, Proto::Binary).call(|c| {
-            c.touch(TouchRequest {
-                items: Some(vec![TouchItem {
-                    id: Some(id),
-                    extend_ms: Some(60_000),
-                    lease_id: Some(lease),
-                }]),
-                forwarded_by: None,
-                forwarded_for: None,
-            })
-        })
-    });
-    held(faults.clone()).await;
-    let results = touching.await.unwrap().expect("touch").results.unwrap();
+    let results = held_touch(id, Some(lease)).await;
     assert!(
         results[0].error.is_none(),
         "the touch was applied, so its answer is OK: {:?}",
@@ -556,22 +563,7 @@ async fn a_forwarded_nack_or_touch_whose_answer_was_lost_is_resolved_before_the_
         Some(2),
         "nacked once, delivered again"
     );
-    faults.arm("apply", Fault::Hold);
-    let touching = tokio::task::spawn_blocking(move || {
-        Client::connect(a_addr, Proto::Binary).call(|c| {
-            c.touch(TouchRequest {
-                items: Some(vec![TouchItem {
-                    id: Some(id2),
-                    extend_ms: Some(60_000),
-                    lease_id: None,
-                }]),
-                forwarded_by: None,
-                forwarded_for: None,
-            })
-        })
-    });
-    held(faults.clone()).await;
-    let results = touching.await.unwrap().expect("touch").results.unwrap();
+    let results = held_touch(id2, None).await;
     assert!(
         results[0].error.is_none(),
         "the unnamed touch was applied, so its answer is OK: {:?}",
