@@ -192,12 +192,12 @@ pub(super) async fn follow_view(
         for s in owned.iter().filter(|s| !mine.contains(s)) {
             r.unserved.insert(*s);
         }
-        // Withdrawn by the manager and neither served, held nor unserved here: taken and
-        // moved on between two views this host saw, so never opened. Nothing to stop:
+        // Withdrawn by the manager and neither served nor held for a switch here: taken
+        // and moved on between two views this host saw, so never opened. Nothing to stop:
         // released now, or it would keep its key (and no owner) until this host left.
         let served = host.shard_ids();
         for s in &view.withdrawn {
-            if !served.contains(s) && !r.held.contains_key(s) && !r.unserved.contains(s) {
+            if !served.contains(s) && !r.held.contains_key(s) {
                 manager.released(*s);
             }
         }

@@ -253,9 +253,7 @@ impl Follower {
                 // the cluster once per batch, not once per event.
                 changed = next_change(&mut watch) => {
                     self.stale = true;
-                    let healthy = changed.is_some()
-                        && watch.as_mut().is_some_and(drain_ready);
-                    if !healthy {
+                    if !changed || !watch.as_mut().is_some_and(drain_ready) {
                         watch = None;
                     }
                 }
@@ -310,8 +308,8 @@ impl Follower {
         tracing::info!(host_id = %self.member.host_id, "left the cluster");
     }
 
-    /// Watches the hosts, owners and primaries from `revision` on (None when etcd cannot
-    /// be reached: the next reconcile reads the cluster whole and tries again).
+    /// Watches the hosts, owners and primaries, on the watches' own connection (None when
+    /// etcd cannot be reached: the poll goes on, and the next tick tries again).
     async fn open_watch(&mut self) -> Option<Watches> {
         let mut streams = Vec::new();
         for dir in ["hosts", "shards", "primaries"] {
@@ -599,12 +597,11 @@ impl Follower {
                         me.clone(),
                         Some(PutOptions::new().with_lease(lease)),
                     )]);
-                let r = self.client.txn(txn).await?;
-                if r.succeeded() {
+                if self.client.txn(txn).await?.succeeded() {
                     tracing::info!(shard = s, "acquired shard");
+                    self.stale = true;
                     self.held.insert(s);
                     keys.insert(s, (me.clone(), lease));
-                    self.stale = true;
                 }
             }
         }
@@ -652,14 +649,11 @@ fn healthy(r: &etcd_client::WatchResponse) -> bool {
     !r.canceled() && r.compact_revision() == 0
 }
 
-/// Waits for the next change the watch reports; None when the watch ended, failed or was
+/// Waits for the next change the watch reports; false when the watch ended, failed or was
 /// cancelled (with no watch, it never returns).
-async fn next_change(watch: &mut Option<Watches>) -> Option<etcd_client::WatchResponse> {
+async fn next_change(watch: &mut Option<Watches>) -> bool {
     match watch {
-        Some(w) => match w.next().await {
-            Some(Ok(r)) if healthy(&r) => Some(r),
-            _ => None,
-        },
+        Some(w) => matches!(w.next().await, Some(Ok(r)) if healthy(&r)),
         None => std::future::pending().await,
     }
 }
