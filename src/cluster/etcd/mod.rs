@@ -32,19 +32,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchResponse,
-};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 use futures::future::BoxFuture;
-use futures::stream::{BoxStream, SelectAll, StreamExt};
-use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 mod read;
+mod watches;
 
 use read::Snapshot;
+use watches::{drain_ready, next_change, Watches};
 
 use super::config::{fence_margin_ms, EtcdConfig};
 use super::lease::{trouble, Lease, Renewals};
@@ -60,10 +58,6 @@ struct HostRecord {
     #[serde(default)]
     region: String,
 }
-
-/// The watches of hosts, owner keys and primaries, as one stream; each ends with an
-/// error, so that one that ends is noticed (the others would go on without it).
-type Watches = SelectAll<BoxStream<'static, Result<WatchResponse, etcd_client::Error>>>;
 
 /// This host's identity in the cluster.
 #[derive(Debug, Clone)]
@@ -306,22 +300,6 @@ impl Follower {
             let _ = self.client.lease_revoke(id).await;
         }
         tracing::info!(host_id = %self.member.host_id, "left the cluster");
-    }
-
-    /// Watches the hosts, owners and primaries, on the watches' own connection (None when
-    /// etcd cannot be reached: the poll goes on, and the next tick tries again).
-    async fn open_watch(&mut self) -> Option<Watches> {
-        let mut streams = Vec::new();
-        for dir in ["hosts", "shards", "primaries"] {
-            let k = format!("{}/{dir}/", self.prefix);
-            let options = WatchOptions::new().with_prefix();
-            let stream = self.watcher.watch(k, Some(options)).await.ok()?;
-            let ended = futures::stream::once(async {
-                Err(etcd_client::Error::WatchError("the watch ended".into()))
-            });
-            streams.push(stream.chain(ended).boxed());
-        }
-        Some(futures::stream::select_all(streams))
     }
 
     /// Puts the ack of a paused or served shard under this host's lease.
@@ -626,34 +604,5 @@ impl Follower {
             true
         });
         Ok(())
-    }
-}
-
-/// Takes the watch answers that have already arrived; false when the watch failed or
-/// ended meanwhile.
-fn drain_ready(w: &mut Watches) -> bool {
-    loop {
-        match w.next().now_or_never() {
-            Some(Some(Ok(r))) if healthy(&r) => continue,
-            None => return true,
-            Some(_) => return false,
-        }
-    }
-}
-
-/// Whether a watch answer leaves the watch working: etcd cancels a watcher (a slow one
-/// whose revision was compacted, say) with an answer, after which its stream stays open
-/// and silent; such a watch is dropped and opened again, or its prefix's changes would be
-/// seen only at the snapshot's resync.
-fn healthy(r: &etcd_client::WatchResponse) -> bool {
-    !r.canceled() && r.compact_revision() == 0
-}
-
-/// Waits for the next change the watch reports; false when the watch ended, failed or was
-/// cancelled (with no watch, it never returns).
-async fn next_change(watch: &mut Option<Watches>) -> bool {
-    match watch {
-        Some(w) => matches!(w.next().await, Some(Ok(r)) if healthy(&r)),
-        None => std::future::pending().await,
     }
 }
