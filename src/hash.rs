@@ -17,6 +17,17 @@ pub fn fnv1a<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
     h
 }
 
+/// [`fnv1a`] of `parts` through splitmix64's finalizer: FNV alone leaves the hashes of
+/// similar names correlated, which rendezvous scores and ring places must not be.
+pub fn mixed<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    let mut h = fnv1a(parts);
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

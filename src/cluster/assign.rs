@@ -220,13 +220,7 @@ fn name_rank(host: &str) -> u64 {
 }
 
 fn score(host: &str, shard: ShardId) -> u64 {
-    let mut h = crate::hash::fnv1a([host.as_bytes(), &shard.to_le_bytes()[..]]);
-    // splitmix64's finalizer: FNV alone leaves scores of similar names correlated.
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
+    crate::hash::mixed([host.as_bytes(), &shard.to_le_bytes()[..]])
 }
 
 #[cfg(test)]

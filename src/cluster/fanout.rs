@@ -23,13 +23,7 @@ use crate::model::HostAddr;
 
 /// A host's place on `tier`'s ring.
 fn position(tier: &str, host: &str) -> u64 {
-    let mut h = crate::hash::fnv1a([tier.as_bytes(), &[0xff], host.as_bytes()]);
-    // splitmix64's finalizer, as in `assign.rs`: similar names spread over the ring.
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
+    crate::hash::mixed([tier.as_bytes(), &[0xff], host.as_bytes()])
 }
 
 /// Each tier's ring: its hosts in ring order.

@@ -93,6 +93,16 @@ fn judge(call: Resolving, r: Result<()>) -> Verdict {
 }
 
 impl Host {
+    /// The token a nack or a dead-letter requeue settles its rows under (see `Host::nack`,
+    /// `Host::dlq_requeue`): the forwarding host's (`forwarded_by` set), else drawn here;
+    /// negative, so never a lease's. A client's own is ignored: one that matched a row's
+    /// `settled_token` (0, say) would make the call a no-op answered OK.
+    pub(super) fn call_token(&self, given: Option<i64>, forwarded_by: Option<&str>) -> i64 {
+        given
+            .filter(|t| forwarded_by.is_some() && *t < 0)
+            .unwrap_or_else(|| -crate::store::new_batch_token(self.clock.now_ms()))
+    }
+
     /// Resolves the in-doubt results among `results` (the answers to `items`, see the
     /// module's notes), in place: `retry` runs the call again for some of the items.
     pub(super) async fn resolve_in_doubt<'a, T: Clone>(

@@ -141,8 +141,7 @@ impl Host {
     /// dead item gets `NOT_FOUND`. Ids of shards owned by another host are requeued there
     /// (see [`Host::settle`]).
     ///
-    /// Every requeue has a token (`token`, given by the host that forwards it; else drawn
-    /// here: negative, so never a lease's), which the rows it makes ready keep as their
+    /// Every requeue has a token (see `Host::call_token`), which the rows it makes ready keep as their
     /// `settled_token`. Items whose requeue is in doubt (a store that did not answer, a
     /// peer gone mid-call) are requeued again under the same token until the answer is
     /// certain (see `in_doubt`): an item revived under it is done (OK), one not dead and
@@ -156,10 +155,7 @@ impl Host {
     ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        // A client's own token is ignored (as a nack's, see `Host::nack`).
-        let token = token
-            .filter(|t| forwarded.0.is_some() && *t < 0)
-            .unwrap_or_else(|| -crate::store::new_batch_token(self.clock.now_ms()));
+        let token = self.call_token(token, forwarded.0);
         let mut results = self
             .dlq_requeue_once(&caller, &ids, may_forward, token)
             .await;

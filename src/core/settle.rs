@@ -298,13 +298,10 @@ impl Host {
     /// Makes each leased item ready again after its delay, with new metadata when given.
     /// One in doubt is resolved before the reply (see `in_doubt`).
     ///
-    /// Every nack has a token (`token`, given by the host that forwards it; else drawn
-    /// here: negative, so never a lease's; a client's own is ignored, since one that
-    /// matched a row's `settled_token`, 0 say, would make the nack a no-op answered OK),
-    /// which a row settled by an item without
-    /// `lease_id` keeps as its `settled_token`: its retry knows its own work (OK) and does
-    /// not settle the item's next delivery. (An item with `lease_id` is known by its
-    /// lease.)
+    /// Every nack has a token (see `Host::call_token`), which a row settled by an item
+    /// without `lease_id` keeps as its `settled_token`: its retry knows its own work (OK)
+    /// and does not settle the item's next delivery. (An item with `lease_id` is known by
+    /// its lease.)
     pub async fn nack(
         &self,
         caller: &Caller,
@@ -314,9 +311,7 @@ impl Host {
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let token = token
-            .filter(|t| forwarded.0.is_some() && *t < 0)
-            .unwrap_or_else(|| -crate::store::new_batch_token(self.clock.now_ms()));
+        let token = self.call_token(token, forwarded.0);
         let mut results = self.nack_once(&caller, &items, may_forward, token).await;
         if forwarded.0.is_none() {
             let caller = &caller;
