@@ -59,7 +59,7 @@ foqs_config_for_sqlite "$sqlite_config" "$sqlite_dir"
 # Keys newer than some FOQS_BENCH_BEFORE binaries, at their defaults: left out, so that an
 # older binary (which refuses keys it does not know) reads the same files.
 for cfg in "$config" "$sqlite_config"; do
-  sed -i '/^fair_/d; /^dlq_max_items_per_topic = 0$/d; /^enqueue_marks = true$/d' "$cfg"
+  sed -i '/^fair_/d; /^overload_cpu_busy/d; /^dlq_max_items_per_topic = 0$/d; /^enqueue_marks = true$/d' "$cfg"
 done
 
 # with_setting CONFIG "KEY = VALUE": the path of CONFIG with that line in place of its

@@ -46,6 +46,8 @@
 //!   items directly (written leased, no claim).
 //! - [`fair`]: the fair gate: a host's slots shared among namespaces by weight (start-time
 //!   fair queuing), with bounded waiting and shedding of namespaces without a guarantee.
+//! - [`overload`]: sheds enqueues of namespaces without a guarantee while the machine's
+//!   CPUs are saturated beside a guaranteed namespace (a rate kept by AIMD on `/proc/stat`).
 //! - [`replication`]: replicated shards on MariaDB's replication: each set's primary in
 //!   etcd, the driver that runs a set's switches under an etcd lock (`driver`), planned
 //!   switchover and region drain (`switch`), failover (`failover`), the
@@ -111,6 +113,7 @@ pub mod fence;
 pub mod hash;
 pub mod metrics;
 pub mod model;
+pub mod overload;
 pub mod quota;
 pub mod replication;
 pub mod rpc;

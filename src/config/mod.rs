@@ -208,6 +208,10 @@ pub struct EngineConfig {
     pub fair_waiting_max: usize,
     /// Payload bytes of the requests waiting for a slot, at most.
     pub fair_waiting_bytes_max: usize,
+    /// The machine's busy CPU fraction above which, while a namespace with a guaranteed
+    /// rate is at work, enqueues of namespaces without one are shed (see `overload`).
+    /// 0: never.
+    pub overload_cpu_busy: f64,
     /// Dead items one topic keeps on each shard, at most; past it the oldest are purged
     /// (counted in `foqs_dlq_dropped_total`). 0: unbounded. A namespace may set its own.
     pub dlq_max_items_per_topic: u64,
@@ -244,6 +248,7 @@ impl Default for EngineConfig {
             fair_slots: 16,
             fair_waiting_max: 4096,
             fair_waiting_bytes_max: 64 << 20,
+            overload_cpu_busy: 0.75,
             dlq_max_items_per_topic: 0,
             enqueue_marks: true,
         }
@@ -394,6 +399,10 @@ impl Config {
             if v == 0 {
                 problems.push(format!("{name} must be > 0"));
             }
+        }
+        if !(0.0..=1.0).contains(&e.overload_cpu_busy) {
+            problems
+                .push("engine.overload_cpu_busy must be between 0 and 1 (0: never shed)".into());
         }
         if e.enqueue_batch_rows_max > 2000 {
             // 15 placeholders a row; MySQL allows 65535 in one statement.

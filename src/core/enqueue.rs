@@ -209,6 +209,9 @@ impl Host {
                     .iter()
                     .map(|i| 1 + i.payload.len() + i.metadata.len())
                     .sum();
+                if let Err(e) = self.shed(&items[0].ns, n).await {
+                    return vec![Err(e); n];
+                }
                 match self.fair_turn(&items[0].ns, "enqueue", n, bytes).await {
                     Ok(p) => Some(p),
                     Err(e) => return vec![Err(e); n],

@@ -66,6 +66,8 @@ pub struct HostParts {
     pub enqueue_hold: std::time::Duration,
     /// The bounds of the work shared among namespaces (see `crate::fair`).
     pub fair: crate::fair::Limits,
+    /// `engine.overload_cpu_busy` (see `crate::overload`).
+    pub overload_cpu_busy: f64,
 }
 
 /// A shard's worker held for a switch (see [`Host::hold_shard`]).
@@ -102,6 +104,8 @@ pub struct Host {
     pub(super) fair: Arc<crate::fair::FairGate>,
     /// When a namespace with a guaranteed rate last enqueued here (see `tenants`).
     pub(super) guaranteed_at: std::sync::atomic::AtomicI64,
+    /// Sheds enqueues of namespaces without a guarantee while the CPUs are saturated.
+    pub(super) shedder: crate::overload::Shedder,
     pub(super) enqueue_hold: std::time::Duration,
 }
 
@@ -147,6 +151,7 @@ impl Host {
             enqueue_hold: p.enqueue_hold,
             fair,
             guaranteed_at: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
+            shedder: crate::overload::Shedder::new(p.overload_cpu_busy),
         }
     }
 
@@ -184,6 +189,7 @@ impl Host {
             switchboard: None,
             enqueue_hold: std::time::Duration::ZERO,
             fair: crate::fair::Limits::from_engine(&cfg.engine),
+            overload_cpu_busy: 0.0,
         });
         host.stop_waiting();
         host

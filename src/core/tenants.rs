@@ -68,6 +68,74 @@ impl Host {
         Some((at, guaranteed))
     }
 
+    /// Lets an enqueue of `items` from namespace `ns` through the shedder (see
+    /// `crate::overload`): while the CPUs are saturated beside a guaranteed namespace, one
+    /// without a guarantee waits for its turn at the shedder's rate (up to 100 ms) or is
+    /// refused `RATE_LIMITED`; one with a guarantee passes at once.
+    pub(super) async fn shed(&self, ns: &str, items: usize) -> Result<()> {
+        if self.share(ns).guaranteed || !self.shedder.enabled() {
+            return Ok(());
+        }
+        match self.shedder.admit(ns, items, self.clock.now_ms()) {
+            Ok(0) => Ok(()),
+            Ok(ms) => {
+                // Its turn at the rate, close enough to wait for here.
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                Ok(())
+            }
+            Err(retry_after_ms) => {
+                self.metrics.ns_refused(ns, "overload");
+                Err(Error::rate_limited(
+                    format!(
+                        "this host's CPUs are saturated while a namespace with a guaranteed \
+                         rate is at work, and namespace {ns:?} has none: its enqueue is shed; \
+                         retry after {retry_after_ms} ms"
+                    ),
+                    retry_after_ms,
+                ))
+            }
+        }
+    }
+
+    /// Samples the machine's CPUs every `overload::TICK_MS` and adjusts the shedder's
+    /// rate, until `stop`. Without `/proc/stat` (not Linux) it returns at once: nothing is
+    /// ever shed.
+    pub async fn run_overload(
+        self: std::sync::Arc<Self>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use crate::overload::{CpuTimes, TICK_MS};
+        if !self.shedder.enabled() {
+            return;
+        }
+        let Some(mut last) = CpuTimes::read() else {
+            tracing::warn!("cannot read /proc/stat: enqueues are never shed for the CPUs' load");
+            return;
+        };
+        let mut every = tokio::time::interval(std::time::Duration::from_millis(TICK_MS as u64));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.changed() => return,
+            }
+            let Some(now) = CpuTimes::read() else {
+                continue;
+            };
+            let Some(busy) = now.busy_since(&last) else {
+                continue;
+            };
+            last = now;
+            let at = self.clock.now_ms();
+            let protect = at - self.guaranteed_at.load(Ordering::Relaxed) <= PROTECT_MS;
+            let t = self.shedder.tick(at, busy, protect);
+            self.metrics.overload_cpu_busy.set(t.busy);
+            self.metrics
+                .overload_rate
+                .set(t.rate.map_or(0, |r| r as i64));
+        }
+    }
+
     /// Requests waiting for a slot at the shards now, and their bytes (see `crate::fair`).
     pub fn fair_waiting(&self) -> (usize, usize) {
         self.fair.waiting()

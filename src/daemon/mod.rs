@@ -316,6 +316,7 @@ async fn start_planned(
             .map(|d| d as Arc<dyn crate::replication::Switchboard>),
         enqueue_hold: Duration::from_millis(cfg.replication.enqueue_hold_ms),
         fair: crate::fair::Limits::from_engine(&cfg.engine),
+        overload_cpu_busy: cfg.engine.overload_cpu_busy,
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened
@@ -344,6 +345,7 @@ async fn start_planned(
             host.clone()
                 .run_prefetch(cfg.engine.prefetch_tick_ms, stop_rx.clone()),
         ),
+        tokio::spawn(host.clone().run_overload(stop_rx.clone())),
         tokio::spawn(follow::follow(
             host.clone(),
             manager.clone(),

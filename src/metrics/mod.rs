@@ -91,6 +91,10 @@ pub struct Metrics {
     pub fair_waiting_max: Gauge,
     pub fair_waiting_bytes_max: Gauge,
     pub fair_slots: Gauge,
+    /// The shedder's view (see `crate::overload`): the machine's busy CPU fraction last
+    /// sampled, and the rate (items/s) enqueues without a guarantee are held to (0: none).
+    pub overload_cpu_busy: FloatGauge,
+    pub overload_rate: Gauge,
     /// Every bounded buffer's bounds (see [`Metrics::buffer_limit`]), and what the
     /// host's buffers of each kind hold together now (set at each scrape).
     buffer_limits: Family<BufferLabel, Gauge>,

@@ -161,6 +161,18 @@ impl Metrics {
         }
         let [fair_waiting, fair_waiting_bytes, fair_waiting_max, fair_waiting_bytes_max, fair_slots] =
             fair_gauges;
+        let overload_cpu_busy = FloatGauge::default();
+        r.register(
+            "overload_cpu_busy",
+            "The machine's busy CPU fraction, sampled every 100 ms (see engine.overload_cpu_busy)",
+            overload_cpu_busy.clone(),
+        );
+        let overload_rate = Gauge::default();
+        r.register(
+            "overload_rate",
+            "Items per second that enqueues of namespaces without a guaranteed rate are held to while the CPUs are saturated beside a guaranteed namespace (0: not shedding)",
+            overload_rate.clone(),
+        );
         let handoffs = Counter::default();
         r.register(
             "handoffs",
@@ -287,6 +299,8 @@ impl Metrics {
             fair_waiting_max,
             fair_waiting_bytes_max,
             fair_slots,
+            overload_cpu_busy,
+            overload_rate,
             buffer_limits,
             buffer_used,
             payload_cache_hits,

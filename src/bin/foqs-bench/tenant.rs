@@ -209,7 +209,16 @@ impl Run {
             let consumers = s.spawn(|| self.tenant_consumers(&stop, false));
             let end = started + Duration::from_secs_f64(seconds);
             let produced = self.on_threads(self.args.producers, |_, c, _| {
+                // With --rate, each producer paces its batches to its part of the rate.
+                let per = self.args.rate as f64 / self.args.producers.max(1) as f64;
+                let mut next = Instant::now();
                 while Instant::now() < end {
+                    if per > 0.0 {
+                        next += Duration::from_secs_f64(self.args.batch.max(1) as f64 / per);
+                        if let Some(d) = next.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(d);
+                        }
+                    }
                     let (ok, retry_after) =
                         self.stamped_enqueue(c, self.args.batch.max(1), &refusals)?;
                     enqueued.fetch_add(ok, Ordering::Relaxed);
