@@ -55,7 +55,7 @@ struct Args {
     /// Comma-separated phases: enqueue, drain, mixed, longpoll.
     #[arg(long, default_value = "enqueue,drain,mixed")]
     phases: String,
-    /// Total enqueue rate limit in items/s for the mixed phase (0: as fast as possible).
+    /// Total enqueue rate limit in items/s for the mixed phase, the victim, and the flood (0: as fast as possible).
     #[arg(long, default_value_t = 0)]
     rate: u64,
     /// Upper bound on each phase's duration.
