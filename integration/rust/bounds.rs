@@ -286,7 +286,7 @@ async fn saturated_cpus_shed_namespaces_without_a_guarantee_while_a_guaranteed_o
 
 /// Through a real host and its shard worker, namespaces that keep requests waiting share
 /// the shards by their guaranteed rates: with rates 3:1, the heavy namespace's enqueues
-/// complete three times as often as the light one's while both wait (within 15 %). One
+/// complete three times as often as the light one's while both wait (within 10 %, the bound; 3.000 in eight runs, four beside a busy core). One
 /// slot; an enqueue of a third namespace held in its store while 400 queue behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_share_a_saturated_host_by_their_rates() {
@@ -333,7 +333,7 @@ async fn namespaces_share_a_saturated_host_by_their_rates() {
     let heavy = order[1..201].iter().filter(|n| **n == "heavy").count() as f64;
     let ratio = heavy / (200.0 - heavy);
     assert!(
-        (ratio - 3.0).abs() <= 0.45,
+        (ratio - 3.0).abs() <= 0.3,
         "heavy:light = {ratio:.2} ({heavy} of 200): {:?}",
         &order[..40]
     );
