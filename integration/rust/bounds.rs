@@ -286,8 +286,9 @@ async fn saturated_cpus_shed_namespaces_without_a_guarantee_while_a_guaranteed_o
 
 /// Through a real host and its shard worker, namespaces that keep requests waiting share
 /// the shards by their guaranteed rates: with rates 3:1, the heavy namespace's enqueues
-/// complete three times as often as the light one's while both wait (within 10 %, the bound; 3.000 in eight runs, four beside a busy core). One
-/// slot; an enqueue of a third namespace held in its store while 400 queue behind it.
+/// complete three times as often as the light one's while both wait (within 10 %; it came
+/// out 3.000 in eight runs, four beside a busy core). One slot; an enqueue of a third
+/// namespace held in its store while 400 queue behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_share_a_saturated_host_by_their_rates() {
     use foqs::clock::SystemClock;
