@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 mod read;
+mod reports;
 mod watches;
 
 use read::Snapshot;
@@ -46,7 +47,7 @@ use watches::{drain_ready, next_change, Watches};
 
 use super::config::{fence_margin_ms, EtcdConfig};
 use super::lease::{trouble, Lease, Renewals};
-use super::primaries::{self, Ack};
+use super::primaries;
 use super::{assign_regional_from, ClusterView, Report, ShardManager};
 use crate::fence::Fence;
 use crate::model::{PrimaryRecord, ShardId};
@@ -300,66 +301,6 @@ impl Follower {
             let _ = self.client.lease_revoke(id).await;
         }
         tracing::info!(host_id = %self.member.host_id, "left the cluster");
-    }
-
-    /// Puts the ack of a paused or served shard under this host's lease.
-    async fn report(&mut self, (s, generation, what): (ShardId, u64, Report)) {
-        let Some(lease) = self.lease.as_ref().map(|l| l.id) else {
-            return;
-        };
-        if !self.held.contains(&s) {
-            return;
-        }
-        let dir = match what {
-            Report::Paused => "paused",
-            Report::Served => "served",
-        };
-        let a = Ack {
-            generation,
-            host: self.member.host_id.clone(),
-        };
-        if let Err(e) = primaries::ack(&mut self.client, &self.prefix, dir, s, &a, lease).await {
-            tracing::warn!(shard = s, error = %e, "etcd: cannot say the shard is {dir}");
-        }
-    }
-
-    /// The host stopped serving `s`: delete its key (only if still ours) so that its new
-    /// owner can take it.
-    async fn give_back(&mut self, s: ShardId) {
-        if !self.releasing.remove(&s) || !self.held.remove(&s) {
-            return;
-        }
-        self.delete_key(s).await;
-    }
-
-    /// Deletes `s`'s key if it is still under this host's lease. One that fails is tried
-    /// again every poll (`undeleted`): the host let the shard go, and while its lease
-    /// lives nobody else would delete the key. (Before, it stayed; and taken up again as
-    /// a key of ours not held, moved on, it was never released again: the view did not
-    /// change, so the host was not told.)
-    async fn delete_key(&mut self, s: ShardId) {
-        let Some(lease) = &self.lease else {
-            self.undeleted.remove(&s);
-            return;
-        };
-        let key = self.shard_key(s);
-        let txn = Txn::new()
-            .when([Compare::lease(key.clone(), CompareOp::Equal, lease.id)])
-            .and_then([TxnOp::delete(key, None)]);
-        match self.client.txn(txn).await {
-            Ok(r) => {
-                self.undeleted.remove(&s);
-                self.stale = true;
-                if r.succeeded() {
-                    tracing::info!(shard = s, "handed shard over");
-                }
-            }
-            Err(e) => {
-                self.stale = true;
-                self.undeleted.insert(s);
-                tracing::warn!(shard = s, error = %e, "etcd: cannot delete shard key; trying again");
-            }
-        }
     }
 
     fn lose_everything(&mut self) {
