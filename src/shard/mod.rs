@@ -21,6 +21,7 @@ mod staged;
 mod store_call;
 mod turn;
 mod worker;
+mod worker_config;
 
 use std::sync::atomic::{AtomicBool, AtomicI64};
 
@@ -31,7 +32,8 @@ pub use breaker::Breaker;
 pub use counts::{NsCounts, NsSnapshot};
 pub use index::{ReadyIndex, TopicIndex};
 pub use staged::Staged;
-pub use worker::{DlqBounds, ShardWorker, WorkerConfig, READS_BESIDE_MAX};
+pub use worker::{ShardWorker, READS_BESIDE_MAX};
+pub use worker_config::{DlqBounds, WorkerConfig};
 
 use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot};
 use crate::store::ItemMeta;

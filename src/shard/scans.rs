@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use super::doubt::Settled;
 use super::staged::IN_REPLY_MAX_MS;
-use super::worker::{settle_window, timed, ShardWorker, WorkerConfig, SCAN_STEPS_PER_TICK_MAX};
+use super::worker::{settle_window, timed, ShardWorker, SCAN_STEPS_PER_TICK_MAX};
+use super::worker_config::WorkerConfig;
 use crate::model::{ItemState, Policy, TopicName, Totals};
 use crate::store::{next_event, Change, Settle, ShardStore, StoreError};
 
