@@ -12,6 +12,7 @@
 
 mod conn;
 mod counts;
+mod disk;
 mod reader;
 mod rows;
 mod schema;
@@ -32,6 +33,8 @@ use crate::model::{
     Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
 };
 use conn::{store_error, ShardThread};
+pub use disk::sqlite_path;
+use disk::{room_on_disk, PROBE_BYTES};
 use reader::ReadThread;
 use rows::{key_array, run, Rows, ITEM_COLUMNS, META_COLUMNS};
 use schema::{meta_get, prepare};
@@ -53,21 +56,6 @@ static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
 static DELETE_SQL: LazyLock<String> =
     LazyLock::new(|| format!("DELETE FROM items WHERE id IN rarray(?1) RETURNING {META_COLUMNS}"));
 
-/// The path of a `sqlite://PATH` url; a relative path is relative to `base` (the config
-/// file's folder).
-pub fn sqlite_path(url: &str, base: &Path) -> Option<PathBuf> {
-    let p = url.strip_prefix("sqlite://")?;
-    if p.is_empty() {
-        return None;
-    }
-    let p = Path::new(p);
-    Some(if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
-    })
-}
-
 pub struct SqliteStore {
     shard: ShardId,
     path: PathBuf,
@@ -75,10 +63,6 @@ pub struct SqliteStore {
     reader: Mutex<Option<Arc<ReadThread>>>,
     topics: Arc<Mutex<TopicIds>>,
 }
-
-/// Bytes the breaker's probe writes (and rolls back): about one batch of items, so that a
-/// disk with no room for a batch fails it (`SELECT 1` passes on a full disk).
-const PROBE_BYTES: usize = 64 * 1024;
 
 impl SqliteStore {
     pub fn new(shard: ShardId, path: PathBuf) -> SqliteStore {
@@ -113,24 +97,6 @@ impl SqliteStore {
         opened(&self.thread)?.call(f).await
     }
 
-    /// Makes the file as good as full (`full`: no page may be added to it, as on a disk
-    /// with no room; SQLite then fails with `SQLITE_FULL`) or lets it grow again. For
-    /// tests of a full disk without one; on the writer's connection only.
-    #[cfg(feature = "faults")]
-    pub async fn simulate_full_disk(&self, full: bool) -> StoreResult<()> {
-        self.call(move |conn| {
-            let pages: i64 = if full {
-                conn.query_row("PRAGMA page_count", [], |r| r.get(0))
-                    .map_err(store_error)?
-            } else {
-                i64::from(u32::MAX - 1)
-            };
-            conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
-                .map_err(store_error)
-        })
-        .await
-    }
-
     /// Runs a read that needs no order with the worker's writes on the reader.
     async fn read<T: Send + 'static>(
         &self,
@@ -138,21 +104,6 @@ impl SqliteStore {
     ) -> StoreResult<T> {
         opened(&self.reader)?.call(f).await
     }
-}
-
-/// Writes `PROBE_BYTES` to `scratch`, syncs and removes it: fails when the disk has no
-/// room for them (a write or the fsync says `ENOSPC`).
-fn room_on_disk(scratch: &Path) -> StoreResult<()> {
-    use std::io::Write;
-    let fail = |e: std::io::Error| {
-        let _ = std::fs::remove_file(scratch);
-        StoreError::Transient(format!("no room on the disk ({}): {e}", scratch.display()))
-    };
-    let mut f = std::fs::File::create(scratch).map_err(fail)?;
-    f.write_all(&[0u8; PROBE_BYTES]).map_err(fail)?;
-    f.sync_all().map_err(fail)?;
-    drop(f);
-    std::fs::remove_file(scratch).map_err(fail)
 }
 
 /// What a slot holds while the shard is open (the writer's thread, the reader).
