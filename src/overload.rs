@@ -31,7 +31,9 @@
 //! (its quota already caps it).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::Instant;
 
 /// How often the machine's CPUs are sampled and the rate adjusted.
 pub const TICK_MS: i64 = 100;
@@ -44,6 +46,13 @@ pub const FLOOR_PER_S: f64 = 1_000.0;
 /// An enqueue beyond the rate waits for its turn when it is at most this far away (the
 /// host paces its producers without a round trip); further, it is refused.
 pub const DELAY_MAX_MS: u64 = 100;
+
+/// Milliseconds on a monotonic clock (since this process first asked): the shedder's
+/// time, which a step of the wall clock must not move.
+pub fn monotonic_ms() -> i64 {
+    static START: LazyLock<Instant> = LazyLock::new(Instant::now);
+    START.elapsed().as_millis() as i64
+}
 
 /// The machine's CPU time counters, as `/proc/stat`'s first line gives them (all CPUs).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -109,6 +118,8 @@ pub struct Tick {
 /// See the module's notes. `busy_max` is `engine.overload_cpu_busy` (0: never shed).
 pub struct Shedder {
     busy_max: f64,
+    /// Whether something samples the CPUs and ticks (see [`Shedder::start`]).
+    ticking: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -116,13 +127,25 @@ impl Shedder {
     pub fn new(busy_max: f64) -> Shedder {
         Shedder {
             busy_max,
+            ticking: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         }
     }
 
-    /// Whether shedding can happen at all.
-    pub fn enabled(&self) -> bool {
+    /// Says that [`Shedder::tick`] will be called every [`TICK_MS`] from now on; before,
+    /// nothing is shed nor counted.
+    pub fn start(&self) {
+        self.ticking.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `engine.overload_cpu_busy` asks for shedding at all.
+    pub fn configured(&self) -> bool {
         self.busy_max > 0.0
+    }
+
+    /// Whether shedding can happen now (configured, and ticking).
+    pub fn enabled(&self) -> bool {
+        self.configured() && self.ticking.load(Ordering::Relaxed)
     }
 
     /// Adjusts the rate at `now_ms`, the CPUs having been `busy` since the last tick, with
@@ -138,8 +161,17 @@ impl Shedder {
         s.rate = if !self.enabled() || !protect {
             None
         } else if busy > self.busy_max {
-            let from = s.rate.map_or(admitted_per_s, |r| r.min(admitted_per_s));
-            Some((from * DECREASE).max(FLOOR_PER_S))
+            match s.rate {
+                None => Some((admitted_per_s * DECREASE).max(FLOOR_PER_S)),
+                // Cut only while the shed namespaces use at least half of their rate:
+                // otherwise they are not what keeps the CPUs busy (a backlog being
+                // drained, the guaranteed namespace's own work, another process), and
+                // cutting again would only ratchet them down to the floor.
+                Some(r) if 2.0 * admitted_per_s >= r => {
+                    Some((r.min(admitted_per_s) * DECREASE).max(FLOOR_PER_S))
+                }
+                Some(r) => Some(r),
+            }
         } else {
             // Grows only while used: a rate far above what is offered would let the next
             // burst through whole.
@@ -173,8 +205,10 @@ impl Shedder {
             // An equal part of the rate, per tick, among those that enqueued lately.
             let active = s.last_admitted.len().max(s.admitted.len()).max(1);
             let part = burst / active as f64;
-            let light = (s.last_admitted.get(ns).copied().unwrap_or(0) as f64) < part
-                && (s.admitted.get(ns).copied().unwrap_or(0) as f64) < part;
+            // This batch included: one larger than the part is never light.
+            let light = (s.last_admitted.get(ns).copied().unwrap_or(0) + items as u64) as f64
+                <= part
+                && (s.admitted.get(ns).copied().unwrap_or(0) + items as u64) as f64 <= part;
             let after = s.tokens - items as f64;
             if !light && after < 0.0 {
                 // Negative tokens are the turns already given out: this one comes after.
@@ -186,7 +220,9 @@ impl Shedder {
                 }
                 delay_ms = wait_ms.ceil() as u64;
             }
-            s.tokens = after;
+            // A light namespace's items are owed like the others', but never more than the
+            // waiting room: it cannot push the rest past their 100 ms.
+            s.tokens = after.max(-burst);
         }
         *s.admitted.entry(ns.to_owned()).or_default() += items as u64;
         Ok(delay_ms)
@@ -240,6 +276,7 @@ mod tests {
     #[test]
     fn nothing_is_shed_without_a_guaranteed_namespace_at_work_however_busy() {
         let s = Shedder::new(0.75);
+        s.start();
         assert_eq!(offer(&s, "flood", 500, 100, 0), (0, 0));
         let t = s.tick(100, 1.0, false);
         assert_eq!(t.rate, None);
@@ -249,6 +286,7 @@ mod tests {
     #[test]
     fn saturation_beside_a_guarantee_cuts_the_rate_and_idle_cpus_give_it_back() {
         let s = Shedder::new(0.75);
+        s.start();
         // 50,000 items in the first 100 ms: 500,000 items/s admitted.
         assert_eq!(offer(&s, "flood", 500, 100, 0), (0, 0));
         let t = s.tick(100, 0.95, true);
@@ -275,6 +313,7 @@ mod tests {
     #[test]
     fn the_rate_never_goes_below_the_floor_and_a_light_namespace_is_not_shed() {
         let s = Shedder::new(0.75);
+        s.start();
         assert_eq!(offer(&s, "flood", 10, 10, 0), (0, 0));
         assert_eq!(s.tick(100, 1.0, true).rate, Some(FLOOR_PER_S));
         // The flood spends the tick's tokens, then waits, then is refused; a namespace
@@ -284,9 +323,34 @@ mod tests {
     }
 
     #[test]
+    fn a_big_batch_is_never_light_and_an_unused_rate_is_not_cut_again() {
+        let s = Shedder::new(0.75);
+        s.start();
+        assert_eq!(offer(&s, "flood", 1, 100, 0), (0, 0));
+        assert_eq!(s.tick(100, 1.0, true).rate, Some(FLOOR_PER_S));
+        // At the floor a tick holds 100 items: a namespace that sent nothing lately but
+        // now sends 1,000 at once is not light; it waits or is refused like the flood.
+        assert_eq!(offer(&s, "burst", 1, 1000, 100), (0, 1));
+        assert_eq!(offer(&s, "light", 1, 50, 100), (0, 0));
+        // Saturated, but the shed namespaces used little of their rate: not cut again (a
+        // rate held at 1,200 items/s stays there).
+        let s = Shedder::new(0.75);
+        s.start();
+        assert_eq!(offer(&s, "flood", 1, 1412, 0), (0, 0));
+        let rate = s.tick(100, 1.0, true).rate.unwrap();
+        assert!(rate > FLOOR_PER_S, "{rate}");
+        assert_eq!(offer(&s, "flood", 1, 10, 150), (0, 0));
+        assert_eq!(s.tick(200, 1.0, true).rate, Some(rate));
+        assert_eq!(s.tick(300, 1.0, true).rate, Some(rate));
+    }
+
+    #[test]
     fn disabled_never_sheds() {
         let s = Shedder::new(0.0);
+        s.start();
         assert!(!s.enabled());
+        // Configured but nothing ticking: not enabled either.
+        assert!(!Shedder::new(0.75).enabled());
         assert_eq!(s.tick(100, 1.0, true).rate, None);
         assert_eq!(offer(&s, "flood", 100, 100, 150), (0, 0));
     }

@@ -179,7 +179,7 @@ async fn saturated_cpus_shed_namespaces_without_a_guarantee_while_a_guaranteed_o
     let db = TestDb::new(2);
     let extra = format!(
         "{FAST_ENGINE}overload_cpu_busy = 0.01\n\
-         [[namespaces]]\nname = \"victim\"\nenqueues_per_minute = 600000\n\
+         [[namespaces]]\nname = \"victim\"\nenqueues_per_minute = 6000000\n\
          [[namespaces]]\nname = \"flood\"\n"
     );
     let (running, _faults) = foqsd_with_faults(&db, &extra, Arc::new(SystemClock)).await;
@@ -205,15 +205,16 @@ async fn saturated_cpus_shed_namespaces_without_a_guarantee_while_a_guaranteed_o
             }
         }
     };
-    // The victim: an item every 10 ms for as long as the flood runs.
+    // The victim: 100 items every 10 ms for as long as the flood runs (more than an equal
+    // part of the shed rate, so it would not pass as a light namespace if it were shed).
     let stop = Arc::new(AtomicBool::new(false));
     let victim_refused = Arc::new(AtomicU64::new(0));
     let victim = {
-        let (stop, refused, host) = (stop.clone(), victim_refused.clone(), host.clone());
+        let (stop, refused, batch) = (stop.clone(), victim_refused.clone(), batch.clone());
         tokio::spawn(async move {
             let mut sent = 0u64;
             while !stop.load(Ordering::SeqCst) {
-                if let Err(e) = enqueue_one(&host, "victim", b"v").await {
+                if let Err(e) = batch("victim", 100).await {
                     eprintln!("victim refused: {e:?}");
                     refused.fetch_add(1, Ordering::SeqCst);
                 }
@@ -224,16 +225,29 @@ async fn saturated_cpus_shed_namespaces_without_a_guarantee_while_a_guaranteed_o
         })
     };
     // The flood: 16 producers of batches of 100 as fast as they go (more than the rate's
-    // 100 ms of waiting room holds), until shed a few times.
+    // 100 ms of waiting room holds), until shed a few times, and 2 s more (the rate at its
+    // floor by then: were the victim shed too, its 1,000 items per 100 ms would be refused).
     let deadline = Instant::now() + Duration::from_secs(30);
-    let shed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let shed = Arc::new(std::sync::Mutex::new((Vec::new(), None::<Instant>)));
     let producers: Vec<_> = (0..16)
         .map(|_| {
             let (shed, batch) = (shed.clone(), batch.clone());
             tokio::spawn(async move {
-                while shed.lock().unwrap().len() < 3 && Instant::now() < deadline {
+                loop {
+                    let enough = shed
+                        .lock()
+                        .unwrap()
+                        .1
+                        .is_some_and(|at| at.elapsed() >= Duration::from_secs(2));
+                    if enough || Instant::now() >= deadline {
+                        break;
+                    }
                     if let Err(e) = batch("flood", 100).await {
-                        shed.lock().unwrap().push(e);
+                        let mut s = shed.lock().unwrap();
+                        s.0.push(e);
+                        if s.0.len() == 3 {
+                            s.1 = Some(Instant::now());
+                        }
                     }
                 }
             })
@@ -242,7 +256,7 @@ async fn saturated_cpus_shed_namespaces_without_a_guarantee_while_a_guaranteed_o
     for p in producers {
         p.await.unwrap();
     }
-    let shed = shed.lock().unwrap().clone();
+    let shed = shed.lock().unwrap().0.clone();
     assert!(shed.len() >= 3, "the flood was never shed");
     stop.store(true, Ordering::SeqCst);
     let sent = victim.await.unwrap();

@@ -64,10 +64,19 @@ impl Host {
         if !forwarded {
             valid = self.charge_quota(valid, &mut results).await;
         }
-        let mut groups: BTreeMap<Dest, Vec<(usize, NewItem)>> = BTreeMap::new();
+        // Items for this host's shards go in groups of one namespace each: a group takes its
+        // namespace's turn at the shards and passes the shedder as that namespace (see
+        // `tenants`). Items for a peer go in one call, whatever their namespaces.
+        let mut groups: BTreeMap<(Dest, String), Vec<(usize, NewItem)>> = BTreeMap::new();
         for (i, n) in valid {
             match self.destination(&n, forwarded) {
-                Ok(d) => groups.entry(d).or_default().push((i, n)),
+                Ok(d) => {
+                    let ns = match d {
+                        Dest::Peer(_) => String::new(),
+                        _ => n.ns.clone(),
+                    };
+                    groups.entry((d, ns)).or_default().push((i, n))
+                }
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
@@ -77,7 +86,7 @@ impl Host {
         if forwarded {
             crate::failpoint::pause("forwarded-enqueue-received").await;
         }
-        let outcomes = join_all(groups.into_iter().map(|(dest, items)| async move {
+        let outcomes = join_all(groups.into_iter().map(|((dest, _), items)| async move {
             let (positions, items): (Vec<usize>, Vec<NewItem>) = items.into_iter().unzip();
             let forward = forward_token.map(|token| Forward {
                 token,

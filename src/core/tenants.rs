@@ -73,10 +73,19 @@ impl Host {
     /// without a guarantee waits for its turn at the shedder's rate (up to 100 ms) or is
     /// refused `RATE_LIMITED`; one with a guarantee passes at once.
     pub(super) async fn shed(&self, ns: &str, items: usize) -> Result<()> {
-        if self.share(ns).guaranteed || !self.shedder.enabled() {
+        if self.share(ns).guaranteed {
+            // At work here, whichever shard its items go to (see `reserved_position`).
+            self.guaranteed_at
+                .store(self.clock.now_ms(), Ordering::Relaxed);
             return Ok(());
         }
-        match self.shedder.admit(ns, items, self.clock.now_ms()) {
+        if !self.shedder.enabled() {
+            return Ok(());
+        }
+        match self
+            .shedder
+            .admit(ns, items, crate::overload::monotonic_ms())
+        {
             Ok(0) => Ok(()),
             Ok(ms) => {
                 // Its turn at the rate, close enough to wait for here.
@@ -105,13 +114,14 @@ impl Host {
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
         use crate::overload::{CpuTimes, TICK_MS};
-        if !self.shedder.enabled() {
+        if !self.shedder.configured() {
             return;
         }
         let Some(mut last) = CpuTimes::read() else {
             tracing::warn!("cannot read /proc/stat: enqueues are never shed for the CPUs' load");
             return;
         };
+        self.shedder.start();
         let mut every = tokio::time::interval(std::time::Duration::from_millis(TICK_MS as u64));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -128,7 +138,9 @@ impl Host {
             last = now;
             let at = self.clock.now_ms();
             let protect = at - self.guaranteed_at.load(Ordering::Relaxed) <= PROTECT_MS;
-            let t = self.shedder.tick(at, busy, protect);
+            let t = self
+                .shedder
+                .tick(crate::overload::monotonic_ms(), busy, protect);
             self.metrics.overload_cpu_busy.set(t.busy);
             self.metrics
                 .overload_rate
