@@ -211,6 +211,24 @@ where
     }
 }
 
+/// Waits until none of the page's htmx requests is in flight (htmx marks the element
+/// that sent one with `htmx-request` until its answer is swapped in): a refresh sent just
+/// before the page was paused or hidden may otherwise land after the next enqueue (seen
+/// once under load: the hidden tab showed the item enqueued after it was hidden).
+async fn settled(b: &Browser) {
+    eventually(10, "the page's requests in flight end", || async {
+        b.execute(
+            "return document.querySelectorAll('.htmx-request').length;",
+            vec![],
+        )
+        .await
+        .ok()
+        .and_then(|v| v.as_i64())
+            == Some(0)
+    })
+    .await;
+}
+
 /// Sums topicStats over topics: (ready, deferred, leased, dead).
 fn stats_sum(c: &mut Client, ns: &str, topics: &[String]) -> [i64; 4] {
     let mut s = [0; 4];
@@ -335,6 +353,7 @@ async fn the_console_in_a_real_browser() {
         })
         .await;
         click(&b, "#pause").await;
+        settled(&b).await;
         c.enqueue(vec![item(NS, "orders", 5, b"while paused")]);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         assert_eq!(cards(&b).await, want, "a paused page does not refresh");
@@ -349,6 +368,7 @@ async fn the_console_in_a_real_browser() {
         )
         .await
         .unwrap();
+        settled(&b).await;
         c.enqueue(vec![item(NS, "orders", 5, b"while hidden")]);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         assert_eq!(cards(&b).await, want, "a hidden tab does not refresh");
