@@ -67,13 +67,22 @@ impl Host {
         // Items for this host's shards go in groups of one namespace each: a group takes its
         // namespace's turn at the shards and passes the shedder as that namespace (see
         // `tenants`). Items for a peer go in one call, whatever their namespaces.
-        let mut groups: BTreeMap<(Dest, String), Vec<(usize, NewItem)>> = BTreeMap::new();
+        // (A namespace goes by its place among the request's namespaces, usually one: no
+        // copy of its name per item.)
+        let mut names: Vec<String> = Vec::new();
+        let mut groups: BTreeMap<(Dest, usize), Vec<(usize, NewItem)>> = BTreeMap::new();
         for (i, n) in valid {
             match self.destination(&n, forwarded) {
                 Ok(d) => {
                     let ns = match d {
-                        Dest::Peer(_) => String::new(),
-                        _ => n.ns.clone(),
+                        Dest::Peer(_) => 0,
+                        _ => match names.iter().position(|x| *x == n.ns) {
+                            Some(at) => at + 1,
+                            None => {
+                                names.push(n.ns.clone());
+                                names.len()
+                            }
+                        },
                     };
                     groups.entry((d, ns)).or_default().push((i, n))
                 }
