@@ -20,7 +20,22 @@ pub fn fnv1a<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
 /// [`fnv1a`] of `parts` through splitmix64's finalizer: FNV alone leaves the hashes of
 /// similar names correlated, which rendezvous scores and ring places must not be.
 pub fn mixed<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
-    let mut h = fnv1a(parts);
+    finish(fnv1a(parts))
+}
+
+/// [`mixed`] of a prefix's parts and then `more`, from the prefix's [`fnv1a`] (`state`):
+/// one who hashes many suffixes after the same prefix hashes the prefix once.
+pub fn mixed_after(state: u64, more: &[u8]) -> u64 {
+    let mut h = state;
+    for b in more {
+        h ^= *b as u64;
+        h = h.wrapping_mul(PRIME);
+    }
+    finish(h)
+}
+
+/// splitmix64's finalizer.
+fn finish(mut h: u64) -> u64 {
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h ^= h >> 27;
@@ -38,5 +53,6 @@ mod tests {
         assert_eq!(fnv1a([&b"a"[..]]), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(fnv1a([&b"foo"[..]]), 0xdcb2_7518_fed9_d577);
         assert_eq!(fnv1a([&b"fo"[..], &b"o"[..]]), fnv1a([&b"foo"[..]]));
+        assert_eq!(mixed_after(fnv1a([&b"fo"[..]]), b"o"), mixed([&b"foo"[..]]));
     }
 }

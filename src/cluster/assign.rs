@@ -156,60 +156,64 @@ pub fn assign_from<'a>(
     current: &BTreeMap<ShardId, &str>,
 ) -> BTreeMap<ShardId, &'a str> {
     let mut out = BTreeMap::new();
-    if hosts.is_empty() {
+    // Over the distinct hosts, by name: a host listed twice is one host. Every host
+    // recomputes this on each change it sees, so hosts are indexed once and each
+    // host's part of its scores hashed once (the free shards' loop below is shards x
+    // hosts when many are free).
+    let mut names: Vec<&'a str> = hosts.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    if names.is_empty() {
         return out;
     }
+    let index: BTreeMap<&str, usize> = names.iter().enumerate().map(|(i, h)| (*h, i)).collect();
+    let prefix: Vec<u64> = names.iter().map(|h| score_prefix(h)).collect();
     let mut sorted = shards.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
-    let mut held: BTreeMap<&'a str, Vec<ShardId>> =
-        hosts.iter().map(|h| (*h, Vec::new())).collect();
+    let mut held: Vec<Vec<ShardId>> = vec![Vec::new(); names.len()];
     let mut free = Vec::new();
     for s in sorted.iter().copied() {
-        match current.get(&s).and_then(|o| held.get_mut(*o)) {
-            Some(own) => own.push(s),
+        match current.get(&s).and_then(|o| index.get(o)) {
+            Some(i) => held[*i].push(s),
             None => free.push(s),
         }
     }
-    // Over the distinct hosts: a host listed twice is one host.
-    let least = sorted.len() / held.len();
-    let extra = sorted.len() % held.len();
+    let least = sorted.len() / names.len();
+    let extra = sorted.len() % names.len();
     // Holding more than one over the share counts as one over: a host giving up its
     // surplus one shard at a time must not drop into a tie that the name breaks the other
     // way half-way (the extra would jump to another host and the plan change mid-move).
-    let mut order: Vec<&'a str> = held.keys().copied().collect();
-    order.sort_by_key(|h| {
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by_key(|i| {
         (
-            std::cmp::Reverse(held[h].len().min(least + 1)),
-            std::cmp::Reverse(name_rank(h)),
-            *h,
+            std::cmp::Reverse(held[*i].len().min(least + 1)),
+            std::cmp::Reverse(name_rank(names[*i])),
+            names[*i],
         )
     });
-    let target: BTreeMap<&'a str, usize> = order
-        .iter()
-        .enumerate()
-        .map(|(i, h)| (*h, least + usize::from(i < extra)))
-        .collect();
-    let mut load: BTreeMap<&'a str, usize> = BTreeMap::new();
-    for (h, mut own) in held {
-        if own.len() > target[h] {
+    let mut target = vec![least; names.len()];
+    for i in order.iter().take(extra) {
+        target[*i] += 1;
+    }
+    let mut load = vec![0; names.len()];
+    for (i, mut own) in held.into_iter().enumerate() {
+        if own.len() > target[i] {
             // The best-scoring stay: the same ones a fresh assignment would favour.
-            own.sort_by_key(|s| (std::cmp::Reverse(score(h, *s)), *s));
-            free.extend(own.drain(target[h]..));
+            own.sort_by_key(|s| (std::cmp::Reverse(score_from(prefix[i], *s)), *s));
+            free.extend(own.drain(target[i]..));
         }
-        load.insert(h, own.len());
-        out.extend(own.into_iter().map(|s| (s, h)));
+        load[i] = own.len();
+        out.extend(own.into_iter().map(|s| (s, names[i])));
     }
     free.sort_unstable();
     for s in free {
-        let best = target
-            .iter()
-            .filter(|(h, t)| load[*h] < **t)
-            .map(|(h, _)| *h)
-            .max_by_key(|h| (score(h, s), *h))
+        let best = (0..names.len())
+            .filter(|i| load[*i] < target[*i])
+            .max_by_key(|i| (score_from(prefix[*i], s), names[*i]))
             .expect("the targets add up to the shards");
-        *load.get_mut(best).expect("a host") += 1;
-        out.insert(s, best);
+        load[best] += 1;
+        out.insert(s, names[best]);
     }
     out
 }
@@ -223,9 +227,113 @@ fn score(host: &str, shard: ShardId) -> u64 {
     crate::hash::mixed([host.as_bytes(), &shard.to_le_bytes()[..]])
 }
 
+/// The host's part of its [`score`]s, hashed once for many shards.
+fn score_prefix(host: &str) -> u64 {
+    crate::hash::fnv1a([host.as_bytes()])
+}
+
+/// [`score`] from the host's [`score_prefix`].
+fn score_from(prefix: u64, shard: ShardId) -> u64 {
+    crate::hash::mixed_after(prefix, &shard.to_le_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `assign_from` as it was before hosts were indexed and their hashes kept (a
+    /// reference for the test below).
+    fn assign_from_before<'a>(
+        shards: &[ShardId],
+        hosts: &[&'a str],
+        current: &BTreeMap<ShardId, &str>,
+    ) -> BTreeMap<ShardId, &'a str> {
+        let mut out = BTreeMap::new();
+        if hosts.is_empty() {
+            return out;
+        }
+        let mut sorted = shards.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut held: BTreeMap<&'a str, Vec<ShardId>> =
+            hosts.iter().map(|h| (*h, Vec::new())).collect();
+        let mut free = Vec::new();
+        for s in sorted.iter().copied() {
+            match current.get(&s).and_then(|o| held.get_mut(*o)) {
+                Some(own) => own.push(s),
+                None => free.push(s),
+            }
+        }
+        // Over the distinct hosts: a host listed twice is one host.
+        let least = sorted.len() / held.len();
+        let extra = sorted.len() % held.len();
+        // Holding more than one over the share counts as one over: a host giving up its
+        // surplus one shard at a time must not drop into a tie that the name breaks the other
+        // way half-way (the extra would jump to another host and the plan change mid-move).
+        let mut order: Vec<&'a str> = held.keys().copied().collect();
+        order.sort_by_key(|h| {
+            (
+                std::cmp::Reverse(held[h].len().min(least + 1)),
+                std::cmp::Reverse(name_rank(h)),
+                *h,
+            )
+        });
+        let target: BTreeMap<&'a str, usize> = order
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (*h, least + usize::from(i < extra)))
+            .collect();
+        let mut load: BTreeMap<&'a str, usize> = BTreeMap::new();
+        for (h, mut own) in held {
+            if own.len() > target[h] {
+                // The best-scoring stay: the same ones a fresh assignment would favour.
+                own.sort_by_key(|s| (std::cmp::Reverse(score(h, *s)), *s));
+                free.extend(own.drain(target[h]..));
+            }
+            load.insert(h, own.len());
+            out.extend(own.into_iter().map(|s| (s, h)));
+        }
+        free.sort_unstable();
+        for s in free {
+            let best = target
+                .iter()
+                .filter(|(h, t)| load[*h] < **t)
+                .map(|(h, _)| *h)
+                .max_by_key(|h| (score(h, s), *h))
+                .expect("the targets add up to the shards");
+            *load.get_mut(best).expect("a host") += 1;
+            out.insert(s, best);
+        }
+        out
+    }
+
+    #[test]
+    fn the_indexed_assignment_is_the_one_before() {
+        let mut rng = crate::seeded::Rng::new(7);
+        for round in 0..200 {
+            let names: Vec<String> = (0..1 + rng.below(40)).map(|i| format!("h{i}")).collect();
+            let mut hosts: Vec<&str> = names
+                .iter()
+                .filter(|_| rng.chance(800))
+                .map(|h| h.as_str())
+                .collect();
+            if rng.chance(100) && !hosts.is_empty() {
+                hosts.push(hosts[0]);
+            }
+            let shards: Vec<ShardId> = (0..rng.below(300) as ShardId).collect();
+            let mut current: BTreeMap<ShardId, &str> = BTreeMap::new();
+            for s in &shards {
+                if rng.chance(700) {
+                    current.insert(*s, names[rng.below(names.len())].as_str());
+                }
+            }
+            assert_eq!(
+                assign_from(&shards, &hosts, &current),
+                assign_from_before(&shards, &hosts, &current),
+                "round {round}"
+            );
+        }
+    }
 
     #[test]
     fn a_replicated_shard_goes_to_a_host_of_its_primarys_region() {
