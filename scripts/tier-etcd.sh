@@ -5,11 +5,14 @@
 # the loads were even, and etcd's own counters for the step (requests, bytes sent).
 #
 #   bash scripts/tier-etcd.sh [HOSTS]     # default 200 (the suite runs 30)
+#   FOQS_TIER_RELEASE=1 bash scripts/tier-etcd.sh 200   # an optimized build (as hosts run)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$FOQS_ROOT"
 foqs_cargo_check
 foqs_etcd_install
 hosts=${1:-200}
-FOQS_TIER_HOSTS=$hosts cargo test -q --test clusters tier_etcd -- --nocapture 2>&1 |
+profile=()
+[ -n "${FOQS_TIER_RELEASE:-}" ] && profile=(--release)
+FOQS_TIER_HOSTS=$hosts cargo test -q "${profile[@]}" --test clusters tier_etcd -- --nocapture 2>&1 |
   grep -E '^\{"etcd_requests|^test result|panicked|not settled|two owners'
