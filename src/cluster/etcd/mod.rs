@@ -8,8 +8,8 @@
 //! - the replicated shards' primaries and acks (see `primaries.rs`).
 //!
 //! Every `poll_ms` a host renews its lease (on a task of its own, `lease.rs`), and on every
-//! change its watch reports it reconciles: from the hosts and owners (a watch cache: read
-//! whole once, then kept current by the watch's events, `read.rs`) it computes the
+//! change its watch reports it reconciles: from the hosts and owners (read again after a
+//! change, else reused: `read.rs`) it computes the
 //! owner each shard of its tier should have ([`super::assign_regional_from`]: from the
 //! owners now, the fewest moves that leave the hosts' shard counts within one, rendezvous
 //! hashing for the shards that must move; every host computes the same answer from the
@@ -118,7 +118,6 @@ impl EtcdManager {
             in_trouble: false,
             metrics,
             snapshot: None,
-            read_at: Instant::now(),
             stale: true,
         };
         let task = tokio::spawn(follower.run(
@@ -190,7 +189,8 @@ impl ShardManager for EtcdManager {
 }
 
 /// How long a follower waits after a watch event for the rest of its batch before it
-/// reconciles (a lease lapsing, or a tier's hosts taking shards, brings many at once).
+/// reads the cluster and reconciles (a lease lapsing, or a tier's hosts taking shards,
+/// brings many at once).
 const COALESCE: Duration = Duration::from_millis(20);
 
 /// The task behind [`EtcdManager`]: the only code that changes this host's keys.
@@ -216,12 +216,10 @@ struct Follower {
     /// An etcd problem was logged and has not cleared yet.
     in_trouble: bool,
     metrics: Arc<crate::metrics::Metrics>,
-    /// The cluster as read whole and kept current by the watch (see [`Snapshot`]).
+    /// The cluster as last read, reused while nothing changed (see [`Snapshot`]).
     snapshot: Option<Snapshot>,
-    /// When the snapshot was read whole.
-    read_at: Instant,
-    /// The snapshot must be read whole again: it may be wrong (no watch kept it current,
-    /// or this host's own write found it so).
+    /// Something may have changed since the snapshot: a watch event, this host's own
+    /// write, or no watch to tell.
     stale: bool,
 }
 
@@ -250,29 +248,16 @@ impl Follower {
                 _ = tick.tick() => ticked = true,
                 Some(s) = released.recv() => self.give_back(s).await,
                 Some(r) = reports.recv() => self.report(r).await,
-                // Every event arrived within COALESCE of the first is applied to the
-                // snapshot and leads to the one reconcile below: in a storm (leases lapsing,
-                // a tier's hosts taking shards) a follower reconciles once per batch, and
-                // reads nothing.
+                // Every event arrived within COALESCE of the first leads to the one
+                // reconcile below: in a storm (leases lapsing, a tier's hosts taking
+                // shards) a follower reads the cluster once per batch, not once per event.
                 changed = next_change(&mut watch) => {
-                    let healthy = match changed {
-                        Some(r) => {
-                            self.apply(&r);
-                            tokio::time::sleep(COALESCE).await;
-                            let (snapshot, prefix) = (&mut self.snapshot, &self.prefix);
-                            watch.as_mut().is_some_and(|w| {
-                                drain_ready(w, &mut |r| {
-                                    if let Some(snap) = snapshot.as_mut() {
-                                        snap.apply(prefix, r);
-                                    }
-                                })
-                            })
-                        }
-                        None => false,
-                    };
-                    if !healthy {
+                    self.stale = true;
+                    if changed {
+                        tokio::time::sleep(COALESCE).await;
+                    }
+                    if !changed || !watch.as_mut().is_some_and(drain_ready) {
                         watch = None;
-                        self.stale = true;
                     }
                 }
                 _ = &mut leave => break,
@@ -292,16 +277,12 @@ impl Follower {
                         self.undeleted.remove(&s);
                     }
                 }
+                if watch.is_none() {
+                    watch = self.open_watch().await;
+                }
             }
             if watch.is_none() {
                 self.stale = true;
-            }
-            // A whole read comes with a new watch, opened first: the read then holds every
-            // change the watch does not report (those it reports up to the read's revision
-            // are skipped), and the old watch's events, older, are not applied to it.
-            let reading = self.needs_read();
-            if reading {
-                watch = self.open_watch().await;
             }
             match self.reconcile().await {
                 Ok(()) if self.lease.is_some() => self.recovered(),
@@ -328,13 +309,6 @@ impl Follower {
             let _ = self.client.lease_revoke(id).await;
         }
         tracing::info!(host_id = %self.member.host_id, "left the cluster");
-    }
-
-    /// Applies a watch answer to the snapshot.
-    fn apply(&mut self, r: &etcd_client::WatchResponse) {
-        if let Some(snap) = &mut self.snapshot {
-            snap.apply(&self.prefix, r);
-        }
     }
 
     fn lose_everything(&mut self) {
@@ -550,19 +524,12 @@ impl Follower {
                         me.clone(),
                         Some(PutOptions::new().with_lease(lease)),
                     )]);
-                let resp = self.client.txn(txn).await?;
-                if resp.succeeded() {
+                if self.client.txn(txn).await?.succeeded() {
                     tracing::info!(shard = s, "acquired shard");
+                    self.stale = true;
                     self.held.insert(s);
                     keys.insert(s, (me.clone(), lease));
-                    // In the snapshot before its watch event comes.
-                    let revision = resp.header().map_or(0, |h| h.revision());
-                    if let Some(snap) = &mut self.snapshot {
-                        snap.own_write(s, Some((me.clone(), lease)), revision);
-                    }
                 }
-                // Else taken meanwhile (views differ for a moment in a storm): the watch
-                // says by whom.
             }
         }
         let owners = keys

@@ -58,16 +58,9 @@ impl Follower {
         match self.client.txn(txn).await {
             Ok(r) => {
                 self.undeleted.remove(&s);
+                self.stale = true;
                 if r.succeeded() {
                     tracing::info!(shard = s, "handed shard over");
-                    // Out of the snapshot before its watch event comes.
-                    let revision = r.header().map_or(0, |h| h.revision());
-                    if let Some(snap) = &mut self.snapshot {
-                        snap.own_write(s, None, revision);
-                    }
-                } else {
-                    // Not ours after all: the snapshot was wrong.
-                    self.stale = true;
                 }
             }
             Err(e) => {

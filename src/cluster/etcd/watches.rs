@@ -1,6 +1,5 @@
-//! The follower's watch on the hosts, owner keys and primaries, from the revision after
-//! its snapshot's: every change it reports is applied to the snapshot and leads to a
-//! reconcile (see `Follower::run` and `read.rs`).
+//! The follower's watch on the hosts, owner keys and primaries: any change it reports
+//! leads to a reconcile (see `Follower::run`).
 
 use etcd_client::{WatchOptions, WatchResponse};
 use futures::stream::{BoxStream, SelectAll, StreamExt};
@@ -13,23 +12,14 @@ use super::Follower;
 pub(super) type Watches = SelectAll<BoxStream<'static, Result<WatchResponse, etcd_client::Error>>>;
 
 impl Follower {
-    /// Watches the hosts, owners and primaries from now on, on the watches' own connection;
-    /// returns once etcd has created all three, so that a read started after it misses
-    /// nothing the watch will not report (None when etcd cannot be reached: the next
-    /// reconcile reads whole and tries again). Watches from a past revision (the read's
-    /// next) need no such order, but with them 200 hosts' views of a few shards' owners
-    /// diverged in the tier test (`integration/rust/tier_etcd.rs`; cause not found, see
-    /// docs/cluster.md); opened first, at the current revision, they have not.
+    /// Watches the hosts, owners and primaries, on the watches' own connection (None when
+    /// etcd cannot be reached: the poll goes on, and the next tick tries again).
     pub(super) async fn open_watch(&mut self) -> Option<Watches> {
         let mut streams = Vec::new();
         for dir in ["hosts", "shards", "primaries"] {
             let k = format!("{}/{dir}/", self.prefix);
             let options = WatchOptions::new().with_prefix();
-            let mut stream = self.watcher.watch(k, Some(options)).await.ok()?;
-            match tokio::time::timeout(self.ttl / 4, stream.next()).await {
-                Ok(Some(Ok(r))) if r.created() && healthy(&r) => {}
-                _ => return None,
-            }
+            let stream = self.watcher.watch(k, Some(options)).await.ok()?;
             let ended = futures::stream::once(async {
                 Err(etcd_client::Error::WatchError("the watch ended".into()))
             });
@@ -39,12 +29,12 @@ impl Follower {
     }
 }
 
-/// Applies the watch answers that have already arrived; false when the watch failed or
+/// Takes the watch answers that have already arrived; false when the watch failed or
 /// ended meanwhile.
-pub(super) fn drain_ready(w: &mut Watches, apply: &mut impl FnMut(&WatchResponse)) -> bool {
+pub(super) fn drain_ready(w: &mut Watches) -> bool {
     loop {
         match w.next().now_or_never() {
-            Some(Some(Ok(r))) if healthy(&r) => apply(&r),
+            Some(Some(Ok(r))) if healthy(&r) => continue,
             None => return true,
             Some(_) => return false,
         }
@@ -59,14 +49,11 @@ fn healthy(r: &etcd_client::WatchResponse) -> bool {
     !r.canceled() && r.compact_revision() == 0
 }
 
-/// Waits for the next change the watch reports; None when the watch ended, failed or was
+/// Waits for the next change the watch reports; false when the watch ended, failed or was
 /// cancelled (with no watch, it never returns).
-pub(super) async fn next_change(watch: &mut Option<Watches>) -> Option<WatchResponse> {
+pub(super) async fn next_change(watch: &mut Option<Watches>) -> bool {
     match watch {
-        Some(w) => match w.next().await {
-            Some(Ok(r)) if healthy(&r) => Some(r),
-            _ => None,
-        },
+        Some(w) => matches!(w.next().await, Some(Ok(r)) if healthy(&r)),
         None => std::future::pending().await,
     }
 }
