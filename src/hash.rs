@@ -7,7 +7,11 @@ const PRIME: u64 = 0x0100_0000_01b3;
 
 /// FNV-1a of `parts`, one after another (no separator: callers that need one pass it).
 pub fn fnv1a<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
-    let mut h = OFFSET;
+    fnv1a_from(OFFSET, parts)
+}
+
+/// [`fnv1a`] continued from `h`, the hash of what came before.
+fn fnv1a_from<'a>(mut h: u64, parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
     for part in parts {
         for b in part {
             h ^= *b as u64;
@@ -26,12 +30,7 @@ pub fn mixed<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
 /// [`mixed`] of a prefix's parts and then `more`, from the prefix's [`fnv1a`] (`state`):
 /// one who hashes many suffixes after the same prefix hashes the prefix once.
 pub fn mixed_after(state: u64, more: &[u8]) -> u64 {
-    let mut h = state;
-    for b in more {
-        h ^= *b as u64;
-        h = h.wrapping_mul(PRIME);
-    }
-    finish(h)
+    finish(fnv1a_from(state, [more]))
 }
 
 /// splitmix64's finalizer.
