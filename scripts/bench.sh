@@ -16,6 +16,9 @@
 #                               flooding one (see the mode below): the victim's
 #                               enqueue-to-delivery latency alone and beside, its refusals,
 #                               the flooder's throughput alone and beside
+#                               (FOQS_BENCH_FLOOD_RATE=R holds the flood to R items/s;
+#                               FOQS_BENCH_METRICS_DIR=DIR keeps foqsd's /metrics after
+#                               each victim run there)
 #   scripts/bench.sh counters   one run; MySQL's work per item in each phase: InnoDB's
 #                               Handler_* and Innodb_rows_* counters (SHOW GLOBAL STATUS
 #                               around the phase) and the server's CPU time
@@ -175,15 +178,27 @@ def q(p):
 import json
 print(json.dumps({"count": int(total), "p50_ms_le": q(0.5), "p99_ms_le": q(0.99)}))'
   }
+  # On MySQL, a plain client (foqs-bench's probe phase: one connection, a one-row insert
+  # and commit at the victim's rate) commits to the same server during each victim run:
+  # what the server answers a lone writer then is the floor under the victim's enqueues.
   victim() {
-    local label=$1 batch=$2 line
+    local label=$1 batch=$2 line probe_pid="" probe='null'
+    if [[ $label == mysql* ]]; then
+      bench --phases probe --mysql "$FOQS_MYSQL_URL" --rate "$vrate" --max-seconds "$secs" >"$FOQS_RUN/bench-probe.json" &
+      probe_pid=$!
+    fi
     line=$(bench --ns victim --phases victim --rate "$vrate" --batch "$batch" --consumers 2 --max-seconds "$secs")
+    if [ -n "$probe_pid" ]; then
+      wait "$probe_pid"
+      probe=$(python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["probe_commit"]))' "$FOQS_RUN/bench-probe.json")
+    fi
+    [ -n "${FOQS_BENCH_METRICS_DIR:-}" ] && curl -s "http://127.0.0.1:$metrics_port/metrics" >"$FOQS_BENCH_METRICS_DIR/$label-$batch.txt"
     python3 -c 'import json, sys
 r = json.loads(sys.argv[1])
-print(json.dumps({"run": sys.argv[2], "victim_batch": int(sys.argv[3]), **r, "server": json.loads(sys.argv[4])}))' \
-      "$line" "$label" "$batch" "$(server_side)"
+print(json.dumps({"run": sys.argv[2], "victim_batch": int(sys.argv[3]), **r, "server": json.loads(sys.argv[4]), "mysql_probe_commit": json.loads(sys.argv[5])}))' \
+      "$line" "$label" "$batch" "$(server_side)" "$probe"
   }
-  flood() { nice -n 19 ./target/release/foqs-bench --host "$listen" --ns flood --phases flood --producers 8 --consumers 4 --batch 100 --max-seconds "$1"; }
+  flood() { nice -n 19 ./target/release/foqs-bench --host "$listen" --ns flood --phases flood --producers 8 --consumers 4 --batch 100 --max-seconds "$1" ${FOQS_BENCH_FLOOD_RATE:+--rate "$FOQS_BENCH_FLOOD_RATE"}; }
   # With FOQS_BENCH_BEFORE (or FOQS_BENCH_BEFORE_ENGINE), that foqsd (or this one with
   # that setting) runs each step too, first (labels end in -before).
   runs=(now)

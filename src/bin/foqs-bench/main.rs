@@ -7,6 +7,7 @@
 //! - `drain`: consumers dequeue and ack until that many items are consumed;
 //! - `mixed`: producers enqueue `--items` more while consumers drain them; the figure is
 //!   items consumed per second;
+//! - `victim`, `flood` (see `tenant.rs`) and `probe` (see `probe.rs`), not in the default;
 //! - `longpoll` (not in the default): one consumer long-polls a topic of its own and one
 //!   producer enqueues an item once the consumer waits, `--items` times; the figure is how
 //!   long after the enqueue's reply the consumer has the item (0 when it had it first).
@@ -16,6 +17,7 @@
 //!
 //! With `--rabbitmq URL` the same phases run against RabbitMQ instead (see `rabbit.rs`).
 
+mod probe;
 mod rabbit;
 mod tenant;
 
@@ -71,6 +73,9 @@ struct Args {
     /// instead of foqsd.
     #[arg(long)]
     rabbitmq: Option<String>,
+    /// The MySQL server the `probe` phase commits to (e.g. mysql://root@127.0.0.1:3306).
+    #[arg(long)]
+    mysql: Option<String>,
 }
 
 /// Latencies in microseconds.
@@ -425,8 +430,12 @@ fn main() -> anyhow::Result<()> {
             }
             "victim" => run.victim(&mut fields)?,
             "flood" => run.flood(&mut fields)?,
+            "probe" => {
+                let url = args.mysql.as_deref().context("--phases probe needs --mysql URL")?;
+                run.probe(url, &mut fields)?
+            }
             other => bail!(
-                "unknown phase {other:?}: want enqueue, drain, mixed, longpoll, victim or flood"
+                "unknown phase {other:?}: want enqueue, drain, mixed, longpoll, victim, flood or probe"
             ),
         }
     }
