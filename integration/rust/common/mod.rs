@@ -560,6 +560,8 @@ pub fn code_of(e: &Option<ItemError>) -> Option<ErrorCode> {
 /// call and the server's bind another socket could take it (CI saw `AddrInUse`). Ports here
 /// come from below that range (12000-21999, clear of the scripts' fixed ports), handed out
 /// once per process from a pid-based start, and checked free by binding them.
+/// `FOQS_TEST_PORT_SLICE=0` or `1` keeps a process to one half of the range: scripts/test.sh
+/// runs two test binaries at once, one in each half, so they never pick the same port.
 pub fn free_port() -> u16 {
     free_ports(1)
 }
@@ -567,26 +569,29 @@ pub fn free_port() -> u16 {
 /// `n` consecutive ports free now, from the same range and counter as [`free_port`].
 pub fn free_ports(n: u16) -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
-    const LOW: u32 = 12000;
-    const SPAN: u32 = 10000;
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let (low, span): (u32, u32) = match std::env::var("FOQS_TEST_PORT_SLICE").as_deref() {
+        Ok("0") => (12000, 5000),
+        Ok("1") => (17000, 5000),
+        _ => (12000, 10000),
+    };
     let _ = NEXT.compare_exchange(
         u32::MAX,
-        (std::process::id() % 97) * 103,
+        (std::process::id() % 97) * 103 % span,
         Ordering::SeqCst,
         Ordering::SeqCst,
     );
-    for _ in 0..SPAN {
-        let at = NEXT.fetch_add(u32::from(n), Ordering::SeqCst) % SPAN;
-        if at + u32::from(n) > SPAN {
+    for _ in 0..span {
+        let at = NEXT.fetch_add(u32::from(n), Ordering::SeqCst) % span;
+        if at + u32::from(n) > span {
             continue;
         }
-        let base = (LOW + at) as u16;
+        let base = (low + at) as u16;
         if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
             return base;
         }
     }
-    panic!("no {n} consecutive free ports in {LOW}..{}", LOW + SPAN);
+    panic!("no {n} consecutive free ports in {low}..{}", low + span);
 }
 
 pub fn now_ms() -> i64 {
