@@ -1,0 +1,114 @@
+//! Hosts as peers: a forward after the peer restarted, and the fan-out of peer polls.
+
+use super::*;
+
+/// A peer that restarted closed the connections the forwarding host kept pooled to it:
+/// the next forwarded enqueue takes a fresh connection and succeeds. (Before: it was
+/// written into the closed one, read EOF, and answered UNAVAILABLE `outcome_unknown` for
+/// items the peer never received.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_after_the_peer_restarted_goes_through_a_fresh_connection() {
+    let db = TestDb::new(2);
+    let (pa, pb) = (free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] =
+        &[("a", pa, "default", &[0]), ("b", pb, "gold", &[1])];
+    let tiers =
+        "[[tiers]]\nname = \"gold\"\nshards = [1]\n[[namespaces]]\nname = \"g\"\ntier = \"gold\"\n";
+    let mut cfg_a = host_config(&db.shards_toml(), "a", hosts, true, tiers);
+    // No peer polls between the two enqueues: only the forward itself uses the pool.
+    cfg_a.cluster.peer_poll_ms = 600_000;
+    let a = start(&cfg_a).await;
+    let cfg_b = host_config(&db.shards_toml(), "b", hosts, true, tiers);
+    let b = start(&cfg_b).await;
+    let a_addr = a.addr;
+    let first = tokio::task::spawn_blocking(move || {
+        Client::connect(a_addr, Proto::Binary).try_enqueue(vec![item("g", "t", 0, b"1")])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(first[0].error.is_none(), "{first:?}");
+    b.shutdown().await;
+    let b = start(&cfg_b).await;
+    let second = tokio::task::spawn_blocking(move || {
+        Client::connect(a_addr, Proto::Binary).try_enqueue(vec![item("g", "t", 0, b"2")])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        second[0].error.is_none(),
+        "forwarded after the peer restarted: {:?}",
+        second[0].error
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Issue 36: with `cluster.peer_fanout` below the tier's size, each host polls that many
+/// peers (its successors on the tier's ring), not all of them, and is polled by as many;
+/// a host's items are still routed to the hosts that poll it. (Before: every host polled
+/// every other host, and listed them all in getHostInfo.peers.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_host_polls_its_fanout_of_the_tier_and_is_routed_to_by_its_pollers() {
+    let db = TestDb::new(4);
+    let first = free_ports(4);
+    let ids = ["a", "b", "c", "d"];
+    let shards: [&[u32]; 4] = [&[0], &[1], &[2], &[3]];
+    let hosts: Vec<(&str, u16, &str, &[u32])> = (0..4)
+        .map(|i| (ids[i], first + i as u16, "default", shards[i]))
+        .collect();
+    let mut running = Vec::new();
+    for id in ids {
+        let mut cfg = host_config(&db.shards_toml(), id, &hosts, true, "");
+        cfg.cluster.peer_fanout = 1;
+        running.push(start(&cfg).await);
+    }
+    let addrs: Vec<std::net::SocketAddr> = running.iter().map(|r| r.addr).collect();
+    // Each host lists (and polls) exactly one peer; every host is someone's.
+    let polled: Vec<String> = tokio::task::spawn_blocking(move || {
+        addrs
+            .iter()
+            .map(|addr| {
+                let peers = Client::connect(*addr, Proto::Binary)
+                    .host_info()
+                    .peers
+                    .unwrap();
+                assert_eq!(peers.len(), 1, "{peers:?}");
+                peers[0].host_id.clone().unwrap()
+            })
+            .collect()
+    })
+    .await
+    .unwrap();
+    let mut all = polled.clone();
+    all.sort();
+    assert_eq!(all, vec!["a", "b", "c", "d"], "a ring: {polled:?}");
+    // An item on a host's own shard is dequeued through the host that polls it.
+    for (i, id) in ids.iter().enumerate() {
+        let poller = polled.iter().position(|p| p == id).unwrap();
+        let (owner_addr, poller_addr) = (running[i].addr, running[poller].addr);
+        let topic = format!("ring-{id}");
+        let got = tokio::task::spawn_blocking(move || {
+            let enqueued = Client::connect(owner_addr, Proto::Binary)
+                .enqueue(vec![item("ns", &topic, 0, b"x")]);
+            let mut c = Client::connect(poller_addr, Proto::Binary);
+            let start = Instant::now();
+            loop {
+                let got = c.dequeue("ns", &topic, 1);
+                if !got.is_empty() || start.elapsed() > Duration::from_secs(10) {
+                    return (enqueued, got);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(owner_shard(&got.0[0]), i as u32, "written on {id}'s shard");
+        assert_eq!(got.1.len(), 1, "{id}'s item reached through its poller");
+        assert_eq!(got.1[0].id, Some(got.0[0].clone()));
+    }
+    for r in running {
+        r.shutdown().await;
+    }
+}
