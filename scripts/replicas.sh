@@ -196,8 +196,8 @@ down() {
   [ -d "$dir" ] || return 0
   local n pid
   for n in $(cd "$dir" && ls -d s* 2>/dev/null | sed 's/^s//'); do
-    [ -f "$dir/s$n/pid" ] || continue
-    pid=$(cat "$dir/s$n/pid")
+    pid=$(live_pid "$n")
+    [ -n "$pid" ] || continue
     kill -CONT "$pid" 2>/dev/null || true
     kill -9 "$pid" 2>/dev/null || true
   done
@@ -205,17 +205,32 @@ down() {
   rm -rf "$dir"
 }
 
+# The pid of server N while it runs, from its pid file; nothing when the file is stale.
+# A server killed with -9 leaves its pid file behind, and pids wrap (pid_max is 32768
+# here; the suite starts thousands of processes): the pid may by now be another process's,
+# perhaps another test's MariaDB. So a pid is only used while its command line still names
+# this server's datadir.
+live_pid() { # live_pid N
+  local pid
+  [ -f "$dir/s$1/pid" ] || return 0
+  pid=$(cat "$dir/s$1/pid")
+  if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "--datadir=$dir/s$1/data"; then
+    echo "$pid"
+  fi
+}
+
 signal() { # signal SIG N
   local pid
-  pid=$(cat "$dir/s$2/pid")
+  pid=$(live_pid "$2")
+  [ -n "$pid" ] || { echo "server $2 is not running" >&2; return 1; }
   kill "-$1" "$pid"
 }
 
 rejoin() { # rejoin N PRIMARY_PORT
   local n=$1 primary=$2 p pid
   p=$(port_of "$n")
-  if [ -f "$dir/s$n/pid" ]; then
-    pid=$(cat "$dir/s$n/pid")
+  pid=$(live_pid "$n")
+  if [ -n "$pid" ]; then
     kill -CONT "$pid" 2>/dev/null || true
     kill -9 "$pid" 2>/dev/null || true
     while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
