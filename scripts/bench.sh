@@ -183,7 +183,7 @@ print(json.dumps({"count": int(total), "p50_ms_le": q(0.5), "p99_ms_le": q(0.99)
   # what the server answers a lone writer then is the floor under the victim's enqueues.
   victim() {
     local label=$1 batch=$2 line probe_pid="" probe='null'
-    if [[ $label == mysql* ]]; then
+    if [ "$backend" = mysql ]; then
       bench --phases probe --mysql "$FOQS_MYSQL_URL" --rate "$vrate" --max-seconds "$secs" >"$FOQS_RUN/bench-probe.json" &
       probe_pid=$!
     fi
