@@ -1,6 +1,9 @@
 //! [`EtcdBudget`]: the tier's quota token buckets in etcd, one key per namespace
-//! (`P/quota/<ns>` = `{"tokens":..,"last_ms":..}`, no lease), taken from with
-//! compare-and-swap.
+//! (`P/tokens/<ns>` = `{"tokens":..,"last_ms":..}`, no lease), taken from with
+//! compare-and-swap. (Builds before the hosts' watch cache kept them at `P/quota/<ns>`,
+//! inside the range every host watches: each take was an event to every host of the
+//! cluster. A tier upgraded host by host has both keys for a while, so a namespace may
+//! be admitted up to twice its rate until every host runs the new build.)
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use futures::future::BoxFuture;
@@ -37,7 +40,7 @@ impl EtcdBudget {
 
     async fn try_take(&self, ns: &str, rate: Rate, want: u64) -> Result<u64, String> {
         let mut client = self.client.clone();
-        let key = format!("{}/quota/{ns}", self.prefix);
+        let key = format!("{}/tokens/{ns}", self.prefix);
         for _ in 0..BUDGET_ATTEMPTS_MAX {
             let now = self.clock.now_ms();
             let resp = client
@@ -60,6 +63,12 @@ impl EtcdBudget {
             };
             let tokens = refilled(bucket.tokens, bucket.last_ms, now, rate);
             let got = (tokens.floor() as u64).min(want);
+            if got == 0 {
+                // Nothing to take: no write (the refill is worked out from `last_ms` the
+                // same way next time), so that hosts asking an empty bucket cost etcd
+                // reads only.
+                return Ok(0);
+            }
             let next = BucketRecord {
                 tokens: tokens - got as f64,
                 last_ms: now.max(bucket.last_ms),

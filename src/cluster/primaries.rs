@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{PrimaryRecord, ShardId};
@@ -36,24 +38,27 @@ pub fn key(prefix: &str, dir: &str, name: impl std::fmt::Display) -> String {
     format!("{}/{dir}/{name}", prefix.trim_end_matches('/'))
 }
 
-/// Creates the records of shards that have none (the config's initial layout).
+/// Creates the records of shards that have none (the config's initial layout); returns
+/// the revision that shows every record (see [`seen_after`]).
 pub async fn init(
     client: &mut Client,
     prefix: &str,
     initial: &BTreeMap<ShardId, PrimaryRecord>,
-) -> EtcdResult<()> {
+) -> EtcdResult<i64> {
+    let mut seen = 0;
     for (s, r) in initial {
         let k = key(prefix, "primaries", s);
         let txn = Txn::new()
             .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
-                k,
+                k.clone(),
                 serde_json::to_vec(r).expect("serializable"),
                 None,
-            )]);
-        client.txn(txn).await?;
+            )])
+            .or_else([TxnOp::get(k, None)]);
+        seen = seen.max(seen_after(&client.txn(txn).await?));
     }
-    Ok(())
+    Ok(seen)
 }
 
 /// Every key under `P/<dir>/`, each as `f(its last path segment, value, mod revision)`
@@ -248,4 +253,21 @@ pub async fn read_owners(
     })
     .await?;
     Ok(all.into_iter().collect())
+}
+
+/// The revision the cache must reach to show what `r` did or found: a write's own
+/// revision when the transaction took its `then` branch, else the revision of the key its
+/// `else` branch read (0 when it read none: nothing to wait for).
+pub fn seen_after(r: &TxnResponse) -> i64 {
+    if r.succeeded() {
+        return r.header().map_or(0, |h| h.revision());
+    }
+    r.op_responses()
+        .iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.mod_revision()),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
 }

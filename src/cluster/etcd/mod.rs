@@ -4,12 +4,12 @@
 //! Keys, under the configured prefix P:
 //! - `P/hosts/<host_id>` = `{"addr":..,"tier":..}`, attached to the host's lease;
 //! - `P/shards/<shard>` = the owner's host id, attached to the owner's lease;
-//! - `P/quota/<ns>` = `{"tokens":..,"last_ms":..}` (no lease; see `budget.rs`);
+//! - `P/tokens/<ns>` = `{"tokens":..,"last_ms":..}` (no lease; see `budget.rs`);
 //! - the replicated shards' primaries and acks (see `primaries.rs`).
 //!
 //! Every `poll_ms` a host renews its lease (on a task of its own, `lease.rs`), and on every
-//! change its watch reports it reconciles: from the hosts and owners (read again after a
-//! change, else reused: `read.rs`) it computes the
+//! change its watch reports it reconciles: from the hosts and owners (a watch cache:
+//! `cache.rs`) it computes the
 //! owner each shard of its tier should have ([`super::assign_regional_from`]: from the
 //! owners now, the fewest moves that leave the hosts' shard counts within one, rendezvous
 //! hashing for the shards that must move; every host computes the same answer from the
@@ -32,22 +32,24 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, WatchStream,
+};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-mod read;
+mod cache;
 mod reports;
 mod watches;
 
-use read::Snapshot;
-use watches::{drain_ready, next_change, Watches};
+use cache::Cache;
+use watches::{drain_ready, next_answer};
 
 use super::config::{fence_margin_ms, EtcdConfig};
 use super::lease::{trouble, Lease, Renewals};
-use super::primaries;
+use super::primaries::{self, seen_after};
 use super::{assign_regional_from, ClusterView, Report, ShardManager};
 use crate::fence::Fence;
 use crate::model::{PrimaryRecord, ShardId};
@@ -117,8 +119,9 @@ impl EtcdManager {
             undeleted: BTreeSet::new(),
             in_trouble: false,
             metrics,
-            snapshot: None,
-            stale: true,
+            cache: None,
+            written: 0,
+            written_at: Instant::now(),
         };
         let task = tokio::spawn(follower.run(
             Duration::from_millis(cfg.poll_ms),
@@ -189,8 +192,7 @@ impl ShardManager for EtcdManager {
 }
 
 /// How long a follower waits after a watch event for the rest of its batch before it
-/// reads the cluster and reconciles (a lease lapsing, or a tier's hosts taking shards,
-/// brings many at once).
+/// reconciles (a lease lapsing, or a tier's hosts taking shards, brings many at once).
 const COALESCE: Duration = Duration::from_millis(20);
 
 /// The task behind [`EtcdManager`]: the only code that changes this host's keys.
@@ -216,11 +218,13 @@ struct Follower {
     /// An etcd problem was logged and has not cleared yet.
     in_trouble: bool,
     metrics: Arc<crate::metrics::Metrics>,
-    /// The cluster as last read, reused while nothing changed (see [`Snapshot`]).
-    snapshot: Option<Snapshot>,
-    /// Something may have changed since the snapshot: a watch event, this host's own
-    /// write, or no watch to tell.
-    stale: bool,
+    /// The cluster as etcd had it at the cache's revision, kept by the watch (None: to be
+    /// read whole; see `cache.rs`).
+    cache: Option<Cache>,
+    /// The revision of this host's last write the cache must show before the follower
+    /// plans again (see [`Follower::wrote`]), and when it was written.
+    written: i64,
+    written_at: Instant,
 }
 
 impl Follower {
@@ -241,22 +245,28 @@ impl Follower {
     ) {
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut watch: Option<Watches> = None;
+        let mut watch: Option<WatchStream> = None;
         loop {
             let mut ticked = false;
             tokio::select! {
                 _ = tick.tick() => ticked = true,
                 Some(s) = released.recv() => self.give_back(s).await,
                 Some(r) = reports.recv() => self.report(r).await,
-                // Every event arrived within COALESCE of the first leads to the one
+                // Every answer arrived within COALESCE of one with events leads to the one
                 // reconcile below: in a storm (leases lapsing, a tier's hosts taking
-                // shards) a follower reads the cluster once per batch, not once per event.
-                changed = next_change(&mut watch) => {
-                    self.stale = true;
-                    if changed {
-                        tokio::time::sleep(COALESCE).await;
-                    }
-                    if !changed || !watch.as_mut().is_some_and(drain_ready) {
+                // shards) a follower plans once per batch, not once per event.
+                answer = next_answer(&mut watch) => {
+                    let healthy = match (answer, &mut self.cache, watch.as_mut()) {
+                        (Some(r), Some(cache), Some(w)) => {
+                            cache.apply(&self.prefix, &r);
+                            if !r.events().is_empty() {
+                                tokio::time::sleep(COALESCE).await;
+                            }
+                            drain_ready(w, |r| cache.apply(&self.prefix, r))
+                        }
+                        _ => false,
+                    };
+                    if !healthy {
                         watch = None;
                     }
                 }
@@ -277,19 +287,35 @@ impl Follower {
                         self.undeleted.remove(&s);
                     }
                 }
-                if watch.is_none() {
-                    watch = self.open_watch().await;
+                // A watch that has not brought this host's own write within a poll went
+                // silent: read again.
+                let behind = self
+                    .cache
+                    .as_ref()
+                    .is_some_and(|c| c.revision < self.written);
+                if behind && self.written_at.elapsed() >= self.renew_every {
+                    tracing::warn!(
+                        "etcd: the watch is behind this host's own write; reading again"
+                    );
+                    watch = None;
                 }
             }
             if watch.is_none() {
-                self.stale = true;
+                self.cache = None;
+                match self.load().await {
+                    Ok((cache, w)) => {
+                        self.cache = Some(cache);
+                        watch = Some(w);
+                    }
+                    Err(e) => self.trouble(&format!(
+                        "cannot read the cluster ({e}); keeping the last view"
+                    )),
+                }
             }
             match self.reconcile().await {
                 Ok(()) if self.lease.is_some() => self.recovered(),
                 Ok(()) => {}
-                Err(e) => self.trouble(&format!(
-                    "cannot read the cluster ({e}); keeping the last view"
-                )),
+                Err(e) => self.trouble(&format!("cannot write to etcd ({e})")),
             }
             // Fenced: whatever etcd says, this host serves nothing until it renews again.
             if !self.fence.is_open() && !self.held.is_empty() {
@@ -312,7 +338,6 @@ impl Follower {
     }
 
     fn lose_everything(&mut self) {
-        self.stale = true;
         self.fence.close();
         self.held.clear();
         self.releasing.clear();
@@ -348,6 +373,16 @@ impl Follower {
         trouble(&mut self.in_trouble, what);
     }
 
+    /// This host wrote in the watched range: the follower plans again only once the cache
+    /// shows revision `rev` (0: nothing to wait for), so that it never plans on a state
+    /// older than its own act.
+    fn wrote(&mut self, rev: i64) {
+        if rev > self.written {
+            self.written = rev;
+            self.written_at = Instant::now();
+        }
+    }
+
     fn recovered(&mut self) {
         if self.in_trouble {
             tracing::info!("etcd: working again");
@@ -379,13 +414,9 @@ impl Follower {
                 record,
                 Some(PutOptions::new().with_lease(id)),
             )]);
-        let ok = self
-            .client
-            .txn(txn)
-            .await
-            .map_err(|e| e.to_string())?
-            .succeeded();
-        if !ok {
+        let r = self.client.txn(txn).await.map_err(|e| e.to_string())?;
+        self.wrote(seen_after(&r));
+        if !r.succeeded() {
             let _ = self.client.lease_revoke(id).await;
             return Err(format!(
                 "host id {:?} is still registered (a previous run's lease); waiting for it to expire",
@@ -408,7 +439,6 @@ impl Follower {
             metrics: self.metrics.clone(),
         };
         self.lease = Some(Lease::start(id, keeper, stream, renewals));
-        self.stale = true;
         tracing::info!(host_id = %self.member.host_id, lease = id, "registered in etcd");
         Ok(())
     }
@@ -416,18 +446,19 @@ impl Follower {
     /// Reads hosts and owners, takes free shards this host should own, withdraws those
     /// that should move, and publishes the view.
     async fn reconcile(&mut self) -> Result<(), etcd_client::Error> {
-        let Snapshot {
+        let Some(cache) = &self.cache else {
+            return Ok(());
+        };
+        if cache.revision < self.written {
+            // The watch has yet to bring this host's last write: plan after it does.
+            return Ok(());
+        }
+        let Cache {
             hosts,
             mut keys,
-            mut primaries,
+            primaries,
             ..
-        } = match self.read_cluster().await {
-            Ok(snap) => snap,
-            Err(e) => {
-                self.stale = true;
-                return Err(e);
-            }
-        };
+        } = cache.clone();
         let me = self.member.host_id.clone();
         let my_lease = self.lease.as_ref().map(|l| l.id);
         // A held shard whose key is gone or not ours any more is lost (should not happen
@@ -481,9 +512,10 @@ impl Follower {
                 })
                 .collect();
         if !missing.is_empty() {
-            self.stale = true;
-            primaries::init(&mut self.client, &self.prefix, &missing).await?;
-            primaries = self.read_primaries().await?;
+            // Planned once the watch brings them.
+            let rev = primaries::init(&mut self.client, &self.prefix, &missing).await?;
+            self.wrote(rev);
+            return Ok(());
         }
         let tier_hosts: Vec<(&str, &str)> = hosts
             .iter()
@@ -520,13 +552,16 @@ impl Follower {
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(
-                        key,
+                        key.clone(),
                         me.clone(),
                         Some(PutOptions::new().with_lease(lease)),
-                    )]);
-                if self.client.txn(txn).await?.succeeded() {
+                    )])
+                    .or_else([TxnOp::get(key, None)]);
+                let r = self.client.txn(txn).await?;
+                // Taken: planned again once the cache shows by whom.
+                self.wrote(seen_after(&r));
+                if r.succeeded() {
                     tracing::info!(shard = s, "acquired shard");
-                    self.stale = true;
                     self.held.insert(s);
                     keys.insert(s, (me.clone(), lease));
                 }

@@ -58,13 +58,12 @@ impl Follower {
         match self.client.txn(txn).await {
             Ok(r) => {
                 self.undeleted.remove(&s);
-                self.stale = true;
                 if r.succeeded() {
+                    self.wrote(super::seen_after(&r));
                     tracing::info!(shard = s, "handed shard over");
                 }
             }
             Err(e) => {
-                self.stale = true;
                 self.undeleted.insert(s);
                 tracing::warn!(shard = s, error = %e, "etcd: cannot delete shard key; trying again");
             }

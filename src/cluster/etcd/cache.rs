@@ -1,0 +1,205 @@
+//! The follower's view of the cluster in etcd, kept as a watch cache the way Kubernetes'
+//! reflectors keep theirs: one range read at one revision R, then one watch of the same
+//! range from R + 1, whose events are applied in order. A change then costs etcd one
+//! event per follower instead of a read of the whole cluster by every follower.
+//!
+//! Why this is exact (two earlier caches were not, and were taken out): the range
+//! `[P/hosts/, P/shards0)` holds the hosts, the replicated shards' records and acks and the
+//! owner keys, so one watch covers all the follower plans from, and etcd delivers one
+//! watch's events in revision order, a revision's events never split over two answers.
+//! After applying an answer the cache is etcd's state at that answer's revision, a state
+//! etcd really had. Nothing is applied ahead of the watch: this host's own writes reach
+//! the cache through it like anyone's, and the follower does not plan again until the
+//! cache has reached its last write (`Follower::written`). (The earlier caches watched
+//! three prefixes on separate streams, with no order between them, and applied their own
+//! writes at once: their views were, for moments, states etcd never had.) The quota
+//! buckets, written on every take, live outside the range (`P/tokens/`), so they cost the
+//! followers nothing.
+//!
+//! Read whole again only when the watch fails, ends, is cancelled or compacted, or when
+//! the cache has not reached this host's last write within a poll (a watch that went
+//! silent); there is no periodic re-read.
+
+use std::collections::BTreeMap;
+
+use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions, WatchResponse, WatchStream};
+
+use super::{Follower, HostRecord};
+use crate::model::{HostAddr, PrimaryRecord, ShardId};
+
+/// The hosts, owner keys and primaries at `revision`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Cache {
+    pub hosts: BTreeMap<String, HostAddr>,
+    /// shard -> (owner, lease)
+    pub keys: BTreeMap<ShardId, (String, i64)>,
+    pub primaries: BTreeMap<ShardId, PrimaryRecord>,
+    /// etcd's revision this is the state of.
+    pub revision: i64,
+}
+
+/// The first and (excluded) last key of the range watched under prefix `p`.
+pub(super) fn range(p: &str) -> (String, String) {
+    (format!("{p}/hosts/"), format!("{p}/shards0"))
+}
+
+impl Cache {
+    /// Applies one watch answer (its events are after `revision`, in order).
+    pub fn apply(&mut self, prefix: &str, r: &WatchResponse) {
+        for e in r.events() {
+            let Some(kv) = e.kv() else { continue };
+            self.apply_kv(prefix, kv, e.event_type() == EventType::Put);
+        }
+        if let Some(h) = r.header() {
+            // An answer's header is at least its events' revision.
+            self.revision = self.revision.max(h.revision());
+        }
+    }
+
+    fn apply_kv(&mut self, prefix: &str, kv: &KeyValue, put: bool) {
+        let Some(key) = kv
+            .key_str()
+            .ok()
+            .and_then(|k| k.strip_prefix(prefix))
+            .and_then(|k| k.strip_prefix('/'))
+        else {
+            return;
+        };
+        // A delete's key carries the delete's revision.
+        self.revision = self.revision.max(kv.mod_revision());
+        self.apply_one(key, put.then(|| (kv.value(), kv.lease())));
+    }
+
+    /// Applies one change of `dir/name` (under the prefix): put (value, lease) or
+    /// deleted (None). Keys of other directories in the range (acks) are not kept.
+    fn apply_one(&mut self, key: &str, change: Option<(&[u8], i64)>) {
+        let Some((dir, name)) = key.split_once('/') else {
+            return;
+        };
+        match dir {
+            "hosts" => match change.and_then(|(v, _)| host_record(v)) {
+                Some(h) => {
+                    self.hosts.insert(name.to_string(), h);
+                }
+                None => {
+                    self.hosts.remove(name);
+                }
+            },
+            "shards" => {
+                let Ok(s) = name.parse::<ShardId>() else {
+                    return;
+                };
+                match change.and_then(|(v, l)| Some((std::str::from_utf8(v).ok()?, l))) {
+                    Some((owner, lease)) => {
+                        self.keys.insert(s, (owner.to_string(), lease));
+                    }
+                    None => {
+                        self.keys.remove(&s);
+                    }
+                }
+            }
+            "primaries" => {
+                let Ok(s) = name.parse::<ShardId>() else {
+                    return;
+                };
+                match change.and_then(|(v, _)| serde_json::from_slice::<PrimaryRecord>(v).ok()) {
+                    Some(p) => {
+                        self.primaries.insert(s, p);
+                    }
+                    None => {
+                        self.primaries.remove(&s);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn host_record(value: &[u8]) -> Option<HostAddr> {
+    let r = serde_json::from_slice::<HostRecord>(value).ok()?;
+    Some(HostAddr {
+        addr: r.addr,
+        tier: r.tier,
+        region: r.region,
+    })
+}
+
+impl Follower {
+    /// Reads the range whole (one request, one revision) and opens its watch from the
+    /// next revision, on the watches' own connection.
+    pub(super) async fn load(&mut self) -> Result<(Cache, WatchStream), etcd_client::Error> {
+        let (from, to) = range(&self.prefix);
+        let resp = self
+            .client
+            .get(from.clone(), Some(GetOptions::new().with_range(to.clone())))
+            .await?;
+        let mut cache = Cache {
+            revision: resp.header().map_or(0, |h| h.revision()),
+            ..Cache::default()
+        };
+        for kv in resp.kvs() {
+            cache.apply_kv(&self.prefix, kv, true);
+        }
+        // Every event after the read, none in it (a key's mod revision is at most the
+        // read's revision).
+        let options = WatchOptions::new()
+            .with_range(to)
+            .with_start_revision(cache.revision + 1);
+        let stream = self.watcher.watch(from, Some(options)).await?;
+        Ok((cache, stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(c: &Cache, shard: ShardId) -> Option<&str> {
+        c.keys.get(&shard).map(|(o, _)| o.as_str())
+    }
+
+    #[test]
+    fn puts_and_deletes_of_each_directory_are_applied_and_others_ignored() {
+        let mut c = Cache::default();
+        c.apply_one("shards/1", Some((b"a", 7)));
+        assert_eq!(c.keys[&1], ("a".to_string(), 7));
+        c.apply_one("shards/1", None);
+        assert_eq!(owner(&c, 1), None);
+        c.apply_one("hosts/h1", Some((br#"{"addr":"x:1","tier":"t"}"#, 7)));
+        assert_eq!(c.hosts["h1"].addr, "x:1");
+        assert_eq!(c.hosts["h1"].region, "", "a record without a region");
+        c.apply_one("hosts/h1", None);
+        assert!(c.hosts.is_empty());
+        // Acks, an older build's quota bucket, keys that do not parse: not kept.
+        c.apply_one("paused/3", Some((br#"{"generation":1,"host":"h"}"#, 7)));
+        c.apply_one("quota/ns", Some((b"{}", 0)));
+        c.apply_one("shards/nope", Some((b"a", 7)));
+        c.apply_one("hosts/h2", Some((b"not json", 7)));
+        assert_eq!(c, Cache::default());
+    }
+
+    #[test]
+    fn the_range_holds_every_directory_the_follower_plans_from_and_not_the_buckets() {
+        let (from, to) = range("/p");
+        let inside = |k: &str| k >= from.as_str() && k < to.as_str();
+        for k in [
+            "/p/hosts/h1",
+            "/p/primaries/3",
+            "/p/paused/3",
+            "/p/served/3",
+            "/p/shards/0",
+            "/p/shards/9999",
+        ] {
+            assert!(inside(k), "{k} is watched");
+        }
+        for k in [
+            "/p/tokens/ns",
+            "/p/switch/a",
+            "/p/demoted/a",
+            "/p2/hosts/h1",
+        ] {
+            assert!(!inside(k), "{k} is not watched");
+        }
+    }
+}
