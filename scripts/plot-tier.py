@@ -78,11 +78,17 @@ def main():
             rows = [json.loads(l) for l in open(f) if l.strip().startswith("{")]
             label = os.path.splitext(os.path.basename(f))[0]
             for step, mark in (("crash", "o"), ("join", "s")):
-                pts = sorted((r["hosts"], r["etcd_requests"] / r["hosts"]) for r in rows if r["step"] == step)
+                # Per host, per host that crashed or joined (a tenth of the tier: the
+                # crash step's line counts the nine tenths left, the join's all).
+                changed = lambda r: r["hosts"] / (9 if r["step"] == "crash" else 10)
+                pts = sorted(
+                    (r["hosts"], r["etcd_sent_bytes"] / r["hosts"] / changed(r) / 1024)
+                    for r in rows if r["step"] == step
+                )
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], mark + "-",
                             label=f"{label}: {step} of a tenth")
-        ax.set_title("etcd requests per host per step (real etcd)")
+        ax.set_title("KB etcd sends each host per host crashed/joined")
         decorate(ax)
 
     fig.suptitle("per-host costs as the tier grows (10 shards per host)")

@@ -4,7 +4,8 @@
 //! stops giving it the shard, as foqsd does once it has stopped serving it. Steps: all
 //! join; a tenth crash (their leases lapse); as many join. After each, every shard must be
 //! owned by exactly one live host (by the hosts' own views), with the hosts within one
-//! shard of each other, and at no moment by two. Per step it prints the time that took
+//! shard of each other, and at no moment by two; then every host's view must name those
+//! same owners (a view that diverged for good fails). Per step it prints the time that took
 //! (the goal after a crash or a join: the lease TTL + 2 s) and etcd's own counters
 //! (requests handled, bytes sent to clients). The bounds it asserts are generous (TTL +
 //! 20 s), for a loaded machine; the figures are for reading.
@@ -28,6 +29,7 @@ const LEASE_TTL_MS: u64 = 10_000;
 struct Light {
     id: String,
     manager: Arc<EtcdManager>,
+    metrics: Arc<foqs::metrics::Metrics>,
     /// The shards its view gives it now.
     owned: Arc<Mutex<BTreeSet<ShardId>>>,
     follow: tokio::task::JoinHandle<()>,
@@ -43,7 +45,7 @@ async fn light(cfg: &EtcdConfig, id: String, shards: &[ShardId]) -> Light {
         primaries: BTreeMap::new(),
     };
     let metrics = Arc::new(foqs::metrics::Metrics::new());
-    let (manager, _client) = EtcdManager::start(cfg, member, 1000, metrics)
+    let (manager, _client) = EtcdManager::start(cfg, member, 1000, metrics.clone())
         .await
         .expect("etcd manager starts");
     let owned = Arc::new(Mutex::new(BTreeSet::new()));
@@ -86,6 +88,7 @@ async fn light(cfg: &EtcdConfig, id: String, shards: &[ShardId]) -> Light {
     Light {
         id,
         manager,
+        metrics,
         owned,
         follow,
     }
@@ -155,6 +158,42 @@ async fn settle(hosts: &[Light], shards: usize, within: Duration, step: &str) {
     }
 }
 
+/// Waits until every host's view names the same owner for every shard, and that owner
+/// is the host that serves it (a quiet tier: a view that diverged for good, as a wrong
+/// watch cache would leave it, fails here); returns how long that took.
+async fn views_agree(hosts: &[Light], within: Duration, step: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        let served: BTreeMap<ShardId, String> = hosts
+            .iter()
+            .flat_map(|h| {
+                let owned = h.owned.lock().unwrap().clone();
+                owned.into_iter().map(|s| (s, h.id.clone()))
+            })
+            .collect();
+        let differ: Vec<&str> = hosts
+            .iter()
+            .filter(|h| h.manager.watch().borrow().owners != served)
+            .map(|h| h.id.as_str())
+            .collect();
+        if differ.is_empty() {
+            return start.elapsed();
+        }
+        if start.elapsed() >= within {
+            let h = hosts.iter().find(|h| h.id == differ[0]).expect("a host");
+            let view = h.manager.watch().borrow().owners.clone();
+            let wrong: Vec<_> = served
+                .iter()
+                .filter(|(s, o)| view.get(s) != Some(o))
+                .map(|(s, o)| (*s, o.clone(), view.get(s).cloned()))
+                .take(5)
+                .collect();
+            panic!("{step}: {} hosts' views still differ from what is served after {within:?}; {}: (shard, served by, its view) {wrong:?}", differ.len(), differ[0]);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// etcd's own counters: gRPC requests handled, and bytes sent to its clients.
 fn etcd_counters(endpoint: &str) -> (f64, f64) {
     let (_, body) = http_get(endpoint.parse().expect("etcd's host:port"), "/metrics");
@@ -193,14 +232,21 @@ async fn a_tier_of_many_hosts_keeps_one_owner_per_shard_through_joins_and_crashe
     let bound = Duration::from_millis(LEASE_TTL_MS + 20_000);
     let mut report = Vec::new();
     let mut counters = etcd_counters(&etcd.endpoint);
-    let mut step = |name: &str, took: Duration, hosts: usize| {
+    let mut step = |name: &str, took: Duration, agreed: Duration, hosts: &[Light]| {
         let now = etcd_counters(&etcd.endpoint);
+        // Whole reads of the cluster by every host so far, by reason (the watch cache's).
+        let reads: BTreeMap<&str, u64> = ["start", "watch_ended", "watch_behind", "count_differs"]
+            .into_iter()
+            .map(|r| (r, hosts.iter().map(|h| h.metrics.view_reads_for(r)).sum()))
+            .collect();
         let line = serde_json::json!({
-            "step": name, "hosts": hosts, "shards": shards.len(),
+            "step": name, "hosts": hosts.len(), "shards": shards.len(),
             "settled_ms": took.as_millis() as u64,
+            "views_agree_ms": agreed.as_millis() as u64,
             "goal_ms": if name == "join all" { serde_json::Value::Null } else { (LEASE_TTL_MS + 2000).into() },
             "etcd_requests": now.0 - counters.0,
             "etcd_sent_bytes": now.1 - counters.1,
+            "view_reads": reads,
         });
         eprintln!("{line}");
         counters = now;
@@ -213,7 +259,9 @@ async fn a_tier_of_many_hosts_keeps_one_owner_per_shard_through_joins_and_crashe
         hosts.push(light(&cfg, format!("light-{i:04}"), &shards).await);
     }
     settle(&hosts, shards.len(), bound, "join all").await;
-    step("join all", start.elapsed(), hosts.len());
+    let took = start.elapsed();
+    let agreed = views_agree(&hosts, bound, "join all").await;
+    step("join all", took, agreed, &hosts);
 
     let before: BTreeMap<String, BTreeSet<ShardId>> = hosts
         .iter()
@@ -226,7 +274,9 @@ async fn a_tier_of_many_hosts_keeps_one_owner_per_shard_through_joins_and_crashe
         h.follow.abort();
     }
     settle(&hosts, shards.len(), bound, "crash").await;
-    step("crash", start.elapsed(), hosts.len());
+    let took = start.elapsed();
+    let agreed = views_agree(&hosts, bound, "crash").await;
+    step("crash", took, agreed, &hosts);
     // Only the crashed hosts' shards moved.
     for h in &hosts {
         let now = h.owned.lock().unwrap().clone();
@@ -245,7 +295,9 @@ async fn a_tier_of_many_hosts_keeps_one_owner_per_shard_through_joins_and_crashe
         hosts.push(light(&cfg, format!("light-{i:04}"), &shards).await);
     }
     settle(&hosts, shards.len(), bound, "join").await;
-    step("join", start.elapsed(), hosts.len());
+    let took = start.elapsed();
+    let agreed = views_agree(&hosts, bound, "join").await;
+    step("join", took, agreed, &hosts);
 
     // Gone at once, as on a crash: leaving one by one would move every shard 200 times
     // over (each leave a storm of its own), for nothing the test looks at.

@@ -118,8 +118,8 @@ pub struct EtcdConfig {
     /// A host that stops renewing its lease loses its shards this long after its last
     /// renewal. It stops writing them `engine.store_timeout_ms` + 500 ms earlier.
     pub lease_ttl_ms: u64,
-    /// How often the host renews its lease and reconciles (it reads the cluster's hosts
-    /// and owners again on a watch event, and at least every 10 polls).
+    /// How often the host renews its lease and reconciles (it also reconciles on every
+    /// batch of watch events; see `etcd/cache.rs`).
     pub poll_ms: u64,
 }
 

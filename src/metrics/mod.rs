@@ -72,6 +72,9 @@ pub struct Metrics {
     pub peer_polls: Family<PeerLabel, Counter>,
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
+    /// The etcd follower's whole reads of the cluster, by reason (see
+    /// `cluster::etcd::cache`).
+    pub view_reads: Family<ReasonLabel, Counter>,
     /// Deliveries re-leased before leaving the host (see `core::useful_lease`), by
     /// outcome: `renewed`; `released` (the renewal failed: left out of the reply, given
     /// back uncounted); `dropped` (left out: the lease was over).
@@ -291,6 +294,15 @@ impl Metrics {
                     .inc_by(n);
             }
         }
+    }
+
+    pub fn view_read(&self, reason: &'static str) {
+        self.view_reads.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// The etcd follower's whole reads of the cluster for `reason` so far.
+    pub fn view_reads_for(&self, reason: &'static str) -> u64 {
+        self.view_reads.get_or_create(&ReasonLabel { reason }).get()
     }
 
     pub fn lease_renewal(&self, ok: bool) {

@@ -245,6 +245,12 @@ impl Metrics {
             "Renewals of this host's cluster lease (etcd), by outcome",
             lease_renewals.clone(),
         );
+        let view_reads = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "cluster_view_reads",
+            "Whole reads of the cluster by this host's etcd follower, by reason: start (also after etcd could not be reached), watch_ended (failed, cancelled or compacted), watch_behind (this host's own write not seen within half the lease TTL), count_differs (a change the watch cache lost)",
+            view_reads.clone(),
+        );
         let handout_renewals = Family::<OutcomeLabel, Counter>::default();
         r.register(
             "dequeue_leases_renewed",
@@ -313,6 +319,7 @@ impl Metrics {
             peer_polls,
             shards_owned,
             lease_renewals,
+            view_reads,
             handout_renewals,
             semi_sync_on,
             semi_sync_no_tx,

@@ -57,18 +57,24 @@ async fn an_enqueue_forwarded_to_a_peer_killed_mid_call_is_answered_with_what_ha
         // its view of the owners has caught up with what h2 serves (the hosts settle
         // first, each host's view of the others a moment after).
         let h1 = cluster.hosts["h1"].addr;
-        eventually(Duration::from_secs(10), "h1 reaches h2 and knows its shards", || {
-            let info = Client::connect(h1, Proto::Binary).host_info();
-            info.peers?
-                .iter()
-                .any(|p| {
-                    p.host_id.as_deref() == Some("h2")
-                        && p.reachable == Some(true)
-                        && p.shards.as_ref().map(|s| s.iter().copied().collect::<BTreeSet<_>>())
-                            == Some(theirs.clone())
-                })
-                .then_some(())
-        })
+        eventually(
+            Duration::from_secs(10),
+            "h1 reaches h2 and knows its shards",
+            || {
+                let info = Client::connect(h1, Proto::Binary).host_info();
+                info.peers?
+                    .iter()
+                    .any(|p| {
+                        p.host_id.as_deref() == Some("h2")
+                            && p.reachable == Some(true)
+                            && p.shards
+                                .as_ref()
+                                .map(|s| s.iter().copied().collect::<BTreeSet<_>>())
+                                == Some(theirs.clone())
+                    })
+                    .then_some(())
+            },
+        )
         .await;
         let key = dedup_key_on("fwd", &theirs);
         let payload = format!("fwd-{case}");

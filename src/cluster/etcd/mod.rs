@@ -32,9 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, WatchStream,
-};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
@@ -45,7 +43,7 @@ mod reports;
 mod watches;
 
 use cache::Cache;
-use watches::{drain_ready, next_answer};
+use watches::{drain_ready, next_answer, Feed};
 
 use super::config::{fence_margin_ms, EtcdConfig};
 use super::lease::{trouble, Lease, Renewals};
@@ -245,7 +243,10 @@ impl Follower {
     ) {
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut watch: Option<WatchStream> = None;
+        let mut watch: Option<Feed> = None;
+        // Why the next whole read happens (see `cache.rs`).
+        let mut reason = "start";
+        let mut polls: u32 = 0;
         loop {
             let mut ticked = false;
             tokio::select! {
@@ -268,6 +269,7 @@ impl Follower {
                     };
                     if !healthy {
                         watch = None;
+                        reason = "watch_ended";
                     }
                 }
                 _ = &mut leave => break,
@@ -287,23 +289,42 @@ impl Follower {
                         self.undeleted.remove(&s);
                     }
                 }
-                // A watch that has not brought this host's own write within a poll went
-                // silent: read again.
+                // A watch that has not brought this host's own write within half the TTL
+                // went silent: read again.
                 let behind = self
                     .cache
                     .as_ref()
                     .is_some_and(|c| c.revision < self.written);
-                if behind && self.written_at.elapsed() >= self.renew_every {
+                // (Half the TTL: a watch merely slow, on a busy host, catches up sooner than
+                // a whole read would help it; a stalled one still leaves time to act.)
+                if behind && self.written_at.elapsed() >= self.ttl / 2 {
                     tracing::warn!(
                         "etcd: the watch is behind this host's own write; reading again"
                     );
                     watch = None;
+                    reason = "watch_behind";
+                }
+                polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(cache::CHECK_POLLS) && watch.is_some() {
+                    let counted = self.cache.as_ref().map(|c| (c.revision, c.keys_in_range()));
+                    if let Some(c) = counted {
+                        if !self.count_agrees(c).await {
+                            tracing::warn!(
+                                revision = c.0,
+                                "etcd: the watch cache lost a change (its key count differs from etcd's); reading again"
+                            );
+                            watch = None;
+                            reason = "count_differs";
+                        }
+                    }
                 }
             }
             if watch.is_none() {
                 self.cache = None;
                 match self.load().await {
                     Ok((cache, w)) => {
+                        self.metrics.view_read(reason);
+                        reason = "start";
                         self.cache = Some(cache);
                         watch = Some(w);
                     }

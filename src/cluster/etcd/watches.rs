@@ -1,8 +1,43 @@
-//! The follower's watch of its range (see `cache.rs`): the answers it brings, and when it
-//! must be given up (the cache is then read whole again).
+//! The follower's watch of its range (see `cache.rs`), read by a task of its own: the
+//! answers it brings, and when it must be given up (the cache is then read whole again).
 
 use etcd_client::{WatchResponse, WatchStream};
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// The answers of one watch, read as they come by a task of its own (so that etcd never
+/// waits on this follower to send them: see `cache.rs`); None, last, when the watch
+/// ended, failed or was cancelled. Dropped, the task stops and the watch with it.
+pub(super) struct Feed {
+    answers: mpsc::UnboundedReceiver<Option<WatchResponse>>,
+    reader: JoinHandle<()>,
+}
+
+impl Feed {
+    pub fn start(mut stream: WatchStream) -> Feed {
+        let (tx, answers) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            loop {
+                let answer = match stream.next().await {
+                    Some(Ok(r)) if healthy(&r) => Some(r),
+                    _ => None,
+                };
+                let last = answer.is_none();
+                if tx.send(answer).is_err() || last {
+                    return;
+                }
+            }
+        });
+        Feed { answers, reader }
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
 
 /// Whether a watch answer leaves the watch working: etcd cancels a watcher (a slow one
 /// whose revision was compacted, say) with an answer, after which its stream stays open
@@ -13,24 +48,21 @@ fn healthy(r: &WatchResponse) -> bool {
 
 /// Waits for the watch's next answer; None when the watch ended, failed or was cancelled
 /// (with no watch, it never returns).
-pub(super) async fn next_answer(watch: &mut Option<WatchStream>) -> Option<WatchResponse> {
-    match watch {
-        Some(w) => match w.next().await {
-            Some(Ok(r)) if healthy(&r) => Some(r),
-            _ => None,
-        },
+pub(super) async fn next_answer(feed: &mut Option<Feed>) -> Option<WatchResponse> {
+    match feed {
+        Some(f) => f.answers.recv().await.flatten(),
         None => std::future::pending().await,
     }
 }
 
 /// The answers that have already arrived, in order; false when the watch failed or ended
 /// meanwhile (the answers before that are still given to `each`).
-pub(super) fn drain_ready(w: &mut WatchStream, mut each: impl FnMut(&WatchResponse)) -> bool {
+pub(super) fn drain_ready(feed: &mut Feed, mut each: impl FnMut(&WatchResponse)) -> bool {
     loop {
-        match w.next().now_or_never() {
-            Some(Some(Ok(r))) if healthy(&r) => each(&r),
-            None => return true,
-            Some(_) => return false,
+        match feed.answers.try_recv() {
+            Ok(Some(r)) => each(&r),
+            Err(mpsc::error::TryRecvError::Empty) => return true,
+            Ok(None) | Err(mpsc::error::TryRecvError::Disconnected) => return false,
         }
     }
 }
