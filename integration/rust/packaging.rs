@@ -376,3 +376,58 @@ fn the_simulation_replays_from_its_seed_and_moves_little() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--hosts takes a number"));
 }
+
+/// `foqs-sim --etcd` (the followers' real planning code over a simulated etcd on a
+/// simulated clock) replays from its seed, never lets two hosts serve a shard, serves
+/// every shard again within the lease TTL + 2 s of a crash or a partition, moves at most
+/// 1.1 times the least it can, and costs etcd per event about the writes of the shards
+/// that moved (the 1,000-host run is `bash scripts/sim.sh`, out of the suite for its time).
+#[test]
+fn the_etcd_simulation_settles_within_the_lease_with_one_owner_per_shard() {
+    let run = |seed: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_foqs-sim"))
+            .args([
+                "--etcd", "--hosts", "30", "--shards", "300", "--events", "16",
+            ])
+            .args(["--seed", seed])
+            .output()
+            .expect("run foqs-sim");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let first = run("3");
+    assert_eq!(first, run("3"), "the same seed, the same run");
+    let lines: Vec<serde_json::Value> = first
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (summary, events) = lines.split_last().expect("a summary line");
+    assert_eq!(summary["double_served"], 0, "{summary}");
+    let kinds: std::collections::BTreeSet<&str> =
+        events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    for kind in ["join", "leave", "crash"] {
+        assert!(
+            kinds.contains(kind),
+            "no {kind} in {kinds:?}: pick another seed"
+        );
+    }
+    for e in events {
+        let settled = e["settled_ms"].as_u64();
+        assert!(
+            settled.is_some_and(|ms| ms <= 12_000),
+            "not settled within the TTL + 2 s: {e}"
+        );
+        let (moved, ideal) = (e["moved"].as_u64().unwrap(), e["ideal"].as_u64().unwrap());
+        assert!(moved as f64 <= 1.1 * ideal.max(1) as f64, "{e}");
+        if e["kind"] != "join all" {
+            // A create or a delete per moved shard, the host's own keys, a registration,
+            // and a count per host every 10 polls while the crash's lease runs out.
+            let requests = e["etcd_requests"].as_u64().unwrap();
+            assert!(requests <= 2 * moved + 3 + 30 * 2, "{e}");
+        }
+    }
+}

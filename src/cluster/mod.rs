@@ -15,6 +15,7 @@ mod budget;
 pub mod config;
 mod etcd;
 mod fanout;
+pub mod follow;
 mod lease;
 pub mod primaries;
 

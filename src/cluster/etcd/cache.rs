@@ -27,27 +27,11 @@
 //! has not reached this host's last write within half the lease TTL (a watch that went
 //! silent), or when the count differs; there is no periodic re-read.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions, WatchResponse};
 
 use super::watches::Feed;
-use super::{Follower, HostRecord};
-use crate::model::{HostAddr, PrimaryRecord, ShardId};
-
-/// The hosts, owner keys and primaries at `revision`.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct Cache {
-    pub hosts: BTreeMap<String, HostAddr>,
-    /// shard -> (owner, lease)
-    pub keys: BTreeMap<ShardId, (String, i64)>,
-    pub primaries: BTreeMap<ShardId, PrimaryRecord>,
-    /// The range's other keys (acks, records that do not parse), by name under the
-    /// prefix: not planned from, but counted (see [`Cache::keys_in_range`]).
-    rest: BTreeSet<String>,
-    /// etcd's revision this is the state of.
-    pub revision: i64,
-}
+use super::Follower;
+use crate::cluster::follow::Cache;
 
 /// Polls between two counts of the range's keys (see the module's text).
 pub(super) const CHECK_POLLS: u32 = 10;
@@ -61,7 +45,7 @@ impl Cache {
     /// Applies one watch answer (its events are after `revision`, in order). The cache's
     /// revision follows the events alone, not the answer's header: a watcher catching up
     /// may be sent a header ahead of events still to come.
-    pub fn apply(&mut self, prefix: &str, r: &WatchResponse) {
+    pub(super) fn apply(&mut self, prefix: &str, r: &WatchResponse) {
         for e in r.events() {
             let Some(kv) = e.kv() else { continue };
             self.apply_kv(prefix, kv, e.event_type() == EventType::Put);
@@ -81,59 +65,6 @@ impl Cache {
         self.revision = self.revision.max(kv.mod_revision());
         self.apply_one(key, put.then(|| (kv.value(), kv.lease())));
     }
-
-    /// Applies one change of `key` (`dir/name` under the prefix): put (value, lease) or
-    /// deleted (None). Keys the follower does not plan from go to `rest`.
-    fn apply_one(&mut self, key: &str, change: Option<(&[u8], i64)>) {
-        let (dir, name) = key.split_once('/').unwrap_or(("", key));
-        let shard = name.parse::<ShardId>().ok();
-        // Whatever the key held before goes; what it holds now, if anything, comes back.
-        self.rest.remove(key);
-        match (dir, shard) {
-            ("hosts", _) => {
-                self.hosts.remove(name);
-            }
-            ("shards", Some(s)) => {
-                self.keys.remove(&s);
-            }
-            ("primaries", Some(s)) => {
-                self.primaries.remove(&s);
-            }
-            _ => {}
-        }
-        let Some((value, lease)) = change else {
-            return;
-        };
-        let kept = match (dir, shard) {
-            ("hosts", _) => host_record(value)
-                .map(|h| self.hosts.insert(name.to_string(), h))
-                .is_some(),
-            ("shards", Some(s)) => std::str::from_utf8(value)
-                .map(|owner| self.keys.insert(s, (owner.to_string(), lease)))
-                .is_ok(),
-            ("primaries", Some(s)) => serde_json::from_slice::<PrimaryRecord>(value)
-                .map(|p| self.primaries.insert(s, p))
-                .is_ok(),
-            _ => false,
-        };
-        if !kept {
-            self.rest.insert(key.to_string());
-        }
-    }
-
-    /// How many keys of the range etcd had at `revision`, by this cache.
-    pub fn keys_in_range(&self) -> i64 {
-        (self.hosts.len() + self.keys.len() + self.primaries.len() + self.rest.len()) as i64
-    }
-}
-
-fn host_record(value: &[u8]) -> Option<HostAddr> {
-    let r = serde_json::from_slice::<HostRecord>(value).ok()?;
-    Some(HostAddr {
-        addr: r.addr,
-        tier: r.tier,
-        region: r.region,
-    })
 }
 
 impl Follower {
@@ -180,50 +111,6 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn owner(c: &Cache, shard: ShardId) -> Option<&str> {
-        c.keys.get(&shard).map(|(o, _)| o.as_str())
-    }
-
-    #[test]
-    fn puts_and_deletes_of_each_directory_are_applied_and_others_ignored() {
-        let mut c = Cache::default();
-        c.apply_one("shards/1", Some((b"a", 7)));
-        assert_eq!(c.keys[&1], ("a".to_string(), 7));
-        c.apply_one("shards/1", None);
-        assert_eq!(owner(&c, 1), None);
-        c.apply_one("hosts/h1", Some((br#"{"addr":"x:1","tier":"t"}"#, 7)));
-        assert_eq!(c.hosts["h1"].addr, "x:1");
-        assert_eq!(c.hosts["h1"].region, "", "a record without a region");
-        c.apply_one("hosts/h1", None);
-        assert!(c.hosts.is_empty());
-        // Acks, an older build's quota bucket, keys that do not parse: not planned
-        // from, but counted.
-        c.apply_one("paused/3", Some((br#"{"generation":1,"host":"h"}"#, 7)));
-        c.apply_one("quota/ns", Some((b"{}", 0)));
-        c.apply_one("shards/nope", Some((b"a", 7)));
-        c.apply_one("hosts/h2", Some((b"not json", 7)));
-        assert!(c.hosts.is_empty() && c.keys.is_empty() && c.primaries.is_empty());
-        assert_eq!(c.keys_in_range(), 4);
-        // A record that stops parsing leaves the plan; one that starts, joins it.
-        c.apply_one("hosts/h2", Some((br#"{"addr":"x:2","tier":"t"}"#, 7)));
-        c.apply_one("primaries/5", Some((b"{}", 0)));
-        assert_eq!(c.hosts["h2"].addr, "x:2");
-        assert_eq!(c.keys_in_range(), 5);
-        c.apply_one("hosts/h2", Some((b"broken", 7)));
-        assert!(c.hosts.is_empty());
-        assert_eq!(c.keys_in_range(), 5);
-        for k in [
-            "paused/3",
-            "quota/ns",
-            "shards/nope",
-            "hosts/h2",
-            "primaries/5",
-        ] {
-            c.apply_one(k, None);
-        }
-        assert_eq!(c, Cache::default());
-    }
 
     #[test]
     fn the_range_holds_every_directory_the_follower_plans_from_and_not_the_buckets() {

@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -42,23 +41,15 @@ mod cache;
 mod reports;
 mod watches;
 
-use cache::Cache;
 use watches::{drain_ready, next_answer, Feed};
 
 use super::config::{fence_margin_ms, EtcdConfig};
+use super::follow::{Cache, HostRecord, Ownership};
 use super::lease::{trouble, Lease, Renewals};
 use super::primaries::{self, seen_after};
-use super::{assign_regional_from, ClusterView, Report, ShardManager};
+use super::{ClusterView, Report, ShardManager};
 use crate::fence::Fence;
 use crate::model::{PrimaryRecord, ShardId};
-
-#[derive(Debug, Serialize, Deserialize)]
-struct HostRecord {
-    addr: String,
-    tier: String,
-    #[serde(default)]
-    region: String,
-}
 
 /// This host's identity in the cluster.
 #[derive(Debug, Clone)]
@@ -108,12 +99,16 @@ impl EtcdManager {
             ttl: Duration::from_millis(cfg.lease_ttl_ms),
             renew_every: Duration::from_millis(cfg.poll_ms),
             margin: Duration::from_millis(fence_margin_ms(store_timeout_ms)),
-            member,
             fence: fence.clone(),
             view: view.clone(),
             lease: None,
-            held: BTreeSet::new(),
-            releasing: BTreeSet::new(),
+            own: Ownership {
+                me: member.host_id.clone(),
+                tier: member.tier.clone(),
+                tier_shards: member.tier_shards.clone(),
+                ..Ownership::default()
+            },
+            member,
             undeleted: BTreeSet::new(),
             in_trouble: false,
             metrics,
@@ -207,10 +202,8 @@ struct Follower {
     fence: Fence,
     view: watch::Sender<Arc<ClusterView>>,
     lease: Option<Lease>,
-    /// Shards whose key this host created under its current lease.
-    held: BTreeSet<ShardId>,
-    /// Held shards withdrawn from the view, waiting for the host to let them go.
-    releasing: BTreeSet<ShardId>,
+    /// The shards this host holds and gives back (see `cluster::follow`).
+    own: Ownership,
     /// Shards the host let go of whose key could not be deleted yet (see `delete_key`).
     undeleted: BTreeSet<ShardId>,
     /// An etcd problem was logged and has not cleared yet.
@@ -283,7 +276,7 @@ impl Follower {
             if ticked {
                 self.renew().await;
                 for s in self.undeleted.clone() {
-                    if !self.held.contains(&s) {
+                    if !self.own.held.contains(&s) {
                         self.delete_key(s).await;
                     } else {
                         self.undeleted.remove(&s);
@@ -339,7 +332,7 @@ impl Follower {
                 Err(e) => self.trouble(&format!("cannot write to etcd ({e})")),
             }
             // Fenced: whatever etcd says, this host serves nothing until it renews again.
-            if !self.fence.is_open() && !self.held.is_empty() {
+            if !self.fence.is_open() && !self.own.held.is_empty() {
                 tracing::warn!("etcd: lease not renewed in time; giving up every shard");
                 self.lose_everything();
             }
@@ -360,8 +353,8 @@ impl Follower {
 
     fn lose_everything(&mut self) {
         self.fence.close();
-        self.held.clear();
-        self.releasing.clear();
+        self.own.held.clear();
+        self.own.releasing.clear();
         self.undeleted.clear();
         self.lease = None;
         self.view.send_if_modified(|v| {
@@ -474,133 +467,71 @@ impl Follower {
             // The watch has yet to bring this host's last write: plan after it does.
             return Ok(());
         }
-        let Cache {
-            hosts,
-            mut keys,
-            primaries,
-            ..
-        } = cache.clone();
-        let me = self.member.host_id.clone();
-        let my_lease = self.lease.as_ref().map(|l| l.id);
-        // A held shard whose key is gone or not ours any more is lost (should not happen
-        // while the lease lives; if it does, stop serving it).
-        let lost: Vec<ShardId> = self
-            .held
-            .iter()
-            .copied()
-            .filter(|s| keys.get(s).map(|(_, l)| Some(*l)) != Some(my_lease))
-            .collect();
-        for s in lost {
-            tracing::warn!(shard = s, "etcd: shard key no longer ours");
-            self.held.remove(&s);
-            self.releasing.remove(&s);
-        }
-        // A key under our lease that we do not hold: a create that committed but whose
-        // answer was lost, or a hand-over whose delete failed. The assignment counts it
-        // ours (it starts from the keys), so it is taken up: served, or given back again
-        // when it should be elsewhere; left alone, nobody would serve it until our lease
-        // ended.
-        let unknown: Vec<ShardId> = keys
-            .iter()
-            .filter(|(s, (_, l))| {
-                my_lease == Some(*l)
-                    && !self.held.contains(s)
-                    && self.member.tier_shards.contains(s)
-            })
-            .map(|(s, _)| *s)
-            .collect();
-        for s in unknown {
-            tracing::warn!(
-                shard = s,
-                "etcd: a key of ours this host did not hold: taking it up"
-            );
-            self.held.insert(s);
-        }
         // The config's layout, for the replicated shards etcd has no record of yet (the
         // first host to get here writes them; a record once written is etcd's to change).
         // A shard added to a replica set that has switched since takes the set's
         // current record (a set's shards share their config's first primary).
-        let missing: BTreeMap<ShardId, PrimaryRecord> =
-            self.member
-                .primaries
-                .iter()
-                .filter(|(s, _)| !primaries.contains_key(s))
-                .map(|(s, r)| {
-                    let sibling = self.member.primaries.iter().find_map(|(t, tr)| {
-                        (tr.addr == r.addr).then(|| primaries.get(t)).flatten()
-                    });
-                    (*s, sibling.cloned().unwrap_or_else(|| r.clone()))
-                })
-                .collect();
+        let missing: BTreeMap<ShardId, PrimaryRecord> = self
+            .member
+            .primaries
+            .iter()
+            .filter(|(s, _)| !cache.primaries.contains_key(s))
+            .map(|(s, r)| {
+                let sibling = self.member.primaries.iter().find_map(|(t, tr)| {
+                    (tr.addr == r.addr)
+                        .then(|| cache.primaries.get(t))
+                        .flatten()
+                });
+                (*s, sibling.cloned().unwrap_or_else(|| r.clone()))
+            })
+            .collect();
         if !missing.is_empty() {
             // Planned once the watch brings them.
             let rev = primaries::init(&mut self.client, &self.prefix, &missing).await?;
             self.wrote(rev);
             return Ok(());
         }
-        let tier_hosts: Vec<(&str, &str)> = hosts
-            .iter()
-            .filter(|(_, h)| h.tier == self.member.tier)
-            .map(|(id, h)| (id.as_str(), h.region.as_str()))
-            .collect();
-        let registered = hosts.contains_key(&me) && my_lease.is_some();
-        let regions: BTreeMap<ShardId, &str> = primaries
-            .iter()
-            .map(|(s, r)| (*s, r.owner_region()))
-            .collect();
-        let current: BTreeMap<ShardId, &str> =
-            keys.iter().map(|(s, (o, _))| (*s, o.as_str())).collect();
-        let plan = assign_regional_from(&self.member.tier_shards, &tier_hosts, &regions, &current);
-        for &s in &self.member.tier_shards.clone() {
-            let desired = plan.get(&s).copied();
-            if self.held.contains(&s) {
-                if desired.is_some_and(|d| d != me) {
-                    if self.releasing.insert(s) {
-                        tracing::info!(shard = s, to = desired, "shard moving to another host");
-                    }
-                } else {
-                    self.releasing.remove(&s);
-                }
-                continue;
-            }
-            if desired == Some(me.as_str())
-                && registered
-                && self.fence.is_open()
-                && !keys.contains_key(&s)
-            {
-                let lease = my_lease.expect("registered");
-                let key = self.shard_key(s);
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        key.clone(),
-                        me.clone(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    )])
-                    .or_else([TxnOp::get(key, None)]);
-                let r = self.client.txn(txn).await?;
-                // Taken: planned again once the cache shows by whom.
-                self.wrote(seen_after(&r));
-                if r.succeeded() {
-                    tracing::info!(shard = s, "acquired shard");
-                    self.held.insert(s);
-                    keys.insert(s, (me.clone(), lease));
-                }
+        let my_lease = self.lease.as_ref().map(|l| l.id);
+        let plan = self.own.plan(cache, my_lease, self.fence.is_open());
+        for s in &plan.lost {
+            tracing::warn!(shard = s, "etcd: shard key no longer ours");
+        }
+        for s in &plan.taken_up {
+            tracing::warn!(
+                shard = s,
+                "etcd: a key of ours this host did not hold: taking it up"
+            );
+        }
+        for (s, to) in &plan.withdrawn {
+            tracing::info!(
+                shard = s,
+                to = to.as_deref(),
+                "shard moving to another host"
+            );
+        }
+        for s in plan.acquire {
+            let lease = my_lease.expect("a plan acquires only with a lease");
+            let key = self.shard_key(s);
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    self.member.host_id.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else([TxnOp::get(key, None)]);
+            let r = self.client.txn(txn).await?;
+            // Taken: planned again once the cache shows by whom.
+            self.wrote(seen_after(&r));
+            if r.succeeded() {
+                tracing::info!(shard = s, "acquired shard");
+                self.own.held.insert(s);
             }
         }
-        let owners = keys
-            .into_iter()
-            .filter(|(s, (owner, _))| {
-                *owner != me || (self.held.contains(s) && !self.releasing.contains(s))
-            })
-            .map(|(s, (owner, _))| (s, owner))
-            .collect();
-        let view = ClusterView {
-            hosts,
-            owners,
-            primaries,
-            withdrawn: self.releasing.clone(),
+        let Some(cache) = &self.cache else {
+            return Ok(());
         };
+        let view = self.own.view(cache);
         self.view.send_if_modified(|v| {
             if **v == view {
                 return false;

@@ -16,7 +16,7 @@ impl Follower {
         let Some(lease) = self.lease.as_ref().map(|l| l.id) else {
             return;
         };
-        if !self.held.contains(&s) {
+        if !self.own.held.contains(&s) {
             return;
         }
         let dir = match what {
@@ -35,7 +35,7 @@ impl Follower {
     /// The host stopped serving `s`: delete its key (only if still ours) so that its new
     /// owner can take it.
     pub(super) async fn give_back(&mut self, s: ShardId) {
-        if !self.releasing.remove(&s) || !self.held.remove(&s) {
+        if !self.own.releasing.remove(&s) || !self.own.held.remove(&s) {
             return;
         }
         self.delete_key(s).await;

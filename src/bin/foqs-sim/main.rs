@@ -33,9 +33,15 @@
 //!   asks at most the polled peers of the tier (`polls_out_max`).
 //!
 //! The summary line gives, per kind of event, the worst and mean ratio, the worst
-//! balance and the worst polling figures. What it does not simulate yet: etcd (leases,
-//! watches, lock acquisition), the follower's reaction, and routing's timing; see the
-//! closing notes of issue 36.
+//! balance and the worst polling figures.
+//!
+//! `--etcd [--ttl-ms 10000] [--poll-ms 1000] [--watch-delay-ms 20]` runs instead the
+//! followers' protocol over a simulated etcd on a simulated clock, each host on the real
+//! planning code (see `etcd.rs`): per event, the time until every shard is served by one
+//! host again, moments with two, etcd's requests and watch events. Not simulated: the
+//! routed dequeue's timing, replicated shards' primaries, regions in `--etcd`.
+
+mod etcd;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -145,6 +151,10 @@ fn main() {
             "--regions",
             "--stateless",
             "--fanout",
+            "--etcd",
+            "--ttl-ms",
+            "--poll-ms",
+            "--watch-delay-ms",
         ]
         .contains(&a.as_str())
         {
@@ -168,6 +178,18 @@ fn main() {
     ) as usize;
     if hosts < 2 || shards == 0 {
         usage("at least 2 hosts and 1 shard");
+    }
+    if args.iter().any(|a| a == "--etcd") {
+        etcd::run(etcd::Params {
+            hosts,
+            shards,
+            seed,
+            events,
+            ttl_ms: arg(&args, "--ttl-ms", 10_000),
+            poll_ms: arg(&args, "--poll-ms", 1_000),
+            watch_delay_max_ms: arg(&args, "--watch-delay-ms", 20).max(1),
+        });
+        return;
     }
     let mut rng = Rng::new(seed);
     let regions = (arg(&args, "--regions", 3) as usize).clamp(1, ALL_REGIONS.len());
