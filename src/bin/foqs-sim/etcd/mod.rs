@@ -1,0 +1,178 @@
+//! `foqs-sim --etcd`: the followers' protocol over a simulated etcd, on a simulated clock.
+//!
+//! Each host runs the real planning code of the etcd follower (`foqs::cluster::follow`:
+//! the [`Cache`] its watch keeps, and [`Ownership::plan`], which decides what it lost,
+//! takes up, gives back and tries to take, from the real assignment) and the follower's
+//! protocol around it as `cluster/etcd/` runs it: a lease renewed every poll, one watch
+//! of the cluster's range applied in order, a plan 20 ms after a batch of events, and
+//! none until the cache shows the host's own last write; a key created only if absent,
+//! deleted only under the host's lease, and only after the host stopped serving its shard
+//! (`release_ms`). The simulated etcd keeps revisions and leases and delivers each write
+//! to every watching host after a delay drawn from the seed (per host in order). Nothing
+//! reads the machine's clock: a seed replays exactly.
+//!
+//! Events drawn from the seed: a host joins, leaves (revokes its lease), crashes (its
+//! lease lapses one TTL after its last renewal), or is cut from etcd (a partition: no
+//! renewals, no events; it stops serving at its fence, TTL - `fence_margin_ms` after its
+//! last renewal, and comes back as a new member two TTLs later). After each event the
+//! simulation runs until every shard is served by exactly one host and the loads are
+//! within one (or 60 simulated seconds pass), and prints one JSON line: the time that
+//! took, the moments a shard was served by two hosts (must be 0), etcd's requests, the
+//! watch events it sent (in all and per host), whole reads, and the shards moved against
+//! the fewest the event needed.
+
+mod world;
+
+use serde_json::json;
+
+use world::{Counters, Ev, Sim};
+
+pub struct Params {
+    pub hosts: usize,
+    pub shards: usize,
+    pub seed: u64,
+    pub events: usize,
+    pub ttl_ms: u64,
+    pub poll_ms: u64,
+    /// The most a watch event takes to reach a host (drawn from 1 ms to this).
+    pub watch_delay_max_ms: u64,
+}
+
+pub fn run(p: Params) {
+    let mut sim = Sim::new(p);
+    let mut start = Counters::default();
+    for _ in 0..sim.p.hosts {
+        sim.join(false);
+    }
+    let mut worst = serde_json::Map::new();
+    let mut report = |kind: &str,
+                      sim: &Sim,
+                      took: Option<u64>,
+                      before: &Counters,
+                      moved: usize,
+                      ideal: usize| {
+        let live = sim.hosts.iter().filter(|h| h.up).count().max(1) as u64;
+        let line = json!({"kind": kind, "hosts": live, "shards": sim.shards.len(),
+            "settled_ms": took, "double_served": sim.c.double_served - before.double_served,
+            "etcd_requests": sim.c.requests - before.requests,
+            "watch_events": sim.c.watch_events - before.watch_events,
+            "watch_events_per_host": (sim.c.watch_events - before.watch_events) / live,
+            "whole_reads": sim.c.whole_reads - before.whole_reads,
+            "moved": moved, "ideal": ideal});
+        println!("{line}");
+        let w = worst
+            .entry(kind.to_string())
+            .or_insert(json!({"settled_ms_max": 0, "ratio_max": 0.0, "events": 0}));
+        let settled = took.unwrap_or(u64::MAX);
+        w["settled_ms_max"] = json!(w["settled_ms_max"].as_u64().unwrap_or(0).max(settled));
+        let ratio = moved as f64 / ideal.max(1) as f64;
+        w["ratio_max"] = json!(w["ratio_max"]
+            .as_f64()
+            .unwrap_or(0.0)
+            .max((ratio * 1000.0).round() / 1000.0));
+        w["events"] = json!(w["events"].as_u64().unwrap_or(0) + 1);
+        let per_host = (sim.c.watch_events - before.watch_events) / live;
+        let requests = sim.c.requests - before.requests;
+        for (k, v) in [
+            ("watch_events_per_host_max", per_host),
+            ("etcd_requests_max", requests),
+            ("moved_max", moved as u64),
+        ] {
+            w[k] = json!(w[k].as_u64().unwrap_or(0).max(v));
+        }
+    };
+    let took = sim.run_until_settled();
+    report("join all", &sim, took, &start, 0, 0);
+    for _ in 0..sim.p.events {
+        start = Counters {
+            requests: sim.c.requests,
+            watch_events: sim.c.watch_events,
+            whole_reads: sim.c.whole_reads,
+            double_served: sim.c.double_served,
+        };
+        let before = sim.owners();
+        let live: Vec<usize> = (0..sim.hosts.len()).filter(|i| sim.hosts[*i].up).collect();
+        let roll = sim.rng.below(100);
+        let kind = match roll {
+            _ if live.len() <= sim.p.hosts.saturating_sub(2).max(2) => "join",
+            0..=34 => "join",
+            35..=59 => "leave",
+            60..=84 => "crash",
+            _ => "partition",
+        };
+        let victim = live[sim.rng.below(live.len())];
+        let cut_at = sim.now;
+        let held = before.values().filter(|h| **h == victim).count();
+        let ideal = match kind {
+            "join" => {
+                sim.join(true);
+                sim.shards.len() / (live.len() + 1)
+            }
+            "leave" => {
+                // Stops serving, then revokes its lease (its keys go at once).
+                sim.change(victim, |sim| {
+                    let h = &mut sim.hosts[victim];
+                    h.up = false;
+                    h.own.held.clear();
+                    h.own.releasing.clear();
+                });
+                if let Some(l) = sim.hosts[victim].lease.take() {
+                    sim.c.requests += 1;
+                    sim.drop_lease(l);
+                }
+                held
+            }
+            "crash" => {
+                sim.change(victim, |sim| sim.hosts[victim].up = false);
+                if let Some(l) = sim.hosts[victim].lease.take() {
+                    let expiry = sim.leases.get(&l).map_or(sim.now, |e| e.1);
+                    sim.at(expiry, Ev::Expire(l));
+                }
+                held
+            }
+            _ => {
+                // Cut from etcd: serves what it holds until its fence, then nothing; comes
+                // back as a new member (a new lease) two TTLs later.
+                let ttl = sim.p.ttl_ms;
+                let h = &mut sim.hosts[victim];
+                h.up = false;
+                h.cut = true;
+                let fence = h.last_renewal + ttl - ttl / 10;
+                if let Some(l) = h.lease.take() {
+                    let expiry = sim.leases.get(&l).map_or(sim.now, |e| e.1);
+                    sim.at(expiry, Ev::Expire(l));
+                }
+                sim.at(fence.max(sim.now), Ev::Fenced(victim));
+                held
+            }
+        };
+        let took = sim.run_until_settled();
+        let after = sim.owners();
+        let moved = after
+            .iter()
+            .filter(|(s, h)| before.get(*s).is_some_and(|b| b != *h))
+            .count();
+        report(kind, &sim, took, &start, moved, ideal);
+        // A partitioned host comes back, as a new member, two TTLs after it was cut.
+        if kind == "partition" {
+            let heal = sim.now.max(cut_at + 2 * sim.p.ttl_ms);
+            sim.advance_to(heal);
+            let mark = Counters {
+                requests: sim.c.requests,
+                watch_events: sim.c.watch_events,
+                whole_reads: sim.c.whole_reads,
+                double_served: sim.c.double_served,
+            };
+            sim.step(Ev::Heal(victim));
+            let took = sim.run_until_settled();
+            report("partition healed", &sim, took, &mark, 0, 0);
+        }
+    }
+    println!(
+        "{}",
+        json!({"summary": true, "etcd": true, "seed": sim.p.seed, "hosts": sim.p.hosts,
+            "shards": sim.p.shards, "ttl_ms": sim.p.ttl_ms, "poll_ms": sim.p.poll_ms,
+            "watch_delay_max_ms": sim.p.watch_delay_max_ms,
+            "double_served": sim.c.double_served, "by_kind": worst})
+    );
+}
