@@ -235,10 +235,17 @@ async fn a_tier_of_many_hosts_keeps_one_owner_per_shard_through_joins_and_crashe
     let mut step = |name: &str, took: Duration, agreed: Duration, hosts: &[Light]| {
         let now = etcd_counters(&etcd.endpoint);
         // Whole reads of the cluster by every host so far, by reason (the watch cache's).
-        let reads: BTreeMap<&str, u64> = ["start", "watch_ended", "watch_behind", "count_differs"]
-            .into_iter()
-            .map(|r| (r, hosts.iter().map(|h| h.metrics.view_reads_for(r)).sum()))
-            .collect();
+        let reads: BTreeMap<&str, u64> = [
+            "start",
+            "watch_ended",
+            "watch_behind",
+            "watch_silent",
+            "count_differs",
+            "verify_differs",
+        ]
+        .into_iter()
+        .map(|r| (r, hosts.iter().map(|h| h.metrics.view_reads_for(r)).sum()))
+        .collect();
         let line = serde_json::json!({
             "step": name, "hosts": hosts.len(), "shards": shards.len(),
             "settled_ms": took.as_millis() as u64,

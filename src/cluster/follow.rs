@@ -101,6 +101,10 @@ pub struct Ownership {
     pub held: BTreeSet<ShardId>,
     /// Held shards withdrawn from the view, waiting for the host to let them go.
     pub releasing: BTreeSet<ShardId>,
+    /// Shards the host let go of whose key could not be deleted yet (tried again every
+    /// poll): never taken up again meanwhile (the delete may have committed, its answer
+    /// lost, and another host may take the shard as soon as its cache shows it).
+    pub undeleted: BTreeSet<ShardId>,
 }
 
 /// What one plan found and decided (see [`Ownership::plan`]).
@@ -144,7 +148,10 @@ impl Ownership {
         out.taken_up = keys
             .iter()
             .filter(|(s, (_, l))| {
-                lease == Some(*l) && !self.held.contains(s) && self.tier_shards.contains(s)
+                lease == Some(*l)
+                    && !self.held.contains(s)
+                    && !self.undeleted.contains(s)
+                    && self.tier_shards.contains(s)
             })
             .map(|(s, _)| *s)
             .collect();

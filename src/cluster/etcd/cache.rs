@@ -19,13 +19,20 @@
 //! The watch is read by a task of its own, so that the follower's own work (its writes,
 //! the 20 ms it waits for a batch) never leaves etcd with answers it cannot send: etcd
 //! 3.4 before 3.4.31 and 3.5 before 3.5.13 could drop events for such a slow watcher
-//! (etcd-io/etcd#17529). In case one is missed all the same, every [`CHECK_POLLS`] polls
-//! the follower counts the range's keys at the cache's revision (one request answered
-//! with a number) and reads whole again if the count differs from the cache's.
+//! (etcd-io/etcd#17529). Its connection requires a leader (a member cut off from its
+//! cluster ends the watch) and pings (a dead connection is noticed). Every
+//! [`CHECK_POLLS`] polls the follower asks the watch for its progress (an answer must
+//! come within a quarter of the TTL: a watch open but silent is given up) and counts the
+//! range's keys at the cache's revision (one request answered with a number: a lost
+//! create or delete shows); every 5 to 6 minutes it compares the cache whole with etcd
+//! at the cache's revision (a lost update shows too), so a lost change lasts at most that
+//! long.
 //!
 //! Read whole again when the watch fails, ends, is cancelled or compacted, when the cache
-//! has not reached this host's last write within half the lease TTL (a watch that went
-//! silent), or when the count differs; there is no periodic re-read.
+//! has not reached this host's last write within half the lease TTL, when a progress
+//! request goes unanswered, or when a check differs.
+
+use std::time::{Duration, Instant};
 
 use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions, WatchResponse};
 
@@ -33,8 +40,39 @@ use super::watches::Feed;
 use super::Follower;
 use crate::cluster::follow::Cache;
 
-/// Polls between two counts of the range's keys (see the module's text).
+/// Polls between two counts of the range's keys and two progress requests (see the
+/// module's text).
 pub(super) const CHECK_POLLS: u32 = 10;
+
+/// How often the cache is compared whole with etcd at the cache's revision (plus up to a
+/// minute, spread by host), so that a lost change the count cannot see (an update, or
+/// the range's last write) lasts at most this long.
+const VERIFY_EVERY: Duration = Duration::from_secs(300);
+
+/// The follower's checks of its watch between two whole reads.
+pub(super) struct Checks {
+    polls: u32,
+    /// A progress request sent and not answered yet.
+    asked: Option<Instant>,
+    verify_at: Instant,
+}
+
+impl Checks {
+    /// `host`'s checks: its whole comparisons spread over a minute by its id.
+    pub fn new(host: &str) -> Checks {
+        let spread = Duration::from_millis(crate::hash::fnv1a([host.as_bytes()]) % 60_000);
+        Checks {
+            polls: 0,
+            asked: None,
+            verify_at: Instant::now() + VERIFY_EVERY + spread,
+        }
+    }
+
+    /// The watch answered (events or progress): it is alive.
+    pub fn answered(&mut self) {
+        self.asked = None;
+    }
+}
 
 /// The first and (excluded) last key of the range watched under prefix `p`.
 pub(super) fn range(p: &str) -> (String, String) {
@@ -68,28 +106,100 @@ impl Cache {
 }
 
 impl Follower {
-    /// Reads the range whole (one request, one revision) and opens its watch from the
-    /// next revision, on the watches' own connection.
-    pub(super) async fn load(&mut self) -> Result<(Cache, Feed), etcd_client::Error> {
+    /// Reads the range whole, in one request: at `revision`, or the latest (0).
+    async fn read_range(&mut self, revision: i64) -> Result<Cache, etcd_client::Error> {
         let (from, to) = range(&self.prefix);
-        let resp = self
-            .client
-            .get(from.clone(), Some(GetOptions::new().with_range(to.clone())))
-            .await?;
+        let mut options = GetOptions::new().with_range(to);
+        if revision > 0 {
+            options = options.with_revision(revision);
+        }
+        let resp = self.client.get(from, Some(options)).await?;
         let mut cache = Cache {
-            revision: resp.header().map_or(0, |h| h.revision()),
+            revision: if revision > 0 {
+                revision
+            } else {
+                resp.header().map_or(0, |h| h.revision())
+            },
             ..Cache::default()
         };
+        // (Every key's mod revision is at most the read's.)
         for kv in resp.kvs() {
             cache.apply_kv(&self.prefix, kv, true);
         }
-        // Every event after the read, none in it (a key's mod revision is at most the
-        // read's revision).
-        let options = WatchOptions::new()
-            .with_range(to)
-            .with_start_revision(cache.revision + 1);
-        let stream = self.watcher.watch(from, Some(options)).await?;
-        Ok((cache, Feed::start(stream)))
+        Ok(cache)
+    }
+
+    /// Reads the range whole at the latest revision.
+    pub(super) async fn load(&mut self) -> Result<Cache, etcd_client::Error> {
+        self.read_range(0).await
+    }
+
+    /// Watches the range from revision `from` (a whole read's next: every event after the
+    /// read, none in it), on the watches' own connection.
+    pub(super) async fn open_feed(&mut self, from: i64) -> Result<Feed, etcd_client::Error> {
+        let (key, to) = range(&self.prefix);
+        let options = WatchOptions::new().with_range(to).with_start_revision(from);
+        let stream = self.watcher.watch(key, Some(options)).await?;
+        Ok(Feed::start(stream))
+    }
+
+    /// The checks of a poll (see the module's text); the reason to read whole again, if
+    /// one failed.
+    pub(super) async fn check_watch(
+        &mut self,
+        watch: &mut Option<Feed>,
+        checks: &mut Checks,
+    ) -> Option<&'static str> {
+        let feed = watch.as_mut()?;
+        // A watch that has not brought this host's own write within half the TTL went
+        // silent (half: a watch merely slow, on a busy host, catches up sooner than a
+        // whole read would help it; a stalled one still leaves time to act).
+        let (revision, count) = {
+            let c = self.cache.as_ref()?;
+            (c.revision, c.keys_in_range())
+        };
+        if revision < self.written && self.written_at.elapsed() >= self.ttl / 2 {
+            tracing::warn!("etcd: the watch is behind this host's own write; reading again");
+            return Some("watch_behind");
+        }
+        // A progress request unanswered for a quarter of the TTL: the watch is open but
+        // silent (etcd answers at once when the watch is caught up, and a watch catching
+        // up brings events).
+        if checks.asked.is_some_and(|t| t.elapsed() >= self.ttl / 4) {
+            tracing::warn!("etcd: the watch does not answer; reading again");
+            return Some("watch_silent");
+        }
+        checks.polls = checks.polls.wrapping_add(1);
+        if checks.polls.is_multiple_of(CHECK_POLLS) {
+            if checks.asked.is_none() {
+                if !feed.ask_progress().await {
+                    return Some("watch_ended");
+                }
+                checks.asked = Some(Instant::now());
+            }
+            if !self.count_agrees((revision, count)).await {
+                tracing::warn!(
+                    revision,
+                    "etcd: the watch cache lost a change (its key count differs from etcd's); reading again"
+                );
+                return Some("count_differs");
+            }
+        }
+        if Instant::now() >= checks.verify_at {
+            checks.verify_at = Instant::now() + VERIFY_EVERY;
+            // An error (the revision compacted, say) says nothing.
+            if let Ok(then) = self.read_range(revision).await {
+                let cache = self.cache.as_ref()?;
+                if then != *cache {
+                    tracing::warn!(
+                        revision,
+                        "etcd: the watch cache differs from etcd at its revision; reading again"
+                    );
+                    return Some("verify_differs");
+                }
+            }
+        }
+        None
     }
 
     /// Whether etcd had as many keys in the range at the cache's revision as the cache

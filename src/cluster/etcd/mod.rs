@@ -28,7 +28,7 @@
 //! cannot renew stops writing at its fence and drops its shards from its view; another
 //! host can take them only after etcd expired the lease, which is later.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,7 @@ mod cache;
 mod reports;
 mod watches;
 
+use cache::Checks;
 use watches::{drain_ready, next_answer, Feed};
 
 use super::config::{fence_margin_ms, EtcdConfig};
@@ -86,7 +87,7 @@ impl EtcdManager {
         // The watches on a connection of their own: a watch replaying many events fills
         // its connection's flow-control window until they are read, which would hold up
         // the reads, writes and renewals answered on the same connection.
-        let watcher = connect(cfg).await?;
+        let watcher = connect_watcher(cfg).await?;
         let fence = Fence::closed();
         let view = watch::Sender::new(Arc::new(ClusterView::default()));
         let (released_tx, released_rx) = mpsc::unbounded_channel();
@@ -109,7 +110,6 @@ impl EtcdManager {
                 ..Ownership::default()
             },
             member,
-            undeleted: BTreeSet::new(),
             in_trouble: false,
             metrics,
             cache: None,
@@ -154,6 +154,20 @@ async fn connect(cfg: &EtcdConfig) -> Result<Client, etcd_client::Error> {
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_millis(cfg.lease_ttl_ms / 4))
         .with_timeout(Duration::from_millis(cfg.lease_ttl_ms / 4));
+    Client::connect(&cfg.endpoints, Some(opts)).await
+}
+
+/// The watches' connection: a member cut off from its cluster's leader ends the watch
+/// (require-leader) instead of keeping it open and silent, and HTTP/2 pings notice a
+/// connection that went dead without closing (as Kubernetes' etcd watcher does).
+async fn connect_watcher(cfg: &EtcdConfig) -> Result<Client, etcd_client::Error> {
+    let every = Duration::from_millis((cfg.lease_ttl_ms / 4).max(1));
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(every)
+        .with_timeout(every)
+        .with_require_leader(true)
+        .with_keep_alive(every, every)
+        .with_keep_alive_while_idle(true);
     Client::connect(&cfg.endpoints, Some(opts)).await
 }
 
@@ -204,8 +218,6 @@ struct Follower {
     lease: Option<Lease>,
     /// The shards this host holds and gives back (see `cluster::follow`).
     own: Ownership,
-    /// Shards the host let go of whose key could not be deleted yet (see `delete_key`).
-    undeleted: BTreeSet<ShardId>,
     /// An etcd problem was logged and has not cleared yet.
     in_trouble: bool,
     metrics: Arc<crate::metrics::Metrics>,
@@ -239,7 +251,7 @@ impl Follower {
         let mut watch: Option<Feed> = None;
         // Why the next whole read happens (see `cache.rs`).
         let mut reason = "start";
-        let mut polls: u32 = 0;
+        let mut checks = Checks::new(&self.member.host_id);
         loop {
             let mut ticked = false;
             tokio::select! {
@@ -250,6 +262,7 @@ impl Follower {
                 // reconcile below: in a storm (leases lapsing, a tier's hosts taking
                 // shards) a follower plans once per batch, not once per event.
                 answer = next_answer(&mut watch) => {
+                    checks.answered();
                     let healthy = match (answer, &mut self.cache, watch.as_mut()) {
                         (Some(r), Some(cache), Some(w)) => {
                             cache.apply(&self.prefix, &r);
@@ -275,59 +288,46 @@ impl Follower {
             }
             if ticked {
                 self.renew().await;
-                for s in self.undeleted.clone() {
+                for s in self.own.undeleted.clone() {
                     if !self.own.held.contains(&s) {
                         self.delete_key(s).await;
                     } else {
-                        self.undeleted.remove(&s);
+                        self.own.undeleted.remove(&s);
                     }
                 }
-                // A watch that has not brought this host's own write within half the TTL
-                // went silent: read again.
-                let behind = self
-                    .cache
-                    .as_ref()
-                    .is_some_and(|c| c.revision < self.written);
-                // (Half the TTL: a watch merely slow, on a busy host, catches up sooner than
-                // a whole read would help it; a stalled one still leaves time to act.)
-                if behind && self.written_at.elapsed() >= self.ttl / 2 {
-                    tracing::warn!(
-                        "etcd: the watch is behind this host's own write; reading again"
-                    );
+                if let Some(why) = self.check_watch(&mut watch, &mut checks).await {
                     watch = None;
-                    reason = "watch_behind";
-                }
-                polls = polls.wrapping_add(1);
-                if polls.is_multiple_of(cache::CHECK_POLLS) && watch.is_some() {
-                    let counted = self.cache.as_ref().map(|c| (c.revision, c.keys_in_range()));
-                    if let Some(c) = counted {
-                        if !self.count_agrees(c).await {
-                            tracing::warn!(
-                                revision = c.0,
-                                "etcd: the watch cache lost a change (its key count differs from etcd's); reading again"
-                            );
-                            watch = None;
-                            reason = "count_differs";
-                        }
-                    }
+                    reason = why;
                 }
             }
             if watch.is_none() {
-                self.cache = None;
+                // A whole read; the watch from its next revision. A read without a watch
+                // is planned from all the same, and read again next time.
                 match self.load().await {
-                    Ok((cache, w)) => {
+                    Ok(cache) => {
                         self.metrics.view_read(reason);
-                        reason = "start";
+                        let from = cache.revision + 1;
                         self.cache = Some(cache);
-                        watch = Some(w);
+                        match self.open_feed(from).await {
+                            Ok(w) => {
+                                reason = "start";
+                                checks = Checks::new(&self.member.host_id);
+                                watch = Some(w);
+                            }
+                            Err(e) => self.trouble(&format!("cannot watch the cluster ({e})")),
+                        }
                     }
-                    Err(e) => self.trouble(&format!(
-                        "cannot read the cluster ({e}); keeping the last view"
-                    )),
+                    Err(e) => {
+                        // No plans from a cache no watch keeps: the view stays as it was.
+                        self.cache = None;
+                        self.trouble(&format!(
+                            "cannot read the cluster ({e}); keeping the last view"
+                        ));
+                    }
                 }
             }
             match self.reconcile().await {
-                Ok(()) if self.lease.is_some() => self.recovered(),
+                Ok(()) if self.lease.is_some() && watch.is_some() => self.recovered(),
                 Ok(()) => {}
                 Err(e) => self.trouble(&format!("cannot write to etcd ({e})")),
             }
@@ -355,7 +355,7 @@ impl Follower {
         self.fence.close();
         self.own.held.clear();
         self.own.releasing.clear();
-        self.undeleted.clear();
+        self.own.undeleted.clear();
         self.lease = None;
         self.view.send_if_modified(|v| {
             let me = &self.member.host_id;
@@ -475,7 +475,11 @@ impl Follower {
             .member
             .primaries
             .iter()
-            .filter(|(s, _)| !cache.primaries.contains_key(s))
+            // A record etcd has but this build cannot read (a newer build's, during an
+            // upgrade) is not this host's to write: it plans without it.
+            .filter(|(s, _)| {
+                !cache.primaries.contains_key(s) && !cache.rest.contains(&format!("primaries/{s}"))
+            })
             .map(|(s, r)| {
                 let sibling = self.member.primaries.iter().find_map(|(t, tr)| {
                     (tr.addr == r.addr)
@@ -510,6 +514,9 @@ impl Follower {
             );
         }
         for s in plan.acquire {
+            if !self.fence.is_open() {
+                break;
+            }
             let lease = my_lease.expect("a plan acquires only with a lease");
             let key = self.shard_key(s);
             let txn = Txn::new()

@@ -48,7 +48,7 @@ impl Follower {
     /// change, so the host was not told.)
     pub(super) async fn delete_key(&mut self, s: ShardId) {
         let Some(lease) = &self.lease else {
-            self.undeleted.remove(&s);
+            self.own.undeleted.remove(&s);
             return;
         };
         let key = self.shard_key(s);
@@ -57,14 +57,14 @@ impl Follower {
             .and_then([TxnOp::delete(key, None)]);
         match self.client.txn(txn).await {
             Ok(r) => {
-                self.undeleted.remove(&s);
+                self.own.undeleted.remove(&s);
                 if r.succeeded() {
                     self.wrote(super::seen_after(&r));
                     tracing::info!(shard = s, "handed shard over");
                 }
             }
             Err(e) => {
-                self.undeleted.insert(s);
+                self.own.undeleted.insert(s);
                 tracing::warn!(shard = s, error = %e, "etcd: cannot delete shard key; trying again");
             }
         }

@@ -1,7 +1,7 @@
 //! The follower's watch of its range (see `cache.rs`), read by a task of its own: the
 //! answers it brings, and when it must be given up (the cache is then read whole again).
 
-use etcd_client::{WatchResponse, WatchStream};
+use etcd_client::{WatchRequestSender, WatchResponse, WatchStream};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -12,10 +12,14 @@ use tokio::task::JoinHandle;
 pub(super) struct Feed {
     answers: mpsc::UnboundedReceiver<Option<WatchResponse>>,
     reader: JoinHandle<()>,
+    /// The watch's requests (progress requests); kept open, as etcd may end a watch
+    /// whose requests stream closed.
+    requests: WatchRequestSender,
 }
 
 impl Feed {
-    pub fn start(mut stream: WatchStream) -> Feed {
+    pub fn start(stream: WatchStream) -> Feed {
+        let (requests, mut stream) = stream.split();
         let (tx, answers) = mpsc::unbounded_channel();
         let reader = tokio::spawn(async move {
             loop {
@@ -29,7 +33,17 @@ impl Feed {
                 }
             }
         });
-        Feed { answers, reader }
+        Feed {
+            answers,
+            reader,
+            requests,
+        }
+    }
+
+    /// Asks etcd to say where the watch is (an answer without events comes back when the
+    /// watch is caught up); false when the request could not be sent.
+    pub async fn ask_progress(&mut self) -> bool {
+        self.requests.request_progress().await.is_ok()
     }
 }
 

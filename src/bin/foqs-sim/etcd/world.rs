@@ -68,6 +68,10 @@ pub(super) struct Host {
     pub(super) own: Ownership,
     pub(super) written: i64,
     pub(super) plan_due: bool,
+    /// Bumped whenever `own` may have changed; with the cache's revision and the lease,
+    /// what the last plan was made from (a plan from the same is the same: skipped).
+    pub(super) epoch: u64,
+    pub(super) last_plan: Option<(i64, u64, Option<i64>)>,
     /// A delivery of the log is pending; the log's writes it has applied.
     pub(super) delivery_due: bool,
     pub(super) applied: usize,
@@ -135,6 +139,7 @@ impl Sim {
     /// Runs `f` on host `i` and counts what it starts and stops serving.
     pub(super) fn change<T>(&mut self, i: usize, f: impl FnOnce(&mut Sim) -> T) -> T {
         let before = Self::serving(&self.hosts[i]);
+        self.hosts[i].epoch += 1;
         let out = f(self);
         let after = Self::serving(&self.hosts[i]);
         for s in before.difference(&after) {
@@ -220,6 +225,8 @@ impl Sim {
             },
             written: 0,
             plan_due: false,
+            epoch: 0,
+            last_plan: None,
             delivery_due: false,
             applied: 0,
             polls: 0,
@@ -242,6 +249,7 @@ impl Sim {
         h.cut = false;
         h.lease = Some(lease);
         h.last_renewal = self.now;
+        h.epoch += 1;
         h.own.held.clear();
         h.own.releasing.clear();
         let record = serde_json::to_vec(&HostRecord {
@@ -278,6 +286,9 @@ impl Sim {
             return;
         }
         let lease = h.lease;
+        if h.last_plan == Some((h.cache.revision, h.epoch, lease)) {
+            return;
+        }
         let plan = self.change(i, |sim| {
             let h = &mut sim.hosts[i];
             h.own.plan(&h.cache, lease, true)
@@ -306,6 +317,8 @@ impl Sim {
                 }
             }
         }
+        let h = &mut self.hosts[i];
+        h.last_plan = Some((h.cache.revision, h.epoch, h.lease));
     }
 
     pub(super) fn released(&mut self, i: usize, s: ShardId) {
