@@ -322,6 +322,20 @@ fn the_readme_shows_the_replica_set_steps_the_scripts_run() {
     }
 }
 
+/// `foqs-sim` with `args`: its output (it must succeed).
+fn run_sim(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_foqs-sim"))
+        .args(args)
+        .output()
+        .expect("run foqs-sim");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// `foqs-sim` (the tier's ownership at any size, on the real assignment function) runs,
 /// replays from its seed, and at 300 hosts moves at most 1.1 times the least it can per
 /// join, leave and crash (issue 36's bound; it moves exactly the least), with hosts within
@@ -330,26 +344,18 @@ fn the_readme_shows_the_replica_set_steps_the_scripts_run() {
 #[test]
 fn the_simulation_replays_from_its_seed_and_moves_little() {
     let run = |seed: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_foqs-sim"))
-            .args([
-                "--hosts",
-                "300",
-                "--shards",
-                "3000",
-                "--events",
-                "12",
-                "--regions",
-                "1",
-            ])
-            .args(["--seed", seed])
-            .output()
-            .expect("run foqs-sim");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        run_sim(&[
+            "--hosts",
+            "300",
+            "--shards",
+            "3000",
+            "--events",
+            "12",
+            "--regions",
+            "1",
+            "--seed",
+            seed,
+        ])
     };
     let first = run("7");
     assert_eq!(first, run("7"), "the same seed, the same run");
@@ -385,19 +391,9 @@ fn the_simulation_replays_from_its_seed_and_moves_little() {
 #[test]
 fn the_etcd_simulation_settles_within_the_lease_with_one_owner_per_shard() {
     let run = |seed: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_foqs-sim"))
-            .args([
-                "--etcd", "--hosts", "30", "--shards", "300", "--events", "16",
-            ])
-            .args(["--seed", seed])
-            .output()
-            .expect("run foqs-sim");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        run_sim(&[
+            "--etcd", "--hosts", "30", "--shards", "300", "--events", "16", "--seed", seed,
+        ])
     };
     let first = run("3");
     assert_eq!(first, run("3"), "the same seed, the same run");
