@@ -319,8 +319,12 @@ async fn any_host_serves_its_whole_tier() {
     );
     assert_eq!(got[0].id.as_deref(), Some(id.as_str()));
     eprintln!("long poll on h1 returned {after_enqueue:?} after the enqueue on h2");
+    // Woken by h2's announcement (about 10 ms here) or, failing that, by h1's next polls
+    // of h2 (every 100 ms), not by the long poll's own end (10 s). The bound leaves room
+    // for a loaded machine: a fresh-clone run beside the replication tests on a slow day
+    // took 478 ms (2026-12-07), past the 300 ms this asserted before.
     assert!(
-        after_enqueue < Duration::from_millis(300),
+        after_enqueue < Duration::from_millis(2_000),
         "woken {after_enqueue:?} after the enqueue"
     );
 
