@@ -248,7 +248,7 @@ impl Metrics {
         let view_reads = Family::<ReasonLabel, Counter>::default();
         r.register(
             "cluster_view_reads",
-            "Whole reads of the cluster by this host's etcd follower, by reason: start (also after etcd could not be reached), watch_ended (failed, cancelled or compacted), watch_behind (this host's own write not seen within half the lease TTL), watch_silent (a progress request unanswered for a quarter of the TTL), count_differs (the range's key count at the cache's revision differs: a lost change), verify_differs (the cache compared whole with etcd at its revision, every 5 to 6 minutes, differs)",
+            "Whole reads of the cluster by this host's etcd follower, by reason: start (also after etcd could not be reached), watch_ended (failed, cancelled or compacted), watch_behind (this host's own write not seen within half the lease TTL), watch_silent (a progress request unanswered for half the lease TTL), count_differs (the range's key count at the cache's revision differs: a lost change), verify_differs (the cache compared whole with etcd at its revision, every 5 to 6 minutes, differs)",
             view_reads.clone(),
         );
         let handout_renewals = Family::<OutcomeLabel, Counter>::default();

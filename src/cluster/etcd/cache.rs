@@ -20,9 +20,9 @@
 //! the 20 ms it waits for a batch) never leaves etcd with answers it cannot send: etcd
 //! 3.4 before 3.4.31 and 3.5 before 3.5.13 could drop events for such a slow watcher
 //! (etcd-io/etcd#17529). Its connection requires a leader (a member cut off from its
-//! cluster ends the watch) and pings (a dead connection is noticed). Every
+//! cluster ends the watch). Every
 //! [`CHECK_POLLS`] polls the follower asks the watch for its progress (an answer must
-//! come within a quarter of the TTL: a watch open but silent is given up) and counts the
+//! come within half the TTL: a watch open but silent is given up) and counts the
 //! range's keys at the cache's revision (one request answered with a number: a lost
 //! create or delete shows); every 5 to 6 minutes it compares the cache whole with etcd
 //! at the cache's revision (a lost update shows too), so a lost change lasts at most that
@@ -162,10 +162,15 @@ impl Follower {
             tracing::warn!("etcd: the watch is behind this host's own write; reading again");
             return Some("watch_behind");
         }
-        // A progress request unanswered for a quarter of the TTL: the watch is open but
-        // silent (etcd answers at once when the watch is caught up, and a watch catching
-        // up brings events).
-        if checks.asked.is_some_and(|t| t.elapsed() >= self.ttl / 4) {
+        // A progress request unanswered for half the TTL: the watch is open but silent
+        // (etcd answers at once when the watch is caught up, and a watch catching up
+        // brings events; the reader task notes any answer, however busy the follower).
+        if let Some(t) = checks.asked {
+            if feed.answered_since(t) {
+                checks.asked = None;
+            }
+        }
+        if checks.asked.is_some_and(|t| t.elapsed() >= self.ttl / 2) {
             tracing::warn!("etcd: the watch does not answer; reading again");
             return Some("watch_silent");
         }

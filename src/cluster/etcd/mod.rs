@@ -158,16 +158,14 @@ async fn connect(cfg: &EtcdConfig) -> Result<Client, etcd_client::Error> {
 }
 
 /// The watches' connection: a member cut off from its cluster's leader ends the watch
-/// (require-leader) instead of keeping it open and silent, and HTTP/2 pings notice a
-/// connection that went dead without closing (as Kubernetes' etcd watcher does).
+/// (require-leader) instead of keeping it open and silent (as Kubernetes' etcd watcher
+/// does); a dead connection is caught by the follower's progress requests.
 async fn connect_watcher(cfg: &EtcdConfig) -> Result<Client, etcd_client::Error> {
     let every = Duration::from_millis((cfg.lease_ttl_ms / 4).max(1));
     let opts = ConnectOptions::new()
         .with_connect_timeout(every)
         .with_timeout(every)
-        .with_require_leader(true)
-        .with_keep_alive(every, every)
-        .with_keep_alive_while_idle(true);
+        .with_require_leader(true);
     Client::connect(&cfg.endpoints, Some(opts)).await
 }
 

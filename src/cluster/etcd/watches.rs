@@ -1,6 +1,10 @@
 //! The follower's watch of its range (see `cache.rs`), read by a task of its own: the
 //! answers it brings, and when it must be given up (the cache is then read whole again).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
 use etcd_client::{WatchRequestSender, WatchResponse, WatchStream};
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -15,15 +19,24 @@ pub(super) struct Feed {
     /// The watch's requests (progress requests); kept open, as etcd may end a watch
     /// whose requests stream closed.
     requests: WatchRequestSender,
+    /// When the reader last got an answer, in ms after `started` (the reader keeps it, so
+    /// a follower busy elsewhere does not take its own lateness for a silent watch).
+    started: Instant,
+    answered_ms: Arc<AtomicU64>,
 }
 
 impl Feed {
     pub fn start(stream: WatchStream) -> Feed {
         let (requests, mut stream) = stream.split();
         let (tx, answers) = mpsc::unbounded_channel();
+        let started = Instant::now();
+        let answered_ms = Arc::new(AtomicU64::new(0));
+        let answered = answered_ms.clone();
         let reader = tokio::spawn(async move {
             loop {
-                let answer = match stream.next().await {
+                let next = stream.next().await;
+                answered.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                let answer = match next {
                     Some(Ok(r)) if healthy(&r) => Some(r),
                     _ => None,
                 };
@@ -37,7 +50,16 @@ impl Feed {
             answers,
             reader,
             requests,
+            started,
+            answered_ms,
         }
+    }
+
+    /// Whether the watch has answered anything since `t`.
+    pub fn answered_since(&self, t: Instant) -> bool {
+        let at = self.started
+            + std::time::Duration::from_millis(self.answered_ms.load(Ordering::Relaxed));
+        at >= t
     }
 
     /// Asks etcd to say where the watch is (an answer without events comes back when the
