@@ -84,12 +84,7 @@ pub fn run(p: Params) {
     let took = sim.run_until_settled();
     report("join all", &sim, took, &start, 0, 0);
     for _ in 0..sim.p.events {
-        start = Counters {
-            requests: sim.c.requests,
-            watch_events: sim.c.watch_events,
-            whole_reads: sim.c.whole_reads,
-            double_served: sim.c.double_served,
-        };
+        start = sim.c;
         let before = sim.owners();
         let live: Vec<usize> = (0..sim.hosts.len()).filter(|i| sim.hosts[*i].up).collect();
         let roll = sim.rng.below(100);
@@ -157,12 +152,7 @@ pub fn run(p: Params) {
         if kind == "partition" {
             let heal = sim.now.max(cut_at + 2 * sim.p.ttl_ms);
             sim.advance_to(heal);
-            let mark = Counters {
-                requests: sim.c.requests,
-                watch_events: sim.c.watch_events,
-                whole_reads: sim.c.whole_reads,
-                double_served: sim.c.double_served,
-            };
+            let mark = sim.c;
             sim.step(Ev::Heal(victim));
             let took = sim.run_until_settled();
             report("partition healed", &sim, took, &mark, 0, 0);

@@ -27,7 +27,7 @@ pub(super) struct Key {
     mod_rev: i64,
 }
 
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 pub(super) struct Counters {
     pub(super) requests: u64,
     pub(super) watch_events: u64,
