@@ -1,7 +1,7 @@
 //! Which host of a tier should own which shard: every etcd host computes the same answer
 //! from what etcd holds (the tier's live hosts, the shards' regions, their owners now).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::ShardId;
 
@@ -88,18 +88,22 @@ pub fn assign_regional_with_slack<'a>(
 }
 
 /// The shards grouped by the hosts that may serve them: those of a shard's primary's
-/// region when the tier has hosts there, else every host.
-fn region_groups<'a>(
+/// region when the tier has hosts there, else every host. `foqs-sim` judges its tiers'
+/// balance by the same groups.
+pub fn region_groups<'a>(
     shards: &[ShardId],
     hosts: &[(&'a str, &str)],
     regions: &BTreeMap<ShardId, &str>,
 ) -> Vec<(Vec<&'a str>, Vec<ShardId>)> {
+    // The regions the tier has hosts in, once: every host plans this on each change, and
+    // asking the host list per shard was shards x hosts (10 million at 1,000 hosts).
+    let staffed: BTreeSet<&str> = hosts.iter().map(|(_, r)| *r).collect();
     let mut groups: BTreeMap<Option<&str>, Vec<ShardId>> = BTreeMap::new();
     for s in shards {
         let r = regions
             .get(s)
             .copied()
-            .filter(|r| !r.is_empty() && hosts.iter().any(|(_, hr)| hr == r));
+            .filter(|r| !r.is_empty() && staffed.contains(r));
         groups.entry(r).or_default().push(*s);
     }
     groups

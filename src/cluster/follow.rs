@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::assign_regional_from;
-use crate::model::{ClusterView, HostAddr, PrimaryRecord, ShardId};
+use crate::model::{ClusterView, HostAddr, PrimaryRecord, PrimaryState, ShardId};
 
 /// A host's record, `P/hosts/<host_id>`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -126,6 +126,41 @@ impl Ownership {
     /// `held` and `releasing`; the caller creates the keys of `acquire` and adds those it
     /// got to `held`.
     pub fn plan(&mut self, cache: &Cache, lease: Option<i64>, may_take: bool) -> Plan {
+        let assignment = self.assignment(cache);
+        self.plan_with(cache, lease, may_take, &assignment)
+    }
+
+    /// The tier's assignment from `cache` (shard -> host): the same on every host of the
+    /// tier whose cache is at the same revision and whose shard list is the same.
+    pub fn assignment<'c>(&self, cache: &'c Cache) -> BTreeMap<ShardId, &'c str> {
+        let tier_hosts: Vec<(&str, &str)> = cache
+            .hosts
+            .iter()
+            .filter(|(_, h)| h.tier == self.tier)
+            .map(|(id, h)| (id.as_str(), h.region.as_str()))
+            .collect();
+        let regions: BTreeMap<ShardId, &str> = cache
+            .primaries
+            .iter()
+            .map(|(s, r)| (*s, r.owner_region()))
+            .collect();
+        let current: BTreeMap<ShardId, &str> = cache
+            .keys
+            .iter()
+            .map(|(s, (o, _))| (*s, o.as_str()))
+            .collect();
+        assign_regional_from(&self.tier_shards, &tier_hosts, &regions, &current)
+    }
+
+    /// [`Self::plan`] given the tier's [`Self::assignment`] from the same `cache`
+    /// (`foqs-sim` computes it once for all the hosts it runs).
+    pub fn plan_with<H: AsRef<str>>(
+        &mut self,
+        cache: &Cache,
+        lease: Option<i64>,
+        may_take: bool,
+        assignment: &BTreeMap<ShardId, H>,
+    ) -> Plan {
         let mut out = Plan::default();
         let keys = &cache.keys;
         // A held shard whose key is gone or not ours any more is lost (should not happen
@@ -156,24 +191,18 @@ impl Ownership {
             .map(|(s, _)| *s)
             .collect();
         self.held.extend(out.taken_up.iter().copied());
-        let tier_hosts: Vec<(&str, &str)> = cache
-            .hosts
-            .iter()
-            .filter(|(_, h)| h.tier == self.tier)
-            .map(|(id, h)| (id.as_str(), h.region.as_str()))
-            .collect();
         let registered = cache.hosts.contains_key(&self.me) && lease.is_some();
-        let regions: BTreeMap<ShardId, &str> = cache
-            .primaries
-            .iter()
-            .map(|(s, r)| (*s, r.owner_region()))
-            .collect();
-        let current: BTreeMap<ShardId, &str> =
-            keys.iter().map(|(s, (o, _))| (*s, o.as_str())).collect();
-        let plan = assign_regional_from(&self.tier_shards, &tier_hosts, &regions, &current);
+        let settling = self.settling(cache);
         for s in &self.tier_shards {
-            let desired = plan.get(s).copied();
+            let desired = assignment.get(s).map(AsRef::as_ref);
             if self.held.contains(s) {
+                if desired.is_some_and(|d| d != self.me)
+                    && !self.releasing.contains(s)
+                    && settling.as_ref().is_some_and(|keep| keep(*s))
+                {
+                    // Kept for now (see `settling`).
+                    continue;
+                }
                 if desired.is_some_and(|d| d != self.me) {
                     if self.releasing.insert(*s) {
                         out.withdrawn.push((*s, desired.map(str::to_string)));
@@ -189,6 +218,43 @@ impl Ownership {
             }
         }
         out
+    }
+
+    /// While a planned switch is under way in the tier (a primary paused: a region's
+    /// drain keeps one paused nearly all along), shards are not moved for balance alone:
+    /// a drain takes a region's shards away set by set, and evening out the loads of the
+    /// region they leave after each set moves shards that are about to leave anyway (in
+    /// `foqs-sim --etcd`, up to a third more hand-overs than the drain needed). Some(f):
+    /// f(shard) is true for a held shard this host keeps even if the assignment puts it
+    /// elsewhere, because its region's hosts (or any host, for a shard whose region has
+    /// none) include this one. A shard whose region moved away still goes at once, and a
+    /// free shard is taken as usual; the loads even out once the switches end.
+    fn settling<'c>(&self, cache: &'c Cache) -> Option<impl Fn(ShardId) -> bool + 'c> {
+        if !cache
+            .primaries
+            .values()
+            .any(|p| p.state == PrimaryState::Paused)
+        {
+            return None;
+        }
+        let mine = cache.hosts.get(&self.me)?.region.clone();
+        let staffed: BTreeSet<&str> = cache
+            .hosts
+            .values()
+            .filter(|h| h.tier == self.tier)
+            .map(|h| h.region.as_str())
+            .collect();
+        Some(move |s: ShardId| {
+            match cache
+                .primaries
+                .get(&s)
+                .map(PrimaryRecord::owner_region)
+                .filter(|r| !r.is_empty() && staffed.contains(r))
+            {
+                None => true,
+                Some(r) => r == mine,
+            }
+        })
     }
 
     /// The view to publish: every owner key in `cache`, this host's only while it holds
@@ -278,6 +344,54 @@ mod tests {
             tier_shards: (0..shards as ShardId).collect(),
             ..Ownership::default()
         }
+    }
+
+    fn primary(c: &mut Cache, shard: ShardId, region: &str, paused_to: Option<&str>) {
+        let r = PrimaryRecord {
+            addr: "db:3306".into(),
+            region: region.into(),
+            generation: 1,
+            state: match paused_to {
+                Some(_) => PrimaryState::Paused,
+                None => PrimaryState::Serving,
+            },
+            next_region: paused_to.map(str::to_string),
+        };
+        let v = serde_json::to_vec(&r).unwrap();
+        c.apply_one(&format!("primaries/{shard}"), Some((&v, 0)));
+    }
+
+    #[test]
+    fn while_a_switch_is_under_way_shards_move_for_their_region_but_not_for_balance() {
+        let mut c = Cache::default();
+        for (id, region) in [("a", "r1"), ("b", "r1"), ("c", "r2")] {
+            let r = format!(r#"{{"addr":"{id}:1","tier":"t","region":"{region}"}}"#);
+            c.apply_one(&format!("hosts/{id}"), Some((r.as_bytes(), 1)));
+        }
+        // Shards 0-3 in r1, all held by a (b holds none: a is over its share); 4 in r2.
+        let mut a = seat("a", 5);
+        for s in 0..4 {
+            primary(&mut c, s, "r1", None);
+            c.apply_one(&format!("shards/{s}"), Some((b"a", 7)));
+            a.held.insert(s);
+        }
+        primary(&mut c, 4, "r2", None);
+        c.apply_one("shards/4", Some((b"c", 9)));
+        // Shard 3's set is paused on its way to r2: it goes to c at once, while the
+        // shards a holds beyond its share in r1 stay until the switch is done.
+        primary(&mut c, 3, "r1", Some("r2"));
+        let mut during = a.clone();
+        let p = during.plan(&c, Some(7), true);
+        assert_eq!(p.withdrawn, vec![(3, Some("c".to_string()))], "{p:?}");
+        // The switch done: balance resumes, and a gives b its share.
+        primary(&mut c, 3, "r2", None);
+        let p = a.plan(&c, Some(7), true);
+        let to_b = p
+            .withdrawn
+            .iter()
+            .filter(|(_, h)| h.as_deref() == Some("b"));
+        assert_eq!(to_b.count(), 1, "{p:?}");
+        assert!(p.withdrawn.contains(&(3, Some("c".to_string()))), "{p:?}");
     }
 
     #[test]

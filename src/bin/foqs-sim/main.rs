@@ -35,11 +35,12 @@
 //! The summary line gives, per kind of event, the worst and mean ratio, the worst
 //! balance and the worst polling figures.
 //!
-//! `--etcd [--ttl-ms 10000] [--poll-ms 1000] [--watch-delay-ms 20]` runs instead the
-//! followers' protocol over a simulated etcd on a simulated clock, each host on the real
-//! planning code (see `etcd.rs`): per event, the time until every shard is served by one
-//! host again, moments with two, etcd's requests and watch events. Not simulated: the
-//! routed dequeue's timing, replicated shards' primaries, regions in `--etcd`.
+//! `--etcd [--ttl-ms 10000] [--poll-ms 1000] [--watch-delay-ms 20] [--set-shards 10]`
+//! runs instead the followers' protocol over a simulated etcd on a simulated clock, each
+//! host on the real planning code (see `etcd/mod.rs`), with the same kinds of events (a
+//! drain switching replica sets of `--set-shards` shards, 4 at a time): per event, the
+//! time until every shard is served by one host again, moments with two, etcd's requests
+//! and watch events. Not simulated: the routed dequeue's timing.
 
 mod etcd;
 
@@ -155,6 +156,7 @@ fn main() {
             "--ttl-ms",
             "--poll-ms",
             "--watch-delay-ms",
+            "--set-shards",
         ]
         .contains(&a.as_str())
         {
@@ -188,6 +190,8 @@ fn main() {
             ttl_ms: arg(&args, "--ttl-ms", 10_000),
             poll_ms: arg(&args, "--poll-ms", 1_000),
             watch_delay_max_ms: arg(&args, "--watch-delay-ms", 20).max(1),
+            regions: (arg(&args, "--regions", 3) as usize).clamp(1, ALL_REGIONS.len()),
+            set_shards: arg(&args, "--set-shards", 10).max(1) as usize,
         });
         return;
     }

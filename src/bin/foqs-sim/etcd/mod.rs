@@ -14,17 +14,31 @@
 //! Events drawn from the seed: a host joins, leaves (revokes its lease), crashes (its
 //! lease lapses one TTL after its last renewal), or is cut from etcd (a partition: no
 //! renewals, no events; it stops serving at its fence, TTL - `fence_margin_ms` after its
-//! last renewal, and comes back as a new member two TTLs later). After each event the
-//! simulation runs until every shard is served by exactly one host and the loads are
-//! within one (or 60 simulated seconds pass), and prints one JSON line: the time that
-//! took, the moments a shard was served by two hosts (must be 0), etcd's requests, the
-//! watch events it sent (in all and per host), whole reads, and the shards moved against
-//! the fewest the event needed.
+//! last renewal, and comes back as a new member two TTLs later); the operator drains a
+//! region (its replica sets switched to another region 4 at a time, each set's shards'
+//! owner region moving at its pause, as the primaries' records in etcd say) or adds
+//! shards (their records written, then each host learning the longer list within 2 s:
+//! foqsd reads its shard list at start, so this is what a tier would do if its hosts
+//! learned of new shards without a restart; a rolling restart is leaves and joins).
+//! Hosts and replica sets are spread over `--regions` regions.
+//!
+//! After each event the simulation runs until every shard is served by exactly one host
+//! of its group (`cluster::region_groups`: its region's hosts, or any when its region has
+//! none), the loads within one in each group and the operator done (or 60 simulated
+//! seconds pass after the operator's last write), and prints one JSON line: the time that
+//! took (from the event, and after the operator's last write), the longest a shard went
+//! unserved, the moments a shard was served by two hosts (must be 0), etcd's requests
+//! (the operator's apart too), the watch events it sent (in all and per host), the plans
+//! one host made, whole reads, the shards moved and the hand-overs (keys created, interim
+//! moves included) against the fewest the event needed (`balance.rs`).
 
+mod balance;
+mod operator;
 mod world;
 
 use serde_json::json;
 
+use balance::moves_needed;
 use world::{Counters, Ev, Sim};
 
 pub struct Params {
@@ -36,6 +50,10 @@ pub struct Params {
     pub poll_ms: u64,
     /// The most a watch event takes to reach a host (drawn from 1 ms to this).
     pub watch_delay_max_ms: u64,
+    /// Regions hosts and primaries are drawn from (1 to 3; 1: no primaries' records).
+    pub regions: usize,
+    /// Shards per replica set: what a drain switches together.
+    pub set_shards: usize,
 }
 
 pub fn run(p: Params) {
@@ -52,9 +70,19 @@ pub fn run(p: Params) {
                       moved: usize,
                       ideal: usize| {
         let live = sim.hosts.iter().filter(|h| h.up).count().max(1) as u64;
+        // After the operator's last write (a drain's last switch, the last host to learn
+        // of added shards); for other events, the same as `settled_ms`.
+        let after_operator = took.map(|t| sim.now - (sim.now - t).max(sim.quiet_since));
         let line = json!({"kind": kind, "hosts": live, "shards": sim.shards.len(),
-            "settled_ms": took, "double_served": sim.c.double_served - before.double_served,
+            "settled_ms": took,
+            "settled_after_operator_ms": after_operator,
+            "longest_unserved_ms": sim.gap_max,
+            "double_served": sim.c.double_served - before.double_served,
             "etcd_requests": sim.c.requests - before.requests,
+            "operator_requests": sim.c.operator_requests - before.operator_requests,
+            "creates_taken": sim.c.creates_taken - before.creates_taken,
+            "taken": sim.c.taken - before.taken,
+            "plans_per_host": (sim.c.plans - before.plans) / live,
             "watch_events": sim.c.watch_events - before.watch_events,
             "watch_events_per_host": (sim.c.watch_events - before.watch_events) / live,
             "whole_reads": sim.c.whole_reads - before.whole_reads,
@@ -70,13 +98,31 @@ pub fn run(p: Params) {
             .as_f64()
             .unwrap_or(0.0)
             .max((ratio * 1000.0).round() / 1000.0));
+        // Hand-overs (keys created) against the least: interim moves show here.
+        let taken = (sim.c.taken - before.taken) as f64 / ideal.max(1) as f64;
+        w["taken_ratio_max"] = json!(w["taken_ratio_max"]
+            .as_f64()
+            .unwrap_or(0.0)
+            .max((taken * 1000.0).round() / 1000.0));
         w["events"] = json!(w["events"].as_u64().unwrap_or(0) + 1);
         let per_host = (sim.c.watch_events - before.watch_events) / live;
         let requests = sim.c.requests - before.requests;
         for (k, v) in [
             ("watch_events_per_host_max", per_host),
             ("etcd_requests_max", requests),
+            (
+                "operator_requests_max",
+                sim.c.operator_requests - before.operator_requests,
+            ),
             ("moved_max", moved as u64),
+            ("taken_max", sim.c.taken - before.taken),
+            ("plans_per_host_max", (sim.c.plans - before.plans) / live),
+            ("ideal_max", ideal as u64),
+            ("longest_unserved_ms_max", sim.gap_max),
+            (
+                "settled_after_operator_ms_max",
+                after_operator.unwrap_or(u64::MAX),
+            ),
         ] {
             w[k] = json!(w[k].as_u64().unwrap_or(0).max(v));
         }
@@ -85,23 +131,27 @@ pub fn run(p: Params) {
     report("join all", &sim, took, &start, 0, 0);
     for _ in 0..sim.p.events {
         start = sim.c;
+        sim.gap_max = 0;
         let before = sim.owners();
         let live: Vec<usize> = (0..sim.hosts.len()).filter(|i| sim.hosts[*i].up).collect();
         let roll = sim.rng.below(100);
+        let drain = sim.drain_pick();
         let kind = match roll {
             _ if live.len() <= sim.p.hosts.saturating_sub(2).max(2) => "join",
-            0..=34 => "join",
-            35..=59 => "leave",
-            60..=84 => "crash",
-            _ => "partition",
+            0..=29 => "join",
+            30..=49 => "leave",
+            50..=69 => "crash",
+            70..=79 => "partition",
+            80..=89 if drain.is_some() => "drain",
+            _ => "add shards",
         };
         let victim = live[sim.rng.below(live.len())];
         let cut_at = sim.now;
-        let held = before.values().filter(|h| **h == victim).count();
-        let ideal = match kind {
+        // The regions once the event is through (a drain moves them set by set).
+        let mut regions = sim.regions.clone();
+        match kind {
             "join" => {
                 sim.join(true);
-                sim.shards.len() / (live.len() + 1)
             }
             "leave" => {
                 // Stops serving, then revokes its lease (its keys go at once).
@@ -115,7 +165,6 @@ pub fn run(p: Params) {
                     sim.c.requests += 1;
                     sim.drop_lease(l);
                 }
-                held
             }
             "crash" => {
                 sim.change(victim, |sim| sim.hosts[victim].up = false);
@@ -123,8 +172,15 @@ pub fn run(p: Params) {
                     let expiry = sim.leases.get(&l).map_or(sim.now, |e| e.1);
                     sim.at(expiry, Ev::Expire(l));
                 }
-                held
             }
+            "drain" => {
+                let (from, to) = drain.expect("picked");
+                for r in regions.values_mut().filter(|r| **r == from) {
+                    *r = to;
+                }
+                sim.drain(from, to);
+            }
+            "add shards" => sim.add_shards((sim.shards.len() / 20).max(1)),
             _ => {
                 // Cut from etcd: serves what it holds until its fence, then nothing; comes
                 // back as a new member (a new lease) two TTLs later.
@@ -138,31 +194,46 @@ pub fn run(p: Params) {
                     sim.at(expiry, Ev::Expire(l));
                 }
                 sim.at(fence.max(sim.now), Ev::Fenced(victim));
-                held
             }
         };
+        // The least any assignment could move for this event: from the owners before it
+        // to a balance of the tier after it.
+        let ideal = moves_needed(&sim, &before, &regions).unwrap_or(0);
         let took = sim.run_until_settled();
-        let after = sim.owners();
-        let moved = after
-            .iter()
-            .filter(|(s, h)| before.get(*s).is_some_and(|b| b != *h))
-            .count();
+        let moved = moved_since(&sim, &before);
         report(kind, &sim, took, &start, moved, ideal);
         // A partitioned host comes back, as a new member, two TTLs after it was cut.
         if kind == "partition" {
             let heal = sim.now.max(cut_at + 2 * sim.p.ttl_ms);
             sim.advance_to(heal);
             let mark = sim.c;
+            sim.gap_max = 0;
+            let before = sim.owners();
             sim.step(Ev::Heal(victim));
+            let ideal = moves_needed(&sim, &before, &sim.regions).unwrap_or(0);
             let took = sim.run_until_settled();
-            report("partition healed", &sim, took, &mark, 0, 0);
+            let moved = moved_since(&sim, &before);
+            report("partition healed", &sim, took, &mark, moved, ideal);
         }
     }
     println!(
         "{}",
         json!({"summary": true, "etcd": true, "seed": sim.p.seed, "hosts": sim.p.hosts,
             "shards": sim.p.shards, "ttl_ms": sim.p.ttl_ms, "poll_ms": sim.p.poll_ms,
-            "watch_delay_max_ms": sim.p.watch_delay_max_ms,
+            "watch_delay_max_ms": sim.p.watch_delay_max_ms, "regions": sim.p.regions,
+            "set_shards": sim.p.set_shards, "drain_parallel": operator::DRAIN_PARALLEL,
+            "reconfigure_spread_ms": operator::RECONFIGURE_SPREAD_MS,
             "double_served": sim.c.double_served, "by_kind": worst})
     );
+}
+
+/// Shards whose owner is not the one in `before`, new shards placed included.
+fn moved_since(
+    sim: &Sim,
+    before: &std::collections::BTreeMap<foqs::model::ShardId, usize>,
+) -> usize {
+    sim.owners()
+        .iter()
+        .filter(|(s, h)| before.get(*s).is_none_or(|b| b != *h))
+        .count()
 }

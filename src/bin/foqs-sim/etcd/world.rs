@@ -8,7 +8,12 @@ use foqs::cluster::follow::{Cache, HostRecord, Ownership};
 use foqs::model::ShardId;
 use foqs::seeded::Rng;
 
+use super::balance::moves_needed;
+use super::operator::Drain;
 use super::Params;
+
+/// The regions hosts and primaries are drawn from (`--regions` of them).
+pub(super) const ALL_REGIONS: [&str; 3] = ["r1", "r2", "r3"];
 
 /// How long a follower waits after a watch event for the rest of its batch.
 pub(super) const COALESCE_MS: u64 = 20;
@@ -18,11 +23,13 @@ pub(super) const RELEASE_MS: u64 = 5;
 pub(super) const RTT_MS: u64 = 1;
 /// How long the simulation waits for a tier to settle after an event.
 pub(super) const SETTLE_MAX_MS: u64 = 60_000;
+/// Assignments kept for hosts whose caches trail (see `Sim::plan`).
+const ASSIGNMENTS_KEPT: usize = 256;
 /// Polls between two counts of the range's keys (`cluster::etcd`'s).
 pub(super) const CHECK_POLLS: u64 = 10;
 
+/// A key as the simulation needs it (its value lives in `Sim::mirror`).
 pub(super) struct Key {
-    value: Vec<u8>,
     lease: i64,
     mod_rev: i64,
 }
@@ -33,6 +40,16 @@ pub(super) struct Counters {
     pub(super) watch_events: u64,
     pub(super) whole_reads: u64,
     pub(super) double_served: u64,
+    /// The operator's writes (a drain's primaries records, added shards' records), also
+    /// counted in `requests`.
+    pub(super) operator_requests: u64,
+    /// Creates that found the key taken (a plan from a view behind etcd's).
+    pub(super) creates_taken: u64,
+    /// Shards taken by a host (created keys): every hand-over, those undone later in the
+    /// same event too.
+    pub(super) taken: u64,
+    /// Plans made (`Ownership::plan` runs), over all hosts.
+    pub(super) plans: u64,
 }
 
 /// One key's change: its name under the prefix, and its new value and lease (None:
@@ -55,10 +72,17 @@ pub(super) enum Ev {
     Fenced(usize),
     /// A partitioned host can reach etcd again (as a new member).
     Heal(usize),
+    /// A drain switches its next replica set (pauses it, moving its owner region).
+    SwitchStart,
+    /// A set's switch is done: its shards' primaries serve in the new region.
+    SwitchEnd(Vec<ShardId>),
+    /// The host learns the tier's longer shard list.
+    Reconfigure(usize),
 }
 
 pub(super) struct Host {
     pub(super) id: String,
+    pub(super) region: &'static str,
     /// Running and reaching etcd.
     pub(super) up: bool,
     /// Cut from etcd: still serving what it holds until its fence closes.
@@ -94,6 +118,26 @@ pub(super) struct Sim {
     pub(super) next_lease: i64,
     pub(super) hosts: Vec<Host>,
     pub(super) shards: Vec<ShardId>,
+    /// Each shard's owner region (its primaries record's; empty with one region: no
+    /// records, as a tier without replication).
+    pub(super) regions: BTreeMap<ShardId, &'static str>,
+    /// What etcd holds, as a follower's cache would: a registering host's read.
+    pub(super) mirror: Cache,
+    /// The operator's work under way (a drain's sets, hosts still to learn added shards);
+    /// the time the last of it ended.
+    pub(super) pending: usize,
+    pub(super) quiet_since: u64,
+    pub(super) drain: Option<Drain>,
+    /// Shards served by no host, since when; the longest such gap since `gap_max` was
+    /// last reset.
+    pub(super) unserved_since: BTreeMap<ShardId, u64>,
+    pub(super) gap_max: u64,
+    /// Bumped when who serves what, the hosts or etcd change: `settled` is remembered
+    /// for one version.
+    pub(super) version: u64,
+    pub(super) settled_memo: std::cell::Cell<Option<(u64, bool)>>,
+    /// The last assignments computed, by (cache revision, shard list length).
+    pub(super) assignments: BTreeMap<(i64, usize), Rc<BTreeMap<ShardId, String>>>,
     /// shard -> how many hosts serve it now; how many shards one host serves, and how
     /// many two or more.
     pub(super) served: BTreeMap<ShardId, usize>,
@@ -104,9 +148,20 @@ pub(super) struct Sim {
 
 impl Sim {
     pub(super) fn new(p: Params) -> Sim {
-        Sim {
+        let shards: Vec<ShardId> = (0..p.shards as ShardId).collect();
+        let mut sim = Sim {
             rng: Rng::new(p.seed),
-            shards: (0..p.shards as ShardId).collect(),
+            unserved_since: shards.iter().map(|s| (*s, 0)).collect(),
+            shards: Vec::new(),
+            regions: BTreeMap::new(),
+            mirror: Cache::default(),
+            pending: 0,
+            quiet_since: 0,
+            drain: None,
+            gap_max: 0,
+            version: 0,
+            settled_memo: Default::default(),
+            assignments: BTreeMap::new(),
             p,
             now: 0,
             seq: 0,
@@ -121,7 +176,10 @@ impl Sim {
             single: 0,
             doubles: 0,
             c: Counters::default(),
-        }
+        };
+        // The primaries' records, one write by the operator before any host starts.
+        sim.place_shards(shards);
+        sim
     }
 
     pub(super) fn at(&mut self, t: u64, e: Ev) {
@@ -139,14 +197,21 @@ impl Sim {
     /// Runs `f` on host `i` and counts what it starts and stops serving.
     pub(super) fn change<T>(&mut self, i: usize, f: impl FnOnce(&mut Sim) -> T) -> T {
         let before = Self::serving(&self.hosts[i]);
+        let was_up = self.hosts[i].up;
         self.hosts[i].epoch += 1;
         let out = f(self);
         let after = Self::serving(&self.hosts[i]);
+        if before != after || was_up != self.hosts[i].up {
+            self.version += 1;
+        }
         for s in before.difference(&after) {
             let n = self.served.entry(*s).or_default();
             *n -= 1;
             match *n {
-                0 => self.single -= 1,
+                0 => {
+                    self.single -= 1;
+                    self.unserved_since.insert(*s, self.now);
+                }
                 1 => {
                     self.doubles -= 1;
                     self.single += 1;
@@ -158,7 +223,12 @@ impl Sim {
             let n = self.served.entry(*s).or_default();
             *n += 1;
             match *n {
-                1 => self.single += 1,
+                1 => {
+                    self.single += 1;
+                    if let Some(t) = self.unserved_since.remove(s) {
+                        self.gap_max = self.gap_max.max(self.now - t);
+                    }
+                }
                 2 => {
                     self.single -= 1;
                     self.doubles += 1;
@@ -174,13 +244,15 @@ impl Sim {
     pub(super) fn write(&mut self, changes: Vec<Change>) -> i64 {
         let n = changes.len() as u64;
         self.rev += 1;
+        self.version += 1;
         for (k, v) in &changes {
+            self.mirror
+                .apply_one(k, v.as_ref().map(|(b, l)| (b.as_slice(), *l)));
             match v {
-                Some((value, lease)) => {
+                Some((_, lease)) => {
                     self.kv.insert(
                         k.clone(),
                         Key {
-                            value: value.clone(),
                             lease: *lease,
                             mod_rev: self.rev,
                         },
@@ -191,6 +263,7 @@ impl Sim {
                 }
             }
         }
+        self.mirror.revision = self.rev;
         self.log.push(Rc::new((self.rev, changes)));
         for i in 0..self.hosts.len() {
             if !self.hosts[i].up {
@@ -211,8 +284,13 @@ impl Sim {
     pub(super) fn join(&mut self, at_once: bool) -> usize {
         let i = self.hosts.len();
         let id = format!("h{i:04}");
+        let region = match self.p.regions {
+            1 => "",
+            n => ALL_REGIONS[self.rng.below(n)],
+        };
         self.hosts.push(Host {
             id: id.clone(),
+            region,
             up: false,
             cut: false,
             lease: None,
@@ -244,6 +322,7 @@ impl Sim {
         self.c.requests += 3;
         self.c.whole_reads += 1;
         self.leases.insert(lease, (i, self.now + self.p.ttl_ms));
+        self.version += 1;
         let h = &mut self.hosts[i];
         h.up = true;
         h.cut = false;
@@ -255,21 +334,15 @@ impl Sim {
         let record = serde_json::to_vec(&HostRecord {
             addr: format!("{}:1", h.id),
             tier: "t".into(),
-            region: String::new(),
+            region: h.region.to_string(),
         })
         .expect("serializable");
         let key = format!("hosts/{}", h.id);
         let rev = self.write(vec![(key, Some((record, lease)))]);
         // The read, at the registration's revision: the watch brings what follows.
-        let mut cache = Cache {
-            revision: rev,
-            ..Cache::default()
-        };
-        for (k, v) in &self.kv {
-            cache.apply_one(k, Some((&v.value, v.lease)));
-        }
+        debug_assert_eq!(self.mirror.revision, rev);
         let h = &mut self.hosts[i];
-        h.cache = cache;
+        h.cache = self.mirror.clone();
         h.applied = self.log.len();
         h.written = rev;
         let poll = self.now + self.p.poll_ms;
@@ -289,9 +362,27 @@ impl Sim {
         if h.last_plan == Some((h.cache.revision, h.epoch, lease)) {
             return;
         }
+        self.c.plans += 1;
+        // Every host whose cache is at this revision, with the same shard list, computes
+        // the same assignment: computed once (the real `Ownership::assignment`).
+        // Hosts' caches trail etcd by a few writes each: the last few are kept.
+        let key = (h.cache.revision, h.own.tier_shards.len());
+        let assignment = match self.assignments.get(&key) {
+            Some(a) => Rc::clone(a),
+            None => {
+                let a = h.own.assignment(&h.cache);
+                let a: Rc<BTreeMap<ShardId, String>> =
+                    Rc::new(a.into_iter().map(|(s, o)| (s, o.to_string())).collect());
+                self.assignments.insert(key, Rc::clone(&a));
+                if self.assignments.len() > ASSIGNMENTS_KEPT {
+                    self.assignments.pop_first();
+                }
+                a
+            }
+        };
         let plan = self.change(i, |sim| {
             let h = &mut sim.hosts[i];
-            h.own.plan(&h.cache, lease, true)
+            h.own.plan_with(&h.cache, lease, true, &assignment)
         });
         for (s, _) in &plan.withdrawn {
             self.at(self.now + RELEASE_MS, Ev::Released(i, *s));
@@ -301,6 +392,7 @@ impl Sim {
             let key = format!("shards/{s}");
             match self.kv.get(&key) {
                 Some(k) => {
+                    self.c.creates_taken += 1;
                     let seen = k.mod_rev;
                     let h = &mut self.hosts[i];
                     h.written = h.written.max(seen);
@@ -309,6 +401,7 @@ impl Sim {
                     let me = self.hosts[i].id.clone().into_bytes();
                     let lease = lease.expect("a plan acquires only with a lease");
                     let rev = self.write(vec![(key, Some((me, lease)))]);
+                    self.c.taken += 1;
                     self.change(i, |sim| {
                         let h = &mut sim.hosts[i];
                         h.written = h.written.max(rev);
@@ -420,24 +513,37 @@ impl Sim {
                     self.register(i, true);
                 }
             }
+            Ev::SwitchStart => self.switch_start(),
+            Ev::SwitchEnd(set) => self.switch_end(set),
+            Ev::Reconfigure(i) => self.reconfigure(i),
         }
     }
 
+    /// The operator's work is done.
+    pub(super) fn operator_done(&mut self) {
+        self.pending -= 1;
+        if self.pending == 0 {
+            self.quiet_since = self.now;
+        }
+    }
+
+    /// Every shard served by exactly one host, of its region's when the tier has hosts
+    /// there, the loads within one inside each such group, and the operator done.
     pub(super) fn settled(&self) -> bool {
-        if self.single != self.shards.len() || self.doubles > 0 {
+        if self.single != self.shards.len() || self.doubles > 0 || self.pending > 0 {
             return false;
         }
         if self.hosts.iter().any(|h| h.cut) {
             return false;
         }
-        let loads: Vec<usize> = self
-            .hosts
-            .iter()
-            .filter(|h| h.up)
-            .map(|h| h.own.held.len() - h.own.releasing.len())
-            .collect();
-        !loads.is_empty()
-            && loads.iter().max().unwrap_or(&0) - loads.iter().min().unwrap_or(&0) <= 1
+        if let Some((v, answer)) = self.settled_memo.get() {
+            if v == self.version {
+                return answer;
+            }
+        }
+        let answer = moves_needed(self, &self.owners(), &self.regions) == Some(0);
+        self.settled_memo.set(Some((self.version, answer)));
+        answer
     }
 
     /// Runs every event due by `t`; the clock is then `t`.
@@ -454,14 +560,15 @@ impl Sim {
     }
 
     /// Runs until the tier settles (or `SETTLE_MAX_MS`); the time it took.
+    /// The time is counted from the call; the limit from the end of the operator's work.
     pub(super) fn run_until_settled(&mut self) -> Option<u64> {
         let start = self.now;
         loop {
-            if self.settled() && self.now > start {
+            if self.now > start && self.settled() {
                 return Some(self.now - start);
             }
             let ((t, _), e) = self.queue.pop_first()?;
-            if t - start > SETTLE_MAX_MS {
+            if self.pending == 0 && t - start.max(self.quiet_since) > SETTLE_MAX_MS {
                 self.queue.insert((t, 0), e);
                 return None;
             }
