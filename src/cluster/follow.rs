@@ -33,6 +33,10 @@ pub struct Cache {
     pub rest: BTreeSet<String>,
     /// etcd's revision this is the state of.
     pub revision: i64,
+    /// Kept with `keys` and `primaries` by [`Cache::apply_one`], for plans that would
+    /// otherwise scan every shard: each owner's shards, and how many primaries are paused.
+    by_owner: BTreeMap<String, BTreeSet<ShardId>>,
+    paused: usize,
 }
 
 impl Cache {
@@ -48,10 +52,19 @@ impl Cache {
                 self.hosts.remove(name);
             }
             ("shards", Some(s)) => {
-                self.keys.remove(&s);
+                if let Some((owner, _)) = self.keys.remove(&s) {
+                    if let Some(set) = self.by_owner.get_mut(&owner) {
+                        set.remove(&s);
+                        if set.is_empty() {
+                            self.by_owner.remove(&owner);
+                        }
+                    }
+                }
             }
             ("primaries", Some(s)) => {
-                self.primaries.remove(&s);
+                if let Some(p) = self.primaries.remove(&s) {
+                    self.paused -= usize::from(p.state == PrimaryState::Paused);
+                }
             }
             _ => {}
         }
@@ -63,16 +76,35 @@ impl Cache {
                 .map(|h| self.hosts.insert(name.to_string(), h))
                 .is_some(),
             ("shards", Some(s)) => std::str::from_utf8(value)
-                .map(|owner| self.keys.insert(s, (owner.to_string(), lease)))
+                .map(|owner| {
+                    self.by_owner
+                        .entry(owner.to_string())
+                        .or_default()
+                        .insert(s);
+                    self.keys.insert(s, (owner.to_string(), lease))
+                })
                 .is_ok(),
             ("primaries", Some(s)) => serde_json::from_slice::<PrimaryRecord>(value)
-                .map(|p| self.primaries.insert(s, p))
+                .map(|p| {
+                    self.paused += usize::from(p.state == PrimaryState::Paused);
+                    self.primaries.insert(s, p)
+                })
                 .is_ok(),
             _ => false,
         };
         if !kept {
             self.rest.insert(key.to_string());
         }
+    }
+
+    /// The shards whose owner key names `owner`.
+    pub fn shards_of(&self, owner: &str) -> impl Iterator<Item = ShardId> + '_ {
+        self.by_owner.get(owner).into_iter().flatten().copied()
+    }
+
+    /// A planned switch is under way: some primary is paused.
+    pub fn switching(&self) -> bool {
+        self.paused > 0
     }
 
     /// How many keys of the range etcd had at `revision`, by this cache.
@@ -127,7 +159,12 @@ impl Ownership {
     /// got to `held`.
     pub fn plan(&mut self, cache: &Cache, lease: Option<i64>, may_take: bool) -> Plan {
         let assignment = self.assignment(cache);
-        self.plan_with(cache, lease, may_take, &assignment)
+        let mine = assignment
+            .iter()
+            .filter(|(_, h)| **h == self.me)
+            .map(|(s, _)| *s)
+            .collect();
+        self.plan_with(cache, lease, may_take, &assignment, &mine)
     }
 
     /// The tier's assignment from `cache` (shard -> host): the same on every host of the
@@ -152,14 +189,16 @@ impl Ownership {
         assign_regional_from(&self.tier_shards, &tier_hosts, &regions, &current)
     }
 
-    /// [`Self::plan`] given the tier's [`Self::assignment`] from the same `cache`
-    /// (`foqs-sim` computes it once for all the hosts it runs).
+    /// [`Self::plan`] given the tier's [`Self::assignment`] from the same `cache` and the
+    /// shards it gives this host (`mine`; `foqs-sim` computes both once for all the hosts
+    /// it runs).
     pub fn plan_with<H: AsRef<str>>(
         &mut self,
         cache: &Cache,
         lease: Option<i64>,
         may_take: bool,
         assignment: &BTreeMap<ShardId, H>,
+        mine: &BTreeSet<ShardId>,
     ) -> Plan {
         let mut out = Plan::default();
         let keys = &cache.keys;
@@ -180,20 +219,23 @@ impl Ownership {
         // ours (it starts from the keys), so it is taken up: served, or given back again
         // when it should be elsewhere; left alone, nobody would serve it until our lease
         // ended.
-        out.taken_up = keys
-            .iter()
-            .filter(|(s, (_, l))| {
-                lease == Some(*l)
+        // (A key under this host's lease names this host: only it writes with its lease.)
+        out.taken_up = cache
+            .shards_of(&self.me)
+            .filter(|s| {
+                keys.get(s).map(|(_, l)| Some(*l)) == Some(lease)
                     && !self.held.contains(s)
                     && !self.undeleted.contains(s)
                     && self.tier_shards.contains(s)
             })
-            .map(|(s, _)| *s)
             .collect();
         self.held.extend(out.taken_up.iter().copied());
         let registered = cache.hosts.contains_key(&self.me) && lease.is_some();
         let settling = self.settling(cache);
-        for s in &self.tier_shards {
+        // What a plan decides concerns the shards this host holds and those it should:
+        // not every shard of the tier.
+        let concerned: BTreeSet<ShardId> = self.held.union(mine).copied().collect();
+        for s in &concerned {
             let desired = assignment.get(s).map(AsRef::as_ref);
             if self.held.contains(s) {
                 if desired.is_some_and(|d| d != self.me)
@@ -230,11 +272,7 @@ impl Ownership {
     /// none) include this one. A shard whose region moved away still goes at once, and a
     /// free shard is taken as usual; the loads even out once the switches end.
     fn settling<'c>(&self, cache: &'c Cache) -> Option<impl Fn(ShardId) -> bool + 'c> {
-        if !cache
-            .primaries
-            .values()
-            .any(|p| p.state == PrimaryState::Paused)
-        {
+        if !cache.switching() {
             return None;
         }
         let mine = cache.hosts.get(&self.me)?.region.clone();
@@ -297,8 +335,14 @@ mod tests {
         let mut c = Cache::default();
         c.apply_one("shards/1", Some((b"a", 7)));
         assert_eq!(c.keys[&1], ("a".to_string(), 7));
+        c.apply_one("shards/2", Some((b"a", 7)));
+        c.apply_one("shards/2", Some((b"b", 8)));
+        assert_eq!(c.shards_of("a").collect::<Vec<_>>(), vec![1]);
+        assert_eq!(c.shards_of("b").collect::<Vec<_>>(), vec![2]);
         c.apply_one("shards/1", None);
+        c.apply_one("shards/2", None);
         assert_eq!(owner(&c, 1), None);
+        assert_eq!(c.shards_of("a").count(), 0);
         c.apply_one("hosts/h1", Some((br#"{"addr":"x:1","tier":"t"}"#, 7)));
         assert_eq!(c.hosts["h1"].addr, "x:1");
         assert_eq!(c.hosts["h1"].region, "", "a record without a region");
@@ -380,11 +424,13 @@ mod tests {
         // Shard 3's set is paused on its way to r2: it goes to c at once, while the
         // shards a holds beyond its share in r1 stay until the switch is done.
         primary(&mut c, 3, "r1", Some("r2"));
+        assert!(c.switching());
         let mut during = a.clone();
         let p = during.plan(&c, Some(7), true);
         assert_eq!(p.withdrawn, vec![(3, Some("c".to_string()))], "{p:?}");
         // The switch done: balance resumes, and a gives b its share.
         primary(&mut c, 3, "r2", None);
+        assert!(!c.switching());
         let p = a.plan(&c, Some(7), true);
         let to_b = p
             .withdrawn

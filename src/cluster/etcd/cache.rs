@@ -114,13 +114,11 @@ impl Follower {
             options = options.with_revision(revision);
         }
         let resp = self.client.get(from, Some(options)).await?;
-        let mut cache = Cache {
-            revision: if revision > 0 {
-                revision
-            } else {
-                resp.header().map_or(0, |h| h.revision())
-            },
-            ..Cache::default()
+        let mut cache = Cache::default();
+        cache.revision = if revision > 0 {
+            revision
+        } else {
+            resp.header().map_or(0, |h| h.revision())
         };
         // (Every key's mod revision is at most the read's.)
         for kv in resp.kvs() {

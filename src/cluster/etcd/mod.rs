@@ -20,7 +20,11 @@
 //! its lease, and the survivors take its shards. A replicated shard goes to a host of
 //! its primary's region when the tier has one there. Besides the poll, a watch on the
 //! hosts, owners and primaries reconciles at once when one changes (a switch's pause and
-//! a shard's move take milliseconds, not a poll interval).
+//! a shard's move take milliseconds, not a poll interval). A poll that finds the cache,
+//! the lease, the fence and the host's own shards as the last plan left them plans
+//! nothing ([`PlanInputs`]). While a planned switch is under way in the tier, no shard
+//! moves for balance alone (see `follow.rs`: a drain would otherwise even out the region
+//! it empties on the way).
 //!
 //! Fencing: after each successful renewal (sent at t) the lease cannot expire before
 //! t + TTL; the host may write until t + TTL - `fence_margin_ms` (store timeout + 500 ms,
@@ -28,7 +32,7 @@
 //! cannot renew stops writing at its fence and drops its shards from its view; another
 //! host can take them only after etcd expired the lease, which is later.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -115,6 +119,7 @@ impl EtcdManager {
             cache: None,
             written: 0,
             written_at: Instant::now(),
+            planned: None,
         };
         let task = tokio::spawn(follower.run(
             Duration::from_millis(cfg.poll_ms),
@@ -226,9 +231,37 @@ struct Follower {
     /// plans again (see [`Follower::wrote`]), and when it was written.
     written: i64,
     written_at: Instant,
+    /// What the last plan that ran to its end was made from (see [`PlanInputs`]).
+    planned: Option<PlanInputs>,
+}
+
+/// Everything a plan depends on: a plan from the same inputs as the last one finds
+/// nothing to do (what it withdrew is withdrawn, what it could take it tried, and a
+/// create that found its key taken waits for a later revision), so it is skipped. Most
+/// polls change none of these; a host of a large tier would otherwise compute the
+/// tier's assignment once a second for nothing.
+#[derive(Debug, PartialEq)]
+struct PlanInputs {
+    revision: i64,
+    lease: Option<i64>,
+    fence_open: bool,
+    held: BTreeSet<ShardId>,
+    releasing: BTreeSet<ShardId>,
+    undeleted: BTreeSet<ShardId>,
 }
 
 impl Follower {
+    fn plan_inputs(&self, revision: i64) -> PlanInputs {
+        PlanInputs {
+            revision,
+            lease: self.lease.as_ref().map(|l| l.id),
+            fence_open: self.fence.is_open(),
+            held: self.own.held.clone(),
+            releasing: self.own.releasing.clone(),
+            undeleted: self.own.undeleted.clone(),
+        }
+    }
+
     fn host_key(&self, id: &str) -> String {
         format!("{}/hosts/{id}", self.prefix)
     }
@@ -493,6 +526,10 @@ impl Follower {
             self.wrote(rev);
             return Ok(());
         }
+        let revision = cache.revision;
+        if self.planned.as_ref() == Some(&self.plan_inputs(revision)) {
+            return Ok(());
+        }
         let my_lease = self.lease.as_ref().map(|l| l.id);
         let plan = self.own.plan(cache, my_lease, self.fence.is_open());
         for s in &plan.lost {
@@ -533,6 +570,7 @@ impl Follower {
                 self.own.held.insert(s);
             }
         }
+        self.planned = Some(self.plan_inputs(revision));
         let Some(cache) = &self.cache else {
             return Ok(());
         };

@@ -80,6 +80,7 @@ pub fn run(p: Params) {
             "double_served": sim.c.double_served - before.double_served,
             "etcd_requests": sim.c.requests - before.requests,
             "operator_requests": sim.c.operator_requests - before.operator_requests,
+            "check_requests": sim.c.check_requests - before.check_requests,
             "creates_taken": sim.c.creates_taken - before.creates_taken,
             "taken": sim.c.taken - before.taken,
             "plans_per_host": (sim.c.plans - before.plans) / live,
@@ -114,6 +115,16 @@ pub fn run(p: Params) {
                 "operator_requests_max",
                 sim.c.operator_requests - before.operator_requests,
             ),
+            (
+                "check_requests_max",
+                sim.c.check_requests - before.check_requests,
+            ),
+            (
+                "event_requests_max",
+                requests
+                    - (sim.c.operator_requests - before.operator_requests)
+                    - (sim.c.check_requests - before.check_requests),
+            ),
             ("moved_max", moved as u64),
             ("taken_max", sim.c.taken - before.taken),
             ("plans_per_host_max", (sim.c.plans - before.plans) / live),
@@ -129,21 +140,22 @@ pub fn run(p: Params) {
     };
     let took = sim.run_until_settled();
     report("join all", &sim, took, &start, 0, 0);
+    let mut deck = Vec::new();
     for _ in 0..sim.p.events {
         start = sim.c;
         sim.gap_max = 0;
         let before = sim.owners();
         let live: Vec<usize> = (0..sim.hosts.len()).filter(|i| sim.hosts[*i].up).collect();
-        let roll = sim.rng.below(100);
         let drain = sim.drain_pick();
-        let kind = match roll {
-            _ if live.len() <= sim.p.hosts.saturating_sub(2).max(2) => "join",
-            0..=29 => "join",
-            30..=49 => "leave",
-            50..=69 => "crash",
-            70..=79 => "partition",
-            80..=89 if drain.is_some() => "drain",
-            _ => "add shards",
+        // A tier that shrank by two takes a join without drawing a card.
+        let kind = if live.len() <= sim.p.hosts.saturating_sub(2).max(2) {
+            "join"
+        } else {
+            match deal(&mut deck, &mut sim) {
+                // One region, or none other with hosts: nothing to drain.
+                "drain" if drain.is_none() => "add shards",
+                k => k,
+            }
         };
         let victim = live[sim.rng.below(live.len())];
         let cut_at = sim.now;
@@ -236,4 +248,29 @@ fn moved_since(
         .iter()
         .filter(|(s, h)| before.get(*s).is_none_or(|b| b != *h))
         .count()
+}
+
+/// The kinds of event, one deck: dealt in an order shuffled by the seed, a new deck when
+/// one runs out, so every kind comes up in every 20 events.
+const DECK: [(&str, usize); 6] = [
+    ("join", 6),
+    ("leave", 4),
+    ("crash", 4),
+    ("partition", 2),
+    ("drain", 2),
+    ("add shards", 2),
+];
+
+fn deal(deck: &mut Vec<&'static str>, sim: &mut Sim) -> &'static str {
+    if deck.is_empty() {
+        for (kind, n) in DECK {
+            deck.extend(std::iter::repeat_n(kind, n));
+        }
+        // Fisher-Yates, on the simulation's generator.
+        for i in (1..deck.len()).rev() {
+            let j = sim.rng.below(i + 1);
+            deck.swap(i, j);
+        }
+    }
+    deck.pop().expect("a full deck")
 }

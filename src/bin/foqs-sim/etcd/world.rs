@@ -50,6 +50,9 @@ pub(super) struct Counters {
     pub(super) taken: u64,
     /// Plans made (`Ownership::plan` runs), over all hosts.
     pub(super) plans: u64,
+    /// The periodic counts of the range's keys (one per host every `CHECK_POLLS` polls,
+    /// whatever happens), also counted in `requests`.
+    pub(super) check_requests: u64,
 }
 
 /// One key's change: its name under the prefix, and its new value and lease (None:
@@ -103,6 +106,12 @@ pub(super) struct Host {
     pub(super) last_renewal: u64,
 }
 
+/// A tier's assignment at one revision: shard -> host, and each host's shards.
+pub(super) struct Assignment {
+    of: BTreeMap<ShardId, String>,
+    by_host: BTreeMap<String, BTreeSet<ShardId>>,
+}
+
 pub(super) struct Sim {
     pub(super) p: Params,
     pub(super) rng: Rng,
@@ -137,7 +146,7 @@ pub(super) struct Sim {
     pub(super) version: u64,
     pub(super) settled_memo: std::cell::Cell<Option<(u64, bool)>>,
     /// The last assignments computed, by (cache revision, shard list length).
-    pub(super) assignments: BTreeMap<(i64, usize), Rc<BTreeMap<ShardId, String>>>,
+    pub(super) assignments: BTreeMap<(i64, usize), Rc<Assignment>>,
     /// shard -> how many hosts serve it now; how many shards one host serves, and how
     /// many two or more.
     pub(super) served: BTreeMap<ShardId, usize>,
@@ -371,8 +380,14 @@ impl Sim {
             Some(a) => Rc::clone(a),
             None => {
                 let a = h.own.assignment(&h.cache);
-                let a: Rc<BTreeMap<ShardId, String>> =
-                    Rc::new(a.into_iter().map(|(s, o)| (s, o.to_string())).collect());
+                let mut by_host: BTreeMap<String, BTreeSet<ShardId>> = BTreeMap::new();
+                for (s, o) in &a {
+                    by_host.entry(o.to_string()).or_default().insert(*s);
+                }
+                let a = Rc::new(Assignment {
+                    of: a.into_iter().map(|(s, o)| (s, o.to_string())).collect(),
+                    by_host,
+                });
                 self.assignments.insert(key, Rc::clone(&a));
                 if self.assignments.len() > ASSIGNMENTS_KEPT {
                     self.assignments.pop_first();
@@ -380,9 +395,11 @@ impl Sim {
                 a
             }
         };
+        let none = BTreeSet::new();
         let plan = self.change(i, |sim| {
             let h = &mut sim.hosts[i];
-            h.own.plan_with(&h.cache, lease, true, &assignment)
+            let mine = assignment.by_host.get(&h.id).unwrap_or(&none);
+            h.own.plan_with(&h.cache, lease, true, &assignment.of, mine)
         });
         for (s, _) in &plan.withdrawn {
             self.at(self.now + RELEASE_MS, Ev::Released(i, *s));
@@ -479,6 +496,7 @@ impl Sim {
                 h.last_renewal = self.now;
                 if h.polls.is_multiple_of(CHECK_POLLS) {
                     self.c.requests += 1;
+                    self.c.check_requests += 1;
                 }
                 if let Some(l) = h.lease {
                     if let Some(e) = self.leases.get_mut(&l) {
