@@ -34,9 +34,9 @@ pub struct Cache {
     /// etcd's revision this is the state of.
     pub revision: i64,
     /// Kept with `keys` and `primaries` by [`Cache::apply_one`], for plans that would
-    /// otherwise scan every shard: each owner's shards, and how many primaries are paused.
+    /// otherwise scan every shard: each owner's shards, and the shards whose primary is paused.
     by_owner: BTreeMap<String, BTreeSet<ShardId>>,
-    paused: usize,
+    paused: BTreeSet<ShardId>,
 }
 
 impl Cache {
@@ -62,9 +62,8 @@ impl Cache {
                 }
             }
             ("primaries", Some(s)) => {
-                if let Some(p) = self.primaries.remove(&s) {
-                    self.paused -= usize::from(p.state == PrimaryState::Paused);
-                }
+                self.primaries.remove(&s);
+                self.paused.remove(&s);
             }
             _ => {}
         }
@@ -86,7 +85,9 @@ impl Cache {
                 .is_ok(),
             ("primaries", Some(s)) => serde_json::from_slice::<PrimaryRecord>(value)
                 .map(|p| {
-                    self.paused += usize::from(p.state == PrimaryState::Paused);
+                    if p.state == PrimaryState::Paused {
+                        self.paused.insert(s);
+                    }
                     self.primaries.insert(s, p)
                 })
                 .is_ok(),
@@ -102,9 +103,9 @@ impl Cache {
         self.by_owner.get(owner).into_iter().flatten().copied()
     }
 
-    /// A planned switch is under way: some primary is paused.
-    pub fn switching(&self) -> bool {
-        self.paused > 0
+    /// The shards whose primary is paused for a planned switch (of every tier).
+    pub fn paused(&self) -> &BTreeSet<ShardId> {
+        &self.paused
     }
 
     /// How many keys of the range etcd had at `revision`, by this cache.
@@ -231,7 +232,7 @@ impl Ownership {
             .collect();
         self.held.extend(out.taken_up.iter().copied());
         let registered = cache.hosts.contains_key(&self.me) && lease.is_some();
-        let settling = self.settling(cache);
+        let settling = self.settling(cache, |s| assignment.contains_key(&s));
         // What a plan decides concerns the shards this host holds and those it should:
         // not every shard of the tier.
         let concerned: BTreeSet<ShardId> = self.held.union(mine).copied().collect();
@@ -271,8 +272,14 @@ impl Ownership {
     /// elsewhere, because its region's hosts (or any host, for a shard whose region has
     /// none) include this one. A shard whose region moved away still goes at once, and a
     /// free shard is taken as usual; the loads even out once the switches end.
-    fn settling<'c>(&self, cache: &'c Cache) -> Option<impl Fn(ShardId) -> bool + 'c> {
-        if !cache.switching() {
+    /// `in_tier`: whether a shard is one of this host's tier's (a drain in another tier
+    /// does not hold this one's balance).
+    fn settling<'c>(
+        &self,
+        cache: &'c Cache,
+        in_tier: impl Fn(ShardId) -> bool,
+    ) -> Option<impl Fn(ShardId) -> bool + 'c> {
+        if !cache.paused().iter().any(|s| in_tier(*s)) {
             return None;
         }
         let mine = cache.hosts.get(&self.me)?.region.clone();
@@ -421,16 +428,26 @@ mod tests {
         }
         primary(&mut c, 4, "r2", None);
         c.apply_one("shards/4", Some((b"c", 9)));
+        // A switch in another tier (shard 99 is not a's tier's) holds nothing here: a,
+        // over its share in r1, gives b two shards.
+        let mut other = c.clone();
+        primary(&mut other, 99, "r1", Some("r2"));
+        let p = a.clone().plan(&other, Some(7), true);
+        let to_b = p
+            .withdrawn
+            .iter()
+            .filter(|(_, h)| h.as_deref() == Some("b"));
+        assert_eq!(to_b.count(), 2, "{p:?}");
         // Shard 3's set is paused on its way to r2: it goes to c at once, while the
         // shards a holds beyond its share in r1 stay until the switch is done.
         primary(&mut c, 3, "r1", Some("r2"));
-        assert!(c.switching());
+        assert_eq!(c.paused().iter().collect::<Vec<_>>(), vec![&3]);
         let mut during = a.clone();
         let p = during.plan(&c, Some(7), true);
         assert_eq!(p.withdrawn, vec![(3, Some("c".to_string()))], "{p:?}");
         // The switch done: balance resumes, and a gives b its share.
         primary(&mut c, 3, "r2", None);
-        assert!(!c.switching());
+        assert!(c.paused().is_empty());
         let p = a.plan(&c, Some(7), true);
         let to_b = p
             .withdrawn

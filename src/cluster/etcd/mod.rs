@@ -251,11 +251,11 @@ struct PlanInputs {
 }
 
 impl Follower {
-    fn plan_inputs(&self, revision: i64) -> PlanInputs {
+    fn plan_inputs(&self, revision: i64, fence_open: bool) -> PlanInputs {
         PlanInputs {
             revision,
             lease: self.lease.as_ref().map(|l| l.id),
-            fence_open: self.fence.is_open(),
+            fence_open,
             held: self.own.held.clone(),
             releasing: self.own.releasing.clone(),
             undeleted: self.own.undeleted.clone(),
@@ -339,6 +339,9 @@ impl Follower {
                         self.metrics.view_read(reason);
                         let from = cache.revision + 1;
                         self.cache = Some(cache);
+                        // A whole read may correct a cache that drifted (a lost event)
+                        // and still be at the same revision: plan from it.
+                        self.planned = None;
                         match self.open_feed(from).await {
                             Ok(w) => {
                                 reason = "start";
@@ -527,11 +530,13 @@ impl Follower {
             return Ok(());
         }
         let revision = cache.revision;
-        if self.planned.as_ref() == Some(&self.plan_inputs(revision)) {
+        // Read once: the fence moves with the clock and the renewals.
+        let fence_open = self.fence.is_open();
+        if self.planned.as_ref() == Some(&self.plan_inputs(revision, fence_open)) {
             return Ok(());
         }
         let my_lease = self.lease.as_ref().map(|l| l.id);
-        let plan = self.own.plan(cache, my_lease, self.fence.is_open());
+        let plan = self.own.plan(cache, my_lease, fence_open);
         for s in &plan.lost {
             tracing::warn!(shard = s, "etcd: shard key no longer ours");
         }
@@ -548,8 +553,12 @@ impl Follower {
                 "shard moving to another host"
             );
         }
+        // A plan whose creates were all tried is recorded as done; one cut short by the
+        // fence is not (it is tried again next time).
+        let mut complete = true;
         for s in plan.acquire {
             if !self.fence.is_open() {
+                complete = false;
                 break;
             }
             let lease = my_lease.expect("a plan acquires only with a lease");
@@ -570,7 +579,7 @@ impl Follower {
                 self.own.held.insert(s);
             }
         }
-        self.planned = Some(self.plan_inputs(revision));
+        self.planned = complete.then(|| self.plan_inputs(revision, fence_open));
         let Some(cache) = &self.cache else {
             return Ok(());
         };

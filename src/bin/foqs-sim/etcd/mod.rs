@@ -160,7 +160,7 @@ pub fn run(p: Params) {
         let victim = live[sim.rng.below(live.len())];
         let cut_at = sim.now;
         // The regions once the event is through (a drain moves them set by set).
-        let mut regions = sim.regions.clone();
+        let mut drained = None;
         match kind {
             "join" => {
                 sim.join(true);
@@ -187,9 +187,11 @@ pub fn run(p: Params) {
             }
             "drain" => {
                 let (from, to) = drain.expect("picked");
+                let mut regions = sim.regions.clone();
                 for r in regions.values_mut().filter(|r| **r == from) {
                     *r = to;
                 }
+                drained = Some(regions);
                 sim.drain(from, to);
             }
             "add shards" => sim.add_shards((sim.shards.len() / 20).max(1)),
@@ -210,6 +212,7 @@ pub fn run(p: Params) {
         };
         // The least any assignment could move for this event: from the owners before it
         // to a balance of the tier after it.
+        let regions = drained.unwrap_or_else(|| sim.regions.clone());
         let ideal = moves_needed(&sim, &before, &regions).unwrap_or(0);
         let took = sim.run_until_settled();
         let moved = moved_since(&sim, &before);
