@@ -11,32 +11,21 @@ use std::collections::BTreeMap;
 use foqs::cluster::region_groups;
 use foqs::model::ShardId;
 
-use super::world::Sim;
-
 /// With `owners` (shard -> host index) and `regions` (shard -> owner region), over the
-/// hosts up now and the tier's shards now. None: no host is up.
+/// hosts up (`live`: index, id, region) and the tier's `shards`. None: no host is up.
 pub(super) fn moves_needed(
-    sim: &Sim,
+    shards: &[ShardId],
+    live: &[(usize, &str, &str)],
     owners: &BTreeMap<ShardId, usize>,
     regions: &BTreeMap<ShardId, &str>,
 ) -> Option<usize> {
-    let live: Vec<(&str, &str)> = sim
-        .hosts
-        .iter()
-        .filter(|h| h.up)
-        .map(|h| (h.id.as_str(), h.region))
-        .collect();
     if live.is_empty() {
         return None;
     }
-    let index: BTreeMap<&str, usize> = sim
-        .hosts
-        .iter()
-        .enumerate()
-        .map(|(i, h)| (h.id.as_str(), i))
-        .collect();
+    let hosts: Vec<(&str, &str)> = live.iter().map(|(_, id, r)| (*id, *r)).collect();
+    let index: BTreeMap<&str, usize> = live.iter().map(|(i, id, _)| (*id, *i)).collect();
     let mut needed = 0;
-    for (pool, group) in region_groups(&sim.shards, &live, regions) {
+    for (pool, group) in region_groups(shards, &hosts, regions) {
         let mut load: BTreeMap<usize, usize> = pool.iter().map(|h| (index[h], 0)).collect();
         for s in &group {
             if let Some(l) = owners.get(s).and_then(|o| load.get_mut(o)) {

@@ -33,13 +33,15 @@
 //! moves included) against the fewest the event needed (`balance.rs`).
 
 mod balance;
+mod counters;
 mod operator;
 mod world;
 
 use serde_json::json;
 
 use balance::moves_needed;
-use world::{Counters, Ev, Sim};
+use counters::Counters;
+use world::{Ev, Sim};
 
 pub struct Params {
     pub hosts: usize,
@@ -213,7 +215,7 @@ pub fn run(p: Params) {
         // The least any assignment could move for this event: from the owners before it
         // to a balance of the tier after it.
         let regions = drained.unwrap_or_else(|| sim.regions.clone());
-        let ideal = moves_needed(&sim, &before, &regions).unwrap_or(0);
+        let ideal = moves_needed(&sim.shards, &sim.live(), &before, &regions).unwrap_or(0);
         let took = sim.run_until_settled();
         let moved = moved_since(&sim, &before);
         report(kind, &sim, took, &start, moved, ideal);
@@ -225,7 +227,7 @@ pub fn run(p: Params) {
             sim.gap_max = 0;
             let before = sim.owners();
             sim.step(Ev::Heal(victim));
-            let ideal = moves_needed(&sim, &before, &sim.regions).unwrap_or(0);
+            let ideal = moves_needed(&sim.shards, &sim.live(), &before, &sim.regions).unwrap_or(0);
             let took = sim.run_until_settled();
             let moved = moved_since(&sim, &before);
             report("partition healed", &sim, took, &mark, moved, ideal);

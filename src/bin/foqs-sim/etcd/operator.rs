@@ -4,11 +4,11 @@
 //! moving at its pause, as `replication::switch` writes them), and shards added (their
 //! records written, then each host learning the longer shard list at its own moment).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use foqs::model::{PrimaryRecord, PrimaryState, ShardId};
 
-use super::world::{Change, Ev, Sim, ALL_REGIONS};
+use super::world::{Change, Drain, Ev, Sim, ALL_REGIONS};
 
 /// Replica sets a drain switches at once (`replication.drain_parallel_max`'s default).
 pub(super) const DRAIN_PARALLEL: usize = 4;
@@ -17,12 +17,6 @@ pub(super) const DRAIN_PARALLEL: usize = 4;
 const SWITCH_MS: (u64, u64) = (150, 550);
 /// Added shards reach every host's shard list within this (drawn per host).
 pub(super) const RECONFIGURE_SPREAD_MS: u64 = 2_000;
-
-/// A drain under way: the sets still to switch, and where to.
-pub(super) struct Drain {
-    to: &'static str,
-    sets: VecDeque<Vec<ShardId>>,
-}
 
 fn record(set: usize, region: &str, generation: u64) -> PrimaryRecord {
     PrimaryRecord {

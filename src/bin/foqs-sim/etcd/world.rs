@@ -1,7 +1,7 @@
 //! The simulated world of `foqs-sim --etcd`: etcd (revisions, leases, one ordered watch
 //! per host) and the hosts, each on the real planning code (see `mod.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 
 use foqs::cluster::follow::{Cache, HostRecord, Ownership};
@@ -9,7 +9,7 @@ use foqs::model::ShardId;
 use foqs::seeded::Rng;
 
 use super::balance::moves_needed;
-use super::operator::Drain;
+use super::counters::Counters;
 use super::Params;
 
 /// The regions hosts and primaries are drawn from (`--regions` of them).
@@ -32,27 +32,6 @@ pub(super) const CHECK_POLLS: u64 = 10;
 pub(super) struct Key {
     lease: i64,
     mod_rev: i64,
-}
-
-#[derive(Clone, Copy, Default)]
-pub(super) struct Counters {
-    pub(super) requests: u64,
-    pub(super) watch_events: u64,
-    pub(super) whole_reads: u64,
-    pub(super) double_served: u64,
-    /// The operator's writes (a drain's primaries records, added shards' records), also
-    /// counted in `requests`.
-    pub(super) operator_requests: u64,
-    /// Creates that found the key taken (a plan from a view behind etcd's).
-    pub(super) creates_taken: u64,
-    /// Shards taken by a host (created keys): every hand-over, those undone later in the
-    /// same event too.
-    pub(super) taken: u64,
-    /// Plans made (`Ownership::plan` runs), over all hosts.
-    pub(super) plans: u64,
-    /// The periodic counts of the range's keys (one per host every `CHECK_POLLS` polls,
-    /// whatever happens), also counted in `requests`.
-    pub(super) check_requests: u64,
 }
 
 /// One key's change: its name under the prefix, and its new value and lease (None:
@@ -104,6 +83,12 @@ pub(super) struct Host {
     pub(super) applied: usize,
     pub(super) polls: u64,
     pub(super) last_renewal: u64,
+}
+
+/// A drain under way: the sets still to switch, and where to.
+pub(super) struct Drain {
+    pub(super) to: &'static str,
+    pub(super) sets: VecDeque<Vec<ShardId>>,
 }
 
 /// A tier's assignment at one revision: shard -> host, and each host's shards.
@@ -559,7 +544,8 @@ impl Sim {
                 return answer;
             }
         }
-        let answer = moves_needed(self, &self.owners(), &self.regions) == Some(0);
+        let answer =
+            moves_needed(&self.shards, &self.live(), &self.owners(), &self.regions) == Some(0);
         self.settled_memo.set(Some((self.version, answer)));
         answer
     }
@@ -593,6 +579,16 @@ impl Sim {
             self.now = t;
             self.step(e);
         }
+    }
+
+    /// The hosts up: (index, id, region).
+    pub(super) fn live(&self) -> Vec<(usize, &str, &str)> {
+        self.hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.up)
+            .map(|(i, h)| (i, h.id.as_str(), h.region))
+            .collect()
     }
 
     pub(super) fn owners(&self) -> BTreeMap<ShardId, usize> {
