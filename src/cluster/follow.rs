@@ -26,8 +26,10 @@ pub struct HostRecord {
 pub struct Cache {
     pub hosts: BTreeMap<String, HostAddr>,
     /// shard -> (owner, lease)
-    pub keys: BTreeMap<ShardId, (String, i64)>,
-    pub primaries: BTreeMap<ShardId, PrimaryRecord>,
+    /// (Private, with `primaries`: [`Cache::apply_one`] keeps indexes of both; read them
+    /// through [`Cache::keys`] and [`Cache::primaries`].)
+    keys: BTreeMap<ShardId, (String, i64)>,
+    primaries: BTreeMap<ShardId, PrimaryRecord>,
     /// The range's other keys (acks, records that do not parse), by name under the
     /// prefix: not planned from, but counted (see [`Cache::keys_in_range`]).
     pub rest: BTreeSet<String>,
@@ -96,6 +98,16 @@ impl Cache {
         if !kept {
             self.rest.insert(key.to_string());
         }
+    }
+
+    /// The owner keys: shard -> (owner, lease).
+    pub fn keys(&self) -> &BTreeMap<ShardId, (String, i64)> {
+        &self.keys
+    }
+
+    /// The replicated shards' primaries' records.
+    pub fn primaries(&self) -> &BTreeMap<ShardId, PrimaryRecord> {
+        &self.primaries
     }
 
     /// The shards whose owner key names `owner`.

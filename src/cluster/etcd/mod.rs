@@ -512,12 +512,13 @@ impl Follower {
             // A record etcd has but this build cannot read (a newer build's, during an
             // upgrade) is not this host's to write: it plans without it.
             .filter(|(s, _)| {
-                !cache.primaries.contains_key(s) && !cache.rest.contains(&format!("primaries/{s}"))
+                !cache.primaries().contains_key(s)
+                    && !cache.rest.contains(&format!("primaries/{s}"))
             })
             .map(|(s, r)| {
                 let sibling = self.member.primaries.iter().find_map(|(t, tr)| {
                     (tr.addr == r.addr)
-                        .then(|| cache.primaries.get(t))
+                        .then(|| cache.primaries().get(t))
                         .flatten()
                 });
                 (*s, sibling.cloned().unwrap_or_else(|| r.clone()))

@@ -125,7 +125,7 @@ impl Sim {
         let changes: Vec<Change> = set
             .iter()
             .map(|s| {
-                let mut r = self.mirror.primaries[s].clone();
+                let mut r = self.mirror.primaries()[s].clone();
                 f(&mut r);
                 let value = serde_json::to_vec(&r).expect("serializable");
                 (format!("primaries/{s}"), Some((value, 0)))
