@@ -189,12 +189,7 @@ pub fn run(p: Params) {
             }
             "drain" => {
                 let (from, to) = drain.expect("picked");
-                let mut regions = sim.regions.clone();
-                for r in regions.values_mut().filter(|r| **r == from) {
-                    *r = to;
-                }
-                drained = Some(regions);
-                sim.drain(from, to);
+                drained = Some(sim.drain(from, to));
             }
             "add shards" => sim.add_shards((sim.shards.len() / 20).max(1)),
             _ => {

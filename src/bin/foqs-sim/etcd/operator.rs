@@ -102,8 +102,17 @@ impl Sim {
         Some((from, to))
     }
 
-    /// Starts draining `from` into `to`: its sets switch `DRAIN_PARALLEL` at a time.
-    pub(super) fn drain(&mut self, from: &'static str, to: &'static str) {
+    /// Starts draining `from` into `to`: its sets switch `DRAIN_PARALLEL` at a time. The
+    /// shards' regions once the drain is through.
+    pub(super) fn drain(
+        &mut self,
+        from: &'static str,
+        to: &'static str,
+    ) -> BTreeMap<ShardId, &'static str> {
+        let mut after = self.regions.clone();
+        for r in after.values_mut().filter(|r| **r == from) {
+            *r = to;
+        }
         let mut sets: BTreeMap<usize, Vec<ShardId>> = BTreeMap::new();
         for (s, r) in &self.regions {
             if *r == from {
@@ -119,6 +128,7 @@ impl Sim {
         for _ in 0..DRAIN_PARALLEL.min(n) {
             self.at(self.now, Ev::SwitchStart);
         }
+        after
     }
 
     fn write_records(&mut self, set: &[ShardId], f: impl Fn(&mut PrimaryRecord)) {
