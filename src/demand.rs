@@ -44,6 +44,8 @@ pub const AT_MOST_ONCE_HOLD_MS: i64 = 200;
 
 /// Where handed items go once committed: returns those it could not take (to release).
 pub type HandSink = Arc<dyn Fn(&TopicName, Vec<Item>) -> Vec<Item> + Send + Sync>;
+/// How many more items the sink can take for a topic now (its stage's room).
+pub type SinkRoom = Arc<dyn Fn(&TopicName) -> usize + Send + Sync>;
 
 #[derive(Debug, Default)]
 struct Want {
@@ -73,7 +75,7 @@ const EPOCH_BUCKETS: usize = 1024;
 
 pub struct Demand {
     topics: Mutex<HashMap<TopicName, Want>>,
-    sink: Mutex<Option<HandSink>>,
+    sink: Mutex<Option<(HandSink, SinkRoom)>>,
     /// Bumped whenever an item of a topic (of the bucket) becomes ready the usual way,
     /// whether or not anyone waits on it: a consumer's look that found nothing holds only
     /// if no bump came between the look's start and its report (see [`Demand::epoch`]).
@@ -124,19 +126,20 @@ impl Demand {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn sink(&self) -> Option<HandSink> {
+    fn sink(&self) -> Option<(HandSink, SinkRoom)> {
         self.sink
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
-    /// Where committed hand-offs go; set by the host. Without one nothing is handed.
-    pub fn set_sink(&self, sink: HandSink) {
+    /// Where committed hand-offs go, and how many it has room for; set by the host.
+    /// Without one nothing is handed.
+    pub fn set_sink(&self, sink: HandSink, room: SinkRoom) {
         *self
             .sink
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((sink, room));
     }
 
     /// Where `topic`'s ready events stand: read before a look for items, and passed back
@@ -196,26 +199,40 @@ impl Demand {
             items: 0,
             at_most_once: false,
         };
-        if self.sink().is_none() {
-            return none;
-        }
-        let topics = self.topics();
-        let Some(w) = topics.get(topic) else {
+        let Some((_, room)) = self.sink() else {
             return none;
         };
-        if w.blocked {
-            return none;
-        }
-        let recent = if now_ms < w.recent_until_ms {
-            w.recent
-        } else {
-            0
+        let grant = {
+            let topics = self.topics();
+            let Some(w) = topics.get(topic) else {
+                return none;
+            };
+            if w.blocked {
+                return none;
+            }
+            let recent = if now_ms < w.recent_until_ms {
+                w.recent
+            } else {
+                0
+            };
+            Grant {
+                // A long poll's own empty look also counts as `recent`: the larger ask,
+                // not the sum, so that it is not counted twice. Many parked polls ask at
+                // most DEMAND_ITEMS_MAX together, as a hold window's dequeues do.
+                items: w
+                    .parked
+                    .min(DEMAND_ITEMS_MAX)
+                    .max(recent)
+                    .saturating_sub(w.handed),
+                at_most_once: w.polls > 0,
+            }
         };
+        // No more than the sink can stage (asked without `topics` held: see the lock
+        // order). Two shards granted at once may still hand more: the sink releases what
+        // it has no room for.
         Grant {
-            // A long poll's own empty look also counts as `recent`: the larger ask, not
-            // the sum, so that it is not counted twice.
-            items: w.parked.max(recent).saturating_sub(w.handed),
-            at_most_once: w.polls > 0,
+            items: grant.items.min(room(topic)),
+            ..grant
         }
     }
 
@@ -239,7 +256,7 @@ impl Demand {
     /// Committed hand-offs, to the sink; returns what it did not take (none set: all).
     pub fn hand(&self, topic: &TopicName, items: Vec<Item>) -> Vec<Item> {
         match self.sink() {
-            Some(sink) => sink(topic, items),
+            Some((sink, _)) => sink(topic, items),
             None => items,
         }
     }
@@ -264,7 +281,10 @@ mod tests {
 
     fn with_sink() -> Demand {
         let d = Demand::default();
-        d.set_sink(Arc::new(|_: &TopicName, _: Vec<Item>| Vec::new()));
+        d.set_sink(
+            Arc::new(|_: &TopicName, _: Vec<Item>| Vec::new()),
+            Arc::new(|_: &TopicName| usize::MAX),
+        );
         d
     }
 
@@ -330,5 +350,22 @@ mod tests {
         assert_eq!(d.grant(&topic(), 3).items, 2 + 2 + 4);
         d.found_nothing(&topic(), 999, 3, d.epoch(&topic()));
         assert_eq!(d.grant(&topic(), 4).items, DEMAND_ITEMS_MAX);
+    }
+
+    #[test]
+    fn what_is_granted_fits_the_sinks_room_and_parked_polls_ask_at_most_the_max() {
+        let d = Demand::default();
+        let room = Arc::new(std::sync::atomic::AtomicUsize::new(5));
+        let r = room.clone();
+        d.set_sink(
+            Arc::new(|_: &TopicName, _: Vec<Item>| Vec::new()),
+            Arc::new(move |_: &TopicName| r.load(std::sync::atomic::Ordering::SeqCst)),
+        );
+        // Three long polls of 1,000 each: at most DEMAND_ITEMS_MAX together, and no more
+        // than the sink can stage.
+        let _polls: Vec<_> = (0..3).map(|_| d.park(&topic(), 1_000, 0)).collect();
+        assert_eq!(d.grant(&topic(), 1).items, 5);
+        room.store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(d.grant(&topic(), 1).items, DEMAND_ITEMS_MAX);
     }
 }

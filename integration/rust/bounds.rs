@@ -354,3 +354,273 @@ async fn namespaces_share_a_saturated_host_by_their_rates() {
     );
     running.shutdown().await;
 }
+
+/// Every buffer stays within its bound under a flood, with small bounds: producers of
+/// many topics offering far more than the host takes at once, consumers with big counts
+/// and long polls, and more client connections than the host admits. A sampler reads what
+/// each kind of buffer holds (`Host::buffers`, what `/metrics` says as `foqs_buffer_used`:
+/// per shard and per topic, the fullest one) while it runs; none is ever above its
+/// `foqs_buffer_limit`, the flood did reach the bounds it can (the waiting room, a
+/// shard's ready-index topics, a topic's keys, a shard's ack memory), and nothing accepted was lost: every
+/// enqueue that returned an id is dequeued and acked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_buffer_stays_within_its_bound_under_a_flood() {
+    use foqs::core::{Caller, EnqueueRequestItem, TopicRequest};
+    use foqs::thrift_gen::TFoqsSyncClient;
+    use std::collections::{BTreeMap, HashSet};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const TOPICS: usize = 6;
+    let limits: BTreeMap<(&str, &str, &str), u64> = BTreeMap::from([
+        (("shard_queue", "commands", "shard"), 8),
+        (("ready_index", "topics", "shard"), 3),
+        (("ready_index", "keys", "topic"), 1000),
+        (("prefetch_stage", "items", "topic"), 20),
+        (("fair_waiting", "requests", "host"), 6),
+        (("fair_waiting", "bytes", "host"), 128 << 10),
+        (("connections", "connections", "host"), 4),
+        (("payload_cache", "bytes", "host"), 32 << 10),
+        (("ack_memory", "items", "shard"), 500),
+    ]);
+    let server = TestServer::start_full(
+        TestDb::new(2),
+        "max_connections = 4",
+        &format!(
+            "{FAST_ENGINE}worker_queue_max = 8\nindex_topics_max = 3\n\
+             index_keys_per_topic_max = 1000\nprefetch_items_max = 20\nfair_slots = 4\n\
+             fair_waiting_max = 6\nfair_waiting_bytes_max = {}\n\
+             payload_cache_bytes_max = {}\nack_memory_items_max = 500\n[[namespaces]]\nname = \"flood\"\n",
+            128 << 10,
+            32 << 10
+        ),
+    )
+    .await;
+    let host = server.running.as_ref().unwrap().host.clone();
+    // The bounds as /metrics says them are the ones the test set.
+    let text = host.metrics().encode();
+    for ((buffer, unit, per), v) in &limits {
+        let line =
+            format!("foqs_buffer_limit{{buffer=\"{buffer}\",unit=\"{unit}\",per=\"{per}\"}} {v}\n");
+        assert!(text.contains(&line), "{line}: {text}");
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    // Set however the test ends, so that a failure does not leave the clients' threads
+    // (which the runtime waits for) running.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let _stop_on_drop = StopOnDrop(stop.clone());
+    let most = Arc::new(Mutex::new(BTreeMap::<(&str, &str, &str), u64>::new()));
+    let sampler = {
+        let (host, stop, most) = (host.clone(), stop.clone(), most.clone());
+        tokio::spawn(async move {
+            let mut samples = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                {
+                    let mut m = most.lock().unwrap();
+                    for b in host.buffers() {
+                        let e = m.entry((b.buffer, b.unit, b.per)).or_default();
+                        *e = (*e).max(b.used);
+                    }
+                }
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            samples
+        })
+    };
+    // Twelve client connections, each asking for host info in a loop: at most four are
+    // admitted at a time (idle ones give way to new ones).
+    let clients: Vec<_> = (0..12)
+        .map(|_| {
+            let (addr, stop) = (server.addr, stop.clone());
+            tokio::task::spawn_blocking(move || {
+                let mut served = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(c) = foqs::client::connect(addr, Proto::Binary, Duration::from_secs(20))
+                    else {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
+                    let mut c = Client::from_sync(c);
+                    if c.call(|c| c.get_host_info()).is_ok() {
+                        served += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                served
+            })
+        })
+        .collect();
+
+    // The flood: 24 producers of batches of 25 items of 512 bytes over six topics until
+    // 15,000 are accepted (over 1,000 per topic on a shard: the keys' bound is reached),
+    // retrying what is refused.
+    let accepted = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let refused = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let producers: Vec<_> = (0..24)
+        .map(|p| {
+            let (host, accepted, refused) = (host.clone(), accepted.clone(), refused.clone());
+            let errors = errors.clone();
+            tokio::spawn(async move {
+                let mut round = 0usize;
+                while accepted.lock().unwrap().len() < 15_000 && Instant::now() < deadline {
+                    round += 1;
+                    let items = (0..25)
+                        .map(|i| EnqueueRequestItem {
+                            ns: "flood".into(),
+                            topic: format!("t{}", (p + round + i) % TOPICS),
+                            priority: ((p * 7 + round * 3 + i) % 50) as i32,
+                            payload: vec![b'x'; 512],
+                            ..Default::default()
+                        })
+                        .collect();
+                    match host.enqueue(&Caller::anonymous(), items, None, None).await {
+                        Ok(outcomes) => {
+                            if outcomes.iter().any(|o| o.is_err()) {
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                            for o in outcomes {
+                                match o {
+                                    Ok((id, _)) => {
+                                        accepted.lock().unwrap().insert(id.to_string());
+                                    }
+                                    Err(e) => {
+                                        refused.fetch_add(1, Ordering::SeqCst);
+                                        *errors
+                                            .lock()
+                                            .unwrap()
+                                            .entry(format!("{:?}: {}", e.code, e.message))
+                                            .or_default() += 1;
+                                    }
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                            *errors
+                                .lock()
+                                .unwrap()
+                                .entry(format!("{:?}: {}", e.code, e.message))
+                                .or_default() += 1;
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.await.unwrap();
+    }
+    let accepted = accepted.lock().unwrap().clone();
+    let errors = errors.lock().unwrap().clone();
+    eprintln!("{} accepted; refusals: {errors:?}", accepted.len());
+    assert!(
+        accepted.len() >= 15_000,
+        "only {} accepted: {errors:?}",
+        accepted.len()
+    );
+    assert!(
+        refused.load(Ordering::SeqCst) > 0,
+        "the flood was never refused: the bounds were not reached"
+    );
+
+    // Consumers: long polls and big counts on every topic, acking what they get, until
+    // every accepted item came back once.
+    let got = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let twice = Arc::new(AtomicU64::new(0));
+    let consumers: Vec<_> = (0..8)
+        .map(|c| {
+            let (host, got, twice) = (host.clone(), got.clone(), twice.clone());
+            let total = accepted.len();
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(120);
+                let mut round = 0usize;
+                while got.lock().unwrap().len() < total {
+                    assert!(Instant::now() < deadline, "the backlog was never drained");
+                    round += 1;
+                    let topics = (0..if c % 2 == 0 { 1 } else { TOPICS })
+                        .map(|i| TopicRequest {
+                            ns: "flood".into(),
+                            topic: format!("t{}", (c + round + i) % TOPICS),
+                            count: if c < 4 { 1000 } else { 50 },
+                            before: (None, None),
+                        })
+                        .collect();
+                    let wait = (c % 2 == 0).then_some(200);
+                    let Ok(items) = host
+                        .dequeue(&Caller::anonymous(), topics, wait, false)
+                        .await
+                    else {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    };
+                    let ids: Vec<String> = items.iter().map(|i| i.id.to_string()).collect();
+                    {
+                        let mut g = got.lock().unwrap();
+                        for id in &ids {
+                            if !g.insert(id.clone()) {
+                                twice.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                    // A reply holds up to `count` per topic; an ack takes up to 1,000 ids.
+                    for chunk in ids.chunks(1000) {
+                        for r in host
+                            .ack(&Caller::anonymous(), chunk.to_vec(), (None, None))
+                            .await
+                            .expect("acked")
+                        {
+                            r.expect("an ack of a delivered item");
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in consumers {
+        c.await.unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let samples = sampler.await.unwrap();
+    let mut served = 0;
+    for c in clients {
+        served += c.await.unwrap();
+    }
+    let got = got.lock().unwrap().clone();
+    assert_eq!(got, accepted, "every accepted item is delivered");
+    assert_eq!(twice.load(Ordering::SeqCst), 0, "an item delivered twice");
+    assert!(served > 0, "no client connection was ever served");
+
+    let most = most.lock().unwrap().clone();
+    eprintln!("{samples} samples; the fullest seen: {most:?}; limits {limits:?}");
+    for (key, limit) in &limits {
+        let seen = most.get(key).copied().unwrap_or(0);
+        assert!(seen <= *limit, "{key:?}: {seen} above its bound {limit}");
+    }
+    // The flood reached the bounds it can: the waiting room, a shard's topics, a topic's
+    // keys; the stages and connections were used.
+    for key in [
+        ("fair_waiting", "requests", "host"),
+        ("ready_index", "topics", "shard"),
+        ("ready_index", "keys", "topic"),
+        ("ack_memory", "items", "shard"),
+    ] {
+        assert_eq!(most.get(&key), limits.get(&key), "{key:?} never reached");
+    }
+    for key in [
+        ("prefetch_stage", "items", "topic"),
+        ("connections", "connections", "host"),
+    ] {
+        assert!(most.get(&key).is_some_and(|&v| v > 0), "{key:?} never used");
+    }
+    server.stop().await;
+}

@@ -343,13 +343,16 @@ async fn the_staged_keys_of_a_failed_hand_off_are_let_go_once_its_outcome_is_kno
     );
     let waiters = foqs::waiters::Waiters::new();
     let handed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    waiters.demand().set_sink(std::sync::Arc::new({
-        let handed = handed.clone();
-        move |_: &foqs::model::TopicName, items: Vec<foqs::model::Item>| {
-            handed.lock().unwrap().extend(items);
-            Vec::new()
-        }
-    }));
+    waiters.demand().set_sink(
+        std::sync::Arc::new({
+            let handed = handed.clone();
+            move |_: &foqs::model::TopicName, items: Vec<foqs::model::Item>| {
+                handed.lock().unwrap().extend(items);
+                Vec::new()
+            }
+        }),
+        std::sync::Arc::new(|_: &foqs::model::TopicName| usize::MAX),
+    );
     let cfg = foqs::shard::WorkerConfig {
         scan_interval_ms: 50,
         store_timeout_ms: 300,

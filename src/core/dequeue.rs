@@ -358,7 +358,9 @@ impl Host {
             self.release(more.release);
             got.extend(more.items);
             if got.len() < count {
-                let want = (count - got.len() + taken.ahead).min(CLAIM_ITEMS_MAX);
+                // The stage's room as it is now (a claim that finished while this one
+                // waited for the lock may have filled it).
+                let want = (count - got.len() + more.ahead).min(CLAIM_ITEMS_MAX);
                 match self.claim_best(topic, want).await {
                     Ok(claimed) => got.extend(claimed),
                     Err(e) if got.is_empty() => return Err(e),

@@ -7,6 +7,16 @@ use super::host::Host;
 use crate::metrics::{NsLabel, NsState, ShardLabel};
 use crate::shard::NsSnapshot;
 
+/// What one kind of buffer holds now (see [`Host::buffers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferUse {
+    pub buffer: &'static str,
+    pub unit: &'static str,
+    /// `host`: the sum over the host's; `shard` or `topic`: the fullest one's.
+    pub per: &'static str,
+    pub used: u64,
+}
+
 impl Host {
     /// `Ok(why)` when this host can serve now: it has a healthy shard, or (in a cluster)
     /// a reachable peer to forward to; `Err(why not)` otherwise. Either way the text ends
@@ -40,6 +50,66 @@ impl Host {
         }
     }
 
+    /// What the host's buffers hold now, each kind in the units and per what its bound
+    /// (`foqs_buffer_limit`) is given: per host, the sum over the host's; per shard or
+    /// topic, the fullest one's, so that each compares with its bound directly.
+    pub fn buffers(&self) -> Vec<BufferUse> {
+        let shards = self.shards();
+        let (mut queued, mut queued_most, mut acks, mut acks_most) = (0, 0, 0, 0);
+        let (mut topics, mut topics_most, mut keys, mut keys_most) = (0, 0, 0, 0);
+        for s in shards.values() {
+            let depth = s.queue_depth();
+            queued += depth;
+            queued_most = queued_most.max(depth);
+            let remembered = s.acks_remembered();
+            acks += remembered;
+            acks_most = acks_most.max(remembered);
+            let (t, k, k_most) = s.index_size();
+            topics += t;
+            topics_most = topics_most.max(t);
+            keys += k;
+            keys_most = keys_most.max(k_most);
+        }
+        let (staged, staged_most) = self.prefetch.staged();
+        let (waiting, waiting_bytes) = self.fair.waiting();
+        let m = self.metrics();
+        let gauge = |g: &prometheus_client::metrics::gauge::Gauge| g.get().max(0) as usize;
+        [
+            ("shard_queue", "commands", "host", queued),
+            ("shard_queue", "commands", "shard", queued_most),
+            ("ready_index", "topics", "host", topics),
+            ("ready_index", "topics", "shard", topics_most),
+            ("ready_index", "keys", "host", keys),
+            ("ready_index", "keys", "topic", keys_most),
+            ("prefetch_stage", "items", "host", staged),
+            ("prefetch_stage", "items", "topic", staged_most),
+            ("fair_waiting", "requests", "host", waiting),
+            ("fair_waiting", "bytes", "host", waiting_bytes),
+            (
+                "connections",
+                "connections",
+                "host",
+                gauge(&m.connections_open),
+            ),
+            (
+                "payload_cache",
+                "bytes",
+                "host",
+                gauge(&m.payload_cache_bytes),
+            ),
+            ("ack_memory", "items", "host", acks),
+            ("ack_memory", "items", "shard", acks_most),
+        ]
+        .into_iter()
+        .map(|(buffer, unit, per, used)| BufferUse {
+            buffer,
+            unit,
+            per,
+            used: used as u64,
+        })
+        .collect()
+    }
+
     /// Sets the gauges from what the host and its shard workers hold now.
     pub fn refresh_metrics(&self) {
         let m = self.metrics();
@@ -47,7 +117,6 @@ impl Host {
         m.shards_owned.set(shards.len() as i64);
         m.breaker_open.clear();
         m.shard_queue_depth.clear();
-        let (mut queued, mut topics, mut keys) = (0, 0, 0);
         for (id, s) in shards.iter() {
             let label = ShardLabel {
                 shard: id.to_string(),
@@ -55,21 +124,13 @@ impl Host {
             m.breaker_open
                 .get_or_create(&label)
                 .set(i64::from(!s.is_healthy()));
-            let depth = s.queue_depth();
-            m.shard_queue_depth.get_or_create(&label).set(depth as i64);
-            queued += depth;
-            let (t, k) = s.index_size();
-            topics += t;
-            keys += k;
+            m.shard_queue_depth
+                .get_or_create(&label)
+                .set(s.queue_depth() as i64);
         }
-        m.buffer_used("shard_queue", "commands", queued as u64);
-        m.buffer_used("ready_index", "topics", topics as u64);
-        m.buffer_used("ready_index", "keys", keys as u64);
-        m.buffer_used(
-            "prefetch_stage",
-            "items",
-            self.prefetch.staged_total() as u64,
-        );
+        for b in self.buffers() {
+            m.buffer_used(b.buffer, b.unit, b.per, b.used);
+        }
         let now = self.clock.now_ms();
         let mut by_ns: BTreeMap<String, NsSnapshot> = BTreeMap::new();
         for s in shards.values() {

@@ -123,13 +123,16 @@ impl Host {
             .set(l.waiting_bytes_max as i64);
         p.metrics.fair_slots.set(l.slots as i64);
         {
-            // What enqueues hand to waiting consumers is staged for their dequeues.
+            // What enqueues hand to waiting consumers is staged for their dequeues, as
+            // far as the topic's stage has room.
             let (prefetch, clock) = (prefetch.clone(), p.clock.clone());
-            p.waiters
-                .demand()
-                .set_sink(Arc::new(move |topic: &TopicName, items: Vec<Item>| {
+            let room = prefetch.clone();
+            p.waiters.demand().set_sink(
+                Arc::new(move |topic: &TopicName, items: Vec<Item>| {
                     prefetch.stage_handed(topic, items, clock.now_ms())
-                }));
+                }),
+                Arc::new(move |topic: &TopicName| room.room(topic)),
+            );
         }
         Host {
             shards: RwLock::new(Arc::new(BTreeMap::new())),

@@ -30,6 +30,7 @@ pub use api::{
     AckRequestItem, ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem,
     OutcomeAsk, OutcomeState, ShardOutcome, TopicRequest, TouchRequestItem,
 };
+pub use health::BufferUse;
 pub use host::{Host, HostParts};
 pub use merge::kway_merge;
 pub use overview::{NamespaceRow, TopicRow};

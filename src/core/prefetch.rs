@@ -87,6 +87,17 @@ impl Stage {
         self.items.insert(s.item.global_key(), s);
     }
 
+    /// Past `max` items, the least urgent go to `out` (for the caller to release): the
+    /// stage never holds more than its bound, whoever staged last.
+    fn trim(&mut self, max: usize, out: &mut Vec<Item>) {
+        while self.items.len() > max {
+            let Some((_, s)) = self.items.pop_last() else {
+                break;
+            };
+            out.push(s.item);
+        }
+    }
+
     /// Dequeued items per second, recently.
     fn rate(&self) -> f64 {
         self.recent * std::f64::consts::LN_2 / (RATE_HALF_LIFE_MS / 1000.0)
@@ -216,6 +227,7 @@ impl Prefetch {
         if refused.len() > late {
             stage.paused_until_ms = now_ms + AT_MOST_ONCE_PAUSE_MS;
         }
+        stage.trim(self.cfg.items_max, &mut refused);
         refused
     }
 
@@ -227,7 +239,7 @@ impl Prefetch {
     pub fn stage_handed(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) -> Vec<Item> {
         let mut topics = self.topics.lock().expect("not poisoned");
         let closed = self.closed.lock().expect("not poisoned");
-        let (items, refused): (Vec<Item>, Vec<Item>) = items
+        let (items, mut refused): (Vec<Item>, Vec<Item>) = items
             .into_iter()
             .partition(|i| closed.as_ref().is_some_and(|c| !c.contains(&i.id.shard)));
         drop(closed);
@@ -239,13 +251,22 @@ impl Prefetch {
             };
             stage.put(item, now_ms, hold_ms);
         }
+        stage.trim(self.cfg.items_max, &mut refused);
         refused
     }
 
-    /// Items staged over all topics.
-    pub fn staged_total(&self) -> usize {
+    /// How many more items `topic`'s stage can hold now.
+    pub fn room(&self, topic: &TopicName) -> usize {
         let topics = self.topics.lock().expect("not poisoned");
-        topics.values().map(|s| s.items.len()).sum()
+        let staged = topics.get(topic).map_or(0, |s| s.items.len());
+        self.cfg.items_max.saturating_sub(staged)
+    }
+
+    /// Items staged: over all topics, and in the fullest topic's stage.
+    pub fn staged(&self) -> (usize, usize) {
+        let topics = self.topics.lock().expect("not poisoned");
+        let each = topics.values().map(|s| s.items.len());
+        (each.clone().sum(), each.max().unwrap_or(0))
     }
 
     /// A shard is served (again): hand-overs for it are staged.

@@ -172,14 +172,11 @@ impl Metrics {
             .set(v.min(i64::MAX as u64) as i64);
     }
 
-    /// Says what a host's buffers of one kind hold now (see [`Self::buffer_used`]).
-    pub fn buffer_used(&self, buffer: &'static str, unit: &'static str, v: u64) {
+    /// Says what a host's buffers of one kind hold now: per host, together; per shard or
+    /// topic, the fullest one.
+    pub fn buffer_used(&self, buffer: &'static str, unit: &'static str, per: &'static str, v: u64) {
         self.buffer_used
-            .get_or_create(&BufferLabel {
-                buffer,
-                unit,
-                per: "host",
-            })
+            .get_or_create(&BufferLabel { buffer, unit, per })
             .set(v.min(i64::MAX as u64) as i64);
     }
 

@@ -21,7 +21,7 @@ impl Metrics {
         let buffer_used = Family::<BufferLabel, Gauge>::default();
         r.register(
             "buffer_used",
-            "What a host's buffers of each kind hold now, together (per = host: the sum over its shards or topics)",
+            "What a host's buffers of each kind hold now: per = host, the sum over its shards or topics; per = shard or topic, the fullest one (compare with buffer_limit of the same labels)",
             buffer_used.clone(),
         );
         let requests = Family::<MethodCode, Counter>::default();

@@ -192,9 +192,16 @@ impl ShardHandle {
         self.tx.capacity()
     }
 
-    /// What its ready index holds: (topics, keys).
-    pub fn index_size(&self) -> (usize, usize) {
-        self.index.lock().unwrap_or_else(|p| p.into_inner()).size()
+    /// What its ready index holds: (topics, keys, the keys of its fullest topic).
+    pub fn index_size(&self) -> (usize, usize, usize) {
+        let index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let (topics, keys) = index.size();
+        (topics, keys, index.largest_topic())
+    }
+
+    /// Acks its worker remembers now (as of its last turn; see `engine.ack_memory_items_max`).
+    pub fn acks_remembered(&self) -> usize {
+        self.shared.acks_remembered.load(Ordering::Relaxed)
     }
 
     /// Commands waiting in the worker's queue.

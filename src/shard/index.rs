@@ -141,6 +141,11 @@ impl ReadyIndex {
         )
     }
 
+    /// The keys of its fullest topic (0 when it holds none).
+    pub fn largest_topic(&self) -> usize {
+        self.topics.values().map(TopicIndex::len).max().unwrap_or(0)
+    }
+
     pub fn new(keys_per_topic_max: usize, topics_max: usize) -> Self {
         ReadyIndex {
             topics: HashMap::new(),

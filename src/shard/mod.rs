@@ -23,7 +23,7 @@ mod turn;
 mod worker;
 mod worker_config;
 
-use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize};
 
 use tokio::sync::oneshot;
 
@@ -218,6 +218,8 @@ pub(crate) struct ShardShared {
     /// nothing back (see `ShardWorker::release_unseen`).
     pub abandoned: AtomicBool,
     pub items: AtomicI64,
+    /// Acks its worker remembers (see [`AckMemory`]), as of its last turn.
+    pub acks_remembered: AtomicUsize,
     /// Claimed items not handed to a consumer yet (see [`Staged`]).
     pub staged: Staged,
     /// Items by namespace and state, kept by the worker (see [`NsCounts`]).

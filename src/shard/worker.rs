@@ -16,7 +16,7 @@
 //! no `SELECT ... FOR UPDATE SKIP LOCKED`; the state guards in the SQL are safety nets.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -199,6 +199,7 @@ impl<S: ShardStore> ShardWorker<S> {
             died: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             items: AtomicI64::new(items),
+            acks_remembered: AtomicUsize::new(0),
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),
             late_enqueues: Default::default(),
@@ -444,6 +445,9 @@ impl<S: ShardStore> ShardWorker<S> {
     /// Hands the item events counted since the last call to the metrics: once per turn
     /// and per tick, not per item.
     pub(super) fn publish_events(&mut self) {
+        self.shared
+            .acks_remembered
+            .store(self.acked.len(), Ordering::Relaxed);
         let late = std::mem::take(
             &mut *self
                 .shared

@@ -179,3 +179,32 @@ fn at_most_once_items_are_not_staged_and_pause_staging_ahead() {
     assert!(restock.is_empty(), "paused");
     assert!(p.take(&topic(), 100, 3_000 + AT_MOST_ONCE_PAUSE_MS).ahead > 0);
 }
+
+#[test]
+fn a_stage_never_holds_more_than_its_bound_and_keeps_the_most_urgent() {
+    let p = Prefetch::new(PrefetchConfig {
+        items_max: 3,
+        ..CFG
+    });
+    assert_eq!(p.room(&topic()), 3);
+    // Claimed ahead: five items for a stage of three; the two least urgent come back.
+    let back = p.stage(
+        &topic(),
+        (1..=5).map(|k| item(k, 10 - k as i32, 10_000)).collect(),
+        0,
+    );
+    let mut keys: Vec<u64> = back.iter().map(|i| i.id.key).collect();
+    keys.sort();
+    assert_eq!(keys, vec![1, 2], "priorities 9 and 8 go back");
+    assert_eq!(p.room(&topic()), 0);
+    // Handed to a waiting consumer: a more urgent item takes the place of the least.
+    let back = p.stage_handed(&topic(), vec![item(6, 0, 10_000)], 0);
+    assert_eq!(back.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![3]);
+    assert_eq!(p.staged(), (3, 3));
+    let t = p.take(&topic(), 10, 1);
+    assert_eq!(
+        t.items.iter().map(|i| i.id.key).collect::<Vec<_>>(),
+        vec![6, 5, 4]
+    );
+    assert_eq!(p.room(&topic()), 3);
+}
