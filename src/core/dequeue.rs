@@ -291,7 +291,7 @@ impl Host {
             async move {
                 let Some(shard) = shard else { return };
                 if let Err(e) = shard.release(items).await {
-                    tracing::warn!(shard = id, error = %e, "release of at-most-once items failed");
+                    tracing::warn!(shard = id, error = %e, "release of items not staged failed");
                 }
             }
         }))

@@ -239,11 +239,18 @@ impl Prefetch {
     pub fn stage_handed(&self, topic: &TopicName, items: Vec<Item>, now_ms: i64) -> Vec<Item> {
         let mut topics = self.topics.lock().expect("not poisoned");
         let closed = self.closed.lock().expect("not poisoned");
-        let (items, mut refused): (Vec<Item>, Vec<Item>) = items
+        let (mut items, mut refused): (Vec<Item>, Vec<Item>) = items
             .into_iter()
             .partition(|i| closed.as_ref().is_some_and(|c| !c.contains(&i.id.shard)));
         drop(closed);
         let stage = topics.entry(topic.clone()).or_default();
+        // Only the handing shard's own items go back (it releases them itself): past the
+        // stage's room, the least urgent of these, never what is staged already.
+        let room = self.cfg.items_max.saturating_sub(stage.items.len());
+        if items.len() > room {
+            items.sort_by_key(Item::global_key);
+            refused.extend(items.split_off(room));
+        }
         for item in items {
             let hold_ms = match item.policy {
                 Policy::AtMostOnce => AT_MOST_ONCE_HOLD_MS.min(self.cfg.stage_max_ms),
@@ -251,7 +258,6 @@ impl Prefetch {
             };
             stage.put(item, now_ms, hold_ms);
         }
-        stage.trim(self.cfg.items_max, &mut refused);
         refused
     }
 

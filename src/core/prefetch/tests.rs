@@ -197,14 +197,29 @@ fn a_stage_never_holds_more_than_its_bound_and_keeps_the_most_urgent() {
     keys.sort();
     assert_eq!(keys, vec![1, 2], "priorities 9 and 8 go back");
     assert_eq!(p.room(&topic()), 0);
-    // Handed to a waiting consumer: a more urgent item takes the place of the least.
+    // Handed to a waiting consumer with the stage full: the handing shard gets its own
+    // item back (it releases it), even a more urgent one; what is staged stays.
     let back = p.stage_handed(&topic(), vec![item(6, 0, 10_000)], 0);
-    assert_eq!(back.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![3]);
+    assert_eq!(back.iter().map(|i| i.id.key).collect::<Vec<_>>(), vec![6]);
     assert_eq!(p.staged(), (3, 3));
-    let t = p.take(&topic(), 10, 1);
+    let t = p.take(&topic(), 1, 1);
     assert_eq!(
         t.items.iter().map(|i| i.id.key).collect::<Vec<_>>(),
-        vec![6, 5, 4]
+        vec![5]
+    );
+    // Room for one: the most urgent of the handed items is staged, the rest go back.
+    let back = p.stage_handed(
+        &topic(),
+        vec![item(7, 3, 10_000), item(8, 1, 10_000), item(9, 2, 10_000)],
+        2,
+    );
+    let mut keys: Vec<u64> = back.iter().map(|i| i.id.key).collect();
+    keys.sort();
+    assert_eq!(keys, vec![7, 9]);
+    let t = p.take(&topic(), 10, 3);
+    assert_eq!(
+        t.items.iter().map(|i| i.id.key).collect::<Vec<_>>(),
+        vec![8, 4, 3]
     );
     assert_eq!(p.room(&topic()), 3);
 }
