@@ -669,3 +669,88 @@ async fn every_buffer_stays_within_its_bound_under_a_flood() {
     }
     server.stop().await;
 }
+
+/// The nice value of this process's thread named `name` (`/proc/self/task/*/comm`), if
+/// there is one.
+fn thread_nice(name: &str) -> Option<i64> {
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        // After "pid (comm) ", the fields from the third (state); nice is the 19th.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        return rest.split_whitespace().nth(16)?.parse().ok();
+    }
+    None
+}
+
+/// While a namespace with a guaranteed rate is at work, the SQLite threads (writer and
+/// reader) of every shard but the one kept for it run at `engine.best_effort_nice`, and
+/// all at 0 again once it has been idle for a second (the suite runs as root, which may
+/// raise them back). Shards 900-902: thread names no other test's shards share.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shards_not_kept_for_guarantees_run_at_a_lower_priority_while_one_works() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let db = TestDb::sqlite(3).with_first_shard_id(900);
+    let server = TestServer::start_on(
+        db,
+        &format!(
+            "{FAST_ENGINE}best_effort_nice = 7\noverload_cpu_busy = 0\n\
+             [[namespaces]]\nname = \"victim\"\nenqueues_per_minute = 600000\n\
+             [[namespaces]]\nname = \"other\"\n"
+        ),
+    )
+    .await;
+    let host = server.running.as_ref().unwrap().host.clone();
+    // Threads take their priority before their next job: "other" keeps every shard busy.
+    let stop = Arc::new(AtomicBool::new(false));
+    let victim_on = Arc::new(AtomicBool::new(true));
+    let load = {
+        let (host, stop, victim_on) = (host.clone(), stop.clone(), victim_on.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                enqueue_one(&host, "other", b"x").await.expect("enqueued");
+                if victim_on.load(Ordering::SeqCst) {
+                    enqueue_one(&host, "victim", b"v").await.expect("enqueued");
+                }
+                // Peeks read on the shards' readers.
+                for ns in ["other", "victim"] {
+                    let _ = host
+                        .peek(&foqs::core::Caller::anonymous(), ns, "t", 100, true)
+                        .await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let nices = || {
+        ["foqs-sqlite-900", "foqs-sqlite-901", "foqs-sqlite-902"]
+            .iter()
+            .chain(&["foqs-sqlr-900", "foqs-sqlr-901", "foqs-sqlr-902"])
+            .map(|n| thread_nice(n).unwrap_or(-1))
+            .collect::<Vec<_>>()
+    };
+    let until = |want: [i64; 6], what: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = nices();
+            if now == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {now:?}, not {want:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    until([7, 7, 0, 7, 7, 0], "the flood's shards lowered").await;
+    victim_on.store(false, Ordering::SeqCst);
+    until([0; 6], "every shard back at 0").await;
+    stop.store(true, Ordering::SeqCst);
+    load.await.unwrap();
+    server.stop().await;
+}

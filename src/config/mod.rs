@@ -212,6 +212,10 @@ pub struct EngineConfig {
     /// rate is at work, enqueues of namespaces without one are shed (see `overload`).
     /// 0: never.
     pub overload_cpu_busy: f64,
+    /// While a namespace with a guaranteed rate is at work, the nice value (0-19) of the
+    /// SQLite threads of every shard but the one kept for such namespaces (see
+    /// `core::tenants`). 0: never lowered.
+    pub best_effort_nice: i32,
     /// Dead items one topic keeps on each shard, at most; past it the oldest are purged
     /// (counted in `foqs_dlq_dropped_total`). 0: unbounded. A namespace may set its own.
     pub dlq_max_items_per_topic: u64,
@@ -249,6 +253,7 @@ impl Default for EngineConfig {
             fair_waiting_max: 4096,
             fair_waiting_bytes_max: 64 << 20,
             overload_cpu_busy: 0.75,
+            best_effort_nice: 10,
             dlq_max_items_per_topic: 0,
             enqueue_marks: true,
         }
@@ -399,6 +404,10 @@ impl Config {
             if v == 0 {
                 problems.push(format!("{name} must be > 0"));
             }
+        }
+        if !(0..=19).contains(&e.best_effort_nice) {
+            problems
+                .push("engine.best_effort_nice must be between 0 and 19 (0: never lowered)".into());
         }
         if !(0.0..=1.0).contains(&e.overload_cpu_busy) {
             problems

@@ -68,6 +68,8 @@ pub struct HostParts {
     pub fair: crate::fair::Limits,
     /// `engine.overload_cpu_busy` (see `crate::overload`).
     pub overload_cpu_busy: f64,
+    /// `engine.best_effort_nice` (see `tenants`).
+    pub best_effort_nice: i32,
 }
 
 /// A shard's worker held for a switch (see [`Host::hold_shard`]).
@@ -106,6 +108,7 @@ pub struct Host {
     pub(super) guaranteed_at: std::sync::atomic::AtomicI64,
     /// Sheds enqueues of namespaces without a guarantee while the CPUs are saturated.
     pub(super) shedder: crate::overload::Shedder,
+    pub(super) best_effort_nice: i32,
     pub(super) enqueue_hold: std::time::Duration,
 }
 
@@ -155,6 +158,7 @@ impl Host {
             fair,
             guaranteed_at: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
             shedder: crate::overload::Shedder::new(p.overload_cpu_busy),
+            best_effort_nice: p.best_effort_nice,
         }
     }
 
@@ -193,6 +197,7 @@ impl Host {
             enqueue_hold: std::time::Duration::ZERO,
             fair: crate::fair::Limits::from_engine(&cfg.engine),
             overload_cpu_busy: 0.0,
+            best_effort_nice: 0,
         });
         host.stop_waiting();
         host

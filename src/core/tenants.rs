@@ -10,6 +10,9 @@
 //! healthy one with the highest id) is kept for such namespaces: their enqueues try it
 //! first, the others' try it last (they still use it when every other shard refuses:
 //! work-conserving), and with no guaranteed namespace active every shard serves everyone.
+//! Meanwhile the SQLite threads of the other shards run at a lower OS priority
+//! (`engine.best_effort_nice`): when the flood's shards and the kept one compete for the
+//! cores, the kernel serves the kept one first.
 //!
 //! A namespace's weight is its guaranteed rate (`enqueues_per_minute`, its own or the
 //! defaults'); one without a rate weighs [`WEIGHT_WITHOUT_RATE`] (so namespaces without
@@ -106,22 +109,27 @@ impl Host {
         }
     }
 
-    /// Samples the machine's CPUs every `overload::TICK_MS` and adjusts the shedder's
-    /// rate, until `stop`. Without `/proc/stat` (not Linux) it returns at once: nothing is
-    /// ever shed.
+    /// Every `overload::TICK_MS` until `stop`: sets the shards' threads' priorities (see
+    /// [`Host::set_priorities`]), samples the machine's CPUs and adjusts the shedder's
+    /// rate. Without `/proc/stat` (not Linux) nothing is ever shed.
     pub async fn run_overload(
         self: std::sync::Arc<Self>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
         use crate::overload::{CpuTimes, TICK_MS};
-        if !self.shedder.configured() {
+        if !self.shedder.configured() && self.best_effort_nice == 0 {
             return;
         }
-        let Some(mut last) = CpuTimes::read() else {
-            tracing::warn!("cannot read /proc/stat: enqueues are never shed for the CPUs' load");
-            return;
-        };
-        self.shedder.start();
+        let mut last = CpuTimes::read();
+        if self.shedder.configured() {
+            if last.is_some() {
+                self.shedder.start();
+            } else {
+                tracing::warn!(
+                    "cannot read /proc/stat: enqueues are never shed for the CPUs' load"
+                );
+            }
+        }
         let mut every = tokio::time::interval(std::time::Duration::from_millis(TICK_MS as u64));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -129,15 +137,20 @@ impl Host {
                 _ = every.tick() => {}
                 _ = stop.changed() => return,
             }
+            let at = self.clock.now_ms();
+            let protect = at - self.guaranteed_at.load(Ordering::Relaxed) <= PROTECT_MS;
+            self.set_priorities(protect);
+            if !self.shedder.enabled() {
+                continue;
+            }
             let Some(now) = CpuTimes::read() else {
                 continue;
             };
-            let Some(busy) = now.busy_since(&last) else {
+            let Some(busy) = last.and_then(|l| now.busy_since(&l)) else {
+                last = Some(now);
                 continue;
             };
-            last = now;
-            let at = self.clock.now_ms();
-            let protect = at - self.guaranteed_at.load(Ordering::Relaxed) <= PROTECT_MS;
+            last = Some(now);
             let t = self
                 .shedder
                 .tick(crate::overload::monotonic_ms(), busy, protect);
@@ -145,6 +158,28 @@ impl Host {
             self.metrics
                 .overload_rate
                 .set(t.rate.map_or(0, |r| r as i64));
+        }
+    }
+
+    /// While a guaranteed namespace is at work (`protect`), the SQLite threads of every
+    /// healthy shard but the kept one run at `engine.best_effort_nice`, and every shard's
+    /// at 0 otherwise (see the module's notes; MySQL shards have no threads of their own).
+    fn set_priorities(&self, protect: bool) {
+        if self.best_effort_nice == 0 {
+            return;
+        }
+        let shards = self.shards();
+        let healthy: Vec<_> = shards.values().filter(|s| s.is_healthy()).collect();
+        let kept = if protect && healthy.len() >= 2 {
+            healthy.iter().map(|s| s.id()).max()
+        } else {
+            None
+        };
+        for (id, s) in shards.iter() {
+            s.set_nice(match kept {
+                Some(k) if k != *id => self.best_effort_nice,
+                _ => 0,
+            });
         }
     }
 

@@ -317,6 +317,7 @@ async fn start_planned(
         enqueue_hold: Duration::from_millis(cfg.replication.enqueue_hold_ms),
         fair: crate::fair::Limits::from_engine(&cfg.engine),
         overload_cpu_busy: cfg.engine.overload_cpu_busy,
+        best_effort_nice: cfg.engine.best_effort_nice,
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened

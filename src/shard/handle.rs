@@ -204,6 +204,14 @@ impl ShardHandle {
         self.shared.acks_remembered.load(Ordering::Relaxed)
     }
 
+    /// Sets the nice value (OS priority) its store's threads run at from their next job
+    /// (SQLite only: MySQL's work runs in the server).
+    pub fn set_nice(&self, nice: i32) {
+        if let Some(k) = &self.shared.nice {
+            k.store(nice, Ordering::Relaxed);
+        }
+    }
+
     /// Commands waiting in the worker's queue.
     pub fn queue_depth(&self) -> usize {
         self.tx.max_capacity() - self.tx.capacity()

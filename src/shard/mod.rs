@@ -220,6 +220,8 @@ pub(crate) struct ShardShared {
     pub items: AtomicI64,
     /// Acks its worker remembers (see [`AckMemory`]), as of its last turn.
     pub acks_remembered: AtomicUsize,
+    /// The nice value its store's threads run at, when it has threads (SQLite).
+    pub nice: Option<std::sync::Arc<std::sync::atomic::AtomicI32>>,
     /// Claimed items not handed to a consumer yet (see [`Staged`]).
     pub staged: Staged,
     /// Items by namespace and state, kept by the worker (see [`NsCounts`]).

@@ -200,6 +200,7 @@ impl<S: ShardStore> ShardWorker<S> {
             abandoned: AtomicBool::new(false),
             items: AtomicI64::new(items),
             acks_remembered: AtomicUsize::new(0),
+            nice: store.nice_knob(),
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),
             late_enqueues: Default::default(),

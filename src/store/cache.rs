@@ -453,6 +453,10 @@ impl<S: ShardStore> ShardStore for Cached<S> {
     fn runs_in_order(&self) -> bool {
         self.inner.runs_in_order()
     }
+
+    fn nice_knob(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicI32>> {
+        self.inner.nice_knob()
+    }
 }
 
 #[cfg(test)]

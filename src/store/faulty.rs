@@ -355,6 +355,10 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         self.inner.runs_in_order()
     }
 
+    fn nice_knob(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicI32>> {
+        self.inner.nice_knob()
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         // The breaker's probe: refused on a full disk as a write is, else as a read.
         if self.faults.full("ping") {

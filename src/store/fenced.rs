@@ -45,6 +45,10 @@ macro_rules! fenced {
             fn runs_in_order(&self) -> bool {
                 self.inner.runs_in_order()
             }
+
+            fn nice_knob(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicI32>> {
+                self.inner.nice_knob()
+            }
         }
     };
 }

@@ -473,4 +473,11 @@ pub trait ShardStore: Send + Sync + 'static {
     fn runs_in_order(&self) -> bool {
         false
     }
+
+    /// The nice value (OS priority) the store's own threads should run at, when it runs
+    /// its work on threads of its own (SQLite); `None` otherwise (MySQL's work runs in
+    /// its server). The host sets it (see `core::tenants`).
+    fn nice_knob(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicI32>> {
+        None
+    }
 }

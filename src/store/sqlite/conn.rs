@@ -20,6 +20,7 @@ use std::sync::mpsc;
 use rusqlite::{Connection, ErrorCode};
 use tokio::sync::oneshot;
 
+use super::priority::ThreadNice;
 use crate::model::ShardId;
 use crate::store::{StoreError, StoreResult};
 
@@ -104,6 +105,7 @@ impl ShardThread {
     pub(super) fn open(
         shard: ShardId,
         path: &Path,
+        nice: std::sync::Arc<std::sync::atomic::AtomicI32>,
         setup: impl FnOnce(&Connection) -> StoreResult<()>,
     ) -> StoreResult<ShardThread> {
         if let Some(dir) = path.parent() {
@@ -145,7 +147,7 @@ impl ShardThread {
         let thread = std::thread::Builder::new()
             .name(format!("foqs-sqlite-{shard}"))
             .spawn(move || {
-                run(conn, &real, rx);
+                run(conn, &real, rx, ThreadNice::new(nice), shard);
                 // Only once the connection is closed may another process take the shard.
                 drop(lock);
             })
@@ -302,8 +304,15 @@ fn in_savepoint<T>(
     }
 }
 
-fn run(mut conn: Connection, path: &Path, rx: mpsc::Receiver<Job>) {
+fn run(
+    mut conn: Connection,
+    path: &Path,
+    rx: mpsc::Receiver<Job>,
+    mut nice: ThreadNice,
+    shard: ShardId,
+) {
     while let Ok(first) = rx.recv() {
+        nice.follow(shard);
         let mut group = vec![first];
         while group.len() < GROUP_JOBS_MAX {
             match rx.try_recv() {
@@ -385,7 +394,7 @@ mod tests {
     }
 
     fn open(path: &Path) -> StoreResult<ShardThread> {
-        ShardThread::open(0, path, |_| Ok(()))
+        ShardThread::open(0, path, Default::default(), |_| Ok(()))
     }
 
     /// One file is one shard, however its path is spelled: through a symlink to the file

@@ -13,6 +13,7 @@
 mod conn;
 mod counts;
 mod disk;
+mod priority;
 mod reader;
 mod rows;
 mod schema;
@@ -62,6 +63,8 @@ pub struct SqliteStore {
     thread: Mutex<Option<Arc<ShardThread>>>,
     reader: Mutex<Option<Arc<ReadThread>>>,
     topics: Arc<Mutex<TopicIds>>,
+    /// The nice value its threads run at (see `priority`).
+    nice: Arc<std::sync::atomic::AtomicI32>,
 }
 
 impl SqliteStore {
@@ -72,6 +75,7 @@ impl SqliteStore {
             thread: Mutex::new(None),
             reader: Mutex::new(None),
             topics: Arc::new(Mutex::new(TopicIds::default())),
+            nice: Arc::new(std::sync::atomic::AtomicI32::new(0)),
         }
     }
 
@@ -117,14 +121,16 @@ fn opened<T>(slot: &Mutex<Option<Arc<T>>>) -> StoreResult<Arc<T>> {
 impl ShardStore for SqliteStore {
     async fn open(&self) -> StoreResult<Recovered> {
         let (shard, path) = (self.shard, self.path.clone());
+        let nice = self.nice.clone();
         let thread = tokio::task::spawn_blocking(move || {
-            ShardThread::open(shard, &path, |conn| prepare(conn, &path))
+            ShardThread::open(shard, &path, nice, |conn| prepare(conn, &path))
         })
         .await
         .map_err(|e| StoreError::Transient(format!("opening the shard: {e}")))??;
         let real = thread.path().to_path_buf();
         *self.thread.lock().expect("thread") = Some(Arc::new(thread));
-        let reader = tokio::task::spawn_blocking(move || ReadThread::open(shard, &real))
+        let nice = self.nice.clone();
+        let reader = tokio::task::spawn_blocking(move || ReadThread::open(shard, &real, nice))
             .await
             .map_err(|e| StoreError::Transient(format!("opening the shard's reader: {e}")))
             .and_then(|r| r);
@@ -539,6 +545,10 @@ impl ShardStore for SqliteStore {
     fn runs_in_order(&self) -> bool {
         // Every write is a job on the shard's one thread, in the order it was given.
         true
+    }
+
+    fn nice_knob(&self) -> Option<Arc<std::sync::atomic::AtomicI32>> {
+        Some(self.nice.clone())
     }
 
     async fn close(&self) {

@@ -30,7 +30,11 @@ pub(super) struct ReadThread {
 
 impl ReadThread {
     /// Opens `path` (the writer's real path: it exists, in WAL mode) read-only.
-    pub(super) fn open(shard: ShardId, path: &Path) -> StoreResult<ReadThread> {
+    pub(super) fn open(
+        shard: ShardId,
+        path: &Path,
+        nice: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    ) -> StoreResult<ReadThread> {
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY
@@ -45,9 +49,11 @@ impl ReadThread {
             .map_err(store_error)?;
         let (jobs, rx) = mpsc::sync_channel::<Job>(READS_QUEUED_MAX);
         let thread = std::thread::Builder::new()
-            .name(format!("foqs-sqlite-read-{shard}"))
+            .name(format!("foqs-sqlr-{shard}")) // within the 15 bytes of a thread name
             .spawn(move || {
+                let mut nice = super::priority::ThreadNice::new(nice);
                 while let Ok(job) = rx.recv() {
+                    nice.follow(shard);
                     job(&conn);
                 }
             })
