@@ -109,6 +109,8 @@ pub struct Host {
     /// Sheds enqueues of namespaces without a guarantee while the CPUs are saturated.
     pub(super) shedder: crate::overload::Shedder,
     pub(super) best_effort_nice: i32,
+    /// Some shard's threads were last asked to run lowered (see `tenants`).
+    pub(super) lowered: std::sync::atomic::AtomicBool,
     pub(super) enqueue_hold: std::time::Duration,
 }
 
@@ -158,7 +160,17 @@ impl Host {
             fair,
             guaranteed_at: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
             shedder: crate::overload::Shedder::new(p.overload_cpu_busy),
-            best_effort_nice: p.best_effort_nice,
+            best_effort_nice: if p.best_effort_nice > 0 && !crate::store::can_lower_and_restore() {
+                tracing::warn!(
+                    "engine.best_effort_nice is set but this process may not raise a thread's \
+                     priority back once lowered (it needs CAP_SYS_NICE or RLIMIT_NICE): the \
+                     shards' threads keep their priority"
+                );
+                0
+            } else {
+                p.best_effort_nice
+            },
+            lowered: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -165,7 +165,9 @@ impl Host {
     /// healthy shard but the kept one run at `engine.best_effort_nice`, and every shard's
     /// at 0 otherwise (see the module's notes; MySQL shards have no threads of their own).
     fn set_priorities(&self, protect: bool) {
-        if self.best_effort_nice == 0 {
+        // Nothing to do while nothing is lowered and nothing should be (every tick of a
+        // host without guaranteed namespaces).
+        if self.best_effort_nice == 0 || (!protect && !self.lowered.load(Ordering::Relaxed)) {
             return;
         }
         let shards = self.shards();
@@ -181,6 +183,7 @@ impl Host {
                 _ => 0,
             });
         }
+        self.lowered.store(kept.is_some(), Ordering::Relaxed);
     }
 
     /// Requests waiting for a slot at the shards now, and their bytes (see `crate::fair`).

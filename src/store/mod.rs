@@ -27,7 +27,7 @@ pub use cache::{Cached, PayloadCache};
 pub use fenced::Fenced;
 pub use forwards::{too_old as forward_token_too_old, ForwardMark, ForwardOutcome, Marks};
 pub use mysql::{with_tls, MySqlStore, MysqlTls, OnLost};
-pub use sqlite::{sqlite_path, SqliteStore};
+pub use sqlite::{can_lower_and_restore, sqlite_path, SqliteStore};
 
 use crate::model::{
     Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals,

@@ -14,6 +14,7 @@ mod conn;
 mod counts;
 mod disk;
 mod priority;
+pub use priority::can_lower_and_restore;
 mod reader;
 mod rows;
 mod schema;

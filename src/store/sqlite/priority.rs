@@ -11,9 +11,12 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
-/// Follows the wanted nice value on the thread that owns it (Linux sets it per thread).
+/// Follows the wanted nice value on the thread that owns it (Linux sets it per thread),
+/// as an offset from the value the thread started with (a foqsd started at nice 5 runs
+/// the lowered threads at 15, and returns them to 5).
 pub(super) struct ThreadNice {
     want: Arc<AtomicI32>,
+    base: i32,
     now: i32,
     /// A change was refused once (logged); not tried again until the wish changes.
     refused: Option<i32>,
@@ -21,8 +24,10 @@ pub(super) struct ThreadNice {
 
 impl ThreadNice {
     pub(super) fn new(want: Arc<AtomicI32>) -> ThreadNice {
+        let base = own_nice();
         ThreadNice {
             want,
+            base,
             now: 0,
             refused: None,
         }
@@ -34,7 +39,7 @@ impl ThreadNice {
         if want == self.now || self.refused == Some(want) {
             return;
         }
-        match set_own_nice(want) {
+        match set_own_nice((self.base + want).min(19)) {
             Ok(()) => {
                 self.now = want;
                 self.refused = None;
@@ -69,19 +74,42 @@ fn set_own_nice(_nice: i32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The nice value of the calling thread (Linux; 0 elsewhere).
-#[cfg(test)]
+/// The nice value of the calling thread (Linux; 0 elsewhere, or when it cannot be read).
 fn own_nice() -> i32 {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: as above; -1 is also a valid answer, so errno is cleared first.
+        // SAFETY: as above; -1 is also a valid answer, so errno is cleared first and
+        // read after.
         unsafe {
             *libc::__errno_location() = 0;
-            libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t)
+            let n = libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t);
+            if *libc::__errno_location() != 0 {
+                return 0;
+            }
+            n
         }
     }
     #[cfg(not(target_os = "linux"))]
     0
+}
+
+/// Whether this process may lower a thread's priority and raise it back (root with
+/// CAP_SYS_NICE, or an `RLIMIT_NICE` that allows it): tried on a thread of its own.
+/// Without it, lowered threads could never be raised again, so the host does not lower
+/// them at all.
+pub fn can_lower_and_restore() -> bool {
+    if cfg!(not(target_os = "linux")) {
+        return false;
+    }
+    std::thread::spawn(|| {
+        let base = own_nice();
+        if base >= 19 {
+            return false;
+        }
+        set_own_nice(base + 1).is_ok() && set_own_nice(base).is_ok()
+    })
+    .join()
+    .unwrap_or(false)
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -89,20 +117,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_thread_follows_the_wanted_nice_value() {
-        std::thread::spawn(|| {
+    fn a_thread_follows_the_wanted_nice_value_from_where_it_started() {
+        let privileged = can_lower_and_restore();
+        std::thread::spawn(move || {
+            let base = own_nice();
+            if base > 12 {
+                return; // no room to lower it by 7
+            }
             let want = Arc::new(AtomicI32::new(0));
             let mut t = ThreadNice::new(want.clone());
             t.follow(0);
-            assert_eq!(own_nice(), 0);
+            assert_eq!(own_nice(), base);
             want.store(7, Ordering::Relaxed);
             t.follow(0);
-            assert_eq!(own_nice(), 7);
+            assert_eq!(own_nice(), base + 7);
             want.store(0, Ordering::Relaxed);
             t.follow(0);
-            // Raised back only with the privilege to (the suite runs as root).
-            let privileged = unsafe { libc::geteuid() } == 0;
-            assert_eq!(own_nice(), if privileged { 0 } else { 7 });
+            // Raised back only with the privilege to.
+            assert_eq!(own_nice(), if privileged { base } else { base + 7 });
         })
         .join()
         .unwrap();
