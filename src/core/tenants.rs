@@ -33,6 +33,24 @@ pub const WEIGHT_WITHOUT_RATE: f64 = 60_000.0;
 /// namespaces.
 pub const PROTECT_MS: i64 = 1_000;
 
+/// The shard kept for guaranteed namespaces among the healthy ones (see the module's
+/// notes): the highest id, when there are at least two; `None` otherwise. Enqueues and
+/// the threads' priorities both go by it.
+fn kept_among(
+    healthy: impl Iterator<Item = crate::model::ShardId>,
+) -> Option<crate::model::ShardId> {
+    let (mut n, mut highest) = (0, None);
+    for id in healthy {
+        n += 1;
+        highest = highest.max(Some(id));
+    }
+    if n >= 2 {
+        highest
+    } else {
+        None
+    }
+}
+
 impl Host {
     /// The share of namespace `ns` (see the module's notes).
     pub(super) fn share(&self, ns: &str) -> Share {
@@ -64,10 +82,11 @@ impl Host {
         if guaranteed {
             self.guaranteed_at.store(now, Ordering::Relaxed);
         }
-        if order.len() < 2 || now - self.guaranteed_at.load(Ordering::Relaxed) > PROTECT_MS {
+        if now - self.guaranteed_at.load(Ordering::Relaxed) > PROTECT_MS {
             return None;
         }
-        let at = (0..order.len()).max_by_key(|&i| order[i].id())?;
+        let kept = kept_among(order.iter().map(|s| s.id()))?;
+        let at = order.iter().position(|s| s.id() == kept)?;
         Some((at, guaranteed))
     }
 
@@ -171,9 +190,8 @@ impl Host {
             return;
         }
         let shards = self.shards();
-        let healthy: Vec<_> = shards.values().filter(|s| s.is_healthy()).collect();
-        let kept = if protect && healthy.len() >= 2 {
-            healthy.iter().map(|s| s.id()).max()
+        let kept = if protect {
+            kept_among(shards.values().filter(|s| s.is_healthy()).map(|s| s.id()))
         } else {
             None
         };

@@ -221,7 +221,7 @@ pub(crate) struct ShardShared {
     /// Acks its worker remembers (see [`AckMemory`]), as of its last turn.
     pub acks_remembered: AtomicUsize,
     /// The nice value its store's threads run at, when it has threads (SQLite).
-    pub nice: Option<std::sync::Arc<std::sync::atomic::AtomicI32>>,
+    pub nice: Option<crate::store::NiceKnob>,
     /// Claimed items not handed to a consumer yet (see [`Staged`]).
     pub staged: Staged,
     /// Items by namespace and state, kept by the worker (see [`NsCounts`]).

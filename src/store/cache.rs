@@ -454,7 +454,7 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         self.inner.runs_in_order()
     }
 
-    fn nice_knob(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicI32>> {
+    fn nice_knob(&self) -> Option<crate::store::NiceKnob> {
         self.inner.nice_knob()
     }
 }

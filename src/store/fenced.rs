@@ -46,7 +46,7 @@ macro_rules! fenced {
                 self.inner.runs_in_order()
             }
 
-            fn nice_knob(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicI32>> {
+            fn nice_knob(&self) -> Option<crate::store::NiceKnob> {
                 self.inner.nice_knob()
             }
         }

@@ -264,6 +264,9 @@ pub struct Retarget {
 }
 
 /// Everything a shard worker asks of its database.
+/// The nice value a store's own threads should run at (see [`ShardStore::nice_knob`]).
+pub type NiceKnob = std::sync::Arc<std::sync::atomic::AtomicI32>;
+
 pub trait ShardStore: Send + Sync + 'static {
     /// Creates the schema when missing and reads what the worker needs to resume.
     fn open(&self) -> impl Future<Output = StoreResult<Recovered>> + Send;
@@ -477,7 +480,7 @@ pub trait ShardStore: Send + Sync + 'static {
     /// The nice value (OS priority) the store's own threads should run at, when it runs
     /// its work on threads of its own (SQLite); `None` otherwise (MySQL's work runs in
     /// its server). The host sets it (see `core::tenants`).
-    fn nice_knob(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicI32>> {
+    fn nice_knob(&self) -> Option<NiceKnob> {
         None
     }
 }

@@ -105,7 +105,7 @@ impl ShardThread {
     pub(super) fn open(
         shard: ShardId,
         path: &Path,
-        nice: std::sync::Arc<std::sync::atomic::AtomicI32>,
+        nice: crate::store::NiceKnob,
         setup: impl FnOnce(&Connection) -> StoreResult<()>,
     ) -> StoreResult<ShardThread> {
         if let Some(dir) = path.parent() {

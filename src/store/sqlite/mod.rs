@@ -65,7 +65,7 @@ pub struct SqliteStore {
     reader: Mutex<Option<Arc<ReadThread>>>,
     topics: Arc<Mutex<TopicIds>>,
     /// The nice value its threads run at (see `priority`).
-    nice: Arc<std::sync::atomic::AtomicI32>,
+    nice: super::NiceKnob,
 }
 
 impl SqliteStore {
@@ -548,7 +548,7 @@ impl ShardStore for SqliteStore {
         true
     }
 
-    fn nice_knob(&self) -> Option<Arc<std::sync::atomic::AtomicI32>> {
+    fn nice_knob(&self) -> Option<super::NiceKnob> {
         Some(self.nice.clone())
     }
 

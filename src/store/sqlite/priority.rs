@@ -8,14 +8,13 @@
 //! compete for them. Measured by hand before it was built (docs/tenants.md): a victim's
 //! p99 beside a flood went from 12.3 to 8.7 ms on SQLite.
 
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// Follows the wanted nice value on the thread that owns it (Linux sets it per thread),
 /// as an offset from the value the thread started with (a foqsd started at nice 5 runs
 /// the lowered threads at 15, and returns them to 5).
 pub(super) struct ThreadNice {
-    want: Arc<AtomicI32>,
+    want: crate::store::NiceKnob,
     base: i32,
     now: i32,
     /// A change was refused once (logged); not tried again until the wish changes.
@@ -23,7 +22,7 @@ pub(super) struct ThreadNice {
 }
 
 impl ThreadNice {
-    pub(super) fn new(want: Arc<AtomicI32>) -> ThreadNice {
+    pub(super) fn new(want: crate::store::NiceKnob) -> ThreadNice {
         let base = own_nice();
         ThreadNice {
             want,
@@ -115,6 +114,8 @@ pub fn can_lower_and_restore() -> bool {
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicI32;
+    use std::sync::Arc;
 
     #[test]
     fn a_thread_follows_the_wanted_nice_value_from_where_it_started() {

@@ -33,7 +33,7 @@ impl ReadThread {
     pub(super) fn open(
         shard: ShardId,
         path: &Path,
-        nice: std::sync::Arc<std::sync::atomic::AtomicI32>,
+        nice: crate::store::NiceKnob,
     ) -> StoreResult<ReadThread> {
         let conn = Connection::open_with_flags(
             path,
