@@ -447,9 +447,19 @@ struct HostInfo {
   10: optional bool forward_marks,
 }
 
+// Between hosts of a cluster: the first call on a connection from one host to another,
+// proving that the caller is a member of the cluster (cluster.peer_secret). Calls that
+// only hosts may make (notifyReady, enqueueOutcome) and requests carrying the fields only
+// hosts set (forwarded_by and the tokens) are answered only on a connection that proved
+// this, or whose TLS certificate is allowed "peer". Clients never call it.
+struct PeerLoginRequest {
+  1: string host_id,
+  2: binary secret,
+}
+
 // Between hosts of a cluster: what became of an enqueue whose answer was lost. Asked of
 // the host serving the shards now; each shard decides for good (a record written now
-// makes a late commit of the lost insert fail). Needs "peer" under access rules.
+// makes a late commit of the lost insert fail). Only for peers (see PeerLoginRequest).
 struct EnqueueOutcomeRequest {
   // The shards to ask. A shard this host does not serve now answers "unserved".
   1: list<i32> shards,
@@ -597,11 +607,14 @@ service Foqs {
   DlqCountResponse dlqRequeueAll(1: DlqRequeueAllRequest req) throws (1: FoqsError err),
   DlqCountResponse dlqPurge(1: DlqPurgeRequest req) throws (1: FoqsError err),
   // Between hosts of a cluster: topics that just got ready items on the sender, so that
-  // long polls routed elsewhere wake at once. Needs "peer" under access rules.
+  // long polls routed elsewhere wake at once. Only for peers (see PeerLoginRequest).
   void notifyReady(1: NotifyReadyRequest req) throws (1: FoqsError err),
   // Between hosts of a cluster: what became of an enqueue whose answer was lost (see
-  // EnqueueOutcomeRequest). Needs "peer" under access rules.
+  // EnqueueOutcomeRequest). Only for peers (see PeerLoginRequest).
   EnqueueOutcomeResponse enqueueOutcome(1: EnqueueOutcomeRequest req) throws (1: FoqsError err),
+  // Between hosts of a cluster: proves the connection is a peer's (see PeerLoginRequest).
+  // PERMISSION_DENIED for a wrong secret and on a host with no peers.
+  void peerLogin(1: PeerLoginRequest req) throws (1: FoqsError err),
   // Replication (needs "admin" on every namespace, "*", under access rules). Any host
   // drives the switch through etcd; a call returns when the switch is done or undone.
   SwitchResponse shardSwitchover(1: SwitchoverRequest req) throws (1: FoqsError err),

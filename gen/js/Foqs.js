@@ -1774,6 +1774,112 @@ Foqs_enqueueOutcome_result.prototype.write = function(output) {
   return;
 };
 
+var Foqs_peerLogin_args = function(args) {
+  this.req = null;
+  if (args) {
+    if (args.req !== undefined && args.req !== null) {
+      this.req = new ttypes.PeerLoginRequest(args.req);
+    }
+  }
+};
+Foqs_peerLogin_args.prototype = {};
+Foqs_peerLogin_args.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.req = new ttypes.PeerLoginRequest();
+        this.req.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 0:
+        input.skip(ftype);
+        break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_peerLogin_args.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_peerLogin_args');
+  if (this.req !== null && this.req !== undefined) {
+    output.writeFieldBegin('req', Thrift.Type.STRUCT, 1);
+    this.req.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
+var Foqs_peerLogin_result = function(args) {
+  this.err = null;
+  if (args instanceof ttypes.FoqsError) {
+    this.err = args;
+    return;
+  }
+  if (args) {
+    if (args.err !== undefined && args.err !== null) {
+      this.err = args.err;
+    }
+  }
+};
+Foqs_peerLogin_result.prototype = {};
+Foqs_peerLogin_result.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRUCT) {
+        this.err = new ttypes.FoqsError();
+        this.err.read(input);
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 0:
+        input.skip(ftype);
+        break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+Foqs_peerLogin_result.prototype.write = function(output) {
+  output.writeStructBegin('Foqs_peerLogin_result');
+  if (this.err !== null && this.err !== undefined) {
+    output.writeFieldBegin('err', Thrift.Type.STRUCT, 1);
+    this.err.write(output);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
 var Foqs_shardSwitchover_args = function(args) {
   this.req = null;
   if (args) {
@@ -3162,6 +3268,65 @@ FoqsClient.prototype.recv_enqueueOutcome = function(input,mtype,rseqid) {
   return callback('enqueueOutcome failed: unknown result');
 };
 
+FoqsClient.prototype.peerLogin = function(req, callback) {
+  this._seqid = this.new_seqid();
+  if (callback === undefined) {
+    var _defer = Q.defer();
+    this._reqs[this.seqid()] = function(error, result) {
+      if (error) {
+        _defer.reject(error);
+      } else {
+        _defer.resolve(result);
+      }
+    };
+    this.send_peerLogin(req);
+    return _defer.promise;
+  } else {
+    this._reqs[this.seqid()] = callback;
+    this.send_peerLogin(req);
+  }
+};
+
+FoqsClient.prototype.send_peerLogin = function(req) {
+  var output = new this.pClass(this.output);
+  var params = {
+    req: req
+  };
+  var args = new Foqs_peerLogin_args(params);
+  try {
+    output.writeMessageBegin('peerLogin', Thrift.MessageType.CALL, this.seqid());
+    args.write(output);
+    output.writeMessageEnd();
+    return this.output.flush();
+  }
+  catch (e) {
+    delete this._reqs[this.seqid()];
+    if (typeof output.reset === 'function') {
+      output.reset();
+    }
+    throw e;
+  }
+};
+
+FoqsClient.prototype.recv_peerLogin = function(input,mtype,rseqid) {
+  var callback = this._reqs[rseqid] || function() {};
+  delete this._reqs[rseqid];
+  if (mtype == Thrift.MessageType.EXCEPTION) {
+    var x = new Thrift.TApplicationException();
+    x.read(input);
+    input.readMessageEnd();
+    return callback(x);
+  }
+  var result = new Foqs_peerLogin_result();
+  result.read(input);
+  input.readMessageEnd();
+
+  if (null !== result.err) {
+    return callback(result.err);
+  }
+  callback(null);
+};
+
 FoqsClient.prototype.shardSwitchover = function(req, callback) {
   this._seqid = this.new_seqid();
   if (callback === undefined) {
@@ -4045,6 +4210,48 @@ FoqsProcessor.prototype.process_enqueueOutcome = function(seqid, input, output) 
       } else {
         result_obj = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
         output.writeMessageBegin("enqueueOutcome", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  }
+};
+FoqsProcessor.prototype.process_peerLogin = function(seqid, input, output) {
+  var args = new Foqs_peerLogin_args();
+  args.read(input);
+  input.readMessageEnd();
+  if (this._handler.peerLogin.length === 1) {
+    Q.fcall(this._handler.peerLogin.bind(this._handler),
+      args.req
+    ).then(function(result) {
+      var result_obj = new Foqs_peerLogin_result({success: result});
+      output.writeMessageBegin("peerLogin", Thrift.MessageType.REPLY, seqid);
+      result_obj.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    }).catch(function (err) {
+      var result;
+      if (err instanceof ttypes.FoqsError) {
+        result = new Foqs_peerLogin_result(err);
+        output.writeMessageBegin("peerLogin", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("peerLogin", Thrift.MessageType.EXCEPTION, seqid);
+      }
+      result.write(output);
+      output.writeMessageEnd();
+      output.flush();
+    });
+  } else {
+    this._handler.peerLogin(args.req, function (err, result) {
+      var result_obj;
+      if ((err === null || typeof err === 'undefined') || err instanceof ttypes.FoqsError) {
+        result_obj = new Foqs_peerLogin_result((err !== null || typeof err === 'undefined') ? err : {success: result});
+        output.writeMessageBegin("peerLogin", Thrift.MessageType.REPLY, seqid);
+      } else {
+        result_obj = new Thrift.TApplicationException(Thrift.TApplicationExceptionType.UNKNOWN, err.message);
+        output.writeMessageBegin("peerLogin", Thrift.MessageType.EXCEPTION, seqid);
       }
       result_obj.write(output);
       output.writeMessageEnd();

@@ -4106,6 +4106,69 @@ HostInfo.prototype.write = function(output) {
   return;
 };
 
+var PeerLoginRequest = module.exports.PeerLoginRequest = function(args) {
+  this.host_id = null;
+  this.secret = null;
+  if (args) {
+    if (args.host_id !== undefined && args.host_id !== null) {
+      this.host_id = args.host_id;
+    }
+    if (args.secret !== undefined && args.secret !== null) {
+      this.secret = args.secret;
+    }
+  }
+};
+PeerLoginRequest.prototype = {};
+PeerLoginRequest.prototype.read = function(input) {
+  input.readStructBegin();
+  while (true) {
+    var ret = input.readFieldBegin();
+    var ftype = ret.ftype;
+    var fid = ret.fid;
+    if (ftype == Thrift.Type.STOP) {
+      break;
+    }
+    switch (fid) {
+      case 1:
+      if (ftype == Thrift.Type.STRING) {
+        this.host_id = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      case 2:
+      if (ftype == Thrift.Type.STRING) {
+        this.secret = input.readBinary();
+      } else {
+        input.skip(ftype);
+      }
+      break;
+      default:
+        input.skip(ftype);
+    }
+    input.readFieldEnd();
+  }
+  input.readStructEnd();
+  return;
+};
+
+PeerLoginRequest.prototype.write = function(output) {
+  output.writeStructBegin('PeerLoginRequest');
+  if (this.host_id !== null && this.host_id !== undefined) {
+    output.writeFieldBegin('host_id', Thrift.Type.STRING, 1);
+    output.writeString(this.host_id);
+    output.writeFieldEnd();
+  }
+  if (this.secret !== null && this.secret !== undefined) {
+    output.writeFieldBegin('secret', Thrift.Type.STRING, 2);
+    output.writeBinary(this.secret);
+    output.writeFieldEnd();
+  }
+  output.writeFieldStop();
+  output.writeStructEnd();
+  return;
+};
+
 var EnqueueOutcomeRequest = module.exports.EnqueueOutcomeRequest = function(args) {
   this.shards = null;
   this.forward_token = null;

@@ -4556,6 +4556,85 @@ impl Default for HostInfo {
 }
 
 //
+// PeerLoginRequest
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct PeerLoginRequest {
+  pub host_id: Option<String>,
+  pub secret: Option<Vec<u8>>,
+}
+
+impl PeerLoginRequest {
+  pub fn new<F1, F2>(host_id: F1, secret: F2) -> PeerLoginRequest where F1: Into<Option<String>>, F2: Into<Option<Vec<u8>>> {
+    PeerLoginRequest {
+      host_id: host_id.into(),
+      secret: secret.into(),
+    }
+  }
+}
+
+impl TSerializable for PeerLoginRequest {
+  fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<PeerLoginRequest> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<String> = Some("".to_owned());
+    let mut f_2: Option<Vec<u8>> = Some(Vec::new());
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = i_prot.read_string()?;
+          f_1 = Some(val);
+        },
+        2 => {
+          let val = i_prot.read_bytes()?;
+          f_2 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = PeerLoginRequest {
+      host_id: f_1,
+      secret: f_2,
+    };
+    Ok(ret)
+  }
+  fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("PeerLoginRequest");
+    o_prot.write_struct_begin(&struct_ident)?;
+    if let Some(ref fld_var) = self.host_id {
+      o_prot.write_field_begin(&TFieldIdentifier::new("host_id", TType::String, 1))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    if let Some(ref fld_var) = self.secret {
+      o_prot.write_field_begin(&TFieldIdentifier::new("secret", TType::String, 2))?;
+      o_prot.write_bytes(fld_var)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+impl Default for PeerLoginRequest {
+  fn default() -> Self {
+    PeerLoginRequest{
+      host_id: Some("".to_owned()),
+      secret: Some(Vec::new()),
+    }
+  }
+}
+
+//
 // EnqueueOutcomeRequest
 //
 
@@ -6088,6 +6167,7 @@ pub trait TFoqsSyncClient {
   fn dlq_purge(&mut self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
   fn notify_ready(&mut self, req: NotifyReadyRequest) -> thrift::Result<()>;
   fn enqueue_outcome(&mut self, req: EnqueueOutcomeRequest) -> thrift::Result<EnqueueOutcomeResponse>;
+  fn peer_login(&mut self, req: PeerLoginRequest) -> thrift::Result<()>;
   fn shard_switchover(&mut self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse>;
   fn region_drain(&mut self, req: RegionDrainRequest) -> thrift::Result<SwitchResponse>;
   fn shard_failover(&mut self, req: FailoverRequest) -> thrift::Result<SwitchResponse>;
@@ -6523,6 +6603,33 @@ impl <C: TThriftClient + TFoqsSyncClientMarker> TFoqsSyncClient for C {
       result.ok_or()
     }
   }
+  fn peer_login(&mut self, req: PeerLoginRequest) -> thrift::Result<()> {
+    (
+      {
+        self.increment_sequence_number();
+        let message_ident = TMessageIdentifier::new("peerLogin", TMessageType::Call, self.sequence_number());
+        let call_args = FoqsPeerLoginArgs { req };
+        self.o_prot_mut().write_message_begin(&message_ident)?;
+        call_args.write_to_out_protocol(self.o_prot_mut())?;
+        self.o_prot_mut().write_message_end()?;
+        self.o_prot_mut().flush()
+      }
+    )?;
+    {
+      let message_ident = self.i_prot_mut().read_message_begin()?;
+      verify_expected_sequence_number(self.sequence_number(), message_ident.sequence_number)?;
+      verify_expected_service_call("peerLogin", &message_ident.name)?;
+      if message_ident.message_type == TMessageType::Exception {
+        let remote_error = thrift::Error::read_application_error_from_in_protocol(self.i_prot_mut())?;
+        self.i_prot_mut().read_message_end()?;
+        return Err(thrift::Error::Application(remote_error))
+      }
+      verify_expected_message_type(TMessageType::Reply, message_ident.message_type)?;
+      let result = FoqsPeerLoginResult::read_from_in_protocol(self.i_prot_mut())?;
+      self.i_prot_mut().read_message_end()?;
+      result.ok_or()
+    }
+  }
   fn shard_switchover(&mut self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse> {
     (
       {
@@ -6653,6 +6760,7 @@ pub trait FoqsSyncHandler {
   fn handle_dlq_purge(&self, req: DlqPurgeRequest) -> thrift::Result<DlqCountResponse>;
   fn handle_notify_ready(&self, req: NotifyReadyRequest) -> thrift::Result<()>;
   fn handle_enqueue_outcome(&self, req: EnqueueOutcomeRequest) -> thrift::Result<EnqueueOutcomeResponse>;
+  fn handle_peer_login(&self, req: PeerLoginRequest) -> thrift::Result<()>;
   fn handle_shard_switchover(&self, req: SwitchoverRequest) -> thrift::Result<SwitchResponse>;
   fn handle_region_drain(&self, req: RegionDrainRequest) -> thrift::Result<SwitchResponse>;
   fn handle_shard_failover(&self, req: FailoverRequest) -> thrift::Result<SwitchResponse>;
@@ -6713,6 +6821,9 @@ impl <H: FoqsSyncHandler> FoqsSyncProcessor<H> {
   }
   fn process_enqueue_outcome(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_enqueue_outcome(&self.handler, incoming_sequence_number, i_prot, o_prot)
+  }
+  fn process_peer_login(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    TFoqsProcessFunctions::process_peer_login(&self.handler, incoming_sequence_number, i_prot, o_prot)
   }
   fn process_shard_switchover(&self, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     TFoqsProcessFunctions::process_shard_switchover(&self.handler, incoming_sequence_number, i_prot, o_prot)
@@ -7631,6 +7742,66 @@ impl TFoqsProcessFunctions {
       },
     }
   }
+  pub fn process_peer_login<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let args = FoqsPeerLoginArgs::read_from_in_protocol(i_prot)?;
+    match handler.handle_peer_login(args.req) {
+      Ok(_) => {
+        let message_ident = TMessageIdentifier::new("peerLogin", TMessageType::Reply, incoming_sequence_number);
+        o_prot.write_message_begin(&message_ident)?;
+        let ret = FoqsPeerLoginResult { err: None };
+        ret.write_to_out_protocol(o_prot)?;
+        o_prot.write_message_end()?;
+        o_prot.flush()
+      },
+      Err(e) => {
+        match e {
+          thrift::Error::User(usr_err) => {
+            if usr_err.downcast_ref::<FoqsError>().is_some() {
+              let err = usr_err.downcast::<FoqsError>().expect("downcast already checked");
+              let ret_err = FoqsPeerLoginResult{ err: Some(*err) };
+              let message_ident = TMessageIdentifier::new("peerLogin", TMessageType::Reply, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              ret_err.write_to_out_protocol(o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            } else {
+              let ret_err = {
+                ApplicationError::new(
+                  ApplicationErrorKind::Unknown,
+                  usr_err.to_string()
+                )
+              };
+              let message_ident = TMessageIdentifier::new("peerLogin", TMessageType::Exception, incoming_sequence_number);
+              o_prot.write_message_begin(&message_ident)?;
+              thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+              o_prot.write_message_end()?;
+              o_prot.flush()
+            }
+          },
+          thrift::Error::Application(app_err) => {
+            let message_ident = TMessageIdentifier::new("peerLogin", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&app_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+          _ => {
+            let ret_err = {
+              ApplicationError::new(
+                ApplicationErrorKind::Unknown,
+                e.to_string()
+              )
+            };
+            let message_ident = TMessageIdentifier::new("peerLogin", TMessageType::Exception, incoming_sequence_number);
+            o_prot.write_message_begin(&message_ident)?;
+            thrift::Error::write_application_error_to_out_protocol(&ret_err, o_prot)?;
+            o_prot.write_message_end()?;
+            o_prot.flush()
+          },
+        }
+      },
+    }
+  }
   pub fn process_shard_switchover<H: FoqsSyncHandler>(handler: &H, incoming_sequence_number: i32, i_prot: &mut dyn TInputProtocol, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
     let args = FoqsShardSwitchoverArgs::read_from_in_protocol(i_prot)?;
     match handler.handle_shard_switchover(args.req) {
@@ -7921,6 +8092,9 @@ impl <H: FoqsSyncHandler> TProcessor for FoqsSyncProcessor<H> {
       },
       "enqueueOutcome" => {
         self.process_enqueue_outcome(message_ident.sequence_number, i_prot, o_prot)
+      },
+      "peerLogin" => {
+        self.process_peer_login(message_ident.sequence_number, i_prot, o_prot)
       },
       "shardSwitchover" => {
         self.process_shard_switchover(message_ident.sequence_number, i_prot, o_prot)
@@ -9781,6 +9955,110 @@ impl FoqsEnqueueOutcomeResult {
       fld_var.write_to_out_protocol(o_prot)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.err {
+      o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
+      fld_var.write_to_out_protocol(o_prot)?;
+      o_prot.write_field_end()?
+    }
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsPeerLoginArgs
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsPeerLoginArgs {
+  pub req: PeerLoginRequest,
+}
+
+impl FoqsPeerLoginArgs {
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsPeerLoginArgs> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<PeerLoginRequest> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = PeerLoginRequest::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    verify_required_field_exists("FoqsPeerLoginArgs.req", &f_1)?;
+    let ret = FoqsPeerLoginArgs {
+      req: f_1.expect("auto-generated code should have checked for presence of required fields"),
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("peerLogin_args");
+    o_prot.write_struct_begin(&struct_ident)?;
+    o_prot.write_field_begin(&TFieldIdentifier::new("req", TType::Struct, 1))?;
+    self.req.write_to_out_protocol(o_prot)?;
+    o_prot.write_field_end()?;
+    o_prot.write_field_stop()?;
+    o_prot.write_struct_end()
+  }
+}
+
+//
+// FoqsPeerLoginResult
+//
+
+#[derive(Clone, Debug, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub struct FoqsPeerLoginResult {
+  pub err: Option<FoqsError>,
+}
+
+impl FoqsPeerLoginResult {
+  pub fn ok_or(self) -> thrift::Result<()> {
+    if self.err.is_some() {
+      Err(thrift::Error::User(Box::new(self.err.unwrap())))
+    } else {
+      Ok(())
+    }
+  }
+  pub fn read_from_in_protocol(i_prot: &mut dyn TInputProtocol) -> thrift::Result<FoqsPeerLoginResult> {
+    i_prot.read_struct_begin()?;
+    let mut f_1: Option<FoqsError> = None;
+    loop {
+      let field_ident = i_prot.read_field_begin()?;
+      if field_ident.field_type == TType::Stop {
+        break;
+      }
+      let field_id = field_id(&field_ident)?;
+      match field_id {
+        1 => {
+          let val = FoqsError::read_from_in_protocol(i_prot)?;
+          f_1 = Some(val);
+        },
+        _ => {
+          i_prot.skip(field_ident.field_type)?;
+        },
+      };
+      i_prot.read_field_end()?;
+    }
+    i_prot.read_struct_end()?;
+    let ret = FoqsPeerLoginResult {
+      err: f_1,
+    };
+    Ok(ret)
+  }
+  pub fn write_to_out_protocol(&self, o_prot: &mut dyn TOutputProtocol) -> thrift::Result<()> {
+    let struct_ident = TStructIdentifier::new("FoqsPeerLoginResult");
+    o_prot.write_struct_begin(&struct_ident)?;
     if let Some(ref fld_var) = self.err {
       o_prot.write_field_begin(&TFieldIdentifier::new("err", TType::Struct, 1))?;
       fld_var.write_to_out_protocol(o_prot)?;

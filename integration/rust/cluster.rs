@@ -35,7 +35,7 @@ fn host_config(
     let port = hosts.iter().find(|h| h.0 == me).unwrap().1;
     let mut toml = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\nhost_id = \"{me}\"\n{shards_toml}\n{ENGINE}\n{extra}\n\
-         [cluster]\nmanager = \"static\"\nforwarding = {forwarding}\npeer_poll_ms = 50\n"
+         [cluster]\nmanager = \"static\"\npeer_secret = \"foqs-test-peer-secret\"\nforwarding = {forwarding}\npeer_poll_ms = 50\n"
     );
     let tier = hosts.iter().find(|h| h.0 == me).unwrap().2;
     toml.push_str(&format!("tier = \"{tier}\"\n"));

@@ -28,7 +28,7 @@ fn cluster_toml(db: &TestDb, etcd: &Etcd, prefix: &str, extra: &str) -> String {
     format!(
         "{}\n[engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 1000\n\
          [defaults]\nlease_ms = 2000\n{extra}\n\
-         [cluster]\nmanager = \"etcd\"\npeer_poll_ms = 100\n\
+         [cluster]\nmanager = \"etcd\"\npeer_secret = \"foqs-test-peer-secret\"\npeer_poll_ms = 100\n\
          [cluster.etcd]\nendpoints = [\"{}\"]\nprefix = \"{prefix}\"\nlease_ttl_ms = {LEASE_TTL_MS}\npoll_ms = 100\n",
         db.shards_toml(),
         etcd.endpoint

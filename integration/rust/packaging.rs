@@ -107,12 +107,25 @@ fn the_shipped_unit_and_container_load_a_config_that_passes() {
         health.len() == 1 && health[0].contains("/readyz"),
         "{health:?}"
     );
-    let env = line_after(&recipe, "ENV ")[0];
-    let pairs: Vec<(&str, &str)> = env
+    let envs = line_after(&recipe, "ENV ");
+    let pairs: Vec<(&str, &str)> = envs[0]
         .split_whitespace()
         .map(|kv| kv.split_once('=').unwrap())
         .collect();
+    // Beyond loopback with no TLS and no rules: refused (issue 54), naming the way out.
     let (ok, text) = check_with(&shipped, &pairs);
+    assert!(!ok && text.contains("server.allow_open"), "{text}");
+    // With the TLS files the recipe names (a test set of certificates where it mounts
+    // them): served.
+    let certs = crate::access::certs().display().to_string();
+    let tls: Vec<(String, String)> = envs[1]
+        .split_whitespace()
+        .map(|kv| kv.split_once('=').unwrap())
+        .map(|(k, v)| (k.to_string(), v.replace("/etc/foqs/tls", &certs)))
+        .collect();
+    let mut with_tls = pairs.clone();
+    with_tls.extend(tls.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let (ok, text) = check_with(&shipped, &with_tls);
     assert!(ok && text.contains("listen 0.0.0.0:9090"), "{text}");
     for (_, v) in &pairs {
         let port = v.rsplit(':').next().unwrap();
@@ -241,7 +254,7 @@ fn check_config_names_the_privileges_the_admin_account_lacks() {
     std::fs::write(
         &path,
         format!(
-            "[cluster]\nmanager = \"etcd\"\n\
+            "[cluster]\nmanager = \"etcd\"\npeer_secret = \"foqs-test-peer-secret\"\n\
              [replication]\nadmin_user = \"weak\"\nadmin_password = \"w\"\n\
              [[shards]]\nid = 0\nurl = \"mysql://foqs:foqs@127.0.0.1:{}/foqs_g_0\"\nregion = \"r1\"\n\
              replicas = [{{ url = \"mysql://foqs:foqs@127.0.0.1:{gone}/foqs_g_0\", region = \"r2\" }}]\n",

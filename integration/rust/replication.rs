@@ -55,7 +55,7 @@ fn toml(r: &Replicas, etcd: &Etcd, tag: &str) -> PathBuf {
         "[engine]\nstore_timeout_ms = 1000\nscan_interval_ms = 50\ncheckpoint_interval_ms = 200\n\
          [defaults]\nlease_ms = {LEASE_MS}\n\
          [[namespaces]]\nname = \"{NS}\"\n[[namespaces]]\nname = \"{QUOTA_NS}\"\nenqueues_per_minute = {QUOTA_PER_MINUTE}\nquota_burst_ms = 1000\n\
-         [cluster]\nmanager = \"etcd\"\npeer_poll_ms = 100\n\
+         [cluster]\nmanager = \"etcd\"\npeer_secret = \"foqs-test-peer-secret\"\npeer_poll_ms = 100\n\
          [cluster.etcd]\nendpoints = [\"{}\"]\nprefix = \"/{tag}\"\nlease_ttl_ms = 3000\npoll_ms = 100\n\
          [replication]\nadmin_user = \"foqs_admin\"\nadmin_password = \"foqs_admin\"\nfailover_after_ms = 1500\nprobe_interval_ms = 200\nlag_max_ms = {LAG_MAX_MS}\n",
         etcd.endpoint

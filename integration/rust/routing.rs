@@ -29,7 +29,7 @@ impl Cluster {
         let toml = format!(
             "{}\n[engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 1000\n\
              [defaults]\nlease_ms = 5000\nmax_attempts = 1\n\
-             [cluster]\nmanager = \"etcd\"\npeer_poll_ms = 100\n\
+             [cluster]\nmanager = \"etcd\"\npeer_secret = \"foqs-test-peer-secret\"\npeer_poll_ms = 100\n\
              [cluster.etcd]\nendpoints = [\"{}\"]\nprefix = \"/routing\"\nlease_ttl_ms = 3000\npoll_ms = 100\n",
             db.shards_toml(),
             etcd.endpoint

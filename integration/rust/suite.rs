@@ -15,6 +15,7 @@ mod dlq;
 mod docs;
 mod edge;
 mod faults;
+mod hostile;
 mod index;
 mod leases;
 mod longpoll;

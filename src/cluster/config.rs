@@ -68,6 +68,48 @@ pub struct ClusterConfig {
     pub tls_cert_file: Option<std::path::PathBuf>,
     pub tls_key_file: Option<std::path::PathBuf>,
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// The secret this cluster's hosts log in to each other with (`peerLogin`), so that
+    /// they, and no client, may use the calls and fields only hosts may. The same on
+    /// every host; at least `PEER_SECRET_BYTES_MIN` bytes. Or `peer_secret_file`, a file
+    /// holding it (a trailing newline is not part of it). A cluster needs one of them
+    /// unless its hosts prove themselves with TLS certificates allowed `peer`.
+    pub peer_secret: Option<String>,
+    pub peer_secret_file: Option<std::path::PathBuf>,
+}
+
+/// The shortest `cluster.peer_secret` accepted: 128 bits of a random hex or base64 string.
+pub const PEER_SECRET_BYTES_MIN: usize = 16;
+
+impl ClusterConfig {
+    /// The peer secret, from `peer_secret` or read from `peer_secret_file`.
+    pub fn peer_secret(&self) -> Result<Option<Vec<u8>>, String> {
+        let secret = match (&self.peer_secret, &self.peer_secret_file) {
+            (Some(_), Some(_)) => {
+                return Err("cluster.peer_secret and cluster.peer_secret_file: give one".into())
+            }
+            (Some(s), None) => s.clone().into_bytes(),
+            (None, Some(path)) => {
+                let mut s = std::fs::read(path).map_err(|e| {
+                    format!(
+                        "cluster.peer_secret_file: cannot read {}: {e}",
+                        path.display()
+                    )
+                })?;
+                while s.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    s.pop();
+                }
+                s
+            }
+            (None, None) => return Ok(None),
+        };
+        if secret.len() < PEER_SECRET_BYTES_MIN {
+            return Err(format!(
+                "cluster.peer_secret must be at least {PEER_SECRET_BYTES_MIN} bytes (it has {})",
+                secret.len()
+            ));
+        }
+        Ok(Some(secret))
+    }
 }
 
 /// `cluster.peer_fanout`'s default: tiers of up to 9 hosts are polled whole.
@@ -90,6 +132,8 @@ impl Default for ClusterConfig {
             tls_cert_file: None,
             tls_key_file: None,
             tls_ca_file: None,
+            peer_secret: None,
+            peer_secret_file: None,
         }
     }
 }

@@ -82,6 +82,28 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
                 .into(),
         );
     }
+    match c.peer_secret() {
+        Err(e) => problems.push(e),
+        Ok(Some(_)) if c.manager == ManagerKind::Single => problems.push(
+            "cluster.peer_secret is set but cluster.manager is \"single\": a single host has no peers"
+                .into(),
+        ),
+        Ok(None)
+            if c.manager != ManagerKind::Single
+                && !cfg
+                    .access
+                    .iter()
+                    .any(|r| r.allow.contains(&super::Kind::Peer)) =>
+        {
+            problems.push(format!(
+                "cluster.manager = \"{}\" needs cluster.peer_secret (or cluster.peer_secret_file), the \
+                 same on every host, or peer certificates ([[access]] allow = [\"peer\"] with TLS): \
+                 hosts prove to each other that they are peers, and clients cannot",
+                c.manager.name()
+            ))
+        }
+        Ok(_) => {}
+    }
     for (i, rule) in cfg.access.iter().enumerate() {
         if rule.identity.is_empty() {
             problems.push(format!("access entry {}: identity is empty", i + 1));
@@ -106,5 +128,110 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
         if l.parse::<std::net::SocketAddr>().is_err() {
             problems.push(format!("metrics.listen {l:?} is not HOST:PORT"));
         }
+    }
+    open_by_accident(cfg, problems);
+}
+
+/// Whether `addr` (HOST:PORT) can be reached only from this machine. A name other than
+/// `localhost` may resolve anywhere: not loopback.
+pub fn loopback_only(addr: &str) -> bool {
+    if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
+        return a.ip().is_loopback();
+    }
+    addr.rsplit_once(':')
+        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+}
+
+/// A host with no TLS and no `[[access]]` rules lets any client that reaches it do
+/// everything, admin calls included: fine on loopback, refused beyond it unless
+/// `server.allow_open` says so. A console beyond loopback needs its users (a login).
+fn open_by_accident(cfg: &Config, problems: &mut Vec<String>) {
+    let open = cfg.server.tls.is_none() && cfg.access.is_empty();
+    if open && !cfg.server.allow_open {
+        let listeners = [
+            ("server.listen", Some(&cfg.server.listen)),
+            ("metrics.listen", cfg.metrics.listen.as_ref()),
+            ("console.listen", cfg.console.listen.as_ref()),
+        ];
+        for (key, addr) in listeners {
+            if let Some(a) = addr.filter(|a| !loopback_only(a)) {
+                problems.push(format!(
+                    "{key} = {a:?} is reachable beyond this machine, and with no [server.tls] and no \
+                     [[access]] rules any client that reaches it may do everything (admin calls \
+                     included): add TLS and rules, listen on 127.0.0.1, or set server.allow_open = \
+                     true to serve it open on purpose"
+                ));
+            }
+        }
+    }
+    if let Some(a) = cfg.console.listen.as_ref().filter(|a| !loopback_only(a)) {
+        if cfg.console.users.is_empty() {
+            problems.push(format!(
+                "console.listen = {a:?} is reachable beyond this machine: list [[console.users]] \
+                 (hashes from `foqsctl hash-password`) so that it asks for a login"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+
+    fn problems(toml: &str) -> String {
+        match Config::from_toml(toml) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    const SHARD: &str = "[[shards]]\nid = 0\nurl = \"mysql://root@127.0.0.1:3306/s0\"\n";
+
+    #[test]
+    fn an_open_host_beyond_loopback_is_refused_unless_allow_open_says_so() {
+        for listen in ["127.0.0.1:9090", "[::1]:9090"] {
+            let toml = format!("[server]\nlisten = \"{listen}\"\n{SHARD}");
+            assert_eq!(problems(&toml), "", "{listen}");
+        }
+        let wide = format!("[server]\nlisten = \"0.0.0.0:9090\"\n{SHARD}");
+        assert!(problems(&wide).contains("server.allow_open"));
+        let metrics = format!("[metrics]\nlisten = \"0.0.0.0:9100\"\n{SHARD}");
+        assert!(problems(&metrics).contains("metrics.listen"));
+        let meant = format!("[server]\nlisten = \"0.0.0.0:9090\"\nallow_open = true\n{SHARD}");
+        assert_eq!(problems(&meant), "");
+        let ruled = format!(
+            "[server]\nlisten = \"0.0.0.0:9090\"\n{SHARD}\
+             [[access]]\nidentity = \"*\"\nnamespaces = [\"public\"]\nallow = [\"consume\"]\n"
+        );
+        assert_eq!(problems(&ruled), "");
+        // A console beyond loopback asks for a login, open on purpose or not.
+        let console =
+            format!("[server]\nallow_open = true\n[console]\nlisten = \"0.0.0.0:9190\"\n{SHARD}");
+        assert!(problems(&console).contains("[[console.users]]"));
+    }
+
+    #[test]
+    fn a_cluster_needs_a_way_for_its_hosts_to_prove_they_are_peers() {
+        let cluster = |extra: &str| {
+            format!(
+                "[server]\nhost_id = \"h1\"\n{SHARD}[cluster]\nmanager = \"static\"\n{extra}\
+                 [[cluster.hosts]]\nid = \"h1\"\naddr = \"127.0.0.1:9090\"\nshards = [0]\n"
+            )
+        };
+        assert!(problems(&cluster("")).contains("needs cluster.peer_secret"));
+        assert!(problems(&cluster("peer_secret = \"short\"\n")).contains("at least 16 bytes"));
+        assert_eq!(
+            problems(&cluster("peer_secret = \"0123456789abcdef\"\n")),
+            ""
+        );
+        let single = format!("{SHARD}[cluster]\npeer_secret = \"0123456789abcdef\"\n");
+        assert!(problems(&single).contains("a single host has no peers"));
+        let file = std::env::temp_dir().join(format!("foqs-secret-{}", std::process::id()));
+        std::fs::write(&file, "0123456789abcdef\n").unwrap();
+        let from_file = format!("peer_secret_file = \"{}\"\n", file.display());
+        assert_eq!(problems(&cluster(&from_file)), "");
+        let both = format!("{from_file}peer_secret = \"0123456789abcdef\"\n");
+        assert!(problems(&cluster(&both)).contains("give one"));
+        std::fs::remove_file(&file).unwrap();
     }
 }

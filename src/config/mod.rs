@@ -88,6 +88,9 @@ pub struct ServerConfig {
     pub handshake_timeout_ms: u64,
     /// With it, the Thrift port speaks TLS only.
     pub tls: Option<crate::tls::ServerTlsConfig>,
+    /// Serve beyond loopback with no TLS and no `[[access]]` rules, where any client that
+    /// reaches a port may do everything: refused at start unless this says it is meant.
+    pub allow_open: bool,
 }
 
 impl Default for ServerConfig {
@@ -103,6 +106,7 @@ impl Default for ServerConfig {
             idle_timeout_ms: 300_000,
             handshake_timeout_ms: 10_000,
             tls: None,
+            allow_open: false,
         }
     }
 }

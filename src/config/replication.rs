@@ -237,7 +237,7 @@ mod tests {
 
     fn shards(manager: &str, second_replica: &str) -> String {
         format!(
-            "[cluster]\nmanager = \"{manager}\"\n\
+            "[cluster]\nmanager = \"{manager}\"\npeer_secret = \"foqs-test-peer-secret\"\n\
              [[shards]]\nid = 0\nurl = \"mysql://foqs:foqs@10.0.0.1:3306/s0\"\nregion = \"r1\"\n\
              replicas = [{{ url = \"mysql://foqs:foqs@10.0.0.2:3306/s0\", region = \"r2\" }}]\n\
              [[shards]]\nid = 1\nurl = \"mysql://foqs:foqs@10.0.0.1:3306/s1\"\nregion = \"r1\"\n\

@@ -8,6 +8,13 @@
 //! topicStats); `admin` (the dead-letter calls); `peer` (another foqs host: a request it
 //! forwards, marked with `forwarded_by`, was checked by that host, or names the identity
 //! it acts for in `forwarded_for`, which is then checked here). getHostInfo is open.
+//!
+//! Being a peer is never granted by default, not even with no rules: a caller is a peer
+//! only on a host with peers (not the `single` manager), and only when its connection
+//! logged in with the cluster's secret (`peerLogin`, `cluster.peer_secret`) or its TLS
+//! certificate's identity has an `[[access]]` entry allowing `peer`. Otherwise a client
+//! could skip its namespace's quota with `forwarded_by`, or wake every long poll with
+//! invented `notifyReady` heads.
 
 use crate::error::{Error, ErrorCode, Result};
 
@@ -21,7 +28,35 @@ pub struct Caller {
     trusted: bool,
     /// Says when the caller's connection closed (see [`Hangup`]).
     hangup: HangupSignal,
+    /// Set when the caller's connection logged in as a peer (see [`PeerMark`]).
+    peer_mark: PeerMarkSignal,
 }
+
+/// Per connection: set once the connection proved, with the cluster's secret, that it is
+/// another host's (`peerLogin`). Every later request on it is a peer's.
+#[derive(Debug, Default)]
+pub struct PeerMark {
+    host_id: std::sync::OnceLock<String>,
+}
+
+impl PeerMark {
+    /// The host the connection logged in as, once it has.
+    pub fn host_id(&self) -> Option<&str> {
+        self.host_id.get().map(String::as_str)
+    }
+}
+
+/// A caller's [`PeerMark`], like [`HangupSignal`]: not part of who it is.
+#[derive(Debug, Clone, Default)]
+struct PeerMarkSignal(Option<std::sync::Arc<PeerMark>>);
+
+impl PartialEq for PeerMarkSignal {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for PeerMarkSignal {}
 
 /// Set by the server when a caller's connection closes while one of its requests is being
 /// served: a long poll then stops waiting (what it would take would reach nobody), and
@@ -62,7 +97,19 @@ impl Caller {
             identity: identity.into(),
             trusted: false,
             hangup: HangupSignal::default(),
+            peer_mark: PeerMarkSignal::default(),
         }
+    }
+
+    /// The same caller, whose connection may log in as a peer through `mark`.
+    pub fn with_peer_mark(mut self, mark: std::sync::Arc<PeerMark>) -> Caller {
+        self.peer_mark = PeerMarkSignal(Some(mark));
+        self
+    }
+
+    /// The host this caller's connection logged in as (see [`Access::peer_login`]).
+    pub fn logged_in_peer(&self) -> Option<&str> {
+        self.peer_mark.0.as_ref().and_then(|m| m.host_id())
     }
 
     /// The same caller, whose connection's closing `hangup` tells.
@@ -102,6 +149,7 @@ impl Caller {
             identity: "foqs-peer".to_string(),
             trusted: true,
             hangup: HangupSignal::default(),
+            peer_mark: PeerMarkSignal::default(),
         }
     }
 }
@@ -109,6 +157,10 @@ impl Caller {
 #[derive(Debug, Clone, Default)]
 pub struct Access {
     rules: Vec<AccessRule>,
+    /// False on a single host (`single` manager): it has no peers, so nobody is one.
+    has_peers: bool,
+    /// `cluster.peer_secret`: what a connection presents to log in as a peer.
+    secret: Option<std::sync::Arc<[u8]>>,
 }
 
 fn matches(list: &[String], value: &str) -> bool {
@@ -116,8 +168,64 @@ fn matches(list: &[String], value: &str) -> bool {
 }
 
 impl Access {
+    /// The rules of a host with no peers (a single host).
     pub fn new(rules: Vec<AccessRule>) -> Access {
-        Access { rules }
+        Access {
+            rules,
+            has_peers: false,
+            secret: None,
+        }
+    }
+
+    /// The same rules on a host of a cluster: its peers prove themselves with `secret`
+    /// (`peerLogin`) or with a certificate whose identity is allowed `peer`.
+    pub fn with_peers(mut self, secret: Option<Vec<u8>>) -> Access {
+        self.has_peers = true;
+        self.secret = secret.map(Into::into);
+        self
+    }
+
+    /// Whether `caller` is another host of this cluster (or this host itself).
+    pub fn is_peer(&self, caller: &Caller) -> bool {
+        caller.trusted
+            || (self.has_peers
+                && (caller.logged_in_peer().is_some() || self.grants(caller, "", Kind::Peer)))
+    }
+
+    /// `peerLogin`: marks the caller's connection as `host_id`'s when `secret` is the
+    /// cluster's. Refused on a host with no peers or no secret, and for a caller whose
+    /// connection cannot carry the mark.
+    pub fn peer_login(&self, caller: &Caller, host_id: &str, secret: &[u8]) -> Result<()> {
+        use subtle::ConstantTimeEq;
+        let refused = |why: &str| {
+            Error::new(
+                ErrorCode::PermissionDenied,
+                format!("peerLogin as {host_id:?} refused: {why}"),
+            )
+        };
+        if !self.has_peers {
+            return Err(refused(
+                "this host has no peers (cluster.manager = \"single\")",
+            ));
+        }
+        let Some(expected) = &self.secret else {
+            return Err(refused(
+                "this cluster has no cluster.peer_secret (its peers prove themselves with certificates)",
+            ));
+        };
+        // Constant time: a caller must not learn the secret byte by byte from timings.
+        if !bool::from(expected.as_ref().ct_eq(secret)) {
+            return Err(refused("wrong secret"));
+        }
+        let Some(mark) = &caller.peer_mark.0 else {
+            return Err(refused("not on a connection"));
+        };
+        if let Err(already) = mark.host_id.set(host_id.to_string()) {
+            if mark.host_id() != Some(already.as_str()) {
+                return Err(refused("the connection logged in as another host already"));
+            }
+        }
+        Ok(())
     }
 
     /// True when there are no rules: everything is allowed.
@@ -134,12 +242,13 @@ impl Access {
     }
 
     /// Whether `caller` may do `kind` in `ns` (`ns` is ignored for `peer`). A peer host
-    /// (allowed `peer`) is a member of the cluster and may do everything.
+    /// is a member of the cluster and may do everything; only a peer may do `peer`, with
+    /// or without rules.
     pub fn allows(&self, caller: &Caller, ns: &str, kind: Kind) -> bool {
-        self.is_open()
-            || caller.trusted
-            || self.grants(caller, ns, kind)
-            || self.grants(caller, ns, Kind::Peer)
+        if kind == Kind::Peer {
+            return self.is_peer(caller);
+        }
+        self.is_open() || self.is_peer(caller) || self.grants(caller, ns, kind)
     }
 
     pub fn check(&self, caller: &Caller, ns: &str, kind: Kind) -> Result<()> {
@@ -152,7 +261,8 @@ impl Access {
     /// Who a request acts for: its caller; or, for a request a peer forwarded
     /// (`forwarded_by`), the identity it names in `forwarded_for`, or the peer's own
     /// check (trusted) when it names none. A `forwarded_by` from a caller that is not a
-    /// peer is refused: a host must not become a way around the rules.
+    /// peer is refused, with or without rules: a host must not become a way around the
+    /// rules, nor a field a way around the quota.
     pub fn acting_for(
         &self,
         caller: &Caller,
@@ -162,23 +272,25 @@ impl Access {
         let Some(by) = forwarded_by else {
             return Ok(caller.clone());
         };
-        if self.is_open() {
-            return Ok(Caller::trusted());
-        }
-        if !caller.trusted && !self.grants(caller, "", Kind::Peer) {
-            return Err(Error::new(
-                ErrorCode::PermissionDenied,
-                format!(
-                    "{:?} may not forward requests (forwarded_by = {by:?}): it is not allowed \"peer\"",
-                    caller.identity
-                ),
-            ));
+        if !self.is_peer(caller) {
+            return Err(not_a_peer(caller, &format!("forwarded_by = {by:?}")));
         }
         Ok(match forwarded_for {
             Some(id) => Caller::new(id),
             None => Caller::trusted(),
         })
     }
+}
+
+/// A field or call only hosts of the cluster may use, from a caller that is not one.
+pub fn not_a_peer(caller: &Caller, what: &str) -> Error {
+    Error::new(
+        ErrorCode::PermissionDenied,
+        format!(
+            "{:?} may not send {what}: only the hosts of a cluster may (see peerLogin)",
+            caller.identity
+        ),
+    )
 }
 
 pub fn denied(caller: &Caller, ns: &str, kind: Kind) -> Error {
@@ -233,7 +345,8 @@ mod tests {
         let access = Access::new(vec![
             rule("host-2", &[], &[Kind::Peer]),
             rule("a", &["a"], &[Kind::Consume]),
-        ]);
+        ])
+        .with_peers(None);
         let forged = access.acting_for(&Caller::new("a"), Some("h9"), None);
         assert_eq!(forged.unwrap_err().code, ErrorCode::PermissionDenied);
         let peer = Caller::new("host-2");
@@ -246,5 +359,54 @@ mod tests {
         assert!(access.allows(&peer, "b", Kind::Consume));
         // Not forwarded: the caller itself.
         assert_eq!(access.acting_for(&peer, None, None).unwrap(), peer);
+    }
+
+    #[test]
+    fn nobody_is_a_peer_by_default_not_even_without_rules() {
+        let client = Caller::new("anonymous");
+        for access in [Access::default(), Access::new(vec![]).with_peers(None)] {
+            assert!(access.allows(&client, "a", Kind::Admin), "open mode");
+            assert!(!access.allows(&client, "", Kind::Peer));
+            let e = access.acting_for(&client, Some("h2"), None).unwrap_err();
+            assert_eq!(e.code, ErrorCode::PermissionDenied);
+        }
+        // A single host has no peers, whatever its rules say.
+        let single = Access::new(vec![rule("host-2", &[], &[Kind::Peer])]);
+        assert!(!single.is_peer(&Caller::new("host-2")));
+        assert!(single.is_peer(&Caller::trusted()));
+    }
+
+    #[test]
+    fn a_connection_logs_in_as_a_peer_with_the_clusters_secret_only() {
+        let access = Access::new(vec![]).with_peers(Some(b"s3cret-s3cret-s3cret".to_vec()));
+        let mark = std::sync::Arc::new(PeerMark::default());
+        let conn = Caller::anonymous().with_peer_mark(mark.clone());
+        let e = access.peer_login(&conn, "h2", b"guess").unwrap_err();
+        assert_eq!(e.code, ErrorCode::PermissionDenied);
+        assert!(!access.is_peer(&conn));
+        access
+            .peer_login(&conn, "h2", b"s3cret-s3cret-s3cret")
+            .unwrap();
+        // Every request on the connection (a clone of its caller) is a peer's now.
+        let later = conn.clone();
+        assert!(access.is_peer(&later));
+        assert_eq!(later.logged_in_peer(), Some("h2"));
+        assert!(access.acting_for(&later, Some("h2"), None).is_ok());
+        // Not as another host on the same connection.
+        assert!(access
+            .peer_login(&conn, "h3", b"s3cret-s3cret-s3cret")
+            .is_err());
+        // Not without a connection, nor on hosts with no secret or no peers.
+        let bare = Caller::anonymous();
+        assert!(access
+            .peer_login(&bare, "h2", b"s3cret-s3cret-s3cret")
+            .is_err());
+        let with_certs_only = Access::new(vec![]).with_peers(None);
+        let conn2 = Caller::anonymous().with_peer_mark(std::sync::Arc::default());
+        assert!(with_certs_only.peer_login(&conn2, "h2", b"").is_err());
+        let single = Access::new(vec![]);
+        assert!(single
+            .peer_login(&conn2, "h2", b"s3cret-s3cret-s3cret")
+            .is_err());
     }
 }

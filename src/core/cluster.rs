@@ -286,6 +286,15 @@ impl Host {
         }
     }
 
+    /// `peerLogin`: the caller's connection proves it is `host_id`'s with the cluster's
+    /// secret. A refusal is counted with the requests (`peerLogin`, `PERMISSION_DENIED`),
+    /// not logged: a client trying secrets must not fill the log.
+    pub fn peer_login(&self, caller: &Caller, host_id: &str, secret: &[u8]) -> Result<()> {
+        self.access.peer_login(caller, host_id, secret)?;
+        tracing::debug!(peer = %host_id, "a peer logged in");
+        Ok(())
+    }
+
     /// A peer announced ready items of `topics`: route dequeues there, and wake the long
     /// polls waiting for them here.
     pub fn peer_ready(

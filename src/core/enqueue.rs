@@ -90,6 +90,13 @@ impl Host {
             }
         }
         let forward_token = forward_token.filter(|_| forwarded);
+        if forward_token
+            .is_some_and(|t| crate::store::token_from_the_future(t, self.clock.now_ms()))
+        {
+            return Err(Error::invalid(
+                "forward_token was drawn more than a minute ahead of this host's clock",
+            ));
+        }
         // A forwarded request held before anything is stored, or after (tests arm them to
         // kill this host mid-call; nothing without the `failpoints` feature).
         if forwarded {

@@ -46,6 +46,25 @@ impl Host {
         ask: OutcomeAsk,
     ) -> Result<Vec<ShardOutcome>> {
         self.allow(caller, "", Kind::Peer)?;
+        let (token, items) = match ask {
+            OutcomeAsk::Forward { token, items } => (token, items as usize),
+            OutcomeAsk::Batch { token } => (token, 0),
+        };
+        // A forwarded request had at most the API's items: each answer writes up to that
+        // many tombstones per shard, so more would only be work for nobody.
+        if items > super::validate::limits::ITEMS_PER_REQUEST_MAX {
+            return Err(Error::invalid(format!(
+                "enqueueOutcome: items {items} is more than a request can have ({})",
+                super::validate::limits::ITEMS_PER_REQUEST_MAX
+            )));
+        }
+        if crate::store::token_from_the_future(token, self.clock.now_ms()) {
+            return Err(Error::invalid(
+                "enqueueOutcome: the token was drawn more than a minute ahead of this host's clock",
+            ));
+        }
+        // Each shard is asked once, however often it is named.
+        let shards: BTreeSet<ShardId> = shards.into_iter().collect();
         Ok(join_all(shards.into_iter().map(|s| self.local_outcome(s, ask))).await)
     }
 

@@ -96,11 +96,20 @@ impl Host {
     /// The token a nack or a dead-letter requeue settles its rows under (see `Host::nack`,
     /// `Host::dlq_requeue`): the forwarding host's (`forwarded_by` set), else drawn here;
     /// negative, so never a lease's. A client's own is ignored: one that matched a row's
-    /// `settled_token` (0, say) would make the call a no-op answered OK.
-    pub(super) fn call_token(&self, given: Option<i64>, forwarded_by: Option<&str>) -> i64 {
-        given
-            .filter(|t| forwarded_by.is_some() && *t < 0)
-            .unwrap_or_else(|| -crate::store::new_batch_token(self.clock.now_ms()))
+    /// `settled_token` (0, say) would make the call a no-op answered OK. (Only a peer may
+    /// set `forwarded_by`: see `Access::acting_for`.) A peer's token drawn more than a
+    /// minute ahead of this host's clock is refused.
+    pub(super) fn call_token(&self, given: Option<i64>, forwarded_by: Option<&str>) -> Result<i64> {
+        let now = self.clock.now_ms();
+        match given.filter(|t| forwarded_by.is_some() && *t < 0) {
+            Some(t) if crate::store::token_from_the_future(t.saturating_neg(), now) => {
+                Err(Error::invalid(
+                    "the call's token was drawn more than a minute ahead of this host's clock",
+                ))
+            }
+            Some(t) => Ok(t),
+            None => Ok(-crate::store::new_batch_token(now)),
+        }
     }
 
     /// Resolves the in-doubt results among `results` (the answers to `items`, see the

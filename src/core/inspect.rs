@@ -155,7 +155,7 @@ impl Host {
     ) -> Result<Vec<Result<()>>> {
         check_batch(ids.len(), "ids")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let token = self.call_token(token, forwarded.0);
+        let token = self.call_token(token, forwarded.0)?;
         let mut results = self
             .dlq_requeue_once(&caller, &ids, may_forward, token)
             .await;

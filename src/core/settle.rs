@@ -311,7 +311,7 @@ impl Host {
     ) -> Result<Vec<Result<()>>> {
         check_batch(items.len(), "items")?;
         let (caller, may_forward) = self.acting(caller, forwarded)?;
-        let token = self.call_token(token, forwarded.0);
+        let token = self.call_token(token, forwarded.0)?;
         let mut results = self.nack_once(&caller, &items, may_forward, token).await;
         if forwarded.0.is_none() {
             let caller = &caller;

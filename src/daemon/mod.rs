@@ -266,10 +266,15 @@ async fn start_planned(
         tier_shards,
         peer_fanout: c.peer_fanout as usize,
     };
+    // Checked with the config; read again here for its bytes.
+    let peer_secret = c.peer_secret().map_err(StartError::Cluster)?;
     let peers = Arc::new(PeerClient::new(
         c.peer_connections_max,
         Duration::from_millis(c.peer_timeout_ms),
         peer_tls,
+        peer_secret
+            .clone()
+            .map(|secret| crate::rpc::PeerLogin::new(host_id.clone(), secret)),
         metrics.clone(),
     ));
     // Replicated shards: switches driven from this host when asked, and the monitor of
@@ -307,7 +312,10 @@ async fn start_planned(
         cluster: settings,
         peers,
         quota_budget: budget,
-        access: Access::new(cfg.access.clone()),
+        access: match c.manager {
+            ManagerKind::Single => Access::new(cfg.access.clone()),
+            _ => Access::new(cfg.access.clone()).with_peers(peer_secret.clone()),
+        },
         metrics: metrics.clone(),
         dlq_call_bound: Duration::from_millis(cfg.engine.dlq_call_ms_max),
         dlq_routed_bound: Duration::from_millis(c.peer_timeout_ms / 2),

@@ -236,6 +236,17 @@ pub(super) async fn execute(
             let (result_value, err) = split(r);
             Reply::EnqueueOutcome(t::FoqsEnqueueOutcomeResult { result_value, err })
         }
+        Call::PeerLogin(req) => {
+            let err = host
+                .peer_login(
+                    caller,
+                    req.host_id.as_deref().unwrap_or_default(),
+                    req.secret.as_deref().unwrap_or_default(),
+                )
+                .err()
+                .map(convert::foqs_error);
+            Reply::PeerLogin(t::FoqsPeerLoginResult { err })
+        }
         Call::Replication(call) => {
             Reply::Replication(replication::dispatch(host, caller, call).await)
         }

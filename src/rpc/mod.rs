@@ -19,7 +19,7 @@ mod peer_conn;
 mod replication;
 pub mod worker;
 
-pub use peer_conn::PeerClient;
+pub use peer_conn::{PeerClient, PeerLogin};
 
 use thrift::protocol::{
     TBinaryInputProtocol, TBinaryOutputProtocol, TCompactInputProtocol, TCompactOutputProtocol,
@@ -67,6 +67,7 @@ enum Call {
     DlqPurge(t::DlqPurgeRequest),
     NotifyReady(t::NotifyReadyRequest),
     EnqueueOutcome(t::EnqueueOutcomeRequest),
+    PeerLogin(t::PeerLoginRequest),
     Replication(replication::Call),
 }
 
@@ -86,6 +87,7 @@ enum Reply {
     DlqPurge(t::FoqsDlqPurgeResult),
     NotifyReady(t::FoqsNotifyReadyResult),
     EnqueueOutcome(t::FoqsEnqueueOutcomeResult),
+    PeerLogin(t::FoqsPeerLoginResult),
     Replication(replication::Reply),
     Exception(ApplicationError),
 }
@@ -281,6 +283,9 @@ fn decode(
         "enqueueOutcome" => {
             t::FoqsEnqueueOutcomeArgs::read_from_in_protocol(i).map(|a| Call::EnqueueOutcome(a.req))
         }
+        "peerLogin" => {
+            t::FoqsPeerLoginArgs::read_from_in_protocol(i).map(|a| Call::PeerLogin(a.req))
+        }
         other if replication::METHODS.contains(&other) => replication::decode(other, i)
             .expect("a replication method")
             .map(Call::Replication),
@@ -329,6 +334,7 @@ fn encode(
         Reply::DlqPurge(r) => r.write_to_out_protocol(o)?,
         Reply::NotifyReady(r) => r.write_to_out_protocol(o)?,
         Reply::EnqueueOutcome(r) => r.write_to_out_protocol(o)?,
+        Reply::PeerLogin(r) => r.write_to_out_protocol(o)?,
         Reply::Replication(r) => r.write(o)?,
         Reply::Exception(e) => thrift::Error::write_application_error_to_out_protocol(e, o)?,
     }
@@ -339,7 +345,7 @@ fn encode(
 /// The method as a metrics label: only the API's names, so a client cannot grow the
 /// label set.
 fn method_label(name: &str) -> &'static str {
-    const METHODS: [&str; 15] = [
+    const METHODS: [&str; 16] = [
         "enqueue",
         "dequeue",
         "ack",
@@ -355,6 +361,7 @@ fn method_label(name: &str) -> &'static str {
         "dlqPurge",
         "notifyReady",
         "enqueueOutcome",
+        "peerLogin",
     ];
     METHODS
         .iter()
@@ -399,6 +406,7 @@ impl Reply {
             Reply::DlqPurge(r) => r.err.as_ref(),
             Reply::NotifyReady(r) => r.err.as_ref(),
             Reply::EnqueueOutcome(r) => r.err.as_ref(),
+            Reply::PeerLogin(r) => r.err.as_ref(),
             Reply::Replication(r) => r.err(),
             Reply::Exception(e) => {
                 return match e.kind {

@@ -26,6 +26,8 @@ pub struct PeerClient {
     timeout: Duration,
     /// TLS towards peers (`cluster.tls_*`); `None`: plain TCP.
     tls: Option<tokio_rustls::TlsConnector>,
+    /// `None`: peers know this host by its certificate alone.
+    login: Option<Arc<PeerLogin>>,
     metrics: Arc<Metrics>,
 }
 
@@ -33,6 +35,65 @@ struct Connector {
     addr: String,
     timeout: Duration,
     tls: Option<tokio_rustls::TlsConnector>,
+    login: Option<Arc<PeerLogin>>,
+}
+
+/// How this host logs in to its peers (`peerLogin`, `cluster.peer_secret`): the first
+/// call on every connection, so that the peer serves it the calls only hosts may make.
+pub struct PeerLogin {
+    host_id: String,
+    secret: Vec<u8>,
+}
+
+impl PeerLogin {
+    pub fn new(host_id: String, secret: Vec<u8>) -> PeerLogin {
+        PeerLogin { host_id, secret }
+    }
+
+    /// Sends the login on a new connection and reads its answer.
+    async fn log_in(&self, stream: &mut dyn PeerIo) -> std::io::Result<()> {
+        let args = crate::thrift_gen::FoqsPeerLoginArgs {
+            req: crate::thrift_gen::PeerLoginRequest {
+                host_id: Some(self.host_id.clone()),
+                secret: Some(self.secret.clone()),
+            },
+        };
+        let frame = encode("peerLogin", 0, |o| args.write_to_out_protocol(o))
+            .map_err(|e| std::io::Error::other(describe(&e)))?;
+        let reply = exchange(stream, &frame).await?;
+        let refused = decode(&reply, |i| {
+            crate::thrift_gen::FoqsPeerLoginResult::read_from_in_protocol(i)
+        })
+        .map_err(|e| std::io::Error::other(describe(&e)))?
+        .err;
+        match refused {
+            None => Ok(()),
+            Some(e) => {
+                let why = e.message.unwrap_or_default();
+                // A wrong or missing secret on one side: every call to that peer fails
+                // until the configs agree, so say it where operators look.
+                tracing::warn!(error = %why, "a peer refused this host's peerLogin");
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("peerLogin refused: {why}"),
+                ))
+            }
+        }
+    }
+}
+
+/// Writes one framed message and reads the framed reply.
+async fn exchange(stream: &mut (dyn PeerIo + '_), frame: &[u8]) -> std::io::Result<Vec<u8>> {
+    stream.write_all(frame).await?;
+    // TLS buffers what it encrypts: push it out.
+    stream.flush().await?;
+    let len = stream.read_i32().await?;
+    if len <= 0 || len as usize > REPLY_FRAME_BYTES_MAX {
+        return Err(std::io::Error::other(format!("reply frame of {len} bytes")));
+    }
+    let mut reply = vec![0u8; len as usize];
+    stream.read_exact(&mut reply).await?;
+    Ok(reply)
 }
 
 /// A peer connection's byte stream: plain TCP or TLS.
@@ -68,6 +129,12 @@ impl bb8::ManageConnection for Connector {
                 Box::new(s)
             }
         };
+        let mut stream = stream;
+        if let Some(login) = &self.login {
+            tokio::time::timeout(self.timeout, login.log_in(&mut *stream))
+                .await
+                .map_err(|_| timed_out())??;
+        }
         Ok(Conn {
             stream,
             broken: false,
@@ -104,6 +171,7 @@ impl PeerClient {
         connections_max: u32,
         timeout: Duration,
         tls: Option<Arc<rustls::ClientConfig>>,
+        login: Option<PeerLogin>,
         metrics: Arc<Metrics>,
     ) -> PeerClient {
         PeerClient {
@@ -111,6 +179,7 @@ impl PeerClient {
             connections_max: connections_max.max(1),
             timeout,
             tls: tls.map(tokio_rustls::TlsConnector::from),
+            login: login.map(Arc::new),
             metrics,
         }
     }
@@ -127,6 +196,7 @@ impl PeerClient {
                         addr: addr.to_string(),
                         timeout: self.timeout,
                         tls: self.tls.clone(),
+                        login: self.login.clone(),
                     })
             })
             .clone()
@@ -177,26 +247,7 @@ impl PeerClient {
             // From the first byte written on, the peer may act on the call: a failure
             // is in doubt (the peer may have applied it), not a refusal.
             sent = true;
-            conn.stream
-                .write_all(&frame)
-                .await
-                .map_err(|e| doubt(e.to_string()))?;
-            // TLS buffers what it encrypts: push it out.
-            conn.stream
-                .flush()
-                .await
-                .map_err(|e| doubt(e.to_string()))?;
-            let len = conn
-                .stream
-                .read_i32()
-                .await
-                .map_err(|e| doubt(e.to_string()))?;
-            if len <= 0 || len as usize > REPLY_FRAME_BYTES_MAX {
-                return Err(doubt(format!("reply frame of {len} bytes")));
-            }
-            let mut reply = vec![0u8; len as usize];
-            conn.stream
-                .read_exact(&mut reply)
+            let reply = exchange(&mut *conn.stream, &frame)
                 .await
                 .map_err(|e| doubt(e.to_string()))?;
             conn.broken = false;

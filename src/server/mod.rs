@@ -299,7 +299,11 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
         start: 0,
     };
     let hangup = Arc::new(Hangup::default());
-    let caller = caller.clone().with_hangup(hangup.clone());
+    // A peer logs in once per connection (peerLogin); the mark lives as long as it.
+    let caller = caller
+        .clone()
+        .with_hangup(hangup.clone())
+        .with_peer_mark(Arc::default());
     // What arrives while a request is being served (see below); allocated at the first
     // request that is not answered at once.
     let mut early: Vec<u8> = Vec::new();

@@ -120,6 +120,16 @@ pub fn too_old(token: i64, now_ms: i64) -> bool {
     token < batches::first_token_at(now_ms - batches::BATCH_MEMORY_MS / 2)
 }
 
+/// How far ahead of this host's clock a peer's token may be: clocks differ by far less,
+/// and a token further ahead would keep its marks (and the rows they hold) past the
+/// marks' memory.
+pub const TOKEN_AHEAD_MS_MAX: i64 = 60_000;
+
+/// Whether `token` was drawn more than [`TOKEN_AHEAD_MS_MAX`] ahead of `now_ms`: refused.
+pub fn from_the_future(token: i64, now_ms: i64) -> bool {
+    token >= batches::first_token_at(now_ms.saturating_add(TOKEN_AHEAD_MS_MAX))
+}
+
 /// Most positions a request can have (the API's batch bound, with room).
 pub const POSITIONS_MAX: u32 = 10_000;
 

@@ -25,7 +25,10 @@ use std::future::Future;
 pub use batches::{new_token as new_batch_token, BatchOutcome, BATCH_MEMORY_MS};
 pub use cache::{Cached, PayloadCache};
 pub use fenced::Fenced;
-pub use forwards::{too_old as forward_token_too_old, ForwardMark, ForwardOutcome, Marks};
+pub use forwards::{
+    from_the_future as token_from_the_future, too_old as forward_token_too_old, ForwardMark,
+    ForwardOutcome, Marks,
+};
 pub use mysql::{with_tls, MySqlStore, MysqlTls, OnLost};
 pub use sqlite::{can_lower_and_restore, sqlite_path, SqliteStore};
 

@@ -134,6 +134,14 @@ class Iface(object):
         """
         pass
 
+    def peerLogin(self, req):
+        """
+        Parameters:
+         - req
+
+        """
+        pass
+
     def shardSwitchover(self, req):
         """
         Parameters:
@@ -671,6 +679,38 @@ class Client(Iface):
             raise result.err
         raise TApplicationException(TApplicationException.MISSING_RESULT, "enqueueOutcome failed: unknown result")
 
+    def peerLogin(self, req):
+        """
+        Parameters:
+         - req
+
+        """
+        self.send_peerLogin(req)
+        self.recv_peerLogin()
+
+    def send_peerLogin(self, req):
+        self._oprot.writeMessageBegin('peerLogin', TMessageType.CALL, self._seqid)
+        args = peerLogin_args()
+        args.req = req
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_peerLogin(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = peerLogin_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.err is not None:
+            raise result.err
+        return
+
     def shardSwitchover(self, req):
         """
         Parameters:
@@ -821,6 +861,7 @@ class Processor(Iface, TProcessor):
         self._processMap["dlqPurge"] = Processor.process_dlqPurge
         self._processMap["notifyReady"] = Processor.process_notifyReady
         self._processMap["enqueueOutcome"] = Processor.process_enqueueOutcome
+        self._processMap["peerLogin"] = Processor.process_peerLogin
         self._processMap["shardSwitchover"] = Processor.process_shardSwitchover
         self._processMap["regionDrain"] = Processor.process_regionDrain
         self._processMap["shardFailover"] = Processor.process_shardFailover
@@ -1233,6 +1274,32 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.EXCEPTION
             result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
         oprot.writeMessageBegin("enqueueOutcome", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_peerLogin(self, seqid, iprot, oprot):
+        args = peerLogin_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = peerLogin_result()
+        try:
+            self._handler.peerLogin(args.req)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except FoqsError as err:
+            msg_type = TMessageType.REPLY
+            result.err = err
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("peerLogin", msg_type, seqid)
         result.write(oprot)
         oprot.writeMessageEnd()
         oprot.trans.flush()
@@ -3363,6 +3430,131 @@ class enqueueOutcome_result(object):
 all_structs.append(enqueueOutcome_result)
 enqueueOutcome_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [EnqueueOutcomeResponse, None], None, ),  # 0
+    (1, TType.STRUCT, 'err', [FoqsError, None], None, ),  # 1
+)
+
+
+class peerLogin_args(object):
+    """
+    Attributes:
+     - req
+
+    """
+
+
+    def __init__(self, req=None,):
+        self.req = req
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.req = PeerLoginRequest()
+                    self.req.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('peerLogin_args')
+        if self.req is not None:
+            oprot.writeFieldBegin('req', TType.STRUCT, 1)
+            self.req.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(peerLogin_args)
+peerLogin_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'req', [PeerLoginRequest, None], None, ),  # 1
+)
+
+
+class peerLogin_result(object):
+    """
+    Attributes:
+     - err
+
+    """
+
+
+    def __init__(self, err=None,):
+        self.err = err
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.err = FoqsError.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('peerLogin_result')
+        if self.err is not None:
+            oprot.writeFieldBegin('err', TType.STRUCT, 1)
+            self.err.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(peerLogin_result)
+peerLogin_result.thrift_spec = (
+    None,  # 0
     (1, TType.STRUCT, 'err', [FoqsError, None], None, ),  # 1
 )
 

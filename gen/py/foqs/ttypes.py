@@ -3799,6 +3799,74 @@ class HostInfo(object):
         return not (self == other)
 
 
+class PeerLoginRequest(object):
+    """
+    Attributes:
+     - host_id
+     - secret
+
+    """
+
+
+    def __init__(self, host_id=None, secret=None,):
+        self.host_id = host_id
+        self.secret = secret
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.host_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.secret = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('PeerLoginRequest')
+        if self.host_id is not None:
+            oprot.writeFieldBegin('host_id', TType.STRING, 1)
+            oprot.writeString(self.host_id.encode('utf-8') if sys.version_info[0] == 2 else self.host_id)
+            oprot.writeFieldEnd()
+        if self.secret is not None:
+            oprot.writeFieldBegin('secret', TType.STRING, 2)
+            oprot.writeBinary(self.secret)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class EnqueueOutcomeRequest(object):
     """
     Attributes:
@@ -5381,6 +5449,12 @@ HostInfo.thrift_spec = (
     (8, TType.STRING, 'manager', 'UTF8', None, ),  # 8
     (9, TType.LIST, 'ready_topics', (TType.STRUCT, [ReadyTopic, None], False), None, ),  # 9
     (10, TType.BOOL, 'forward_marks', None, None, ),  # 10
+)
+all_structs.append(PeerLoginRequest)
+PeerLoginRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'host_id', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'secret', 'BINARY', None, ),  # 2
 )
 all_structs.append(EnqueueOutcomeRequest)
 EnqueueOutcomeRequest.thrift_spec = (

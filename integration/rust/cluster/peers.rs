@@ -112,3 +112,83 @@ async fn each_host_polls_its_fanout_of_the_tier_and_is_routed_to_by_its_pollers(
         r.shutdown().await;
     }
 }
+
+/// Hosts prove they are peers with the cluster's secret (`peerLogin`), and nothing else
+/// makes a caller one: on a host of a cluster, a client's forged `forwarded_by` and its
+/// `notifyReady` are refused until its connection logs in with the secret, and a host
+/// configured with another secret cannot forward to its peers (nothing is stored for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_connection_with_the_clusters_secret_is_a_peer() {
+    use foqs::thrift_gen::{
+        EnqueueRequest, NotifyReadyRequest, PeerLoginRequest, ReadyTopic, TFoqsSyncClient,
+    };
+    let db = TestDb::new(2);
+    let (pa, pb) = (free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] =
+        &[("a", pa, "default", &[0]), ("b", pb, "gold", &[1])];
+    let tiers =
+        "[[tiers]]\nname = \"gold\"\nshards = [1]\n[[namespaces]]\nname = \"g\"\ntier = \"gold\"\n";
+    let mut cfg_a = host_config(&db.shards_toml(), "a", hosts, true, tiers);
+    cfg_a.cluster.peer_secret = Some("not-the-clusters-secret".into());
+    let a = start(&cfg_a).await;
+    let b = start(&host_config(&db.shards_toml(), "b", hosts, true, tiers)).await;
+
+    let denied = |r: thrift::Result<()>| {
+        let e = foqs_error(r.expect_err("refused"));
+        assert_eq!(e.code, Some(ErrorCode::PERMISSION_DENIED), "{e:?}");
+    };
+    let mut client = Client::connect(b.addr, Proto::Binary);
+    let forged = client.call(|c| {
+        c.enqueue(EnqueueRequest {
+            items: Some(vec![item("g", "t", 0, b"forged")]),
+            forwarded_by: Some("a".into()),
+            forward_token: None,
+        })
+    });
+    denied(forged.map(|_| ()));
+    let ready = || NotifyReadyRequest {
+        host_id: Some("a".into()),
+        topics: Some(vec![ReadyTopic {
+            ns: Some("g".into()),
+            topic: Some("t".into()),
+            ready: Some(1),
+            head_priority: Some(0),
+            head_deliver_after_ms: Some(0),
+            heads: None,
+        }]),
+    };
+    denied(client.call(|c| c.notify_ready(ready())));
+    let login = |secret: &str| PeerLoginRequest {
+        host_id: Some("a".into()),
+        secret: Some(secret.as_bytes().to_vec()),
+    };
+    denied(client.call(|c| c.peer_login(login("not-the-clusters-secret"))));
+    denied(client.call(|c| c.notify_ready(ready())));
+    // The secret makes the connection a peer's: the same call is answered.
+    client
+        .call(|c| c.peer_login(login("foqs-test-peer-secret")))
+        .expect("the cluster's secret");
+    client
+        .call(|c| c.notify_ready(ready()))
+        .expect("a peer's announcement");
+
+    // Host a logs in with the wrong secret: b refuses it, so a's enqueue for b's tier
+    // cannot be forwarded and fails; nothing is stored.
+    let a_addr = a.addr;
+    let r = tokio::task::spawn_blocking(move || {
+        Client::connect(a_addr, Proto::Binary).try_enqueue(vec![item("g", "t", 0, b"via a")])
+    })
+    .await
+    .unwrap();
+    let failed = match r {
+        Ok(ref results) => results[0].error.is_some(),
+        Err(_) => true,
+    };
+    assert!(failed, "a host with another secret forwarded: {r:?}");
+    assert_eq!(
+        Client::connect(b.addr, Proto::Binary).stats("g", "t").ready,
+        Some(0)
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -1,0 +1,80 @@
+//! Clients that speak the protocol well and mean harm, or are merely greedy: no client
+//! gets a peer's powers, and none denies service to the others. Each test failed before
+//! the fix it guards (see docs/operations.md, "Threats and defences").
+
+use crate::common;
+
+use common::*;
+use foqs::thrift_gen::{
+    EnqueueItem, EnqueueOutcomeRequest, EnqueueRequest, ErrorCode, NotifyReadyRequest,
+    PeerLoginRequest, ReadyTopic, TFoqsSyncClient,
+};
+
+/// The namespace quota the forged `forwarded_by` skipped: 60 a minute, 10 s of burst.
+const QUOTA: &str =
+    "[[namespaces]]\nname = \"q\"\nenqueues_per_minute = 60\nquota_burst_ms = 10000\n";
+
+fn denied(e: thrift::Error) -> String {
+    let e = foqs_error(e);
+    assert_eq!(e.code, Some(ErrorCode::PERMISSION_DENIED), "{e:?}");
+    e.message.unwrap_or_default()
+}
+
+/// On a single host (no peers) in open mode (no rules), a client that sets the fields and
+/// makes the calls only hosts may is refused: a forged `forwarded_by` took 100 of 100 items
+/// past a quota that held plain enqueues to about 10, and `notifyReady`, `enqueueOutcome`
+/// were answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gets_no_peer_powers_on_a_single_host() {
+    let server = TestServer::start(1, QUOTA).await;
+    let mut c = server.client();
+    let items = |n: usize| -> Vec<EnqueueItem> {
+        (0..n)
+            .map(|i| item("q", "t", 0, format!("{i}").as_bytes()))
+            .collect()
+    };
+    let forged = c
+        .call(|c| {
+            c.enqueue(EnqueueRequest {
+                items: Some(items(100)),
+                forwarded_by: Some("h9".into()),
+                forward_token: Some(1),
+            })
+        })
+        .expect_err("a forged forwarded_by is refused");
+    assert!(denied(forged).contains("forwarded_by"));
+    // The quota still holds a plain enqueue: about 10 s of burst at 1 a second.
+    let plain = c.try_enqueue(items(100)).unwrap();
+    let admitted = plain.iter().filter(|r| r.error.is_none()).count();
+    assert!((5..=15).contains(&admitted), "admitted {admitted} of 100");
+
+    let ready = NotifyReadyRequest {
+        host_id: Some("h9".into()),
+        topics: Some(vec![ReadyTopic {
+            ns: Some("q".into()),
+            topic: Some("t".into()),
+            ready: Some(1),
+            head_priority: Some(0),
+            head_deliver_after_ms: Some(0),
+            heads: None,
+        }]),
+    };
+    denied(c.call(|c| c.notify_ready(ready)).expect_err("notifyReady"));
+    let outcome = EnqueueOutcomeRequest {
+        shards: Some(vec![0; 10_000]),
+        forward_token: Some(1),
+        items: Some(10_000),
+        batch_token: None,
+    };
+    denied(
+        c.call(|c| c.enqueue_outcome(outcome))
+            .expect_err("enqueueOutcome"),
+    );
+    let login = PeerLoginRequest {
+        host_id: Some("h9".into()),
+        secret: Some(b"anything-at-all-16".to_vec()),
+    };
+    let why = denied(c.call(|c| c.peer_login(login)).expect_err("peerLogin"));
+    assert!(why.contains("no peers"), "{why}");
+    server.stop().await;
+}
