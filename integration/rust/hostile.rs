@@ -78,3 +78,56 @@ async fn a_client_gets_no_peer_powers_on_a_single_host() {
     assert!(why.contains("no peers"), "{why}");
     server.stop().await;
 }
+
+/// The metrics listener (and the console's, served the same way) has a header timeout, an
+/// idle timeout and a connection cap: 100 of 100 connections holding a half-sent request
+/// head were still open after 40 s, holding descriptors shared with the Thrift port and
+/// the databases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_request_heads_do_not_hold_the_metrics_listener() {
+    use std::io::{Read, Write};
+    const CAP: usize = 20;
+    let server = TestServer::start_full(
+        TestDb::new(1),
+        &format!("http_header_timeout_ms = 500\nhttp_connections_max = {CAP}\n"),
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .await;
+    let metrics = server.running.as_ref().unwrap().metrics_addr.unwrap();
+    tokio::task::spawn_blocking(move || {
+        let open = |head: &[u8]| {
+            let mut s = std::net::TcpStream::connect(metrics).unwrap();
+            s.write_all(head).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
+            s
+        };
+        let mut held: Vec<_> = (0..CAP)
+            .map(|_| open(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"))
+            .collect();
+        // Past the cap: closed at once, before any timeout.
+        let started = std::time::Instant::now();
+        let mut over = open(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut buf = [0u8; 256];
+        let n = over.read(&mut buf).unwrap_or(0);
+        assert_eq!(n, 0, "a connection past the cap was served");
+        assert!(started.elapsed() < std::time::Duration::from_millis(400));
+        // Each half-sent head is closed within its timeout (a 408 first, or just closed).
+        for (i, s) in held.iter_mut().enumerate() {
+            let mut got = Vec::new();
+            let r = s.read_to_end(&mut got);
+            assert!(
+                r.is_ok()
+                    || r.as_ref()
+                        .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+                "connection {i} still open after 10 s: {r:?}"
+            );
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // The listener serves again.
+        assert_eq!(http_get(metrics, "/healthz").0, 200);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}

@@ -38,6 +38,9 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
         ("server.frame_read_timeout_ms", s.frame_read_timeout_ms),
         ("server.idle_timeout_ms", s.idle_timeout_ms),
         ("server.handshake_timeout_ms", s.handshake_timeout_ms),
+        ("server.http_header_timeout_ms", s.http_header_timeout_ms),
+        ("server.http_idle_timeout_ms", s.http_idle_timeout_ms),
+        ("server.http_connections_max", s.http_connections_max as u64),
     ] {
         if v == 0 {
             problems.push(format!("{name} must be > 0"));

@@ -91,6 +91,12 @@ pub struct ServerConfig {
     /// Serve beyond loopback with no TLS and no `[[access]]` rules, where any client that
     /// reaches a port may do everything: refused at start unless this says it is meant.
     pub allow_open: bool,
+    /// The metrics and console listeners: a request head must arrive whole within this
+    /// long, a connection with nothing read for `http_idle_timeout_ms` is closed, and at
+    /// most `http_connections_max` are open on each (past it new ones are closed at once).
+    pub http_header_timeout_ms: u64,
+    pub http_idle_timeout_ms: u64,
+    pub http_connections_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -107,6 +113,9 @@ impl Default for ServerConfig {
             handshake_timeout_ms: 10_000,
             tls: None,
             allow_open: false,
+            http_header_timeout_ms: 10_000,
+            http_idle_timeout_ms: 75_000,
+            http_connections_max: 128,
         }
     }
 }

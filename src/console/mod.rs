@@ -92,17 +92,10 @@ pub fn router(console: Arc<Console>) -> Router {
 pub async fn serve_console(
     listener: TcpListener,
     console: Arc<Console>,
-    mut shutdown: watch::Receiver<bool>,
+    limits: crate::server::HttpLimits,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let stop = async move {
-        let _ = shutdown.changed().await;
-    };
-    if let Err(e) = axum::serve(listener, router(console))
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        tracing::warn!(error = %e, "console listener failed");
-    }
+    crate::server::serve_router(listener, router(console), "console", limits, shutdown).await
 }
 
 fn security_headers(r: &mut Response) {

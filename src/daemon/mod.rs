@@ -396,16 +396,23 @@ async fn start_planned(
         ));
     }
     let mut listeners = Vec::new();
+    let http_limits = crate::server::HttpLimits {
+        header_timeout: Duration::from_millis(cfg.server.http_header_timeout_ms),
+        idle_timeout: Duration::from_millis(cfg.server.http_idle_timeout_ms),
+        connections_max: cfg.server.http_connections_max,
+    };
     let metrics_addr = metrics_listener.as_ref().map(|(_, a)| *a);
     if let Some((l, a)) = metrics_listener {
         tracing::info!(addr = %a, "metrics and health on http://{a}/metrics, /healthz, /readyz");
-        listeners.push(tokio::spawn(serve_http(l, host.clone(), stop_rx.clone())));
+        listeners.push(tokio::spawn(serve_http(
+            l,
+            host.clone(),
+            http_limits,
+            stop_rx.clone(),
+        )));
     }
     let console_addr = console_listener.as_ref().map(|(_, a)| *a);
     if let Some((l, a)) = console_listener {
-        if !a.ip().is_loopback() && cfg.console.users.is_empty() {
-            tracing::warn!(addr = %a, "the console listens beyond this machine with no [[console.users]]: anyone who reaches it may requeue and purge");
-        }
         tracing::info!(addr = %a, "web console on http://{a}/");
         let series = Arc::new(crate::console::Series::default());
         background.push(tokio::spawn(crate::console::run_sampler(
@@ -421,6 +428,7 @@ async fn start_planned(
         listeners.push(tokio::spawn(crate::console::serve_console(
             l,
             console,
+            http_limits,
             stop_rx.clone(),
         )));
     }

@@ -1,7 +1,8 @@
 //! The operators' HTTP listener (`[metrics] listen`): `GET /metrics` (Prometheus text
 //! format), `GET /healthz` (200 while the process runs) and `GET /readyz` (200 when this
 //! host can serve now: at least one healthy shard, or a reachable peer to forward to;
-//! 503 with the reason otherwise). Served by axum; nothing here parses HTTP by hand.
+//! 503 with the reason otherwise). Served by axum and hyper with the listeners' limits
+//! (`http_serve`); nothing here parses HTTP by hand.
 
 use std::sync::Arc;
 
@@ -19,22 +20,15 @@ use crate::core::Host;
 pub async fn serve_http(
     listener: TcpListener,
     host: Arc<Host>,
-    mut shutdown: watch::Receiver<bool>,
+    limits: super::HttpLimits,
+    shutdown: watch::Receiver<bool>,
 ) {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .with_state(host);
-    let stop = async move {
-        let _ = shutdown.changed().await;
-    };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        tracing::warn!(error = %e, "metrics listener failed");
-    }
+    super::http_serve::serve_router(listener, app, "metrics", limits, shutdown).await
 }
 
 async fn metrics(State(host): State<Arc<Host>>) -> impl IntoResponse {

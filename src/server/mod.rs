@@ -14,6 +14,7 @@
 
 mod conns;
 mod http;
+mod http_serve;
 mod listen;
 pub mod session;
 
@@ -33,6 +34,7 @@ use tokio_rustls::TlsAcceptor;
 
 pub use conns::{ConnState, ConnTable};
 pub use http::serve_http;
+pub use http_serve::{serve_router, HttpLimits};
 
 use crate::core::{Caller, Hangup, Host};
 use crate::metrics::Metrics;
