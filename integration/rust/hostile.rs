@@ -131,3 +131,58 @@ async fn half_sent_request_heads_do_not_hold_the_metrics_listener() {
     .unwrap();
     server.stop().await;
 }
+
+/// A dequeue reply has bounds: a topic listed twice is refused (one topic named 100 times
+/// with count 1,000 made a 22.6 MB reply), and claiming stops before the reply passes
+/// `server.reply_items_max` or `server.reply_bytes_max`; what was not claimed stays ready
+/// for the next dequeue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dequeue_reply_stays_within_its_bounds() {
+    const ITEMS_MAX: usize = 50;
+    const BYTES_MAX: usize = 300_000;
+    let server = TestServer::start_full(
+        TestDb::new(2),
+        &format!("reply_items_max = {ITEMS_MAX}\nreply_bytes_max = {BYTES_MAX}\n"),
+        "",
+    )
+    .await;
+    let mut c = server.client();
+    for t in ["s1", "s2", "s3"] {
+        c.enqueue(
+            (0..30)
+                .map(|i| item("r", t, 0, format!("{i}").as_bytes()))
+                .collect(),
+        );
+    }
+    for t in ["b1", "b2", "b3"] {
+        c.enqueue((0..30).map(|_| item("r", t, 0, &[7u8; 10_000])).collect());
+    }
+    let twice = c
+        .try_dequeue(vec![topic_req("r", "s1", 1), topic_req("r", "s1", 1)])
+        .expect_err("a topic listed twice");
+    let e = foqs_error(twice);
+    assert_eq!(e.code, Some(ErrorCode::INVALID_ARGUMENT), "{e:?}");
+
+    let small = c
+        .try_dequeue(["s1", "s2", "s3"].map(|t| topic_req("r", t, 30)).to_vec())
+        .unwrap();
+    // Each topic claims at most what the bytes left allow at the largest item size (19 of
+    // 300,000 bytes), and all of them at most 50 items.
+    assert_eq!(small.len(), ITEMS_MAX, "19 + 19 + 12 of the 90 asked for");
+    let big = c
+        .try_dequeue(["b1", "b2", "b3"].map(|t| topic_req("r", t, 30)).to_vec())
+        .unwrap();
+    let bytes: usize = big.iter().map(|i| i.payload.as_ref().unwrap().len()).sum();
+    assert!(
+        !big.is_empty() && bytes <= BYTES_MAX,
+        "{} items, {bytes} bytes",
+        big.len()
+    );
+    // Nothing beyond the reply was leased: every other item is ready now.
+    let ready: i64 = ["s1", "s2", "s3", "b1", "b2", "b3"]
+        .iter()
+        .map(|t| c.stats("r", t).ready.unwrap())
+        .sum();
+    assert_eq!(ready as usize, 180 - small.len() - big.len());
+    server.stop().await;
+}

@@ -41,10 +41,18 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
         ("server.http_header_timeout_ms", s.http_header_timeout_ms),
         ("server.http_idle_timeout_ms", s.http_idle_timeout_ms),
         ("server.http_connections_max", s.http_connections_max as u64),
+        ("server.reply_items_max", s.reply_items_max as u64),
     ] {
         if v == 0 {
             problems.push(format!("{name} must be > 0"));
         }
+    }
+    // One item of the largest size must fit, and the reply must fit a frame.
+    if s.reply_bytes_max < crate::core::ITEM_WIRE_BYTES_MAX {
+        problems.push(format!(
+            "server.reply_bytes_max must be at least {} (one item of the largest size)",
+            crate::core::ITEM_WIRE_BYTES_MAX
+        ));
     }
     if let Some(tls) = &s.tls {
         for (name, path) in [

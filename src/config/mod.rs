@@ -97,6 +97,11 @@ pub struct ServerConfig {
     pub http_header_timeout_ms: u64,
     pub http_idle_timeout_ms: u64,
     pub http_connections_max: usize,
+    /// Most items, and most bytes of items, one dequeue reply carries: claiming stops
+    /// before either is passed (a dequeue of 100 topics of 1,000 items each would
+    /// otherwise be 100,000 items).
+    pub reply_items_max: usize,
+    pub reply_bytes_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -116,6 +121,8 @@ impl Default for ServerConfig {
             http_header_timeout_ms: 10_000,
             http_idle_timeout_ms: 75_000,
             http_connections_max: 128,
+            reply_items_max: 10_000,
+            reply_bytes_max: 16 << 20,
         }
     }
 }

@@ -63,8 +63,16 @@ impl Host {
             )));
         }
         let mut wanted = Vec::with_capacity(topics.len());
+        let mut seen = std::collections::HashSet::with_capacity(topics.len());
         for t in topics {
             self.allow(caller, &t.ns, Kind::Consume)?;
+            // One topic named 100 times with count 1,000 was a 100,000-item reply.
+            if !seen.insert((t.ns.clone(), t.topic.clone())) {
+                return Err(Error::invalid(format!(
+                    "topic {:?} of namespace {:?} is listed twice: name each topic once, with the count wanted",
+                    t.topic, t.ns
+                )));
+            }
             let count = in_range("count", t.count, limits::DEQUEUE_COUNT_MAX)?;
             let before =
                 match t.before {
@@ -163,9 +171,24 @@ impl Host {
         // than failing the request and stranding what other topics already leased.
         let mut out = Vec::new();
         let mut failure = None;
+        let mut bytes = 0;
         for (name, count, before) in wanted {
-            match self.dequeue_across(name, *count, local_only, *before).await {
-                Ok(items) => out.extend(items),
+            // Within the reply's bounds: a topic claims no more than what is left of them,
+            // each item counted at the largest an item can be, so that the reply never
+            // passes `server.reply_bytes_max` (what it claimed is handed out whole).
+            let count = (*count)
+                .min(self.reply_bounds.items_max.saturating_sub(out.len()))
+                .min(
+                    self.reply_bounds.bytes_max.saturating_sub(bytes) / limits::ITEM_WIRE_BYTES_MAX,
+                );
+            if count == 0 {
+                break;
+            }
+            match self.dequeue_across(name, count, local_only, *before).await {
+                Ok(items) => {
+                    bytes += items.iter().map(wire_bytes).sum::<usize>();
+                    out.extend(items);
+                }
                 Err(e) => failure = Some(e),
             }
         }
@@ -504,4 +527,9 @@ impl Host {
         got.sort_by_key(Item::global_key);
         Ok(got)
     }
+}
+
+/// About how many bytes `item` takes in a reply (see `limits::ITEM_WIRE_BYTES_MAX`).
+fn wire_bytes(item: &Item) -> usize {
+    item.payload.len() + item.metadata.len() + item.ns.len() + item.topic.len() + 256
 }

@@ -70,6 +70,15 @@ pub struct HostParts {
     pub overload_cpu_busy: f64,
     /// `engine.best_effort_nice` (see `tenants`).
     pub best_effort_nice: i32,
+    /// How much one dequeue reply may carry (`server.reply_items_max`, `reply_bytes_max`).
+    pub reply_bounds: ReplyBounds,
+}
+
+/// How much one dequeue reply may carry: claiming stops before it would pass either.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplyBounds {
+    pub items_max: usize,
+    pub bytes_max: usize,
 }
 
 /// A shard's worker held for a switch (see [`Host::hold_shard`]).
@@ -109,6 +118,7 @@ pub struct Host {
     /// Sheds enqueues of namespaces without a guarantee while the CPUs are saturated.
     pub(super) shedder: crate::overload::Shedder,
     pub(super) best_effort_nice: i32,
+    pub(super) reply_bounds: ReplyBounds,
     /// Some shard's threads were last asked to run lowered (see `tenants`).
     pub(super) lowered: std::sync::atomic::AtomicBool,
     pub(super) enqueue_hold: std::time::Duration,
@@ -171,6 +181,7 @@ impl Host {
                 p.best_effort_nice
             },
             lowered: std::sync::atomic::AtomicBool::new(false),
+            reply_bounds: p.reply_bounds,
         }
     }
 
@@ -210,6 +221,10 @@ impl Host {
             fair: crate::fair::Limits::from_engine(&cfg.engine),
             overload_cpu_busy: 0.0,
             best_effort_nice: 0,
+            reply_bounds: ReplyBounds {
+                items_max: cfg.server.reply_items_max,
+                bytes_max: cfg.server.reply_bytes_max,
+            },
         });
         host.stop_waiting();
         host

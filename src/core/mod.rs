@@ -31,11 +31,12 @@ pub use api::{
     OutcomeAsk, OutcomeState, ShardOutcome, TopicRequest, TouchRequestItem,
 };
 pub use health::BufferUse;
-pub use host::{Host, HostParts};
+pub use host::{Host, HostParts, ReplyBounds};
 pub use merge::kway_merge;
 pub use overview::{NamespaceRow, TopicRow};
 pub use peers::{
     ClusterSettings, DeadItem, Forwarded, HostStatus, PeerLoad, PeerStatus, PeerSummary, Peers,
 };
 pub use prefetch::PrefetchConfig;
+pub use validate::limits::ITEM_WIRE_BYTES_MAX;
 pub use validate::{check_name, limits, validate_item};

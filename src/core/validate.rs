@@ -12,6 +12,10 @@ pub mod limits {
     pub const PAYLOAD_BYTES_MAX: usize = 10_240;
     pub const METADATA_BYTES_MAX: usize = 4_096;
     pub const ITEMS_PER_REQUEST_MAX: usize = 1_000;
+    /// The most bytes one item takes in a reply: its payload, metadata, names, id and the
+    /// fixed fields, with room for the encoding's field headers.
+    pub const ITEM_WIRE_BYTES_MAX: usize =
+        PAYLOAD_BYTES_MAX + METADATA_BYTES_MAX + 2 * NAME_BYTES_MAX + 256;
     pub const DEQUEUE_COUNT_MAX: i32 = 1_000;
     pub const TOPICS_PER_DEQUEUE_MAX: usize = 100;
     pub const DLQ_PAGE_DEFAULT: i32 = 100;

@@ -326,6 +326,10 @@ async fn start_planned(
         fair: crate::fair::Limits::from_engine(&cfg.engine),
         overload_cpu_busy: cfg.engine.overload_cpu_busy,
         best_effort_nice: cfg.engine.best_effort_nice,
+        reply_bounds: crate::core::ReplyBounds {
+            items_max: cfg.server.reply_items_max,
+            bytes_max: cfg.server.reply_bytes_max,
+        },
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened
