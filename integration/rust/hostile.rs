@@ -186,3 +186,81 @@ async fn a_dequeue_reply_stays_within_its_bounds() {
     assert_eq!(ready as usize, 180 - small.len() - big.len());
     server.stop().await;
 }
+
+/// Long polls do not take every connection slot: with more clients long-polling than
+/// `server.max_connections`, a new client is served at once; the long poll that waited
+/// longest gives way (answered empty, its connection closed) and the excess is refused
+/// at once instead of waiting in the listen backlog. (Before: with 70 clients
+/// long-polling at a cap of 64, a new client was not served within 3 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_do_not_take_every_connection_slot() {
+    const CAP: usize = 8;
+    let server =
+        TestServer::start_full(TestDb::new(1), &format!("max_connections = {CAP}\n"), "").await;
+    let host = server.running.as_ref().unwrap().host.clone();
+    let addr = server.addr;
+    let polls: Vec<_> = (0..CAP)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c =
+                    foqs::client::connect(addr, Proto::Binary, std::time::Duration::from_secs(60))
+                        .expect("connect");
+                let req = foqs::thrift_gen::DequeueRequest {
+                    topics: Some(vec![topic_req("lp", "t", 1)]),
+                    wait_ms: Some(30_000),
+                    local_only: None,
+                    forwarded_by: None,
+                };
+                let started = std::time::Instant::now();
+                let r = c.dequeue(req).map(|r| r.items.unwrap_or_default().len());
+                (r, started.elapsed())
+            })
+        })
+        .collect();
+    // Every slot is held by a parked long poll.
+    eventually(
+        std::time::Duration::from_secs(20),
+        "8 parked long polls",
+        || (host.handoff_grant("lp", "t").items >= CAP).then_some(()),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let info =
+        tokio::task::spawn_blocking(move || Client::connect(addr, Proto::Binary).host_info())
+            .await
+            .unwrap();
+    let served_in = started.elapsed();
+    assert!(info.shards.is_some());
+    assert!(
+        served_in < std::time::Duration::from_secs(2),
+        "a new client waited {served_in:?} for a slot"
+    );
+    // The poll that gave way was answered (empty), not cut off; the others go on.
+    let ended = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let done = polls.iter().filter(|p| p.is_finished()).count();
+            if done >= 1 || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        polls
+    })
+    .await
+    .unwrap();
+    let (finished, parked): (Vec<_>, Vec<_>) = ended.into_iter().partition(|p| p.is_finished());
+    assert!(
+        !finished.is_empty() && !parked.is_empty(),
+        "one gave way, the rest wait"
+    );
+    for p in finished {
+        let (r, waited) = p.join().unwrap();
+        assert_eq!(r.expect("answered, not cut off"), 0);
+        assert!(waited < std::time::Duration::from_secs(25), "{waited:?}");
+    }
+    server.stop().await;
+    for p in parked {
+        let _ = p.join();
+    }
+}

@@ -42,6 +42,10 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
         ("server.http_idle_timeout_ms", s.http_idle_timeout_ms),
         ("server.http_connections_max", s.http_connections_max as u64),
         ("server.reply_items_max", s.reply_items_max as u64),
+        (
+            "server.connections_per_address_max",
+            s.connections_per_address_max as u64,
+        ),
     ] {
         if v == 0 {
             problems.push(format!("{name} must be > 0"));

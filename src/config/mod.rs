@@ -102,6 +102,9 @@ pub struct ServerConfig {
     /// otherwise be 100,000 items).
     pub reply_items_max: usize,
     pub reply_bytes_max: usize,
+    /// Connections one client address may hold: at it, one of that address's own
+    /// connections gives way to its new one, as at `max_connections` for all.
+    pub connections_per_address_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -123,6 +126,7 @@ impl Default for ServerConfig {
             http_connections_max: 128,
             reply_items_max: 10_000,
             reply_bytes_max: 16 << 20,
+            connections_per_address_max: 512,
         }
     }
 }

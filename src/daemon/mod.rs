@@ -352,6 +352,7 @@ async fn start_planned(
         frame_read_timeout_ms: cfg.server.frame_read_timeout_ms,
         idle_timeout_ms: cfg.server.idle_timeout_ms,
         handshake_timeout_ms: cfg.server.handshake_timeout_ms,
+        connections_per_address_max: cfg.server.connections_per_address_max,
     };
     let mut background = vec![
         tokio::spawn(

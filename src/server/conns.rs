@@ -1,11 +1,14 @@
 //! [`ConnTable`]: the open connections and what each is doing, so that at the connection
-//! cap the one that has waited longest without a request in progress (idle, or stuck in a
-//! partial frame or handshake) gives way to a new one. A connection busy with a request
-//! (a long poll included) is never chosen.
+//! cap one gives way to a new one: the one that has waited longest without a request in
+//! progress (idle, or stuck in a partial frame or handshake); when there is none, the one
+//! whose request has waited longest (a long poll: it is answered empty, then closed). A
+//! connection writing its answer is never chosen. The same choice, among one address's
+//! connections, keeps an address within its own cap.
 //!
 //! Lock order: the table's lock is taken alone and never held across an `.await`.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -21,11 +24,15 @@ pub enum ConnState {
     Reading,
     /// A request is being served (or its reply written).
     Busy,
+    /// A request that was not answered at once is being served: a long poll, a slow
+    /// shard. Given way only when no connection is idle or reading.
+    Waiting,
 }
 
 struct Entry {
     state: ConnState,
     since: Instant,
+    addr: IpAddr,
     kick: Arc<Notify>,
     /// Chosen to give way already: not chosen again.
     evicting: bool,
@@ -50,8 +57,8 @@ impl ConnTable {
         self.conns.lock().expect("not poisoned")
     }
 
-    /// A new connection, idle from now.
-    pub fn register(self: &Arc<Self>) -> ConnSlot {
+    /// A new connection from `addr`, idle from now.
+    pub fn register(self: &Arc<Self>, addr: IpAddr) -> ConnSlot {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let kick = Arc::new(Notify::new());
         self.conns().insert(
@@ -59,6 +66,7 @@ impl ConnTable {
             Entry {
                 state: ConnState::Idle,
                 since: Instant::now(),
+                addr,
                 kick: kick.clone(),
                 evicting: false,
             },
@@ -78,14 +86,25 @@ impl ConnTable {
         self.len() == 0
     }
 
-    /// Tells the connection that has been idle or reading longest to close; false when
-    /// every connection is busy with a request.
-    pub fn evict_longest_waiting(&self) -> bool {
+    /// Connections open from `addr` that are not giving way already.
+    pub fn count_of(&self, addr: IpAddr) -> usize {
+        self.conns()
+            .values()
+            .filter(|e| e.addr == addr && !e.evicting)
+            .count()
+    }
+
+    /// Tells one connection to give way (see the module's notes), among those from `addr`
+    /// when given; false when every one is writing an answer (or already giving way).
+    pub fn evict_one(&self, addr: Option<IpAddr>) -> bool {
         let mut conns = self.conns();
-        let victim = conns
+        let candidates = conns
             .values_mut()
-            .filter(|e| e.state != ConnState::Busy && !e.evicting)
-            .min_by_key(|e| e.since);
+            .filter(|e| !e.evicting && addr.is_none_or(|a| e.addr == a));
+        // Idle or reading before waiting, then the longest in that state.
+        let victim = candidates
+            .filter(|e| e.state != ConnState::Busy)
+            .min_by_key(|e| (e.state == ConnState::Waiting, e.since));
         match victim {
             Some(e) => {
                 e.evicting = true;
@@ -116,27 +135,51 @@ impl Drop for ConnSlot {
 mod tests {
     use super::*;
 
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+
+    fn kicked(s: &ConnSlot) -> bool {
+        futures::FutureExt::now_or_never(s.kick.notified()).is_some()
+    }
+
     #[test]
-    fn the_longest_waiting_connection_gives_way_and_busy_ones_never_do() {
+    fn idle_connections_give_way_first_then_the_longest_waiting_request_never_a_busy_one() {
         let t = Arc::new(ConnTable::default());
-        let a = t.register();
+        let a = t.register(A);
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let b = t.register();
+        let poll = t.register(A);
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let c = t.register();
+        let b = t.register(A);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let c = t.register(A);
         a.set(ConnState::Busy);
+        poll.set(ConnState::Waiting);
         c.set(ConnState::Reading);
-        // b waited longest among those not busy.
-        assert!(t.evict_longest_waiting());
-        assert!(futures::FutureExt::now_or_never(b.kick.notified()).is_some());
-        // b is already giving way; c is next.
-        assert!(t.evict_longest_waiting());
-        assert!(futures::FutureExt::now_or_never(c.kick.notified()).is_some());
+        // b waited longest among those idle or reading; then c; then the long poll.
+        assert!(t.evict_one(None));
+        assert!(kicked(&b));
+        assert!(t.evict_one(None));
+        assert!(kicked(&c));
+        assert!(t.evict_one(None));
+        assert!(kicked(&poll));
         // Only a busy connection is left.
-        assert!(!t.evict_longest_waiting());
-        drop((b, c));
+        assert!(!t.evict_one(None));
+        drop((b, c, poll));
         assert_eq!(t.len(), 1);
         drop(a);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn an_address_gives_way_among_its_own_connections() {
+        let t = Arc::new(ConnTable::default());
+        let a1 = t.register(A);
+        let b1 = t.register(B);
+        let _a2 = t.register(A);
+        assert_eq!((t.count_of(A), t.count_of(B)), (2, 1));
+        assert!(t.evict_one(Some(B)));
+        assert!(kicked(&b1) && !kicked(&a1));
+        assert_eq!(t.count_of(B), 0, "giving way already");
+        assert!(!t.evict_one(Some(B)));
     }
 }

@@ -21,7 +21,8 @@ pub mod session;
 pub use listen::listen;
 
 /// At the cap with every connection busy, how often eviction is tried again.
-const EVICT_RETRY: Duration = Duration::from_millis(50);
+/// How long a new connection waits at the cap for the one that gives way to close.
+const EVICT_WAIT_MAX: Duration = Duration::from_secs(1);
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,6 +51,8 @@ pub struct ServerLimits {
     pub frame_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub handshake_timeout_ms: u64,
+    /// Connections one address may hold (`server.connections_per_address_max`).
+    pub connections_per_address_max: usize,
 }
 
 /// Why a connection ended, for the logs and the metrics.
@@ -88,6 +91,8 @@ struct Edge {
     tls: Option<TlsAcceptor>,
     table: Arc<ConnTable>,
     metrics: Arc<Metrics>,
+    /// New connections refused for want of a slot (for the log's pacing).
+    refused: std::sync::atomic::AtomicU64,
 }
 
 /// Serves until `shutdown` turns true, then waits for open connections to finish their
@@ -107,6 +112,7 @@ pub async fn serve(
         tls,
         table: Arc::new(ConnTable::default()),
         metrics,
+        refused: Default::default(),
     });
     loop {
         let (stream, peer) = tokio::select! {
@@ -121,32 +127,42 @@ pub async fn serve(
             },
             _ = shutdown.changed() => break,
         };
+        // An address at its own cap: one of its connections gives way (the others'
+        // are not its to take); when all of them are writing answers, refused.
+        let ip = peer.ip();
+        if edge.table.count_of(ip) >= limits.connections_per_address_max {
+            if !edge.table.evict_one(Some(ip)) {
+                refuse(&edge, peer, "address_cap");
+                continue;
+            }
+            edge.metrics.connection_evicted();
+        }
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                // At the cap: the connection waiting longest without a request gives way.
-                // When every one is serving a request, this one waits for a slot, and
-                // eviction is tried again as connections finish their requests.
-                let mut warned = false;
-                loop {
-                    if edge.table.evict_longest_waiting() {
-                        edge.metrics.connection_evicted();
-                    } else if !warned {
-                        tracing::warn!(%peer, "every connection is busy with a request; the new one waits");
-                        warned = true;
+                // At the cap: an idle connection gives way, else the longest waiting
+                // request (a long poll is answered empty and closed). When every
+                // connection is writing an answer, or the slot does not come free soon,
+                // the new one is refused at once: the listen backlog must not fill.
+                if !edge.table.evict_one(None) {
+                    refuse(&edge, peer, "connection_cap");
+                    continue;
+                }
+                edge.metrics.connection_evicted();
+                tokio::select! {
+                    p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
+                    _ = tokio::time::sleep(EVICT_WAIT_MAX) => {
+                        refuse(&edge, peer, "connection_cap");
+                        continue;
                     }
-                    tokio::select! {
-                        p = permits.clone().acquire_owned() => break p.expect("semaphore is never closed"),
-                        _ = tokio::time::sleep(EVICT_RETRY) => {}
-                        _ = shutdown.changed() => return drain(permits, &limits).await,
-                    }
+                    _ = shutdown.changed() => return drain(permits, &limits).await,
                 }
             }
         };
         let edge = edge.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let slot = edge.table.register();
+            let slot = edge.table.register(peer.ip());
             edge.metrics.connections_open.inc();
             let end = match connect(stream, peer, &edge, &slot, shutdown).await {
                 Ok(end) => end,
@@ -166,6 +182,19 @@ pub async fn serve(
     }
     drop(listener);
     drain(permits, &limits).await;
+}
+
+/// Closes a new connection at once (no slot for it), counted by `reason`; logged once per
+/// power of two, so that a flood does not flood the log.
+fn refuse(edge: &Edge, peer: SocketAddr, reason: &'static str) {
+    edge.metrics.connection_ended(reason);
+    let n = edge
+        .refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if n.is_power_of_two() {
+        tracing::warn!(%peer, reason, refused = n, "connection refused: no slot for it");
+    }
 }
 
 /// Waits (up to the grace period) for open connections to finish their current request.
@@ -358,6 +387,7 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
             }
         };
         slot.set(ConnState::Busy);
+        let mut evicted = false;
         let step = {
             let answer = session::answer(next, inbox.pending(), &edge.host, &caller);
             tokio::pin!(answer);
@@ -374,7 +404,11 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                         early.resize(EARLY_BYTES, 0);
                     }
                     let mut watching = true;
-                    loop {
+                    // A request not answered at once may give way at the connection cap
+                    // (see `conns`): a long poll then ends as if its client had gone
+                    // (answered empty, nothing taken for it), and the connection closes.
+                    slot.set(ConnState::Waiting);
+                    let step = loop {
                         tokio::select! {
                             biased;
                             r = stream.read(&mut early[..]), if watching => {
@@ -384,9 +418,15 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                                     Ok(n) => early_len = n,
                                 }
                             }
+                            _ = slot.kick.notified(), if !evicted => {
+                                evicted = true;
+                                hangup.hang_up();
+                            }
                             step = &mut answer => break step,
                         }
-                    }
+                    };
+                    slot.set(ConnState::Busy);
+                    step
                 }
             }
         };
@@ -419,6 +459,9 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 inbox.consume(consumed);
                 if close_after {
                     return Ok(End::Closed);
+                }
+                if evicted {
+                    return Ok(End::Evicted);
                 }
             }
             Step::Close {
