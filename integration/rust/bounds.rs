@@ -12,21 +12,21 @@ use foqs::error::ErrorCode;
 use foqs::shard::READS_BESIDE_MAX;
 use foqs::store::faulty::Fault;
 
-/// A slow read (a GROUP BY on a busy server) held `READS_BESIDE_MAX` of them in flight:
+/// A slow read beside the worker (a lookup on a busy server) held `READS_BESIDE_MAX` of them in flight:
 /// more are refused at once as busy instead of piling up tasks waiting on the pool; the
 /// worker's writes go on meanwhile, and the reads it took are answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_beyond_the_limit_are_busy_at_once_and_writes_go_on() {
     let db = TestDb::new(1);
     let (shard, _worker, faults) = faulty::faulty_worker(&db, faulty::worker_config()).await;
-    faults.always("topic_counts", Fault::Delay(Duration::from_millis(1500)));
+    faults.always("lookup", Fault::Delay(Duration::from_millis(1500)));
     let burst = READS_BESIDE_MAX + 72;
     let t = Instant::now();
     let reads: Vec<_> = (0..burst)
         .map(|_| {
             let shard = shard.clone();
             tokio::spawn(async move {
-                let r = shard.topic_counts("b".into(), None, 10).await;
+                let r = shard.lookup(vec![1]).await;
                 (r, Instant::now())
             })
         })

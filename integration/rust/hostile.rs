@@ -264,3 +264,56 @@ async fn long_polls_do_not_take_every_connection_slot() {
         let _ = p.join();
     }
 }
+
+/// topicStats and getActiveTopics are served from the counts the shards keep in memory,
+/// not counted in storage in the shard worker's turn: four clients looping topicStats on
+/// a deep topic no longer hold up another namespace's enqueues on the same shard. (Before:
+/// on a 200k-item topic they took its single-enqueue p50/p99 from 1.5/2.2 ms to
+/// 5.9/453 ms.) Timed against a baseline taken in the same test, with a wide margin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn looping_topic_stats_does_not_stall_other_namespaces_enqueues() {
+    let server = TestServer::start(1, "").await;
+    let addr = server.addr;
+    let mut c = server.client();
+    for _ in 0..40 {
+        c.enqueue((0..1000).map(|_| item("deep", "t", 0, b"x")).collect());
+    }
+    let p99 = |n: usize| -> std::time::Duration {
+        let mut c = Client::connect(addr, Proto::Binary);
+        let mut lat: Vec<_> = (0..n)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                c.enqueue(vec![item("victim", "t", 0, b"v")]);
+                t.elapsed()
+            })
+            .collect();
+        lat.sort();
+        lat[n * 99 / 100]
+    };
+    let baseline = tokio::task::block_in_place(|| p99(200));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loopers: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr, Proto::Binary);
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert_eq!(c.stats("deep", "t").ready, Some(40_000));
+                    let _ = c.topics("deep");
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let loaded = tokio::task::block_in_place(|| p99(200));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let calls: u64 = loopers.into_iter().map(|l| l.join().unwrap()).sum();
+    eprintln!("victim enqueue p99: {baseline:?} alone, {loaded:?} beside {calls} topicStats+getActiveTopics loops");
+    assert!(
+        loaded < baseline * 4 + std::time::Duration::from_millis(20),
+        "p99 {loaded:?} beside the loops, {baseline:?} alone"
+    );
+    server.stop().await;
+}

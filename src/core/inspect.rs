@@ -107,7 +107,14 @@ impl Host {
         let shards = self.shards();
         let (snaps, (staged, staged_oldest)) = beside_stage(
             || self.prefetch.staged_summary(&topic, self.staged_live()),
-            || join_all(shards.values().map(|s| s.topic_snapshot(topic.clone()))),
+            || {
+                let now = self.clock.now_ms();
+                join_all(
+                    shards
+                        .values()
+                        .map(|s| s.topic_snapshot(topic.clone(), now)),
+                )
+            },
         )
         .await;
         let mut all = TopicSnapshot::default();
@@ -334,17 +341,18 @@ impl Host {
         let (pages, staged) = beside_stage(
             || self.prefetch.staged_counts(ns, self.staged_live()),
             || {
-                join_all(
-                    shards
-                        .values()
-                        .map(|s| s.topic_counts(ns.to_string(), after.clone(), limit + 1)),
-                )
+                let now = self.clock.now_ms();
+                let pages: Vec<Vec<TopicCounts>> = shards
+                    .values()
+                    .map(|s| s.topic_counts(ns, after.as_deref(), limit + 1, now))
+                    .collect();
+                std::future::ready(pages)
             },
         )
         .await;
         let mut merged: BTreeMap<String, TopicCounts> = BTreeMap::new();
         for page in pages {
-            for t in page? {
+            for t in page {
                 let m = merged
                     .entry(t.topic.clone())
                     .or_insert_with(|| TopicCounts {

@@ -171,6 +171,52 @@ impl NsCounts {
         self.add(ns, topic, to.0, to.1, 1);
     }
 
+    /// One topic's counts at `now_ms` (its oldest ready item to the second).
+    pub fn topic(&self, ns: &str, topic: &str, now_ms: i64) -> NsSnapshot {
+        self.by_ns
+            .get(ns)
+            .and_then(|topics| topics.get(topic))
+            .map(|c| c.snapshot(now_ms.div_euclid(1000)))
+            .unwrap_or_default()
+    }
+
+    /// The topics of `ns` after `after` (by name) with ready, deferred or leased items,
+    /// at most `limit`, in name order: `getActiveTopics` from memory, no query.
+    pub fn active(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        limit: usize,
+        now_ms: i64,
+    ) -> Vec<crate::model::TopicCounts> {
+        let Some(topics) = self.by_ns.get(ns) else {
+            return Vec::new();
+        };
+        let now_sec = now_ms.div_euclid(1000);
+        let mut names: Vec<&String> = topics
+            .iter()
+            .filter(|(name, c)| {
+                after.is_none_or(|a| name.as_str() > a) && (c.leased > 0 || !c.waiting.is_empty())
+            })
+            .map(|(name, _)| name)
+            .collect();
+        names.sort_unstable();
+        names.truncate(limit);
+        names
+            .into_iter()
+            .map(|name| {
+                let s = topics[name].snapshot(now_sec);
+                crate::model::TopicCounts {
+                    topic: name.clone(),
+                    ready: s.ready,
+                    deferred: s.deferred,
+                    leased: s.leased,
+                    hosts: Vec::new(),
+                }
+            })
+            .collect()
+    }
+
     /// Every namespace's counts at `now_ms`.
     pub fn snapshot(&self, now_ms: i64) -> Vec<(String, NsSnapshot)> {
         let now_sec = now_ms.div_euclid(1000);

@@ -220,14 +220,7 @@ impl ShardHandle {
     /// Topics with ready items at `now_ms`, how many, and each one's head as far as the
     /// ready index knows it (see [`crate::model::ReadyTopic`]), from memory.
     pub fn ready_topics(&self, now_ms: i64) -> Vec<ReadyTopic> {
-        let counts = self
-            .shared
-            .counts
-            .lock()
-            // Poisoned only by a worker that died holding it: its shard is being reopened,
-            // and a reader must not die with it (see `ShardHandle::mark_dead`).
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .ready_topics(now_ms);
+        let counts = self.counts().ready_topics(now_ms);
         let index = self
             .index
             .lock()
@@ -360,9 +353,35 @@ impl ShardHandle {
     }
 
     /// Counts, oldest ready item and totals of a topic on this shard.
-    pub async fn topic_snapshot(&self, topic: TopicName) -> Result<TopicSnapshot> {
-        self.call(|reply| Command::TopicSnapshot { topic, reply })
-            .await
+    /// Counts, oldest ready item (to the second) and totals of a topic on this shard: the
+    /// counts from memory, the totals from the worker (one read of a row). Four clients
+    /// looping topicStats on a deep topic once stalled every write of the shard, when the
+    /// worker counted its rows in storage in its turn.
+    pub async fn topic_snapshot(&self, topic: TopicName, now_ms: i64) -> Result<TopicSnapshot> {
+        let totals = self
+            .call(|reply| Command::TopicTotals {
+                topic: topic.clone(),
+                reply,
+            })
+            .await?;
+        let s = self.counts().topic(&topic.ns, &topic.topic, now_ms);
+        Ok(TopicSnapshot {
+            ready: s.ready,
+            deferred: s.deferred,
+            leased: s.leased,
+            dead: s.dead,
+            oldest_ready_ms: s.oldest_ready_ms,
+            totals,
+        })
+    }
+
+    /// The worker's counts (see [`NsCounts`]); poisoned only by a worker that died holding
+    /// them: its shard is being reopened, and a reader must not die with it.
+    fn counts(&self) -> std::sync::MutexGuard<'_, super::NsCounts> {
+        self.shared
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// What the existing items among `keys` are now (namespace, state, ...), read beside
@@ -459,19 +478,16 @@ impl ShardHandle {
         self.call(|reply| Command::Nack { nacks, reply }).await
     }
 
-    pub async fn topic_counts(
+    /// The topics of `ns` with items on this shard (see [`NsCounts::active`]), from memory:
+    /// listing them costs the shard's worker and storage nothing.
+    pub fn topic_counts(
         &self,
-        ns: String,
-        after: Option<String>,
+        ns: &str,
+        after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<TopicCounts>> {
-        self.call(|reply| Command::TopicCounts {
-            ns,
-            after,
-            limit,
-            reply,
-        })
-        .await
+        now_ms: i64,
+    ) -> Vec<TopicCounts> {
+        self.counts().active(ns, after, limit, now_ms)
     }
 
     /// Asks the worker to flush what it holds, save its checkpoints and stop.

@@ -35,7 +35,7 @@ pub use staged::Staged;
 pub use worker::{ShardWorker, READS_BESIDE_MAX};
 pub use worker_config::{DlqBounds, WorkerConfig};
 
-use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot};
+use crate::model::{Item, NewItem, ReadyKey, TopicName};
 use crate::store::ItemMeta;
 pub use error::{Result, ShardError};
 pub use handle::{CallBounds, PendingEnqueue, ShardHandle};
@@ -149,9 +149,10 @@ pub(crate) enum Command {
         items: u32,
         reply: Reply<crate::store::ForwardOutcome>,
     },
-    TopicSnapshot {
+    /// A topic's saved traffic totals plus those the worker has not saved yet.
+    TopicTotals {
         topic: TopicName,
-        reply: Reply<TopicSnapshot>,
+        reply: Reply<crate::model::Totals>,
     },
     DeadItems {
         topic: TopicName,
@@ -176,12 +177,6 @@ pub(crate) enum Command {
         topic: TopicName,
         limit: usize,
         reply: Reply<u64>,
-    },
-    TopicCounts {
-        ns: String,
-        after: Option<String>,
-        limit: usize,
-        reply: oneshot::Sender<Result<Vec<TopicCounts>>>,
     },
     Shutdown {
         done: oneshot::Sender<()>,

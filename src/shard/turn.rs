@@ -74,24 +74,21 @@ impl<S: ShardStore> ShardWorker<S> {
                         .dead_items(&topic.ns, &topic.topic, after, limit)
                         .await
                 }),
-                Command::TopicSnapshot { topic, reply } => {
+                Command::TopicTotals { topic, reply } => {
                     // The saved totals plus what this worker has not saved yet, read in the
                     // worker: beside it, a checkpoint could save the pending totals between
-                    // taking them and reading the saved ones, and count them twice.
-                    let now = self.clock.now_ms();
+                    // taking them and reading the saved ones, and count them twice. One
+                    // row by its key; the counts come from memory (see the handle).
                     let store = self.store.clone();
                     // A read, maybe on a reader of its own (SQLite): not the writes'
                     // health, so not the breaker's business.
-                    let (r, _) = timed(
-                        self.timeout(),
-                        store.topic_snapshot(&topic.ns, &topic.topic, now),
-                    )
-                    .await;
+                    let (r, _) =
+                        timed(self.timeout(), store.topic_totals(&topic.ns, &topic.topic)).await;
                     let pending = self.totals.get(&topic).copied().unwrap_or_default();
                     let r = r
-                        .map(|mut s| {
-                            s.totals.add(&pending);
-                            s
+                        .map(|mut t| {
+                            t.add(&pending);
+                            t
                         })
                         .map_err(|e| storage_error(self.id, &e));
                     let _ = reply.send(r);
@@ -137,14 +134,6 @@ impl<S: ShardStore> ShardWorker<S> {
                     reply,
                     move |store, _| async move { store.lookup(&keys).await },
                 ),
-                Command::TopicCounts {
-                    ns,
-                    after,
-                    limit,
-                    reply,
-                } => self.read_beside(reply, move |store, now| async move {
-                    store.topic_counts(&ns, after.as_deref(), now, limit).await
-                }),
             }
         }
         for (topic, n, reply) in peeks {

@@ -32,7 +32,7 @@ use rustc_hash::FxHashMap;
 
 use super::{Change, Claimed, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreResult};
 use crate::model::{
-    Item, ItemId, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
+    Item, ItemId, NewItem, Policy, ReadyKey, ShardId, TopicCounts, TopicName, Totals,
 };
 
 /// What an entry costs beyond its byte fields: its place in the B-tree (nodes partly
@@ -360,7 +360,7 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         forward_committed(token: i64, items: u32) -> crate::store::ForwardOutcome;
         forget_batches(before_ms: i64) -> u64;
         topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
-        topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
+        topic_totals(ns: &str, topic: &str) -> Totals;
         add_totals(deltas: &[(TopicName, Totals)]) -> ();
         state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
         ping() -> ();

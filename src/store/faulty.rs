@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use super::{
     Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
 };
-use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
+use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, Totals};
 use crate::seeded::Rng;
 
 /// What an operation meets.
@@ -390,7 +390,7 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         lookup(keys: &[u64]) -> Vec<ItemMeta>;
         scan(after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
         topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
-        topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
+        topic_totals(ns: &str, topic: &str) -> Totals;
         state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
     }
 }

@@ -7,7 +7,7 @@ use super::{
     Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
 };
 use crate::fence::Fence;
-use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals};
+use crate::model::{Item, NewItem, ReadyKey, TopicCounts, TopicName, Totals};
 
 pub struct Fenced<S> {
     inner: S,
@@ -72,7 +72,7 @@ fenced! {
     forward_committed(token: i64, items: u32) -> crate::store::ForwardOutcome;
     forget_batches(before_ms: i64) -> u64;
     topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
-    topic_snapshot(ns: &str, topic: &str, now_ms: i64) -> TopicSnapshot;
+    topic_totals(ns: &str, topic: &str) -> Totals;
     add_totals(deltas: &[(TopicName, Totals)]) -> ();
     state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
     ping() -> ();

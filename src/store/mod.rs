@@ -32,9 +32,7 @@ pub use forwards::{
 pub use mysql::{with_tls, MySqlStore, MysqlTls, OnLost};
 pub use sqlite::{can_lower_and_restore, sqlite_path, SqliteStore};
 
-use crate::model::{
-    Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts, TopicName, TopicSnapshot, Totals,
-};
+use crate::model::{Item, ItemState, NewItem, Policy, ReadyKey, TopicCounts, TopicName, Totals};
 
 /// What went wrong, in the terms the shard needs to decide (no backend's own types): a
 /// transient failure, a timeout or a fence are worth retrying elsewhere or later; corrupt
@@ -442,13 +440,13 @@ pub trait ShardStore: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = StoreResult<Vec<TopicCounts>>> + Send;
 
-    /// Counts, oldest ready item and saved totals of one topic.
-    fn topic_snapshot(
+    /// The saved traffic totals of one topic (one row by its key; its counts are kept in
+    /// memory by the shard's worker).
+    fn topic_totals(
         &self,
         ns: &str,
         topic: &str,
-        now_ms: i64,
-    ) -> impl Future<Output = StoreResult<TopicSnapshot>> + Send;
+    ) -> impl Future<Output = StoreResult<Totals>> + Send;
 
     /// Adds to the saved totals of each topic, in one statement.
     fn add_totals(

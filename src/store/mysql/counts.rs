@@ -5,7 +5,7 @@
 use mysql_async::prelude::*;
 
 use super::MySqlStore;
-use crate::model::{TopicCounts, TopicName, TopicSnapshot, Totals};
+use crate::model::{TopicCounts, TopicName, Totals};
 use crate::store::sql as text;
 use crate::store::topics::{state_counts, topic_filter};
 use crate::store::{StateCount, StoreResult};
@@ -47,54 +47,23 @@ impl MySqlStore {
             .collect())
     }
 
-    pub(super) async fn snapshot_topic(
-        &self,
-        ns: &str,
-        topic: &str,
-        now_ms: i64,
-    ) -> StoreResult<TopicSnapshot> {
+    pub(super) async fn read_totals(&self, ns: &str, topic: &str) -> StoreResult<Totals> {
         let Some(tid) = self.tid(ns, topic) else {
-            return Ok(TopicSnapshot::default());
+            return Ok(Totals::default());
         };
         let mut conn = self.conn().await?;
-        // SUM and MIN are NULL over no rows.
-        type Counts = (
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-        );
-        let counts: Option<Counts> = conn
-            .query_first(format!(
-                "SELECT CAST(SUM(state = 0 AND deliver_after_ms <= {now_ms}) AS SIGNED),
-                        CAST(SUM(state = 0 AND deliver_after_ms > {now_ms}) AS SIGNED),
-                        CAST(SUM(state = 1) AS SIGNED),
-                        CAST(SUM(state = 2) AS SIGNED),
-                        MIN(IF(state = 0 AND deliver_after_ms <= {now_ms}, deliver_after_ms, NULL))
-                 FROM items WHERE tid = {tid} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
-            ))
-            .await?;
-        let (ready, deferred, leased, dead, oldest_ready_ms) = counts.unwrap_or_default();
         let totals: Option<(i64, i64, i64, i64, i64)> = conn
             .query_first(format!(
                 "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
             ))
             .await?;
         let (enqueued, delivered, acked, nacked, expired) = totals.unwrap_or_default();
-        Ok(TopicSnapshot {
-            ready: ready.unwrap_or(0),
-            deferred: deferred.unwrap_or(0),
-            leased: leased.unwrap_or(0),
-            dead: dead.unwrap_or(0),
-            oldest_ready_ms,
-            totals: Totals {
-                enqueued,
-                delivered,
-                acked,
-                nacked,
-                expired,
-            },
+        Ok(Totals {
+            enqueued,
+            delivered,
+            acked,
+            nacked,
+            expired,
         })
     }
 

@@ -46,9 +46,7 @@ use super::{
     Change, Claimed, Handoff, ItemMeta, Recovered, Retarget, ShardStore, StateCount, StoreError,
     StoreResult,
 };
-use crate::model::{
-    Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
-};
+use crate::model::{Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, Totals};
 
 const ITEM_COLUMNS: &str = "id, tid, priority, payload, metadata, deliver_after_ms, enqueued_at_ms, delivery_count, lease_expires_ms, policy, expires_at_ms, lease_token, lease_ms";
 const META_COLUMNS: &str = "id, tid, priority, deliver_after_ms, state, delivery_count, max_attempts, policy, lease_expires_ms, expires_at_ms, lease_token, next_event_ms, has_dedup, settled_token";
@@ -500,13 +498,8 @@ impl ShardStore for MySqlStore {
         self.count_topics(ns, after, now_ms, limit).await
     }
 
-    async fn topic_snapshot(
-        &self,
-        ns: &str,
-        topic: &str,
-        now_ms: i64,
-    ) -> StoreResult<TopicSnapshot> {
-        self.snapshot_topic(ns, topic, now_ms).await
+    async fn topic_totals(&self, ns: &str, topic: &str) -> StoreResult<Totals> {
+        self.read_totals(ns, topic).await
     }
 
     async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {

@@ -4,7 +4,7 @@
 
 use super::conn::store_error;
 use super::SqliteStore;
-use crate::model::{TopicCounts, TopicName, TopicSnapshot, Totals};
+use crate::model::{TopicCounts, TopicName, Totals};
 use crate::store::topics::{state_counts, topic_filter};
 use crate::store::{StateCount, StoreResult};
 
@@ -52,66 +52,31 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn snapshot_topic(
-        &self,
-        ns: &str,
-        topic: &str,
-        now_ms: i64,
-    ) -> StoreResult<TopicSnapshot> {
+    pub(super) async fn read_totals(&self, ns: &str, topic: &str) -> StoreResult<Totals> {
         let Some(tid) = self.tid(ns, topic) else {
-            return Ok(TopicSnapshot::default());
+            return Ok(Totals::default());
         };
         self.read(move |conn| {
-            let counts = conn
-                .query_row(
-                    &format!(
-                        "SELECT SUM(state = 0 AND deliver_after_ms <= {now_ms}),
-                                SUM(state = 0 AND deliver_after_ms > {now_ms}),
-                                SUM(state = 1), SUM(state = 2),
-                                MIN(CASE WHEN state = 0 AND deliver_after_ms <= {now_ms} THEN deliver_after_ms END)
-                         FROM items WHERE tid = {tid} AND (expires_at_ms IS NULL OR expires_at_ms > {now_ms})"
-                    ),
-                    [],
-                    |r| {
-                        Ok((
-                            r.get::<_, Option<i64>>(0)?.unwrap_or(0),
-                            r.get::<_, Option<i64>>(1)?.unwrap_or(0),
-                            r.get::<_, Option<i64>>(2)?.unwrap_or(0),
-                            r.get::<_, Option<i64>>(3)?.unwrap_or(0),
-                            r.get::<_, Option<i64>>(4)?,
-                        ))
-                    },
-                )
-                .map_err(store_error)?;
-            let totals = conn
-                .query_row(
-                    &format!(
-                        "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
-                    ),
-                    [],
-                    |r| {
-                        Ok(Totals {
-                            enqueued: r.get(0)?,
-                            delivered: r.get(1)?,
-                            acked: r.get(2)?,
-                            nacked: r.get(3)?,
-                            expired: r.get(4)?,
-                        })
-                    },
-                )
-                .or_else(|e| match e {
-                    rusqlite::Error::QueryReturnedNoRows => Ok(Totals::default()),
-                    e => Err(e),
-                })
-                .map_err(store_error)?;
-            Ok(TopicSnapshot {
-                ready: counts.0,
-                deferred: counts.1,
-                leased: counts.2,
-                dead: counts.3,
-                oldest_ready_ms: counts.4,
-                totals,
+            conn.query_row(
+                &format!(
+                    "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
+                ),
+                [],
+                |r| {
+                    Ok(Totals {
+                        enqueued: r.get(0)?,
+                        delivered: r.get(1)?,
+                        acked: r.get(2)?,
+                        nacked: r.get(3)?,
+                        expired: r.get(4)?,
+                    })
+                },
+            )
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(Totals::default()),
+                e => Err(e),
             })
+            .map_err(store_error)
         })
         .await
     }

@@ -31,9 +31,7 @@ use super::topics::TopicIds;
 use super::{
     Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
 };
-use crate::model::{
-    Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, TopicSnapshot, Totals,
-};
+use crate::model::{Item, NewItem, ReadyKey, ShardId, TopicCounts, TopicName, Totals};
 use conn::{store_error, ShardThread};
 pub use disk::sqlite_path;
 use disk::{room_on_disk, PROBE_BYTES};
@@ -496,13 +494,8 @@ impl ShardStore for SqliteStore {
         self.count_topics(ns, after, now_ms, limit).await
     }
 
-    async fn topic_snapshot(
-        &self,
-        ns: &str,
-        topic: &str,
-        now_ms: i64,
-    ) -> StoreResult<TopicSnapshot> {
-        self.snapshot_topic(ns, topic, now_ms).await
+    async fn topic_totals(&self, ns: &str, topic: &str) -> StoreResult<Totals> {
+        self.read_totals(ns, topic).await
     }
 
     async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {
