@@ -286,6 +286,11 @@ impl Host {
         }
     }
 
+    /// Whether `caller` is another host of this cluster (see `Access::is_peer`).
+    pub fn is_peer(&self, caller: &Caller) -> bool {
+        self.access.is_peer(caller)
+    }
+
     /// `peerLogin`: the caller's connection proves it is `host_id`'s with the cluster's
     /// secret. A refusal is counted with the requests (`peerLogin`, `PERMISSION_DENIED`),
     /// not logged: a client trying secrets must not fill the log.

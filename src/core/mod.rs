@@ -25,7 +25,7 @@ mod tenants;
 mod useful_lease;
 mod validate;
 
-pub use access::{denied, Access, AccessRule, Caller, Hangup, Kind};
+pub use access::{denied, not_a_peer, Access, AccessRule, Caller, Hangup, Kind, PeerMark};
 pub use api::{
     AckRequestItem, ActiveTopicsPage, EnqueueOutcome, EnqueueRequestItem, NackRequestItem,
     OutcomeAsk, OutcomeState, ShardOutcome, TopicRequest, TouchRequestItem,

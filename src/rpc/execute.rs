@@ -2,7 +2,7 @@
 //! arguments, and its result the generated result struct.
 
 use super::convert::{self, split};
-use super::{replication, Call, Reply};
+use super::{replication, Call, PeerOnly, Reply};
 use crate::core::{Caller, Host};
 use crate::thrift_gen as t;
 
@@ -246,6 +246,19 @@ pub(super) async fn execute(
                 .err()
                 .map(convert::foqs_error);
             Reply::PeerLogin(t::FoqsPeerLoginResult { err })
+        }
+        Call::NotPeer(only) => {
+            let err = Some(convert::foqs_error(crate::core::not_a_peer(
+                caller,
+                only.method(),
+            )));
+            match only {
+                PeerOnly::NotifyReady => Reply::NotifyReady(t::FoqsNotifyReadyResult { err }),
+                PeerOnly::EnqueueOutcome => Reply::EnqueueOutcome(t::FoqsEnqueueOutcomeResult {
+                    result_value: None,
+                    err,
+                }),
+            }
         }
         Call::Replication(call) => {
             Reply::Replication(replication::dispatch(host, caller, call).await)

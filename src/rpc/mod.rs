@@ -7,6 +7,7 @@
 //! a domain failure the method's declared `FoqsError`. The connection stays usable after
 //! each; only a frame whose message header cannot be read at all closes it.
 
+mod bounded;
 pub mod client;
 mod convert;
 mod execute;
@@ -69,6 +70,32 @@ enum Call {
     EnqueueOutcome(t::EnqueueOutcomeRequest),
     PeerLogin(t::PeerLoginRequest),
     Replication(replication::Call),
+    /// A call only hosts make, from a caller that is not one (arguments not read).
+    NotPeer(PeerOnly),
+}
+
+/// The calls only hosts of a cluster make.
+#[derive(Debug, Clone, Copy)]
+enum PeerOnly {
+    NotifyReady,
+    EnqueueOutcome,
+}
+
+impl PeerOnly {
+    fn of(method: &str) -> Option<PeerOnly> {
+        match method {
+            "notifyReady" => Some(PeerOnly::NotifyReady),
+            "enqueueOutcome" => Some(PeerOnly::EnqueueOutcome),
+            _ => None,
+        }
+    }
+
+    fn method(self) -> &'static str {
+        match self {
+            PeerOnly::NotifyReady => "notifyReady",
+            PeerOnly::EnqueueOutcome => "enqueueOutcome",
+        }
+    }
 }
 
 enum Reply {
@@ -160,17 +187,16 @@ pub async fn handle(
         ));
     };
     let version = compact_version(msg);
-    let input = as_compact_v1(protocol, msg);
-    let cfg = config_for(msg.len());
-    // Binary is read non-strict: that accepts strict (versioned) messages and those of
-    // older, non-strict writers. Replies are always strict, which every reader accepts.
-    let decoded = match protocol {
-        Protocol::Binary => decode(&mut TBinaryInputProtocol::with_config(
-            &input[..],
-            false,
-            cfg,
-        )),
-        Protocol::Compact => decode(&mut TCompactInputProtocol::with_config(&input[..], cfg)),
+    let peer = host.is_peer(caller);
+    // A large message is decoded on a blocking thread, so that decoding it does not hold
+    // a runtime worker (every other connection's progress) for its whole length.
+    let decoded = if msg.len() > DECODE_INLINE_BYTES_MAX {
+        let owned = msg.to_vec();
+        tokio::task::spawn_blocking(move || decode_message(protocol, &owned, peer))
+            .await
+            .unwrap_or_else(|e| Err(format!("decoding failed: {e}")))
+    } else {
+        decode_message(protocol, msg, peer)
     };
     let (ident, call) = match decoded {
         Ok(d) => d,
@@ -193,6 +219,39 @@ pub async fn handle(
             ident.name,
             describe(&e)
         )),
+    }
+}
+
+/// Messages up to this size are decoded on the runtime's thread (a 1,000-item enqueue of
+/// small items is well under it); larger ones on a blocking thread.
+const DECODE_INLINE_BYTES_MAX: usize = 256 * 1024;
+
+/// Reads one whole message of `protocol`: its header, then its arguments, the elements of
+/// all their containers within the caller's bound (see [`bounded`]).
+#[allow(clippy::type_complexity)]
+fn decode_message(
+    protocol: Protocol,
+    msg: &[u8],
+    peer: bool,
+) -> Result<(TMessageIdentifier, Result<Call, ApplicationError>), String> {
+    let input = as_compact_v1(protocol, msg);
+    let cfg = config_for(msg.len());
+    let elements = if peer {
+        bounded::PEER_ELEMENTS_MAX
+    } else {
+        bounded::CLIENT_ELEMENTS_MAX
+    };
+    // Binary is read non-strict: that accepts strict (versioned) messages and those of
+    // older, non-strict writers. Replies are always strict, which every reader accepts.
+    match protocol {
+        Protocol::Binary => {
+            let mut raw = TBinaryInputProtocol::with_config(&input[..], false, cfg);
+            decode(&mut bounded::Bounded::new(&mut raw, elements), peer)
+        }
+        Protocol::Compact => {
+            let mut raw = TCompactInputProtocol::with_config(&input[..], cfg);
+            decode(&mut bounded::Bounded::new(&mut raw, elements), peer)
+        }
     }
 }
 
@@ -241,6 +300,7 @@ fn write_reply(
 #[allow(clippy::type_complexity)]
 fn decode(
     i: &mut dyn TInputProtocol,
+    peer: bool,
 ) -> Result<(TMessageIdentifier, Result<Call, ApplicationError>), String> {
     let ident = i
         .read_message_begin()
@@ -254,6 +314,13 @@ fn decode(
     }
     let protocol_error =
         |e: thrift::Error| ApplicationError::new(ApplicationErrorKind::ProtocolError, describe(&e));
+    // Calls only hosts make are refused before their arguments are read: a client's would
+    // cost the decoding of whatever it sent.
+    if !peer {
+        if let Some(only) = PeerOnly::of(&ident.name) {
+            return Ok((ident, Ok(Call::NotPeer(only))));
+        }
+    }
     let call = match ident.name.as_str() {
         "enqueue" => t::FoqsEnqueueArgs::read_from_in_protocol(i).map(|a| Call::Enqueue(a.req)),
         "dequeue" => t::FoqsDequeueArgs::read_from_in_protocol(i).map(|a| Call::Dequeue(a.req)),
