@@ -384,7 +384,14 @@ impl Config {
                     ));
                 }
             } else if let Err(e) = mysql_async::Opts::from_url(&s.url) {
-                problems.push(format!("shard {}: url {:?}: {e}", s.id, s.url));
+                // The password never goes into error text (nor does the parser's own echo
+                // of the URL, which some of its messages carry).
+                let why = e.to_string().replace(&s.url, &redact_url(&s.url));
+                problems.push(format!(
+                    "shard {}: url {:?}: {why}",
+                    s.id,
+                    redact_url(&s.url)
+                ));
             }
             let what = format!("shards[id = {}]", s.id);
             for tls in s
@@ -473,8 +480,51 @@ impl Config {
     }
 }
 
+/// `url` with its password (if any) shown as `***`, for error text and logs:
+/// `mysql://foqs:s3cret@db:3306/s0` → `mysql://foqs:***@db:3306/s0`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
+    let (userinfo, host) = authority.split_at(at);
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***{host}{path}"),
+        None => url.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn passwords_in_urls_are_redacted() {
+        use super::redact_url;
+        assert_eq!(
+            redact_url("mysql://foqs:s3cret@db:3306/s0"),
+            "mysql://foqs:***@db:3306/s0"
+        );
+        assert_eq!(
+            redact_url("mysql://a:p@ss@db/s?x=1"),
+            "mysql://a:***@db/s?x=1"
+        );
+        assert_eq!(
+            redact_url("mysql://root@db:3306/s0"),
+            "mysql://root@db:3306/s0"
+        );
+        assert_eq!(
+            redact_url("sqlite:///var/lib/x.db"),
+            "sqlite:///var/lib/x.db"
+        );
+        let bad = "[server]\nlisten = \"127.0.0.1:0\"\n[[shards]]\nid = 0\n\
+                   url = \"mysql://u:hunter2-secret@db:notaport/s0\"\n";
+        let e = super::Config::from_toml(bad).unwrap_err().to_string();
+        assert!(!e.contains("hunter2") && e.contains("u:***@db"), "{e}");
+    }
+
     use super::*;
 
     #[test]

@@ -161,7 +161,8 @@ pub fn check(cfg: &Config, problems: &mut Vec<String>) {
         let Some(primary) = server_addr(&s.url) else {
             problems.push(format!(
                 "shard {}: url {:?} names no MySQL server",
-                s.id, s.url
+                s.id,
+                super::redact_url(&s.url)
             ));
             continue;
         };
@@ -179,7 +180,8 @@ pub fn check(cfg: &Config, problems: &mut Vec<String>) {
             let Some(a) = server_addr(&rep.url) else {
                 problems.push(format!(
                     "shard {}: replica url {:?} names no MySQL server",
-                    s.id, rep.url
+                    s.id,
+                    super::redact_url(&rep.url)
                 ));
                 continue;
             };

@@ -23,12 +23,17 @@ pub struct Users {
     /// Argon2 runs at once, at most: each takes tens of milliseconds of CPU, on the
     /// blocking pool, so wrong passwords sent in a flood cannot stall the host's requests.
     hashing: Arc<tokio::sync::Semaphore>,
+    /// Argon2 runs at once per client address: one address cannot take every place (two
+    /// wrong passwords sent at once locked out every login while they were checked).
+    by_source: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// Verified for a name no user has, so that a refusal costs the same either way.
     dummy: String,
 }
 
 /// Argon2 verifications running at once, at most.
-const HASHING_MAX: usize = 2;
+const HASHING_MAX: usize = 4;
+/// The same for one client address.
+const HASHING_PER_SOURCE_MAX: usize = 1;
 
 /// What a request's credentials amount to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,12 +70,18 @@ impl Users {
             users,
             verified: Mutex::new(HashMap::new()),
             hashing: Arc::new(tokio::sync::Semaphore::new(HASHING_MAX)),
+            by_source: Mutex::new(HashMap::new()),
             dummy,
         }
     }
 
-    /// Checks an `Authorization` header's value (absent: none sent).
-    pub async fn verify(&self, authorization: Option<&str>) -> Verdict {
+    /// Checks an `Authorization` header's value (absent: none sent) from `source`, the
+    /// client's address when known.
+    pub async fn verify(
+        &self,
+        authorization: Option<&str>,
+        source: Option<std::net::IpAddr>,
+    ) -> Verdict {
         if self.users.is_empty() {
             return Verdict::Open;
         }
@@ -88,6 +99,9 @@ impl Users {
         let hash = user.map_or(self.dummy.clone(), |u| u.password_hash.clone());
         // At most HASHING_MAX at once, held by the hashing itself (a request dropped
         // mid-way does not free its place early); past it, come back later.
+        let Some(_source) = SourceSlot::take(&self.by_source, source) else {
+            return Verdict::Busy;
+        };
         let Ok(permit) = self.hashing.clone().try_acquire_owned() else {
             return Verdict::Busy;
         };
@@ -111,6 +125,44 @@ impl Users {
         }
         v.insert(digest, u.role);
         Verdict::User(u.role)
+    }
+}
+
+/// A client address's place among the Argon2 verifications running, given back on drop.
+struct SourceSlot<'a> {
+    map: &'a Mutex<HashMap<std::net::IpAddr, usize>>,
+    source: Option<std::net::IpAddr>,
+}
+
+impl<'a> SourceSlot<'a> {
+    /// `None` when `source` has `HASHING_PER_SOURCE_MAX` running already.
+    fn take(
+        map: &'a Mutex<HashMap<std::net::IpAddr, usize>>,
+        source: Option<std::net::IpAddr>,
+    ) -> Option<SourceSlot<'a>> {
+        if let Some(ip) = source {
+            let mut m = map.lock().expect("not poisoned");
+            let n = m.entry(ip).or_default();
+            if *n >= HASHING_PER_SOURCE_MAX {
+                return None;
+            }
+            *n += 1;
+        }
+        Some(SourceSlot { map, source })
+    }
+}
+
+impl Drop for SourceSlot<'_> {
+    fn drop(&mut self) {
+        if let Some(ip) = self.source {
+            let mut m = self.map.lock().expect("not poisoned");
+            if let Some(n) = m.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&ip);
+                }
+            }
+        }
     }
 }
 
@@ -165,46 +217,75 @@ mod tests {
                 role: ConsoleRole::ReadOnly,
             },
         ]);
-        assert_eq!(users.verify(None).await, Verdict::Refused);
-        assert_eq!(users.verify(Some("Bearer x")).await, Verdict::Refused);
+        assert_eq!(users.verify(None, None).await, Verdict::Refused);
+        assert_eq!(users.verify(Some("Bearer x"), None).await, Verdict::Refused);
         assert_eq!(
-            users.verify(Some(&header("ops", "s3cret"))).await,
+            users.verify(Some(&header("ops", "s3cret")), None).await,
             Verdict::User(ConsoleRole::Admin)
         );
         // Remembered: the same answer again, from the cache.
         assert_eq!(
-            users.verify(Some(&header("ops", "s3cret"))).await,
+            users.verify(Some(&header("ops", "s3cret")), None).await,
             Verdict::User(ConsoleRole::Admin)
         );
         assert_eq!(
-            users.verify(Some(&header("ops", "wrong"))).await,
+            users.verify(Some(&header("ops", "wrong")), None).await,
             Verdict::Refused
         );
         // The other user's password under this user's name is refused.
         assert_eq!(
-            users.verify(Some(&header("ops", "look"))).await,
+            users.verify(Some(&header("ops", "look")), None).await,
             Verdict::Refused
         );
-        let viewer = users.verify(Some(&header("viewer", "look"))).await;
+        let viewer = users.verify(Some(&header("viewer", "look")), None).await;
         assert_eq!(viewer, Verdict::User(ConsoleRole::ReadOnly));
         assert!(!viewer.may_change());
-        assert!(Users::new(vec![]).verify(None).await.may_change());
+        assert!(Users::new(vec![]).verify(None, None).await.may_change());
         // A name nobody has is refused (after the same work as a wrong password).
         assert_eq!(
-            users.verify(Some(&header("nobody", "look"))).await,
+            users.verify(Some(&header("nobody", "look")), None).await,
             Verdict::Refused
         );
         // Every hashing place taken: a new login is told to come back, one already
         // verified is still let in (from memory).
-        let _a = users.hashing.clone().try_acquire_owned().unwrap();
-        let _b = users.hashing.clone().try_acquire_owned().unwrap();
+        let _taken: Vec<_> = (0..HASHING_MAX)
+            .map(|_| users.hashing.clone().try_acquire_owned().unwrap())
+            .collect();
         assert_eq!(
-            users.verify(Some(&header("ops", "other"))).await,
+            users.verify(Some(&header("ops", "other")), None).await,
             Verdict::Busy
         );
         assert_eq!(
-            users.verify(Some(&header("ops", "s3cret"))).await,
+            users.verify(Some(&header("ops", "s3cret")), None).await,
             Verdict::User(ConsoleRole::Admin)
         );
+    }
+
+    #[tokio::test]
+    async fn one_address_checking_a_password_does_not_lock_out_another() {
+        let users = Users::new(vec![ConsoleUser {
+            name: "ops".into(),
+            password_hash: hash_password("s3cret", 64, 1).unwrap(),
+            role: ConsoleRole::Admin,
+        }]);
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        // A's first wrong password is being checked: its second waits its turn...
+        let held = SourceSlot::take(&users.by_source, Some(a)).unwrap();
+        assert_eq!(
+            users.verify(Some(&header("ops", "guess")), Some(a)).await,
+            Verdict::Busy
+        );
+        // ...and B logs in meanwhile. (Before: two places for every address.)
+        assert_eq!(
+            users.verify(Some(&header("ops", "s3cret")), Some(b)).await,
+            Verdict::User(ConsoleRole::Admin)
+        );
+        drop(held);
+        assert_eq!(
+            users.verify(Some(&header("ops", "guess")), Some(a)).await,
+            Verdict::Refused
+        );
+        assert!(users.by_source.lock().unwrap().is_empty());
     }
 }

@@ -217,7 +217,11 @@ async fn guard(State(c): State<Arc<Console>>, mut req: Request, next: Next) -> R
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let verdict = c.users.verify(auth).await;
+    let source = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let verdict = c.users.verify(auth, source).await;
     match verdict {
         Verdict::Refused => {
             return refuse(api, StatusCode::UNAUTHORIZED, "log in to the foqs console")

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
@@ -66,7 +65,15 @@ pub async fn serve_router(
         let mut timed = tokio_io_timeout::TimeoutStream::new(stream);
         timed.set_read_timeout(Some(limits.idle_timeout));
         timed.set_write_timeout(Some(HTTP_WRITE_TIMEOUT));
-        let service = TowerToHyperService::new(app.clone());
+        // The client's address reaches handlers as axum's ConnectInfo (the console bounds
+        // logins per address).
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            let mut app = app.clone();
+            async move { tower_service::Service::call(&mut app, req).await }
+        });
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let _slot = slot;

@@ -16,11 +16,15 @@ mod conns;
 mod http;
 mod http_serve;
 mod listen;
+mod pace;
 pub mod session;
 
 pub use listen::listen;
 
 /// At the cap with every connection busy, how often eviction is tried again.
+/// Log lines a second about connections (opened with TLS, closed by foqsd, refused).
+const CONNECTION_LOG_LINES_PER_SECOND: u32 = 20;
+
 /// How long a new connection waits at the cap for the one that gives way to close.
 const EVICT_WAIT_MAX: Duration = Duration::from_secs(1);
 
@@ -93,6 +97,8 @@ struct Edge {
     metrics: Arc<Metrics>,
     /// New connections refused for want of a slot (for the log's pacing).
     refused: std::sync::atomic::AtomicU64,
+    /// The pace of the log lines clients can cause (see `pace`).
+    log_pace: pace::LogPace,
 }
 
 /// Serves until `shutdown` turns true, then waits for open connections to finish their
@@ -113,6 +119,7 @@ pub async fn serve(
         table: Arc::new(ConnTable::default()),
         metrics,
         refused: Default::default(),
+        log_pace: pace::LogPace::new(CONNECTION_LOG_LINES_PER_SECOND),
     });
     loop {
         let (stream, peer) = tokio::select! {
@@ -172,7 +179,9 @@ pub async fn serve(
                 }
             };
             if end != End::Closed && end != End::Shutdown {
-                tracing::info!(%peer, why = end.label(), "connection closed by foqsd");
+                if let Some(skipped) = edge.log_pace.allow() {
+                    tracing::info!(%peer, why = end.label(), skipped, "connection closed by foqsd");
+                }
             }
             edge.metrics.connection_ended(end.label());
             edge.metrics.connections_open.dec();
@@ -226,7 +235,7 @@ async fn connect(
     stream.set_nodelay(true)?;
     let Some(tls) = &edge.tls else {
         let caller = Caller::anonymous();
-        tracing::debug!(%peer, identity = %caller.identity, "connection");
+        tracing::debug!(%peer, identity = ?caller.identity, "connection");
         return serve_connection(stream, peer, edge, slot, &caller, shutdown).await;
     };
     let handshake = Duration::from_millis(edge.limits.handshake_timeout_ms);
@@ -235,7 +244,9 @@ async fn connect(
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 // A certificate from another CA, a plain-TCP client, a scanner.
-                tracing::info!(%peer, error = %e, "TLS handshake failed");
+                if let Some(skipped) = edge.log_pace.allow() {
+                    tracing::info!(%peer, error = %e, skipped, "TLS handshake failed");
+                }
                 return Ok(End::Refused);
             }
             Err(_) => return Ok(End::HandshakeTimeout),
@@ -243,7 +254,10 @@ async fn connect(
         _ = slot.kick.notified() => return Ok(End::Evicted),
     };
     let identity = crate::tls::identity(stream.get_ref().1.peer_certificates());
-    tracing::info!(%peer, %identity, "TLS connection");
+    // Debug-formatted: an identity is the client's text, and must not forge log lines.
+    if let Some(skipped) = edge.log_pace.allow() {
+        tracing::info!(%peer, identity = ?identity, skipped, "TLS connection");
+    }
     let caller = Caller::new(identity);
     serve_connection(stream, peer, edge, slot, &caller, shutdown).await
 }
@@ -469,7 +483,9 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 detail,
                 answer,
             } => {
-                tracing::warn!(%peer, why = %detail, "refusing the connection's input; closing it");
+                if let Some(skipped) = edge.log_pace.allow() {
+                    tracing::warn!(%peer, why = ?detail, skipped, "refusing the connection's input; closing it");
+                }
                 if let Some(a) = answer {
                     let _ = tokio::time::timeout(LINGER, async {
                         stream.write_all(&a).await?;

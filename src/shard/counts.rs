@@ -1,12 +1,12 @@
 //! [`NsCounts`]: a shard's items by topic and state, kept in memory by its worker so that
-//! metrics (by namespace) and the routing summaries peers exchange (ready items by topic)
-//! need no query. Counted once from the store when the shard opens, then moved by the
+//! metrics (by namespace), the routing summaries peers exchange (ready items by topic),
+//! topicStats and getActiveTopics need no query. Counted once from the store when the shard opens, then moved by the
 //! worker at every committed change.
 //!
 //! Ready and deferred items are one state in the store (ready, with `deliver_after_ms`
 //! perhaps in the future), so they are kept together, bucketed by the second of their
-//! `deliver_after_ms`: at any `now`, the buckets up to now are ready (the oldest one gives
-//! the oldest ready item's age) and the later ones deferred, with no scan needed when a
+//! `deliver_after_ms`: at any `now`, the buckets whose earliest item is due are ready (the
+//! oldest one gives the oldest ready item's age) and the later ones deferred, with no scan needed when a
 //! deferred item comes due. Memory: one bucket per distinct second among a topic's
 //! waiting items.
 //!
@@ -26,7 +26,24 @@ struct Counts {
     leased: i64,
     dead: i64,
     /// Second of `deliver_after_ms` → items in state ready (ready or deferred).
-    waiting: BTreeMap<i64, i64>,
+    waiting: BTreeMap<i64, Bucket>,
+}
+
+/// The items of one second of `deliver_after_ms`, with bounds of their milliseconds: a
+/// second is ready once its earliest item is due, so that an item nacked for 500 ms does
+/// not count as ready in the same second. The bounds only widen while the second has
+/// items (a removal cannot tell whether it took the earliest), so a second holding items
+/// on both sides of now counts as ready a little early.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    n: i64,
+    min_ms: i64,
+}
+
+impl Bucket {
+    fn is_ready(&self, now_ms: i64) -> bool {
+        self.min_ms <= now_ms
+    }
 }
 
 /// One namespace's items on a shard at a moment.
@@ -36,7 +53,7 @@ pub struct NsSnapshot {
     pub deferred: i64,
     pub leased: i64,
     pub dead: i64,
-    /// The earliest `deliver_after_ms` among ready items (to the second).
+    /// The earliest `deliver_after_ms` among ready items (a bound: see [`Bucket`]).
     pub oldest_ready_ms: Option<i64>,
 }
 
@@ -55,24 +72,31 @@ impl NsSnapshot {
 
 impl Counts {
     fn total(&self) -> i64 {
-        self.leased + self.dead + self.waiting.values().sum::<i64>()
+        self.leased + self.dead + self.waiting.values().map(|b| b.n).sum::<i64>()
     }
 
-    fn snapshot(&self, now_sec: i64) -> NsSnapshot {
+    fn snapshot(&self, now_ms: i64) -> NsSnapshot {
         let mut s = NsSnapshot {
             leased: self.leased,
             dead: self.dead,
             ..Default::default()
         };
-        for (sec, n) in &self.waiting {
-            if *sec <= now_sec {
-                s.ready += n;
-                s.oldest_ready_ms.get_or_insert(sec * 1000);
+        for b in self.waiting.values() {
+            if b.is_ready(now_ms) {
+                s.ready += b.n;
+                s.oldest_ready_ms.get_or_insert(b.min_ms);
             } else {
-                s.deferred += n;
+                s.deferred += b.n;
             }
         }
         s
+    }
+
+    fn has_ready(&self, now_ms: i64) -> bool {
+        self.waiting
+            .values()
+            .next()
+            .is_some_and(|b| b.is_ready(now_ms))
     }
 }
 
@@ -110,9 +134,15 @@ impl NsCounts {
             ItemState::Dead => c.dead += delta,
             ItemState::Ready => {
                 let sec = deliver_after_ms.div_euclid(1000);
-                let n = c.waiting.entry(sec).or_default();
-                *n += delta;
-                if *n == 0 {
+                let b = c.waiting.entry(sec).or_insert(Bucket {
+                    n: 0,
+                    min_ms: deliver_after_ms,
+                });
+                b.n += delta;
+                if delta > 0 {
+                    b.min_ms = b.min_ms.min(deliver_after_ms);
+                }
+                if b.n == 0 {
                     c.waiting.remove(&sec);
                 }
             }
@@ -176,7 +206,7 @@ impl NsCounts {
         self.by_ns
             .get(ns)
             .and_then(|topics| topics.get(topic))
-            .map(|c| c.snapshot(now_ms.div_euclid(1000)))
+            .map(|c| c.snapshot(now_ms))
             .unwrap_or_default()
     }
 
@@ -192,7 +222,6 @@ impl NsCounts {
         let Some(topics) = self.by_ns.get(ns) else {
             return Vec::new();
         };
-        let now_sec = now_ms.div_euclid(1000);
         let mut names: Vec<&String> = topics
             .iter()
             .filter(|(name, c)| {
@@ -205,7 +234,7 @@ impl NsCounts {
         names
             .into_iter()
             .map(|name| {
-                let s = topics[name].snapshot(now_sec);
+                let s = topics[name].snapshot(now_ms);
                 crate::model::TopicCounts {
                     topic: name.clone(),
                     ready: s.ready,
@@ -219,13 +248,12 @@ impl NsCounts {
 
     /// Every namespace's counts at `now_ms`.
     pub fn snapshot(&self, now_ms: i64) -> Vec<(String, NsSnapshot)> {
-        let now_sec = now_ms.div_euclid(1000);
         self.by_ns
             .iter()
             .map(|(ns, topics)| {
                 let mut s = NsSnapshot::default();
                 for c in topics.values() {
-                    s.add(&c.snapshot(now_sec));
+                    s.add(&c.snapshot(now_ms));
                 }
                 (ns.clone(), s)
             })
@@ -235,24 +263,21 @@ impl NsCounts {
     /// One namespace's topics and their counts at `now_ms` (for the console's topic
     /// list: memory only, no query, whatever the number of topics).
     pub fn topics(&self, ns: &str, now_ms: i64) -> Vec<(String, NsSnapshot)> {
-        let now_sec = now_ms.div_euclid(1000);
         self.by_ns.get(ns).map_or_else(Vec::new, |topics| {
             topics
                 .iter()
-                .map(|(t, c)| (t.clone(), c.snapshot(now_sec)))
+                .map(|(t, c)| (t.clone(), c.snapshot(now_ms)))
                 .filter(|(_, s)| s.ready + s.deferred + s.leased + s.dead > 0)
                 .collect()
         })
     }
 
-    /// Whether a topic has ready items at `now_ms` (by the second: an item due later in
-    /// the current second counts).
+    /// Whether a topic has ready items at `now_ms` (see [`Bucket`]).
     pub fn has_ready(&self, ns: &str, topic: &str, now_ms: i64) -> bool {
-        let now_sec = now_ms.div_euclid(1000);
         self.by_ns
             .get(ns)
             .and_then(|topics| topics.get(topic))
-            .is_some_and(|c| c.waiting.keys().next().is_some_and(|s| *s <= now_sec))
+            .is_some_and(|c| c.has_ready(now_ms))
     }
 
     /// How many items of one topic are dead.
@@ -265,21 +290,19 @@ impl NsCounts {
 
     /// How many items of one topic are ready at `now_ms`.
     pub fn ready_of(&self, ns: &str, topic: &str, now_ms: i64) -> i64 {
-        let now_sec = now_ms.div_euclid(1000);
         self.by_ns
             .get(ns)
             .and_then(|topics| topics.get(topic))
-            .map_or(0, |c| c.snapshot(now_sec).ready)
+            .map_or(0, |c| c.snapshot(now_ms).ready)
     }
 
     /// Topics with ready items at `now_ms` and how many: (ns, topic, ready).
     pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
-        let now_sec = now_ms.div_euclid(1000);
         self.by_ns
             .iter()
             .flat_map(|(ns, topics)| topics.iter().map(move |(t, c)| (ns, t, c)))
-            .filter(|(_, _, c)| c.waiting.keys().next().is_some_and(|s| *s <= now_sec))
-            .map(|(ns, t, c)| (ns.clone(), t.clone(), c.snapshot(now_sec).ready))
+            .filter(|(_, _, c)| c.has_ready(now_ms))
+            .map(|(ns, t, c)| (ns.clone(), t.clone(), c.snapshot(now_ms).ready))
             .collect()
     }
 }
@@ -321,5 +344,18 @@ mod tests {
             ready,
             vec![("a".into(), "t".into(), 1), ("a".into(), "u".into(), 1)]
         );
+    }
+
+    #[test]
+    fn an_item_due_later_in_this_second_is_deferred_until_it_is_due() {
+        let mut c = NsCounts::default();
+        c.add("a", "t", ItemState::Ready, 10_500, 1);
+        assert_eq!(c.topic("a", "t", 10_100).deferred, 1);
+        assert!(!c.has_ready("a", "t", 10_100));
+        assert_eq!(c.topic("a", "t", 10_500).ready, 1);
+        // An earlier one in the same second makes the second ready.
+        c.add("a", "t", ItemState::Ready, 10_050, 1);
+        let s = c.topic("a", "t", 10_100);
+        assert_eq!((s.ready, s.oldest_ready_ms), (2, Some(10_050)));
     }
 }

@@ -20,12 +20,16 @@ const STMT_CACHE_PER_CONNECTION: usize = 8;
 
 impl MySqlStore {
     pub fn new(shard: ShardId, url: &str, pool_connections_max: usize) -> StoreResult<MySqlStore> {
-        let opts =
-            Opts::from_url(url).map_err(|e| StoreError::Schema(format!("bad url {url:?}: {e}")))?;
+        // Error text never carries the password.
+        let shown = crate::config::redact_url(url);
+        let opts = Opts::from_url(url).map_err(|e| {
+            let why = e.to_string().replace(url, &shown);
+            StoreError::Schema(format!("bad url {shown:?}: {why}"))
+        })?;
         let database = opts
             .db_name()
             .map(str::to_string)
-            .ok_or_else(|| StoreError::Schema(format!("url {url:?} names no database")))?;
+            .ok_or_else(|| StoreError::Schema(format!("url {shown:?} names no database")))?;
         let constraints = PoolConstraints::new(1, pool_connections_max.max(1)).expect("1 <= max");
         // mysql_async's defaults cost a drain more round trips than its statements: with no
         // idle lifetime the pool keeps one idle connection and closes every other one as it
