@@ -372,3 +372,29 @@ async fn a_peer_only_call_from_a_client_is_refused_before_it_is_decoded() {
     );
     server.stop().await;
 }
+
+/// The largest enqueue a client may send (1,000 items of 10 KiB with 4 KiB of metadata)
+/// is stored: its INSERT is cut into statements of a few MiB inside one transaction. (Before:
+/// one statement of about 29 MB, past MariaDB's default max_allowed_packet of 16 MiB, and
+/// the whole enqueue failed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_enqueue_fits_the_databases_packet_limit() {
+    let server = TestServer::start(1, "").await;
+    let mut c = server.client();
+    let items: Vec<EnqueueItem> = (0..1000)
+        .map(|i| EnqueueItem {
+            metadata: Some(vec![b'm'; 4096]),
+            ..item("big", "t", i, &[b'p'; 10_240])
+        })
+        .collect();
+    let results = c.try_enqueue(items).expect("the call is answered");
+    let failed: Vec<_> = results.iter().filter_map(|r| r.error.as_ref()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed, the first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert_eq!(c.stats("big", "t").ready, Some(1000));
+    server.stop().await;
+}

@@ -112,6 +112,34 @@ fn timer_at_from(event: &str, floor: &str) -> String {
 /// One multi-row INSERT of items; `tids[i]` is the topic id of `rows[i]`; timers as of
 /// `now` (the worker's clock at the write, not the enqueue's). The rows `handoff` holds
 /// are written as a claim at `now` leaves them: leased under its token, delivered once.
+/// The most bytes one INSERT of items is built to (about): under MySQL 5.7's default
+/// `max_allowed_packet` (4 MiB), let alone MariaDB's (16 MiB).
+pub const STATEMENT_BYTES_MAX: usize = 2 << 20;
+
+/// About how many bytes a row takes in an INSERT (its blobs as hex literals).
+fn row_sql_bytes(it: &NewItem) -> usize {
+    2 * (it.payload.len() + it.metadata.len()) + it.dedup_key.as_ref().map_or(0, String::len) + 160
+}
+
+/// `rows` cut into consecutive ranges of at most `max` bytes of SQL each (a row larger
+/// than `max` alone in its range).
+pub fn byte_chunks(rows: &[(u64, NewItem)], max: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, (_, it)) in rows.iter().enumerate() {
+        let b = row_sql_bytes(it);
+        if i > start && bytes + b > max {
+            out.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += b;
+    }
+    if start < rows.len() {
+        out.push(start..rows.len());
+    }
+    out
+}
+
 pub fn insert_items(
     dialect: Dialect,
     rows: &[(u64, NewItem)],
@@ -119,10 +147,7 @@ pub fn insert_items(
     handoff: &Handoff,
     now: i64,
 ) -> String {
-    let bytes: usize = rows
-        .iter()
-        .map(|(_, it)| 2 * (it.payload.len() + it.metadata.len()) + 120)
-        .sum();
+    let bytes: usize = rows.iter().map(|(_, it)| row_sql_bytes(it)).sum();
     let mut sql = String::with_capacity(128 + bytes);
     sql.push_str("INSERT INTO items ");
     sql.push_str(INSERT_COLUMNS);
@@ -380,7 +405,18 @@ impl InsertPlan {
             }
             out.push(insert_topics(dialect, &names));
         }
-        out.push(insert_items(dialect, rows, &self.tids, handoff, now));
+        // In statements of at most STATEMENT_BYTES_MAX, all in the batch's transaction: a
+        // request of 1,000 items of 10 KiB as one statement was past MariaDB's default
+        // max_allowed_packet (16 MiB), and the whole enqueue failed.
+        for range in byte_chunks(rows, STATEMENT_BYTES_MAX) {
+            out.push(insert_items(
+                dialect,
+                &rows[range.clone()],
+                &self.tids[range],
+                handoff,
+                now,
+            ));
+        }
         let keyed: Vec<(u32, &str, u64)> = rows
             .iter()
             .zip(&self.tids)
@@ -422,4 +458,54 @@ pub fn totals_sql(
         .collect();
     let tids = rows.iter().map(|r| r.0).collect();
     (add_totals(dialect, &rows), tids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: u64, payload: usize) -> (u64, NewItem) {
+        (
+            key,
+            NewItem {
+                ns: "n".into(),
+                topic: "t".into(),
+                priority: 0,
+                payload: vec![7; payload],
+                metadata: Vec::new(),
+                deliver_after_ms: 0,
+                enqueued_at_ms: 0,
+                lease_ms: 1000,
+                expires_at_ms: None,
+                policy: crate::model::Policy::AtLeastOnce,
+                max_attempts: 1,
+                dedup_key: None,
+            },
+        )
+    }
+
+    #[test]
+    fn a_batch_is_cut_into_statements_of_bounded_size_in_order() {
+        let rows: Vec<_> = (0..1000).map(|k| row(k, 10_240)).collect();
+        let chunks = byte_chunks(&rows, STATEMENT_BYTES_MAX);
+        assert!(chunks.len() > 1);
+        assert_eq!(chunks.first().unwrap().start, 0);
+        assert_eq!(chunks.last().unwrap().end, 1000);
+        assert!(chunks.windows(2).all(|w| w[0].end == w[1].start));
+        let sql = insert_items(
+            Dialect::MySql,
+            &rows[chunks[0].clone()],
+            &vec![1; chunks[0].len()],
+            &Handoff::default(),
+            0,
+        );
+        assert!(sql.len() <= STATEMENT_BYTES_MAX, "{} bytes", sql.len());
+        // A row larger than the bound goes alone; small rows share one statement.
+        assert_eq!(
+            byte_chunks(&[row(1, 100), row(2, 100)], 10),
+            vec![0..1, 1..2]
+        );
+        assert_eq!(byte_chunks(&[row(1, 100), row(2, 100)], 10_000), vec![0..2]);
+        assert!(byte_chunks(&[], 10).is_empty());
+    }
 }

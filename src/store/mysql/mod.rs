@@ -131,16 +131,30 @@ impl MySqlStore {
         if statements.len() == 1 {
             return run(&mut conn, &statements[0]).await;
         }
-        let mut text = String::from("START TRANSACTION");
+        // One round trip for the usual batch, in as many as the packet limit needs for a
+        // large one (see `PACKET_BYTES_MAX`), all in one transaction.
+        let mut packets = vec![String::from("START TRANSACTION")];
         for s in &statements {
-            text.push(';');
-            text.push_str(s);
+            let last = packets.last().expect("never empty");
+            if last.len() + 1 + s.len() > PACKET_BYTES_MAX {
+                packets.push(String::with_capacity(s.len()));
+            }
+            let last = packets.last_mut().expect("never empty");
+            if !last.is_empty() {
+                last.push(';');
+            }
+            last.push_str(s);
         }
-        let sent = conn.query_drop(text).await;
-        let r = match sent {
-            Ok(()) => conn.query_drop("COMMIT").await,
-            Err(e) => Err(e),
-        };
+        let mut r = Ok(());
+        for p in packets {
+            r = conn.query_drop(p).await;
+            if r.is_err() {
+                break;
+            }
+        }
+        if r.is_ok() {
+            r = conn.query_drop("COMMIT").await;
+        }
         match r {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -157,6 +171,11 @@ impl MySqlStore {
         }
     }
 }
+
+/// The most bytes sent to the server in one packet of statements (about): under MySQL
+/// 5.7's default `max_allowed_packet` (4 MiB), let alone MariaDB's (16 MiB). Each
+/// statement is built to at most `sql::STATEMENT_BYTES_MAX` (2 MiB).
+const PACKET_BYTES_MAX: usize = 3 << 20;
 
 /// Runs one statement in the text protocol: no prepare round trip for SQL that is
 /// different every time.
