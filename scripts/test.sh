@@ -5,7 +5,8 @@
 # every backend again on SQLite, then the Python and Node.js client suites (every transport
 # their Thrift libraries offer) and the foqsctl shell pipeline against a running foqsd on
 # the embedded default (and a TLS one on MySQL). The web console is tested in headless
-# Chromium (integration/rust/console.rs).
+# Chromium (integration/rust/console.rs). Last, a 60 s fuzzing pass over the Thrift edge
+# (scripts/fuzz.sh).
 #
 #   bash scripts/test.sh               # the whole suite
 #   bash scripts/test.sh --under-load  # the same with one busy core beside it (a busy
@@ -168,4 +169,6 @@ wait "$foqsd_pid" || { foqs_log "foqsd did not exit cleanly on SIGTERM"; exit 1;
 foqsd_pid=""
 rm -rf "$py_data"
 "$venv/bin/python" integration/python/drop_databases.py "$FOQS_MYSQL_URL" "${prefix}tls_" 4
+foqs_log "a short fuzzing pass over the Thrift edge (scripts/fuzz.sh 60; longer runs: docs/testing.md)"
+bash scripts/fuzz.sh 60
 foqs_log "all tests passed"
