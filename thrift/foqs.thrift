@@ -88,6 +88,10 @@ struct EnqueueRequest {
   // forwarding host learns what was stored (enqueueOutcome) instead of answering that the
   // outcome is unknown. Clients leave it out.
   3: optional i64 forward_token,
+  // Set by a foqs host that routes or forwards the call to a peer: the identity of the
+  // client it acts for, whose rights the peer checks (only a peer may send it, see
+  // PeerLoginRequest). Clients leave it out.
+  4: optional string forwarded_for,
 }
 
 struct EnqueueResult {
@@ -127,6 +131,10 @@ struct DequeueRequest {
   // Set by a foqs host that routes the dequeue to a peer (its own host id): served from
   // the peer's own shards only. Clients leave it out.
   4: optional string forwarded_by,
+  // Set by a foqs host that routes or forwards the call to a peer: the identity of the
+  // client it acts for, whose rights the peer checks (only a peer may send it, see
+  // PeerLoginRequest). Clients leave it out.
+  5: optional string forwarded_for,
 }
 
 struct Item {
@@ -250,6 +258,10 @@ struct PeekRequest {
   // True: only this host's shards (hosts set it when they route a call to each other).
   // Absent: the whole tier of the namespace, this host's shards and its peers'.
   4: optional bool local_only,
+  // Set by a foqs host that routes or forwards the call to a peer: the identity of the
+  // client it acts for, whose rights the peer checks (only a peer may send it, see
+  // PeerLoginRequest). Clients leave it out.
+  5: optional string forwarded_for,
 }
 
 struct PeekResponse {
@@ -273,6 +285,10 @@ struct DlqListRequest {
   // True: only this host's shards (hosts set it when they route a call to each other).
   // Absent: the whole tier of the namespace, this host's shards and its peers'.
   5: optional bool local_only,
+  // Set by a foqs host that routes or forwards the call to a peer: the identity of the
+  // client it acts for, whose rights the peer checks (only a peer may send it, see
+  // PeerLoginRequest). Clients leave it out.
+  6: optional string forwarded_for,
 }
 
 struct DlqListResponse {
@@ -308,6 +324,10 @@ struct DlqRequeueAllRequest {
   // True: only this host's shards (hosts set it when they route a call to each other).
   // Absent: the whole tier of the namespace, this host's shards and its peers'.
   4: optional bool local_only,
+  // Set by a foqs host that routes or forwards the call to a peer: the identity of the
+  // client it acts for, whose rights the peer checks (only a peer may send it, see
+  // PeerLoginRequest). Clients leave it out.
+  5: optional string forwarded_for,
 }
 
 struct DlqPurgeRequest {
@@ -316,6 +336,10 @@ struct DlqPurgeRequest {
   // True: only this host's shards (hosts set it when they route a call to each other).
   // Absent: the whole tier of the namespace, this host's shards and its peers'.
   3: optional bool local_only,
+  // Set by a foqs host that routes or forwards the call to a peer: the identity of the
+  // client it acts for, whose rights the peer checks (only a peer may send it, see
+  // PeerLoginRequest). Clients leave it out.
+  4: optional string forwarded_for,
 }
 
 struct DlqCountResponse {
@@ -331,6 +355,10 @@ struct TopicStatsRequest {
   // True: only this host's shards (hosts set it when they route a call to each other).
   // Absent: the whole tier of the namespace, this host's shards and its peers'.
   3: optional bool local_only,
+  // Set by a foqs host that routes or forwards the call to a peer: the identity of the
+  // client it acts for, whose rights the peer checks (only a peer may send it, see
+  // PeerLoginRequest). Clients leave it out.
+  4: optional string forwarded_for,
 }
 
 struct TopicStats {
@@ -360,6 +388,10 @@ struct GetActiveTopicsRequest {
   // True: only this host's shards (hosts set it when they ask each other). Absent: the
   // whole tier of the namespace, gathered from this host's peers.
   4: optional bool local_only,
+  // Set by a foqs host that routes or forwards the call to a peer: the identity of the
+  // client it acts for, whose rights the peer checks (only a peer may send it, see
+  // PeerLoginRequest). Clients leave it out.
+  5: optional string forwarded_for,
 }
 
 struct ActiveTopic {

@@ -479,6 +479,7 @@ var EnqueueRequest = module.exports.EnqueueRequest = function(args) {
   this.items = null;
   this.forwarded_by = null;
   this.forward_token = null;
+  this.forwarded_for = null;
   if (args) {
     if (args.items !== undefined && args.items !== null) {
       this.items = Thrift.copyList(args.items, [ttypes.EnqueueItem]);
@@ -488,6 +489,9 @@ var EnqueueRequest = module.exports.EnqueueRequest = function(args) {
     }
     if (args.forward_token !== undefined && args.forward_token !== null) {
       this.forward_token = args.forward_token;
+    }
+    if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
+      this.forwarded_for = args.forwarded_for;
     }
   }
 };
@@ -532,6 +536,13 @@ EnqueueRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.STRING) {
+        this.forwarded_for = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -563,6 +574,11 @@ EnqueueRequest.prototype.write = function(output) {
   if (this.forward_token !== null && this.forward_token !== undefined) {
     output.writeFieldBegin('forward_token', Thrift.Type.I64, 3);
     output.writeI64(this.forward_token);
+    output.writeFieldEnd();
+  }
+  if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
+    output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 4);
+    output.writeString(this.forwarded_for);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -832,6 +848,7 @@ var DequeueRequest = module.exports.DequeueRequest = function(args) {
   this.wait_ms = null;
   this.local_only = null;
   this.forwarded_by = null;
+  this.forwarded_for = null;
   if (args) {
     if (args.topics !== undefined && args.topics !== null) {
       this.topics = Thrift.copyList(args.topics, [ttypes.TopicRequest]);
@@ -844,6 +861,9 @@ var DequeueRequest = module.exports.DequeueRequest = function(args) {
     }
     if (args.forwarded_by !== undefined && args.forwarded_by !== null) {
       this.forwarded_by = args.forwarded_by;
+    }
+    if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
+      this.forwarded_for = args.forwarded_for;
     }
   }
 };
@@ -895,6 +915,13 @@ DequeueRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 5:
+      if (ftype == Thrift.Type.STRING) {
+        this.forwarded_for = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -931,6 +958,11 @@ DequeueRequest.prototype.write = function(output) {
   if (this.forwarded_by !== null && this.forwarded_by !== undefined) {
     output.writeFieldBegin('forwarded_by', Thrift.Type.STRING, 4);
     output.writeString(this.forwarded_by);
+    output.writeFieldEnd();
+  }
+  if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
+    output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 5);
+    output.writeString(this.forwarded_for);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -2031,6 +2063,7 @@ var PeekRequest = module.exports.PeekRequest = function(args) {
   this.topic = null;
   this.count = null;
   this.local_only = null;
+  this.forwarded_for = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -2043,6 +2076,9 @@ var PeekRequest = module.exports.PeekRequest = function(args) {
     }
     if (args.local_only !== undefined && args.local_only !== null) {
       this.local_only = args.local_only;
+    }
+    if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
+      this.forwarded_for = args.forwarded_for;
     }
   }
 };
@@ -2085,6 +2121,13 @@ PeekRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 5:
+      if (ftype == Thrift.Type.STRING) {
+        this.forwarded_for = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -2114,6 +2157,11 @@ PeekRequest.prototype.write = function(output) {
   if (this.local_only !== null && this.local_only !== undefined) {
     output.writeFieldBegin('local_only', Thrift.Type.BOOL, 4);
     output.writeBool(this.local_only);
+    output.writeFieldEnd();
+  }
+  if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
+    output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 5);
+    output.writeString(this.forwarded_for);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -2257,6 +2305,7 @@ var DlqListRequest = module.exports.DlqListRequest = function(args) {
   this.limit = null;
   this.after = null;
   this.local_only = null;
+  this.forwarded_for = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -2272,6 +2321,9 @@ var DlqListRequest = module.exports.DlqListRequest = function(args) {
     }
     if (args.local_only !== undefined && args.local_only !== null) {
       this.local_only = args.local_only;
+    }
+    if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
+      this.forwarded_for = args.forwarded_for;
     }
   }
 };
@@ -2321,6 +2373,13 @@ DlqListRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 6:
+      if (ftype == Thrift.Type.STRING) {
+        this.forwarded_for = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -2355,6 +2414,11 @@ DlqListRequest.prototype.write = function(output) {
   if (this.local_only !== null && this.local_only !== undefined) {
     output.writeFieldBegin('local_only', Thrift.Type.BOOL, 5);
     output.writeBool(this.local_only);
+    output.writeFieldEnd();
+  }
+  if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
+    output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 6);
+    output.writeString(this.forwarded_for);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -2622,6 +2686,7 @@ var DlqRequeueAllRequest = module.exports.DlqRequeueAllRequest = function(args) 
   this.topic = null;
   this.max = null;
   this.local_only = null;
+  this.forwarded_for = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -2634,6 +2699,9 @@ var DlqRequeueAllRequest = module.exports.DlqRequeueAllRequest = function(args) 
     }
     if (args.local_only !== undefined && args.local_only !== null) {
       this.local_only = args.local_only;
+    }
+    if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
+      this.forwarded_for = args.forwarded_for;
     }
   }
 };
@@ -2676,6 +2744,13 @@ DlqRequeueAllRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 5:
+      if (ftype == Thrift.Type.STRING) {
+        this.forwarded_for = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -2707,6 +2782,11 @@ DlqRequeueAllRequest.prototype.write = function(output) {
     output.writeBool(this.local_only);
     output.writeFieldEnd();
   }
+  if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
+    output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 5);
+    output.writeString(this.forwarded_for);
+    output.writeFieldEnd();
+  }
   output.writeFieldStop();
   output.writeStructEnd();
   return;
@@ -2716,6 +2796,7 @@ var DlqPurgeRequest = module.exports.DlqPurgeRequest = function(args) {
   this.ns = null;
   this.topic = null;
   this.local_only = null;
+  this.forwarded_for = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -2725,6 +2806,9 @@ var DlqPurgeRequest = module.exports.DlqPurgeRequest = function(args) {
     }
     if (args.local_only !== undefined && args.local_only !== null) {
       this.local_only = args.local_only;
+    }
+    if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
+      this.forwarded_for = args.forwarded_for;
     }
   }
 };
@@ -2760,6 +2844,13 @@ DlqPurgeRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.STRING) {
+        this.forwarded_for = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -2784,6 +2875,11 @@ DlqPurgeRequest.prototype.write = function(output) {
   if (this.local_only !== null && this.local_only !== undefined) {
     output.writeFieldBegin('local_only', Thrift.Type.BOOL, 3);
     output.writeBool(this.local_only);
+    output.writeFieldEnd();
+  }
+  if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
+    output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 4);
+    output.writeString(this.forwarded_for);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -2858,6 +2954,7 @@ var TopicStatsRequest = module.exports.TopicStatsRequest = function(args) {
   this.ns = null;
   this.topic = null;
   this.local_only = null;
+  this.forwarded_for = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -2867,6 +2964,9 @@ var TopicStatsRequest = module.exports.TopicStatsRequest = function(args) {
     }
     if (args.local_only !== undefined && args.local_only !== null) {
       this.local_only = args.local_only;
+    }
+    if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
+      this.forwarded_for = args.forwarded_for;
     }
   }
 };
@@ -2902,6 +3002,13 @@ TopicStatsRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 4:
+      if (ftype == Thrift.Type.STRING) {
+        this.forwarded_for = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -2926,6 +3033,11 @@ TopicStatsRequest.prototype.write = function(output) {
   if (this.local_only !== null && this.local_only !== undefined) {
     output.writeFieldBegin('local_only', Thrift.Type.BOOL, 3);
     output.writeBool(this.local_only);
+    output.writeFieldEnd();
+  }
+  if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
+    output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 4);
+    output.writeString(this.forwarded_for);
     output.writeFieldEnd();
   }
   output.writeFieldStop();
@@ -3129,6 +3241,7 @@ var GetActiveTopicsRequest = module.exports.GetActiveTopicsRequest = function(ar
   this.limit = null;
   this.after = null;
   this.local_only = null;
+  this.forwarded_for = null;
   if (args) {
     if (args.ns !== undefined && args.ns !== null) {
       this.ns = args.ns;
@@ -3141,6 +3254,9 @@ var GetActiveTopicsRequest = module.exports.GetActiveTopicsRequest = function(ar
     }
     if (args.local_only !== undefined && args.local_only !== null) {
       this.local_only = args.local_only;
+    }
+    if (args.forwarded_for !== undefined && args.forwarded_for !== null) {
+      this.forwarded_for = args.forwarded_for;
     }
   }
 };
@@ -3183,6 +3299,13 @@ GetActiveTopicsRequest.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 5:
+      if (ftype == Thrift.Type.STRING) {
+        this.forwarded_for = input.readString();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -3212,6 +3335,11 @@ GetActiveTopicsRequest.prototype.write = function(output) {
   if (this.local_only !== null && this.local_only !== undefined) {
     output.writeFieldBegin('local_only', Thrift.Type.BOOL, 4);
     output.writeBool(this.local_only);
+    output.writeFieldEnd();
+  }
+  if (this.forwarded_for !== null && this.forwarded_for !== undefined) {
+    output.writeFieldBegin('forwarded_for', Thrift.Type.STRING, 5);
+    output.writeString(this.forwarded_for);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

@@ -632,14 +632,16 @@ pub struct EnqueueRequest {
   pub items: Option<Vec<EnqueueItem>>,
   pub forwarded_by: Option<String>,
   pub forward_token: Option<i64>,
+  pub forwarded_for: Option<String>,
 }
 
 impl EnqueueRequest {
-  pub fn new<F1, F2, F3>(items: F1, forwarded_by: F2, forward_token: F3) -> EnqueueRequest where F1: Into<Option<Vec<EnqueueItem>>>, F2: Into<Option<String>>, F3: Into<Option<i64>> {
+  pub fn new<F1, F2, F3, F4>(items: F1, forwarded_by: F2, forward_token: F3, forwarded_for: F4) -> EnqueueRequest where F1: Into<Option<Vec<EnqueueItem>>>, F2: Into<Option<String>>, F3: Into<Option<i64>>, F4: Into<Option<String>> {
     EnqueueRequest {
       items: items.into(),
       forwarded_by: forwarded_by.into(),
       forward_token: forward_token.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -650,6 +652,7 @@ impl TSerializable for EnqueueRequest {
     let mut f_1: Option<Vec<EnqueueItem>> = Some(Vec::new());
     let mut f_2: Option<String> = None;
     let mut f_3: Option<i64> = None;
+    let mut f_4: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -675,6 +678,10 @@ impl TSerializable for EnqueueRequest {
           let val = i_prot.read_i64()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -686,6 +693,7 @@ impl TSerializable for EnqueueRequest {
       items: f_1,
       forwarded_by: f_2,
       forward_token: f_3,
+      forwarded_for: f_4,
     };
     Ok(ret)
   }
@@ -711,6 +719,11 @@ impl TSerializable for EnqueueRequest {
       o_prot.write_i64(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -722,6 +735,7 @@ impl Default for EnqueueRequest {
       items: Some(Vec::new()),
       forwarded_by: Some("".to_owned()),
       forward_token: Some(0),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -1025,15 +1039,17 @@ pub struct DequeueRequest {
   pub wait_ms: Option<i64>,
   pub local_only: Option<bool>,
   pub forwarded_by: Option<String>,
+  pub forwarded_for: Option<String>,
 }
 
 impl DequeueRequest {
-  pub fn new<F1, F2, F3, F4>(topics: F1, wait_ms: F2, local_only: F3, forwarded_by: F4) -> DequeueRequest where F1: Into<Option<Vec<TopicRequest>>>, F2: Into<Option<i64>>, F3: Into<Option<bool>>, F4: Into<Option<String>> {
+  pub fn new<F1, F2, F3, F4, F5>(topics: F1, wait_ms: F2, local_only: F3, forwarded_by: F4, forwarded_for: F5) -> DequeueRequest where F1: Into<Option<Vec<TopicRequest>>>, F2: Into<Option<i64>>, F3: Into<Option<bool>>, F4: Into<Option<String>>, F5: Into<Option<String>> {
     DequeueRequest {
       topics: topics.into(),
       wait_ms: wait_ms.into(),
       local_only: local_only.into(),
       forwarded_by: forwarded_by.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -1045,6 +1061,7 @@ impl TSerializable for DequeueRequest {
     let mut f_2: Option<i64> = None;
     let mut f_3: Option<bool> = None;
     let mut f_4: Option<String> = None;
+    let mut f_5: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -1074,6 +1091,10 @@ impl TSerializable for DequeueRequest {
           let val = i_prot.read_string()?;
           f_4 = Some(val);
         },
+        5 => {
+          let val = i_prot.read_string()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -1086,6 +1107,7 @@ impl TSerializable for DequeueRequest {
       wait_ms: f_2,
       local_only: f_3,
       forwarded_by: f_4,
+      forwarded_for: f_5,
     };
     Ok(ret)
   }
@@ -1116,6 +1138,11 @@ impl TSerializable for DequeueRequest {
       o_prot.write_string(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 5))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -1128,6 +1155,7 @@ impl Default for DequeueRequest {
       wait_ms: Some(0),
       local_only: Some(false),
       forwarded_by: Some("".to_owned()),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -2315,15 +2343,17 @@ pub struct PeekRequest {
   pub topic: Option<String>,
   pub count: Option<i32>,
   pub local_only: Option<bool>,
+  pub forwarded_for: Option<String>,
 }
 
 impl PeekRequest {
-  pub fn new<F1, F2, F3, F4>(ns: F1, topic: F2, count: F3, local_only: F4) -> PeekRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5>(ns: F1, topic: F2, count: F3, local_only: F4, forwarded_for: F5) -> PeekRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<bool>>, F5: Into<Option<String>> {
     PeekRequest {
       ns: ns.into(),
       topic: topic.into(),
       count: count.into(),
       local_only: local_only.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -2335,6 +2365,7 @@ impl TSerializable for PeekRequest {
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<i32> = Some(0);
     let mut f_4: Option<bool> = None;
+    let mut f_5: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2358,6 +2389,10 @@ impl TSerializable for PeekRequest {
           let val = i_prot.read_bool()?;
           f_4 = Some(val);
         },
+        5 => {
+          let val = i_prot.read_string()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -2370,6 +2405,7 @@ impl TSerializable for PeekRequest {
       topic: f_2,
       count: f_3,
       local_only: f_4,
+      forwarded_for: f_5,
     };
     Ok(ret)
   }
@@ -2396,6 +2432,11 @@ impl TSerializable for PeekRequest {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 5))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2408,6 +2449,7 @@ impl Default for PeekRequest {
       topic: Some("".to_owned()),
       count: Some(0),
       local_only: Some(false),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -2577,16 +2619,18 @@ pub struct DlqListRequest {
   pub limit: Option<i32>,
   pub after: Option<String>,
   pub local_only: Option<bool>,
+  pub forwarded_for: Option<String>,
 }
 
 impl DlqListRequest {
-  pub fn new<F1, F2, F3, F4, F5>(ns: F1, topic: F2, limit: F3, after: F4, local_only: F5) -> DlqListRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<String>>, F5: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5, F6>(ns: F1, topic: F2, limit: F3, after: F4, local_only: F5, forwarded_for: F6) -> DlqListRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i32>>, F4: Into<Option<String>>, F5: Into<Option<bool>>, F6: Into<Option<String>> {
     DlqListRequest {
       ns: ns.into(),
       topic: topic.into(),
       limit: limit.into(),
       after: after.into(),
       local_only: local_only.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -2599,6 +2643,7 @@ impl TSerializable for DlqListRequest {
     let mut f_3: Option<i32> = None;
     let mut f_4: Option<String> = None;
     let mut f_5: Option<bool> = None;
+    let mut f_6: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -2626,6 +2671,10 @@ impl TSerializable for DlqListRequest {
           let val = i_prot.read_bool()?;
           f_5 = Some(val);
         },
+        6 => {
+          let val = i_prot.read_string()?;
+          f_6 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -2639,6 +2688,7 @@ impl TSerializable for DlqListRequest {
       limit: f_3,
       after: f_4,
       local_only: f_5,
+      forwarded_for: f_6,
     };
     Ok(ret)
   }
@@ -2670,6 +2720,11 @@ impl TSerializable for DlqListRequest {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 6))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -2683,6 +2738,7 @@ impl Default for DlqListRequest {
       limit: Some(0),
       after: Some("".to_owned()),
       local_only: Some(false),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -2978,15 +3034,17 @@ pub struct DlqRequeueAllRequest {
   pub topic: Option<String>,
   pub max: Option<i64>,
   pub local_only: Option<bool>,
+  pub forwarded_for: Option<String>,
 }
 
 impl DlqRequeueAllRequest {
-  pub fn new<F1, F2, F3, F4>(ns: F1, topic: F2, max: F3, local_only: F4) -> DlqRequeueAllRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>>, F4: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5>(ns: F1, topic: F2, max: F3, local_only: F4, forwarded_for: F5) -> DlqRequeueAllRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<i64>>, F4: Into<Option<bool>>, F5: Into<Option<String>> {
     DlqRequeueAllRequest {
       ns: ns.into(),
       topic: topic.into(),
       max: max.into(),
       local_only: local_only.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -2998,6 +3056,7 @@ impl TSerializable for DlqRequeueAllRequest {
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<i64> = None;
     let mut f_4: Option<bool> = None;
+    let mut f_5: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3021,6 +3080,10 @@ impl TSerializable for DlqRequeueAllRequest {
           let val = i_prot.read_bool()?;
           f_4 = Some(val);
         },
+        5 => {
+          let val = i_prot.read_string()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3033,6 +3096,7 @@ impl TSerializable for DlqRequeueAllRequest {
       topic: f_2,
       max: f_3,
       local_only: f_4,
+      forwarded_for: f_5,
     };
     Ok(ret)
   }
@@ -3059,6 +3123,11 @@ impl TSerializable for DlqRequeueAllRequest {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 5))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3071,6 +3140,7 @@ impl Default for DlqRequeueAllRequest {
       topic: Some("".to_owned()),
       max: Some(0),
       local_only: Some(false),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -3084,14 +3154,16 @@ pub struct DlqPurgeRequest {
   pub ns: Option<String>,
   pub topic: Option<String>,
   pub local_only: Option<bool>,
+  pub forwarded_for: Option<String>,
 }
 
 impl DlqPurgeRequest {
-  pub fn new<F1, F2, F3>(ns: F1, topic: F2, local_only: F3) -> DlqPurgeRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4>(ns: F1, topic: F2, local_only: F3, forwarded_for: F4) -> DlqPurgeRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<bool>>, F4: Into<Option<String>> {
     DlqPurgeRequest {
       ns: ns.into(),
       topic: topic.into(),
       local_only: local_only.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -3102,6 +3174,7 @@ impl TSerializable for DlqPurgeRequest {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<bool> = None;
+    let mut f_4: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3121,6 +3194,10 @@ impl TSerializable for DlqPurgeRequest {
           let val = i_prot.read_bool()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3132,6 +3209,7 @@ impl TSerializable for DlqPurgeRequest {
       ns: f_1,
       topic: f_2,
       local_only: f_3,
+      forwarded_for: f_4,
     };
     Ok(ret)
   }
@@ -3153,6 +3231,11 @@ impl TSerializable for DlqPurgeRequest {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3164,6 +3247,7 @@ impl Default for DlqPurgeRequest {
       ns: Some("".to_owned()),
       topic: Some("".to_owned()),
       local_only: Some(false),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -3256,14 +3340,16 @@ pub struct TopicStatsRequest {
   pub ns: Option<String>,
   pub topic: Option<String>,
   pub local_only: Option<bool>,
+  pub forwarded_for: Option<String>,
 }
 
 impl TopicStatsRequest {
-  pub fn new<F1, F2, F3>(ns: F1, topic: F2, local_only: F3) -> TopicStatsRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4>(ns: F1, topic: F2, local_only: F3, forwarded_for: F4) -> TopicStatsRequest where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<bool>>, F4: Into<Option<String>> {
     TopicStatsRequest {
       ns: ns.into(),
       topic: topic.into(),
       local_only: local_only.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -3274,6 +3360,7 @@ impl TSerializable for TopicStatsRequest {
     let mut f_1: Option<String> = Some("".to_owned());
     let mut f_2: Option<String> = Some("".to_owned());
     let mut f_3: Option<bool> = None;
+    let mut f_4: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3293,6 +3380,10 @@ impl TSerializable for TopicStatsRequest {
           let val = i_prot.read_bool()?;
           f_3 = Some(val);
         },
+        4 => {
+          let val = i_prot.read_string()?;
+          f_4 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3304,6 +3395,7 @@ impl TSerializable for TopicStatsRequest {
       ns: f_1,
       topic: f_2,
       local_only: f_3,
+      forwarded_for: f_4,
     };
     Ok(ret)
   }
@@ -3325,6 +3417,11 @@ impl TSerializable for TopicStatsRequest {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 4))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3336,6 +3433,7 @@ impl Default for TopicStatsRequest {
       ns: Some("".to_owned()),
       topic: Some("".to_owned()),
       local_only: Some(false),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }
@@ -3541,15 +3639,17 @@ pub struct GetActiveTopicsRequest {
   pub limit: Option<i32>,
   pub after: Option<String>,
   pub local_only: Option<bool>,
+  pub forwarded_for: Option<String>,
 }
 
 impl GetActiveTopicsRequest {
-  pub fn new<F1, F2, F3, F4>(ns: F1, limit: F2, after: F3, local_only: F4) -> GetActiveTopicsRequest where F1: Into<Option<String>>, F2: Into<Option<i32>>, F3: Into<Option<String>>, F4: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5>(ns: F1, limit: F2, after: F3, local_only: F4, forwarded_for: F5) -> GetActiveTopicsRequest where F1: Into<Option<String>>, F2: Into<Option<i32>>, F3: Into<Option<String>>, F4: Into<Option<bool>>, F5: Into<Option<String>> {
     GetActiveTopicsRequest {
       ns: ns.into(),
       limit: limit.into(),
       after: after.into(),
       local_only: local_only.into(),
+      forwarded_for: forwarded_for.into(),
     }
   }
 }
@@ -3561,6 +3661,7 @@ impl TSerializable for GetActiveTopicsRequest {
     let mut f_2: Option<i32> = None;
     let mut f_3: Option<String> = None;
     let mut f_4: Option<bool> = None;
+    let mut f_5: Option<String> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -3584,6 +3685,10 @@ impl TSerializable for GetActiveTopicsRequest {
           let val = i_prot.read_bool()?;
           f_4 = Some(val);
         },
+        5 => {
+          let val = i_prot.read_string()?;
+          f_5 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -3596,6 +3701,7 @@ impl TSerializable for GetActiveTopicsRequest {
       limit: f_2,
       after: f_3,
       local_only: f_4,
+      forwarded_for: f_5,
     };
     Ok(ret)
   }
@@ -3622,6 +3728,11 @@ impl TSerializable for GetActiveTopicsRequest {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(ref fld_var) = self.forwarded_for {
+      o_prot.write_field_begin(&TFieldIdentifier::new("forwarded_for", TType::String, 5))?;
+      o_prot.write_string(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -3634,6 +3745,7 @@ impl Default for GetActiveTopicsRequest {
       limit: Some(0),
       after: Some("".to_owned()),
       local_only: Some(false),
+      forwarded_for: Some("".to_owned()),
     }
   }
 }

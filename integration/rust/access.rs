@@ -153,6 +153,7 @@ async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
     whole_call_denied(alice.try_topics("b", None, None));
     whole_call_denied(alice.call(|c| {
         c.topic_stats(TopicStatsRequest {
+            forwarded_for: None,
             ns: Some("b".into()),
             topic: Some("t".into()),
             local_only: None,
@@ -167,6 +168,7 @@ async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
     let purge = |c: &mut Client| {
         c.call(|c| {
             c.dlq_purge(DlqPurgeRequest {
+                forwarded_for: None,
                 ns: Some("b".into()),
                 topic: Some("t".into()),
                 local_only: None,
@@ -345,6 +347,39 @@ async fn peers_forward_over_tls_and_the_owner_checks_the_client() {
         "the owner checked alice: {:?}",
         r[1].error
     );
+    assert_eq!(bob2.stats("b", "t").ready, Some(1), "bob's item untouched");
+
+    // Every routed call names the client it acts for, and the owner checks that client
+    // (issue 54; before, topicStats, peek, dequeue, getActiveTopics and the dead-letter
+    // calls went as the peer, allowed everything). Here as host 1 would route them.
+    let mut peer = tls_client(running[1].addr, Some("host-1")).unwrap();
+    let stats_for = |c: &mut Client, who: &str| {
+        c.call(|c| {
+            c.topic_stats(foqs::thrift_gen::TopicStatsRequest {
+                ns: Some("b".into()),
+                topic: Some("t".into()),
+                local_only: Some(true),
+                forwarded_for: Some(who.into()),
+            })
+        })
+    };
+    whole_call_denied(stats_for(&mut peer, "alice"));
+    assert_eq!(stats_for(&mut peer, "bob").unwrap().ready, Some(1));
+    let routed_dequeue = |c: &mut Client, who: &str| {
+        c.call(|c| {
+            c.dequeue(foqs::thrift_gen::DequeueRequest {
+                topics: Some(vec![topic_req("b", "t", 1)]),
+                wait_ms: None,
+                local_only: Some(true),
+                forwarded_by: Some("h0".into()),
+                forwarded_for: Some(who.into()),
+            })
+        })
+    };
+    whole_call_denied(routed_dequeue(&mut peer, "alice"));
+    // Only a peer may name another client: alice cannot pass as bob.
+    let msg = whole_call_denied(stats_for(&mut alice2, "bob"));
+    assert!(msg.contains("forwarded_for"), "{msg}");
     assert_eq!(bob2.stats("b", "t").ready, Some(1), "bob's item untouched");
     for r in running {
         r.shutdown().await;

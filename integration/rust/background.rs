@@ -32,6 +32,7 @@ async fn a_lease_ends_on_time_while_the_shard_worker_never_runs_dry() {
                     .expect("connect");
                 while !stop.load(Ordering::Relaxed) {
                     let r = f.enqueue(EnqueueRequest {
+                        forwarded_for: None,
                         items: Some(vec![EnqueueItem {
                             dedup_key: Some("the-same".into()),
                             ..item(NS, "flood", 0, b"f")

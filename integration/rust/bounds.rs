@@ -198,7 +198,7 @@ async fn saturated_cpus_shed_namespaces_without_a_guarantee_while_a_guaranteed_o
             let host = host.clone();
             async move {
                 let r = host
-                    .enqueue(&foqs::core::Caller::anonymous(), items, None, None)
+                    .enqueue(&foqs::core::Caller::anonymous(), items, (None, None), None)
                     .await
                     .unwrap();
                 r.into_iter().next().unwrap().map(|_| ())
@@ -566,7 +566,9 @@ async fn every_buffer_stays_within_its_bound_under_a_flood() {
                         })
                         .collect();
                     // A refused request counts as one refusal, as a refused item does.
-                    let outcomes = match host.enqueue(&Caller::anonymous(), items, None, None).await
+                    let outcomes = match host
+                        .enqueue(&Caller::anonymous(), items, (None, None), None)
+                        .await
                     {
                         Ok(outcomes) => outcomes,
                         Err(e) => vec![Err(e)],
@@ -610,7 +612,7 @@ async fn every_buffer_stays_within_its_bound_under_a_flood() {
                 // beyond the room's bound, which applies to namespaces without one).
                 while producing.load(Ordering::SeqCst) {
                     let r = host
-                        .enqueue(&Caller::anonymous(), vec![item.clone()], None, None)
+                        .enqueue(&Caller::anonymous(), vec![item.clone()], (None, None), None)
                         .await;
                     if let Ok(Some(Ok((id, _)))) = r.map(|r| r.into_iter().next()) {
                         accepted.lock().unwrap().insert(id.to_string());

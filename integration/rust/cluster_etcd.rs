@@ -156,6 +156,7 @@ fn producers(
                             .map(|i| foqs::client::new_item(NS, "load", i, b"load".to_vec()))
                             .collect();
                         let Ok(r) = c.enqueue(EnqueueRequest {
+                            forwarded_for: None,
                             items: Some(items),
                             forwarded_by: None,
                             forward_token: None,

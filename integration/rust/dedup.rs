@@ -73,6 +73,7 @@ async fn a_second_enqueue_with_the_same_key_returns_the_existing_item() {
     assert_eq!(one(&mut c, keyed("t", "order-42", b"fourth")).id, first.id);
     // Once the item is gone, the key is free again.
     let req = foqs::thrift_gen::DlqPurgeRequest {
+        forwarded_for: None,
         ns: Some(NS.into()),
         topic: Some("t".into()),
         local_only: None,

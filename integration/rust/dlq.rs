@@ -13,6 +13,7 @@ const NS: &str = "dlq";
 
 fn list(c: &mut Client, topic: &str, limit: Option<i32>, after: Option<String>) -> DlqListResponse {
     let req = DlqListRequest {
+        forwarded_for: None,
         ns: Some(NS.into()),
         topic: Some(topic.into()),
         limit,
@@ -25,6 +26,7 @@ fn list(c: &mut Client, topic: &str, limit: Option<i32>, after: Option<String>) 
 /// One dlqRequeueAll call: (count, more).
 fn requeue_all(c: &mut Client, topic: &str, max: Option<i64>) -> (i64, bool) {
     let req = DlqRequeueAllRequest {
+        forwarded_for: None,
         ns: Some(NS.into()),
         topic: Some(topic.into()),
         max,
@@ -122,6 +124,7 @@ async fn dead_letters_page_across_shards_in_delivery_order() {
     let e = c
         .call(|c| {
             c.dlq_list(DlqListRequest {
+                forwarded_for: None,
                 ns: Some(NS.into()),
                 topic: Some("pages".into()),
                 limit: None,
@@ -220,6 +223,7 @@ async fn purge_deletes_a_topics_dead_letters_only() {
     assert_eq!(got.len(), 50);
     c.nack(ids.iter().map(|id| to_dlq(id)).collect());
     let req = DlqPurgeRequest {
+        forwarded_for: None,
         ns: Some(NS.into()),
         topic: Some("purge".into()),
         local_only: None,
@@ -266,6 +270,7 @@ async fn a_topics_dead_letters_keep_to_their_bound_oldest_out_first() {
         }
         let dead_ids = |c: &mut Client| -> Vec<String> {
             let req = DlqListRequest {
+                forwarded_for: None,
                 ns: Some(ns.into()),
                 topic: Some("bound".into()),
                 limit: None,
@@ -306,6 +311,7 @@ async fn a_topics_dead_letters_keep_to_their_bound_oldest_out_first() {
             );
             // Unbounded: all five stay, after the ticks that trimmed the other.
             let req = DlqListRequest {
+                forwarded_for: None,
                 ns: Some("keep".into()),
                 topic: Some("bound".into()),
                 limit: None,

@@ -36,6 +36,7 @@ async fn a_client_gets_no_peer_powers_on_a_single_host() {
     let forged = c
         .call(|c| {
             c.enqueue(EnqueueRequest {
+                forwarded_for: None,
                 items: Some(items(100)),
                 forwarded_by: Some("h9".into()),
                 forward_token: Some(1),
@@ -206,6 +207,7 @@ async fn long_polls_do_not_take_every_connection_slot() {
                     foqs::client::connect(addr, Proto::Binary, std::time::Duration::from_secs(60))
                         .expect("connect");
                 let req = foqs::thrift_gen::DequeueRequest {
+                    forwarded_for: None,
                     topics: Some(vec![topic_req("lp", "t", 1)]),
                     wait_ms: Some(30_000),
                     local_only: None,

@@ -441,6 +441,7 @@ fn consume(n: u64, addr: std::net::SocketAddr, history: &Mutex<History>, stop: &
         };
         let sent = now_ms();
         let items = match c.dequeue(DequeueRequest {
+            forwarded_for: None,
             topics: Some(vec![topic_req(NS, "random", 1 + (next() % 5) as i32)]),
             wait_ms: None,
             local_only: None,

@@ -221,6 +221,7 @@ async fn a_version_1_shard_is_migrated_in_place_and_every_item_behaves_as_before
     let dead = c
         .call(|c| {
             c.dlq_list(DlqListRequest {
+                forwarded_for: None,
                 ns: Some(NS.into()),
                 topic: Some("dead".into()),
                 limit: None,

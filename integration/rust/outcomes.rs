@@ -422,7 +422,7 @@ async fn a_delivery_leaves_with_at_least_half_its_lease() {
                     lease_ms: Some(LEASE_MS),
                     ..Default::default()
                 }],
-                None,
+                (None, None),
                 None,
             )
             .await

@@ -40,7 +40,7 @@ async fn start_with_one_item(
                 lease_ms,
                 ..Default::default()
             }],
-            None,
+            (None, None),
             None,
         )
         .await

@@ -363,6 +363,7 @@ async fn any_host_serves_its_whole_tier() {
         let page = h2
             .call(|c| {
                 c.dlq_list(DlqListRequest {
+                    forwarded_for: None,
                     ns: Some(NS.into()),
                     topic: Some("dl".into()),
                     limit: Some(7),
@@ -389,6 +390,7 @@ async fn any_host_serves_its_whole_tier() {
     let requeued = h1
         .call(|c| {
             c.dlq_requeue_all(DlqRequeueAllRequest {
+                forwarded_for: None,
                 ns: Some(NS.into()),
                 topic: Some("dl".into()),
                 max: Some(40),
@@ -404,6 +406,7 @@ async fn any_host_serves_its_whole_tier() {
     let purged = h3
         .call(|c| {
             c.dlq_purge(DlqPurgeRequest {
+                forwarded_for: None,
                 ns: Some(NS.into()),
                 topic: Some("dl".into()),
                 local_only: None,
@@ -417,6 +420,7 @@ async fn any_host_serves_its_whole_tier() {
     let local = h1
         .call(|c| {
             c.topic_stats(TopicStatsRequest {
+                forwarded_for: None,
                 ns: Some(NS.into()),
                 topic: Some("dl".into()),
                 local_only: Some(true),

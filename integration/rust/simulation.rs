@@ -161,7 +161,7 @@ async fn producer(host: Arc<foqs::core::Host>, history: Shared, mut rng: Rng, un
             }
         }
         let sent = now_ms();
-        if let Ok(outcomes) = host.enqueue(&caller, batch, None, None).await {
+        if let Ok(outcomes) = host.enqueue(&caller, batch, (None, None), None).await {
             let mut h = history.lock().unwrap();
             for ((p, ttl), o) in payloads.into_iter().zip(outcomes) {
                 if let Ok((id, _)) = o {

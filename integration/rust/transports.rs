@@ -213,6 +213,7 @@ async fn fbthrift_style_header_frames_get_what_an_fbthrift_client_checks() {
         let enq = call(true, "enqueue", 0, |o| {
             FoqsEnqueueArgs {
                 req: EnqueueRequest {
+                    forwarded_for: None,
                     items: Some(vec![
                         item(ns, topic, 5, b"later"),
                         item(ns, topic, 1, b"first"),
@@ -248,6 +249,7 @@ async fn fbthrift_style_header_frames_get_what_an_fbthrift_client_checks() {
         let deq = call(true, "dequeue", 0, |o| {
             FoqsDequeueArgs {
                 req: DequeueRequest {
+                    forwarded_for: None,
                     topics: Some(vec![topic_req(ns, topic, 10)]),
                     wait_ms: None,
                     local_only: None,
@@ -304,6 +306,7 @@ async fn fbthrift_style_header_frames_get_what_an_fbthrift_client_checks() {
         let poll = call(true, "dequeue", 0, |o| {
             FoqsDequeueArgs {
                 req: DequeueRequest {
+                    forwarded_for: None,
                     topics: Some(vec![topic_req(ns, topic, 1)]),
                     wait_ms: Some(10_000),
                     local_only: None,

@@ -28,7 +28,7 @@ impl Console {
         };
         let mut out = self
             .host
-            .enqueue(&self.caller, vec![item], None, None)
+            .enqueue(&self.caller, vec![item], (None, None), None)
             .await?;
         match out.pop() {
             Some(Ok((id, _))) => Ok(id.to_string()),

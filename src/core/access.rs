@@ -135,6 +135,17 @@ impl Caller {
         self.hangup.0.as_ref().is_some_and(|h| h.is_gone())
     }
 
+    /// The client `identity` a peer acts for (`forwarded_for`), on this caller's
+    /// connection: its rules apply, not the peer's.
+    pub fn acting_as(&self, identity: &str) -> Caller {
+        Caller {
+            identity: identity.to_string(),
+            trusted: false,
+            hangup: self.hangup.clone(),
+            peer_mark: PeerMarkSignal::default(),
+        }
+    }
+
     pub fn anonymous() -> Caller {
         Caller::new(crate::tls::ANONYMOUS)
     }

@@ -119,7 +119,9 @@ impl Host {
             } else {
                 Vec::new()
             };
-            let out = self.dequeue_once(&wanted, local_only).await?;
+            let out = self
+                .dequeue_once(&wanted, local_only, self.acting_identity(caller))
+                .await?;
             if !out.is_empty()
                 || notified.is_empty()
                 || self.waiters.is_closing()
@@ -166,6 +168,7 @@ impl Host {
         &self,
         wanted: &[(TopicName, usize, Option<Head>)],
         local_only: bool,
+        acting: Option<&str>,
     ) -> Result<Vec<Item>> {
         // A topic whose shards fail is skipped (its items are delayed, not lost) rather
         // than failing the request and stranding what other topics already leased.
@@ -184,7 +187,10 @@ impl Host {
             if count == 0 {
                 break;
             }
-            match self.dequeue_across(name, count, local_only, *before).await {
+            match self
+                .dequeue_across(name, count, local_only, *before, acting)
+                .await
+            {
                 Ok(items) => {
                     bytes += items.iter().map(wire_bytes).sum::<usize>();
                     out.extend(items);

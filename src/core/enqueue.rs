@@ -35,17 +35,21 @@ impl Host {
     /// `forwarded_by` is set when a peer forwarded the request: it is then served here or
     /// failed, never forwarded again, and its quota was charged by that peer;
     /// `forward_token` is that peer's token for it, under which the items are marked as
-    /// they are stored (see `enqueue_doubt`).
+    /// they are stored (see `enqueue_doubt`); `forwarded_for` the client it acts for,
+    /// whose rights are checked here again (this host's rules may differ).
     pub async fn enqueue(
         &self,
         caller: &Caller,
         items: Vec<EnqueueRequestItem>,
-        forwarded_by: Option<&str>,
+        (forwarded_by, forwarded_for): (Option<&str>, Option<&str>),
         forward_token: Option<i64>,
     ) -> Result<Vec<EnqueueOutcome>> {
         super::host::check_batch(items.len(), "items")?;
-        // A forwarding peer checked its caller's items before forwarding them.
-        let caller = self.access.acting_for(caller, forwarded_by, None)?;
+        let caller = self
+            .access
+            .acting_for(caller, forwarded_by, forwarded_for)?;
+        // Whom a peer this enqueue goes on to checks (see `acting_identity`).
+        let acting = self.acting_identity(&caller);
         let forwarded = forwarded_by.is_some();
         let now = self.clock.now_ms();
         let mut results: Vec<Option<EnqueueOutcome>> = vec![None; items.len()];
@@ -110,7 +114,8 @@ impl Host {
             });
             (
                 positions,
-                self.enqueue_to(dest, items, forwarded, forward, now).await,
+                self.enqueue_to(dest, items, forwarded, forward, now, acting)
+                    .await,
             )
         }))
         .await;
@@ -221,6 +226,7 @@ impl Host {
         forwarded: bool,
         forward: Option<Forward>,
         now: i64,
+        acting: Option<&str>,
     ) -> Vec<EnqueueOutcome> {
         let n = items.len();
         // This namespace's turn at the shards (see `tenants`), held until the shard's
@@ -261,7 +267,7 @@ impl Host {
                 }
                 Err(e) => vec![Err(e); n],
             },
-            Dest::Peer(addr) => self.forward_enqueue(&addr, items, now).await,
+            Dest::Peer(addr) => self.forward_enqueue(&addr, items, now, acting).await,
             Dest::AnyLocal => {
                 // While a switch pauses this host's replicated shards, the batch waits
                 // for them (up to the hold), then goes to another host, then fails.
@@ -294,7 +300,7 @@ impl Host {
                 match self.cluster.spare_peer(forwarded) {
                     Some(addr) => {
                         tracing::debug!(peer = addr, error = %e, "forwarding an enqueue");
-                        self.forward_enqueue(&addr, items, now).await
+                        self.forward_enqueue(&addr, items, now, acting).await
                     }
                     None => vec![Err(e); n],
                 }
@@ -310,6 +316,7 @@ impl Host {
         addr: &str,
         items: Vec<NewItem>,
         now: i64,
+        acting: Option<&str>,
     ) -> Vec<EnqueueOutcome> {
         let n = items.len();
         let token = crate::store::new_batch_token(self.clock.now_ms());
@@ -318,7 +325,7 @@ impl Host {
         let mut results = match self
             .cluster
             .peers
-            .enqueue(addr, request, self.host_id(), token)
+            .enqueue(addr, request, self.host_id(), token, acting)
             .await
         {
             Ok(r) if r.len() == n => r,

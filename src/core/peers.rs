@@ -97,6 +97,7 @@ pub trait Peers: Send + Sync {
         items: Vec<EnqueueRequestItem>,
         from: &'a str,
         token: i64,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<EnqueueOutcome>>>;
     fn ack<'a>(
         &'a self,
@@ -135,18 +136,21 @@ pub trait Peers: Send + Sync {
         count: usize,
         before: Option<Head>,
         from: &'a str,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<Item>>>;
     fn peek<'a>(
         &'a self,
         addr: &'a str,
         topic: &'a TopicName,
         count: i32,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<Item>>>;
     /// The peer's counts and totals of a topic, and its oldest ready item's age.
     fn topic_stats<'a>(
         &'a self,
         addr: &'a str,
         topic: &'a TopicName,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(TopicSnapshot, i64)>>;
     fn dlq_list<'a>(
         &'a self,
@@ -154,17 +158,20 @@ pub trait Peers: Send + Sync {
         topic: &'a TopicName,
         limit: i32,
         after: Option<String>,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(Vec<DeadItem>, Option<String>)>>;
     fn dlq_requeue_all<'a>(
         &'a self,
         addr: &'a str,
         topic: &'a TopicName,
         max: Option<i64>,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Progress>>;
     fn dlq_purge<'a>(
         &'a self,
         addr: &'a str,
         topic: &'a TopicName,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Progress>>;
     /// The peer's own topics only (`local_only`).
     fn active_topics<'a>(
@@ -173,6 +180,7 @@ pub trait Peers: Send + Sync {
         ns: &'a str,
         limit: i32,
         after: Option<String>,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<ActiveTopicsPage>>;
     /// Its spare capacity and ready topics (`getHostInfo`).
     fn poll<'a>(&'a self, addr: &'a str) -> BoxFuture<'a, Result<PeerSummary>>;
@@ -209,6 +217,7 @@ impl Peers for NoPeers {
         _: Vec<EnqueueRequestItem>,
         _: &'a str,
         _: i64,
+        _: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<EnqueueOutcome>>> {
         no_peer(addr)
     }
@@ -253,6 +262,7 @@ impl Peers for NoPeers {
         _: usize,
         _: Option<Head>,
         _: &'a str,
+        _: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<Item>>> {
         no_peer(addr)
     }
@@ -261,6 +271,7 @@ impl Peers for NoPeers {
         addr: &'a str,
         _: &'a TopicName,
         _: i32,
+        _: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<Item>>> {
         no_peer(addr)
     }
@@ -268,6 +279,7 @@ impl Peers for NoPeers {
         &'a self,
         addr: &'a str,
         _: &'a TopicName,
+        _: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(TopicSnapshot, i64)>> {
         no_peer(addr)
     }
@@ -277,6 +289,7 @@ impl Peers for NoPeers {
         _: &'a TopicName,
         _: i32,
         _: Option<String>,
+        _: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(Vec<DeadItem>, Option<String>)>> {
         no_peer(addr)
     }
@@ -285,10 +298,16 @@ impl Peers for NoPeers {
         addr: &'a str,
         _: &'a TopicName,
         _: Option<i64>,
+        _: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Progress>> {
         no_peer(addr)
     }
-    fn dlq_purge<'a>(&'a self, addr: &'a str, _: &'a TopicName) -> BoxFuture<'a, Result<Progress>> {
+    fn dlq_purge<'a>(
+        &'a self,
+        addr: &'a str,
+        _: &'a TopicName,
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Progress>> {
         no_peer(addr)
     }
     fn active_topics<'a>(
@@ -297,6 +316,7 @@ impl Peers for NoPeers {
         _: &'a str,
         _: i32,
         _: Option<String>,
+        _: Option<&'a str>,
     ) -> BoxFuture<'a, Result<ActiveTopicsPage>> {
         no_peer(addr)
     }

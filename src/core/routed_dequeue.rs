@@ -151,6 +151,7 @@ impl Host {
         count: usize,
         local_only: bool,
         before: Option<Head>,
+        acting: Option<&str>,
     ) -> Result<Vec<Item>> {
         if local_only {
             return self.dequeue_topic(topic, count, before).await;
@@ -171,7 +172,10 @@ impl Host {
                 let Some(worst) = mine_in.checked_sub(1).map(|i| mine[i]) else {
                     break;
                 };
-                match self.ask(p, topic, count - remote.len(), Some(worst)).await {
+                match self
+                    .ask(p, topic, count - remote.len(), Some(worst), acting)
+                    .await
+                {
                     Ok(items) => remote.extend(items),
                     Err(e) => failure = Some(e),
                 }
@@ -213,7 +217,7 @@ impl Host {
                     .iter()
                     .zip(takes)
                     .filter(|(_, n)| *n > 0)
-                    .map(|(p, n)| async move { (n, self.ask(p, topic, n, bound).await) })
+                    .map(|(p, n)| async move { (n, self.ask(p, topic, n, bound, acting).await) })
                     .collect();
                 if asks.is_empty() {
                     break;
@@ -247,7 +251,7 @@ impl Host {
             // after it may fill the reply).
             for p in self.cluster.peers_with_ready(tier, topic) {
                 let want = count - got.len();
-                match self.ask(&p, topic, want, None).await {
+                match self.ask(&p, topic, want, None, acting).await {
                     Ok(items) => got.extend(items),
                     Err(e) => failure = Some(e),
                 }
@@ -279,11 +283,12 @@ impl Host {
         topic: &TopicName,
         want: usize,
         before: Option<Head>,
+        acting: Option<&str>,
     ) -> Result<Vec<Item>> {
         let r = self
             .cluster
             .peers
-            .dequeue(&p.addr, topic, want, before, self.host_id())
+            .dequeue(&p.addr, topic, want, before, self.host_id(), acting)
             .await;
         match &r {
             Ok(items) => match (before, items.last()) {

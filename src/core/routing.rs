@@ -191,13 +191,14 @@ impl Host {
         local_only: bool,
     ) -> Result<Vec<Item>> {
         self.allow(caller, ns, Kind::Consume)?;
+        let acting = self.acting_identity(caller);
         let mut items = self.local_peek(ns, topic, count).await?;
         let name = self.topic_name(ns, topic)?;
         let peers = self.tier_peers_of(ns, local_only);
         let pages = join_all(
             peers
                 .iter()
-                .map(|(_, addr)| self.cluster.peers.peek(addr, &name, count)),
+                .map(|(_, addr)| self.cluster.peers.peek(addr, &name, count, acting)),
         )
         .await;
         for p in pages.into_iter().flatten() {
@@ -217,6 +218,7 @@ impl Host {
         local_only: bool,
     ) -> Result<(TopicSnapshot, i64)> {
         self.allow(caller, ns, Kind::Consume)?;
+        let acting = self.acting_identity(caller);
         self.every_shard_owned(ns, local_only)?;
         let (mut all, mut age) = self.local_topic_stats(ns, topic).await?;
         let name = self.topic_name(ns, topic)?;
@@ -224,7 +226,7 @@ impl Host {
         let answers = join_all(
             peers
                 .iter()
-                .map(|(_, addr)| self.cluster.peers.topic_stats(addr, &name)),
+                .map(|(_, addr)| self.cluster.peers.topic_stats(addr, &name, acting)),
         )
         .await;
         for ((id, _), r) in peers.iter().zip(answers) {
@@ -251,6 +253,7 @@ impl Host {
         local_only: bool,
     ) -> Result<(Vec<DeadItem>, Option<String>)> {
         self.allow(caller, ns, Kind::Admin)?;
+        let acting = self.acting_identity(caller);
         self.every_shard_owned(ns, local_only)?;
         let (mut all, next) = self.local_dlq_list(ns, topic, limit, after.clone()).await?;
         let name = self.topic_name(ns, topic)?;
@@ -262,7 +265,7 @@ impl Host {
         let pages = join_all(peers.iter().map(|(_, addr)| {
             self.cluster
                 .peers
-                .dlq_list(addr, &name, limit, after.clone())
+                .dlq_list(addr, &name, limit, after.clone(), acting)
         }))
         .await;
         let mut more = next.is_some();
@@ -306,6 +309,7 @@ impl Host {
         local_only: bool,
     ) -> Result<Progress> {
         self.allow(caller, ns, Kind::Admin)?;
+        let acting = self.acting_identity(caller);
         self.every_shard_owned(ns, local_only)?;
         let until = Instant::now() + self.dlq_bound(local_only);
         let mut done = self.local_dlq_requeue_all(ns, topic, max, until).await?;
@@ -322,7 +326,7 @@ impl Host {
             done.add(
                 self.cluster
                     .peers
-                    .dlq_requeue_all(&addr, &name, left)
+                    .dlq_requeue_all(&addr, &name, left, acting)
                     .await
                     .map_err(|e| incomplete(&id, "requeue its dead letters", &e))?,
             );
@@ -339,6 +343,7 @@ impl Host {
         local_only: bool,
     ) -> Result<Progress> {
         self.allow(caller, ns, Kind::Admin)?;
+        let acting = self.acting_identity(caller);
         self.every_shard_owned(ns, local_only)?;
         // The peers purge at the same time as this host, each within its own bound.
         let until = Instant::now() + self.dlq_bound(local_only);
@@ -349,7 +354,7 @@ impl Host {
             join_all(
                 peers
                     .iter()
-                    .map(|(_, addr)| self.cluster.peers.dlq_purge(addr, &name)),
+                    .map(|(_, addr)| self.cluster.peers.dlq_purge(addr, &name, acting)),
             )
         );
         let mut done = local?;
@@ -371,6 +376,7 @@ impl Host {
         local_only: bool,
     ) -> Result<ActiveTopicsPage> {
         self.allow(caller, ns, Kind::Consume)?;
+        let acting = self.acting_identity(caller);
         let mut page = self.local_active_topics(ns, limit, after.clone()).await?;
         let me = self.host_id().to_string();
         for t in &mut page.topics {
@@ -397,7 +403,7 @@ impl Host {
                 let r = self
                     .cluster
                     .peers
-                    .active_topics(addr, ns, limit, after)
+                    .active_topics(addr, ns, limit, after, acting)
                     .await;
                 (id.to_string(), r)
             }

@@ -209,13 +209,19 @@ impl Host {
         Ok((acting, self.may_forward(forwarded_by)))
     }
 
+    /// The identity a call this host routes or forwards for `caller` names for the peer
+    /// to check (`forwarded_for`): none for this host's own calls.
+    pub(super) fn acting_identity<'a>(&self, caller: &'a Caller) -> Option<&'a str> {
+        (!caller.is_trusted()).then_some(caller.identity.as_str())
+    }
+
     /// How this host marks the per-item calls it forwards for `caller`: its own id, and
     /// the identity the owner must check.
     pub(super) fn forwarded_as<'a>(&'a self, caller: &'a Caller) -> Forwarded<'a> {
         // Named even when this host has no rules: the owner's rules may differ.
         Forwarded {
             by: self.host_id(),
-            for_identity: (!caller.is_trusted()).then_some(caller.identity.as_str()),
+            for_identity: self.acting_identity(caller),
         }
     }
 

@@ -37,7 +37,7 @@ pub(super) async fn execute(
                 .enqueue(
                     caller,
                     convert::enqueue_items(req.items),
-                    forwarder(&req.forwarded_by),
+                    (forwarder(&req.forwarded_by), req.forwarded_for.as_deref()),
                     req.forward_token,
                 )
                 .await
@@ -46,6 +46,14 @@ pub(super) async fn execute(
             Reply::Enqueue(t::FoqsEnqueueResult { result_value, err })
         }
         Call::Dequeue(req) => {
+            // A call a peer routed here acts for the client it names.
+            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return Reply::Dequeue(t::FoqsDequeueResult { result_value, err });
+                }
+            };
             let wait_ms = bounded_wait(req.wait_ms, client_timeout_ms);
             // A dequeue a peer routed here is served from this host's shards only.
             let local_only =
@@ -86,6 +94,17 @@ pub(super) async fn execute(
             Reply::Nack(t::FoqsNackResult { result_value, err })
         }
         Call::GetActiveTopics(req) => {
+            // A call a peer routed here acts for the client it names.
+            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult {
+                        result_value,
+                        err,
+                    });
+                }
+            };
             let ns = req.ns.unwrap_or_default();
             let r = host
                 .active_topics(
@@ -101,6 +120,14 @@ pub(super) async fn execute(
             Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
         }
         Call::TopicStats(req) => {
+            // A call a peer routed here acts for the client it names.
+            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return Reply::TopicStats(t::FoqsTopicStatsResult { result_value, err });
+                }
+            };
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .topic_stats(caller, &ns, &topic, req.local_only.unwrap_or(false))
@@ -110,6 +137,14 @@ pub(super) async fn execute(
             Reply::TopicStats(t::FoqsTopicStatsResult { result_value, err })
         }
         Call::DlqList(req) => {
+            // A call a peer routed here acts for the client it names.
+            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return Reply::DlqList(t::FoqsDlqListResult { result_value, err });
+                }
+            };
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .dlq_list(
@@ -149,6 +184,14 @@ pub(super) async fn execute(
             Reply::DlqRequeue(t::FoqsDlqRequeueResult { result_value, err })
         }
         Call::DlqRequeueAll(req) => {
+            // A call a peer routed here acts for the client it names.
+            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return Reply::DlqRequeueAll(t::FoqsDlqRequeueAllResult { result_value, err });
+                }
+            };
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .dlq_requeue_all(
@@ -167,6 +210,14 @@ pub(super) async fn execute(
             Reply::DlqRequeueAll(t::FoqsDlqRequeueAllResult { result_value, err })
         }
         Call::DlqPurge(req) => {
+            // A call a peer routed here acts for the client it names.
+            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return Reply::DlqPurge(t::FoqsDlqPurgeResult { result_value, err });
+                }
+            };
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .dlq_purge(caller, &ns, &topic, req.local_only.unwrap_or(false))
@@ -179,6 +230,14 @@ pub(super) async fn execute(
             Reply::DlqPurge(t::FoqsDlqPurgeResult { result_value, err })
         }
         Call::Peek(req) => {
+            // A call a peer routed here acts for the client it names.
+            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return Reply::Peek(t::FoqsPeekResult { result_value, err });
+                }
+            };
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .peek(

@@ -65,6 +65,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         out.push(m("enqueue", &|o| {
             t::FoqsEnqueueArgs {
                 req: t::EnqueueRequest {
+                    forwarded_for: None,
                     items: Some(vec![item.clone(), item.clone()]),
                     forwarded_by: None,
                     forward_token: None,
@@ -75,6 +76,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         out.push(m("dequeue", &|o| {
             t::FoqsDequeueArgs {
                 req: t::DequeueRequest {
+                    forwarded_for: None,
                     topics: Some(vec![topic("ns"), topic("other")]),
                     wait_ms: Some(10),
                     local_only: Some(false),
@@ -128,6 +130,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         out.push(m("getActiveTopics", &|o| {
             t::FoqsGetActiveTopicsArgs {
                 req: t::GetActiveTopicsRequest {
+                    forwarded_for: None,
                     ns: Some("ns".into()),
                     limit: Some(10),
                     after: Some("a".into()),
@@ -142,6 +145,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         out.push(m("peek", &|o| {
             t::FoqsPeekArgs {
                 req: t::PeekRequest {
+                    forwarded_for: None,
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
                     count: Some(3),
@@ -153,6 +157,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         out.push(m("topicStats", &|o| {
             t::FoqsTopicStatsArgs {
                 req: t::TopicStatsRequest {
+                    forwarded_for: None,
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
                     local_only: None,
@@ -163,6 +168,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         out.push(m("dlqList", &|o| {
             t::FoqsDlqListArgs {
                 req: t::DlqListRequest {
+                    forwarded_for: None,
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
                     limit: Some(10),
@@ -186,6 +192,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         out.push(m("dlqRequeueAll", &|o| {
             t::FoqsDlqRequeueAllArgs {
                 req: t::DlqRequeueAllRequest {
+                    forwarded_for: None,
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
                     max: Some(5),
@@ -227,6 +234,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         out.push(m("dlqPurge", &|o| {
             t::FoqsDlqPurgeArgs {
                 req: t::DlqPurgeRequest {
+                    forwarded_for: None,
                     ns: Some("ns".into()),
                     topic: Some("topic".into()),
                     local_only: None,

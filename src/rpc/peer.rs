@@ -57,9 +57,11 @@ impl Peers for PeerClient {
         items: Vec<EnqueueRequestItem>,
         from: &'a str,
         token: i64,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<EnqueueOutcome>>> {
         let args = t::FoqsEnqueueArgs {
             req: t::EnqueueRequest {
+                forwarded_for: acting.map(str::to_string),
                 items: Some(
                     items
                         .into_iter()
@@ -139,9 +141,11 @@ impl Peers for PeerClient {
         ns: &'a str,
         limit: i32,
         after: Option<String>,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<ActiveTopicsPage>> {
         let args = t::FoqsGetActiveTopicsArgs {
             req: t::GetActiveTopicsRequest {
+                forwarded_for: acting.map(str::to_string),
                 ns: Some(ns.to_string()),
                 limit: Some(limit),
                 after,
@@ -209,9 +213,11 @@ impl Peers for PeerClient {
         count: usize,
         before: Option<Head>,
         from: &'a str,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<Item>>> {
         let args = t::FoqsDequeueArgs {
             req: t::DequeueRequest {
+                forwarded_for: acting.map(str::to_string),
                 topics: Some(vec![t::TopicRequest {
                     ns: Some(topic.ns.clone()),
                     topic: Some(topic.topic.clone()),
@@ -242,9 +248,11 @@ impl Peers for PeerClient {
         addr: &'a str,
         topic: &'a TopicName,
         count: i32,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<Item>>> {
         let args = t::FoqsPeekArgs {
             req: t::PeekRequest {
+                forwarded_for: acting.map(str::to_string),
                 ns: Some(topic.ns.clone()),
                 topic: Some(topic.topic.clone()),
                 count: Some(count),
@@ -268,9 +276,11 @@ impl Peers for PeerClient {
         &'a self,
         addr: &'a str,
         topic: &'a TopicName,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(TopicSnapshot, i64)>> {
         let args = t::FoqsTopicStatsArgs {
             req: t::TopicStatsRequest {
+                forwarded_for: acting.map(str::to_string),
                 ns: Some(topic.ns.clone()),
                 topic: Some(topic.topic.clone()),
                 local_only: Some(true),
@@ -292,9 +302,11 @@ impl Peers for PeerClient {
         topic: &'a TopicName,
         limit: i32,
         after: Option<String>,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(Vec<DeadItem>, Option<String>)>> {
         let args = t::FoqsDlqListArgs {
             req: t::DlqListRequest {
+                forwarded_for: acting.map(str::to_string),
                 ns: Some(topic.ns.clone()),
                 topic: Some(topic.topic.clone()),
                 limit: Some(limit),
@@ -355,9 +367,11 @@ impl Peers for PeerClient {
         addr: &'a str,
         topic: &'a TopicName,
         max: Option<i64>,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Progress>> {
         let args = t::FoqsDlqRequeueAllArgs {
             req: t::DlqRequeueAllRequest {
+                forwarded_for: acting.map(str::to_string),
                 ns: Some(topic.ns.clone()),
                 topic: Some(topic.topic.clone()),
                 max,
@@ -378,9 +392,11 @@ impl Peers for PeerClient {
         &'a self,
         addr: &'a str,
         topic: &'a TopicName,
+        acting: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Progress>> {
         let args = t::FoqsDlqPurgeArgs {
             req: t::DlqPurgeRequest {
+                forwarded_for: acting.map(str::to_string),
                 ns: Some(topic.ns.clone()),
                 topic: Some(topic.topic.clone()),
                 local_only: Some(true),

@@ -154,6 +154,7 @@ impl Worker {
                 let topic = &o.topics[next_topic % o.topics.len()];
                 next_topic += 1;
                 let req = DequeueRequest {
+                    forwarded_for: None,
                     topics: Some(vec![TopicRequest {
                         ns: Some(o.ns.clone()),
                         topic: Some(topic.clone()),

@@ -479,14 +479,16 @@ class EnqueueRequest(object):
      - items
      - forwarded_by
      - forward_token
+     - forwarded_for
 
     """
 
 
-    def __init__(self, items=None, forwarded_by=None, forward_token=None,):
+    def __init__(self, items=None, forwarded_by=None, forward_token=None, forwarded_for=None,):
         self.items = items
         self.forwarded_by = forwarded_by
         self.forward_token = forward_token
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -518,6 +520,11 @@ class EnqueueRequest(object):
                     self.forward_token = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -542,6 +549,10 @@ class EnqueueRequest(object):
         if self.forward_token is not None:
             oprot.writeFieldBegin('forward_token', TType.I64, 3)
             oprot.writeI64(self.forward_token)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 4)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -815,15 +826,17 @@ class DequeueRequest(object):
      - wait_ms
      - local_only
      - forwarded_by
+     - forwarded_for
 
     """
 
 
-    def __init__(self, topics=None, wait_ms=None, local_only=None, forwarded_by=None,):
+    def __init__(self, topics=None, wait_ms=None, local_only=None, forwarded_by=None, forwarded_for=None,):
         self.topics = topics
         self.wait_ms = wait_ms
         self.local_only = local_only
         self.forwarded_by = forwarded_by
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -860,6 +873,11 @@ class DequeueRequest(object):
                     self.forwarded_by = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -888,6 +906,10 @@ class DequeueRequest(object):
         if self.forwarded_by is not None:
             oprot.writeFieldBegin('forwarded_by', TType.STRING, 4)
             oprot.writeString(self.forwarded_by.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_by)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 5)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1909,15 +1931,17 @@ class PeekRequest(object):
      - topic
      - count
      - local_only
+     - forwarded_for
 
     """
 
 
-    def __init__(self, ns=None, topic=None, count=None, local_only=None,):
+    def __init__(self, ns=None, topic=None, count=None, local_only=None, forwarded_for=None,):
         self.ns = ns
         self.topic = topic
         self.count = count
         self.local_only = local_only
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1948,6 +1972,11 @@ class PeekRequest(object):
                     self.local_only = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1973,6 +2002,10 @@ class PeekRequest(object):
         if self.local_only is not None:
             oprot.writeFieldBegin('local_only', TType.BOOL, 4)
             oprot.writeBool(self.local_only)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 5)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2135,16 +2168,18 @@ class DlqListRequest(object):
      - limit
      - after
      - local_only
+     - forwarded_for
 
     """
 
 
-    def __init__(self, ns=None, topic=None, limit=None, after=None, local_only=None,):
+    def __init__(self, ns=None, topic=None, limit=None, after=None, local_only=None, forwarded_for=None,):
         self.ns = ns
         self.topic = topic
         self.limit = limit
         self.after = after
         self.local_only = local_only
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2180,6 +2215,11 @@ class DlqListRequest(object):
                     self.local_only = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2209,6 +2249,10 @@ class DlqListRequest(object):
         if self.local_only is not None:
             oprot.writeFieldBegin('local_only', TType.BOOL, 5)
             oprot.writeBool(self.local_only)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 6)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2476,15 +2520,17 @@ class DlqRequeueAllRequest(object):
      - topic
      - max
      - local_only
+     - forwarded_for
 
     """
 
 
-    def __init__(self, ns=None, topic=None, max=None, local_only=None,):
+    def __init__(self, ns=None, topic=None, max=None, local_only=None, forwarded_for=None,):
         self.ns = ns
         self.topic = topic
         self.max = max
         self.local_only = local_only
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2515,6 +2561,11 @@ class DlqRequeueAllRequest(object):
                     self.local_only = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2541,6 +2592,10 @@ class DlqRequeueAllRequest(object):
             oprot.writeFieldBegin('local_only', TType.BOOL, 4)
             oprot.writeBool(self.local_only)
             oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 5)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
+            oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
 
@@ -2565,14 +2620,16 @@ class DlqPurgeRequest(object):
      - ns
      - topic
      - local_only
+     - forwarded_for
 
     """
 
 
-    def __init__(self, ns=None, topic=None, local_only=None,):
+    def __init__(self, ns=None, topic=None, local_only=None, forwarded_for=None,):
         self.ns = ns
         self.topic = topic
         self.local_only = local_only
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2598,6 +2655,11 @@ class DlqPurgeRequest(object):
                     self.local_only = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2619,6 +2681,10 @@ class DlqPurgeRequest(object):
         if self.local_only is not None:
             oprot.writeFieldBegin('local_only', TType.BOOL, 3)
             oprot.writeBool(self.local_only)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 4)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2712,14 +2778,16 @@ class TopicStatsRequest(object):
      - ns
      - topic
      - local_only
+     - forwarded_for
 
     """
 
 
-    def __init__(self, ns=None, topic=None, local_only=None,):
+    def __init__(self, ns=None, topic=None, local_only=None, forwarded_for=None,):
         self.ns = ns
         self.topic = topic
         self.local_only = local_only
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2745,6 +2813,11 @@ class TopicStatsRequest(object):
                     self.local_only = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2766,6 +2839,10 @@ class TopicStatsRequest(object):
         if self.local_only is not None:
             oprot.writeFieldBegin('local_only', TType.BOOL, 3)
             oprot.writeBool(self.local_only)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 4)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2948,15 +3025,17 @@ class GetActiveTopicsRequest(object):
      - limit
      - after
      - local_only
+     - forwarded_for
 
     """
 
 
-    def __init__(self, ns=None, limit=None, after=None, local_only=None,):
+    def __init__(self, ns=None, limit=None, after=None, local_only=None, forwarded_for=None,):
         self.ns = ns
         self.limit = limit
         self.after = after
         self.local_only = local_only
+        self.forwarded_for = forwarded_for
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2987,6 +3066,11 @@ class GetActiveTopicsRequest(object):
                     self.local_only = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.forwarded_for = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3012,6 +3096,10 @@ class GetActiveTopicsRequest(object):
         if self.local_only is not None:
             oprot.writeFieldBegin('local_only', TType.BOOL, 4)
             oprot.writeBool(self.local_only)
+            oprot.writeFieldEnd()
+        if self.forwarded_for is not None:
+            oprot.writeFieldBegin('forwarded_for', TType.STRING, 5)
+            oprot.writeString(self.forwarded_for.encode('utf-8') if sys.version_info[0] == 2 else self.forwarded_for)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5178,6 +5266,7 @@ EnqueueRequest.thrift_spec = (
     (1, TType.LIST, 'items', (TType.STRUCT, [EnqueueItem, None], False), None, ),  # 1
     (2, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 2
     (3, TType.I64, 'forward_token', None, None, ),  # 3
+    (4, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 4
 )
 all_structs.append(EnqueueResult)
 EnqueueResult.thrift_spec = (
@@ -5207,6 +5296,7 @@ DequeueRequest.thrift_spec = (
     (2, TType.I64, 'wait_ms', None, None, ),  # 2
     (3, TType.BOOL, 'local_only', None, None, ),  # 3
     (4, TType.STRING, 'forwarded_by', 'UTF8', None, ),  # 4
+    (5, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 5
 )
 all_structs.append(Item)
 Item.thrift_spec = (
@@ -5297,6 +5387,7 @@ PeekRequest.thrift_spec = (
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.I32, 'count', None, None, ),  # 3
     (4, TType.BOOL, 'local_only', None, None, ),  # 4
+    (5, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 5
 )
 all_structs.append(PeekResponse)
 PeekResponse.thrift_spec = (
@@ -5317,6 +5408,7 @@ DlqListRequest.thrift_spec = (
     (3, TType.I32, 'limit', None, None, ),  # 3
     (4, TType.STRING, 'after', 'UTF8', None, ),  # 4
     (5, TType.BOOL, 'local_only', None, None, ),  # 5
+    (6, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 6
 )
 all_structs.append(DlqListResponse)
 DlqListResponse.thrift_spec = (
@@ -5344,6 +5436,7 @@ DlqRequeueAllRequest.thrift_spec = (
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.I64, 'max', None, None, ),  # 3
     (4, TType.BOOL, 'local_only', None, None, ),  # 4
+    (5, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 5
 )
 all_structs.append(DlqPurgeRequest)
 DlqPurgeRequest.thrift_spec = (
@@ -5351,6 +5444,7 @@ DlqPurgeRequest.thrift_spec = (
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.BOOL, 'local_only', None, None, ),  # 3
+    (4, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 4
 )
 all_structs.append(DlqCountResponse)
 DlqCountResponse.thrift_spec = (
@@ -5364,6 +5458,7 @@ TopicStatsRequest.thrift_spec = (
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'topic', 'UTF8', None, ),  # 2
     (3, TType.BOOL, 'local_only', None, None, ),  # 3
+    (4, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 4
 )
 all_structs.append(TopicStats)
 TopicStats.thrift_spec = (
@@ -5386,6 +5481,7 @@ GetActiveTopicsRequest.thrift_spec = (
     (2, TType.I32, 'limit', None, None, ),  # 2
     (3, TType.STRING, 'after', 'UTF8', None, ),  # 3
     (4, TType.BOOL, 'local_only', None, None, ),  # 4
+    (5, TType.STRING, 'forwarded_for', 'UTF8', None, ),  # 5
 )
 all_structs.append(ActiveTopic)
 ActiveTopic.thrift_spec = (

@@ -298,6 +298,7 @@ fn dequeue_before(
     use foqs::thrift_gen::TFoqsSyncClient;
     c.call(|c| {
         c.dequeue(foqs::thrift_gen::DequeueRequest {
+            forwarded_for: None,
             topics: Some(vec![foqs::thrift_gen::TopicRequest {
                 before_priority: before.0,
                 before_deliver_after_ms: before.1,

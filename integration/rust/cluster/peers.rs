@@ -140,6 +140,7 @@ async fn only_a_connection_with_the_clusters_secret_is_a_peer() {
     let mut client = Client::connect(b.addr, Proto::Binary);
     let forged = client.call(|c| {
         c.enqueue(EnqueueRequest {
+            forwarded_for: None,
             items: Some(vec![item("g", "t", 0, b"forged")]),
             forwarded_by: Some("a".into()),
             forward_token: None,

@@ -85,6 +85,7 @@ async fn an_enqueue_forwarded_to_a_peer_killed_mid_call_is_answered_with_what_ha
             it.dedup_key = Some(k);
             let started = Instant::now();
             let r = c.enqueue(EnqueueRequest {
+                forwarded_for: None,
                 items: Some(vec![it]),
                 forwarded_by: None,
                 forward_token: None,

@@ -354,6 +354,7 @@ impl Client {
     pub fn try_enqueue(&mut self, items: Vec<EnqueueItem>) -> thrift::Result<Vec<EnqueueResult>> {
         self.call(|c| {
             c.enqueue(EnqueueRequest {
+                forwarded_for: None,
                 items: Some(items),
                 forwarded_by: None,
                 forward_token: None,
@@ -386,6 +387,7 @@ impl Client {
     ) -> thrift::Result<Vec<Item>> {
         self.call(|c| {
             c.dequeue(DequeueRequest {
+                forwarded_for: None,
                 topics: Some(topics),
                 wait_ms,
                 local_only: None,
@@ -435,6 +437,7 @@ impl Client {
         after: Option<&str>,
     ) -> thrift::Result<GetActiveTopicsResponse> {
         let req = GetActiveTopicsRequest {
+            forwarded_for: None,
             ns: Some(ns.into()),
             limit,
             after: after.map(str::to_string),
@@ -484,6 +487,7 @@ impl Client {
 
     pub fn try_peek(&mut self, ns: &str, topic: &str, count: i32) -> thrift::Result<Vec<Item>> {
         let req = PeekRequest {
+            forwarded_for: None,
             ns: Some(ns.into()),
             topic: Some(topic.into()),
             count: Some(count),
@@ -494,6 +498,7 @@ impl Client {
 
     pub fn stats(&mut self, ns: &str, topic: &str) -> TopicStats {
         let req = TopicStatsRequest {
+            forwarded_for: None,
             ns: Some(ns.into()),
             topic: Some(topic.into()),
             local_only: None,
@@ -632,7 +637,7 @@ pub async fn enqueue_one(
                 payload: payload.to_vec(),
                 ..Default::default()
             }],
-            None,
+            (None, None),
             None,
         )
         .await

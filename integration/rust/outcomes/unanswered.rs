@@ -170,7 +170,12 @@ async fn a_requeue_whose_answer_was_lost_is_answered_with_what_happened() {
         ..Default::default()
     };
     let ids: Vec<String> = host
-        .enqueue(&caller, vec![item("dead"), item("live")], None, None)
+        .enqueue(
+            &caller,
+            vec![item("dead"), item("live")],
+            (None, None),
+            None,
+        )
         .await
         .unwrap()
         .into_iter()

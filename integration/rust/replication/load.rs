@@ -100,6 +100,7 @@ impl Load {
                         .collect();
                     seq += 5;
                     match cl.enqueue(EnqueueRequest {
+                        forwarded_for: None,
                         items: Some(items),
                         forwarded_by: None,
                         forward_token: None,
@@ -155,6 +156,7 @@ impl Load {
                     let Some(cl) = c.as_mut() else { continue };
                     let item = foqs::client::new_item(QUOTA_NS, "t", 0, b"q".to_vec());
                     match cl.enqueue(EnqueueRequest {
+                        forwarded_for: None,
                         items: Some(vec![item]),
                         forwarded_by: None,
                         forward_token: None,
@@ -417,6 +419,7 @@ impl AmoLoad {
                     let mut item = foqs::client::new_item(NS, AMO_TOPIC, 0, pl.as_bytes().to_vec());
                     item.policy = Some(DeliveryPolicy::AT_MOST_ONCE);
                     match cl.enqueue(EnqueueRequest {
+                        forwarded_for: None,
                         items: Some(vec![item]),
                         forwarded_by: None,
                         forward_token: None,
@@ -519,6 +522,7 @@ fn call_error(e: &thrift::Error) -> String {
 /// A dequeue of up to `count` items of the drill's namespace's `topic`.
 fn dequeue_request(topic: &str, count: i32) -> DequeueRequest {
     DequeueRequest {
+        forwarded_for: None,
         topics: Some(vec![TopicRequest {
             ns: Some(NS.into()),
             topic: Some(topic.into()),

@@ -190,6 +190,7 @@ impl Run {
                 }
                 let t = Instant::now();
                 let r = c.enqueue(EnqueueRequest {
+                    forwarded_for: None,
                     items: Some(batch),
                     forwarded_by: None,
                     forward_token: None,
@@ -221,6 +222,7 @@ impl Run {
             let consumer = s.spawn(|| -> anyhow::Result<()> {
                 let mut c = self.client()?;
                 let req = DequeueRequest {
+                    forwarded_for: None,
                     topics: Some(vec![TopicRequest {
                         ns: Some(self.args.ns.clone()),
                         topic: Some(topic.clone()),
@@ -263,6 +265,7 @@ impl Run {
                 // The consumer sent its poll; give it time to reach foqsd and park.
                 std::thread::sleep(Duration::from_millis(2));
                 producer.enqueue(EnqueueRequest {
+                    forwarded_for: None,
                     items: Some(vec![new_item(&self.args.ns, &topic, 0, payload.clone())]),
                     forwarded_by: None,
                     forward_token: None,
@@ -291,6 +294,7 @@ impl Run {
         let done = AtomicU64::new(0);
         let acks = std::sync::Mutex::new(Vec::new());
         let req = DequeueRequest {
+            forwarded_for: None,
             topics: Some(vec![TopicRequest {
                 ns: Some(self.args.ns.clone()),
                 topic: Some(self.topic.clone()),

@@ -49,6 +49,7 @@ impl Refusals {
 impl Run {
     fn topic_request(&self, count: usize) -> DequeueRequest {
         DequeueRequest {
+            forwarded_for: None,
             topics: Some(vec![TopicRequest {
                 ns: Some(self.args.ns.clone()),
                 topic: Some(self.topic.clone()),
@@ -118,6 +119,7 @@ impl Run {
             .map(|_| new_item(&self.args.ns, &self.topic, 0, payload.clone()))
             .collect();
         let r = c.enqueue(EnqueueRequest {
+            forwarded_for: None,
             items: Some(items),
             forwarded_by: None,
             forward_token: None,

@@ -19,6 +19,7 @@ pub fn run(c: &mut SyncClient, cmd: &DlqCmd, json: bool) -> Result<Outcome, Stri
         } => {
             let r = c
                 .dlq_list(DlqListRequest {
+                    forwarded_for: None,
                     ns: Some(ns.clone()),
                     topic: Some(topic.clone()),
                     limit: *limit,
@@ -60,6 +61,7 @@ pub fn run(c: &mut SyncClient, cmd: &DlqCmd, json: bool) -> Result<Outcome, Stri
         DlqCmd::RequeueAll { ns, topic, max } => {
             let n = until_done(*max, |left| {
                 c.dlq_requeue_all(DlqRequeueAllRequest {
+                    forwarded_for: None,
                     ns: Some(ns.clone()),
                     topic: Some(topic.clone()),
                     max: left,
@@ -72,6 +74,7 @@ pub fn run(c: &mut SyncClient, cmd: &DlqCmd, json: bool) -> Result<Outcome, Stri
         DlqCmd::Purge { ns, topic } => {
             let n = until_done(None, |_| {
                 c.dlq_purge(DlqPurgeRequest {
+                    forwarded_for: None,
                     ns: Some(ns.clone()),
                     topic: Some(topic.clone()),
                     local_only: None,

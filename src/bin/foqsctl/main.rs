@@ -204,6 +204,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             it.max_attempts = *max_attempts;
             let r = c
                 .enqueue(EnqueueRequest {
+                    forwarded_for: None,
                     items: Some(vec![it]),
                     forwarded_by: None,
                     forward_token: None,
@@ -237,6 +238,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             raw,
         } => {
             let req = DequeueRequest {
+                forwarded_for: None,
                 topics: Some(vec![TopicRequest {
                     ns: Some(ns.clone()),
                     topic: Some(topic.clone()),
@@ -319,6 +321,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
             raw,
         } => {
             let req = PeekRequest {
+                forwarded_for: None,
                 ns: Some(ns.clone()),
                 topic: Some(topic.clone()),
                 count: Some(*count),
@@ -333,6 +336,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
         Cmd::Topics { ns, limit, after } => {
             let r = c
                 .get_active_topics(GetActiveTopicsRequest {
+                    forwarded_for: None,
                     ns: Some(ns.clone()),
                     limit: *limit,
                     after: after.clone(),
@@ -364,6 +368,7 @@ fn run(c: &mut SyncClient, cli: &Cli) -> Result<Outcome, String> {
         Cmd::Stats { ns, topic } => {
             let s = c
                 .topic_stats(TopicStatsRequest {
+                    forwarded_for: None,
                     ns: Some(ns.clone()),
                     topic: Some(topic.clone()),
                     local_only: None,

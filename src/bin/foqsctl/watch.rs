@@ -36,6 +36,7 @@ fn topics(c: &mut SyncClient, a: &WatchArgs) -> Result<Vec<String>, String> {
     for _ in 0..100 {
         let r = c
             .get_active_topics(GetActiveTopicsRequest {
+                forwarded_for: None,
                 ns: Some(a.ns.clone()),
                 limit: Some(1000),
                 after: after.clone(),
@@ -68,6 +69,7 @@ pub fn watch(c: &mut SyncClient, a: &WatchArgs, as_json: bool) -> Result<Outcome
         for name in names {
             let s = c
                 .topic_stats(TopicStatsRequest {
+                    forwarded_for: None,
                     ns: Some(a.ns.clone()),
                     topic: Some(name.clone()),
                     local_only: None,
