@@ -117,9 +117,32 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
                 c.manager.name()
             ))
         }
+        Ok(None)
+            if c.manager != ManagerKind::Single
+                && s.tls.as_ref().is_none_or(|t| t.client_ca_file.is_none()) =>
+        {
+            // Peers by certificate only, but no client certificates asked for: every
+            // caller is anonymous, so no peer would ever be recognised.
+            problems.push(
+                "peers proven by certificate ([[access]] allow = [\"peer\"], no cluster.peer_secret) \
+                 need server.tls.client_ca_file: without client certificates no caller has an identity"
+                    .into(),
+            )
+        }
         Ok(_) => {}
     }
     for (i, rule) in cfg.access.iter().enumerate() {
+        // A peer may do everything, for anyone: a rule that makes every client one (or
+        // every client without a certificate) would open the whole cluster.
+        if rule.allow.contains(&super::Kind::Peer)
+            && (rule.identity == "*" || rule.identity == crate::tls::ANONYMOUS)
+        {
+            problems.push(format!(
+                "access entry {} ({:?}): \"peer\" must name a host's certificate identity, not every client",
+                i + 1,
+                rule.identity
+            ));
+        }
         if rule.identity.is_empty() {
             problems.push(format!("access entry {}: identity is empty", i + 1));
         }
@@ -248,5 +271,13 @@ mod tests {
         let both = format!("{from_file}peer_secret = \"0123456789abcdef\"\n");
         assert!(problems(&cluster(&both)).contains("give one"));
         std::fs::remove_file(&file).unwrap();
+        // Peers by certificate: a rule naming a host, and client certificates asked for.
+        let by_cert = cluster("").replace(
+            "[cluster]",
+            "[[access]]\nidentity = \"host-2\"\nnamespaces = []\nallow = [\"peer\"]\n[cluster]",
+        );
+        assert!(problems(&by_cert).contains("need server.tls.client_ca_file"));
+        let everyone = by_cert.replace("identity = \"host-2\"", "identity = \"*\"");
+        assert!(problems(&everyone).contains("must name a host's certificate identity"));
     }
 }

@@ -280,14 +280,19 @@ impl Access {
         forwarded_by: Option<&str>,
         forwarded_for: Option<&str>,
     ) -> Result<Caller> {
-        let Some(by) = forwarded_by else {
+        let forwarded_for = forwarded_for.filter(|s| !s.is_empty());
+        if forwarded_by.is_none() && forwarded_for.is_none() {
             return Ok(caller.clone());
-        };
+        }
         if !self.is_peer(caller) {
-            return Err(not_a_peer(caller, &format!("forwarded_by = {by:?}")));
+            let what = match (forwarded_by, forwarded_for) {
+                (Some(by), _) => format!("forwarded_by = {by:?}"),
+                _ => "forwarded_for".to_string(),
+            };
+            return Err(not_a_peer(caller, &what));
         }
         Ok(match forwarded_for {
-            Some(id) => Caller::new(id),
+            Some(id) => caller.acting_as(id),
             None => Caller::trusted(),
         })
     }
@@ -380,6 +385,10 @@ mod tests {
             assert!(!access.allows(&client, "", Kind::Peer));
             let e = access.acting_for(&client, Some("h2"), None).unwrap_err();
             assert_eq!(e.code, ErrorCode::PermissionDenied);
+            // Nor may it name another client without forwarded_by.
+            let e = access.acting_for(&client, None, Some("ops")).unwrap_err();
+            assert_eq!(e.code, ErrorCode::PermissionDenied);
+            assert_eq!(access.acting_for(&client, None, Some("")).unwrap(), client);
         }
         // A single host has no peers, whatever its rules say.
         let single = Access::new(vec![rule("host-2", &[], &[Kind::Peer])]);

@@ -137,12 +137,16 @@ pub async fn serve(
         // An address at its own cap: one of its connections gives way (the others'
         // are not its to take); when all of them are writing answers, refused.
         let ip = peer.ip();
+        // One eviction per new connection: the address's own when it is at its cap (that
+        // frees a slot under the global cap too), else another when the host is full.
+        let mut evicted = false;
         if edge.table.count_of(ip) >= limits.connections_per_address_max {
             if !edge.table.evict_one(Some(ip)) {
                 refuse(&edge, peer, "address_cap");
                 continue;
             }
             edge.metrics.connection_evicted();
+            evicted = true;
         }
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
@@ -151,11 +155,13 @@ pub async fn serve(
                 // request (a long poll is answered empty and closed). When every
                 // connection is writing an answer, or the slot does not come free soon,
                 // the new one is refused at once: the listen backlog must not fill.
-                if !edge.table.evict_one(None) {
+                if !evicted && !edge.table.evict_one(None) {
                     refuse(&edge, peer, "connection_cap");
                     continue;
                 }
-                edge.metrics.connection_evicted();
+                if !evicted {
+                    edge.metrics.connection_evicted();
+                }
                 tokio::select! {
                     p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
                     _ = tokio::time::sleep(EVICT_WAIT_MAX) => {
@@ -166,10 +172,11 @@ pub async fn serve(
                 }
             }
         };
+        // Registered here, not in the task: the next accept counts it for its address.
+        let slot = edge.table.register(ip);
         let edge = edge.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let slot = edge.table.register(peer.ip());
             edge.metrics.connections_open.inc();
             let end = match connect(stream, peer, &edge, &slot, shutdown).await {
                 Ok(end) => end,

@@ -103,8 +103,10 @@ impl Counts {
 #[derive(Debug, Default)]
 pub struct NsCounts {
     /// Namespace → topic → counts; nested so that a change to a known topic allocates
-    /// nothing (it runs for every item the worker writes).
-    by_ns: HashMap<String, HashMap<String, Counts>>,
+    /// nothing (it runs for every item the worker writes). Topics in name order, so that a
+    /// page of getActiveTopics is a range, not a sort of every topic under the lock the
+    /// worker takes at every commit.
+    by_ns: HashMap<String, BTreeMap<String, Counts>>,
 }
 
 impl NsCounts {
@@ -122,7 +124,7 @@ impl NsCounts {
             return;
         }
         if !self.by_ns.contains_key(ns) {
-            self.by_ns.insert(ns.to_string(), HashMap::new());
+            self.by_ns.insert(ns.to_string(), BTreeMap::new());
         }
         let topics = self.by_ns.get_mut(ns).expect("just ensured");
         if !topics.contains_key(topic) {
@@ -201,7 +203,7 @@ impl NsCounts {
         self.add(ns, topic, to.0, to.1, 1);
     }
 
-    /// One topic's counts at `now_ms` (its oldest ready item to the second).
+    /// One topic's counts at `now_ms` (its oldest ready item: see [`Bucket`]).
     pub fn topic(&self, ns: &str, topic: &str, now_ms: i64) -> NsSnapshot {
         self.by_ns
             .get(ns)
@@ -219,22 +221,17 @@ impl NsCounts {
         limit: usize,
         now_ms: i64,
     ) -> Vec<crate::model::TopicCounts> {
+        use std::ops::Bound;
         let Some(topics) = self.by_ns.get(ns) else {
             return Vec::new();
         };
-        let mut names: Vec<&String> = topics
-            .iter()
-            .filter(|(name, c)| {
-                after.is_none_or(|a| name.as_str() > a) && (c.leased > 0 || !c.waiting.is_empty())
-            })
-            .map(|(name, _)| name)
-            .collect();
-        names.sort_unstable();
-        names.truncate(limit);
-        names
-            .into_iter()
-            .map(|name| {
-                let s = topics[name].snapshot(now_ms);
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        topics
+            .range::<str, _>((from, Bound::Unbounded))
+            .filter(|(_, c)| c.leased > 0 || !c.waiting.is_empty())
+            .take(limit)
+            .map(|(name, c)| {
+                let s = c.snapshot(now_ms);
                 crate::model::TopicCounts {
                     topic: name.clone(),
                     ready: s.ready,

@@ -145,6 +145,10 @@ impl MySqlStore {
             }
             last.push_str(s);
         }
+        // Until the transaction ends here, the connection is reset if it goes back to the
+        // pool (a store timeout drops this future between packets): the open transaction
+        // is rolled back, never committed half by the next `START TRANSACTION` on it.
+        conn.reset_connection(true);
         let mut r = Ok(());
         for p in packets {
             r = conn.query_drop(p).await;
@@ -156,15 +160,19 @@ impl MySqlStore {
             r = conn.query_drop("COMMIT").await;
         }
         match r {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                conn.reset_connection(false);
+                Ok(())
+            }
             Err(e) => {
                 // A statement failed: those after it, the COMMIT included, did not run,
                 // and the transaction is open on this connection: rolled back before the
-                // pool hands it out again. (A lost connection is not reused.)
+                // pool hands it out again (or reset, when the ROLLBACK fails). A lost
+                // connection is not reused.
                 let err = StoreError::from(e);
-                if !matches!(err, StoreError::Lost(_)) && conn.query_drop("ROLLBACK").await.is_err()
+                if !matches!(err, StoreError::Lost(_)) && conn.query_drop("ROLLBACK").await.is_ok()
                 {
-                    conn.reset_connection(true);
+                    conn.reset_connection(false);
                 }
                 Err(err)
             }
