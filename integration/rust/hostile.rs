@@ -400,3 +400,25 @@ async fn the_largest_enqueue_fits_the_databases_packet_limit() {
     assert_eq!(c.stats("big", "t").ready, Some(1000));
     server.stop().await;
 }
+
+/// A namespace's topics are bounded (`[[namespaces]] topics_max`): an enqueue that would
+/// start another topic past it is refused, one to a topic with items is not, and a
+/// drained topic makes room. (Before: a client could create topics without end.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_cannot_create_topics_without_end() {
+    let server = TestServer::start(1, "[[namespaces]]\nname = \"tm\"\ntopics_max = 3\n").await;
+    let mut c = server.client();
+    for t in ["t1", "t2", "t3"] {
+        c.enqueue(vec![item("tm", t, 0, b"x")]);
+    }
+    let r = c.try_enqueue(vec![item("tm", "t4", 0, b"x")]).unwrap();
+    let e = r[0].error.as_ref().expect("a fourth topic is refused");
+    assert_eq!(e.code, Some(ErrorCode::INVALID_ARGUMENT), "{e:?}");
+    assert!(e.message.as_deref().unwrap_or("").contains("topics_max"));
+    c.enqueue(vec![item("tm", "t1", 0, b"more")]);
+    // Drain t2: its place is free again.
+    let got = c.dequeue("tm", "t2", 10);
+    assert!(c.ack(&[got[0].id.clone().unwrap()])[0].error.is_none());
+    c.enqueue(vec![item("tm", "t4", 0, b"x")]);
+    server.stop().await;
+}

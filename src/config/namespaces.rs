@@ -40,7 +40,14 @@ pub struct NamespaceDefaults {
     /// How much of its rate a namespace's quota bucket holds, in ms of the rate: what a
     /// producer may send at once after being idle or held up (see `crate::quota`).
     pub quota_burst_ms: u64,
+    /// Topics with items a namespace may have on one shard: an enqueue that would start
+    /// another there is refused (a client creating topics without end grew every shard's
+    /// topic table and every per-topic structure for ever).
+    pub topics_max: u64,
 }
+
+/// `defaults.topics_max`'s default.
+pub const TOPICS_MAX_DEFAULT: u64 = 100_000;
 
 impl Default for NamespaceDefaults {
     fn default() -> Self {
@@ -52,6 +59,7 @@ impl Default for NamespaceDefaults {
             tier: TIER_DEFAULT.to_string(),
             enqueues_per_minute: None,
             quota_burst_ms: crate::quota::BURST_MS_DEFAULT,
+            topics_max: TOPICS_MAX_DEFAULT,
         }
     }
 }
@@ -70,6 +78,7 @@ pub struct NamespaceConfig {
     pub quota_burst_ms: Option<u64>,
     /// Overrides `engine.dlq_max_items_per_topic` for this namespace (0: unbounded).
     pub dlq_max_items_per_topic: Option<u64>,
+    pub topics_max: Option<u64>,
 }
 
 /// The effective settings of one namespace.
@@ -83,6 +92,8 @@ pub struct NamespacePolicy {
     pub enqueues_per_minute: Option<u64>,
     /// The quota bucket's size, in ms of the rate.
     pub quota_burst_ms: u64,
+    /// Topics with items the namespace may have on one shard.
+    pub topics_max: u64,
 }
 
 impl NamespacePolicy {
@@ -149,6 +160,16 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
             n.quota_burst_ms,
         )
     }));
+    let topics_max = std::iter::once(("defaults".to_string(), Some(d.topics_max))).chain(
+        cfg.namespaces
+            .iter()
+            .map(|n| (format!("namespace {:?}", n.name), n.topics_max)),
+    );
+    for (what, max) in topics_max {
+        if max == Some(0) {
+            problems.push(format!("{what}: topics_max must be > 0"));
+        }
+    }
     for (what, q, b) in quotas {
         if q == Some(0) {
             problems.push(format!(
@@ -205,6 +226,7 @@ impl Namespaces {
             max_attempts: d.max_attempts,
             enqueues_per_minute: d.enqueues_per_minute,
             quota_burst_ms: d.quota_burst_ms,
+            topics_max: d.topics_max,
         };
         let listed = cfg
             .namespaces
@@ -217,6 +239,7 @@ impl Namespaces {
                     max_attempts: n.max_attempts.unwrap_or(defaults.max_attempts),
                     enqueues_per_minute: n.enqueues_per_minute.or(defaults.enqueues_per_minute),
                     quota_burst_ms: n.quota_burst_ms.unwrap_or(defaults.quota_burst_ms),
+                    topics_max: n.topics_max.unwrap_or(defaults.topics_max),
                 };
                 (n.name.clone(), p)
             })

@@ -76,7 +76,10 @@ impl Host {
         let mut names: Vec<String> = Vec::new();
         let mut groups: BTreeMap<(Dest, usize), Vec<(usize, NewItem)>> = BTreeMap::new();
         for (i, n) in valid {
-            match self.destination(&n, forwarded) {
+            match self
+                .destination(&n, forwarded)
+                .and_then(|d| self.within_topics_max(&n, d))
+            {
                 Ok(d) => {
                     let ns = match d {
                         Dest::Peer(_) => 0,
@@ -306,6 +309,37 @@ impl Host {
                 }
             }
         }
+    }
+
+    /// `d`, unless `n` would start a topic past its namespace's `topics_max`: the topic has
+    /// no items on this host's shards and some shard holds `topics_max` topics of the
+    /// namespace already (so no shard passes it, but for enqueues running at once).
+    fn within_topics_max(&self, n: &NewItem, d: Dest) -> Result<Dest> {
+        if matches!(d, Dest::Peer(_)) {
+            return Ok(d);
+        }
+        let Some(max) = self.namespaces.get(&n.ns).map(|p| p.topics_max) else {
+            return Ok(d);
+        };
+        let mut most = 0;
+        for shard in self.shards().values() {
+            let (has, topics) = shard.topics_of(&n.ns, &n.topic);
+            if has {
+                return Ok(d);
+            }
+            most = most.max(topics);
+        }
+        if (most as u64) < max {
+            return Ok(d);
+        }
+        Err(Error::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "namespace {:?} has {most} topics with items on a shard of this host (topics_max = \
+                 {max}): enqueue to one of them, or raise its topics_max",
+                n.ns
+            ),
+        ))
     }
 
     /// Sends items to a peer as one request; each item gets the peer's answer for it. An

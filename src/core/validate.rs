@@ -174,6 +174,7 @@ mod tests {
         max_attempts: 5,
         enqueues_per_minute: None,
         quota_burst_ms: crate::quota::BURST_MS_DEFAULT,
+        topics_max: 100,
     };
 
     fn item() -> EnqueueRequestItem {

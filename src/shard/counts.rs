@@ -277,6 +277,13 @@ impl NsCounts {
             .is_some_and(|c| c.has_ready(now_ms))
     }
 
+    /// Whether `topic` of `ns` has items here, and how many topics of `ns` do.
+    pub fn topics_of(&self, ns: &str, topic: &str) -> (bool, usize) {
+        self.by_ns
+            .get(ns)
+            .map_or((false, 0), |t| (t.contains_key(topic), t.len()))
+    }
+
     /// How many items of one topic are dead.
     pub fn dead_of(&self, ns: &str, topic: &str) -> i64 {
         self.by_ns

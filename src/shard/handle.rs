@@ -478,6 +478,11 @@ impl ShardHandle {
         self.call(|reply| Command::Nack { nacks, reply }).await
     }
 
+    /// Whether `topic` of `ns` has items on this shard, and how many topics of `ns` do.
+    pub fn topics_of(&self, ns: &str, topic: &str) -> (bool, usize) {
+        self.counts().topics_of(ns, topic)
+    }
+
     /// The topics of `ns` with items on this shard (see [`NsCounts::active`]), from memory:
     /// listing them costs the shard's worker and storage nothing.
     pub fn topic_counts(
