@@ -2,8 +2,8 @@
 //! cap one gives way to a new one: the one that has waited longest without a request in
 //! progress (idle, or stuck in a partial frame or handshake); when there is none, the one
 //! whose request has waited longest (a long poll: it is answered empty, then closed). A
-//! connection writing its answer is never chosen. The same choice, among one address's
-//! connections, keeps an address within its own cap.
+//! connection writing its answer is never chosen, nor one a peer host logged in on. The
+//! same choice, among one address's connections, keeps an address within its own cap.
 //!
 //! Lock order: the table's lock is taken alone and never held across an `.await`.
 
@@ -36,6 +36,9 @@ struct Entry {
     kick: Arc<Notify>,
     /// Chosen to give way already: not chosen again.
     evicting: bool,
+    /// Another host's (logged in as a peer): never chosen, as cluster traffic is not a
+    /// client's to push out.
+    peer: bool,
 }
 
 #[derive(Default)]
@@ -69,6 +72,7 @@ impl ConnTable {
                 addr,
                 kick: kick.clone(),
                 evicting: false,
+                peer: false,
             },
         );
         ConnSlot {
@@ -90,7 +94,7 @@ impl ConnTable {
     pub fn count_of(&self, addr: IpAddr) -> usize {
         self.conns()
             .values()
-            .filter(|e| e.addr == addr && !e.evicting)
+            .filter(|e| e.addr == addr && !e.evicting && !e.peer)
             .count()
     }
 
@@ -100,7 +104,7 @@ impl ConnTable {
         let mut conns = self.conns();
         let candidates = conns
             .values_mut()
-            .filter(|e| !e.evicting && addr.is_none_or(|a| e.addr == a));
+            .filter(|e| !e.evicting && !e.peer && addr.is_none_or(|a| e.addr == a));
         // Idle or reading before waiting, then the longest in that state.
         let victim = candidates
             .filter(|e| e.state != ConnState::Busy)
@@ -117,6 +121,13 @@ impl ConnTable {
 }
 
 impl ConnSlot {
+    /// The connection is another host's: it never gives way, nor counts for its address.
+    pub fn mark_peer(&self) {
+        if let Some(e) = self.table.conns().get_mut(&self.id) {
+            e.peer = true;
+        }
+    }
+
     pub fn set(&self, state: ConnState) {
         if let Some(e) = self.table.conns().get_mut(&self.id) {
             e.state = state;
@@ -164,6 +175,12 @@ mod tests {
         assert!(kicked(&poll));
         // Only a busy connection is left.
         assert!(!t.evict_one(None));
+        // A peer's connection never gives way.
+        let p = t.register(A);
+        p.mark_peer();
+        assert!(!t.evict_one(None));
+        assert_eq!(t.count_of(A), 1, "the busy one; not the peer's");
+        drop(p);
         drop((b, c, poll));
         assert_eq!(t.len(), 1);
         drop(a);

@@ -360,6 +360,7 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     // request that is not answered at once.
     let mut early: Vec<u8> = Vec::new();
     let mut early_len = 0;
+    let mut peer_marked = false;
     loop {
         if *shutdown.borrow() {
             return Ok(End::Shutdown);
@@ -478,6 +479,10 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                     Err(_) => return Ok(End::FrameTimeout),
                 }
                 inbox.consume(consumed);
+                if !peer_marked && caller.logged_in_peer().is_some() {
+                    slot.mark_peer();
+                    peer_marked = true;
+                }
                 if close_after {
                     return Ok(End::Closed);
                 }
