@@ -472,3 +472,43 @@ async fn shards_reach_mysql_over_tls_and_are_refused_without_it() {
     }
     drop(db);
 }
+
+/// One TLS identity holds at most `server.connections_per_identity_max` connections,
+/// from any addresses: past it its own oldest idle connection gives way, and another
+/// identity's are untouched. (Before: only the global cap, which one identity could fill.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_is_held_to_its_own_connection_cap() {
+    let db = TestDb::new(1);
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nconnections_per_identity_max = 2\n{}\n{}\n{FAST_ENGINE}\n{RULES}",
+        server_tls(true),
+        db.shards_toml()
+    );
+    let cfg = Config::from_toml(&toml).unwrap();
+    let running = foqs::daemon::start(&cfg, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let addr = running.addr;
+    let mut bob = tls_client(addr, Some("bob")).unwrap();
+    assert!(bob.host_info().shards.is_some());
+    let mut first = tls_client(addr, Some("alice")).unwrap();
+    assert!(first.host_info().shards.is_some());
+    let mut second = tls_client(addr, Some("alice")).unwrap();
+    assert!(second.host_info().shards.is_some());
+    // A third alice connection: the first (idle longest) gives way.
+    let mut third = tls_client(addr, Some("alice")).unwrap();
+    assert!(third.host_info().shards.is_some());
+    let gone = eventually(
+        Duration::from_secs(5),
+        "alice's first connection closed",
+        || first.call(|c| c.get_host_info()).err(),
+    )
+    .await;
+    assert!(matches!(gone, thrift::Error::Transport(_)), "{gone:?}");
+    assert!(second.host_info().shards.is_some());
+    assert!(
+        bob.host_info().shards.is_some(),
+        "another identity is untouched"
+    );
+    running.shutdown().await;
+}

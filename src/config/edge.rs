@@ -46,6 +46,10 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
             "server.connections_per_address_max",
             s.connections_per_address_max as u64,
         ),
+        (
+            "server.connections_per_identity_max",
+            s.connections_per_identity_max as u64,
+        ),
     ] {
         if v == 0 {
             problems.push(format!("{name} must be > 0"));

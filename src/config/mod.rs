@@ -105,6 +105,9 @@ pub struct ServerConfig {
     /// Connections one client address may hold: at it, one of that address's own
     /// connections gives way to its new one, as at `max_connections` for all.
     pub connections_per_address_max: usize,
+    /// Connections one TLS client identity may hold, from any addresses: at it, one of
+    /// that identity's own connections gives way to its new one.
+    pub connections_per_identity_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -127,6 +130,7 @@ impl Default for ServerConfig {
             reply_items_max: 10_000,
             reply_bytes_max: 16 << 20,
             connections_per_address_max: 512,
+            connections_per_identity_max: 512,
         }
     }
 }

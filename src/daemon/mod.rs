@@ -353,6 +353,7 @@ async fn start_planned(
         idle_timeout_ms: cfg.server.idle_timeout_ms,
         handshake_timeout_ms: cfg.server.handshake_timeout_ms,
         connections_per_address_max: cfg.server.connections_per_address_max,
+        connections_per_identity_max: cfg.server.connections_per_identity_max,
     };
     let mut background = vec![
         tokio::spawn(

@@ -39,6 +39,8 @@ struct Entry {
     /// Another host's (logged in as a peer): never chosen, as cluster traffic is not a
     /// client's to push out.
     peer: bool,
+    /// The client's TLS identity, once its handshake is done.
+    identity: Option<Arc<str>>,
 }
 
 #[derive(Default)]
@@ -73,6 +75,7 @@ impl ConnTable {
                 kick: kick.clone(),
                 evicting: false,
                 peer: false,
+                identity: None,
             },
         );
         ConnSlot {
@@ -92,22 +95,38 @@ impl ConnTable {
 
     /// Connections open from `addr` that are not giving way already.
     pub fn count_of(&self, addr: IpAddr) -> usize {
+        self.count_where(|e| e.addr == addr)
+    }
+
+    /// Connections open with TLS identity `identity` that are not giving way already.
+    pub fn count_of_identity(&self, identity: &str) -> usize {
+        self.count_where(|e| e.identity.as_deref() == Some(identity))
+    }
+
+    fn count_where(&self, pick: impl Fn(&Entry) -> bool) -> usize {
         self.conns()
             .values()
-            .filter(|e| e.addr == addr && !e.evicting && !e.peer)
+            .filter(|e| !e.evicting && !e.peer && pick(e))
             .count()
     }
 
     /// Tells one connection to give way (see the module's notes), among those from `addr`
     /// when given; false when every one is writing an answer (or already giving way).
     pub fn evict_one(&self, addr: Option<IpAddr>) -> bool {
+        self.evict_where(|e| addr.is_none_or(|a| e.addr == a))
+    }
+
+    /// The same among the connections of one TLS identity.
+    pub fn evict_one_of_identity(&self, identity: &str) -> bool {
+        self.evict_where(|e| e.identity.as_deref() == Some(identity))
+    }
+
+    fn evict_where(&self, pick: impl Fn(&Entry) -> bool) -> bool {
         let mut conns = self.conns();
-        let candidates = conns
-            .values_mut()
-            .filter(|e| !e.evicting && !e.peer && addr.is_none_or(|a| e.addr == a));
         // Idle or reading before waiting, then the longest in that state.
-        let victim = candidates
-            .filter(|e| e.state != ConnState::Busy)
+        let victim = conns
+            .values_mut()
+            .filter(|e| !e.evicting && !e.peer && e.state != ConnState::Busy && pick(e))
             .min_by_key(|e| (e.state == ConnState::Waiting, e.since));
         match victim {
             Some(e) => {
@@ -121,6 +140,13 @@ impl ConnTable {
 }
 
 impl ConnSlot {
+    /// The client's TLS identity, known once its handshake is done.
+    pub fn set_identity(&self, identity: &str) {
+        if let Some(e) = self.table.conns().get_mut(&self.id) {
+            e.identity = Some(identity.into());
+        }
+    }
+
     /// The connection is another host's: it never gives way, nor counts for its address.
     pub fn mark_peer(&self) {
         if let Some(e) = self.table.conns().get_mut(&self.id) {
@@ -198,5 +224,12 @@ mod tests {
         assert!(kicked(&b1) && !kicked(&a1));
         assert_eq!(t.count_of(B), 0, "giving way already");
         assert!(!t.evict_one(Some(B)));
+        // The same by TLS identity.
+        let (x1, x2) = (t.register(A), t.register(B));
+        x1.set_identity("x");
+        x2.set_identity("x");
+        assert_eq!(t.count_of_identity("x"), 2);
+        assert!(t.evict_one_of_identity("x"));
+        assert!(kicked(&x1) && !kicked(&x2));
     }
 }

@@ -57,6 +57,8 @@ pub struct ServerLimits {
     pub handshake_timeout_ms: u64,
     /// Connections one address may hold (`server.connections_per_address_max`).
     pub connections_per_address_max: usize,
+    /// Connections one TLS identity may hold (`server.connections_per_identity_max`).
+    pub connections_per_identity_max: usize,
 }
 
 /// Why a connection ended, for the logs and the metrics.
@@ -261,6 +263,16 @@ async fn connect(
         _ = slot.kick.notified() => return Ok(End::Evicted),
     };
     let identity = crate::tls::identity(stream.get_ref().1.peer_certificates());
+    // One identity, whatever its addresses, within its own cap: past it one of its own
+    // connections gives way (this one, when the others are all writing answers).
+    if identity != crate::tls::ANONYMOUS {
+        slot.set_identity(&identity);
+        if edge.table.count_of_identity(&identity) > edge.limits.connections_per_identity_max
+            && edge.table.evict_one_of_identity(&identity)
+        {
+            edge.metrics.connection_evicted();
+        }
+    }
     // Debug-formatted: an identity is the client's text, and must not forge log lines.
     if let Some(skipped) = edge.log_pace.allow() {
         tracing::info!(%peer, identity = ?identity, skipped, "TLS connection");
