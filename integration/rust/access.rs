@@ -292,11 +292,9 @@ async fn anonymous_callers_get_only_what_star_grants() {
     srv.stop().await;
 }
 
-/// Two hosts of a static cluster, each with one shard, speaking mTLS to clients and to
-/// each other: an ack sent to host 1 for an item of host 2's shard is forwarded, and host 2
-/// checks the namespace for the client host 1 acts for.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn peers_forward_over_tls_and_the_owner_checks_the_client() {
+/// Two hosts of a static cluster, each with one shard (h0: shard 0, h1: shard 1), speaking
+/// mTLS to clients and to each other, host i under the access rules `rules[i]`.
+async fn tls_cluster(rules: [&str; 2]) -> (TestDb, Vec<foqs::daemon::Running>) {
     let dir = certs();
     let db = TestDb::new(2);
     let ports = [free_port(), free_port()];
@@ -311,12 +309,13 @@ async fn peers_forward_over_tls_and_the_owner_checks_the_client() {
     let mut running = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let toml = format!(
-            "[server]\nlisten = \"127.0.0.1:{}\"\nhost_id = \"h{i}\"\n{}\n{}\n{FAST_ENGINE}\n{RULES}\n\
+            "[server]\nlisten = \"127.0.0.1:{}\"\nhost_id = \"h{i}\"\n{}\n{}\n{FAST_ENGINE}\n{}\n\
              [cluster]\nmanager = \"static\"\npeer_poll_ms = 50\ntls_ca_file = \"{}\"\n\
              tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n{}",
             port,
             server_tls(true),
             db.shards_toml(),
+            rules[i],
             dir.join("ca.pem").display(),
             dir.join(format!("host-{}.pem", i + 1)).display(),
             dir.join(format!("host-{}.key", i + 1)).display(),
@@ -329,6 +328,15 @@ async fn peers_forward_over_tls_and_the_owner_checks_the_client() {
                 .unwrap(),
         );
     }
+    (db, running)
+}
+
+/// Two hosts of a static cluster, each with one shard, speaking mTLS to clients and to
+/// each other: an ack sent to host 1 for an item of host 2's shard is forwarded, and host 2
+/// checks the namespace for the client host 1 acts for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_forward_over_tls_and_the_owner_checks_the_client() {
+    let (_db, running) = tls_cluster([RULES, RULES]).await;
     let mut alice1 = tls_client(running[0].addr, Some("alice")).unwrap();
     let mut alice2 = tls_client(running[1].addr, Some("alice")).unwrap();
     let mut bob2 = tls_client(running[1].addr, Some("bob")).unwrap();
@@ -511,4 +519,52 @@ async fn one_identity_is_held_to_its_own_connection_cap() {
         "another identity is untouched"
     );
     running.shutdown().await;
+}
+
+/// A dequeue routed to a peer names its client, and the peer applies its own rules to it:
+/// here h1 lets alice produce in "a" but not consume, so her dequeue at h0 (whose rules let
+/// her) gets nothing of h1's items. (Before: h0 routed it as itself, allowed everything,
+/// and h1 handed the items out.) Bob's dequeue of "b" at h0, allowed on both, shows that
+/// h0 routes to h1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_dequeue_is_checked_by_the_serving_hosts_rules() {
+    let h1_rules = RULES.replacen(
+        "identity = \"alice\"\nnamespaces = [\"a\"]\nallow = [\"produce\", \"consume\"]",
+        "identity = \"alice\"\nnamespaces = [\"a\"]\nallow = [\"produce\"]",
+        1,
+    );
+    assert_ne!(h1_rules, RULES);
+    let (_db, running) = tls_cluster([RULES, &h1_rules]).await;
+    let mut alice_h1 = tls_client(running[1].addr, Some("alice")).unwrap();
+    let mut bob_h1 = tls_client(running[1].addr, Some("bob")).unwrap();
+    let xa = alice_h1.enqueue(vec![item("a", "t", 0, b"x")]).remove(0);
+    let xb = bob_h1.enqueue(vec![item("b", "t", 0, b"y")]).remove(0);
+    assert!(xa.starts_with("1:") && xb.starts_with("1:"), "{xa} {xb}");
+    let mut bob_h0 = tls_client(running[0].addr, Some("bob")).unwrap();
+    let got = eventually(Duration::from_secs(10), "bob's item routed from h1", || {
+        bob_h0.dequeue("b", "t", 1).pop()
+    })
+    .await;
+    assert_eq!(got.id.as_deref(), Some(xb.as_str()));
+    let mut alice_h0 = tls_client(running[0].addr, Some("alice")).unwrap();
+    let mine = alice_h0
+        .try_dequeue(vec![topic_req("a", "t", 1)])
+        .unwrap_or_default();
+    assert!(mine.is_empty(), "h1 handed alice's routed dequeue {mine:?}");
+    // Still there, as h1 itself counts it.
+    let mut peer = tls_client(running[1].addr, Some("host-1")).unwrap();
+    let stats = peer
+        .call(|c| {
+            c.topic_stats(TopicStatsRequest {
+                ns: Some("a".into()),
+                topic: Some("t".into()),
+                local_only: Some(true),
+                forwarded_for: None,
+            })
+        })
+        .unwrap();
+    assert_eq!(stats.ready, Some(1));
+    for r in running {
+        r.shutdown().await;
+    }
 }
