@@ -10,6 +10,8 @@
 #                             certificate to MySQL)
 #   other-ca.pem, intruder.pem, intruder.key   a second CA and a client certificate it
 #                             signed (identity "intruder"), to see a handshake refused
+#   revoked.pem, revoked.key, crl.pem   a client certificate of ca (identity "revoked")
+#                             and ca's revocation list, which revokes it
 # Keys are PKCS#8 PEM (but rsa-* ones). Uses the openssl command (installed from Debian when missing).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -50,5 +52,15 @@ for name in "$@"; do
 done
 ca other-ca
 leaf other-ca intruder clientAuth "DNS:intruder"
+# A client certificate of ca, revoked in crl.pem (the CA's revocation list).
+leaf ca revoked clientAuth "DNS:revoked"
+mkdir -p ca-db
+: >ca-db/index.txt
+echo 01 >ca-db/crlnumber
+# A version 2 CRL with a number and the CA's key id, as rustls's verifier requires.
+printf '[ca]\ndefault_ca = d\n[d]\ndatabase = ca-db/index.txt\ncrlnumber = ca-db/crlnumber\ndefault_md = sha256\ndefault_crl_days = 30\ncrl_extensions = crl_ext\n[crl_ext]\nauthorityKeyIdentifier = keyid:always\n' >ca-db/ca.cnf
+openssl ca -config ca-db/ca.cnf -cert ca.pem -keyfile ca.key -revoke revoked.pem 2>/dev/null
+openssl ca -config ca-db/ca.cnf -cert ca.pem -keyfile ca.key -gencrl -out crl.pem 2>/dev/null
+rm -rf ca-db
 rm -f ./*.srl
 echo "certs.sh: wrote $(ls | tr '\n' ' ')into $dir" >&2

@@ -29,6 +29,9 @@ pub struct ServerTlsConfig {
     pub key_file: PathBuf,
     /// When set, every client must present a certificate signed by this CA (mTLS).
     pub client_ca_file: Option<PathBuf>,
+    /// Certificate revocation lists (PEM) of the client CA: a client whose certificate is
+    /// revoked is refused at the handshake. Read at start.
+    pub crl_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +67,23 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
+/// Every certificate revocation list in a PEM file (at least one).
+fn load_crls(
+    path: &Path,
+) -> Result<Vec<rustls::pki_types::CertificateRevocationListDer<'static>>, TlsError> {
+    let crls = rustls::pki_types::CertificateRevocationListDer::pem_file_iter(path)
+        .map_err(|e| file_error(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(path, e))?;
+    if crls.is_empty() {
+        return Err(file_error(
+            path,
+            "no certificate revocation list in the file",
+        ));
+    }
+    Ok(crls)
+}
+
 /// The first private key in a PEM file.
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| file_error(path, e))
@@ -85,10 +105,14 @@ pub fn server_config(cfg: &ServerTlsConfig) -> Result<Arc<ServerConfig>, TlsErro
         ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let builder = match &cfg.client_ca_file {
         Some(ca) => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-                    .build()
-                    .map_err(|e| TlsError::Verifier(e.to_string()))?;
+            let mut verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+            if let Some(path) = &cfg.crl_file {
+                verifier = verifier.with_crls(load_crls(path)?);
+            }
+            let verifier = verifier
+                .build()
+                .map_err(|e| TlsError::Verifier(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

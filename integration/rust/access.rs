@@ -568,3 +568,35 @@ async fn a_routed_dequeue_is_checked_by_the_serving_hosts_rules() {
         r.shutdown().await;
     }
 }
+
+/// `server.tls.crl_file`: a client whose certificate its CA revoked is refused at the
+/// handshake; the others are served. (Before: no revocation list could be given.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_client_certificate_is_refused() {
+    let dir = certs();
+    let db = TestDb::new(1);
+    let tls = server_tls(true).replace(
+        "client_ca_file",
+        &format!(
+            "crl_file = \"{}\"\nclient_ca_file",
+            dir.join("crl.pem").display()
+        ),
+    );
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n{tls}\n{}\n{FAST_ENGINE}\n{RULES}",
+        db.shards_toml()
+    );
+    let cfg = Config::from_toml(&toml).unwrap();
+    let running = foqs::daemon::start(&cfg, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let addr = running.addr;
+    assert!(tls_client(addr, Some("alice"))
+        .unwrap()
+        .host_info()
+        .shards
+        .is_some());
+    let revoked = tls_client(addr, Some("revoked")).and_then(|mut c| c.call(|c| c.get_host_info()));
+    assert!(revoked.is_err(), "a revoked certificate got through");
+    running.shutdown().await;
+}

@@ -62,11 +62,20 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
             crate::core::ITEM_WIRE_BYTES_MAX
         ));
     }
+    if let Some(tls) = s.tls.as_ref().filter(|t| t.crl_file.is_some()) {
+        if tls.client_ca_file.is_none() {
+            problems.push(
+                "server.tls.crl_file revokes client certificates: it needs server.tls.client_ca_file"
+                    .into(),
+            );
+        }
+    }
     if let Some(tls) = &s.tls {
         for (name, path) in [
             ("server.tls.cert_file", Some(&tls.cert_file)),
             ("server.tls.key_file", Some(&tls.key_file)),
             ("server.tls.client_ca_file", tls.client_ca_file.as_ref()),
+            ("server.tls.crl_file", tls.crl_file.as_ref()),
         ] {
             if let Some(p) = path {
                 if !p.is_file() {
