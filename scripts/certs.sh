@@ -12,6 +12,8 @@
 #                             signed (identity "intruder"), to see a handshake refused
 #   revoked.pem, revoked.key, crl.pem   a client certificate of ca (identity "revoked")
 #                             and ca's revocation list, which revokes it
+#   peer-ca.pem, peer-host-1.pem/.key, peer-host-2.pem/.key   the hosts' own CA and its
+#                             certificates with identities host-1 and host-2
 # Keys are PKCS#8 PEM (but rsa-* ones). Uses the openssl command (installed from Debian when missing).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -52,6 +54,11 @@ for name in "$@"; do
 done
 ca other-ca
 leaf other-ca intruder clientAuth "DNS:intruder"
+# The cluster's hosts' own CA, and a certificate of it for host-1 and host-2 (the same
+# names as the client CA's host-N.pem, which must not make a client a peer).
+ca peer-ca
+leaf peer-ca peer-host-1 clientAuth "DNS:host-1"
+leaf peer-ca peer-host-2 clientAuth "DNS:host-2"
 # A client certificate of ca, revoked in crl.pem (the CA's revocation list).
 leaf ca revoked clientAuth "DNS:revoked"
 mkdir -p ca-db

@@ -97,16 +97,66 @@ fn roots(ca_file: &Path) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
+/// The Thrift port's TLS: the acceptor, and (with `cluster.peer_ca_file`) what tells a
+/// peer host's certificate from a client's.
+pub struct ServerTls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    peer_ca: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+}
+
+impl ServerTls {
+    /// Reads the files (`peer_ca_file`: the CA of the cluster's hosts' certificates).
+    pub fn new(cfg: &ServerTlsConfig, peer_ca_file: Option<&Path>) -> Result<ServerTls, TlsError> {
+        let peer_ca = match peer_ca_file {
+            Some(p) => Some(
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(p)?), provider())
+                    .build()
+                    .map_err(|e| TlsError::Verifier(e.to_string()))?,
+            ),
+            None => None,
+        };
+        Ok(ServerTls {
+            acceptor: tokio_rustls::TlsAcceptor::from(server_config_with(cfg, peer_ca_file)?),
+            peer_ca,
+        })
+    }
+
+    /// Whether a client's certificate chain was issued by the peers' CA: then it is a host
+    /// of the cluster, whatever its name (a client certificate never is).
+    pub fn is_peer_certificate(&self, chain: Option<&[CertificateDer<'_>]>) -> bool {
+        let (Some(v), Some((leaf, rest))) = (&self.peer_ca, chain.and_then(|c| c.split_first()))
+        else {
+            return false;
+        };
+        v.verify_client_cert(leaf, rest, rustls::pki_types::UnixTime::now())
+            .is_ok()
+    }
+}
+
 /// The server's TLS configuration; with a client CA, client certificates are required.
 pub fn server_config(cfg: &ServerTlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config_with(cfg, None)
+}
+
+/// The same, taking client certificates of the peers' CA too.
+fn server_config_with(
+    cfg: &ServerTlsConfig,
+    peer_ca_file: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let certs = load_certs(&cfg.cert_file)?;
     let key = load_key(&cfg.key_file)?;
     let builder =
         ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let builder = match &cfg.client_ca_file {
         Some(ca) => {
+            let mut roots = roots(ca)?;
+            if let Some(p) = peer_ca_file {
+                for c in load_certs(p)? {
+                    roots.add(c).map_err(|e| file_error(p, e))?;
+                }
+            }
             let mut verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
             if let Some(path) = &cfg.crl_file {
                 verifier = verifier.with_crls(load_crls(path)?);
             }

@@ -295,7 +295,21 @@ async fn anonymous_callers_get_only_what_star_grants() {
 /// Two hosts of a static cluster, each with one shard (h0: shard 0, h1: shard 1), speaking
 /// mTLS to clients and to each other, host i under the access rules `rules[i]`.
 async fn tls_cluster(rules: [&str; 2]) -> (TestDb, Vec<foqs::daemon::Running>) {
+    tls_cluster_with(rules, false).await
+}
+
+/// [`tls_cluster`]; with `peer_ca`, the hosts' certificates come from their own CA
+/// (`cluster.peer_ca_file`), not the clients'.
+async fn tls_cluster_with(rules: [&str; 2], peer_ca: bool) -> (TestDb, Vec<foqs::daemon::Running>) {
     let dir = certs();
+    let (host_cert, extra) = if peer_ca {
+        (
+            "peer-host",
+            format!("peer_ca_file = \"{}\"\n", dir.join("peer-ca.pem").display()),
+        )
+    } else {
+        ("host", String::new())
+    };
     let db = TestDb::new(2);
     let ports = [free_port(), free_port()];
     let hosts: Vec<String> = (0..2)
@@ -311,14 +325,14 @@ async fn tls_cluster(rules: [&str; 2]) -> (TestDb, Vec<foqs::daemon::Running>) {
         let toml = format!(
             "[server]\nlisten = \"127.0.0.1:{}\"\nhost_id = \"h{i}\"\n{}\n{}\n{FAST_ENGINE}\n{}\n\
              [cluster]\nmanager = \"static\"\npeer_poll_ms = 50\ntls_ca_file = \"{}\"\n\
-             tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n{}",
+             tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n{extra}{}",
             port,
             server_tls(true),
             db.shards_toml(),
             rules[i],
             dir.join("ca.pem").display(),
-            dir.join(format!("host-{}.pem", i + 1)).display(),
-            dir.join(format!("host-{}.key", i + 1)).display(),
+            dir.join(format!("{host_cert}-{}.pem", i + 1)).display(),
+            dir.join(format!("{host_cert}-{}.key", i + 1)).display(),
             hosts.join("")
         );
         let cfg = Config::from_toml(&toml).unwrap();
@@ -599,4 +613,33 @@ async fn a_revoked_client_certificate_is_refused() {
     let revoked = tls_client(addr, Some("revoked")).and_then(|mut c| c.call(|c| c.get_host_info()));
     assert!(revoked.is_err(), "a revoked certificate got through");
     running.shutdown().await;
+}
+
+/// With `cluster.peer_ca_file` a peer is known by its certificate's issuer: the hosts'
+/// certificates of their own CA make them peers (an ack is forwarded), while a client
+/// certificate of the clients' CA named like a host does not (its notifyReady is refused).
+/// (Before: any client-CA certificate named "host-1" was a peer under the rule allowing
+/// "host-1" peer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_peer_ca_a_clients_certificate_named_like_a_host_is_no_peer() {
+    let (_db, running) = tls_cluster_with([RULES, RULES], true).await;
+    let mut alice1 = tls_client(running[0].addr, Some("alice")).unwrap();
+    let mut alice2 = tls_client(running[1].addr, Some("alice")).unwrap();
+    let xa = alice2.enqueue(vec![item("a", "t", 0, b"x")]).remove(0);
+    assert!(xa.starts_with("1:"), "{xa}");
+    let r = alice1.ack(std::slice::from_ref(&xa));
+    assert!(
+        r[0].error.is_none(),
+        "forwarded between peers: {:?}",
+        r[0].error
+    );
+    let mut posing = tls_client(running[1].addr, Some("host-1")).unwrap();
+    let ready = NotifyReadyRequest {
+        host_id: Some("h0".into()),
+        topics: Some(vec![]),
+    };
+    whole_call_denied(posing.call(|c| c.notify_ready(ready)));
+    for r in running {
+        r.shutdown().await;
+    }
 }

@@ -75,6 +75,10 @@ pub struct ClusterConfig {
     /// unless its hosts prove themselves with TLS certificates allowed `peer`.
     pub peer_secret: Option<String>,
     pub peer_secret_file: Option<std::path::PathBuf>,
+    /// The CA of the hosts' certificates, apart from the clients' (`server.tls
+    /// .client_ca_file`): a connection whose certificate it issued is a peer, and no
+    /// client's certificate is, whatever its name.
+    pub peer_ca_file: Option<std::path::PathBuf>,
 }
 
 /// The shortest `cluster.peer_secret` accepted: 128 bits of a random hex or base64 string.
@@ -134,6 +138,7 @@ impl Default for ClusterConfig {
             tls_ca_file: None,
             peer_secret: None,
             peer_secret_file: None,
+            peer_ca_file: None,
         }
     }
 }

@@ -118,6 +118,7 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
         ),
         Ok(None)
             if c.manager != ManagerKind::Single
+                && c.peer_ca_file.is_none()
                 && !cfg
                     .access
                     .iter()
@@ -143,6 +144,24 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
             )
         }
         Ok(_) => {}
+    }
+    if let Some(p) = &c.peer_ca_file {
+        if c.manager == ManagerKind::Single {
+            problems.push("cluster.peer_ca_file is set but a single host has no peers".into());
+        }
+        if s.tls.as_ref().is_none_or(|t| t.client_ca_file.is_none()) {
+            problems.push(
+                "cluster.peer_ca_file needs server.tls.client_ca_file: peers are known by the \
+                 certificates they present"
+                    .into(),
+            );
+        }
+        if !p.is_file() {
+            problems.push(format!(
+                "cluster.peer_ca_file: {} is not a readable file",
+                p.display()
+            ));
+        }
     }
     for (i, rule) in cfg.access.iter().enumerate() {
         // A peer may do everything, for anyone: a rule that makes every client one (or

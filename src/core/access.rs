@@ -30,6 +30,8 @@ pub struct Caller {
     hangup: HangupSignal,
     /// Set when the caller's connection logged in as a peer (see [`PeerMark`]).
     peer_mark: PeerMarkSignal,
+    /// Its TLS certificate was issued by the peers' CA (`cluster.peer_ca_file`).
+    peer_certificate: bool,
 }
 
 /// Per connection: set once the connection proved, with the cluster's secret, that it is
@@ -98,7 +100,14 @@ impl Caller {
             trusted: false,
             hangup: HangupSignal::default(),
             peer_mark: PeerMarkSignal::default(),
+            peer_certificate: false,
         }
+    }
+
+    /// The same caller, whose certificate the peers' CA issued.
+    pub fn with_peer_certificate(mut self) -> Caller {
+        self.peer_certificate = true;
+        self
     }
 
     /// The same caller, whose connection may log in as a peer through `mark`.
@@ -143,6 +152,7 @@ impl Caller {
             trusted: false,
             hangup: self.hangup.clone(),
             peer_mark: PeerMarkSignal::default(),
+            peer_certificate: false,
         }
     }
 
@@ -161,6 +171,7 @@ impl Caller {
             trusted: true,
             hangup: HangupSignal::default(),
             peer_mark: PeerMarkSignal::default(),
+            peer_certificate: false,
         }
     }
 }
@@ -172,6 +183,9 @@ pub struct Access {
     has_peers: bool,
     /// `cluster.peer_secret`: what a connection presents to log in as a peer.
     secret: Option<std::sync::Arc<[u8]>>,
+    /// `cluster.peer_ca_file` is set: a peer's certificate is known by its issuer, not by
+    /// its name.
+    peer_ca: bool,
 }
 
 fn matches(list: &[String], value: &str) -> bool {
@@ -185,22 +199,28 @@ impl Access {
             rules,
             has_peers: false,
             secret: None,
+            peer_ca: false,
         }
     }
 
     /// The same rules on a host of a cluster: its peers prove themselves with `secret`
-    /// (`peerLogin`) or with a certificate whose identity is allowed `peer`.
-    pub fn with_peers(mut self, secret: Option<Vec<u8>>) -> Access {
+    /// (`peerLogin`), or with a certificate: of the peers' own CA with `peer_ca`, else
+    /// one whose identity is allowed `peer`.
+    pub fn with_peers(mut self, secret: Option<Vec<u8>>, peer_ca: bool) -> Access {
         self.has_peers = true;
         self.secret = secret.map(Into::into);
+        self.peer_ca = peer_ca;
         self
     }
 
     /// Whether `caller` is another host of this cluster (or this host itself).
     pub fn is_peer(&self, caller: &Caller) -> bool {
-        caller.trusted
-            || (self.has_peers
-                && (caller.logged_in_peer().is_some() || self.grants(caller, "", Kind::Peer)))
+        let certified = if self.peer_ca {
+            caller.peer_certificate
+        } else {
+            self.grants(caller, "", Kind::Peer)
+        };
+        caller.trusted || (self.has_peers && (caller.logged_in_peer().is_some() || certified))
     }
 
     /// `peerLogin`: marks the caller's connection as `host_id`'s when `secret` is the
@@ -362,7 +382,7 @@ mod tests {
             rule("host-2", &[], &[Kind::Peer]),
             rule("a", &["a"], &[Kind::Consume]),
         ])
-        .with_peers(None);
+        .with_peers(None, false);
         let forged = access.acting_for(&Caller::new("a"), Some("h9"), None);
         assert_eq!(forged.unwrap_err().code, ErrorCode::PermissionDenied);
         let peer = Caller::new("host-2");
@@ -380,7 +400,10 @@ mod tests {
     #[test]
     fn nobody_is_a_peer_by_default_not_even_without_rules() {
         let client = Caller::new("anonymous");
-        for access in [Access::default(), Access::new(vec![]).with_peers(None)] {
+        for access in [
+            Access::default(),
+            Access::new(vec![]).with_peers(None, false),
+        ] {
             assert!(access.allows(&client, "a", Kind::Admin), "open mode");
             assert!(!access.allows(&client, "", Kind::Peer));
             let e = access.acting_for(&client, Some("h2"), None).unwrap_err();
@@ -398,7 +421,7 @@ mod tests {
 
     #[test]
     fn a_connection_logs_in_as_a_peer_with_the_clusters_secret_only() {
-        let access = Access::new(vec![]).with_peers(Some(b"s3cret-s3cret-s3cret".to_vec()));
+        let access = Access::new(vec![]).with_peers(Some(b"s3cret-s3cret-s3cret".to_vec()), false);
         let mark = std::sync::Arc::new(PeerMark::default());
         let conn = Caller::anonymous().with_peer_mark(mark.clone());
         let e = access.peer_login(&conn, "h2", b"guess").unwrap_err();
@@ -421,7 +444,7 @@ mod tests {
         assert!(access
             .peer_login(&bare, "h2", b"s3cret-s3cret-s3cret")
             .is_err());
-        let with_certs_only = Access::new(vec![]).with_peers(None);
+        let with_certs_only = Access::new(vec![]).with_peers(None, false);
         let conn2 = Caller::anonymous().with_peer_mark(std::sync::Arc::default());
         assert!(with_certs_only.peer_login(&conn2, "h2", b"").is_err());
         let single = Access::new(vec![]);

@@ -137,9 +137,10 @@ async fn start_planned(
 ) -> Result<Running, StartError> {
     // TLS files are read before anything listens: a bad one fails the start.
     let tls = match &cfg.server.tls {
-        Some(t) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
+        Some(t) => Some(crate::tls::ServerTls::new(
             t,
-        )?)),
+            cfg.cluster.peer_ca_file.as_deref(),
+        )?),
         None => None,
     };
     let peer_tls = match &cfg.cluster.tls_ca_file {
@@ -314,7 +315,8 @@ async fn start_planned(
         quota_budget: budget,
         access: match c.manager {
             ManagerKind::Single => Access::new(cfg.access.clone()),
-            _ => Access::new(cfg.access.clone()).with_peers(peer_secret.clone()),
+            _ => Access::new(cfg.access.clone())
+                .with_peers(peer_secret.clone(), cfg.cluster.peer_ca_file.is_some()),
         },
         metrics: metrics.clone(),
         dlq_call_bound: Duration::from_millis(cfg.engine.dlq_call_ms_max),

@@ -35,7 +35,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
-use tokio_rustls::TlsAcceptor;
 
 pub use conns::{ConnState, ConnTable};
 pub use http::serve_http;
@@ -94,7 +93,7 @@ impl End {
 struct Edge {
     host: Arc<Host>,
     limits: ServerLimits,
-    tls: Option<TlsAcceptor>,
+    tls: Option<crate::tls::ServerTls>,
     table: Arc<ConnTable>,
     metrics: Arc<Metrics>,
     /// New connections refused for want of a slot (for the log's pacing).
@@ -109,7 +108,7 @@ pub async fn serve(
     listener: TcpListener,
     host: Arc<Host>,
     limits: ServerLimits,
-    tls: Option<TlsAcceptor>,
+    tls: Option<crate::tls::ServerTls>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -249,7 +248,7 @@ async fn connect(
     };
     let handshake = Duration::from_millis(edge.limits.handshake_timeout_ms);
     let stream = tokio::select! {
-        r = tokio::time::timeout(handshake, tls.accept(stream)) => match r {
+        r = tokio::time::timeout(handshake, tls.acceptor.accept(stream)) => match r {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 // A certificate from another CA, a plain-TCP client, a scanner.
@@ -277,7 +276,10 @@ async fn connect(
     if let Some(skipped) = edge.log_pace.allow() {
         tracing::info!(%peer, identity = ?identity, skipped, "TLS connection");
     }
-    let caller = Caller::new(identity);
+    let mut caller = Caller::new(identity);
+    if tls.is_peer_certificate(stream.get_ref().1.peer_certificates()) {
+        caller = caller.with_peer_certificate();
+    }
     serve_connection(stream, peer, edge, slot, &caller, shutdown).await
 }
 
