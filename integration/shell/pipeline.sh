@@ -98,7 +98,7 @@ ok
 wait_lines() { # FILE N: until FILE has N lines, at most 20 s
   local i
   for i in $(seq 1 400); do
-    # The worker creates the file with its first line: until then there is nothing to count.
+    # The background worker's redirect makes the file as it starts: until then, nothing to count.
     [ -f "$1" ] && [ "$(wc -l <"$1")" -ge "$2" ] && return 0
     sleep 0.05
   done
