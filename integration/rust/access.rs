@@ -110,18 +110,24 @@ fn whole_call_denied<T: std::fmt::Debug>(r: thrift::Result<T>) -> String {
     e.message.unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
-    let db = TestDb::new(2);
+/// One host on `shards` new shards under `RULES`, its Thrift port speaking TLS (`tls`, a
+/// `[server.tls]` table); `server_extra` lines go into `[server]`.
+async fn tls_host(shards: usize, server_extra: &str, tls: &str) -> (TestDb, foqs::daemon::Running) {
+    let db = TestDb::new(shards);
     let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n{}\n{}\n{FAST_ENGINE}\n{RULES}",
-        server_tls(true),
+        "[server]\nlisten = \"127.0.0.1:0\"\n{server_extra}{tls}\n{}\n{FAST_ENGINE}\n{RULES}",
         db.shards_toml()
     );
     let cfg = Config::from_toml(&toml).unwrap();
     let running = foqs::daemon::start(&cfg, Arc::new(SystemClock))
         .await
         .unwrap();
+    (db, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_identity_is_confined_to_its_namespaces_over_mtls() {
+    let (db, running) = tls_host(2, "", &server_tls(true)).await;
     let addr = running.addr;
     let mut alice = tls_client(addr, Some("alice")).unwrap();
     let mut bob = tls_client(addr, Some("bob")).unwrap();
@@ -500,16 +506,7 @@ async fn shards_reach_mysql_over_tls_and_are_refused_without_it() {
 /// identity's are untouched. (Before: only the global cap, which one identity could fill.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_identity_is_held_to_its_own_connection_cap() {
-    let db = TestDb::new(1);
-    let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nconnections_per_identity_max = 2\n{}\n{}\n{FAST_ENGINE}\n{RULES}",
-        server_tls(true),
-        db.shards_toml()
-    );
-    let cfg = Config::from_toml(&toml).unwrap();
-    let running = foqs::daemon::start(&cfg, Arc::new(SystemClock))
-        .await
-        .unwrap();
+    let (_db, running) = tls_host(1, "connections_per_identity_max = 2\n", &server_tls(true)).await;
     let addr = running.addr;
     let mut bob = tls_client(addr, Some("bob")).unwrap();
     assert!(bob.host_info().shards.is_some());
@@ -587,23 +584,12 @@ async fn a_routed_dequeue_is_checked_by_the_serving_hosts_rules() {
 /// handshake; the others are served. (Before: no revocation list could be given.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_client_certificate_is_refused() {
-    let dir = certs();
-    let db = TestDb::new(1);
-    let tls = server_tls(true).replace(
-        "client_ca_file",
-        &format!(
-            "crl_file = \"{}\"\nclient_ca_file",
-            dir.join("crl.pem").display()
-        ),
+    let crl = format!(
+        "crl_file = \"{}\"\nclient_ca_file",
+        certs().join("crl.pem").display()
     );
-    let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n{tls}\n{}\n{FAST_ENGINE}\n{RULES}",
-        db.shards_toml()
-    );
-    let cfg = Config::from_toml(&toml).unwrap();
-    let running = foqs::daemon::start(&cfg, Arc::new(SystemClock))
-        .await
-        .unwrap();
+    let tls = server_tls(true).replace("client_ca_file", &crl);
+    let (_db, running) = tls_host(1, "", &tls).await;
     let addr = running.addr;
     assert!(tls_client(addr, Some("alice"))
         .unwrap()
