@@ -27,9 +27,9 @@ pub struct Caller {
     /// A peer host's forwarded request whose original caller was checked by that host.
     trusted: bool,
     /// Says when the caller's connection closed (see [`Hangup`]).
-    hangup: HangupSignal,
+    hangup: ConnSignal<Hangup>,
     /// Set when the caller's connection logged in as a peer (see [`PeerMark`]).
-    peer_mark: PeerMarkSignal,
+    peer_mark: ConnSignal<PeerMark>,
     /// Its TLS certificate was issued by the peers' CA (`cluster.peer_ca_file`).
     peer_certificate: bool,
 }
@@ -47,18 +47,6 @@ impl PeerMark {
         self.host_id.get().map(String::as_str)
     }
 }
-
-/// A caller's [`PeerMark`], like [`HangupSignal`]: not part of who it is.
-#[derive(Debug, Clone, Default)]
-struct PeerMarkSignal(Option<std::sync::Arc<PeerMark>>);
-
-impl PartialEq for PeerMarkSignal {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for PeerMarkSignal {}
 
 /// Set by the server when a caller's connection closes while one of its requests is being
 /// served: a long poll then stops waiting (what it would take would reach nobody), and
@@ -80,26 +68,38 @@ impl Hangup {
     }
 }
 
-/// A caller's [`Hangup`], when its requests come over a connection; not part of who it is
-/// (equal whatever it holds).
-#[derive(Debug, Clone, Default)]
-struct HangupSignal(Option<std::sync::Arc<Hangup>>);
+/// State a caller shares with its connection ([`Hangup`], [`PeerMark`]), when its requests
+/// come over one; not part of who it is (equal whatever it holds).
+#[derive(Debug)]
+struct ConnSignal<T>(Option<std::sync::Arc<T>>);
 
-impl PartialEq for HangupSignal {
+impl<T> Clone for ConnSignal<T> {
+    fn clone(&self) -> Self {
+        ConnSignal(self.0.clone())
+    }
+}
+
+impl<T> Default for ConnSignal<T> {
+    fn default() -> Self {
+        ConnSignal(None)
+    }
+}
+
+impl<T> PartialEq for ConnSignal<T> {
     fn eq(&self, _: &Self) -> bool {
         true
     }
 }
 
-impl Eq for HangupSignal {}
+impl<T> Eq for ConnSignal<T> {}
 
 impl Caller {
     pub fn new(identity: impl Into<String>) -> Caller {
         Caller {
             identity: identity.into(),
             trusted: false,
-            hangup: HangupSignal::default(),
-            peer_mark: PeerMarkSignal::default(),
+            hangup: ConnSignal::default(),
+            peer_mark: ConnSignal::default(),
             peer_certificate: false,
         }
     }
@@ -112,7 +112,7 @@ impl Caller {
 
     /// The same caller, whose connection may log in as a peer through `mark`.
     pub fn with_peer_mark(mut self, mark: std::sync::Arc<PeerMark>) -> Caller {
-        self.peer_mark = PeerMarkSignal(Some(mark));
+        self.peer_mark = ConnSignal(Some(mark));
         self
     }
 
@@ -123,7 +123,7 @@ impl Caller {
 
     /// The same caller, whose connection's closing `hangup` tells.
     pub fn with_hangup(mut self, hangup: std::sync::Arc<Hangup>) -> Caller {
-        self.hangup = HangupSignal(Some(hangup));
+        self.hangup = ConnSignal(Some(hangup));
         self
     }
 
@@ -151,7 +151,7 @@ impl Caller {
             identity: identity.to_string(),
             trusted: false,
             hangup: self.hangup.clone(),
-            peer_mark: PeerMarkSignal::default(),
+            peer_mark: ConnSignal::default(),
             peer_certificate: false,
         }
     }
@@ -169,8 +169,8 @@ impl Caller {
         Caller {
             identity: "foqs-peer".to_string(),
             trusted: true,
-            hangup: HangupSignal::default(),
-            peer_mark: PeerMarkSignal::default(),
+            hangup: ConnSignal::default(),
+            peer_mark: ConnSignal::default(),
             peer_certificate: false,
         }
     }

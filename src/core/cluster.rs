@@ -294,11 +294,7 @@ impl Host {
     /// Who a call that a peer routed here acts for: the client it names in
     /// `forwarded_for` (refused from a caller that is not a peer), else the caller.
     pub fn acting_as(&self, caller: &Caller, forwarded_for: Option<&str>) -> Result<Caller> {
-        match forwarded_for.filter(|s| !s.is_empty()) {
-            None => Ok(caller.clone()),
-            Some(id) if self.access.is_peer(caller) => Ok(caller.acting_as(id)),
-            Some(_) => Err(super::access::not_a_peer(caller, "forwarded_for")),
-        }
+        self.access.acting_for(caller, None, forwarded_for)
     }
 
     /// `peerLogin`: the caller's connection proves it is `host_id`'s with the cluster's

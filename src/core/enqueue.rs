@@ -2,7 +2,7 @@
 //! owns its dedup key, or a peer (another tier's host, a dedup key's owner, or any host
 //! of this tier with spare capacity when this one has none).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 
 use futures::future::join_all;
@@ -29,6 +29,9 @@ enum Dest {
     /// A peer, at this address.
     Peer(String),
 }
+
+/// What [`Host::topic_room`] answered for each (namespace, topic) of one request.
+type TopicRoom = HashMap<String, HashMap<String, Result<()>>>;
 
 impl Host {
     /// Enqueues a batch; each item succeeds or fails alone. Replies only after commit.
@@ -75,11 +78,12 @@ impl Host {
         // copy of its name per item.)
         let mut names: Vec<String> = Vec::new();
         let mut groups: BTreeMap<(Dest, usize), Vec<(usize, NewItem)>> = BTreeMap::new();
+        let mut room = TopicRoom::default();
         for (i, n) in valid {
-            match self
-                .destination(&n, forwarded)
-                .and_then(|d| self.within_topics_max(&n, d))
-            {
+            match self.destination(&n, forwarded).and_then(|d| match d {
+                Dest::Peer(_) => Ok(d),
+                _ => self.topic_room(&mut room, &n.ns, &n.topic).map(|()| d),
+            }) {
                 Ok(d) => {
                     let ns = match d {
                         Dest::Peer(_) => 0,
@@ -311,33 +315,44 @@ impl Host {
         }
     }
 
-    /// `d`, unless `n` would start a topic past its namespace's `topics_max`: the topic has
-    /// no items on this host's shards and some shard holds `topics_max` topics of the
-    /// namespace already (so no shard passes it, but for enqueues running at once).
-    fn within_topics_max(&self, n: &NewItem, d: Dest) -> Result<Dest> {
-        if matches!(d, Dest::Peer(_)) {
-            return Ok(d);
+    /// [`Self::within_topics_max`], asked once a topic of a request (it looks at every
+    /// shard's counts), not once an item; a topic seen already costs no allocation.
+    fn topic_room(&self, room: &mut TopicRoom, ns: &str, topic: &str) -> Result<()> {
+        if let Some(r) = room.get(ns).and_then(|t| t.get(topic)) {
+            return r.clone();
         }
-        let Some(max) = self.namespaces.get(&n.ns).map(|p| p.topics_max) else {
-            return Ok(d);
+        let r = self.within_topics_max(ns, topic);
+        room.entry(ns.to_string())
+            .or_default()
+            .insert(topic.to_string(), r.clone());
+        r
+    }
+
+    /// Refused when an item of `topic` would start a topic past its namespace's
+    /// `topics_max`: the topic has no items on this host's shards and some shard holds
+    /// `topics_max` topics of the namespace already (so no shard passes it, but for
+    /// enqueues running at once).
+    fn within_topics_max(&self, ns: &str, topic: &str) -> Result<()> {
+        let Some(max) = self.namespaces.get(ns).map(|p| p.topics_max) else {
+            return Ok(());
         };
         let mut most = 0;
         for shard in self.shards().values() {
-            let (has, topics) = shard.topics_of(&n.ns, &n.topic);
+            let (has, topics) = shard.topics_of(ns, topic);
             if has {
-                return Ok(d);
+                return Ok(());
             }
             most = most.max(topics);
         }
         if (most as u64) < max {
-            return Ok(d);
+            return Ok(());
         }
         Err(Error::new(
             ErrorCode::InvalidArgument,
             format!(
                 "namespace {:?} has {most} topics with items on a shard of this host (topics_max = \
                  {max}): enqueue to one of them, or raise its topics_max",
-                n.ns
+                ns
             ),
         ))
     }

@@ -31,6 +31,19 @@ pub(super) async fn execute(
     caller: &Caller,
     client_timeout_ms: Option<u64>,
 ) -> Reply {
+    // A call a peer routed here acts for the client it names in `forwarded_for`; from a
+    // caller that is not a peer, the method's declared error (PERMISSION_DENIED).
+    macro_rules! acting {
+        ($req:expr, $reply:path, $result:ident) => {
+            match host.acting_as(caller, $req.forwarded_for.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return $reply(t::$result { result_value, err });
+                }
+            }
+        };
+    }
     match call {
         Call::Enqueue(req) => {
             let r = host
@@ -46,14 +59,7 @@ pub(super) async fn execute(
             Reply::Enqueue(t::FoqsEnqueueResult { result_value, err })
         }
         Call::Dequeue(req) => {
-            // A call a peer routed here acts for the client it names.
-            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let (result_value, err) = split(Err(e));
-                    return Reply::Dequeue(t::FoqsDequeueResult { result_value, err });
-                }
-            };
+            let caller = &acting!(req, Reply::Dequeue, FoqsDequeueResult);
             let wait_ms = bounded_wait(req.wait_ms, client_timeout_ms);
             // A dequeue a peer routed here is served from this host's shards only.
             let local_only =
@@ -94,17 +100,7 @@ pub(super) async fn execute(
             Reply::Nack(t::FoqsNackResult { result_value, err })
         }
         Call::GetActiveTopics(req) => {
-            // A call a peer routed here acts for the client it names.
-            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let (result_value, err) = split(Err(e));
-                    return Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult {
-                        result_value,
-                        err,
-                    });
-                }
-            };
+            let caller = &acting!(req, Reply::GetActiveTopics, FoqsGetActiveTopicsResult);
             let ns = req.ns.unwrap_or_default();
             let r = host
                 .active_topics(
@@ -120,14 +116,7 @@ pub(super) async fn execute(
             Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
         }
         Call::TopicStats(req) => {
-            // A call a peer routed here acts for the client it names.
-            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let (result_value, err) = split(Err(e));
-                    return Reply::TopicStats(t::FoqsTopicStatsResult { result_value, err });
-                }
-            };
+            let caller = &acting!(req, Reply::TopicStats, FoqsTopicStatsResult);
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .topic_stats(caller, &ns, &topic, req.local_only.unwrap_or(false))
@@ -137,14 +126,7 @@ pub(super) async fn execute(
             Reply::TopicStats(t::FoqsTopicStatsResult { result_value, err })
         }
         Call::DlqList(req) => {
-            // A call a peer routed here acts for the client it names.
-            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let (result_value, err) = split(Err(e));
-                    return Reply::DlqList(t::FoqsDlqListResult { result_value, err });
-                }
-            };
+            let caller = &acting!(req, Reply::DlqList, FoqsDlqListResult);
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .dlq_list(
@@ -184,14 +166,7 @@ pub(super) async fn execute(
             Reply::DlqRequeue(t::FoqsDlqRequeueResult { result_value, err })
         }
         Call::DlqRequeueAll(req) => {
-            // A call a peer routed here acts for the client it names.
-            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let (result_value, err) = split(Err(e));
-                    return Reply::DlqRequeueAll(t::FoqsDlqRequeueAllResult { result_value, err });
-                }
-            };
+            let caller = &acting!(req, Reply::DlqRequeueAll, FoqsDlqRequeueAllResult);
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .dlq_requeue_all(
@@ -210,14 +185,7 @@ pub(super) async fn execute(
             Reply::DlqRequeueAll(t::FoqsDlqRequeueAllResult { result_value, err })
         }
         Call::DlqPurge(req) => {
-            // A call a peer routed here acts for the client it names.
-            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let (result_value, err) = split(Err(e));
-                    return Reply::DlqPurge(t::FoqsDlqPurgeResult { result_value, err });
-                }
-            };
+            let caller = &acting!(req, Reply::DlqPurge, FoqsDlqPurgeResult);
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .dlq_purge(caller, &ns, &topic, req.local_only.unwrap_or(false))
@@ -230,14 +198,7 @@ pub(super) async fn execute(
             Reply::DlqPurge(t::FoqsDlqPurgeResult { result_value, err })
         }
         Call::Peek(req) => {
-            // A call a peer routed here acts for the client it names.
-            let caller = &match host.acting_as(caller, req.forwarded_for.as_deref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let (result_value, err) = split(Err(e));
-                    return Reply::Peek(t::FoqsPeekResult { result_value, err });
-                }
-            };
+            let caller = &acting!(req, Reply::Peek, FoqsPeekResult);
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
                 .peek(
