@@ -7,7 +7,7 @@ use crate::common;
 use common::*;
 use foqs::thrift_gen::{
     EnqueueItem, EnqueueOutcomeRequest, EnqueueRequest, ErrorCode, NotifyReadyRequest,
-    PeerLoginRequest, ReadyTopic, TFoqsSyncClient,
+    PeerLoginRequest, TFoqsSyncClient,
 };
 
 /// The namespace quota the forged `forwarded_by` skipped: 60 a minute, 10 s of burst.
@@ -51,14 +51,7 @@ async fn a_client_gets_no_peer_powers_on_a_single_host() {
 
     let ready = NotifyReadyRequest {
         host_id: Some("h9".into()),
-        topics: Some(vec![ReadyTopic {
-            ns: Some("q".into()),
-            topic: Some("t".into()),
-            ready: Some(1),
-            head_priority: Some(0),
-            head_deliver_after_ms: Some(0),
-            heads: None,
-        }]),
+        topics: Some(vec![one_ready("q", "t")]),
     };
     denied(c.call(|c| c.notify_ready(ready)).expect_err("notifyReady"));
     let outcome = EnqueueOutcomeRequest {

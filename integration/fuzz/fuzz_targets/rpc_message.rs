@@ -3,28 +3,13 @@
 //! Nothing may panic, and every reply must be a well-formed message.
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
-
-use foqs::core::{Caller, Host};
+use foqs::core::Caller;
 use foqs::rpc::{check_reply, handle, Outcome, Protocol};
 use libfuzzer_sys::fuzz_target;
 
-struct Fixture {
-    rt: tokio::runtime::Runtime,
-    host: Host,
-}
-
-fn fixture() -> &'static Fixture {
-    static F: OnceLock<Fixture> = OnceLock::new();
-    F.get_or_init(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let host = rt.block_on(async { Host::detached(Arc::new(foqs::clock::SystemClock)) });
-        Fixture { rt, host }
-    })
-}
+#[path = "fixture.rs"]
+mod fixture;
+use fixture::fixture;
 
 fuzz_target!(|msg: &[u8]| {
     let f = fixture();

@@ -6,44 +6,25 @@
 //! `src/server/session.rs` covers the same path in the normal suite.
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
-
-use foqs::core::{Caller, Host};
+use foqs::core::Caller;
 use foqs::rpc::{check_reply, mangle};
 use foqs::server::session::replay;
 use libfuzzer_sys::fuzz_target;
 
+#[path = "fixture.rs"]
+mod fixture;
+use fixture::fixture;
+
 /// Small, so that "too large" paths are reached too.
 const MAX_BYTES: usize = 64 * 1024;
 
-struct Fixture {
-    rt: tokio::runtime::Runtime,
-    host: Host,
-    caller: Caller,
-}
-
-fn fixture() -> &'static Fixture {
-    static F: OnceLock<Fixture> = OnceLock::new();
-    F.get_or_init(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let host = rt.block_on(async { Host::detached(Arc::new(foqs::clock::SystemClock)) });
-        Fixture {
-            rt,
-            host,
-            caller: Caller::anonymous(),
-        }
-    })
-}
-
 fuzz_target!(|input: &[u8]| {
     let f = fixture();
+    let caller = Caller::anonymous();
     // The input arrives in two pieces, split where its first byte says, as a socket may
     // deliver it.
     let split = input.first().map_or(0, |b| *b as usize * input.len() / 256);
-    let (out, _end) = f.rt.block_on(replay(input, &[split], MAX_BYTES, &f.host, &f.caller));
+    let (out, _end) = f.rt.block_on(replay(input, &[split], MAX_BYTES, &f.host, &caller));
     for (envelope, bytes) in out {
         match envelope {
             Some(envelope) => {

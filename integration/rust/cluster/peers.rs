@@ -2,6 +2,20 @@
 
 use super::*;
 
+/// Host a (tier default, shard 0) and host b (tier gold, shard 1), whose namespace "g"
+/// a's clients reach through b.
+fn gold_tier_pair(db: &TestDb) -> (Config, Config) {
+    let (pa, pb) = (free_port(), free_port());
+    let hosts: &[(&str, u16, &str, &[u32])] =
+        &[("a", pa, "default", &[0]), ("b", pb, "gold", &[1])];
+    let tiers =
+        "[[tiers]]\nname = \"gold\"\nshards = [1]\n[[namespaces]]\nname = \"g\"\ntier = \"gold\"\n";
+    (
+        host_config(&db.shards_toml(), "a", hosts, true, tiers),
+        host_config(&db.shards_toml(), "b", hosts, true, tiers),
+    )
+}
+
 /// A peer that restarted closed the connections the forwarding host kept pooled to it:
 /// the next forwarded enqueue takes a fresh connection and succeeds. (Before: it was
 /// written into the closed one, read EOF, and answered UNAVAILABLE `outcome_unknown` for
@@ -9,16 +23,10 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_after_the_peer_restarted_goes_through_a_fresh_connection() {
     let db = TestDb::new(2);
-    let (pa, pb) = (free_port(), free_port());
-    let hosts: &[(&str, u16, &str, &[u32])] =
-        &[("a", pa, "default", &[0]), ("b", pb, "gold", &[1])];
-    let tiers =
-        "[[tiers]]\nname = \"gold\"\nshards = [1]\n[[namespaces]]\nname = \"g\"\ntier = \"gold\"\n";
-    let mut cfg_a = host_config(&db.shards_toml(), "a", hosts, true, tiers);
+    let (mut cfg_a, cfg_b) = gold_tier_pair(&db);
     // No peer polls between the two enqueues: only the forward itself uses the pool.
     cfg_a.cluster.peer_poll_ms = 600_000;
     let a = start(&cfg_a).await;
-    let cfg_b = host_config(&db.shards_toml(), "b", hosts, true, tiers);
     let b = start(&cfg_b).await;
     let a_addr = a.addr;
     let first = tokio::task::spawn_blocking(move || {
@@ -119,19 +127,12 @@ async fn each_host_polls_its_fanout_of_the_tier_and_is_routed_to_by_its_pollers(
 /// configured with another secret cannot forward to its peers (nothing is stored for it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_connection_with_the_clusters_secret_is_a_peer() {
-    use foqs::thrift_gen::{
-        EnqueueRequest, NotifyReadyRequest, PeerLoginRequest, ReadyTopic, TFoqsSyncClient,
-    };
+    use foqs::thrift_gen::{EnqueueRequest, NotifyReadyRequest, PeerLoginRequest, TFoqsSyncClient};
     let db = TestDb::new(2);
-    let (pa, pb) = (free_port(), free_port());
-    let hosts: &[(&str, u16, &str, &[u32])] =
-        &[("a", pa, "default", &[0]), ("b", pb, "gold", &[1])];
-    let tiers =
-        "[[tiers]]\nname = \"gold\"\nshards = [1]\n[[namespaces]]\nname = \"g\"\ntier = \"gold\"\n";
-    let mut cfg_a = host_config(&db.shards_toml(), "a", hosts, true, tiers);
+    let (mut cfg_a, cfg_b) = gold_tier_pair(&db);
     cfg_a.cluster.peer_secret = Some("not-the-clusters-secret".into());
     let a = start(&cfg_a).await;
-    let b = start(&host_config(&db.shards_toml(), "b", hosts, true, tiers)).await;
+    let b = start(&cfg_b).await;
 
     let denied = |r: thrift::Result<()>| {
         let e = foqs_error(r.expect_err("refused"));
@@ -149,14 +150,7 @@ async fn only_a_connection_with_the_clusters_secret_is_a_peer() {
     denied(forged.map(|_| ()));
     let ready = || NotifyReadyRequest {
         host_id: Some("a".into()),
-        topics: Some(vec![ReadyTopic {
-            ns: Some("g".into()),
-            topic: Some("t".into()),
-            ready: Some(1),
-            head_priority: Some(0),
-            head_deliver_after_ms: Some(0),
-            heads: None,
-        }]),
+        topics: Some(vec![one_ready("g", "t")]),
     };
     denied(client.call(|c| c.notify_ready(ready())));
     let login = |secret: &str| PeerLoginRequest {

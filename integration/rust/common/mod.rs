@@ -511,6 +511,18 @@ impl Client {
     }
 }
 
+/// A `notifyReady` entry: one ready item of `topic`, head at priority 0.
+pub fn one_ready(ns: &str, topic: &str) -> foqs::thrift_gen::ReadyTopic {
+    foqs::thrift_gen::ReadyTopic {
+        ns: Some(ns.into()),
+        topic: Some(topic.into()),
+        ready: Some(1),
+        head_priority: Some(0),
+        head_deliver_after_ms: Some(0),
+        heads: None,
+    }
+}
+
 pub fn item(ns: &str, topic: &str, priority: i32, payload: &[u8]) -> EnqueueItem {
     foqs::client::new_item(ns, topic, priority, payload.to_vec())
 }
