@@ -415,3 +415,131 @@ async fn a_namespace_cannot_create_topics_without_end() {
     c.enqueue(vec![item("tm", "t4", 0, b"x")]);
     server.stop().await;
 }
+
+/// Topics that hold nothing are forgotten after `engine.topic_forget_after_ms`, with their
+/// rows, ids and totals: a client making topics without end (one item each, acked) leaves
+/// no row behind. A topic holding an item is kept, and a forgotten name works again, also
+/// after a restart. (Before: every topic ever used kept its row and id for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_topics_are_forgotten() {
+    let engine = format!("{FAST_ENGINE}topic_forget_after_ms = 300\n");
+    let server = TestServer::start_on(TestDb::sqlite(1), &engine).await;
+    let file = foqs::store::sqlite_path(&server.db.url(0), std::path::Path::new("/")).unwrap();
+    let rows = || -> i64 {
+        let db = rusqlite::Connection::open(&file).unwrap();
+        db.query_row("SELECT COUNT(*) FROM topics", [], |r| r.get(0))
+            .unwrap()
+    };
+    let mut c = server.client();
+    c.enqueue(vec![item("churn", "kept", 0, b"k")]);
+    for i in 0..50 {
+        let topic = format!("t{i}");
+        c.enqueue(vec![item("churn", &topic, 0, b"x")]);
+        let got = c.dequeue("churn", &topic, 1);
+        assert!(c.ack(&[got[0].id.clone().unwrap()])[0].error.is_none());
+    }
+    assert_eq!(c.stats("churn", "t0").enqueued, Some(1));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while rows() > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} topic rows left",
+            rows()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(c.stats("churn", "t0").enqueued, Some(0));
+    assert_eq!(c.stats("churn", "kept").ready, Some(1));
+    c.enqueue(vec![item("churn", "t0", 0, b"again")]);
+    let db = server.stop().await;
+    let server = TestServer::start_on(db, &engine).await;
+    let mut c = server.client();
+    assert_eq!(
+        c.dequeue("churn", "t0", 1)[0].payload.as_deref(),
+        Some(&b"again"[..])
+    );
+    assert_eq!(c.dequeue("churn", "kept", 1).len(), 1);
+    server.stop().await;
+}
+
+/// A caller (here: its address) has at most `server.listing_calls_per_caller_max` (16)
+/// listing calls in progress on a host: with 16 dlqLists held in storage, its next
+/// listing call is refused at once (`RATE_LIMITED`, retryable) while its enqueues go on,
+/// and once they end it lists again. (Before: a caller looping listing calls over many
+/// connections took every shard's read share and the runtime's threads from the others.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_has_a_bounded_number_of_listing_calls_in_progress() {
+    use foqs::store::faulty::Fault;
+    use foqs::thrift_gen::DlqListRequest;
+    const PLACES: usize = 16;
+    let db = TestDb::new(1);
+    let clock = std::sync::Arc::new(foqs::clock::SystemClock);
+    let (running, faults) = foqsd_with_faults(&db, FAST_ENGINE, clock).await;
+    let addr = running.addr;
+    let mut c = Client::connect(addr, Proto::Binary);
+    c.enqueue(vec![item("l", "t", 0, b"x")]);
+    let got = c.dequeue("l", "t", 1);
+    assert!(c.nack(vec![to_dlq(got[0].id.as_deref().unwrap())])[0]
+        .error
+        .is_none());
+    let list = move |c: &mut Client| {
+        c.call(|c| {
+            c.dlq_list(DlqListRequest {
+                forwarded_for: None,
+                ns: Some("l".into()),
+                topic: Some("t".into()),
+                limit: None,
+                after: None,
+                local_only: None,
+            })
+        })
+    };
+    faults.always("dead_items", Fault::Hold);
+    let mut held = Vec::new();
+    for _ in 0..PLACES {
+        let arrived = faults.waiting().notified();
+        held.push(std::thread::spawn(move || {
+            list(&mut Client::connect(addr, Proto::Binary))
+                .map(|r| r.items.unwrap_or_default().len())
+        }));
+        tokio::time::timeout(std::time::Duration::from_secs(20), arrived)
+            .await
+            .expect("each dlqList reaches the store");
+    }
+    let t = std::time::Instant::now();
+    let refused = list(&mut c).expect_err("past the bound");
+    let e = foqs_error(refused);
+    assert_eq!(e.code, Some(ErrorCode::RATE_LIMITED), "{e:?}");
+    assert_eq!(e.retryable, Some(true));
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "refused at once"
+    );
+    assert!(e
+        .message
+        .as_deref()
+        .unwrap_or("")
+        .contains("listing_calls_per_caller_max"));
+    let e = foqs_error(
+        c.call(|c| {
+            c.topic_stats(foqs::thrift_gen::TopicStatsRequest {
+                forwarded_for: None,
+                ns: Some("l".into()),
+                topic: Some("t".into()),
+                local_only: None,
+            })
+        })
+        .expect_err("also a listing call"),
+    );
+    assert_eq!(e.code, Some(ErrorCode::RATE_LIMITED), "{e:?}");
+    c.enqueue(vec![item("l", "other", 0, b"y")]);
+    faults.calm();
+    for _ in 0..PLACES {
+        faults.release();
+    }
+    for h in held {
+        assert_eq!(h.join().unwrap().expect("a held dlqList"), 1);
+    }
+    assert_eq!(list(&mut c).expect("a place again").items.unwrap().len(), 1);
+    running.shutdown().await;
+}

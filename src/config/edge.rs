@@ -43,6 +43,10 @@ pub(super) fn check(cfg: &Config, problems: &mut Vec<String>) {
         ("server.http_connections_max", s.http_connections_max as u64),
         ("server.reply_items_max", s.reply_items_max as u64),
         (
+            "server.listing_calls_per_caller_max",
+            s.listing_calls_per_caller_max as u64,
+        ),
+        (
             "server.connections_per_address_max",
             s.connections_per_address_max as u64,
         ),

@@ -108,6 +108,10 @@ pub struct ServerConfig {
     /// Connections one TLS client identity may hold, from any addresses: at it, one of
     /// that identity's own connections gives way to its new one.
     pub connections_per_identity_max: usize,
+    /// Listing calls (topicStats, getActiveTopics, peek, dlqList) one caller (TLS
+    /// identity, or address) may have in progress on this host; more are refused at once
+    /// (`RATE_LIMITED`).
+    pub listing_calls_per_caller_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -131,6 +135,7 @@ impl Default for ServerConfig {
             reply_bytes_max: 16 << 20,
             connections_per_address_max: 512,
             connections_per_identity_max: 512,
+            listing_calls_per_caller_max: 16,
         }
     }
 }
@@ -194,6 +199,10 @@ pub struct EngineConfig {
     pub scan_rows_max: usize,
     /// How often scan checkpoints are written to the shard's storage.
     pub checkpoint_interval_ms: u64,
+    /// A topic that has held no item on a shard for this long is forgotten there (its
+    /// row, its traffic totals, its id), so that topics made without end do not grow
+    /// every shard's table and memory for ever.
+    pub topic_forget_after_ms: u64,
     /// Consecutive storage failures that open a shard's circuit breaker.
     pub breaker_failures_max: u32,
     /// A shard whose recent median operation latency exceeds this is isolated too.
@@ -264,6 +273,7 @@ impl Default for EngineConfig {
             scan_interval_ms: 100,
             scan_rows_max: 1000,
             checkpoint_interval_ms: 1000,
+            topic_forget_after_ms: 3_600_000,
             breaker_failures_max: 3,
             breaker_slow_ms: 1000,
             store_timeout_ms: 5000,
@@ -420,6 +430,7 @@ impl Config {
             ("engine.scan_interval_ms", e.scan_interval_ms),
             ("engine.scan_rows_max", e.scan_rows_max as u64),
             ("engine.checkpoint_interval_ms", e.checkpoint_interval_ms),
+            ("engine.topic_forget_after_ms", e.topic_forget_after_ms),
             ("engine.breaker_failures_max", e.breaker_failures_max as u64),
             ("engine.breaker_open_ms", e.breaker_open_ms),
             ("engine.breaker_slow_ms", e.breaker_slow_ms),

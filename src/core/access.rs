@@ -32,6 +32,8 @@ pub struct Caller {
     peer_mark: ConnSignal<PeerMark>,
     /// Its TLS certificate was issued by the peers' CA (`cluster.peer_ca_file`).
     peer_certificate: bool,
+    /// The address it connected from, when it came over the network.
+    origin: Option<std::net::IpAddr>,
 }
 
 /// Per connection: set once the connection proved, with the cluster's secret, that it is
@@ -101,6 +103,22 @@ impl Caller {
             hangup: ConnSignal::default(),
             peer_mark: ConnSignal::default(),
             peer_certificate: false,
+            origin: None,
+        }
+    }
+
+    /// The same caller, connected from `addr`.
+    pub fn with_origin(mut self, addr: std::net::IpAddr) -> Caller {
+        self.origin = Some(addr);
+        self
+    }
+
+    /// Who the caller is for per-caller bounds: its TLS identity, or its address when it
+    /// has none.
+    pub fn bound_key(&self) -> String {
+        match self.origin {
+            Some(addr) if self.identity == crate::tls::ANONYMOUS => format!("address {addr}"),
+            _ => format!("identity {}", self.identity),
         }
     }
 
@@ -153,6 +171,8 @@ impl Caller {
             hangup: self.hangup.clone(),
             peer_mark: ConnSignal::default(),
             peer_certificate: false,
+            // The client's address is the routing host's to know.
+            origin: None,
         }
     }
 
@@ -172,6 +192,7 @@ impl Caller {
             hangup: ConnSignal::default(),
             peer_mark: ConnSignal::default(),
             peer_certificate: false,
+            origin: None,
         }
     }
 }

@@ -72,6 +72,8 @@ pub struct HostParts {
     pub best_effort_nice: i32,
     /// How much one dequeue reply may carry (`server.reply_items_max`, `reply_bytes_max`).
     pub reply_bounds: ReplyBounds,
+    /// `server.listing_calls_per_caller_max` (see `listing.rs`).
+    pub listing_calls_per_caller_max: usize,
 }
 
 /// How much one dequeue reply may carry: claiming stops before it would pass either.
@@ -119,6 +121,7 @@ pub struct Host {
     pub(super) shedder: crate::overload::Shedder,
     pub(super) best_effort_nice: i32,
     pub(super) reply_bounds: ReplyBounds,
+    pub(super) listing: super::listing::ListingGate,
     /// Some shard's threads were last asked to run lowered (see `tenants`).
     pub(super) lowered: std::sync::atomic::AtomicBool,
     pub(super) enqueue_hold: std::time::Duration,
@@ -182,6 +185,7 @@ impl Host {
             },
             lowered: std::sync::atomic::AtomicBool::new(false),
             reply_bounds: p.reply_bounds,
+            listing: super::listing::ListingGate::new(p.listing_calls_per_caller_max),
         }
     }
 
@@ -225,6 +229,7 @@ impl Host {
                 items_max: cfg.server.reply_items_max,
                 bytes_max: cfg.server.reply_bytes_max,
             },
+            listing_calls_per_caller_max: cfg.server.listing_calls_per_caller_max,
         });
         host.stop_waiting();
         host

@@ -12,6 +12,7 @@ mod health;
 mod host;
 mod in_doubt;
 mod inspect;
+mod listing;
 mod merge;
 mod overview;
 mod peers;

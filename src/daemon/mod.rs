@@ -332,6 +332,7 @@ async fn start_planned(
             items_max: cfg.server.reply_items_max,
             bytes_max: cfg.server.reply_bytes_max,
         },
+        listing_calls_per_caller_max: cfg.server.listing_calls_per_caller_max,
     }));
     let mut views = manager.watch();
     // A fixed assignment is opened before serving, and a shard that cannot be opened

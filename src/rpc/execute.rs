@@ -44,6 +44,19 @@ pub(super) async fn execute(
             }
         };
     }
+    // A listing call waits for a place among its caller's (see `core::listing`); the
+    // place is held until the reply is built.
+    macro_rules! listing {
+        ($reply:path, $result:ident) => {
+            match host.listing_pass(caller) {
+                Ok(p) => p,
+                Err(e) => {
+                    let (result_value, err) = split(Err(e));
+                    return $reply(t::$result { result_value, err });
+                }
+            }
+        };
+    }
     match call {
         Call::Enqueue(req) => {
             let r = host
@@ -100,6 +113,7 @@ pub(super) async fn execute(
             Reply::Nack(t::FoqsNackResult { result_value, err })
         }
         Call::GetActiveTopics(req) => {
+            let _place = listing!(Reply::GetActiveTopics, FoqsGetActiveTopicsResult);
             let caller = &acting!(req, Reply::GetActiveTopics, FoqsGetActiveTopicsResult);
             let ns = req.ns.unwrap_or_default();
             let r = host
@@ -116,6 +130,7 @@ pub(super) async fn execute(
             Reply::GetActiveTopics(t::FoqsGetActiveTopicsResult { result_value, err })
         }
         Call::TopicStats(req) => {
+            let _place = listing!(Reply::TopicStats, FoqsTopicStatsResult);
             let caller = &acting!(req, Reply::TopicStats, FoqsTopicStatsResult);
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
@@ -126,6 +141,7 @@ pub(super) async fn execute(
             Reply::TopicStats(t::FoqsTopicStatsResult { result_value, err })
         }
         Call::DlqList(req) => {
+            let _place = listing!(Reply::DlqList, FoqsDlqListResult);
             let caller = &acting!(req, Reply::DlqList, FoqsDlqListResult);
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host
@@ -198,6 +214,7 @@ pub(super) async fn execute(
             Reply::DlqPurge(t::FoqsDlqPurgeResult { result_value, err })
         }
         Call::Peek(req) => {
+            let _place = listing!(Reply::Peek, FoqsPeekResult);
             let caller = &acting!(req, Reply::Peek, FoqsPeekResult);
             let (ns, topic) = (req.ns.unwrap_or_default(), req.topic.unwrap_or_default());
             let r = host

@@ -369,7 +369,8 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     let caller = caller
         .clone()
         .with_hangup(hangup.clone())
-        .with_peer_mark(Arc::default());
+        .with_peer_mark(Arc::default())
+        .with_origin(peer.ip());
     // What arrives while a request is being served (see below); allocated at the first
     // request that is not answered at once.
     let mut early: Vec<u8> = Vec::new();

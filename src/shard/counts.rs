@@ -107,6 +107,9 @@ pub struct NsCounts {
     /// page of getActiveTopics is a range, not a sort of every topic under the lock the
     /// worker takes at every commit.
     by_ns: HashMap<String, BTreeMap<String, Counts>>,
+    /// Topics that came to hold nothing since the worker last took them (see
+    /// `forget.rs`).
+    emptied: Vec<TopicName>,
 }
 
 impl NsCounts {
@@ -154,7 +157,17 @@ impl NsCounts {
             if topics.is_empty() {
                 self.by_ns.remove(ns);
             }
+            self.emptied.push(TopicName {
+                ns: ns.to_string(),
+                topic: topic.to_string(),
+            });
         }
+    }
+
+    /// The topics that came to hold nothing since the last call (some may hold items
+    /// again by now).
+    pub fn take_emptied(&mut self) -> Vec<TopicName> {
+        std::mem::take(&mut self.emptied)
     }
 
     /// Replaces what is counted of `topic` (every topic: `None`) by `rows`, as read from
@@ -174,6 +187,9 @@ impl NsCounts {
                     .and_then(|topics| topics.remove(&t.topic));
                 if self.by_ns.get(&t.ns).is_some_and(|m| m.is_empty()) {
                     self.by_ns.remove(&t.ns);
+                }
+                if gone.is_some() {
+                    self.emptied.push(t.clone());
                 }
                 gone.map_or(0, |c| c.total())
             }

@@ -10,6 +10,7 @@ mod dlq;
 mod doubt;
 mod error;
 mod exec;
+mod forget;
 mod handle;
 mod handoff;
 mod hold;
@@ -149,11 +150,6 @@ pub(crate) enum Command {
         items: u32,
         reply: Reply<crate::store::ForwardOutcome>,
     },
-    /// A topic's saved traffic totals plus those the worker has not saved yet.
-    TopicTotals {
-        topic: TopicName,
-        reply: Reply<crate::model::Totals>,
-    },
     DeadItems {
         topic: TopicName,
         after: Option<ReadyKey>,
@@ -221,6 +217,10 @@ pub(crate) struct ShardShared {
     pub staged: Staged,
     /// Items by namespace and state, kept by the worker (see [`NsCounts`]).
     pub counts: std::sync::Mutex<NsCounts>,
+    /// Every topic's traffic totals, saved or not yet: read at open, then moved by the
+    /// worker as it counts (see `ShardWorker::tally`), so topicStats needs no query and no
+    /// turn of the worker. Lock order: taken alone.
+    pub totals: std::sync::Mutex<std::collections::HashMap<TopicName, crate::model::Totals>>,
     /// Items of inserts in doubt since found committed, by topic: the worker adds them to
     /// its traffic totals at its next turn.
     pub late_enqueues: std::sync::Mutex<Vec<(TopicName, i64)>>,

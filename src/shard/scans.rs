@@ -352,7 +352,8 @@ impl<S: ShardStore> ShardWorker<S> {
 
     /// Persists the scans' checkpoints (each is the last millisecond fully processed) and
     /// the topics' totals gathered since the last save; at the same pace (not at a stop),
-    /// forgets a chunk of the enqueue batches' marks past their memory.
+    /// forgets a chunk of the enqueue batches' marks past their memory and the topics idle
+    /// long enough (see `forget.rs`).
     pub(super) async fn save_checkpoints(&mut self, force: bool) {
         let now = self.clock.now_ms();
         if !force && now - self.last_checkpoint_ms < self.cfg.checkpoint_interval_ms as i64 {
@@ -373,6 +374,11 @@ impl<S: ShardStore> ShardWorker<S> {
                     self.totals.entry(t).or_default().add(&d);
                 }
             }
+        }
+        if !force {
+            // After the totals' save: a topic with totals still to save is not forgotten
+            // (their save would write its row back).
+            self.forget_idle_topics().await;
         }
         let (ms, key) = self.cursor;
         let mut cp = if key == u64::MAX { ms } else { ms - 1 };

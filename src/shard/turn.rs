@@ -74,25 +74,6 @@ impl<S: ShardStore> ShardWorker<S> {
                         .dead_items(&topic.ns, &topic.topic, after, limit)
                         .await
                 }),
-                Command::TopicTotals { topic, reply } => {
-                    // The saved totals plus what this worker has not saved yet, read in the
-                    // worker: beside it, a checkpoint could save the pending totals between
-                    // taking them and reading the saved ones, and count them twice. One
-                    // row by its key; the counts come from memory (see the handle).
-                    let store = self.store.clone();
-                    // A read, maybe on a reader of its own (SQLite): not the writes'
-                    // health, so not the breaker's business.
-                    let (r, _) =
-                        timed(self.timeout(), store.topic_totals(&topic.ns, &topic.topic)).await;
-                    let pending = self.totals.get(&topic).copied().unwrap_or_default();
-                    let r = r
-                        .map(|mut t| {
-                            t.add(&pending);
-                            t
-                        })
-                        .map_err(|e| storage_error(self.id, &e));
-                    let _ = reply.send(r);
-                }
                 Command::FetchReady { keys, reply } => self
                     .read_beside(reply, move |store, now| async move {
                         store.fetch_ready(&keys, now).await

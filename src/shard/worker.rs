@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::doubt::Doubts;
+use super::forget::IdleTopics;
 pub(super) use super::store_call::{storage_error, timed};
 use super::worker_config::WorkerConfig;
 use super::Result;
@@ -66,6 +67,8 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) deferred: Vec<Command>,
     /// Topic totals not saved yet (see `save_checkpoints`).
     pub(super) totals: HashMap<TopicName, Totals>,
+    /// Topics holding nothing, and since when (see `forget.rs`).
+    pub(super) idle: IdleTopics,
     /// Item events by namespace not published to the metrics yet (see `publish_events`).
     pub(super) events: HashMap<String, Totals>,
     /// Topics whose last write's outcome is unknown (see `doubt.rs`); a lock only so that
@@ -194,6 +197,12 @@ impl<S: ShardStore> ShardWorker<S> {
             counts.add(&ns, &topic, state, sec * 1000, n);
             items += n;
         }
+        let totals: HashMap<TopicName, Totals> = timed(open_timeout, store.totals())
+            .await
+            .0?
+            .into_iter()
+            .collect();
+        let idle = IdleTopics::at_open(totals.keys(), &counts, clock.now_ms());
         let shared = Arc::new(ShardShared {
             healthy: AtomicBool::new(true),
             died: AtomicBool::new(false),
@@ -203,6 +212,7 @@ impl<S: ShardStore> ShardWorker<S> {
             nice: store.nice_knob(),
             staged: Default::default(),
             counts: std::sync::Mutex::new(counts),
+            totals: std::sync::Mutex::new(totals),
             late_enqueues: Default::default(),
         });
         for (key, token) in unseen.unwrap_or_default() {
@@ -246,6 +256,7 @@ impl<S: ShardStore> ShardWorker<S> {
             lease_token: now.saturating_mul(1000),
             waiters,
             totals: HashMap::new(),
+            idle,
             events: HashMap::new(),
             deferred: Vec::new(),
             doubts: std::sync::Mutex::new({
@@ -440,6 +451,14 @@ impl<S: ShardStore> ShardWorker<S> {
             ns: ns.to_string(),
             topic: topic.to_string(),
         };
+        let mut all = self.shared.totals.lock().expect("totals");
+        match all.get_mut(&key) {
+            Some(t) => t.add(&d),
+            None => {
+                all.insert(key.clone(), d);
+            }
+        }
+        drop(all);
         self.totals.entry(key).or_default().add(&d);
     }
 

@@ -360,7 +360,9 @@ impl<S: ShardStore> ShardStore for Cached<S> {
         forward_committed(token: i64, items: u32) -> crate::store::ForwardOutcome;
         forget_batches(before_ms: i64) -> u64;
         topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
-        topic_totals(ns: &str, topic: &str) -> Totals;
+        totals() -> Vec<(TopicName, Totals)>;
+        // Topics holding no item have nothing here.
+        forget_topics(topics: &[TopicName]) -> Vec<TopicName>;
         add_totals(deltas: &[(TopicName, Totals)]) -> ();
         state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
         ping() -> ();

@@ -379,6 +379,7 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         forward_committed(token: i64 => ByValue(token), items: u32 => ByValue(items)) -> crate::store::ForwardOutcome;
         forget_batches(before_ms: i64 => ByValue(before_ms)) -> u64;
         add_totals(deltas: &[(TopicName, Totals)] => deltas.to_vec()) -> ();
+        forget_topics(topics: &[TopicName] => topics.to_vec()) -> Vec<TopicName>;
         purge_dead(ns: &str => ns.to_string(), topic: &str => topic.to_string(), limit: usize => ByValue(limit)) -> u64;
     }
 
@@ -390,7 +391,7 @@ impl<S: ShardStore> ShardStore for Faulty<S> {
         lookup(keys: &[u64]) -> Vec<ItemMeta>;
         scan(after: (i64, u64), now_ms: i64, limit: usize) -> Vec<ItemMeta>;
         topic_counts(ns: &str, after: Option<&str>, now_ms: i64, limit: usize) -> Vec<TopicCounts>;
-        topic_totals(ns: &str, topic: &str) -> Totals;
+        totals() -> Vec<(TopicName, Totals)>;
         state_counts(topic: Option<&TopicName>) -> Vec<StateCount>;
     }
 }

@@ -440,13 +440,17 @@ pub trait ShardStore: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = StoreResult<Vec<TopicCounts>>> + Send;
 
-    /// The saved traffic totals of one topic (one row by its key; its counts are kept in
-    /// memory by the shard's worker).
-    fn topic_totals(
+    /// Every topic's saved traffic totals, read when the shard opens (the worker keeps
+    /// them in memory from then on, as it does the counts).
+    fn totals(&self) -> impl Future<Output = StoreResult<Vec<(TopicName, Totals)>>> + Send;
+
+    /// Forgets those of `topics` that hold no item on this shard: their rows, totals and
+    /// ids (see `topics::TopicIds::begin_forgetting`). Returns the ones forgotten. Called by the
+    /// worker, the shard's only writer, with no write of its in doubt.
+    fn forget_topics(
         &self,
-        ns: &str,
-        topic: &str,
-    ) -> impl Future<Output = StoreResult<Totals>> + Send;
+        topics: &[TopicName],
+    ) -> impl Future<Output = StoreResult<Vec<TopicName>>> + Send;
 
     /// Adds to the saved totals of each topic, in one statement.
     fn add_totals(

@@ -16,6 +16,7 @@ pub fn worker_config() -> foqs::shard::WorkerConfig {
         scan_interval_ms: 60_000,
         scan_rows_max: 1000,
         checkpoint_interval_ms: 60_000,
+        topic_forget_after_ms: 3_600_000,
         breaker_failures_max: 3,
         breaker_slow_ms: 10_000,
         breaker_open_ms: 1000,

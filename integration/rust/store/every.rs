@@ -475,3 +475,82 @@ async fn forward_marks_decide_what_a_forwarded_request_stored<S: ShardStore>(s: 
 async fn forward_marks_decide_what_a_forwarded_request_stored_on_every_store() {
     on_every_store!(forward_marks_decide_what_a_forwarded_request_stored);
 }
+
+/// A topic that holds nothing is forgotten with its row, totals and dedup keys; one that
+/// holds an item is kept, whatever the caller believed; a forgotten name used again gets
+/// a new id, and a reopen finds every row's topic.
+async fn idle_topics_are_forgotten<S: ShardStore>(s: &S) {
+    s.open().await.unwrap();
+    let name = |topic: &str| TopicName {
+        ns: "f".into(),
+        topic: topic.into(),
+    };
+    let mut keyed = new_item("f", "gone", 1, NOW - 10);
+    keyed.dedup_key = Some("k".into());
+    let rows = vec![
+        (1, keyed),
+        (2, new_item("f", "kept", 1, NOW - 10)),
+        (3, new_item("f", "gone2", 1, NOW - 10)),
+    ];
+    let marks = foqs::store::Marks::batch(foqs::store::new_batch_token(NOW));
+    s.insert(&rows, Some(100), &marks, &Handoff::NONE, NOW)
+        .await
+        .unwrap();
+    let one = Totals {
+        enqueued: 1,
+        ..Totals::default()
+    };
+    s.add_totals(&[(name("gone"), one), (name("kept"), one)])
+        .await
+        .unwrap();
+    s.delete(&[1, 3]).await.unwrap();
+
+    let mut gone = s
+        .forget_topics(&[name("gone"), name("kept"), name("gone2"), name("never")])
+        .await
+        .unwrap();
+    gone.sort_by(|a, b| a.topic.cmp(&b.topic));
+    assert_eq!(gone, vec![name("gone"), name("gone2")]);
+    let totals: Vec<TopicName> = s.totals().await.unwrap().into_iter().map(|t| t.0).collect();
+    assert_eq!(totals, vec![name("kept")]);
+    assert!(s
+        .ready_keys("f", "gone", None, NOW, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    // Forgotten twice: nothing left to forget.
+    assert!(s.forget_topics(&[name("gone")]).await.unwrap().is_empty());
+
+    // The name again: a new id, its own rows; the old key names nothing.
+    let mut again = new_item("f", "gone", 2, NOW - 10);
+    again.dedup_key = Some("k".into());
+    let marks = foqs::store::Marks::batch(foqs::store::new_batch_token(NOW + 1));
+    s.insert(&[(4, again)], Some(100), &marks, &Handoff::NONE, NOW)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.dedup_lookup("f", "gone", &["k"]).await.unwrap(),
+        vec![("k".to_string(), 4)]
+    );
+    s.close().await;
+    s.open().await.unwrap();
+    let mut counts: Vec<(String, i64)> = s
+        .state_counts(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.1, c.4))
+        .collect();
+    counts.sort();
+    assert_eq!(counts, vec![("gone".into(), 1), ("kept".into(), 1)]);
+    assert_eq!(
+        keys(&s.ready_keys("f", "gone", None, NOW, 10).await.unwrap()),
+        vec![4]
+    );
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_topics_are_forgotten_on_every_store() {
+    on_every_store!(idle_topics_are_forgotten);
+}

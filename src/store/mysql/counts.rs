@@ -1,5 +1,5 @@
-//! The MySQL store's counting reads: a namespace's topics with their counts, one topic's
-//! snapshot (counts, oldest ready item, totals) and the full count by state at open. They
+//! The MySQL store's counting reads: a namespace's topics with their counts, every topic's
+//! totals and the full count by state at open. They
 //! read, never write, and only `ShardStore`'s methods of the same names call them.
 
 use mysql_async::prelude::*;
@@ -47,24 +47,31 @@ impl MySqlStore {
             .collect())
     }
 
-    pub(super) async fn read_totals(&self, ns: &str, topic: &str) -> StoreResult<Totals> {
-        let Some(tid) = self.tid(ns, topic) else {
-            return Ok(Totals::default());
-        };
+    /// Every topic's saved totals.
+    pub(super) async fn read_totals(&self) -> StoreResult<Vec<(TopicName, Totals)>> {
         let mut conn = self.conn().await?;
-        let totals: Option<(i64, i64, i64, i64, i64)> = conn
-            .query_first(format!(
-                "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
-            ))
+        type Row = (Vec<u8>, Vec<u8>, i64, i64, i64, i64, i64);
+        let rows: Vec<Row> = conn
+            .query("SELECT ns, topic, enqueued, delivered, acked, nacked, expired FROM topics")
             .await?;
-        let (enqueued, delivered, acked, nacked, expired) = totals.unwrap_or_default();
-        Ok(Totals {
-            enqueued,
-            delivered,
-            acked,
-            nacked,
-            expired,
-        })
+        Ok(rows
+            .into_iter()
+            .map(|(ns, topic, enqueued, delivered, acked, nacked, expired)| {
+                (
+                    TopicName {
+                        ns: String::from_utf8_lossy(&ns).into_owned(),
+                        topic: String::from_utf8_lossy(&topic).into_owned(),
+                    },
+                    Totals {
+                        enqueued,
+                        delivered,
+                        acked,
+                        nacked,
+                        expired,
+                    },
+                )
+            })
+            .collect())
     }
 
     pub(super) async fn count_states(

@@ -41,7 +41,7 @@ pub use tls::{with_tls, MysqlTls};
 use super::batches::{self, BatchOutcome};
 use super::forwards::{self, ForwardOutcome, Marks};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan, Statement};
-use super::topics::TopicIds;
+use super::topics::{forget_sql, kept_sql, TopicIds};
 use super::{
     Change, Claimed, Handoff, ItemMeta, Recovered, Retarget, ShardStore, StateCount, StoreError,
     StoreResult,
@@ -525,8 +525,18 @@ impl ShardStore for MySqlStore {
         self.count_topics(ns, after, now_ms, limit).await
     }
 
-    async fn topic_totals(&self, ns: &str, topic: &str) -> StoreResult<Totals> {
-        self.read_totals(ns, topic).await
+    async fn totals(&self) -> StoreResult<Vec<(TopicName, Totals)>> {
+        self.read_totals().await
+    }
+
+    async fn forget_topics(&self, topics: &[TopicName]) -> StoreResult<Vec<TopicName>> {
+        let ids = self.topics.lock().expect("topics").begin_forgetting(topics);
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.run_all(forget_sql(&ids)).await?;
+        let kept: Vec<u32> = self.conn().await?.query(kept_sql(&ids)).await?;
+        Ok(self.topics.lock().expect("topics").forgotten(&ids, &kept))
     }
 
     async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {

@@ -1,5 +1,5 @@
-//! The SQLite store's counting reads: a namespace's topics with their counts, one topic's
-//! snapshot (counts, oldest ready item, totals) and the full count by state at open. They
+//! The SQLite store's counting reads: a namespace's topics with their counts, every topic's
+//! totals and the full count by state at open. They
 //! read, never write, and only `ShardStore`'s methods of the same names call them.
 
 use super::conn::store_error;
@@ -52,31 +52,35 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn read_totals(&self, ns: &str, topic: &str) -> StoreResult<Totals> {
-        let Some(tid) = self.tid(ns, topic) else {
-            return Ok(Totals::default());
-        };
+    /// Every topic's saved totals.
+    pub(super) async fn read_totals(&self) -> StoreResult<Vec<(TopicName, Totals)>> {
         self.read(move |conn| {
-            conn.query_row(
-                &format!(
-                    "SELECT enqueued, delivered, acked, nacked, expired FROM topics WHERE tid = {tid}"
-                ),
-                [],
-                |r| {
-                    Ok(Totals {
-                        enqueued: r.get(0)?,
-                        delivered: r.get(1)?,
-                        acked: r.get(2)?,
-                        nacked: r.get(3)?,
-                        expired: r.get(4)?,
-                    })
-                },
-            )
-            .or_else(|e| match e {
-                rusqlite::Error::QueryReturnedNoRows => Ok(Totals::default()),
-                e => Err(e),
-            })
-            .map_err(store_error)
+            let mut st = conn
+                .prepare(
+                    "SELECT ns, topic, enqueued, delivered, acked, nacked, expired FROM topics",
+                )
+                .map_err(store_error)?;
+            let out = st
+                .query_map([], |r| {
+                    let (ns, topic): (Vec<u8>, Vec<u8>) = (r.get(0)?, r.get(1)?);
+                    Ok((
+                        TopicName {
+                            ns: String::from_utf8_lossy(&ns).into_owned(),
+                            topic: String::from_utf8_lossy(&topic).into_owned(),
+                        },
+                        Totals {
+                            enqueued: r.get(2)?,
+                            delivered: r.get(3)?,
+                            acked: r.get(4)?,
+                            nacked: r.get(5)?,
+                            expired: r.get(6)?,
+                        },
+                    ))
+                })
+                .map_err(store_error)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(store_error)?;
+            Ok(out)
         })
         .await
     }

@@ -27,7 +27,7 @@ use rusqlite::Connection;
 use super::batches::{self, BatchOutcome};
 use super::forwards::{self, ForwardOutcome, Marks};
 use super::sql::{self as text, key_list, totals_sql, Dialect, InsertPlan};
-use super::topics::TopicIds;
+use super::topics::{forget_sql, kept_sql, TopicIds};
 use super::{
     Change, Handoff, ItemMeta, Recovered, ShardStore, StateCount, StoreError, StoreResult,
 };
@@ -494,8 +494,31 @@ impl ShardStore for SqliteStore {
         self.count_topics(ns, after, now_ms, limit).await
     }
 
-    async fn topic_totals(&self, ns: &str, topic: &str) -> StoreResult<Totals> {
-        self.read_totals(ns, topic).await
+    async fn totals(&self) -> StoreResult<Vec<(TopicName, Totals)>> {
+        self.read_totals().await
+    }
+
+    async fn forget_topics(&self, topics: &[TopicName]) -> StoreResult<Vec<TopicName>> {
+        let ids = self.topics.lock().expect("topics").begin_forgetting(topics);
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (statements, kept) = (forget_sql(&ids), kept_sql(&ids));
+        let kept = self
+            .call(move |conn| {
+                for s in &statements {
+                    conn.execute(s, []).map_err(store_error)?;
+                }
+                let mut st = conn.prepare(&kept).map_err(store_error)?;
+                let kept = st
+                    .query_map([], |r| r.get::<_, u32>(0))
+                    .map_err(store_error)?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(store_error)?;
+                Ok(kept)
+            })
+            .await?;
+        Ok(self.topics.lock().expect("topics").forgotten(&ids, &kept))
     }
 
     async fn add_totals(&self, deltas: &[(TopicName, Totals)]) -> StoreResult<()> {

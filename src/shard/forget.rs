@@ -1,0 +1,142 @@
+//! Forgetting topics that hold nothing: [`IdleTopics`] remembers since when each topic the
+//! shard knows has held no item, and the worker has its store forget those idle for
+//! `engine.topic_forget_after_ms` (rows, totals and ids: see `store::topics`). Without it a
+//! client making topics without end (one item each, acked) grew every shard's `topics`
+//! table, its id map and the totals kept in memory for ever.
+
+use std::collections::HashMap;
+
+use super::worker::{timed, ShardWorker};
+use super::NsCounts;
+use crate::model::TopicName;
+use crate::store::ShardStore;
+
+/// Topics forgotten per statement, at most: the rest wait for the next sweep.
+const FORGET_PER_SWEEP_MAX: usize = 1000;
+/// The longest pause between sweeps (shorter when the forget delay is short).
+const SWEEP_EVERY_MS_MAX: i64 = 60_000;
+
+#[derive(Debug, Default)]
+pub(super) struct IdleTopics {
+    /// Topic → when it was first seen holding nothing.
+    since: HashMap<TopicName, i64>,
+    last_sweep_ms: i64,
+}
+
+impl IdleTopics {
+    /// Topics known at open (they have a row) that hold nothing then.
+    pub(super) fn at_open<'a>(
+        known: impl Iterator<Item = &'a TopicName>,
+        counts: &NsCounts,
+        now_ms: i64,
+    ) -> IdleTopics {
+        IdleTopics {
+            since: known
+                .filter(|t| !counts.topics_of(&t.ns, &t.topic).0)
+                .map(|t| (t.clone(), now_ms))
+                .collect(),
+            last_sweep_ms: now_ms,
+        }
+    }
+
+    /// The topics idle for `after_ms` at `now_ms`, at most [`FORGET_PER_SWEEP_MAX`], taken
+    /// out (kept ones come back when they are emptied again). A topic `busy` says is not
+    /// idle (it holds items again, or has totals to save) is dropped.
+    fn due(
+        &mut self,
+        now_ms: i64,
+        after_ms: i64,
+        busy: impl Fn(&TopicName) -> bool,
+    ) -> Vec<TopicName> {
+        self.since.retain(|t, _| !busy(t));
+        let due: Vec<TopicName> = self
+            .since
+            .iter()
+            .filter(|(_, since)| now_ms - **since >= after_ms)
+            .map(|(t, _)| t.clone())
+            .take(FORGET_PER_SWEEP_MAX)
+            .collect();
+        for t in &due {
+            self.since.remove(t);
+        }
+        due
+    }
+}
+
+impl<S: ShardStore> ShardWorker<S> {
+    /// Forgets the topics idle long enough; at most once per sweep pause. Not while a
+    /// write is in doubt: its late commit could add rows to a forgotten topic's id.
+    pub(super) async fn forget_idle_topics(&mut self) {
+        let now = self.clock.now_ms();
+        let after = self.cfg.topic_forget_after_ms as i64;
+        if now - self.idle.last_sweep_ms < (after / 4).clamp(1, SWEEP_EVERY_MS_MAX) {
+            return;
+        }
+        self.idle.last_sweep_ms = now;
+        let emptied = self.shared.counts.lock().expect("counts").take_emptied();
+        for t in emptied {
+            self.idle.since.entry(t).or_insert(now);
+        }
+        if self.doubts().earliest_ms().is_some() {
+            return;
+        }
+        let due = {
+            let counts = self.shared.counts.lock().expect("counts");
+            let pending = &self.totals;
+            self.idle.due(now, after, |t| {
+                counts.topics_of(&t.ns, &t.topic).0 || pending.contains_key(t)
+            })
+        };
+        if due.is_empty() {
+            return;
+        }
+        let (r, took) = timed(self.timeout(), self.store.forget_topics(&due)).await;
+        self.record(&r, took);
+        match r {
+            Ok(gone) => {
+                let mut totals = self.shared.totals.lock().expect("totals");
+                for t in &gone {
+                    totals.remove(t);
+                }
+                drop(totals);
+                tracing::debug!(
+                    shard = self.id,
+                    forgotten = gone.len(),
+                    "idle topics forgotten"
+                );
+            }
+            // Tried again once they are idle again (from the next time they empty).
+            Err(e) => tracing::warn!(shard = self.id, error = %e, "forgetting idle topics"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ItemState;
+
+    fn name(topic: &str) -> TopicName {
+        TopicName {
+            ns: "a".into(),
+            topic: topic.into(),
+        }
+    }
+
+    #[test]
+    fn a_topic_is_due_once_idle_long_enough_and_not_while_it_holds_items() {
+        let mut counts = NsCounts::default();
+        counts.add("a", "busy", ItemState::Ready, 0, 1);
+        let known = [name("busy"), name("idle")];
+        let mut idle = IdleTopics::at_open(known.iter(), &counts, 1_000);
+        assert_eq!(idle.since.len(), 1);
+        assert!(idle.due(1_500, 1_000, |_| false).is_empty());
+        assert_eq!(idle.due(2_000, 1_000, |_| false), vec![name("idle")]);
+        // Taken out: not due twice.
+        assert!(idle.due(9_000, 1_000, |_| false).is_empty());
+        // One that holds items again is dropped, not forgotten.
+        idle.since.insert(name("back"), 0);
+        assert!(idle.due(9_000, 1_000, |t| t.topic == "back").is_empty());
+        assert!(idle.since.is_empty());
+    }
+}
