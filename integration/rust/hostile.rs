@@ -10,6 +10,33 @@ use foqs::thrift_gen::{
     PeerLoginRequest, TFoqsSyncClient,
 };
 
+/// dlqList of one topic, its first page.
+fn dlq_list(
+    c: &mut Client,
+    ns: &str,
+    topic: &str,
+) -> thrift::Result<foqs::thrift_gen::DlqListResponse> {
+    c.call(|c| {
+        c.dlq_list(foqs::thrift_gen::DlqListRequest {
+            forwarded_for: None,
+            ns: Some(ns.into()),
+            topic: Some(topic.into()),
+            limit: None,
+            after: None,
+            local_only: None,
+        })
+    })
+}
+
+/// A topic of namespace `ns` with one dead item.
+fn one_dead(c: &mut Client, ns: &str, topic: &str) {
+    c.enqueue(vec![item(ns, topic, 0, b"x")]);
+    let got = c.dequeue(ns, topic, 1);
+    assert!(c.nack(vec![to_dlq(got[0].id.as_deref().unwrap())])[0]
+        .error
+        .is_none());
+}
+
 /// The namespace quota the forged `forwarded_by` skipped: 60 a minute, 10 s of burst.
 const QUOTA: &str =
     "[[namespaces]]\nname = \"q\"\nenqueues_per_minute = 60\nquota_burst_ms = 10000\n";
@@ -470,30 +497,14 @@ async fn drained_topics_are_forgotten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_has_a_bounded_number_of_listing_calls_in_progress() {
     use foqs::store::faulty::Fault;
-    use foqs::thrift_gen::DlqListRequest;
     const PLACES: usize = 16;
     let db = TestDb::new(1);
     let clock = std::sync::Arc::new(foqs::clock::SystemClock);
     let (running, faults) = foqsd_with_faults(&db, FAST_ENGINE, clock).await;
     let addr = running.addr;
     let mut c = Client::connect(addr, Proto::Binary);
-    c.enqueue(vec![item("l", "t", 0, b"x")]);
-    let got = c.dequeue("l", "t", 1);
-    assert!(c.nack(vec![to_dlq(got[0].id.as_deref().unwrap())])[0]
-        .error
-        .is_none());
-    let list = move |c: &mut Client| {
-        c.call(|c| {
-            c.dlq_list(DlqListRequest {
-                forwarded_for: None,
-                ns: Some("l".into()),
-                topic: Some("t".into()),
-                limit: None,
-                after: None,
-                local_only: None,
-            })
-        })
-    };
+    one_dead(&mut c, "l", "t");
+    let list = |c: &mut Client| dlq_list(c, "l", "t");
     faults.always("dead_items", Fault::Hold);
     let mut held = Vec::new();
     for _ in 0..PLACES {
@@ -541,5 +552,64 @@ async fn a_caller_has_a_bounded_number_of_listing_calls_in_progress() {
         assert_eq!(h.join().unwrap().expect("a held dlqList"), 1);
     }
     assert_eq!(list(&mut c).expect("a place again").items.unwrap().len(), 1);
+    running.shutdown().await;
+}
+
+/// At the connection cap, a new connection waits for the one that gives way in a task of
+/// its own: with every slot held by a slow request (a dlqList held in storage, which an
+/// eviction cannot cut short), eight new connections are all answered (closed, as there
+/// is no slot) within about the one-second wait, not one after the other. (Before: the
+/// accept loop waited up to a second for each, so the eighth waited eight seconds and
+/// nothing else was accepted meanwhile.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_connections_at_the_cap_do_not_wait_one_after_another() {
+    use foqs::store::faulty::Fault;
+    const CAP: usize = 8;
+    let db = TestDb::new(1);
+    let clock = std::sync::Arc::new(foqs::clock::SystemClock);
+    let server_extra = format!("max_connections = {CAP}\n");
+    let (running, faults) = foqsd_with_faults_on(&db, &server_extra, FAST_ENGINE, clock).await;
+    let addr = running.addr;
+    let mut c = Client::connect(addr, Proto::Binary);
+    one_dead(&mut c, "s", "t");
+    drop(c);
+    faults.always("dead_items", Fault::Hold);
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        let arrived = faults.waiting().notified();
+        held.push(std::thread::spawn(move || {
+            dlq_list(&mut Client::connect(addr, Proto::Binary), "s", "t").is_ok()
+        }));
+        tokio::time::timeout(std::time::Duration::from_secs(20), arrived)
+            .await
+            .expect("each dlqList reaches the store");
+    }
+    let started = std::time::Instant::now();
+    let newcomers: Vec<_> = (0..CAP)
+        .map(|_| {
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+                    .unwrap();
+                let _ = s.read(&mut [0u8; 16]);
+                started.elapsed()
+            })
+        })
+        .collect();
+    let waits: Vec<_> = newcomers.into_iter().map(|n| n.join().unwrap()).collect();
+    let longest = *waits.iter().max().unwrap();
+    eprintln!("new connections at the cap answered after {waits:?}");
+    assert!(
+        longest < std::time::Duration::from_secs(4),
+        "the last new connection waited {longest:?}"
+    );
+    faults.calm();
+    for _ in 0..CAP {
+        faults.release();
+    }
+    for h in held {
+        let _ = h.join();
+    }
     running.shutdown().await;
 }

@@ -21,14 +21,16 @@ pub mod session;
 
 pub use listen::listen;
 
-/// At the cap with every connection busy, how often eviction is tried again.
 /// Log lines a second about connections (opened with TLS, closed by foqsd, refused).
 const CONNECTION_LOG_LINES_PER_SECOND: u32 = 20;
 
 /// How long a new connection waits at the cap for the one that gives way to close.
 const EVICT_WAIT_MAX: Duration = Duration::from_secs(1);
+/// New connections waiting at the cap for a slot, at most; past it one is refused at once.
+const SLOT_WAITERS_MAX: usize = 64;
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -98,6 +100,8 @@ struct Edge {
     metrics: Arc<Metrics>,
     /// New connections refused for want of a slot (for the log's pacing).
     refused: std::sync::atomic::AtomicU64,
+    /// New connections waiting at the cap for a slot (see [`SLOT_WAITERS_MAX`]).
+    slot_waiters: std::sync::atomic::AtomicUsize,
     /// The pace of the log lines clients can cause (see `pace`).
     log_pace: pace::LogPace,
 }
@@ -120,6 +124,7 @@ pub async fn serve(
         table: Arc::new(ConnTable::default()),
         metrics,
         refused: Default::default(),
+        slot_waiters: Default::default(),
         log_pace: pace::LogPace::new(CONNECTION_LOG_LINES_PER_SECOND),
     });
     loop {
@@ -150,12 +155,12 @@ pub async fn serve(
             evicted = true;
         }
         let permit = match permits.clone().try_acquire_owned() {
-            Ok(p) => p,
+            Ok(p) => Some(p),
             Err(_) => {
                 // At the cap: an idle connection gives way, else the longest waiting
                 // request (a long poll is answered empty and closed). When every
-                // connection is writing an answer, or the slot does not come free soon,
-                // the new one is refused at once: the listen backlog must not fill.
+                // connection is writing an answer, the new one is refused at once: the
+                // listen backlog must not fill.
                 if !evicted && !edge.table.evict_one(None) {
                     refuse(&edge, peer, "connection_cap");
                     continue;
@@ -163,21 +168,38 @@ pub async fn serve(
                 if !evicted {
                     edge.metrics.connection_evicted();
                 }
-                tokio::select! {
-                    p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
-                    _ = tokio::time::sleep(EVICT_WAIT_MAX) => {
-                        refuse(&edge, peer, "connection_cap");
-                        continue;
-                    }
-                    _ = shutdown.changed() => return drain(permits, &limits).await,
+                // It waits for the slot in its own task (the one giving way may be a slow
+                // request, not a long poll): the accept loop goes on meanwhile.
+                if edge.slot_waiters.fetch_add(1, Ordering::Relaxed) >= SLOT_WAITERS_MAX {
+                    edge.slot_waiters.fetch_sub(1, Ordering::Relaxed);
+                    refuse(&edge, peer, "connection_cap");
+                    continue;
                 }
+                None
             }
         };
-        // Registered here, not in the task: the next accept counts it for its address.
-        let slot = edge.table.register(ip);
+        // Registered here when it has its slot, not in the task: the next accept counts
+        // it for its address.
+        let slot = permit.as_ref().map(|_| edge.table.register(ip));
         let edge = edge.clone();
-        let shutdown = shutdown.clone();
+        let mut shutdown = shutdown.clone();
+        let permits = permits.clone();
         tokio::spawn(async move {
+            let (permit, slot) = match (permit, slot) {
+                (Some(p), Some(s)) => (p, s),
+                _ => {
+                    let got = tokio::select! {
+                        p = permits.acquire_owned() => p.ok(),
+                        _ = tokio::time::sleep(EVICT_WAIT_MAX) => None,
+                        _ = shutdown.changed() => None,
+                    };
+                    edge.slot_waiters.fetch_sub(1, Ordering::Relaxed);
+                    match got {
+                        Some(p) => (p, edge.table.register(ip)),
+                        None => return refuse(&edge, peer, "connection_cap"),
+                    }
+                }
+            };
             edge.metrics.connections_open.inc();
             let end = match connect(stream, peer, &edge, &slot, shutdown).await {
                 Ok(end) => end,
@@ -283,6 +305,8 @@ async fn connect(
     serve_connection(stream, peer, edge, slot, &caller, shutdown).await
 }
 
+/// Replies up to this size are written joined to their framing, in one write.
+const WRITE_JOINED_MAX: usize = 64 * 1024;
 /// Most bytes read from the socket at once.
 const READ_CHUNK: usize = 64 * 1024;
 /// What an idle connection's buffer holds room for: a typical request in one read,
@@ -486,7 +510,14 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 // A client that does not take its reply holds a slot: bound it too. The
                 // flush pushes out what TLS buffered (a plain socket has nothing to flush).
                 let write = async {
-                    stream.write_all(&bytes).await?;
+                    // A large reply goes out behind its framing without being copied
+                    // into one buffer with it; a small one in one write (one segment).
+                    if bytes.body.len() > WRITE_JOINED_MAX {
+                        stream.write_all(&bytes.head).await?;
+                        stream.write_all(&bytes.body).await?;
+                    } else {
+                        stream.write_all(&bytes.into_vec()).await?;
+                    }
                     stream.flush().await
                 };
                 match tokio::time::timeout(frame_timeout, write).await {

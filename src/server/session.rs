@@ -6,7 +6,7 @@
 
 use crate::core::{Caller, Host};
 use crate::rpc::{self, Outcome};
-use crate::wire::{Decoder, Envelope, Next};
+use crate::wire::{Decoder, Envelope, Next, Wrapped};
 
 /// What the connection must do with a decoded request.
 #[derive(Debug)]
@@ -14,7 +14,7 @@ pub enum Step {
     /// Write `bytes`, drop the first `consumed` bytes of the buffer, and go on (or close,
     /// when `close_after`).
     Write {
-        bytes: Vec<u8>,
+        bytes: Wrapped,
         consumed: usize,
         close_after: bool,
         /// The request's transport and envelope (`None` for an interim write).
@@ -38,7 +38,7 @@ pub async fn answer(next: Next, buf: &[u8], host: &Host, caller: &Caller) -> Ste
             answer: None,
         },
         Next::Interim(bytes) => Step::Write {
-            bytes: bytes.to_vec(),
+            bytes: Wrapped::raw(bytes.to_vec()),
             consumed: 0,
             close_after: false,
             envelope: None,
@@ -80,7 +80,7 @@ pub async fn answer(next: Next, buf: &[u8], host: &Host, caller: &Caller) -> Ste
                 .transport_request(req.envelope.transport().label(), protocol);
             match rpc::handle(msg, host, caller, req.client_timeout_ms).await {
                 Outcome::Reply(reply) => Step::Write {
-                    bytes: req.envelope.wrap(&reply),
+                    bytes: req.envelope.wrap_owned(reply),
                     consumed: req.consumed,
                     close_after: !req.envelope.keep_open(),
                     envelope: Some(req.envelope),
@@ -112,7 +112,7 @@ fn exception(
         .transport_request(envelope.transport().label(), protocol.label());
     let msg = rpc::exception(protocol, seq_id, kind, message);
     Step::Write {
-        bytes: envelope.wrap(&msg),
+        bytes: envelope.wrap_owned(msg),
         consumed,
         close_after: !envelope.keep_open(),
         envelope: Some(envelope),
@@ -161,7 +161,7 @@ pub async fn replay(
                 close_after,
                 envelope,
             } => {
-                out.push((envelope, w));
+                out.push((envelope, w.into_vec()));
                 at += consumed;
                 if close_after {
                     return (out, Some("closed_after_reply"));

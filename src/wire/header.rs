@@ -245,12 +245,17 @@ fn inflate(body: &[u8], max_bytes: usize) -> Result<Vec<u8>, String> {
 /// One THeader frame (length included) carrying `msg` as `reply` says; also what foqs's
 /// own THeader client sends.
 pub fn frame(reply: &Reply, msg: &[u8]) -> Vec<u8> {
-    let deflated;
+    let (mut out, body) = frame_parts(reply, msg.to_vec());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// [`frame`] as its head (length, fixed fields, header) and its body.
+pub fn frame_parts(reply: &Reply, msg: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
     let body = if reply.zlib {
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
-        z.write_all(msg).expect("writing to a Vec cannot fail");
-        deflated = z.finish().expect("writing to a Vec cannot fail");
-        &deflated[..]
+        z.write_all(&msg).expect("writing to a Vec cannot fail");
+        z.finish().expect("writing to a Vec cannot fail")
     } else {
         msg
     };
@@ -267,15 +272,14 @@ pub fn frame(reply: &Reply, msg: &[u8]) -> Vec<u8> {
     }
     header.resize(header.len().div_ceil(4) * 4, 0);
     let len = FIXED + header.len() + body.len();
-    let mut out = Vec::with_capacity(4 + len);
+    let mut out = Vec::with_capacity(4 + FIXED + header.len());
     out.extend_from_slice(&(len as u32).to_be_bytes());
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&reply.flags.to_be_bytes());
     out.extend_from_slice(&reply.seq_id.to_be_bytes());
     out.extend_from_slice(&((header.len() / 4) as u16).to_be_bytes());
     out.extend_from_slice(&header);
-    out.extend_from_slice(body);
-    out
+    (out, body)
 }
 
 #[cfg(test)]

@@ -153,19 +153,24 @@ pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// A 200 carrying `body`.
 pub fn ok(reply: &Reply, body: &[u8]) -> Vec<u8> {
-    let mut out = format!(
+    let mut out = ok_head(reply, body.len());
+    out.extend_from_slice(body);
+    out
+}
+
+/// The status line and headers of a 200 whose body is `len` bytes.
+pub fn ok_head(reply: &Reply, len: usize) -> Vec<u8> {
+    format!(
         "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}\r\n",
         reply.content_type,
-        body.len(),
+        len,
         if reply.keep_alive {
             "Connection: keep-alive\r\n"
         } else {
             "Connection: close\r\n"
         }
     )
-    .into_bytes();
-    out.extend_from_slice(body);
-    out
+    .into_bytes()
 }
 
 /// An error status with a plain-text reason; the connection closes after it.

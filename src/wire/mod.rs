@@ -81,6 +81,33 @@ pub enum Envelope {
     Http(http::Reply),
 }
 
+/// A reply on the wire: `head`, then `body`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wrapped {
+    pub head: Vec<u8>,
+    pub body: Vec<u8>,
+}
+
+impl Wrapped {
+    /// Bytes to write as they are (an interim answer).
+    pub fn raw(bytes: Vec<u8>) -> Wrapped {
+        Wrapped {
+            head: Vec::new(),
+            body: bytes,
+        }
+    }
+
+    /// Both parts in one buffer.
+    pub fn into_vec(self) -> Vec<u8> {
+        if self.head.is_empty() {
+            return self.body;
+        }
+        let mut out = self.head;
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
 impl Envelope {
     pub fn transport(&self) -> Transport {
         match self {
@@ -91,19 +118,21 @@ impl Envelope {
         }
     }
 
-    /// The bytes that carry reply message `msg`.
+    /// The bytes that carry reply message `msg`, in one buffer.
     pub fn wrap(&self, msg: &[u8]) -> Vec<u8> {
-        match self {
-            Envelope::Framed => {
-                let mut out = Vec::with_capacity(msg.len() + 4);
-                out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-                out.extend_from_slice(msg);
-                out
-            }
-            Envelope::Unframed => msg.to_vec(),
-            Envelope::Header(h) => header::frame(h, msg),
-            Envelope::Http(h) => http::ok(h, msg),
-        }
+        self.wrap_owned(msg.to_vec()).into_vec()
+    }
+
+    /// The framing of reply message `msg`, and the message (deflated when the request
+    /// asked for zlib): no copy of a large reply behind its few bytes of framing.
+    pub fn wrap_owned(&self, msg: Vec<u8>) -> Wrapped {
+        let (head, body) = match self {
+            Envelope::Framed => ((msg.len() as u32).to_be_bytes().to_vec(), msg),
+            Envelope::Unframed => (Vec::new(), msg),
+            Envelope::Header(h) => header::frame_parts(h, msg),
+            Envelope::Http(h) => (http::ok_head(h, msg.len()), msg),
+        };
+        Wrapped { head, body }
     }
 
     /// False when the connection must close after this reply (HTTP `Connection: close`).

@@ -134,3 +134,33 @@ fn every_kind_is_bounded() {
     };
     assert!(a.starts_with(b"HTTP/1.1 431 "));
 }
+
+/// A reply's message is the body of its framing as it is, not copied behind it (a full
+/// dequeue reply is up to `server.reply_bytes_max`); zlib alone makes a new body.
+#[test]
+fn a_reply_is_framed_without_copying_its_message() {
+    let msg = vec![9u8; 1 << 20];
+    let plain = header::Reply {
+        seq_id: 3,
+        flags: 0,
+        proto: Protocol::Binary,
+        zlib: false,
+    };
+    let http = http::Reply {
+        content_type: "application/x-thrift",
+        keep_alive: true,
+    };
+    for envelope in [
+        Envelope::Framed,
+        Envelope::Unframed,
+        Envelope::Header(plain),
+        Envelope::Http(http),
+    ] {
+        let owned = msg.clone();
+        let at = owned.as_ptr();
+        let w = envelope.wrap_owned(owned);
+        assert_eq!(w.body.as_ptr(), at, "{envelope:?}: the body was copied");
+        assert!(w.head.len() < 128);
+        assert_eq!(w.into_vec(), envelope.wrap(&msg));
+    }
+}

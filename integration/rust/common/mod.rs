@@ -243,7 +243,17 @@ pub async fn foqsd_with_faults(
     extra: &str,
     clock: foqs::clock::SharedClock,
 ) -> (Running, foqs::store::faulty::Faults) {
-    let cfg = Config::from_toml(&config_toml(db, "", extra)).expect("test config");
+    foqsd_with_faults_on(db, "", extra, clock).await
+}
+
+/// [`foqsd_with_faults`] with `server_extra` lines in its `[server]` section.
+pub async fn foqsd_with_faults_on(
+    db: &TestDb,
+    server_extra: &str,
+    extra: &str,
+    clock: foqs::clock::SharedClock,
+) -> (Running, foqs::store::faulty::Faults) {
+    let cfg = Config::from_toml(&config_toml(db, server_extra, extra)).expect("test config");
     let faults = foqs::store::faulty::Faults::default();
     let plan = std::collections::BTreeMap::from([(0, faults.clone())]);
     let running = foqs::daemon::start_with_faults(&cfg, clock, plan)
