@@ -10,7 +10,7 @@ use futures::future::join_all;
 use super::access::{Caller, Kind};
 use super::host::Host;
 use super::peers::*;
-use crate::error::Result;
+use crate::error::{Error, ErrorCode, Result};
 use crate::model::HEADS_MAX;
 use crate::model::{ClusterView, Head, ReadyTopic, ShardStatus, TopicName};
 
@@ -315,6 +315,17 @@ impl Host {
         topics: Vec<ReadyTopic>,
     ) -> Result<()> {
         self.allow(caller, "", Kind::Peer)?;
+        // A host announces its own ready items, not another's: on a logged-in connection
+        // the host it logged in as.
+        if let Some(logged_in) = caller.logged_in_peer().filter(|h| *h != host_id) {
+            return Err(Error::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "notifyReady for host {host_id:?} on a connection host {logged_in:?} \
+                     logged in on"
+                ),
+            ));
+        }
         if !self.cluster.view().hosts.contains_key(host_id) || host_id == self.host_id() {
             // Not a member of the cluster as this host sees it: nothing to route to.
             return Ok(());

@@ -166,6 +166,13 @@ async fn only_a_connection_with_the_clusters_secret_is_a_peer() {
     client
         .call(|c| c.notify_ready(ready()))
         .expect("a peer's announcement");
+    // A peer speaks for itself only: not for the host it did not log in as.
+    denied(client.call(|c| {
+        c.notify_ready(NotifyReadyRequest {
+            host_id: Some("b".into()),
+            ..ready()
+        })
+    }));
 
     // Host a logs in with the wrong secret: b refuses it, so a's enqueue for b's tier
     // cannot be forwarded and fails; nothing is stored.
