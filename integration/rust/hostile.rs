@@ -490,7 +490,8 @@ async fn drained_topics_are_forgotten() {
 }
 
 /// A caller (here: its address) has at most `server.listing_calls_per_caller_max` (16)
-/// listing calls in progress on a host: with 16 dlqLists held in storage, its next
+/// listing calls in progress on a host: with 16 dlqLists held (one in storage, the others
+/// waiting their turn to read), its next
 /// listing call is refused at once (`RATE_LIMITED`, retryable) while its enqueues go on,
 /// and once they end it lists again. (Before: a caller looping listing calls over many
 /// connections took every shard's read share and the runtime's threads from the others.)
@@ -506,17 +507,21 @@ async fn a_caller_has_a_bounded_number_of_listing_calls_in_progress() {
     one_dead(&mut c, "l", "t");
     let list = |c: &mut Client| dlq_list(c, "l", "t");
     faults.always("dead_items", Fault::Hold);
-    let mut held = Vec::new();
-    for _ in 0..PLACES {
-        let arrived = faults.waiting().notified();
-        held.push(std::thread::spawn(move || {
-            list(&mut Client::connect(addr, Proto::Binary))
-                .map(|r| r.items.unwrap_or_default().len())
-        }));
-        tokio::time::timeout(std::time::Duration::from_secs(20), arrived)
-            .await
-            .expect("each dlqList reaches the store");
-    }
+    let held: Vec<_> = (0..PLACES)
+        .map(|_| {
+            std::thread::spawn(move || {
+                list(&mut Client::connect(addr, Proto::Binary))
+                    .map(|r| r.items.unwrap_or_default().len())
+            })
+        })
+        .collect();
+    let host = running.host.clone();
+    eventually(
+        std::time::Duration::from_secs(20),
+        "16 dlqLists in progress",
+        || (host.listing_calls_in_progress() >= PLACES).then_some(()),
+    )
+    .await;
     let t = std::time::Instant::now();
     let refused = list(&mut c).expect_err("past the bound");
     let e = foqs_error(refused);
@@ -556,8 +561,8 @@ async fn a_caller_has_a_bounded_number_of_listing_calls_in_progress() {
 }
 
 /// At the connection cap, a new connection waits for the one that gives way in a task of
-/// its own: with every slot held by a slow request (a dlqList held in storage, which an
-/// eviction cannot cut short), eight new connections are all answered (closed, as there
+/// its own: with every slot held by a slow request (an enqueue held in storage or waiting
+/// for it, which an eviction cannot cut short), eight new connections are all answered (closed, as there
 /// is no slot) within about the one-second wait, not one after the other. (Before: the
 /// accept loop waited up to a second for each, so the eighth waited eight seconds and
 /// nothing else was accepted meanwhile.)
@@ -568,22 +573,31 @@ async fn new_connections_at_the_cap_do_not_wait_one_after_another() {
     let db = TestDb::new(1);
     let clock = std::sync::Arc::new(foqs::clock::SystemClock);
     let server_extra = format!("max_connections = {CAP}\n");
-    let (running, faults) = foqsd_with_faults_on(&db, &server_extra, FAST_ENGINE, clock).await;
+    // One enqueue writes at a time; the others wait for it in the fair waiting room.
+    let extra = format!("{FAST_ENGINE}fair_slots = 1\nfair_waiting_max = 16\n");
+    let (running, faults) = foqsd_with_faults_on(&db, &server_extra, &extra, clock).await;
     let addr = running.addr;
-    let mut c = Client::connect(addr, Proto::Binary);
-    one_dead(&mut c, "s", "t");
-    drop(c);
-    faults.always("dead_items", Fault::Hold);
-    let mut held = Vec::new();
-    for _ in 0..CAP {
-        let arrived = faults.waiting().notified();
-        held.push(std::thread::spawn(move || {
-            dlq_list(&mut Client::connect(addr, Proto::Binary), "s", "t").is_ok()
-        }));
-        tokio::time::timeout(std::time::Duration::from_secs(20), arrived)
-            .await
-            .expect("each dlqList reaches the store");
-    }
+    let host = running.host.clone();
+    faults.always("insert", Fault::Hold);
+    let arrived = faults.waiting().notified();
+    let held: Vec<_> = (0..CAP)
+        .map(|_| {
+            std::thread::spawn(move || {
+                Client::connect(addr, Proto::Binary)
+                    .try_enqueue(vec![item("s", "t", 0, b"x")])
+                    .is_ok()
+            })
+        })
+        .collect();
+    tokio::time::timeout(std::time::Duration::from_secs(20), arrived)
+        .await
+        .expect("an enqueue reaches the store");
+    eventually(
+        std::time::Duration::from_secs(20),
+        "every other enqueue waiting",
+        || (host.fair_waiting().0 >= CAP - 1).then_some(()),
+    )
+    .await;
     let started = std::time::Instant::now();
     let newcomers: Vec<_> = (0..CAP)
         .map(|_| {
@@ -610,6 +624,54 @@ async fn new_connections_at_the_cap_do_not_wait_one_after_another() {
     }
     for h in held {
         let _ = h.join();
+    }
+    running.shutdown().await;
+}
+
+/// Dead-letter listings read a shard's storage one at a time, whatever the number of
+/// callers: with four dlqLists from four callers at once, one reaches the store and the
+/// others wait their turn, while enqueues, dequeues and acks go on; all four are answered
+/// once the store answers. (Before: each took one of the shard's database connections,
+/// four by default, the ones its writes need.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_listings_do_not_take_the_connections_writes_need() {
+    use foqs::store::faulty::Fault;
+    let db = TestDb::new(1);
+    let clock = std::sync::Arc::new(foqs::clock::SystemClock);
+    let (running, faults) = foqsd_with_faults(&db, FAST_ENGINE, clock).await;
+    let addr = running.addr;
+    let mut c = Client::connect(addr, Proto::Binary);
+    one_dead(&mut c, "d", "t");
+    faults.always("dead_items", Fault::Hold);
+    let arrived = faults.waiting().notified();
+    let lists: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                dlq_list(&mut Client::connect(addr, Proto::Binary), "d", "t")
+                    .map(|r| r.items.unwrap_or_default().len())
+            })
+        })
+        .collect();
+    tokio::time::timeout(std::time::Duration::from_secs(20), arrived)
+        .await
+        .expect("one dlqList reaches the store");
+    // Writes and claims go on meanwhile.
+    c.enqueue(vec![item("d", "live", 0, b"x")]);
+    let got = c.dequeue("d", "live", 1);
+    assert!(c.ack(&[got[0].id.clone().unwrap()])[0].error.is_none());
+    let reached = || {
+        faults
+            .met()
+            .iter()
+            .filter(|(op, _, _)| op == "dead_items")
+            .map(|m| m.2)
+            .sum::<u64>()
+    };
+    assert_eq!(reached(), 1, "listings reading storage at once");
+    faults.calm();
+    faults.release();
+    for l in lists {
+        assert_eq!(l.join().unwrap().expect("each dlqList is answered"), 1);
     }
     running.shutdown().await;
 }

@@ -81,6 +81,16 @@ impl Host {
         }
         self.listing.enter(caller.bound_key()).map(Some)
     }
+
+    /// Listing calls in progress here, of every caller.
+    pub fn listing_calls_in_progress(&self) -> usize {
+        self.listing
+            .in_flight
+            .lock()
+            .expect("not poisoned")
+            .values()
+            .sum()
+    }
 }
 
 #[cfg(test)]

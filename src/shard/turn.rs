@@ -69,11 +69,16 @@ impl<S: ShardStore> ShardWorker<S> {
                     after,
                     limit,
                     reply,
-                } => self.read_beside(reply, move |store, _| async move {
-                    store
-                        .dead_items(&topic.ns, &topic.topic, after, limit)
-                        .await
-                }),
+                } => {
+                    // One listing at a time reads storage (see `LISTING_READS_MAX`).
+                    let share = self.listing_reads.clone();
+                    self.read_beside(reply, move |store, _| async move {
+                        let _turn = share.acquire_owned().await;
+                        store
+                            .dead_items(&topic.ns, &topic.topic, after, limit)
+                            .await
+                    })
+                }
                 Command::FetchReady { keys, reply } => self
                     .read_beside(reply, move |store, now| async move {
                         store.fetch_ready(&keys, now).await

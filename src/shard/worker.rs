@@ -77,6 +77,9 @@ pub struct ShardWorker<S: ShardStore> {
     pub(super) doubts: std::sync::Mutex<Doubts>,
     /// Reads running beside the loop; at [`READS_BESIDE_MAX`] more are refused as busy.
     pub(super) reads: Arc<tokio::sync::Semaphore>,
+    /// Of those, the dead-letter listings' storage reads running at once (see
+    /// [`LISTING_READS_MAX`]).
+    pub(super) listing_reads: Arc<tokio::sync::Semaphore>,
     pub(super) probes: Probes,
     /// Failed INSERTs with hand-offs, and when their outcome has settled (see
     /// `handoff.rs`).
@@ -95,6 +98,10 @@ pub struct ShardWorker<S: ShardStore> {
 /// or a place in SQLite's reader queue while it runs): a burst beyond it is answered
 /// "busy" at once, retryable, instead of piling up tasks that wait on the pool.
 pub const READS_BESIDE_MAX: usize = 128;
+/// Dead-letter listings read storage beside the loop one at a time per shard, the rest
+/// waiting their turn: however many callers list, they hold at most one of the shard's
+/// database connections (4 by default), and the writes and claims keep the others.
+pub const LISTING_READS_MAX: usize = 1;
 
 /// This shard's metrics, resolved once.
 pub(super) struct Probes {
@@ -270,6 +277,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 d
             }),
             reads: Arc::new(tokio::sync::Semaphore::new(READS_BESIDE_MAX)),
+            listing_reads: Arc::new(tokio::sync::Semaphore::new(LISTING_READS_MAX)),
             handoff_doubts: Default::default(),
             acked: AckMemory::new(cfg.ack_memory_ms, cfg.ack_memory_items_max),
             over_dlq: Default::default(),
