@@ -1,15 +1,14 @@
 //! Forgetting topics that hold nothing: [`IdleTopics`] remembers since when each topic the
 //! shard knows has held no item, and the worker has its store forget those idle for
-//! `engine.topic_forget_after_ms` (rows, totals and ids: see `store::topics`). Without it a
+//! `engine.topic_forget_after_ms` (rows, totals and ids: see `store::topics`;
+//! `ShardWorker::forget_idle_topics` in `scans.rs`). Without it a
 //! client making topics without end (one item each, acked) grew every shard's `topics`
 //! table, its id map and the totals kept in memory for ever.
 
 use std::collections::HashMap;
 
-use super::worker::{timed, ShardWorker};
 use super::NsCounts;
 use crate::model::TopicName;
-use crate::store::ShardStore;
 
 /// Topics forgotten per statement, at most: the rest wait for the next sweep.
 const FORGET_PER_SWEEP_MAX: usize = 1000;
@@ -39,10 +38,26 @@ impl IdleTopics {
         }
     }
 
+    /// Whether a sweep is due at `now_ms` (then it starts: the next one is a pause away).
+    pub(super) fn sweep_due(&mut self, now_ms: i64, after_ms: i64) -> bool {
+        if now_ms - self.last_sweep_ms < (after_ms / 4).clamp(1, SWEEP_EVERY_MS_MAX) {
+            return false;
+        }
+        self.last_sweep_ms = now_ms;
+        true
+    }
+
+    /// Topics that came to hold nothing, idle from `now_ms` unless they were already.
+    pub(super) fn emptied(&mut self, topics: Vec<TopicName>, now_ms: i64) {
+        for t in topics {
+            self.since.entry(t).or_insert(now_ms);
+        }
+    }
+
     /// The topics idle for `after_ms` at `now_ms`, at most [`FORGET_PER_SWEEP_MAX`], taken
     /// out (kept ones come back when they are emptied again). A topic `busy` says is not
     /// idle (it holds items again, or has totals to save) is dropped.
-    fn due(
+    pub(super) fn due(
         &mut self,
         now_ms: i64,
         after_ms: i64,
@@ -60,54 +75,6 @@ impl IdleTopics {
             self.since.remove(t);
         }
         due
-    }
-}
-
-impl<S: ShardStore> ShardWorker<S> {
-    /// Forgets the topics idle long enough; at most once per sweep pause. Not while a
-    /// write is in doubt: its late commit could add rows to a forgotten topic's id.
-    pub(super) async fn forget_idle_topics(&mut self) {
-        let now = self.clock.now_ms();
-        let after = self.cfg.topic_forget_after_ms as i64;
-        if now - self.idle.last_sweep_ms < (after / 4).clamp(1, SWEEP_EVERY_MS_MAX) {
-            return;
-        }
-        self.idle.last_sweep_ms = now;
-        let emptied = self.shared.counts.lock().expect("counts").take_emptied();
-        for t in emptied {
-            self.idle.since.entry(t).or_insert(now);
-        }
-        if self.doubts().earliest_ms().is_some() {
-            return;
-        }
-        let due = {
-            let counts = self.shared.counts.lock().expect("counts");
-            let pending = &self.totals;
-            self.idle.due(now, after, |t| {
-                counts.topics_of(&t.ns, &t.topic).0 || pending.contains_key(t)
-            })
-        };
-        if due.is_empty() {
-            return;
-        }
-        let (r, took) = timed(self.timeout(), self.store.forget_topics(&due)).await;
-        self.record(&r, took);
-        match r {
-            Ok(gone) => {
-                let mut totals = self.shared.totals.lock().expect("totals");
-                for t in &gone {
-                    totals.remove(t);
-                }
-                drop(totals);
-                tracing::debug!(
-                    shard = self.id,
-                    forgotten = gone.len(),
-                    "idle topics forgotten"
-                );
-            }
-            // Tried again once they are idle again (from the next time they empty).
-            Err(e) => tracing::warn!(shard = self.id, error = %e, "forgetting idle topics"),
-        }
     }
 }
 

@@ -401,6 +401,51 @@ impl<S: ShardStore> ShardWorker<S> {
     }
 }
 
+impl<S: ShardStore> ShardWorker<S> {
+    /// Forgets the topics idle long enough (see `forget.rs`); at most once per sweep pause. Not while a
+    /// write is in doubt: its late commit could add rows to a forgotten topic's id.
+    pub(super) async fn forget_idle_topics(&mut self) {
+        let now = self.clock.now_ms();
+        let after = self.cfg.topic_forget_after_ms as i64;
+        if !self.idle.sweep_due(now, after) {
+            return;
+        }
+        let emptied = self.shared.counts.lock().expect("counts").take_emptied();
+        self.idle.emptied(emptied, now);
+        if self.doubts().earliest_ms().is_some() {
+            return;
+        }
+        let due = {
+            let counts = self.shared.counts.lock().expect("counts");
+            let pending = &self.totals;
+            self.idle.due(now, after, |t| {
+                counts.topics_of(&t.ns, &t.topic).0 || pending.contains_key(t)
+            })
+        };
+        if due.is_empty() {
+            return;
+        }
+        let (r, took) = timed(self.timeout(), self.store.forget_topics(&due)).await;
+        self.record(&r, took);
+        match r {
+            Ok(gone) => {
+                let mut totals = self.shared.totals.lock().expect("totals");
+                for t in &gone {
+                    totals.remove(t);
+                }
+                drop(totals);
+                tracing::debug!(
+                    shard = self.id,
+                    forgotten = gone.len(),
+                    "idle topics forgotten"
+                );
+            }
+            // Tried again once they are idle again (from the next time they empty).
+            Err(e) => tracing::warn!(shard = self.id, error = %e, "forgetting idle topics"),
+        }
+    }
+}
+
 /// How far back the scan must read again for a write that failed with an unknown outcome
 /// at `failed_ms`: one settle window (its statement ran with its turn's clock, at most a
 /// store timeout before, and a second more for the clocks of the statement's way).
