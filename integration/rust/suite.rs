@@ -26,6 +26,7 @@ mod packaging;
 mod prefetch;
 mod removal;
 mod restart;
+mod skew;
 mod sqlite;
 mod store;
 mod transports;
