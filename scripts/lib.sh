@@ -167,6 +167,12 @@ foqs_etcd_install() {
 }
 
 # The console's browser tests drive Debian's Chromium through its chromedriver.
+# Debian's libfaketime: the clock tests run a foqsd whose wall clock is skewed.
+FOQS_FAKETIME_LIB=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+foqs_faketime_install() {
+  [ -e "$FOQS_FAKETIME_LIB" ] || foqs_apt_install libfaketime
+}
+
 foqs_chromium_install() {
   { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || foqs_apt_install chromium chromium-driver
 }

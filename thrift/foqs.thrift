@@ -477,6 +477,9 @@ struct HostInfo {
   // forward_token, so a host that forwarded to it can learn what it stored after it went
   // silent (enqueueOutcome). A host that never said so (an older build) is not assumed to.
   10: optional bool forward_marks,
+  // This host's wall clock when it answered, in milliseconds since the epoch: peers that
+  // poll it compare their clocks with it (cluster.clock_skew_max_ms).
+  11: optional i64 now_ms,
 }
 
 // Between hosts of a cluster: the first call on a connection from one host to another,

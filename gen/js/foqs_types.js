@@ -4006,6 +4006,7 @@ var HostInfo = module.exports.HostInfo = function(args) {
   this.manager = null;
   this.ready_topics = null;
   this.forward_marks = null;
+  this.now_ms = null;
   if (args) {
     if (args.host_id !== undefined && args.host_id !== null) {
       this.host_id = args.host_id;
@@ -4036,6 +4037,9 @@ var HostInfo = module.exports.HostInfo = function(args) {
     }
     if (args.forward_marks !== undefined && args.forward_marks !== null) {
       this.forward_marks = args.forward_marks;
+    }
+    if (args.now_ms !== undefined && args.now_ms !== null) {
+      this.now_ms = args.now_ms;
     }
   }
 };
@@ -4147,6 +4151,13 @@ HostInfo.prototype.read = function(input) {
         input.skip(ftype);
       }
       break;
+      case 11:
+      if (ftype == Thrift.Type.I64) {
+        this.now_ms = input.readI64();
+      } else {
+        input.skip(ftype);
+      }
+      break;
       default:
         input.skip(ftype);
     }
@@ -4227,6 +4238,11 @@ HostInfo.prototype.write = function(output) {
   if (this.forward_marks !== null && this.forward_marks !== undefined) {
     output.writeFieldBegin('forward_marks', Thrift.Type.BOOL, 10);
     output.writeBool(this.forward_marks);
+    output.writeFieldEnd();
+  }
+  if (this.now_ms !== null && this.now_ms !== undefined) {
+    output.writeFieldBegin('now_ms', Thrift.Type.I64, 11);
+    output.writeI64(this.now_ms);
     output.writeFieldEnd();
   }
   output.writeFieldStop();

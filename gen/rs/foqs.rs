@@ -4462,10 +4462,11 @@ pub struct HostInfo {
   pub manager: Option<String>,
   pub ready_topics: Option<Vec<ReadyTopic>>,
   pub forward_marks: Option<bool>,
+  pub now_ms: Option<i64>,
 }
 
 impl HostInfo {
-  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10>(host_id: F1, version: F2, shards: F3, tier: F4, addr: F5, spare_capacity: F6, peers: F7, manager: F8, ready_topics: F9, forward_marks: F10) -> HostInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ShardInfo>>>, F4: Into<Option<String>>, F5: Into<Option<String>>, F6: Into<Option<i64>>, F7: Into<Option<Vec<PeerInfo>>>, F8: Into<Option<String>>, F9: Into<Option<Vec<ReadyTopic>>>, F10: Into<Option<bool>> {
+  pub fn new<F1, F2, F3, F4, F5, F6, F7, F8, F9, F10, F11>(host_id: F1, version: F2, shards: F3, tier: F4, addr: F5, spare_capacity: F6, peers: F7, manager: F8, ready_topics: F9, forward_marks: F10, now_ms: F11) -> HostInfo where F1: Into<Option<String>>, F2: Into<Option<String>>, F3: Into<Option<Vec<ShardInfo>>>, F4: Into<Option<String>>, F5: Into<Option<String>>, F6: Into<Option<i64>>, F7: Into<Option<Vec<PeerInfo>>>, F8: Into<Option<String>>, F9: Into<Option<Vec<ReadyTopic>>>, F10: Into<Option<bool>>, F11: Into<Option<i64>> {
     HostInfo {
       host_id: host_id.into(),
       version: version.into(),
@@ -4477,6 +4478,7 @@ impl HostInfo {
       manager: manager.into(),
       ready_topics: ready_topics.into(),
       forward_marks: forward_marks.into(),
+      now_ms: now_ms.into(),
     }
   }
 }
@@ -4494,6 +4496,7 @@ impl TSerializable for HostInfo {
     let mut f_8: Option<String> = None;
     let mut f_9: Option<Vec<ReadyTopic>> = None;
     let mut f_10: Option<bool> = None;
+    let mut f_11: Option<i64> = None;
     loop {
       let field_ident = i_prot.read_field_begin()?;
       if field_ident.field_type == TType::Stop {
@@ -4559,6 +4562,10 @@ impl TSerializable for HostInfo {
           let val = i_prot.read_bool()?;
           f_10 = Some(val);
         },
+        11 => {
+          let val = i_prot.read_i64()?;
+          f_11 = Some(val);
+        },
         _ => {
           i_prot.skip(field_ident.field_type)?;
         },
@@ -4577,6 +4584,7 @@ impl TSerializable for HostInfo {
       manager: f_8,
       ready_topics: f_9,
       forward_marks: f_10,
+      now_ms: f_11,
     };
     Ok(ret)
   }
@@ -4645,6 +4653,11 @@ impl TSerializable for HostInfo {
       o_prot.write_bool(fld_var)?;
       o_prot.write_field_end()?
     }
+    if let Some(fld_var) = self.now_ms {
+      o_prot.write_field_begin(&TFieldIdentifier::new("now_ms", TType::I64, 11))?;
+      o_prot.write_i64(fld_var)?;
+      o_prot.write_field_end()?
+    }
     o_prot.write_field_stop()?;
     o_prot.write_struct_end()
   }
@@ -4663,6 +4676,7 @@ impl Default for HostInfo {
       manager: Some("".to_owned()),
       ready_topics: Some(Vec::new()),
       forward_marks: Some(false),
+      now_ms: Some(0),
     }
   }
 }

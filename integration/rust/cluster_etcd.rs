@@ -559,3 +559,72 @@ async fn a_host_cut_off_from_etcd_stops_serving_before_another_takes_over() {
     let violations = watcher.join().unwrap();
     assert!(violations.is_empty(), "{violations:?}");
 }
+
+/// libfaketime (Debian's `libfaketime`), preloaded into a foqsd: its wall clock runs at
+/// the offset written in `file` (re-read every second); its monotonic clock is left
+/// alone, as the fences use it.
+fn faketime_env(file: &std::path::Path) -> Vec<(&'static str, String)> {
+    const LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(LIB).exists(),
+        "{LIB} is missing: install Debian's libfaketime (scripts/test.sh does)"
+    );
+    vec![
+        ("LD_PRELOAD", LIB.to_string()),
+        ("FAKETIME_TIMESTAMP_FILE", file.display().to_string()),
+        ("FAKETIME_CACHE_DURATION", "1".to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+    ]
+}
+
+/// A host whose wall clock runs 3 s ahead of its two peers' (`cluster.clock_skew_max_ms`
+/// 500) finds itself out of bound on its peer polls, stops renewing its etcd lease and
+/// gives its shards up; the two others serve every shard, never two at once. Its clock
+/// back in bound, it registers again and takes its share. (Before: a host 2 s fast kept
+/// its shards and handed out leases whose ends, in its clock, were up to 2 s later than
+/// a correct clock's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_clock_is_off_gives_its_shards_up_until_it_is_back() {
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::new(SHARDS);
+    let etcd = Etcd::start();
+    let prefix = format!("/foqs-test-{}", db.names[0]);
+    let config = write_config(&db, &cluster_toml(&db, &etcd, &prefix, ""));
+    let offset = config.with_file_name("faketime");
+    std::fs::write(&offset, "+3s\n").unwrap();
+    let mut cluster = Cluster::start(config.clone(), &["h1", "h2"]);
+    let env = faketime_env(&offset);
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(("FOQS__SERVER__HOST_ID", "h3"));
+    let skewed = Proc::spawn(&config, &env);
+    let h3 = skewed.addr;
+    cluster.hosts.insert("h3".into(), skewed);
+    let stop_watch = Arc::new(AtomicBool::new(false));
+    let watcher = watch_single_owner(cluster.addrs(), stop_watch.clone());
+    let two: Vec<_> = cluster
+        .addrs()
+        .into_iter()
+        .filter(|(id, _)| id != "h3")
+        .collect();
+    let started = Instant::now();
+    settled(&two, Duration::from_millis(LEASE_TTL_MS + 20_000)).await;
+    assert_eq!(
+        owned(h3),
+        Some(BTreeSet::new()),
+        "the skewed host serves nothing"
+    );
+    eprintln!(
+        "a host 3 s ahead: the two others served every shard after {} ms",
+        started.elapsed().as_millis()
+    );
+    // Back in bound: it registers again and takes its share.
+    std::fs::write(&offset, "+0s\n").unwrap();
+    settled(
+        &cluster.addrs(),
+        Duration::from_millis(LEASE_TTL_MS + 20_000),
+    )
+    .await;
+    stop_watch.store(true, Ordering::SeqCst);
+    let violations = watcher.join().unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
+}

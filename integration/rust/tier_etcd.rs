@@ -45,7 +45,8 @@ async fn light(cfg: &EtcdConfig, id: String, shards: &[ShardId]) -> Light {
         primaries: BTreeMap::new(),
     };
     let metrics = Arc::new(foqs::metrics::Metrics::new());
-    let (manager, _client) = EtcdManager::start(cfg, member, 1000, metrics.clone())
+    let clock = Arc::new(foqs::cluster::ClockCheck::new(500));
+    let (manager, _client) = EtcdManager::start(cfg, member, 1000, metrics.clone(), clock)
         .await
         .expect("etcd manager starts");
     let owned = Arc::new(Mutex::new(BTreeSet::new()));

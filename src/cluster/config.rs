@@ -55,6 +55,9 @@ pub struct ClusterConfig {
     pub peer_timeout_ms: u64,
     /// How often this host asks its peers for their spare capacity.
     pub peer_poll_ms: u64,
+    /// How far this host's wall clock may be from most of its peers' (measured on the
+    /// peer polls) before it stops holding shards (see `cluster::clock`).
+    pub clock_skew_max_ms: u64,
     /// How many hosts of each tier this host polls (and announces its ready topics to):
     /// all of a tier with no more than this many, else this many on a ring (see
     /// `cluster::fanout`), so a host's background calls do not grow with the tier.
@@ -130,6 +133,7 @@ impl Default for ClusterConfig {
             peer_connections_max: 8,
             peer_timeout_ms: 2000,
             peer_poll_ms: 500,
+            clock_skew_max_ms: 500,
             peer_fanout: PEER_FANOUT_DEFAULT as u32,
             hosts: Vec::new(),
             etcd: EtcdConfig::default(),
@@ -252,6 +256,7 @@ pub fn check(
         ),
         ("cluster.peer_timeout_ms", c.peer_timeout_ms),
         ("cluster.peer_poll_ms", c.peer_poll_ms),
+        ("cluster.clock_skew_max_ms", c.clock_skew_max_ms),
         ("cluster.peer_fanout", c.peer_fanout as u64),
     ] {
         if v == 0 {

@@ -39,6 +39,9 @@ pub(super) struct Renewals {
     pub margin: Duration,
     pub fence: Fence,
     pub metrics: Arc<Metrics>,
+    /// While this host's clock is out of bound, the lease is not renewed (see
+    /// `cluster::clock`).
+    pub clock: Arc<super::ClockCheck>,
 }
 
 pub(super) struct Lease {
@@ -120,6 +123,16 @@ async fn renew(
                 // Nothing to renew on: the fence counts down; the next tick tries again.
                 _ => continue,
             }
+        }
+        if r.clock.out_of_bound() {
+            // The fence counts down and the lease lapses: the shards move to hosts whose
+            // clocks agree. Renewals resume once the clock is back in bound (etcd then
+            // says the lease expired, and the host registers again).
+            trouble(
+                &mut in_trouble,
+                "this host's clock is out of bound (cluster.clock_skew_max_ms): lease not renewed",
+            );
+            continue;
         }
         let sent = Instant::now();
         let answer = tokio::time::timeout(r.ttl / 4, async {

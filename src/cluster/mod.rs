@@ -12,6 +12,7 @@
 
 mod assign;
 mod budget;
+mod clock;
 pub mod config;
 mod etcd;
 mod fanout;
@@ -31,6 +32,7 @@ use crate::model::ShardId;
 pub use crate::model::{ClusterView, HostAddr, TIER_DEFAULT};
 pub use assign::*;
 pub use budget::EtcdBudget;
+pub use clock::{ClockCheck, ClockSample};
 pub use config::{ClusterConfig, ManagerKind, TierConfig};
 pub use etcd::{EtcdManager, Member};
 pub use fanout::Rings;

@@ -140,15 +140,23 @@ impl Host {
                 .filter(|(id, _)| within.contains(*id))
                 .map(|(id, h)| {
                     let peers = self.cluster.peers.clone();
+                    let host = &self;
                     async move {
+                        let sent = host.clock.now_ms();
                         let r = peers.poll(&h.addr).await;
                         if let Err(e) = &r {
                             tracing::debug!(peer = %id, error = %e, "peer unreachable");
                         }
+                        host.compare_clocks(id, sent, r.as_ref().ok().and_then(|s| s.now_ms));
                         (id.clone(), r.ok())
                     }
                 });
             let polled = join_all(asks).await;
+            self.cluster
+                .settings
+                .clock_check
+                .retain(|p| within.contains(p));
+            self.judge_clock();
             let mut woken = Vec::new();
             {
                 let mut loads = self.cluster.loads.lock().expect("not poisoned");
@@ -385,6 +393,44 @@ impl Host {
             .collect()
     }
 
+    /// One poll of `peer` sent at `sent_ms` (this host's clock) was answered now, with the
+    /// peer's clock then (`None`: unanswered, or an older build that does not say).
+    fn compare_clocks(&self, peer: &str, sent_ms: i64, theirs_ms: Option<i64>) {
+        let check = &self.cluster.settings.clock_check;
+        match theirs_ms {
+            Some(theirs) => {
+                let s = check.observe(peer, sent_ms, self.clock.now_ms(), theirs);
+                self.metrics.peer_clock_offset(peer, s.offset_ms);
+            }
+            None => check.forget(peer),
+        }
+    }
+
+    /// After a round of polls: whether this host's clock is out of bound now (see
+    /// `cluster::clock`); a change is logged and shown in the metrics.
+    fn judge_clock(&self) {
+        let check = &self.cluster.settings.clock_check;
+        match check.decide() {
+            Some(true) => tracing::error!(
+                bound_ms = check.bound_ms(),
+                offsets = ?check.samples(),
+                "this host's clock is beyond cluster.clock_skew_max_ms from most of its peers': \
+                 it stops holding shards until its clock is back in bound"
+            ),
+            Some(false) => tracing::info!(
+                offsets = ?check.samples(),
+                "this host's clock is back within cluster.clock_skew_max_ms of its peers'"
+            ),
+            None => {}
+        }
+        self.metrics.clock_out_of_bound(check.out_of_bound());
+    }
+
+    /// Whether this host's clock is out of bound (see `cluster::clock`).
+    pub fn clock_out_of_bound(&self) -> bool {
+        self.cluster.settings.clock_check.out_of_bound()
+    }
+
     /// This host, its shards and its peers as it sees them, for `getHostInfo`. The ready
     /// topics (names of every namespace's topics) only for callers allowed `peer` (or
     /// when there are no access rules).
@@ -406,6 +452,7 @@ impl Host {
             } else {
                 Vec::new()
             },
+            now_ms: self.clock.now_ms(),
         }
     }
 }

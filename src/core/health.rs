@@ -28,6 +28,12 @@ impl Host {
         for s in &shards {
             each.push_str(&format!("\nshard {}: {}", s.shard, s.state.label()));
         }
+        if self.clock_out_of_bound() {
+            return Err(format!(
+                "this host's clock is beyond cluster.clock_skew_max_ms from most of its peers' \
+                 (see foqs_peer_clock_offset_ms): it holds no shards until it is back in bound{each}"
+            ));
+        }
         if healthy > 0 {
             return Ok(format!(
                 "{healthy} of {} shards healthy{each}",

@@ -213,6 +213,9 @@ impl Host {
                 in_doubt_max: std::time::Duration::from_secs(2),
                 tier_shards: Default::default(),
                 peer_fanout: crate::cluster::config::PEER_FANOUT_DEFAULT,
+                clock_check: Arc::new(crate::cluster::ClockCheck::new(
+                    cfg.cluster.clock_skew_max_ms,
+                )),
             },
             peers: Arc::new(super::peers::NoPeers),
             quota_budget: Arc::new(crate::quota::LocalBudget::new(1, clock)),

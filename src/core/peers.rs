@@ -81,6 +81,8 @@ pub struct PeerSummary {
     pub ready: Vec<ReadyTopic>,
     /// Its shards and what each is doing (for operators: the console).
     pub shards: Vec<ShardStatus>,
+    /// Its wall clock when it answered (absent from older builds).
+    pub now_ms: Option<i64>,
 }
 
 /// A dead item and when it died.
@@ -362,6 +364,8 @@ pub struct ClusterSettings {
     /// How many hosts of each tier this host polls and announces to (`cluster.peer_fanout`,
     /// see `cluster::fanout`).
     pub peer_fanout: usize,
+    /// This host's clock against its peers', from the polls (see `cluster::clock`).
+    pub clock_check: Arc<crate::cluster::ClockCheck>,
 }
 
 /// A peer's load as this host last saw it.
@@ -393,6 +397,8 @@ pub struct HostStatus {
     pub peers: Vec<PeerStatus>,
     /// Topics with ready items on this host's shards (at most `READY_TOPICS_MAX`).
     pub ready_topics: Vec<ReadyTopic>,
+    /// This host's wall clock when it answered.
+    pub now_ms: i64,
 }
 
 pub struct ClusterState {

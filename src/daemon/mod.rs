@@ -170,6 +170,8 @@ async fn start_planned(
     let tier_shards = tier_shards(&cfg.tiers, &shard_ids);
     let layout = crate::replication::Layout::from_config(cfg);
     let mut etcd_client = None;
+    // Fed by the peer polls; an etcd host out of bound stops holding shards.
+    let clock_check = Arc::new(crate::cluster::ClockCheck::new(c.clock_skew_max_ms));
     let (manager, budget): (Arc<dyn ShardManager>, Arc<dyn QuotaBudget>) = match c.manager {
         ManagerKind::Single => (
             Arc::new(StaticManager::single(
@@ -213,6 +215,7 @@ async fn start_planned(
                 member,
                 cfg.engine.store_timeout_ms,
                 metrics.clone(),
+                clock_check.clone(),
             )
             .await
             .map_err(|e| StartError::Cluster(e.to_string()))?;
@@ -266,6 +269,7 @@ async fn start_planned(
         }),
         tier_shards,
         peer_fanout: c.peer_fanout as usize,
+        clock_check,
     };
     // Checked with the config; read again here for its bytes.
     let peer_secret = c.peer_secret().map_err(StartError::Cluster)?;

@@ -70,6 +70,10 @@ pub struct Metrics {
     pub transport_requests: Family<TransportProtocol, Counter>,
     pub forwarded: Family<PeerOutcome, Counter>,
     pub peer_polls: Family<PeerLabel, Counter>,
+    /// Each peer's clock minus this host's, as its last poll measured (see
+    /// `cluster::clock`), and whether this host's clock is out of bound.
+    pub peer_clock_offset_ms: Family<PeerLabel, Gauge>,
+    pub clock_out_of_bound: Gauge,
     pub shards_owned: Gauge,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
     /// The etcd follower's whole reads of the cluster, by reason (see
@@ -267,6 +271,19 @@ impl Metrics {
                 peer: peer.to_string(),
             })
             .inc();
+    }
+
+    /// A poll measured `peer`'s clock `offset_ms` ahead of this host's (< 0: behind).
+    pub fn peer_clock_offset(&self, peer: &str, offset_ms: i64) {
+        self.peer_clock_offset_ms
+            .get_or_create(&PeerLabel {
+                peer: peer.to_string(),
+            })
+            .set(offset_ms);
+    }
+
+    pub fn clock_out_of_bound(&self, out: bool) {
+        self.clock_out_of_bound.set(i64::from(out));
     }
 
     pub fn forwarded(&self, peer: &str, method: &'static str, outcome: &'static str) {

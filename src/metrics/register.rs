@@ -233,6 +233,18 @@ impl Metrics {
             "Summaries this host finished reading from each peer (getHostInfo polls)",
             peer_polls.clone(),
         );
+        let peer_clock_offset_ms = Family::<PeerLabel, Gauge>::default();
+        r.register(
+            "peer_clock_offset_ms",
+            "Each peer's wall clock minus this host's, as the last poll of it measured",
+            peer_clock_offset_ms.clone(),
+        );
+        let clock_out_of_bound = Gauge::default();
+        r.register(
+            "clock_out_of_bound",
+            "1 while this host's clock is beyond cluster.clock_skew_max_ms from most of its peers' (it holds no shards under etcd)",
+            clock_out_of_bound.clone(),
+        );
         let shards_owned = Gauge::default();
         r.register(
             "shards_owned",
@@ -317,6 +329,8 @@ impl Metrics {
             transport_requests,
             forwarded,
             peer_polls,
+            peer_clock_offset_ms,
+            clock_out_of_bound,
             shards_owned,
             lease_renewals,
             view_reads,

@@ -262,6 +262,7 @@ pub fn host_info(h: HostStatus) -> t::HostInfo {
         ready_topics: Some(ready_topics(h.ready_topics)),
         // This build's shards mark forwarded requests' items (see `store::forwards`).
         forward_marks: Some(true),
+        now_ms: Some(h.now_ms),
     }
 }
 

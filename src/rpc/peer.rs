@@ -174,6 +174,7 @@ impl Peers for PeerClient {
                 forward_marks: h.forward_marks.unwrap_or(false),
                 ready: convert::ready_topics_from_wire(h.ready_topics),
                 shards: convert::shard_states_from_wire(h.shards),
+                now_ms: h.now_ms,
             }
         )
     }

@@ -3717,11 +3717,12 @@ class HostInfo(object):
      - manager
      - ready_topics
      - forward_marks
+     - now_ms
 
     """
 
 
-    def __init__(self, host_id=None, version=None, shards=None, tier=None, addr=None, spare_capacity=None, peers=None, manager=None, ready_topics=None, forward_marks=None,):
+    def __init__(self, host_id=None, version=None, shards=None, tier=None, addr=None, spare_capacity=None, peers=None, manager=None, ready_topics=None, forward_marks=None, now_ms=None,):
         self.host_id = host_id
         self.version = version
         self.shards = shards
@@ -3732,6 +3733,7 @@ class HostInfo(object):
         self.manager = manager
         self.ready_topics = ready_topics
         self.forward_marks = forward_marks
+        self.now_ms = now_ms
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3810,6 +3812,11 @@ class HostInfo(object):
                     self.forward_marks = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.I64:
+                    self.now_ms = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3868,6 +3875,10 @@ class HostInfo(object):
         if self.forward_marks is not None:
             oprot.writeFieldBegin('forward_marks', TType.BOOL, 10)
             oprot.writeBool(self.forward_marks)
+            oprot.writeFieldEnd()
+        if self.now_ms is not None:
+            oprot.writeFieldBegin('now_ms', TType.I64, 11)
+            oprot.writeI64(self.now_ms)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5545,6 +5556,7 @@ HostInfo.thrift_spec = (
     (8, TType.STRING, 'manager', 'UTF8', None, ),  # 8
     (9, TType.LIST, 'ready_topics', (TType.STRUCT, [ReadyTopic, None], False), None, ),  # 9
     (10, TType.BOOL, 'forward_marks', None, None, ),  # 10
+    (11, TType.I64, 'now_ms', None, None, ),  # 11
 )
 all_structs.append(PeerLoginRequest)
 PeerLoginRequest.thrift_spec = (

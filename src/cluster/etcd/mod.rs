@@ -86,6 +86,7 @@ impl EtcdManager {
         member: Member,
         store_timeout_ms: u64,
         metrics: Arc<crate::metrics::Metrics>,
+        clock: Arc<super::ClockCheck>,
     ) -> Result<(Arc<EtcdManager>, Client), etcd_client::Error> {
         let client = connect(cfg).await?;
         // The watches on a connection of their own: a watch replaying many events fills
@@ -116,6 +117,7 @@ impl EtcdManager {
             member,
             in_trouble: false,
             metrics,
+            clock,
             cache: None,
             written: 0,
             written_at: Instant::now(),
@@ -224,6 +226,8 @@ struct Follower {
     /// An etcd problem was logged and has not cleared yet.
     in_trouble: bool,
     metrics: Arc<crate::metrics::Metrics>,
+    /// Whether this host's clock is in bound: out of it, it neither renews nor registers.
+    clock: Arc<super::ClockCheck>,
     /// The cluster as etcd had it at the cache's revision, kept by the watch (None: to be
     /// read whole; see `cache.rs`).
     cache: Option<Cache>,
@@ -411,6 +415,12 @@ impl Follower {
             }
             return;
         }
+        if self.clock.out_of_bound() {
+            self.trouble(
+                "this host's clock is out of bound (cluster.clock_skew_max_ms): not registering",
+            );
+            return;
+        }
         let sent = Instant::now();
         if let Err(e) = self.register(sent).await {
             self.trouble(&format!("cannot register this host yet: {e}"));
@@ -485,6 +495,7 @@ impl Follower {
             margin: self.margin,
             fence: self.fence.clone(),
             metrics: self.metrics.clone(),
+            clock: self.clock.clone(),
         };
         self.lease = Some(Lease::start(id, keeper, stream, renewals));
         tracing::info!(host_id = %self.member.host_id, lease = id, "registered in etcd");
