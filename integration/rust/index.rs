@@ -41,7 +41,7 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
         enqueue((0..500).map(|_| new_item("a", 5)).collect()).await;
     }
     // The index loads 1000 of the 1500 keys of "a" (partial), 990 are claimed: 10 left.
-    let keys = shard.peek(topic("a"), 990).await.unwrap();
+    let keys = shard.peek(topic("a"), 990, now_ms()).await.unwrap();
     assert_eq!(shard.claim(topic("a"), keys).await.unwrap().len(), 990);
     let urgent = enqueue(vec![new_item("a", 0)]).await[0].0;
 
@@ -50,14 +50,14 @@ async fn a_refill_racing_other_topics_never_hides_the_most_urgent_items() {
     let waiting = gate.waiting().notified();
     let refill = tokio::spawn({
         let s = shard.clone();
-        async move { s.peek(topic("a"), 50).await.unwrap() }
+        async move { s.peek(topic("a"), 50, now_ms()).await.unwrap() }
     });
     waiting.await;
     // Meanwhile, peeks of 10 other topics ("a" plus them: one more than index_topics_max).
     let others: Vec<_> = (0..10)
         .map(|i| {
             let s = shard.clone();
-            tokio::spawn(async move { s.peek(topic(&format!("b{i}")), 1).await })
+            tokio::spawn(async move { s.peek(topic(&format!("b{i}")), 1, now_ms()).await })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -57,7 +57,7 @@ async fn delivered(shard: &ShardHandle, t: &str) -> foqs::model::Item {
         .await
         .unwrap()[0]
         .0;
-    let keys = shard.peek(topic(t), 10).await.unwrap();
+    let keys = shard.peek(topic(t), 10, now_ms()).await.unwrap();
     let claimed = shard.claim(topic(t), keys).await.unwrap();
     let mut out = shard.hand_out(claimed);
     assert_eq!(out.len(), 1);
@@ -133,7 +133,7 @@ async fn a_nack_that_committed_is_done_when_retried_even_after_the_next_delivery
         "the store said it timed out"
     );
     // Delivered again (the nack had applied), then the first nack retried: done.
-    let keys = shard.peek(topic("n"), 10).await.unwrap();
+    let keys = shard.peek(topic("n"), 10, now_ms()).await.unwrap();
     let claimed = shard.claim(topic("n"), keys).await.unwrap();
     let second = shard.hand_out(claimed).remove(0);
     assert_eq!(second.id.key, key);
@@ -201,7 +201,7 @@ async fn an_unnamed_nack_that_committed_is_done_when_retried_and_spares_the_next
         shard.nack(vec![unnamed(key, -7)]).await.is_err(),
         "the store said it timed out"
     );
-    let keys = shard.peek(topic("u"), 10).await.unwrap();
+    let keys = shard.peek(topic("u"), 10, now_ms()).await.unwrap();
     let claimed = shard.claim(topic("u"), keys).await.unwrap();
     let second = shard.hand_out(claimed).remove(0);
     assert_eq!(second.id.key, key, "delivered again: the nack had applied");
@@ -298,7 +298,7 @@ async fn dead_item(shard: &ShardHandle, t: &str) -> u64 {
         .await
         .unwrap();
     assert!(matches!(nacked[0], Settled::Done));
-    assert!(shard.peek(topic(t), 10).await.unwrap().is_empty());
+    assert!(shard.peek(topic(t), 10, now_ms()).await.unwrap().is_empty());
     key
 }
 
@@ -319,7 +319,7 @@ async fn a_dead_letter_requeue_whose_outcome_is_unknown_strands_nothing() {
         shard.revive(vec![x], Some(-8)).await.unwrap(),
         vec![Settled::NotFound]
     );
-    let head = shard.peek(topic("one"), 10).await.unwrap();
+    let head = shard.peek(topic("one"), 10, now_ms()).await.unwrap();
     assert_eq!(
         head.first().map(|k| k.key),
         Some(x),
@@ -329,7 +329,7 @@ async fn a_dead_letter_requeue_whose_outcome_is_unknown_strands_nothing() {
     let y = dead_item(&shard, "all").await;
     faults.arm("apply", Fault::FailAfterCommit);
     assert!(shard.revive_some(topic("all"), 10).await.is_err());
-    let head = shard.peek(topic("all"), 10).await.unwrap();
+    let head = shard.peek(topic("all"), 10, now_ms()).await.unwrap();
     assert_eq!(head.first().map(|k| k.key), Some(y));
     shard.shutdown().await;
     worker.await.unwrap();
@@ -364,10 +364,14 @@ async fn a_nack_that_commits_after_its_timeout_strands_nothing_and_the_counts_he
         .await;
     assert!(nacked.is_err(), "the worker hears a timeout: {nacked:?}");
     // The refill right after the failure reads the row still leased.
-    assert!(shard.peek(topic("late"), 10).await.unwrap().is_empty());
+    assert!(shard
+        .peek(topic("late"), 10, now_ms())
+        .await
+        .unwrap()
+        .is_empty());
     let t = std::time::Instant::now();
     let found = loop {
-        let head = shard.peek(topic("late"), 10).await.unwrap();
+        let head = shard.peek(topic("late"), 10, now_ms()).await.unwrap();
         if !head.is_empty() || t.elapsed() > Duration::from_secs(10) {
             break head;
         }

@@ -63,3 +63,32 @@ async fn an_item_due_before_a_fast_owners_checkpoint_is_delivered() {
     assert_eq!(got.id, Some(ids[0].clone()));
     srv.stop().await;
 }
+
+/// An item a host whose clock ran 2 s ahead wrote as ready now (no timer: due at once by
+/// its clock) is delivered by the next owner once it is due by the next owner's clock,
+/// even after the next owner read the topic's ready items whole. (Before: nothing would
+/// ever tell the next owner's index of it, while the counts, and getActiveTopics, called
+/// it ready: stranded.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_a_fast_host_wrote_ready_is_delivered_when_due_by_the_next_owner() {
+    let fast = ManualClock::new(T0 + 2_000);
+    let srv = TestServer::start_with_clock(TestDb::sqlite(1), "", "", Arc::new(fast)).await;
+    let x = srv.client().enqueue(vec![item(NS, "t", 0, b"x")]).remove(0);
+    let db = srv.stop().await;
+
+    let clock = ManualClock::new(T0);
+    let srv = TestServer::start_with_clock(db, "", "", Arc::new(clock.clone())).await;
+    let mut c = srv.client();
+    let y = c.enqueue(vec![item(NS, "t", 5, b"y")]).remove(0);
+    // Only y is due: the topic's ready items are read whole.
+    let got = c.dequeue(NS, "t", 10);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, Some(y));
+    clock.advance(2_500);
+    let got = eventually(Duration::from_secs(10), "x delivered", || {
+        c.dequeue(NS, "t", 10).pop()
+    })
+    .await;
+    assert_eq!(got.id, Some(x));
+    srv.stop().await;
+}

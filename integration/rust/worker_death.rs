@@ -166,16 +166,16 @@ async fn a_stuck_worker_answers_busy_within_its_bounds() {
     // The first request's turn blocks; the second waits in the queue (its one place).
     let first = tokio::spawn({
         let (s, topic) = (shard.clone(), topic.clone());
-        async move { s.peek(topic, 1).await }
+        async move { s.peek(topic, 1, now_ms()).await }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     let queued = tokio::spawn({
         let (s, topic) = (shard.clone(), topic.clone());
-        async move { s.peek(topic, 1).await }
+        async move { s.peek(topic, 1, now_ms()).await }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     // The queue is full: a third waits for room one store timeout.
-    let third = shard.peek(topic.clone(), 1).await;
+    let third = shard.peek(topic.clone(), 1, now_ms()).await;
     let e = third.expect_err("no room in a stuck worker's queue");
     assert!(e.retryable() && e.to_string().contains("busy"), "{e:?}");
     assert!(
@@ -231,7 +231,7 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
         .wait()
         .await
         .unwrap();
-    let keys = shard.peek(topic.clone(), 1).await.unwrap();
+    let keys = shard.peek(topic.clone(), 1, now_ms()).await.unwrap();
     assert_eq!(keys.len(), 1);
     fail::cfg("shard-8-claim-holding-index", "1*panic").unwrap();
     let e = shard
@@ -242,7 +242,7 @@ async fn a_worker_that_dies_holding_the_index_panics_no_request_path() {
     let died = worker.await.expect_err("the worker panicked");
     assert!(died.is_panic());
     // Every reader of the poisoned index and counts answers; calls fail retryably.
-    let peeked = shard.peek(topic.clone(), 1).await;
+    let peeked = shard.peek(topic.clone(), 1, now_ms()).await;
     assert!(
         peeked.as_ref().map_or_else(|e| e.retryable(), |_| true),
         "{peeked:?}"

@@ -339,7 +339,7 @@ impl Host {
             shards
                 .values()
                 .filter(|s| s.is_healthy())
-                .map(|s| s.peek(topic.clone(), max)),
+                .map(|s| s.peek(topic.clone(), max, self.clock.now_ms())),
         )
         .await;
         heads.extend(indexed.into_iter().flatten().flatten().map(Head::from));
@@ -482,7 +482,12 @@ impl Host {
                 shards
                     .values()
                     .filter(|s| s.is_healthy())
-                    .map(|s| async move { (s.id(), s.peek(topic.clone(), need).await) }),
+                    .map(|s| async move {
+                        (
+                            s.id(),
+                            s.peek(topic.clone(), need, self.clock.now_ms()).await,
+                        )
+                    }),
             )
             .await;
             let mut heads: Vec<(ShardId, Vec<ReadyKey>)> = Vec::with_capacity(peeks.len());

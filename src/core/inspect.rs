@@ -292,11 +292,12 @@ impl Host {
             .peek(&topic, count, self.clock.now_ms(), self.staged_live());
         let shards = self.shards();
         let healthy: Vec<&ShardHandle> = shards.values().filter(|s| s.is_healthy()).collect();
-        let heads = join_all(
-            healthy
-                .iter()
-                .map(|s| async { (s.id(), s.peek(topic.clone(), count).await) }),
-        )
+        let heads = join_all(healthy.iter().map(|s| async {
+            (
+                s.id(),
+                s.peek(topic.clone(), count, self.clock.now_ms()).await,
+            )
+        }))
         .await;
         let heads: Vec<(ShardId, Vec<ReadyKey>)> = heads
             .into_iter()

@@ -316,6 +316,26 @@ impl NsCounts {
             .map_or(0, |c| c.snapshot(now_ms).ready)
     }
 
+    /// How many items of a topic are ready at `now_ms`, counted up to `limit`: for every
+    /// dequeue (see `TopicIndex::misses_items`), so it stops at the limit and at the
+    /// first second after now, whatever the backlog.
+    pub fn ready_upto(&self, ns: &str, topic: &str, now_ms: i64, limit: i64) -> i64 {
+        let Some(c) = self.by_ns.get(ns).and_then(|topics| topics.get(topic)) else {
+            return 0;
+        };
+        let now_sec = now_ms.div_euclid(1000);
+        let mut n = 0;
+        for (sec, b) in &c.waiting {
+            if *sec > now_sec || n >= limit {
+                break;
+            }
+            if b.is_ready(now_ms) {
+                n += b.n;
+            }
+        }
+        n.min(limit)
+    }
+
     /// Topics with ready items at `now_ms` and how many: (ns, topic, ready).
     pub fn ready_topics(&self, now_ms: i64) -> Vec<(String, String, i64)> {
         self.by_ns
@@ -364,6 +384,19 @@ mod tests {
             ready,
             vec![("a".into(), "t".into(), 1), ("a".into(), "u".into(), 1)]
         );
+    }
+
+    #[test]
+    fn ready_counts_stop_at_the_limit_and_at_now() {
+        let mut c = NsCounts::default();
+        for sec in 0..100 {
+            c.add("a", "t", ItemState::Ready, sec * 1000, 3);
+        }
+        c.add("a", "t", ItemState::Ready, 500_000, 7);
+        assert_eq!(c.ready_upto("a", "t", 99_999, 1_000), 300);
+        assert_eq!(c.ready_upto("a", "t", 99_999, 10), 10);
+        assert_eq!(c.ready_upto("a", "t", 1_000_000, 1_000), 307);
+        assert_eq!(c.ready_upto("a", "nope", 1_000_000, 1_000), 0);
     }
 
     #[test]

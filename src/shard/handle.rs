@@ -80,6 +80,8 @@ pub struct ShardHandle {
     /// trip through the worker's queue. Only the worker writes to it (a miss here goes to
     /// the worker).
     pub(super) index: Arc<std::sync::Mutex<ReadyIndex>>,
+    /// Keys the index holds per topic, at most (`engine.index_keys_per_topic_max`).
+    pub(super) index_cap: usize,
     pub(super) bounds: CallBounds,
 }
 
@@ -290,9 +292,13 @@ impl ShardHandle {
             .topics(ns, now_ms)
     }
 
-    /// Up to `n` keys of the topic's most urgent ready items, without leasing them: from
-    /// memory when the index holds enough (or everything), else the worker refills it.
-    pub async fn peek(&self, topic: TopicName, n: usize) -> Result<Vec<ReadyKey>> {
+    /// Up to `n` keys of the topic's most urgent ready items at `now_ms`, without leasing
+    /// them: from memory when the index holds enough (or everything the counts have
+    /// ready), else the worker refills it.
+    pub async fn peek(&self, topic: TopicName, n: usize, now_ms: i64) -> Result<Vec<ReadyKey>> {
+        let counted =
+            self.counts()
+                .ready_upto(&topic.ns, &topic.topic, now_ms, self.index_cap as i64 + 1);
         {
             // Read-only: adding a topic here could evict one the worker is refilling.
             // A worker that died holding it poisoned it; its shard is being reopened.
@@ -301,7 +307,7 @@ impl ShardHandle {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(t) = index.get(&topic) {
-                if t.len() >= n || !t.is_partial() {
+                if t.len() >= n || (!t.is_partial() && !t.misses_items(counted)) {
                     return Ok(t.head(n));
                 }
             }

@@ -31,7 +31,14 @@ pub struct TopicIndex {
     watermark: Watermark,
     /// When a dequeue last used this topic (a counter, not a time): for LRU eviction.
     last_used: u64,
+    /// When it was last read again from the start because the counts said it missed
+    /// ready items (see [`TopicIndex::misses_items`]).
+    reloaded_ms: i64,
 }
+
+/// A topic is read again from the start at most this often on the counts' word: a second
+/// of `deliver_after_ms` may count as ready a little early (see `counts::Bucket`).
+const RELOAD_EVERY_MS: i64 = 1000;
 
 impl TopicIndex {
     fn new() -> Self {
@@ -39,6 +46,7 @@ impl TopicIndex {
             keys: BTreeSet::new(),
             watermark: Watermark::Unloaded,
             last_used: 0,
+            reloaded_ms: i64::MIN,
         }
     }
 
@@ -61,6 +69,26 @@ impl TopicIndex {
     /// True when storage may hold ready items that the index does not.
     pub fn is_partial(&self) -> bool {
         self.watermark != Watermark::All
+    }
+
+    /// Whether the topic, whole by its watermark, holds fewer keys than the shard's counts
+    /// have ready items (`counted_ready`): a ready row no event brought to the index. A
+    /// host whose clock ran ahead writes an item as ready now, with no timer; once the
+    /// shard moved to a host whose clock is behind, it comes due with nothing to say so.
+    pub fn misses_items(&self, counted_ready: i64) -> bool {
+        !self.is_partial() && (self.keys.len() as i64) < counted_ready
+    }
+
+    /// Forgets what the topic holds, to be read again from the start, unless it was at
+    /// most [`RELOAD_EVERY_MS`] ago; whether it did.
+    pub fn reload(&mut self, now_ms: i64) -> bool {
+        if now_ms.saturating_sub(self.reloaded_ms) < RELOAD_EVERY_MS {
+            return false;
+        }
+        self.reloaded_ms = now_ms;
+        self.keys.clear();
+        self.watermark = Watermark::Unloaded;
+        true
     }
 
     /// Where a refill starts: strictly after this key (`None`: from the beginning).
@@ -277,6 +305,21 @@ mod tests {
         );
         t.apply_refill(&[], 2, 10);
         assert_eq!(t.head_bound(), None, "all read and none left");
+    }
+
+    #[test]
+    fn a_whole_topic_that_misses_ready_items_is_read_again_at_most_once_a_second() {
+        let mut t = TopicIndex::new();
+        // Unloaded: it may hold anything, so it misses nothing it knows of.
+        assert!(!t.misses_items(5));
+        t.apply_refill(&[k(1, 1)], 10, 10);
+        assert!(!t.misses_items(1));
+        assert!(t.misses_items(2));
+        assert!(t.reload(5_000));
+        assert!(t.is_partial() && t.is_empty());
+        t.apply_refill(&[k(1, 1)], 10, 10);
+        assert!(!t.reload(5_999), "a second has not passed");
+        assert!(t.reload(6_000));
     }
 
     #[test]

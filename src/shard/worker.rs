@@ -293,6 +293,7 @@ impl<S: ShardStore> ShardWorker<S> {
             "shard opened"
         );
         let bounds = super::CallBounds::for_store_timeout(worker.cfg.store_timeout_ms);
+        let cfg_cap = worker.cfg.index_keys_per_topic_max;
         let join = tokio::spawn(worker.run(rx));
         Ok((
             ShardHandle {
@@ -300,6 +301,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 tx,
                 shared,
                 index,
+                index_cap: cfg_cap,
                 bounds,
             },
             join,
@@ -413,16 +415,26 @@ impl<S: ShardStore> ShardWorker<S> {
     }
 
     pub(super) async fn peek(&mut self, topic: &TopicName, n: usize) -> Result<Vec<ReadyKey>> {
+        let now = self.clock.now_ms();
+        let counted = self.counts().ready_upto(
+            &topic.ns,
+            &topic.topic,
+            now,
+            self.cfg.index_keys_per_topic_max as i64 + 1,
+        );
         let (cap, after, asked) = {
             let mut index = self.index();
             let cap = index.cap();
             let t = index.topic(topic);
+            if t.misses_items(counted) && t.reload(now) {
+                tracing::debug!(shard = self.id, ns = %topic.ns, topic = %topic.topic, counted,
+                    "the topic's index misses ready items: read again");
+            }
             if t.len() >= n || !t.is_partial() {
                 return Ok(t.head(n));
             }
             (cap, t.refill_after(), cap - t.len())
         };
-        let now = self.clock.now_ms();
         let (r, took) = timed(
             self.timeout(),
             self.store

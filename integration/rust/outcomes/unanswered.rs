@@ -136,7 +136,7 @@ async fn a_failed_ack_remembered_does_not_answer_done_for_a_row_on_another_lease
         .await
         .unwrap();
     assert_eq!(nacked, vec![Settled::Done]);
-    let keys = shard.peek(topic("relet"), 10).await.unwrap();
+    let keys = shard.peek(topic("relet"), 10, now_ms()).await.unwrap();
     let claimed = shard.claim(topic("relet"), keys).await.unwrap();
     let again = shard.hand_out(claimed);
     assert_eq!(again.len(), 1);
