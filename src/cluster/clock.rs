@@ -4,14 +4,21 @@
 //! Leases, due times and TTLs are wall-clock instants a host writes and another may judge
 //! after a shard moves; and clients read lease ends in the serving host's clock. A host
 //! whose clock is off by `d` makes leases that another host ends `d` early (or late). So a
-//! host that finds its clock beyond the bound from most of its peers stops holding shards:
+//! host that finds its clock beyond the bound from its peers' stops holding shards:
 //! it stops renewing its etcd lease (its fence closes, its shards move to hosts that
 //! agree), and says so in a metric and in `/readyz`, until its clock is back in bound.
 //!
 //! A poll sent at `t0` and answered at `t1` (this host's clock), carrying the peer's clock
 //! `p`, gives the offset `p - (t0 + t1) / 2` within `(t1 - t0) / 2` (the round trip's
-//! asymmetry); only what lies beyond that uncertainty counts. With fewer than two peers
-//! answering nothing is decided (two hosts that disagree cannot tell which one is wrong).
+//! asymmetry); only what lies beyond that uncertainty counts.
+//!
+//! This host's clock is judged by the median of its own offset (0) and its peers': the
+//! cluster's middle clock. One host far off moves the median of the others by nothing, so
+//! only it goes out; two hosts off in opposite directions leave the one in the middle in
+//! (judged pairwise, each would find both peers beyond the bound, and every host would
+//! give its shards up). It goes out past the bound and comes back only under half of it,
+//! so a clock near the bound does not make its shards flap. With fewer than two peers
+//! answering nothing changes (two hosts that disagree cannot tell which one is wrong).
 //!
 //! Lock order: the offsets' lock is taken alone.
 
@@ -73,19 +80,45 @@ impl ClockCheck {
         self.lock().remove(peer);
     }
 
-    /// After a round of polls: whether this host's clock is out of bound (beyond it from
-    /// more than half of the peers heard, and at least two of them). Returns the new state
-    /// when it changed.
-    pub fn decide(&self) -> Option<bool> {
-        let (heard, beyond) = {
-            let samples = self.lock();
-            let beyond = samples
-                .values()
-                .filter(|s| s.beyond_ms() > self.bound_ms)
-                .count();
-            (samples.len(), beyond)
+    /// How far this host's clock is from the cluster's middle clock: the median of 0 (its
+    /// own) and its peers' offsets, each net of its uncertainty (of an even number, the
+    /// one nearer 0). `None` with fewer than two peers heard.
+    pub fn from_middle_ms(&self) -> Option<i64> {
+        let mut all: Vec<i64> = self
+            .lock()
+            .values()
+            .map(|s| s.offset_ms.signum() * s.beyond_ms())
+            .collect();
+        if all.len() < 2 {
+            return None;
+        }
+        all.push(0);
+        all.sort_unstable();
+        let n = all.len();
+        let m = if n % 2 == 1 {
+            all[n / 2]
+        } else {
+            let (a, b) = (all[n / 2 - 1], all[n / 2]);
+            if a.abs() <= b.abs() {
+                a
+            } else {
+                b
+            }
         };
-        let out = heard >= 2 && beyond * 2 > heard;
+        // The peers' clocks minus this host's: this host is off by the opposite.
+        Some(-m)
+    }
+
+    /// After a round of polls: whether this host's clock is out of bound (see the module
+    /// doc). Returns the new state when it changed.
+    pub fn decide(&self) -> Option<bool> {
+        let off = self.from_middle_ms()?.abs();
+        let was = self.out.load(Ordering::SeqCst);
+        let out = if was {
+            off >= self.bound_ms / 2
+        } else {
+            off > self.bound_ms
+        };
         (self.out.swap(out, Ordering::SeqCst) != out).then_some(out)
     }
 
@@ -115,7 +148,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_host_most_peers_disagree_with_is_out_of_bound() {
+    fn the_host_off_the_clusters_middle_clock_is_out_of_bound() {
         let c = ClockCheck::new(500);
         // A peer 2 s behind, seen over a 40 ms round trip.
         let s = c.observe("a", 10_000, 10_040, 8_020);
@@ -126,19 +159,41 @@ mod tests {
         // One peer alone decides nothing: which of the two is wrong?
         assert_eq!(c.decide(), None);
         assert!(!c.out_of_bound());
-        // One of two beyond: not a majority.
+        // One of two far off: the middle clock is this host's own.
         c.observe("b", 10_000, 10_010, 10_005);
         assert_eq!(c.decide(), None);
-        // Both: this host is the odd one out.
+        // Both behind by 2 s: this host is the odd one out (2 s ahead).
         c.observe("b", 10_000, 10_010, 8_000);
+        assert_eq!(c.from_middle_ms(), Some(1_980));
         assert_eq!(c.decide(), Some(true));
         assert!(c.out_of_bound());
         assert_eq!(c.decide(), None);
-        // A peer not heard any more no longer counts; the clock back in bound clears it.
+        // Hearing fewer than two peers changes nothing.
         c.forget("a");
+        assert_eq!(c.decide(), None);
+        assert!(c.out_of_bound());
+        // Back, but near the bound: still out until under half of it.
+        c.observe("b", 10_000, 10_010, 9_600);
+        c.observe("c", 10_000, 10_010, 9_600);
+        assert_eq!(c.decide(), None);
         c.observe("b", 10_000, 10_010, 10_100);
         c.observe("c", 10_000, 10_010, 9_900);
         assert_eq!(c.decide(), Some(false));
+    }
+
+    #[test]
+    fn two_hosts_off_in_opposite_directions_leave_the_middle_one_in() {
+        // This host is correct; b is 600 ms ahead, c 600 ms behind.
+        let a = ClockCheck::new(500);
+        a.observe("b", 0, 0, 600);
+        a.observe("c", 0, 0, -600);
+        assert_eq!(a.decide(), None);
+        assert!(!a.out_of_bound());
+        // b sees a 600 ms behind and c 1,200 ms behind: b is out.
+        let b = ClockCheck::new(500);
+        b.observe("a", 0, 0, -600);
+        b.observe("c", 0, 0, -1_200);
+        assert_eq!(b.decide(), Some(true));
     }
 
     #[test]

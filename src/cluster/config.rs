@@ -55,7 +55,7 @@ pub struct ClusterConfig {
     pub peer_timeout_ms: u64,
     /// How often this host asks its peers for their spare capacity.
     pub peer_poll_ms: u64,
-    /// How far this host's wall clock may be from most of its peers' (measured on the
+    /// How far this host's wall clock may be from the cluster's middle clock (measured on the
     /// peer polls) before it stops holding shards (see `cluster::clock`).
     pub clock_skew_max_ms: u64,
     /// How many hosts of each tier this host polls (and announces its ready topics to):

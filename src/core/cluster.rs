@@ -414,7 +414,7 @@ impl Host {
             Some(true) => tracing::error!(
                 bound_ms = check.bound_ms(),
                 offsets = ?check.samples(),
-                "this host's clock is beyond cluster.clock_skew_max_ms from most of its peers': \
+                "this host's clock is beyond cluster.clock_skew_max_ms from the cluster's middle clock: \
                  it stops holding shards until its clock is back in bound"
             ),
             Some(false) => tracing::info!(

@@ -28,9 +28,11 @@ impl Host {
         for s in &shards {
             each.push_str(&format!("\nshard {}: {}", s.shard, s.state.label()));
         }
-        if self.clock_out_of_bound() {
+        // Under etcd such a host gives its shards up (under `static` it keeps serving
+        // them: nobody else may).
+        if self.clock_out_of_bound() && self.cluster.settings.manager == "etcd" {
             return Err(format!(
-                "this host's clock is beyond cluster.clock_skew_max_ms from most of its peers' \
+                "this host's clock is beyond cluster.clock_skew_max_ms from the cluster's middle clock \
                  (see foqs_peer_clock_offset_ms): it holds no shards until it is back in bound{each}"
             ));
         }

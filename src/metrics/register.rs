@@ -242,7 +242,7 @@ impl Metrics {
         let clock_out_of_bound = Gauge::default();
         r.register(
             "clock_out_of_bound",
-            "1 while this host's clock is beyond cluster.clock_skew_max_ms from most of its peers' (it holds no shards under etcd)",
+            "1 while this host's clock is beyond cluster.clock_skew_max_ms from the cluster's middle clock (it holds no shards under etcd)",
             clock_out_of_bound.clone(),
         );
         let shards_owned = Gauge::default();

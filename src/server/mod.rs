@@ -26,11 +26,11 @@ const CONNECTION_LOG_LINES_PER_SECOND: u32 = 20;
 
 /// How long a new connection waits at the cap for the one that gives way to close.
 const EVICT_WAIT_MAX: Duration = Duration::from_secs(1);
-/// New connections waiting at the cap for a slot, at most; past it one is refused at once.
+/// New connections waiting at the cap for a slot, at most (one per address); past it one
+/// is refused at once.
 const SLOT_WAITERS_MAX: usize = 64;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,8 +100,8 @@ struct Edge {
     metrics: Arc<Metrics>,
     /// New connections refused for want of a slot (for the log's pacing).
     refused: std::sync::atomic::AtomicU64,
-    /// New connections waiting at the cap for a slot (see [`SLOT_WAITERS_MAX`]).
-    slot_waiters: std::sync::atomic::AtomicUsize,
+    /// New connections waiting at the cap for a slot.
+    slot_waiters: SlotWaiters,
     /// The pace of the log lines clients can cause (see `pace`).
     log_pace: pace::LogPace,
 }
@@ -160,20 +160,21 @@ pub async fn serve(
                 // At the cap: an idle connection gives way, else the longest waiting
                 // request (a long poll is answered empty and closed). When every
                 // connection is writing an answer, the new one is refused at once: the
-                // listen backlog must not fill.
+                // listen backlog must not fill. The new one waits for the slot in its own
+                // task (the one giving way may be a slow request, not a long poll): the
+                // accept loop goes on meanwhile. One such waiter per address, so that an
+                // address cannot push out other clients' connections many at a time.
+                if !edge.slot_waiters.enter(ip) {
+                    refuse(&edge, peer, "connection_cap");
+                    continue;
+                }
                 if !evicted && !edge.table.evict_one(None) {
+                    edge.slot_waiters.leave(ip);
                     refuse(&edge, peer, "connection_cap");
                     continue;
                 }
                 if !evicted {
                     edge.metrics.connection_evicted();
-                }
-                // It waits for the slot in its own task (the one giving way may be a slow
-                // request, not a long poll): the accept loop goes on meanwhile.
-                if edge.slot_waiters.fetch_add(1, Ordering::Relaxed) >= SLOT_WAITERS_MAX {
-                    edge.slot_waiters.fetch_sub(1, Ordering::Relaxed);
-                    refuse(&edge, peer, "connection_cap");
-                    continue;
                 }
                 None
             }
@@ -193,7 +194,7 @@ pub async fn serve(
                         _ = tokio::time::sleep(EVICT_WAIT_MAX) => None,
                         _ = shutdown.changed() => None,
                     };
-                    edge.slot_waiters.fetch_sub(1, Ordering::Relaxed);
+                    edge.slot_waiters.leave(ip);
                     match got {
                         Some(p) => (p, edge.table.register(ip)),
                         None => return refuse(&edge, peer, "connection_cap"),
@@ -221,6 +222,23 @@ pub async fn serve(
     }
     drop(listener);
     drain(permits, &limits).await;
+}
+
+/// New connections waiting at the cap for the slot of one giving way: at most one per
+/// address and [`SLOT_WAITERS_MAX`] in all.
+#[derive(Default)]
+struct SlotWaiters(std::sync::Mutex<std::collections::HashSet<std::net::IpAddr>>);
+
+impl SlotWaiters {
+    /// A place for a connection from `ip` to wait, if there is one.
+    fn enter(&self, ip: std::net::IpAddr) -> bool {
+        let mut w = self.0.lock().expect("not poisoned");
+        w.len() < SLOT_WAITERS_MAX && w.insert(ip)
+    }
+
+    fn leave(&self, ip: std::net::IpAddr) {
+        self.0.lock().expect("not poisoned").remove(&ip);
+    }
 }
 
 /// Closes a new connection at once (no slot for it), counted by `reason`; logged once per

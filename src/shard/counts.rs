@@ -108,8 +108,8 @@ pub struct NsCounts {
     /// worker takes at every commit.
     by_ns: HashMap<String, BTreeMap<String, Counts>>,
     /// Topics that came to hold nothing since the worker last took them (see
-    /// `forget.rs`).
-    emptied: Vec<TopicName>,
+    /// `forget.rs`): namespace → topics, each once however often it emptied.
+    emptied: HashMap<String, std::collections::HashSet<String>>,
 }
 
 impl NsCounts {
@@ -157,10 +157,22 @@ impl NsCounts {
             if topics.is_empty() {
                 self.by_ns.remove(ns);
             }
-            self.emptied.push(TopicName {
-                ns: ns.to_string(),
-                topic: topic.to_string(),
-            });
+            self.note_emptied(ns, topic);
+        }
+    }
+
+    fn note_emptied(&mut self, ns: &str, topic: &str) {
+        // No allocation for a topic already noted: a busy topic of one item at a time
+        // empties at every delivery.
+        match self.emptied.get_mut(ns) {
+            Some(topics) if topics.contains(topic) => {}
+            Some(topics) => {
+                topics.insert(topic.to_string());
+            }
+            None => {
+                self.emptied
+                    .insert(ns.to_string(), [topic.to_string()].into_iter().collect());
+            }
         }
     }
 
@@ -168,6 +180,14 @@ impl NsCounts {
     /// again by now).
     pub fn take_emptied(&mut self) -> Vec<TopicName> {
         std::mem::take(&mut self.emptied)
+            .into_iter()
+            .flat_map(|(ns, topics)| {
+                topics.into_iter().map(move |topic| TopicName {
+                    ns: ns.clone(),
+                    topic,
+                })
+            })
+            .collect()
     }
 
     /// Replaces what is counted of `topic` (every topic: `None`) by `rows`, as read from
@@ -189,7 +209,7 @@ impl NsCounts {
                     self.by_ns.remove(&t.ns);
                 }
                 if gone.is_some() {
-                    self.emptied.push(t.clone());
+                    self.note_emptied(&t.ns, &t.topic);
                 }
                 gone.map_or(0, |c| c.total())
             }
@@ -213,10 +233,11 @@ impl NsCounts {
             .sum()
     }
 
-    /// Moves one item of a topic between states.
+    /// Moves one item of a topic between states (added first, so that a topic of one
+    /// item does not pass through empty).
     pub fn moved(&mut self, ns: &str, topic: &str, from: (ItemState, i64), to: (ItemState, i64)) {
-        self.add(ns, topic, from.0, from.1, -1);
         self.add(ns, topic, to.0, to.1, 1);
+        self.add(ns, topic, from.0, from.1, -1);
     }
 
     /// One topic's counts at `now_ms` (its oldest ready item: see [`Bucket`]).

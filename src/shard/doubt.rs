@@ -33,6 +33,9 @@ pub struct Doubts {
     all: Option<Instant>,
     /// The clock time (ms) of the earliest failure still in doubt.
     earliest_ms: Option<i64>,
+    /// Failures with an unknown outcome ever noted (see `forget.rs`: one since the last
+    /// sweep restarts every idle topic's wait).
+    noted: u64,
 }
 
 impl Doubts {
@@ -42,6 +45,7 @@ impl Doubts {
             topics: HashMap::new(),
             all: None,
             earliest_ms: None,
+            noted: 0,
         }
     }
 
@@ -60,6 +64,12 @@ impl Doubts {
 
     fn note(&mut self, now_ms: i64) {
         self.earliest_ms = Some(self.earliest_ms.map_or(now_ms, |e| e.min(now_ms)));
+        self.noted += 1;
+    }
+
+    /// How many failures with an unknown outcome were noted, ever.
+    pub fn noted(&self) -> u64 {
+        self.noted
     }
 
     /// The clock time of the earliest failure in doubt, up to the last settling: a late

@@ -20,6 +20,8 @@ pub(super) struct IdleTopics {
     /// Topic → when it was first seen holding nothing.
     since: HashMap<TopicName, i64>,
     last_sweep_ms: i64,
+    /// `Doubts::noted` at the last sweep.
+    doubts_noted: u64,
 }
 
 impl IdleTopics {
@@ -35,6 +37,7 @@ impl IdleTopics {
                 .map(|t| (t.clone(), now_ms))
                 .collect(),
             last_sweep_ms: now_ms,
+            doubts_noted: 0,
         }
     }
 
@@ -47,11 +50,27 @@ impl IdleTopics {
         true
     }
 
-    /// Topics that came to hold nothing, idle from `now_ms` unless they were already.
+    /// Topics that came to hold nothing (again): idle from `now_ms`. A topic that holds
+    /// an item now and then, each consumed at once, is idle only since its last one.
     pub(super) fn emptied(&mut self, topics: Vec<TopicName>, now_ms: i64) {
         for t in topics {
-            self.since.entry(t).or_insert(now_ms);
+            self.since.insert(t, now_ms);
         }
+    }
+
+    /// Whether a sweep may forget now, given the worker's doubts: not while a write's
+    /// outcome is unknown, and after one (`noted` moved since the last sweep) every idle
+    /// topic's wait starts again, so that a late commit of rows into a topic that looked
+    /// idle cannot find its row forgotten.
+    pub(super) fn may_forget(&mut self, in_doubt: bool, noted: u64, now_ms: i64) -> bool {
+        if noted != self.doubts_noted {
+            self.doubts_noted = noted;
+            for since in self.since.values_mut() {
+                *since = now_ms;
+            }
+            return false;
+        }
+        !in_doubt
     }
 
     /// The topics idle for `after_ms` at `now_ms`, at most [`FORGET_PER_SWEEP_MAX`], taken
@@ -105,5 +124,40 @@ mod tests {
         idle.since.insert(name("back"), 0);
         assert!(idle.due(9_000, 1_000, |t| t.topic == "back").is_empty());
         assert!(idle.since.is_empty());
+    }
+
+    #[test]
+    fn a_topic_used_now_and_then_is_idle_only_since_it_last_emptied() {
+        let mut counts = NsCounts::default();
+        // One item at a time, delivered and acked: it empties at the ack only.
+        counts.add("a", "t", ItemState::Ready, 0, 1);
+        counts.moved("a", "t", (ItemState::Ready, 0), (ItemState::Leased, 0));
+        assert!(
+            counts.take_emptied().is_empty(),
+            "a delivery does not empty it"
+        );
+        counts.add("a", "t", ItemState::Leased, 0, -1);
+        counts.add("a", "t", ItemState::Ready, 0, 1);
+        counts.add("a", "t", ItemState::Ready, 0, -1);
+        assert_eq!(counts.take_emptied(), vec![name("t")], "noted once");
+        let mut idle = IdleTopics::default();
+        idle.emptied(vec![name("t")], 1_000);
+        idle.emptied(vec![name("t")], 5_000);
+        assert!(idle.due(5_500, 1_000, |_| false).is_empty());
+        assert_eq!(idle.due(6_000, 1_000, |_| false), vec![name("t")]);
+    }
+
+    #[test]
+    fn a_write_in_doubt_restarts_every_idle_topics_wait() {
+        let mut idle = IdleTopics::default();
+        idle.emptied(vec![name("t")], 0);
+        assert!(idle.may_forget(false, 0, 10_000));
+        // A failure was noted since the last sweep (settled or not): no forgetting now,
+        // and the wait starts again.
+        assert!(!idle.may_forget(false, 1, 10_000));
+        assert!(idle.due(10_500, 1_000, |_| false).is_empty());
+        assert!(idle.may_forget(false, 1, 11_000));
+        assert!(!idle.may_forget(true, 1, 11_000), "not while in doubt");
+        assert_eq!(idle.due(11_000, 1_000, |_| false), vec![name("t")]);
     }
 }

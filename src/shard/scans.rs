@@ -73,7 +73,7 @@ impl<S: ShardStore> ShardWorker<S> {
                 .collect()
         };
         for t in topics {
-            if let Err(e) = self.peek(&t, 1).await {
+            if let Err(e) = self.peek(&t, 1, true).await {
                 tracing::debug!(shard = self.id, error = %e, "loading a topic's index failed");
                 return;
             }
@@ -412,7 +412,11 @@ impl<S: ShardStore> ShardWorker<S> {
         }
         let emptied = self.shared.counts.lock().expect("counts").take_emptied();
         self.idle.emptied(emptied, now);
-        if self.doubts().earliest_ms().is_some() {
+        let (in_doubt, noted) = {
+            let d = self.doubts();
+            (d.earliest_ms().is_some(), d.noted())
+        };
+        if !self.idle.may_forget(in_doubt, noted, now) {
             return;
         }
         let due = {

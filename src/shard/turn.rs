@@ -123,7 +123,8 @@ impl<S: ShardStore> ShardWorker<S> {
             }
         }
         for (topic, n, reply) in peeks {
-            let r = self.peek(&topic, n).await;
+            let claiming = claims.iter().any(|(t, _, _)| *t == topic);
+            let r = self.peek(&topic, n, !claiming).await;
             let _ = reply.send(r);
         }
         // Dead-letter work is rare and comes in bounded batches: one at a time.

@@ -414,7 +414,14 @@ impl<S: ShardStore> ShardWorker<S> {
         Duration::from_millis(self.cfg.store_timeout_ms)
     }
 
-    pub(super) async fn peek(&mut self, topic: &TopicName, n: usize) -> Result<Vec<ReadyKey>> {
+    /// `may_reload`: false while a claim of this turn on the topic is under way (its keys
+    /// are out of the index, its rows not yet leased: a reload would take them back in).
+    pub(super) async fn peek(
+        &mut self,
+        topic: &TopicName,
+        n: usize,
+        may_reload: bool,
+    ) -> Result<Vec<ReadyKey>> {
         let now = self.clock.now_ms();
         let counted = self.counts().ready_upto(
             &topic.ns,
@@ -426,7 +433,7 @@ impl<S: ShardStore> ShardWorker<S> {
             let mut index = self.index();
             let cap = index.cap();
             let t = index.topic(topic);
-            if t.misses_items(counted) && t.reload(now) {
+            if may_reload && t.misses_items(counted) && t.reload(now) {
                 tracing::debug!(shard = self.id, ns = %topic.ns, topic = %topic.topic, counted,
                     "the topic's index misses ready items: read again");
             }
