@@ -173,4 +173,6 @@ rm -rf "$py_data"
 "$venv/bin/python" integration/python/drop_databases.py "$FOQS_MYSQL_URL" "${prefix}tls_" 4
 foqs_log "a short fuzzing pass over the Thrift edge (scripts/fuzz.sh 60; longer runs: docs/testing.md)"
 bash scripts/fuzz.sh 60
+foqs_log "the fault-test network: namespaces, nftables cuts and heals (scripts/netns.sh check)"
+bash scripts/netns.sh check
 foqs_log "all tests passed"
