@@ -173,6 +173,11 @@ foqs_faketime_install() {
   [ -e "$FOQS_FAKETIME_LIB" ] || foqs_apt_install libfaketime
 }
 
+# Debian's nftables: the network tests cut links inside namespaces (scripts/netns.sh).
+foqs_nftables_install() {
+  command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || foqs_apt_install nftables
+}
+
 foqs_chromium_install() {
   { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || foqs_apt_install chromium chromium-driver
 }

@@ -37,7 +37,7 @@ die() {
 need_tools() {
   [ "$(id -u)" = 0 ] || die "needs root to make network namespaces (run as root, as CI does)"
   command -v ip >/dev/null 2>&1 || foqs_apt_install iproute2 || die "iproute2 is missing"
-  command -v nft >/dev/null 2>&1 || foqs_apt_install nftables || die "nftables is missing"
+  foqs_nftables_install || die "nftables is missing"
   mkdir -p "$state"
   touch "$nodes"
 }

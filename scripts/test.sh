@@ -63,8 +63,10 @@ export FOQS_TEST_MYSQL_URL="$FOQS_MYSQL_URL"
 command -v mariadb-install-db >/dev/null 2>&1 || foqs_apt_install mariadb-server
 # The cluster tests run private etcd servers of their own (started and stopped by them).
 foqs_etcd_install
-# The clock tests skew a foqsd's wall clock with libfaketime.
+# The clock tests skew a foqsd's wall clock with libfaketime; the network tests cut links
+# between namespaces with nftables.
 foqs_faketime_install
+foqs_nftables_install
 # The console's tests run in a real browser: Debian's headless Chromium and chromedriver.
 foqs_chromium_install
 foqs_log "MySQL for tests: $FOQS_TEST_MYSQL_URL"

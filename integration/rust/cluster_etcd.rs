@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::netns;
 use common::*;
 use foqs::thrift_gen::ErrorCode;
 
@@ -627,4 +628,101 @@ async fn a_host_whose_clock_is_off_gives_its_shards_up_until_it_is_back() {
     stop_watch.store(true, Ordering::SeqCst);
     let violations = watcher.join().unwrap();
     assert!(violations.is_empty(), "{violations:?}");
+}
+
+/// On a network of its own (every host, the etcd member and the MariaDB server in its own
+/// namespace, `scripts/netns.sh`), a host cut off from etcd by nftables, while it still
+/// reaches MariaDB, its peers and its clients, stops serving its shards before the other
+/// host takes them, and no shard ever has two owners; healed, it takes its share back.
+/// (The in-process stand-in above drops its etcd connections; this is the network.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_network_a_host_cut_off_from_etcd_stops_serving_before_another_takes_over() {
+    let _serial = SERIAL.lock().await;
+    let mut stage = netns::Stage::new(&["etcd", "db", "h1", "h2"]);
+    let etcd = stage.etcd("etcd");
+    let mysql = stage.mariadb("db");
+    let dir = std::env::temp_dir().join(format!("foqs-netns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("foqsd.toml");
+    let shards: String = (0..4)
+        .map(|i| format!("[[shards]]\nid = {i}\nurl = \"{mysql}/foqs_ns_s{i}\"\n"))
+        .collect();
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nallow_open = true\n{shards}\
+             [engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 1000\n\
+             [defaults]\nlease_ms = 2000\n\
+             [cluster]\nmanager = \"etcd\"\npeer_secret = \"foqs-test-peer-secret\"\npeer_poll_ms = 100\n\
+             [cluster.etcd]\nendpoints = [\"{etcd}\"]\nprefix = \"/foqs-netns\"\nlease_ttl_ms = {LEASE_TTL_MS}\npoll_ms = 100\n"
+        ),
+    )
+    .unwrap();
+    let h1 = stage.foqsd("h1", &config, "h1");
+    let h2 = stage.foqsd("h2", &config, "h2");
+    let split = |hosts: Vec<SocketAddr>| {
+        move || {
+            let sets: Vec<BTreeSet<i32>> =
+                hosts.iter().map(|a| owned(*a)).collect::<Option<_>>()?;
+            let all: BTreeSet<i32> = sets.iter().flatten().copied().collect();
+            let total: usize = sets.iter().map(BTreeSet::len).sum();
+            (all.len() == 4 && total == 4 && sets.iter().all(|s| !s.is_empty())).then_some(sets)
+        }
+    };
+    let before = eventually(
+        Duration::from_secs(30),
+        "h1 and h2 share the shards",
+        split(vec![h1, h2]),
+    )
+    .await;
+    assert!(!before[1].is_empty());
+
+    stage.cut("h2", "etcd");
+    let cut = Instant::now();
+    eventually(
+        Duration::from_millis(LEASE_TTL_MS + 2000),
+        "h2 stops serving",
+        || owned(h2).filter(|s| s.is_empty()),
+    )
+    .await;
+    let stopped = cut.elapsed();
+    let mut h2_seen_serving_after = None;
+    let taken = eventually(
+        Duration::from_millis(LEASE_TTL_MS + 10_000),
+        "h1 serves all",
+        || {
+            if owned(h2).is_some_and(|s| !s.is_empty()) {
+                h2_seen_serving_after = Some(cut.elapsed());
+            }
+            owned(h1).filter(|s| s.len() == 4)
+        },
+    )
+    .await;
+    let took_over = cut.elapsed();
+    eprintln!(
+        "netns, h2 cut from etcd: it stopped serving after {} ms, h1 served its shards after {} ms (lease TTL {LEASE_TTL_MS} ms)",
+        stopped.as_millis(),
+        took_over.as_millis()
+    );
+    assert_eq!(taken.len(), 4);
+    assert!(stopped < took_over);
+    assert_eq!(h2_seen_serving_after, None, "h2 served again while cut off");
+    // Cut from etcd only: h2 still serves its clients by forwarding to h1.
+    let mut c = Client::connect(h2, Proto::Binary);
+    eventually(Duration::from_secs(5), "h2 forwards", || {
+        c.try_enqueue(vec![item(NS, "netns", 0, b"x")]).ok()?[0]
+            .id
+            .clone()
+    })
+    .await;
+
+    stage.heal();
+    eventually(
+        Duration::from_millis(LEASE_TTL_MS + 15_000),
+        "h2 takes its share back",
+        split(vec![h1, h2]),
+    )
+    .await;
+    drop(stage);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 mod mariadb;
+pub mod netns;
 mod procs;
 pub mod replicas;
 pub mod shard;
