@@ -676,6 +676,11 @@ async fn on_a_real_network_a_host_cut_off_from_etcd_stops_serving_before_another
     )
     .await;
     assert!(!before[1].is_empty());
+    let stop_watch = Arc::new(AtomicBool::new(false));
+    let watcher = watch_single_owner(
+        vec![("h1".to_string(), h1), ("h2".to_string(), h2)],
+        stop_watch.clone(),
+    );
 
     stage.cut("h2", "etcd");
     let cut = Instant::now();
@@ -723,6 +728,9 @@ async fn on_a_real_network_a_host_cut_off_from_etcd_stops_serving_before_another
         split(vec![h1, h2]),
     )
     .await;
+    stop_watch.store(true, Ordering::SeqCst);
+    let violations = watcher.join().unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
     drop(stage);
     let _ = std::fs::remove_dir_all(dir);
 }
