@@ -637,6 +637,16 @@ async fn a_host_whose_clock_is_off_gives_its_shards_up_until_it_is_back() {
 /// (The in-process stand-in above drops its etcd connections; this is the network.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_real_network_a_host_cut_off_from_etcd_stops_serving_before_another_takes_over() {
+    cut_from_etcd_on_a_real_network(false).await;
+}
+
+/// The same with a one-way cut: h2's packets to etcd are dropped, etcd's to h2 are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_network_a_host_whose_packets_to_etcd_are_lost_stops_serving_first() {
+    cut_from_etcd_on_a_real_network(true).await;
+}
+
+async fn cut_from_etcd_on_a_real_network(one_way: bool) {
     let _serial = SERIAL.lock().await;
     let mut stage = netns::Stage::new(&["etcd", "db", "h1", "h2"]);
     let etcd = stage.etcd("etcd");
@@ -682,7 +692,11 @@ async fn on_a_real_network_a_host_cut_off_from_etcd_stops_serving_before_another
         stop_watch.clone(),
     );
 
-    stage.cut("h2", "etcd");
+    if one_way {
+        stage.cut_one_way("h2", "etcd");
+    } else {
+        stage.cut("h2", "etcd");
+    }
     let cut = Instant::now();
     eventually(
         Duration::from_millis(LEASE_TTL_MS + 2000),
@@ -705,7 +719,8 @@ async fn on_a_real_network_a_host_cut_off_from_etcd_stops_serving_before_another
     .await;
     let took_over = cut.elapsed();
     eprintln!(
-        "netns, h2 cut from etcd: it stopped serving after {} ms, h1 served its shards after {} ms (lease TTL {LEASE_TTL_MS} ms)",
+        "netns, h2 cut from etcd{}: it stopped serving after {} ms, h1 served its shards after {} ms (lease TTL {LEASE_TTL_MS} ms)",
+        if one_way { " one way" } else { "" },
         stopped.as_millis(),
         took_over.as_millis()
     );

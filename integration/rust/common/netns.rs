@@ -201,6 +201,11 @@ impl Stage {
         self.script(&["cut", from, to]);
     }
 
+    /// Drops `from`'s packets to `to` only (`to`'s still reach `from`).
+    pub fn cut_one_way(&self, from: &str, to: &str) {
+        self.script(&["cut", from, to, "--one-way"]);
+    }
+
     /// Removes every cut.
     pub fn heal(&self) {
         self.script(&["heal"]);
