@@ -16,6 +16,7 @@ use common::*;
 use foqs::thrift_gen::ErrorCode;
 
 mod forwarded;
+mod nemesis;
 
 const SHARDS: usize = 8;
 const LEASE_TTL_MS: u64 = 3000;

@@ -180,11 +180,23 @@ impl Stage {
 
     /// foqsd inside `node` as host `host_id`, listening on its address; its address.
     pub fn foqsd(&mut self, node: &str, config: &Path, host_id: &str) -> std::net::SocketAddr {
+        self.foqsd_with(node, config, host_id, &[]).1
+    }
+
+    /// [`Stage::foqsd`] with `env` set (libfaketime, say); its child's index too.
+    pub fn foqsd_with(
+        &mut self,
+        node: &str,
+        config: &Path,
+        host_id: &str,
+        env: &[(&str, String)],
+    ) -> (usize, std::net::SocketAddr) {
         let listen = format!("{}:7000", self.addr(node));
         let mut c = self.command(node, env!("CARGO_BIN_EXE_foqsd"));
         c.arg("--config")
             .arg(config)
             .args(["--listen", &listen])
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("FOQS__SERVER__HOST_ID", host_id)
             .env(
                 "RUST_LOG",
@@ -193,7 +205,20 @@ impl Stage {
             .stderr(Stdio::inherit());
         let child = self.spawn(c);
         self.wait_listening(child, &listen, "foqsd");
-        listen.parse().unwrap()
+        (child, listen.parse().unwrap())
+    }
+
+    /// SIGKILLs a child the stage started.
+    pub fn kill(&mut self, child: usize) {
+        let _ = self.children[child].kill();
+        let _ = self.children[child].wait();
+    }
+
+    /// Cuts `node` off from every other node.
+    pub fn isolate(&self, node: &str, others: &[&str]) {
+        for o in others.iter().filter(|o| **o != node) {
+            self.cut(node, o);
+        }
     }
 
     /// Drops `from`'s packets to `to`, and `to`'s to `from`.
