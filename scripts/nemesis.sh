@@ -19,5 +19,5 @@ foqs_nftables_install
 seconds=${1:-600}
 seed=${2:-1}
 FOQS_NEMESIS_SECONDS=$seconds FOQS_NEMESIS_SEED=$seed \
-  cargo test -q --release --test clusters cluster_etcd::nemesis::nemesis -- --exact --nocapture 2>&1 |
+  cargo test -q --test clusters cluster_etcd::nemesis::nemesis -- --exact --nocapture 2>&1 |
   grep -E '^nemesis |^\{"|^test result|panicked|lost |stranded |duplicated |overlapping '
