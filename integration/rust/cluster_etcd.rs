@@ -631,6 +631,35 @@ async fn a_host_whose_clock_is_off_gives_its_shards_up_until_it_is_back() {
     assert!(violations.is_empty(), "{violations:?}");
 }
 
+/// A config for hosts on a [`netns::Stage`]: `shards` shards on the stage's MariaDB
+/// (`mysql`), its etcd, the usual test timings, `extra` lines in `[cluster]`; written in
+/// `dir` (made here).
+fn stage_config(
+    dir: &std::path::Path,
+    mysql: &str,
+    etcd: &str,
+    shards: usize,
+    extra: &str,
+) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = dir.join("foqsd.toml");
+    let shards: String = (0..shards)
+        .map(|i| format!("[[shards]]\nid = {i}\nurl = \"{mysql}/foqs_ns_s{i}\"\n"))
+        .collect();
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nallow_open = true\n{shards}\
+             [engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 1000\n\
+             [defaults]\nlease_ms = 2000\n\
+             [cluster]\nmanager = \"etcd\"\npeer_secret = \"foqs-test-peer-secret\"\npeer_poll_ms = 100\n{extra}\
+             [cluster.etcd]\nendpoints = [\"{etcd}\"]\nprefix = \"/foqs-netns\"\nlease_ttl_ms = {LEASE_TTL_MS}\npoll_ms = 100\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
 /// On a network of its own (every host, the etcd member and the MariaDB server in its own
 /// namespace, `scripts/netns.sh`), a host cut off from etcd by nftables, while it still
 /// reaches MariaDB, its peers and its clients, stops serving its shards before the other
@@ -653,22 +682,7 @@ async fn cut_from_etcd_on_a_real_network(one_way: bool) {
     let etcd = stage.etcd("etcd");
     let mysql = stage.mariadb("db");
     let dir = std::env::temp_dir().join(format!("foqs-netns-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("foqsd.toml");
-    let shards: String = (0..4)
-        .map(|i| format!("[[shards]]\nid = {i}\nurl = \"{mysql}/foqs_ns_s{i}\"\n"))
-        .collect();
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nallow_open = true\n{shards}\
-             [engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 1000\n\
-             [defaults]\nlease_ms = 2000\n\
-             [cluster]\nmanager = \"etcd\"\npeer_secret = \"foqs-test-peer-secret\"\npeer_poll_ms = 100\n\
-             [cluster.etcd]\nendpoints = [\"{etcd}\"]\nprefix = \"/foqs-netns\"\nlease_ttl_ms = {LEASE_TTL_MS}\npoll_ms = 100\n"
-        ),
-    )
-    .unwrap();
+    let config = stage_config(&dir, &mysql, &etcd, 4, "");
     let h1 = stage.foqsd("h1", &config, "h1");
     let h2 = stage.foqsd("h2", &config, "h2");
     let split = |hosts: Vec<SocketAddr>| {

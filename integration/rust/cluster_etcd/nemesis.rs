@@ -42,6 +42,7 @@ struct Delivery {
 #[derive(Default)]
 struct History {
     enqueued: HashMap<String, &'static str>,
+    alo_enqueued: usize,
     deliveries: HashMap<String, Vec<Delivery>>,
     acked: HashSet<String>,
     ack_errors: u64,
@@ -59,10 +60,22 @@ impl Rng {
     }
 }
 
+/// Acknowledged at-least-once enqueues not acked yet, at most: past it the producers wait,
+/// so that the backlog stays what the consumers drain in seconds, however long the run.
+const OUTSTANDING_MAX: usize = 2_000;
+
 fn produce(hosts: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>, p: usize) {
     use foqs::thrift_gen::{DeliveryPolicy, EnqueueRequest, TFoqsSyncClient};
     let mut n = p;
     while !stop.load(Ordering::SeqCst) {
+        let outstanding = {
+            let h = h.lock().unwrap();
+            h.alo_enqueued.saturating_sub(h.acked.len())
+        };
+        if outstanding > OUTSTANDING_MAX {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
         n += 1;
         let Ok(mut c) = foqs::client::connect(
             hosts[n % hosts.len()],
@@ -89,6 +102,7 @@ fn produce(hosts: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>
         let mut hist = h.lock().unwrap();
         for (res, topic) in r.results.unwrap().into_iter().zip(topics) {
             if let Some(id) = res.id {
+                hist.alo_enqueued += usize::from(topic == "alo");
                 hist.enqueued.insert(id, topic);
             }
         }
@@ -231,24 +245,14 @@ async fn nemesis() {
     let etcd = stage.etcd("etcd");
     let mysql = stage.mariadb("db");
     let dir = std::env::temp_dir().join(format!("foqs-nemesis-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("foqsd.toml");
     const SHARDS: usize = 6;
-    let shards: String = (0..SHARDS)
-        .map(|i| format!("[[shards]]\nid = {i}\nurl = \"{mysql}/foqs_ns_s{i}\"\n"))
-        .collect();
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nallow_open = true\n{shards}\
-             [engine]\nscan_interval_ms = 20\ncheckpoint_interval_ms = 100\nstore_timeout_ms = 1000\n\
-             [defaults]\nlease_ms = 2000\n\
-             [cluster]\nmanager = \"etcd\"\npeer_secret = \"foqs-test-peer-secret\"\npeer_poll_ms = 100\n\
-             clock_skew_max_ms = {SKEW_BOUND_MS}\n\
-             [cluster.etcd]\nendpoints = [\"{etcd}\"]\nprefix = \"/foqs-nemesis\"\nlease_ttl_ms = {LEASE_TTL_MS}\npoll_ms = 100\n"
-        ),
-    )
-    .unwrap();
+    let config = stage_config(
+        &dir,
+        &mysql,
+        &etcd,
+        SHARDS,
+        &format!("clock_skew_max_ms = {SKEW_BOUND_MS}\n"),
+    );
     let clock_file = |h: &str| dir.join(format!("faketime-{h}"));
     let mut procs = HashMap::new();
     let mut addrs = Vec::new();
