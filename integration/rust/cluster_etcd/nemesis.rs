@@ -8,9 +8,9 @@
 //! - lost: acknowledged enqueues never delivered whose row is gone;
 //! - stranded: acknowledged enqueues still in storage after the drain;
 //! - duplicated: at-most-once items delivered twice;
-//! - overlapping leases: a delivery while the previous delivery of the item was still
-//!   leased (by its `lease_ms` from when its reply arrived, less the skew bound and
-//!   250 ms) and not settled;
+//! - overlapping leases: a delivery (before its reply arrived) while the previous delivery
+//!   of the item was surely still leased (its `lease_ms` from when its dequeue was sent,
+//!   less the skew bound and 250 ms) and not settled;
 //! - errors answered for acks that were applied (counted, allowed).
 //!
 //! `bash scripts/nemesis.sh [SECONDS] [SEED]` runs a longer one; everything replays from
@@ -35,6 +35,10 @@ const SKEW_BOUND_MS: u64 = 500;
 struct Delivery {
     lease_id: i64,
     lease_ms: i64,
+    /// When the dequeue that delivered it was sent: its lease began after, so it lasts at
+    /// least until `sent + lease_ms` (however late the reply arrived).
+    sent: Instant,
+    /// When the reply arrived: the delivery happened before.
     at: Instant,
     settled: Option<Instant>,
 }
@@ -45,6 +49,7 @@ struct History {
     alo_enqueued: usize,
     deliveries: HashMap<String, Vec<Delivery>>,
     acked: HashSet<String>,
+    alo_acked: usize,
     ack_errors: u64,
 }
 
@@ -70,7 +75,7 @@ fn produce(hosts: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>
     while !stop.load(Ordering::SeqCst) {
         let outstanding = {
             let h = h.lock().unwrap();
-            h.alo_enqueued.saturating_sub(h.acked.len())
+            h.alo_enqueued.saturating_sub(h.alo_acked)
         };
         if outstanding > OUTSTANDING_MAX {
             std::thread::sleep(Duration::from_millis(20));
@@ -122,6 +127,7 @@ fn consume(hosts: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>
             std::thread::sleep(Duration::from_millis(50));
             continue;
         };
+        let sent = Instant::now();
         let Ok(r) = c.dequeue(DequeueRequest {
             forwarded_for: None,
             topics: Some(vec![topic_req(NS, "alo", 20), topic_req(NS, "amo", 20)]),
@@ -142,6 +148,7 @@ fn consume(hosts: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>
                     .push(Delivery {
                         lease_id: i.lease_id.unwrap_or(0),
                         lease_ms: i.lease_ms.unwrap_or(0),
+                        sent,
                         at,
                         settled: None,
                     });
@@ -201,6 +208,9 @@ fn consume(hosts: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>
                 Ok(r) => {
                     for ((id, _), res) in done.into_iter().zip(r.results.unwrap()) {
                         if res.error.is_none() {
+                            if hist.enqueued.get(&id) == Some(&"alo") {
+                                hist.alo_acked += 1;
+                            }
                             hist.acked.insert(id);
                         } else {
                             hist.ack_errors += 1;
@@ -385,9 +395,17 @@ async fn nemesis() {
     for (id, ds) in &h.deliveries {
         for w in ds.windows(2) {
             let (a, b) = (&w[0], &w[1]);
-            let until = a.at + Duration::from_millis(a.lease_ms as u64);
+            // b was delivered before its reply arrived; a's lease lasted at least until
+            // its dequeue was sent plus lease_ms.
+            let until = a.sent + Duration::from_millis(a.lease_ms as u64);
             let live_at_b = b.at + slack < until && a.settled.is_none_or(|s| s > b.at);
             if live_at_b {
+                eprintln!(
+                    "overlap {id}: delivered {} ms after the previous delivery's dequeue was sent (lease {} ms, settled: {:?})",
+                    b.at.duration_since(a.sent).as_millis(),
+                    a.lease_ms,
+                    a.settled.map(|s| s.duration_since(a.sent).as_millis())
+                );
                 overlapping.push(id.clone());
             }
         }
