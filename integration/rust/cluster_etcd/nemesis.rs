@@ -238,6 +238,20 @@ async fn stored(mysql: &str, shards: usize) -> HashSet<String> {
     ids
 }
 
+/// A stored item's state, due time, timer, lease end, deliveries and settled lease.
+async fn row_of(mysql: &str, shard: &str, key: &str) -> Option<(i8, i64, i64, i64, i32, i64)> {
+    use mysql_async::prelude::*;
+    let mut conn = mysql_async::Conn::from_url(format!("{mysql}/foqs_ns_s{shard}"))
+        .await
+        .ok()?;
+    conn.query_first(format!(
+        "SELECT state, deliver_after_ms, COALESCE(next_event_ms, -1), lease_expires_ms, \
+         delivery_count, settled_token FROM items WHERE id = {key}"
+    ))
+    .await
+    .ok()?
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nemesis() {
     let _serial = SERIAL.lock().await;
@@ -346,14 +360,16 @@ async fn nemesis() {
     for t in threads {
         t.join().unwrap();
     }
-    // Drain: the consumers go on until every acknowledged enqueue is acked, or 60 s.
+    // Drain: the consumers go on until no acknowledged enqueue left unacked is still
+    // stored (an ack answered with an error may have been applied), or 60 s.
     let drain = Instant::now();
     loop {
+        let rows = stored(&mysql, SHARDS).await;
         let left = {
             let h = history.lock().unwrap();
             h.enqueued
                 .iter()
-                .filter(|(id, t)| **t == "alo" && !h.acked.contains(*id))
+                .filter(|(id, t)| **t == "alo" && !h.acked.contains(*id) && rows.contains(*id))
                 .count()
         };
         if left == 0 || drain.elapsed() > Duration::from_secs(60) {
@@ -370,7 +386,7 @@ async fn nemesis() {
 
     // The checker.
     let rows = stored(&mysql, SHARDS).await;
-    let h = history.lock().unwrap();
+    let h = std::mem::take(&mut *history.lock().unwrap());
     let slack = Duration::from_millis(SKEW_BOUND_MS + 250);
     let (mut lost, mut stranded, mut duplicated, mut overlapping) =
         (vec![], vec![], vec![], vec![]);
@@ -429,6 +445,17 @@ async fn nemesis() {
         "two_owners": two_owners.len(),
     });
     eprintln!("{summary}");
+    // What a stranded row looks like, and what the consumers saw of it.
+    for id in stranded.iter().take(10) {
+        let (shard, key) = id.split_once(':').unwrap();
+        let row = row_of(&mysql, shard, key).await;
+        let seen: Vec<_> = h.deliveries.get(id).map_or(vec![], |ds| {
+            ds.iter()
+                .map(|d| (d.lease_id, d.at.duration_since(start).as_millis()))
+                .collect()
+        });
+        eprintln!("stranded {id}: row {row:?}; deliveries (lease, ms into the run) {seen:?}");
+    }
     assert!(h.enqueued.len() > 100, "the load ran: {summary}");
     assert!(lost.is_empty(), "lost {:?}", &lost[..lost.len().min(5)]);
     assert!(
