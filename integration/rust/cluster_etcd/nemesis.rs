@@ -6,7 +6,9 @@
 //! a host's clock skewed within the bound and beyond it. Then everything heals and the
 //! consumers drain. The checker (after Jepsen's queue checker) counts:
 //! - lost: acknowledged enqueues never delivered whose row is gone;
-//! - stranded: acknowledged enqueues still in storage after the drain;
+//! - stranded: acknowledged enqueues still in storage after the drain, ready or leased;
+//! - dead-lettered: the same, dead (their attempts used up: by faults, as no consumer
+//!   here fails an item);
 //! - duplicated: at-most-once items delivered twice;
 //! - overlapping leases: a delivery (before its reply arrived) while the previous delivery
 //!   of the item was surely still leased (its `lease_ms` from when its dequeue was sent,
@@ -223,16 +225,19 @@ fn consume(hosts: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>
     }
 }
 
-/// Every item id still stored, over the shards' databases.
-async fn stored(mysql: &str, shards: usize) -> HashSet<String> {
+/// Every item id still stored, over the shards' databases, with whether it is dead.
+async fn stored(mysql: &str, shards: usize) -> HashMap<String, bool> {
     use mysql_async::prelude::*;
-    let mut ids = HashSet::new();
+    let mut ids = HashMap::new();
     for s in 0..shards {
         let mut conn = mysql_async::Conn::from_url(format!("{mysql}/foqs_ns_s{s}"))
             .await
             .expect("connect to the stage's MariaDB");
-        let keys: Vec<u64> = conn.query("SELECT id FROM items").await.unwrap();
-        ids.extend(keys.into_iter().map(|k| format!("{s}:{k}")));
+        let rows: Vec<(u64, i8)> = conn.query("SELECT id, state FROM items").await.unwrap();
+        ids.extend(
+            rows.into_iter()
+                .map(|(k, state)| (format!("{s}:{k}"), state == 2)),
+        );
         let _ = conn.disconnect().await;
     }
     ids
@@ -369,7 +374,9 @@ async fn nemesis() {
             let h = history.lock().unwrap();
             h.enqueued
                 .iter()
-                .filter(|(id, t)| **t == "alo" && !h.acked.contains(*id) && rows.contains(*id))
+                .filter(|(id, t)| {
+                    **t == "alo" && !h.acked.contains(*id) && rows.get(*id) == Some(&false)
+                })
                 .count()
         };
         if left == 0 || drain.elapsed() > Duration::from_secs(60) {
@@ -390,6 +397,7 @@ async fn nemesis() {
     let slack = Duration::from_millis(SKEW_BOUND_MS + 250);
     let (mut lost, mut stranded, mut duplicated, mut overlapping) =
         (vec![], vec![], vec![], vec![]);
+    let mut dead = vec![];
     for (id, topic) in &h.enqueued {
         let ds = h.deliveries.get(id).map_or(&[][..], Vec::as_slice);
         if *topic == "amo" {
@@ -401,11 +409,12 @@ async fn nemesis() {
         if h.acked.contains(id) {
             continue;
         }
-        match (ds.is_empty(), rows.contains(id)) {
-            (_, true) => stranded.push(id.clone()),
-            (true, false) => lost.push(id.clone()),
+        match (ds.is_empty(), rows.get(id)) {
+            (_, Some(true)) => dead.push(id.clone()),
+            (_, Some(false)) => stranded.push(id.clone()),
+            (true, None) => lost.push(id.clone()),
             // Delivered, its ack applied but answered with an error: not lost.
-            (false, false) => {}
+            (false, None) => {}
         }
     }
     for (id, ds) in &h.deliveries {
@@ -440,13 +449,14 @@ async fn nemesis() {
         "ack_errors_answered": h.ack_errors,
         "lost": lost.len(),
         "stranded": stranded.len(),
+        "dead_lettered": dead.len(),
         "duplicated_at_most_once": duplicated.len(),
         "overlapping_leases": overlapping.len(),
         "two_owners": two_owners.len(),
     });
     eprintln!("{summary}");
-    // What a stranded row looks like, and what the consumers saw of it.
-    for id in stranded.iter().take(10) {
+    // What an unacked row left looks like, and what the consumers saw of it.
+    for id in stranded.iter().chain(&dead).take(10) {
         let (shard, key) = id.split_once(':').unwrap();
         let row = row_of(&mysql, shard, key).await;
         let seen: Vec<_> = h.deliveries.get(id).map_or(vec![], |ds| {
@@ -454,7 +464,7 @@ async fn nemesis() {
                 .map(|d| (d.lease_id, d.at.duration_since(start).as_millis()))
                 .collect()
         });
-        eprintln!("stranded {id}: row {row:?}; deliveries (lease, ms into the run) {seen:?}");
+        eprintln!("unacked {id}: row {row:?}; deliveries (lease, ms into the run) {seen:?}");
     }
     assert!(h.enqueued.len() > 100, "the load ran: {summary}");
     assert!(lost.is_empty(), "lost {:?}", &lost[..lost.len().min(5)]);
@@ -462,6 +472,11 @@ async fn nemesis() {
         stranded.is_empty(),
         "stranded {:?}",
         &stranded[..stranded.len().min(5)]
+    );
+    assert!(
+        dead.is_empty(),
+        "dead-lettered {:?}",
+        &dead[..dead.len().min(5)]
     );
     assert!(
         duplicated.is_empty(),
